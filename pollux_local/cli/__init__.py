@@ -1,0 +1,62 @@
+"""The ``pollux-local`` command line.
+
+Each group of sub-commands lives in its own module that exposes ``register(subparsers)``; a
+sub-command sets ``func`` (taking the parsed namespace, returning an exit code).  Errors the
+user can fix are raised as :class:`~pollux_local.errors.PolluxError` and printed as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from pollux_local.errors import PolluxError
+
+#: Modules that contribute sub-commands, in help order.
+COMMAND_MODULES = (
+    "pollux_local.cli.jobs",
+    "pollux_local.cli.simulate",
+    "pollux_local.cli.tui",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pollux-local",
+        description="Goodput-optimising scheduler for shared multi-GPU workstations.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.set_defaults(available_commands=subparsers.choices)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:  # a command group not installed in this build
+            if exc.name != name:
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        if sys.stdout.isatty() and "tui" in args.available_commands:
+            args = parser.parse_args(["tui"])
+        else:
+            parser.print_help()
+            return 0
+    try:
+        return int(args.func(args) or 0)
+    except PolluxError as exc:
+        print(f"pollux-local: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""The pure core: throughput, efficiency and goodput models, and allocation policies.
+
+numpy/scipy only: no I/O, no clock, no environment, no torch.  Time and randomness are passed in.
+"""
+
+from pollux_local.core.efficiency import (
+    efficiency,
+    estimate_grad_stats,
+    lr_scale,
+    noise_scale,
+    progress_gain,
+)
+from pollux_local.core.goodput import GoodputModel
+from pollux_local.core.throughput import (
+    ThroughputParams,
+    fit_throughput,
+    predict_iter_time,
+    predict_step_time,
+    predict_throughput,
+)
+from pollux_local.core.types import (
+    BatchBounds,
+    BatchChoice,
+    Decision,
+    GradStats,
+    JobView,
+    NodeView,
+    Placement,
+    Policy,
+)
+
+__all__ = [
+    "BatchBounds",
+    "BatchChoice",
+    "Decision",
+    "GoodputModel",
+    "GradStats",
+    "JobView",
+    "NodeView",
+    "Placement",
+    "Policy",
+    "ThroughputParams",
+    "efficiency",
+    "estimate_grad_stats",
+    "fit_throughput",
+    "lr_scale",
+    "noise_scale",
+    "predict_iter_time",
+    "predict_step_time",
+    "predict_throughput",
+    "progress_gain",
+]

@@ -1,0 +1,106 @@
+"""Goodput of a job and its best batch configuration for an allocation.
+
+GOODPUT(N, K, m, s) = THROUGHPUT(N, K, m, s) * E(K*m*s)   (examples/s, efficiency-weighted).
+Dividing by M0 gives the rate of progress in base-batch iterations per second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from pollux_local.core.efficiency import efficiency as _efficiency
+from pollux_local.core.throughput import ThroughputParams, predict_throughput
+from pollux_local.core.types import BatchBounds, BatchChoice, GradStats
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+#: Number of total-batch candidates tried per allocation (geometrically spaced).
+BATCH_CANDIDATES = 48
+
+
+@dataclass(frozen=True)
+class GoodputModel:
+    """A job's throughput model, gradient statistics and batch bounds, combined."""
+
+    params: ThroughputParams
+    stats: GradStats
+    bounds: BatchBounds
+
+    @property
+    def max_local(self) -> int:
+        return int(self.bounds.max_local or self.bounds.max_batch)
+
+    def throughput(
+        self, nodes: ArrayLike, replicas: ArrayLike, local_batch: ArrayLike, accum_steps: ArrayLike
+    ) -> FloatArray:
+        """Examples per second (see ``core.throughput``)."""
+        return predict_throughput(self.params, nodes, replicas, local_batch, accum_steps)
+
+    def efficiency(self, total_batch: ArrayLike) -> FloatArray:
+        """E(M) at this job's current noise scale."""
+        return _efficiency(self.stats, self.bounds.base_batch, total_batch)
+
+    def goodput(
+        self, nodes: ArrayLike, replicas: ArrayLike, local_batch: ArrayLike, accum_steps: ArrayLike
+    ) -> FloatArray:
+        """THROUGHPUT * E(K*m*s)."""
+        k = np.asarray(replicas, dtype=float)
+        m = np.asarray(local_batch, dtype=float)
+        s = np.asarray(accum_steps, dtype=float)
+        return self.throughput(nodes, k, m, s) * self.efficiency(k * m * s)
+
+    def candidates(self, replicas: ArrayLike) -> tuple[IntArray, IntArray, NDArray[np.bool_]]:
+        """Candidate (m, s) per replica count, shape (P, BATCH_CANDIDATES), and feasibility.
+
+        Total batches are spaced geometrically over [max(M0, K*m_min), M_max]; each is split
+        into the fewest accumulation steps s that keep m <= m_max (s = 1 without
+        accumulation).  An allocation is infeasible when even m_min per replica exceeds M_max.
+        """
+        b = self.bounds
+        k = np.maximum(np.atleast_1d(np.asarray(replicas, dtype=float)), 1.0)[:, None]
+        m_max = float(self.max_local)
+        low = np.maximum(float(b.base_batch), k * b.min_local)
+        high = np.full_like(low, float(b.max_batch))
+        if not b.accumulation:
+            high = np.minimum(high, k * m_max)
+            low = np.minimum(low, high)
+        feasible = (k * b.min_local <= b.max_batch)[:, 0]
+        high = np.maximum(high, low)
+        t = np.linspace(0.0, 1.0, BATCH_CANDIDATES)[None, :]
+        total = low * (high / low) ** t
+        if b.accumulation:
+            steps = np.maximum(np.ceil(total / (k * m_max) - 1e-9), 1.0)
+        else:
+            steps = np.ones_like(total)
+        local = np.clip(np.floor(total / (k * steps) + 1e-9), b.min_local, m_max)
+        return local.astype(np.int64), steps.astype(np.int64), feasible
+
+    def best_goodput(
+        self, nodes: ArrayLike, replicas: ArrayLike
+    ) -> tuple[FloatArray, IntArray, IntArray]:
+        """For each (N, K) pair: the highest goodput over batch candidates and its (m, s).
+
+        K = 0 or an infeasible K gives goodput 0 (m = m_min, s = 1).
+        """
+        n = np.atleast_1d(np.asarray(nodes, dtype=float))
+        k = np.atleast_1d(np.asarray(replicas, dtype=float))
+        local, steps, feasible = self.candidates(k)
+        kk = np.maximum(k, 1.0)[:, None]
+        values = self.goodput(n[:, None], kk, local, steps)
+        best = np.argmax(values, axis=1)
+        rows = np.arange(k.size)
+        good = values[rows, best]
+        ok = feasible & (k > 0)
+        good = np.where(ok, good, 0.0)
+        best_m = np.where(ok, local[rows, best], self.bounds.min_local)
+        best_s = np.where(ok, steps[rows, best], 1)
+        return good, best_m.astype(np.int64), best_s.astype(np.int64)
+
+    def best_choice(self, nodes: int, replicas: int) -> BatchChoice:
+        """The (m, s) maximising goodput on ``replicas`` devices over ``nodes`` nodes."""
+        _, m, s = self.best_goodput([nodes], [replicas])
+        return BatchChoice(local_batch=int(m[0]), accum_steps=int(s[0]), replicas=int(replicas))

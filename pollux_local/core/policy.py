@@ -1,0 +1,499 @@
+"""The goodput allocation policy: devices and placements that maximise the p-mean of speed-ups.
+
+For every job j and replica count k the policy looks up the best goodput its model predicts on
+the fewest nodes that can hold k devices, and turns it into a *speed-up* over the job's fair
+share::
+
+    SPEEDUP_j(k) = G_j(k) / G_j(f_j),    f_j = G_total * w_j / sum_i w_i,   w_j = 1 / n_owner(j)
+
+so every user (not every job) is entitled to the same share of devices.  The objective is the
+weighted p-mean of the speed-ups, ``(sum_j w_j SPEEDUP_j^p / sum_j w_j)^(1/p)``, maximised by
+maximising the separable utility ``sum_j w_j U(SPEEDUP_j)`` with ``U(x) = x^p / p`` (``log x`` for
+p = 0).
+
+The search, in four steps, all on tables computed once per decision:
+
+1. *admission* — when the jobs' minimum demands exceed the devices, the jobs with the least
+   attained service run (least-attained-service favours short jobs and cuts the average
+   completion time); a running job keeps its place against a waiting job unless it has
+   received more than twice the waiting job's service (hysteresis bounds preemptions);
+2. *greedy marginal gain* — devices go one increment at a time to the job whose utility rises
+   most per device (looking ahead over several devices, so steps in the goodput curve such as
+   crossing onto a second node are seen);
+3. *local search* — moves of d devices between two jobs while the objective improves;
+4. *placement* — jobs that keep their replica count keep their devices; the others are packed
+   onto as few nodes as possible, and two jobs spanning several nodes never share a node.
+
+Restarts: changing a running job's allocation costs it ``restart_cost_s`` of no progress.  With
+its age as the estimate of its remaining time H (remaining ~ attained, as in a
+least-attained-service estimate), a change to speed-up x' beats staying at x only when
+``x' * (H - d) > x * H``; so every allocation other than the current one is discounted by
+``(H - d) / H`` in the objective, and a young job's small gain never pays for a restart.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pollux_local.core.types import Decision, JobView, NodeView, Placement
+
+_NEG = -np.inf
+
+
+@dataclass
+class _JobPlan:
+    """Per-job tables and the search state for one decision."""
+
+    index: int
+    job: JobView
+    cap: int  # largest replica count the policy may give (exploration cap, max, cluster)
+    min_k: int
+    current_k: int
+    goodput: np.ndarray  # goodput[k] for k = 0..len-1, packed placement; 0 where infeasible
+    fair_share: float
+    fair_goodput: float
+    weight: float
+    discount: float  # factor on the speed-up of any allocation other than the current one
+    utility: np.ndarray  # weight * U(speed-up) for k = 0..cap, discounted, -inf if infeasible
+    admitted: bool = False
+    k: int = 0
+    placement: Placement = ()
+    note: str = ""
+
+
+def _min_nodes_table(node_sizes: Sequence[int], max_k: int) -> np.ndarray:
+    """``table[k]`` = fewest nodes whose devices add up to at least k (0 for k = 0)."""
+    sizes = np.sort(np.asarray([s for s in node_sizes if s > 0], dtype=np.int64))[::-1]
+    cumulative = np.cumsum(sizes)
+    ks = np.arange(max_k + 1)
+    table = np.searchsorted(cumulative, ks, side="left") + 1
+    table[0] = 0
+    return np.minimum(table, len(sizes)).astype(np.int64)
+
+
+def _utility(speedup: np.ndarray, p: float) -> np.ndarray:
+    """U(x) = x^p / p (log x for p = 0); -inf for x <= 0 when p <= 0."""
+    x = np.asarray(speedup, dtype=np.float64)
+    out = np.full_like(x, _NEG)
+    positive = x > 0
+    if p == 0:
+        out[positive] = np.log(x[positive])
+    else:
+        out[positive] = np.power(x[positive], p) / p
+        if p > 0:
+            out[~positive] = 0.0
+    return out
+
+
+class GoodputPolicy:
+    """Pollux-style goodput allocation with a fast, deterministic search.
+
+    ``p`` is the exponent of the p-mean (-1: harmonic, the default; 1: total speed-up;
+    towards -inf: max-min fairness); ``restart_cost_s`` the seconds of progress an allocation
+    change costs; ``interval_s`` the time between decisions (the smallest remaining-time
+    estimate a running job gets); ``preempt_ratio`` how much more service a running job must
+    have received than a waiting one before the waiting one takes its place;
+    ``local_search_steps`` bounds the move search (per job).
+    """
+
+    name = "pollux"
+
+    def __init__(
+        self,
+        p: float = -1.0,
+        restart_cost_s: float = 30.0,
+        interval_s: float = 60.0,
+        preempt_ratio: float = 2.0,
+        local_search_steps: int = 2,
+    ) -> None:
+        if not math.isfinite(p):
+            raise ValueError(f"p must be finite, got {p}")
+        if restart_cost_s < 0:
+            raise ValueError(f"restart cost must be non-negative, got {restart_cost_s}")
+        if interval_s <= 0:
+            raise ValueError(f"interval must be positive, got {interval_s}")
+        if preempt_ratio < 1:
+            raise ValueError(f"preempt ratio must be at least 1, got {preempt_ratio}")
+        self.p = float(p)
+        self.restart_cost_s = float(restart_cost_s)
+        self.interval_s = float(interval_s)
+        self.preempt_ratio = float(preempt_ratio)
+        self.local_search_steps = int(local_search_steps)
+
+    # ------------------------------------------------------------------ entry point
+    def decide(
+        self,
+        jobs: Sequence[JobView],
+        nodes: Sequence[NodeView],
+        now: float,
+        rng: np.random.Generator,
+    ) -> Decision:
+        """Place every job; zeros for jobs that do not run this round."""
+        del now, rng  # the search is deterministic and needs neither
+        node_sizes = [n.devices if n.up and n.devices > 0 else 0 for n in nodes]
+        total = int(sum(node_sizes))
+        empty: Placement = tuple(0 for _ in nodes)
+        if not jobs:
+            return Decision(placements={}, reasons={})
+        if total == 0:
+            return Decision(
+                placements={j.id: empty for j in jobs},
+                reasons={j.id: "waiting: no devices available" for j in jobs},
+            )
+        plans = self._build_plans(jobs, node_sizes, total)
+        self._admit(plans, total)
+        free = self._greedy(plans, total)
+        self._local_search(plans, free)
+        self._place(plans, node_sizes)
+        return self._decision(plans, nodes, node_sizes)
+
+    # ------------------------------------------------------------------ tables
+    def _build_plans(
+        self, jobs: Sequence[JobView], node_sizes: list[int], total: int
+    ) -> list[_JobPlan]:
+        owners: dict[str, int] = {}
+        for job in jobs:
+            owners[job.owner] = owners.get(job.owner, 0) + 1
+        weights = np.array([1.0 / owners[j.owner] for j in jobs])
+        fair = total * weights / weights.sum()
+        min_nodes = _min_nodes_table(node_sizes, total)
+        plans: list[_JobPlan] = []
+        for index, job in enumerate(jobs):
+            current_k = job.replicas if len(job.placement) == len(node_sizes) else 0
+            min_k = max(1, int(job.min_replicas))
+            cap = min(int(job.max_replicas), total)
+            if job.model is not None and job.max_profiled_replicas > 0:
+                cap = min(cap, max(2 * int(job.max_profiled_replicas), min_k, current_k))
+            elif job.model is None:
+                cap = min(cap, max(min_k, current_k, 2 * int(job.max_profiled_replicas), 1))
+            fair_hi = min(total, int(math.ceil(fair[index])) + 1)
+            table_len = max(cap, fair_hi, 1) + 1
+            goodput = self._goodput_table(job, min_nodes, table_len)
+            fair_goodput = self._fair_goodput(goodput, float(fair[index]))
+            horizon = max(job.age_s, self.interval_s)
+            discount = (
+                max(horizon - self.restart_cost_s, 0.0) / horizon if current_k > 0 else 1.0
+            )
+            speedup = goodput[: cap + 1] / fair_goodput
+            utility = float(weights[index]) * _utility(speedup, self.p)
+            if current_k > 0:
+                keep = utility[current_k] if current_k <= cap else _NEG
+                utility = float(weights[index]) * _utility(speedup * discount, self.p)
+                if current_k <= cap:
+                    utility[current_k] = keep
+            utility[1:min_k] = _NEG
+            plans.append(
+                _JobPlan(
+                    index=index,
+                    job=job,
+                    cap=cap,
+                    min_k=min_k,
+                    current_k=current_k,
+                    goodput=goodput,
+                    fair_share=float(fair[index]),
+                    fair_goodput=fair_goodput,
+                    weight=float(weights[index]),
+                    discount=discount,
+                    utility=utility,
+                )
+            )
+        return plans
+
+    @staticmethod
+    def _goodput_table(job: JobView, min_nodes: np.ndarray, length: int) -> np.ndarray:
+        """Best goodput for k = 0..length-1 devices on the fewest nodes (0 = infeasible)."""
+        ks = np.arange(length, dtype=np.int64)
+        if job.model is None:
+            return ks.astype(np.float64)  # no data yet: assume linear speed-up
+        replicas = ks[1:]
+        nodes_needed = min_nodes[np.minimum(replicas, len(min_nodes) - 1)]
+        values, _, _ = job.model.best_goodput(nodes_needed, replicas)
+        table = np.zeros(length, dtype=np.float64)
+        finite = np.nan_to_num(np.asarray(values, dtype=np.float64), nan=0.0, posinf=0.0)
+        table[1:] = np.maximum(finite, 0.0)
+        return table
+
+    @staticmethod
+    def _fair_goodput(goodput: np.ndarray, fair_share: float) -> float:
+        """Goodput at a fractional share, linear between the neighbouring integers."""
+        lo = int(math.floor(fair_share))
+        lo = min(lo, len(goodput) - 2)
+        hi = lo + 1
+        frac = fair_share - lo
+        value = float(goodput[lo] + frac * (goodput[hi] - goodput[lo]))
+        if value <= 0:
+            positive = goodput[goodput > 0]
+            value = float(positive.min()) if positive.size else 1.0
+        return value
+
+    # ------------------------------------------------------------------ admission
+    def _admit(self, plans: list[_JobPlan], total: int) -> None:
+        """Give each admitted job its minimum; least attained service first when short."""
+        runnable = [pl for pl in plans if pl.min_k <= pl.cap and pl.utility[pl.min_k] > _NEG]
+        for pl in plans:
+            if pl not in runnable:
+                pl.note = (
+                    f"cannot run: needs {pl.min_k} devices, cluster offers {total}"
+                    if pl.min_k > total
+                    else "cannot run: no feasible replica count within its bounds"
+                )
+
+        def service_key(pl: _JobPlan) -> tuple[float, float, int]:
+            service = max(pl.job.attained_gpu_s, 0.0)
+            if pl.current_k > 0:
+                service /= self.preempt_ratio
+            return (-float(pl.job.priority), service, pl.index)
+
+        used = 0
+        for pl in sorted(runnable, key=service_key):
+            if used + pl.min_k <= total:
+                pl.admitted = True
+                pl.k = pl.min_k
+                used += pl.min_k
+            else:
+                pl.note = "waiting: devices go to jobs with less attained service"
+
+    # ------------------------------------------------------------------ greedy
+    @staticmethod
+    def _best_step(pl: _JobPlan, free: int) -> tuple[float, int]:
+        """Highest utility gain per device over the increments k -> k' (k' <= cap, free)."""
+        top = min(pl.cap, pl.k + free)
+        if top <= pl.k:
+            return _NEG, pl.k
+        here = pl.utility[pl.k]
+        ahead = pl.utility[pl.k + 1 : top + 1]
+        with np.errstate(invalid="ignore"):
+            gains = (ahead - here) / np.arange(1, top - pl.k + 1)
+        gains = np.where(np.isnan(gains), _NEG, gains)
+        best = int(np.argmax(gains))
+        return float(gains[best]), pl.k + 1 + best
+
+    def _greedy(self, plans: list[_JobPlan], total: int) -> int:
+        """Hand out the remaining devices by utility gain per device; returns devices left."""
+        free = total - sum(pl.k for pl in plans if pl.admitted)
+        heap: list[tuple[float, int, int]] = []
+        for pl in plans:
+            if pl.admitted:
+                gain, target = self._best_step(pl, free)
+                if gain > 0:
+                    heap.append((-gain, pl.index, target))
+        heapq.heapify(heap)
+        while heap and free > 0:
+            neg_gain, index, target = heapq.heappop(heap)
+            pl = plans[index]
+            if target - pl.k > free or target <= pl.k:
+                gain, target = self._best_step(pl, free)
+                if gain > 0:
+                    heapq.heappush(heap, (-gain, index, target))
+                continue
+            free -= target - pl.k
+            pl.k = target
+            gain, target = self._best_step(pl, free)
+            if gain > 0:
+                heapq.heappush(heap, (-gain, index, target))
+        return free
+
+    # ------------------------------------------------------------------ local search
+    def _local_search(self, plans: list[_JobPlan], free: int) -> None:
+        """Move d devices from one job to another (or from the free pool) while it helps."""
+        active = [pl for pl in plans if pl.admitted]
+        if len(active) < 1:
+            return
+        width = max(pl.cap for pl in active) + 1
+        table = np.full((len(active), width), _NEG)
+        lower = np.array([pl.min_k for pl in active])
+        for row, pl in enumerate(active):
+            table[row, : pl.cap + 1] = pl.utility[: pl.cap + 1]
+            table[row, : pl.min_k] = _NEG
+        k = np.array([pl.k for pl in active])
+        rows = np.arange(len(active))
+        max_delta = max(1, min(width - 1, 16))
+        deltas = np.arange(1, max_delta + 1)
+        for _ in range(self.local_search_steps * len(active) + 1):
+            here = table[rows, k]
+            up_idx = k[:, None] + deltas[None, :]
+            gain_up = np.where(
+                up_idx < width, table[rows[:, None], np.minimum(up_idx, width - 1)], _NEG
+            )
+            gain_up = gain_up - here[:, None]
+            down_idx = k[:, None] - deltas[None, :]
+            loss_down = np.where(
+                down_idx >= lower[:, None],
+                here[:, None] - table[rows[:, None], np.maximum(down_idx, 0)],
+                np.inf,
+            )
+            gain_up = np.nan_to_num(gain_up, nan=_NEG)
+            loss_down = np.nan_to_num(loss_down, nan=np.inf)
+            best_gain = 0.0
+            move: tuple[int, int, int] | None = None
+            # moves from the free pool
+            if free > 0:
+                usable = deltas <= free
+                if usable.any():
+                    sub = gain_up[:, usable]
+                    j, d = np.unravel_index(int(np.argmax(sub)), sub.shape)
+                    if sub[j, d] > 1e-12:
+                        best_gain = float(sub[j, d])
+                        move = (-1, int(j), int(deltas[usable][d]))
+            # transfers between two different jobs
+            receiver = np.argmax(gain_up, axis=0)
+            receiver_gain = gain_up[receiver, np.arange(len(deltas))]
+            masked = gain_up.copy()
+            masked[receiver, np.arange(len(deltas))] = _NEG
+            second_gain = masked.max(axis=0) if len(active) > 1 else np.full(len(deltas), _NEG)
+            donor = np.argmin(loss_down, axis=0)
+            donor_loss = loss_down[donor, np.arange(len(deltas))]
+            masked_loss = loss_down.copy()
+            masked_loss[donor, np.arange(len(deltas))] = np.inf
+            second_loss = (
+                masked_loss.min(axis=0) if len(active) > 1 else np.full(len(deltas), np.inf)
+            )
+            same = receiver == donor
+            with np.errstate(invalid="ignore"):
+                net = np.where(
+                    same,
+                    np.maximum(receiver_gain - second_loss, second_gain - donor_loss),
+                    receiver_gain - donor_loss,
+                )
+            net = np.nan_to_num(net, nan=_NEG)
+            d = int(np.argmax(net))
+            if net[d] > best_gain + 1e-12:
+                r, g = int(receiver[d]), int(donor[d])
+                if r == g:
+                    if receiver_gain[d] - second_loss[d] >= second_gain[d] - donor_loss[d]:
+                        g = int(np.argmin(masked_loss[:, d]))
+                    else:
+                        r = int(np.argmax(masked[:, d]))
+                best_gain = float(net[d])
+                move = (g, r, int(deltas[d]))
+            if move is None:
+                break
+            donor_row, receiver_row, delta = move
+            if donor_row < 0:
+                free -= delta
+            else:
+                k[donor_row] -= delta
+            k[receiver_row] += delta
+        for row, pl in enumerate(active):
+            pl.k = int(k[row])
+
+    # ------------------------------------------------------------------ placement
+    def _place(self, plans: list[_JobPlan], node_sizes: list[int]) -> None:
+        """Put replica counts onto nodes: keep unchanged jobs, pack the rest, no shared
+        node between two multi-node jobs; a job that cannot be placed shrinks."""
+        free = list(node_sizes)
+        multi_node_on = [False] * len(node_sizes)
+        running = [pl for pl in plans if pl.admitted and pl.k > 0]
+        pending: list[_JobPlan] = []
+        # 1. jobs keeping their replica count keep their devices when still valid
+        for pl in sorted(running, key=lambda q: (-q.k, q.index)):
+            old = pl.job.placement
+            if pl.k == pl.current_k and len(old) == len(node_sizes):
+                spans = sum(1 for c in old if c > 0) > 1
+                fits = all(c <= f for c, f in zip(old, free, strict=True))
+                clash = spans and any(
+                    c > 0 and multi_node_on[i] for i, c in enumerate(old)
+                )
+                if fits and not clash:
+                    self._take(pl, old, free, multi_node_on)
+                    continue
+            pending.append(pl)
+        # 2. the rest, largest first: on one node when possible, else whole nodes first
+        for pl in sorted(pending, key=lambda q: (-q.k, q.index)):
+            k = pl.k
+            while k >= pl.min_k:
+                placement = self._fit(k, free, multi_node_on)
+                if placement is not None:
+                    self._take(pl, placement, free, multi_node_on)
+                    break
+                k -= 1
+            else:
+                pl.k = 0
+                pl.placement = tuple(0 for _ in node_sizes)
+                pl.note = "waiting: no placement fits its minimum without sharing nodes"
+
+    @staticmethod
+    def _take(
+        pl: _JobPlan, placement: Placement, free: list[int], multi_node_on: list[bool]
+    ) -> None:
+        spans = sum(1 for c in placement if c > 0) > 1
+        for i, c in enumerate(placement):
+            free[i] -= c
+            if spans and c > 0:
+                multi_node_on[i] = True
+        pl.placement = tuple(int(c) for c in placement)
+        pl.k = int(sum(placement))
+
+    @staticmethod
+    def _fit(k: int, free: list[int], multi_node_on: list[bool]) -> Placement | None:
+        """A placement of k devices on as few nodes as possible, or None."""
+        order = sorted(range(len(free)), key=lambda i: (free[i], i))
+        for i in order:  # best fit on a single node
+            if free[i] >= k:
+                placement = [0] * len(free)
+                placement[i] = k
+                return tuple(placement)
+        # several nodes, none already used by another multi-node job; largest free first
+        candidates = sorted(
+            (i for i in range(len(free)) if free[i] > 0 and not multi_node_on[i]),
+            key=lambda i: (-free[i], i),
+        )
+        if sum(free[i] for i in candidates) < k:
+            return None
+        placement = [0] * len(free)
+        left = k
+        chosen: list[int] = []
+        for i in candidates:
+            if left == 0:
+                break
+            chosen.append(i)
+            left -= min(free[i], left)
+        # fill the last node chosen as little as needed: best fit for the remainder
+        left = k
+        for i in chosen[:-1]:
+            placement[i] = free[i]
+            left -= free[i]
+        rest = [i for i in candidates if i not in chosen[:-1] and free[i] >= left]
+        last = min(rest, key=lambda i: (free[i], i)) if rest else chosen[-1]
+        placement[last] = left
+        return tuple(placement)
+
+    # ------------------------------------------------------------------ result
+    def _decision(
+        self, plans: list[_JobPlan], nodes: Sequence[NodeView], node_sizes: list[int]
+    ) -> Decision:
+        placements: dict[str, Placement] = {}
+        reasons: dict[str, str] = {}
+        empty: Placement = tuple(0 for _ in nodes)
+        for pl in plans:
+            placement = pl.placement if pl.admitted and pl.k > 0 else empty
+            placements[pl.job.id] = placement
+            reasons[pl.job.id] = self._reason(pl, placement)
+        return Decision(placements=placements, reasons=reasons)
+
+    def _reason(self, pl: _JobPlan, placement: Placement) -> str:
+        k = int(sum(placement))
+        fair = f"fair share {pl.fair_share:.1f}"
+        if k == 0:
+            if pl.note:
+                return pl.note
+            return f"waiting ({fair})"
+        n = sum(1 for c in placement if c > 0)
+        speedup = pl.goodput[k] / pl.fair_goodput if k < len(pl.goodput) else float("nan")
+        head = f"{k} dev on {n} node{'s' if n > 1 else ''}, speed-up {speedup:.2f}x ({fair})"
+        if pl.job.model is None:
+            head += ", no profile yet: linear speed-up assumed"
+        if pl.current_k == 0:
+            return head + "; started"
+        if placement == pl.job.placement:
+            stay = pl.goodput[k] / pl.fair_goodput
+            return head + f"; kept (restart pays only above {stay / max(pl.discount, 1e-9):.2f}x)"
+        before = pl.goodput[pl.current_k] if pl.current_k < len(pl.goodput) else 0.0
+        change = (pl.goodput[k] / before - 1.0) * 100 if before > 0 else float("inf")
+        verb = "grown" if k > pl.current_k else "shrunk" if k < pl.current_k else "moved"
+        return head + f"; {verb} from {pl.current_k} (own goodput {change:+.0f}%)"

@@ -1,0 +1,94 @@
+"""The launcher interface: how the daemon's executor starts and stops a job's replicas.
+
+A launcher knows nothing of policies or batch sizes; it receives a fully resolved
+:class:`LaunchSpec` (one :class:`ReplicaSlot` per rank, the environment already built) and
+returns a :class:`ReplicaGroup` handle.  ``LocalLauncher`` (``launch/local.py``) runs replicas as
+subprocesses of this machine; ``SshLauncher`` (``launch/ssh.py``) runs them on other nodes
+through the OpenSSH client.  Both must behave identically as seen from the executor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+#: Exit code of a replica that checkpointed on SIGTERM so that the job can be resized
+#: (``EX_TEMPFAIL`` from sysexits.h).  The job library uses the same constant.
+RESCALE_EXIT_CODE = 75
+
+
+@dataclass(frozen=True)
+class ReplicaSlot:
+    """Where one rank runs: node name, device id on that node (``"cpu:0"``, ``"cuda:1"``)."""
+
+    rank: int
+    node: str
+    device: str
+    local_rank: int
+    node_rank: int
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything needed to start one incarnation of a job.
+
+    ``env`` is the common environment (user env + POLLUX_* + torchrun variables that do not
+    depend on the rank); the launcher adds RANK, LOCAL_RANK, NODE_RANK and, for GPU devices,
+    CUDA_VISIBLE_DEVICES per replica.  ``run_as`` is a Unix user name to run as (daemon running
+    as root) or ``None`` for the daemon's own user.
+    """
+
+    job_id: str
+    argv: Sequence[str]
+    workdir: Path
+    env: Mapping[str, str]
+    slots: Sequence[ReplicaSlot]
+    log_dir: Path
+    run_as: str | None = None
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+class ReplicaGroup(Protocol):
+    """A running incarnation of a job (all its replicas)."""
+
+    spec: LaunchSpec
+
+    def poll(self) -> int | None:
+        """``None`` while any replica runs; else the group's exit code (0 when all succeeded,
+        ``RESCALE_EXIT_CODE`` when all checkpointed for a rescale, otherwise the first
+        failing replica's code, or 255 when the node became unreachable)."""
+        ...
+
+    async def wait(self) -> int:
+        """Wait until every replica has exited; return the group's exit code (as ``poll``)."""
+        ...
+
+    async def stop(self, grace_s: float) -> int:
+        """SIGTERM every replica, wait up to ``grace_s`` for the checkpoint exit, then SIGKILL.
+        Returns the group's exit code."""
+        ...
+
+    def pids(self) -> Mapping[int, int]:
+        """rank -> pid (local pid for local replicas; remote pid when known)."""
+        ...
+
+
+class Launcher(Protocol):
+    """Starts replica groups on the nodes it is responsible for."""
+
+    async def launch(self, spec: LaunchSpec) -> ReplicaGroup: ...
+
+    async def check_node(self, node: str) -> NodeHealth: ...
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """Result of a node check (``pollux-local nodes``)."""
+
+    node: str
+    reachable: bool
+    devices: Sequence[str] = ()
+    load: float | None = None
+    error: str | None = None
