@@ -1,0 +1,77 @@
+"""Throughput-model accuracy: fit on N measured configurations, predict every placement row.
+
+    python benchmarks/model_accuracy.py [--artifact DIR] [--points 15] [--trials 20] [--json]
+
+For each application of the artifact, repeatedly fits ``core.fit_throughput`` on ``--points``
+random rows of placements.csv and reports the median and mean relative throughput error over
+all rows, and the fit time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pollux_local.core import fit_throughput, predict_throughput
+
+DEFAULT_ARTIFACT = Path(__file__).resolve().parents[1].parent / "shared/data/pollux-artifact"
+
+
+def load_placements(path: Path) -> tuple[np.ndarray, ...]:
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    nodes = np.array([len(r["placement"]) for r in rows], dtype=float)
+    reps = np.array([sum(int(c) for c in r["placement"]) for r in rows], dtype=float)
+    local = np.array([float(r["local_bsz"]) for r in rows])
+    step = np.array([float(r["step_time"]) for r in rows])
+    sync = np.array([float(r["sync_time"]) for r in rows])
+    return nodes, reps, local, step - sync, step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT)
+    parser.add_argument("--points", type=int, default=15)
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rng = np.random.default_rng(args.seed)
+    results = {}
+    for app_dir in sorted((args.artifact / "models").iterdir()):
+        nodes, reps, local, compute, step = load_placements(app_dir / "placements.csv")
+        true = reps * local / step
+        medians, means, fit_ms = [], [], []
+        for _ in range(args.trials):
+            idx = rng.choice(len(nodes), args.points, replace=False)
+            t0 = time.perf_counter()
+            fit = fit_throughput(nodes[idx], reps[idx], local[idx], compute[idx], step[idx])
+            fit_ms.append((time.perf_counter() - t0) * 1e3)
+            err = np.abs(predict_throughput(fit, nodes, reps, local) / true - 1)
+            medians.append(float(np.median(err)))
+            means.append(float(np.mean(err)))
+        results[app_dir.name] = {
+            "rows": int(len(nodes)),
+            "median_error_pct": 100 * float(np.median(medians)),
+            "mean_error_pct": 100 * float(np.median(means)),
+            "fit_ms_median": float(np.median(fit_ms)),
+        }
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print(f"fit on {args.points} random configurations, {args.trials} trials per application")
+    print(f"{'app':<12} {'rows':>5} {'median err':>11} {'mean err':>9} {'fit ms':>7}")
+    for app, r in results.items():
+        print(
+            f"{app:<12} {r['rows']:>5} {r['median_error_pct']:>10.1f}% "
+            f"{r['mean_error_pct']:>8.1f}% {r['fit_ms_median']:>7.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
