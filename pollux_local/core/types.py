@@ -88,7 +88,9 @@ class JobView:
     how many times its allocation changed so far.  ``static_replicas``/``static_batch`` are the
     user's fixed configuration (used by FIFO/Tiresias/Optimus, ignored by goodput policies).
     ``attained_gpu_s`` is GPU-seconds consumed so far (Tiresias).  ``remaining_iters`` is an
-    oracle of remaining base-batch iterations (Optimus only; ``None`` elsewhere).
+    oracle of remaining iterations at ``static_batch`` (Optimus only; ``None`` elsewhere);
+    ``static_iter_time_s[k - 1]`` is the (oracle or predicted) seconds per iteration at
+    ``static_batch`` on k packed replicas (Optimus; empty elsewhere).
     """
 
     id: str
@@ -107,6 +109,7 @@ class JobView:
     attained_gpu_s: float = 0.0
     remaining_iters: float | None = None
     run_time_s: float = 0.0
+    static_iter_time_s: tuple[float, ...] = ()
 
     @property
     def replicas(self) -> int:

@@ -1,0 +1,176 @@
+"""``pollux-local simulate``: run a policy through a workload trace with measured profiles."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from pollux_local.core.types import Policy
+from pollux_local.errors import PolluxError
+
+POLICIES = ("pollux", "tiresias", "optimus", "fifo")
+DEFAULT_MODELS = Path("..") / "shared" / "data" / "pollux-artifact" / "models"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def default_models_dir() -> Path | None:
+    """``../shared/data/pollux-artifact/models`` relative to the current directory or, failing
+    that, to the repository root; ``None`` when neither exists."""
+    for base in (Path.cwd(), REPO_ROOT):
+        candidate = (base / DEFAULT_MODELS).resolve()
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def make_policy(name: str, interval_s: float = 60.0, restart_cost_s: float = 30.0) -> Policy:
+    """A fresh policy object by name."""
+    if name == "fifo":
+        from pollux_local.core.baselines import FifoPolicy
+
+        return FifoPolicy()
+    if name == "tiresias":
+        from pollux_local.core.baselines import TiresiasPolicy
+
+        return TiresiasPolicy()
+    if name == "optimus":
+        from pollux_local.core.baselines import OptimusPolicy
+
+        return OptimusPolicy()
+    if name == "pollux":
+        try:
+            from pollux_local.core.policy import GoodputPolicy
+        except ImportError as exc:
+            raise PolluxError("the pollux policy is not available in this build") from exc
+        return GoodputPolicy(restart_cost_s=restart_cost_s, interval_s=interval_s)
+    raise PolluxError(f"unknown policy {name!r} (choose from {', '.join(POLICIES)})")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "simulate",
+        help="simulate a scheduling policy on a workload trace",
+        description="Drive a scheduling policy through a workload CSV "
+        "(name,time,application,num_replicas,batch_size) using measured model profiles.",
+    )
+    parser.add_argument("workload", metavar="WORKLOAD.csv", type=Path)
+    parser.add_argument(
+        "--models",
+        type=Path,
+        default=None,
+        help=f"profiles folder (default: {DEFAULT_MODELS} when it exists)",
+    )
+    parser.add_argument("--policy", choices=POLICIES, default="pollux")
+    parser.add_argument("--nodes", type=int, default=16)
+    parser.add_argument("--gpus-per-node", type=int, default=4)
+    parser.add_argument("--interval", type=_non_negative_float, default=60.0, help="seconds")
+    parser.add_argument("--restart-cost", type=_non_negative_float, default=30.0, help="seconds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=run_simulate)
+
+
+class _ProgressBar:
+    """A one-line progress bar on a terminal stream."""
+
+    def __init__(self, stream: TextIO, width: int = 30) -> None:
+        self.stream = stream
+        self.width = width
+        self._last = -1
+
+    def __call__(self, now: float, done: int, total: int) -> None:
+        if done == self._last and int(now) % 3600:
+            return
+        self._last = done
+        filled = self.width * done // max(total, 1)
+        bar = "#" * filled + "-" * (self.width - filled)
+        self.stream.write(f"\r[{bar}] {done}/{total} jobs done  t={now / 3600:6.1f} h")
+        self.stream.flush()
+
+    def close(self) -> None:
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+def _format_summary(summary: dict[str, float | int | str | None], workload: Path) -> str:
+    def hours(key: str) -> str:
+        if summary[key] is None:
+            return "         -"
+        value = float(summary[key])  # type: ignore[arg-type]
+        return f"{value:10.0f} s  ({value / 3600:.2f} h)"
+
+    lines = [
+        f"workload            {workload}",
+        f"policy              {summary['policy']}",
+        f"jobs                {summary['completed']}/{summary['jobs']} completed",
+        f"average JCT       {hours('avg_jct_s')}",
+        f"p99 JCT           {hours('p99_jct_s')}",
+        f"makespan          {hours('makespan_s')}",
+        f"restarts per job    {float(summary['restarts_per_job'] or 0):.2f}",
+        f"worst finish-time fairness  {summary['max_finish_time_fairness'] or math.nan:.2f}"
+        "  (JCT / JCT alone on an equal share)",
+        f"decision time       median {float(summary['decision_ms_median'] or 0):.2f} ms,"
+        f" p95 {float(summary['decision_ms_p95'] or 0):.2f} ms over {summary['rounds']} rounds",
+        f"wall time           {float(summary['wall_s'] or 0):.1f} s",
+    ]
+    return "\n".join(lines)
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    from pollux_local.sim.profiles import load_profiles
+    from pollux_local.sim.simulator import SimConfig, Simulator
+    from pollux_local.sim.workload import read_workload
+
+    config = SimConfig(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        interval_s=args.interval,
+        restart_cost_s=args.restart_cost,
+        seed=args.seed,
+    )
+    config.validate()
+    models = args.models
+    if models is None:
+        models = default_models_dir()
+        if models is None:
+            raise PolluxError(f"models folder not found: {DEFAULT_MODELS} (give --models DIR)")
+    workload = read_workload(args.workload)
+    profiles = load_profiles(models, {job.application for job in workload})
+    policy = make_policy(args.policy, interval_s=args.interval, restart_cost_s=args.restart_cost)
+    simulator = Simulator(workload, profiles, policy, config)
+    bar = None if args.json or not sys.stderr.isatty() else _ProgressBar(sys.stderr)
+    try:
+        result = simulator.run(on_round=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    summary = result.summary()
+    if args.json:
+        print(json.dumps(summary, sort_keys=False))
+    else:
+        print(_format_summary(summary, args.workload))
+    return 0
