@@ -1,0 +1,68 @@
+"""Run a real ``pollux-local daemon`` as a separate process for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pollux_local.client import Client
+from pollux_local.errors import PolluxError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class DaemonProcess:
+    """``python -m pollux_local daemon --state-dir DIR ...``; ``start``/``kill``/``stop``."""
+
+    def __init__(self, state_dir: Path, *extra_args: str) -> None:
+        self.state_dir = state_dir
+        self.extra_args = extra_args
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.client = Client(state_dir / "daemon.sock", timeout_s=20)
+
+    def start(self, timeout_s: float = 30.0) -> DaemonProcess:
+        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
+        log = open(self.state_dir.parent / f"{self.state_dir.name}.out", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pollux_local", "daemon", "--state-dir", str(self.state_dir),
+             *self.extra_args],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.proc.returncode}: {self.output()}")
+            try:
+                self.client.request("ping")
+                return self
+            except PolluxError:
+                time.sleep(0.1)
+        raise RuntimeError(f"daemon did not answer within {timeout_s:g} s: {self.output()}")
+
+    def output(self) -> str:
+        path = self.state_dir.parent / f"{self.state_dir.name}.out"
+        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()

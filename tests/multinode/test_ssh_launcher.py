@@ -1,0 +1,264 @@
+"""The SSH launcher against real sshd hosts in network namespaces."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from pollux_local.launch.base import RESCALE_EXIT_CODE, LaunchSpec, ReplicaSlot
+from pollux_local.launch.ssh import SETUP_FAILED_EXIT_CODE, UNREACHABLE_EXIT_CODE, SshLauncher
+
+from .conftest import GLOO_JOB, PYTHON, job_env
+from .testbed import Testbed
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def two_host_spec(bed: Testbed, tmp_path: Path, job_id: str, steps: int, port: int) -> LaunchSpec:
+    h1, h2 = bed.hosts
+    return LaunchSpec(
+        job_id=job_id,
+        argv=[PYTHON, str(GLOO_JOB), "--steps", str(steps), "--step-sleep", "0.05"],
+        workdir=tmp_path,
+        env=job_env(tmp_path / "ckpt", world=2, port=port),
+        slots=[ReplicaSlot(0, h1.name, "cpu:0", 0, 0), ReplicaSlot(1, h2.name, "cpu:0", 0, 1)],
+        log_dir=tmp_path / "logs",
+    )
+
+
+def test_check_node_reports_devices_and_load(testbed: Testbed, launcher: SshLauncher) -> None:
+    async def check() -> None:
+        for host in testbed.hosts:
+            health = await launcher.check_node(host.name)
+            assert health.reachable, health.error
+            assert list(health.devices) == ["cpu:0", "cpu:1"]
+            assert health.load is not None and health.load >= 0.0
+
+    asyncio.run(check())
+
+
+def test_unreachable_node_is_reported_within_the_connect_timeout(
+    testbed: Testbed, launcher: SshLauncher
+) -> None:
+    host = testbed.hosts[1]
+
+    async def check() -> tuple[bool, str | None, float]:
+        await launcher.close()  # no shared connection: a fresh login must fail
+        testbed.cut_link(host)
+        try:
+            start = time.monotonic()
+            health = await launcher.check_node(host.name)
+            return health.reachable, health.error, time.monotonic() - start
+        finally:
+            testbed.restore_link(host)
+
+    reachable, error, elapsed = asyncio.run(check())
+    assert not reachable
+    assert error
+    assert elapsed < 2 * launcher.connect_timeout_s + 12
+
+
+def test_environment_arrives_exactly_and_logs_come_back(
+    testbed: Testbed, launcher: SshLauncher, tmp_path: Path
+) -> None:
+    tricky = "spaces and 'quotes' \"double\" $HOME `x` ; rm -rf / \n second line"
+    host = testbed.hosts[0]
+    env = {"PATH": "/usr/bin:/bin", "TRICKY": tricky, "WORLD_SIZE": "1"}
+    spec = LaunchSpec(
+        job_id="envjob",
+        argv=["/usr/bin/env", "-0"],  # not Python: it would add LC_CTYPE (PEP 538)
+        workdir=tmp_path,
+        env=env,
+        slots=[ReplicaSlot(0, host.name, "cpu:1", 1, 0)],
+        log_dir=tmp_path / "logs",
+    )
+
+    async def run() -> int:
+        group = await launcher.launch(spec)
+        return await asyncio.wait_for(group.wait(), 60)
+
+    assert asyncio.run(run()) == 0
+    banner, raw = (tmp_path / "logs" / "rank0.log").read_text().split("\n", 1)
+    assert banner.startswith("--- ") and "rank 0/1 on" in banner
+    seen = dict(item.split("=", 1) for item in raw.split("\0") if item)
+    expected = dict(
+        env,
+        RANK="0",
+        LOCAL_RANK="1",
+        NODE_RANK="0",
+        GROUP_RANK="0",
+        LOCAL_WORLD_SIZE="1",
+        POLLUX_DEVICE="cpu",
+        GLOO_SOCKET_IFNAME="eth0",
+    )
+    assert seen == expected  # nothing added, nothing lost, no CUDA_VISIBLE_DEVICES for a CPU
+    remote_log = Path(launcher.nodes[host.name].workdir) / "logs" / "envjob" / "rank0.log"
+    assert remote_log.read_text() == (tmp_path / "logs" / "rank0.log").read_text()
+
+
+def test_job_spanning_two_hosts_trains_and_finishes(
+    testbed: Testbed, launcher: SshLauncher, tmp_path: Path
+) -> None:
+    spec = two_host_spec(testbed, tmp_path, "span", steps=60, port=29611)
+
+    async def run() -> int:
+        group = await launcher.launch(spec)
+        return await asyncio.wait_for(group.wait(), 120)
+
+    assert asyncio.run(run()) == 0
+    done = json.loads((tmp_path / "ckpt" / "done.json").read_text())
+    assert done["step"] == 60
+    assert done["hosts"] == [h.name for h in testbed.hosts]  # one rank in each namespace
+    assert done["loss"] < 0.5
+    assert "rank 1 finished at step 60" in (tmp_path / "logs" / "rank1.log").read_text()
+
+
+def test_stop_checkpoints_and_exits_for_a_rescale(
+    testbed: Testbed, launcher: SshLauncher, tmp_path: Path
+) -> None:
+    spec = two_host_spec(testbed, tmp_path, "stop", steps=100_000, port=29612)
+
+    async def run() -> int:
+        group = await launcher.launch(spec)
+        await _wait_for_step(tmp_path / "ckpt", 10)
+        return await group.stop(grace_s=20)
+
+    assert asyncio.run(run()) == RESCALE_EXIT_CODE
+    logs = (tmp_path / "logs" / "rank0.log").read_text()
+    assert "checkpointed at step" in logs
+
+
+def test_cut_link_fails_the_group_and_the_job_resumes_on_the_other_host(
+    testbed: Testbed, launcher: SshLauncher, tmp_path: Path
+) -> None:
+    h1, h2 = testbed.hosts
+    spec = two_host_spec(testbed, tmp_path, "cut", steps=100_000, port=29613)
+
+    async def first() -> tuple[int, float, str | None]:
+        group = await launcher.launch(spec)
+        await _wait_for_step(tmp_path / "ckpt", 20)
+        testbed.cut_link(h2)
+        cut = time.monotonic()
+        code = await asyncio.wait_for(group.wait(), 90)
+        return code, time.monotonic() - cut, group.failure_reason
+
+    try:
+        code, detected_after, reason = asyncio.run(first())
+    finally:
+        testbed.restore_link(h2)
+    assert code == UNREACHABLE_EXIT_CODE
+    assert reason == f"node {h2.name} became unreachable"
+    # keepalive bound + the surviving rank's stop grace + slack
+    assert detected_after < launcher.detect_dead_link_s + launcher.failure_grace_s + 5
+    saved = _checkpoint_step(tmp_path / "ckpt")
+    assert saved >= 20
+
+    resumed = LaunchSpec(
+        job_id="cut",
+        argv=[PYTHON, str(GLOO_JOB), "--steps", str(saved + 30), "--step-sleep", "0.01"],
+        workdir=tmp_path,
+        env=job_env(tmp_path / "ckpt", world=1, port=29614),
+        slots=[ReplicaSlot(0, h1.name, "cpu:0", 0, 0)],
+        log_dir=tmp_path / "logs",
+    )
+
+    async def second() -> int:
+        group = await launcher.launch(resumed)
+        return await asyncio.wait_for(group.wait(), 60)
+
+    assert asyncio.run(second()) == 0
+    incarnations = [
+        json.loads(line)
+        for line in (tmp_path / "ckpt" / "incarnations.jsonl").read_text().splitlines()
+    ]
+    assert incarnations[0] == {"start_step": 0, "world": 2, "hosts": [h1.name, h2.name]}
+    assert incarnations[-1] == {"start_step": saved, "world": 1, "hosts": [h1.name]}
+    assert json.loads((tmp_path / "ckpt" / "done.json").read_text())["step"] == saved + 30
+
+
+def test_checkpoint_dir_not_shared_fails_clearly(
+    testbed: Testbed, launcher: SshLauncher, tmp_path: Path
+) -> None:
+    host = testbed.hosts[0]
+    private = testbed.private_dir / "ckpt"
+    spec = LaunchSpec(
+        job_id="unshared",
+        argv=[PYTHON, "-c", "print('must not run')"],
+        workdir=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "POLLUX_CHECKPOINT_DIR": str(private)},
+        slots=[ReplicaSlot(0, host.name, "cpu:0", 0, 0)],
+        log_dir=tmp_path / "logs",
+    )
+
+    async def run() -> tuple[int, str | None]:
+        group = await launcher.launch(spec)
+        return await asyncio.wait_for(group.wait(), 30), group.failure_reason
+
+    code, reason = asyncio.run(run())
+    assert code == SETUP_FAILED_EXIT_CODE
+    assert reason is not None and "is not shared with node" in reason and str(private) in reason
+    with pytest.raises(Exception, match="is not shared with node"):
+        asyncio.run(launcher.check_shared_dir(host.name, private))
+    asyncio.run(launcher.check_shared_dir(host.name, tmp_path / "shared"))  # a shared one passes
+
+
+def test_replicas_do_not_outlive_a_lost_daemon(
+    testbed: Testbed, launcher: SshLauncher, tmp_path: Path
+) -> None:
+    """The ssh client dies (as with a SIGKILLed daemon): the node's supervisor stops the
+    replica itself instead of leaving it running."""
+    host = testbed.hosts[0]
+    launcher.orphan_grace_s = 2.0
+    spec = LaunchSpec(
+        job_id="orphan",
+        argv=["sleep", "300"],
+        workdir=tmp_path,
+        env={"PATH": "/usr/bin:/bin"},
+        slots=[ReplicaSlot(0, host.name, "cpu:0", 0, 0)],
+        log_dir=tmp_path / "logs",
+    )
+
+    async def run() -> int:
+        group = await launcher.launch(spec)
+        for _ in range(100):
+            if group.pids():
+                break
+            await asyncio.sleep(0.1)
+        pid = group.pids()[0]
+        for session in group._sessions:
+            session.proc.kill()
+        await asyncio.wait_for(group.wait(), 20)
+        return pid
+
+    pid = asyncio.run(run())
+    deadline = time.monotonic() + 15
+    alive = True
+    while time.monotonic() < deadline and alive:
+        alive = testbed.ssh(host, f"kill -0 {pid}").returncode == 0
+        time.sleep(0.3)
+    assert not alive
+
+
+async def _wait_for_step(ckpt_dir: Path, step: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _checkpoint_step(ckpt_dir) >= step:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"no checkpoint at step {step} within {timeout_s:g} s")
+
+
+def _checkpoint_step(ckpt_dir: Path) -> int:
+    import torch
+
+    path = ckpt_dir / "model.pt"
+    if not path.exists():
+        return -1
+    try:
+        return int(torch.load(path)["step"])
+    except Exception:
+        return -1
