@@ -1,0 +1,61 @@
+"""The job detail plots take their curves from the pure core and draw in the terminal."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pollux_local.core.efficiency import efficiency
+from pollux_local.core.throughput import ThroughputParams, predict_throughput
+from pollux_local.core.types import GradStats
+from pollux_local.tui import plots
+from pollux_local.tui.source import demo_data
+
+
+def _detail() -> dict:
+    return demo_data(n_jobs=4, seed=1)["details"]["j001"]
+
+
+def test_throughput_curve_is_the_core_prediction() -> None:
+    detail = _detail()
+    spec = plots.throughput_plot(detail, max_devices=8, devices_per_node=4)
+    assert spec.note is None
+    model, observed = spec.series
+    params = ThroughputParams.from_dict(detail["model"]["params"])
+    ks = np.asarray(model.x)
+    expected = predict_throughput(params, np.ceil(ks / 4), ks, detail["local_batch"], 1)
+    np.testing.assert_allclose(model.y, expected)
+    assert list(ks) == list(range(1, 9))
+    # observed points: replicas * m / step time of each profile entry
+    first = detail["profile"][0]
+    assert observed.x[0] == first["replicas"]
+    assert abs(observed.y[0] - first["replicas"] * first["local_batch"] / first["step_s"]) < 1e-9
+
+
+def test_efficiency_curve_is_the_core_efficiency() -> None:
+    detail = _detail()
+    spec = plots.efficiency_plot(detail)
+    curve = spec.series[0]
+    stats = GradStats(**detail["grad_stats"])
+    base = detail["bounds"]["base_batch"]
+    np.testing.assert_allclose(curve.y, efficiency(stats, base, np.asarray(curve.x)))
+    assert curve.x[0] == base and curve.y[0] == 1.0
+    assert all(a >= b for a, b in zip(curve.y, curve.y[1:], strict=False))
+
+
+def test_missing_model_gives_a_note_not_a_crash() -> None:
+    spec = plots.throughput_plot({"id": "x", "model": {"params": {"alpha_c": 1}}}, 4, 4)
+    assert spec.note and "no fitted model" in spec.note
+    assert "no gradient statistics" in (plots.efficiency_plot({}).note or "")
+    assert "no history" in (plots.history_plot({"history": [{"goodput": 1}]}).note or "")
+    text = plots.render(spec, 40, 10)
+    assert "throughput vs devices" in text and "no fitted model" in text
+
+
+def test_render_draws_axes_title_and_legend() -> None:
+    text = plots.render(plots.throughput_plot(_detail(), 8, 4), 50, 14)
+    plain = plots.re.sub(r"\x1b\[[0-9;]*m", "", text)
+    lines = plain.splitlines()
+    assert len(lines) == 14
+    assert "throughput vs devices" in lines[0]
+    assert "observed" in lines[-1] and "model m=" in lines[-1]
+    assert any("┤" in line for line in lines)  # y-axis ticks were drawn

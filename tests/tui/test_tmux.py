@@ -1,0 +1,146 @@
+"""Real terminal: tmux runs ``pollux-local tui`` against a real daemon with jobs running."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SESSION = f"pollux-tui-test-{os.getpid()}"
+#: A private tmux server (its own socket, no user config), so that other tmux users on this
+#: machine cannot change the window size.
+TMUX = ["tmux", "-L", SESSION, "-f", "/dev/null"]
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
+]
+
+JOB_SCRIPT = """\
+import os, time
+for step in range(2000):
+    print(f"step {step} rank {os.environ.get('RANK', '0')}", flush=True)
+    time.sleep(0.2)
+"""
+
+
+def _env() -> dict[str, str]:
+    """The environment for the daemon, the CLI and tmux: without COLUMNS/LINES (set under
+    pytest), which Textual would take over the real terminal's size."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    return dict(env, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pollux_local", *args],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Path]:
+    state = tmp_path / "state"
+    log = open(tmp_path / "daemon.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pollux_local", "daemon", "--state-dir", str(state)]
+        + ["--devices", "cpu:2", "--interval", "1"],
+        cwd=REPO,
+        env=_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        _wait(lambda: _cli("status", "--state-dir", str(state)).returncode == 0, 30, "daemon")
+        yield state
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+        log.close()
+
+
+def _capture() -> str:
+    out = subprocess.run(
+        [*TMUX, "capture-pane", "-p", "-t", SESSION], capture_output=True, text=True, timeout=10
+    )
+    return out.stdout
+
+
+def _keys(*keys: str) -> None:
+    subprocess.run([*TMUX, "send-keys", "-t", SESSION, *keys], check=True, timeout=10)
+
+
+def test_tui_in_a_real_terminal(daemon: Path, tmp_path: Path) -> None:
+    script = tmp_path / "tiny_train.py"
+    script.write_text(JOB_SCRIPT)
+    for name in ("tmux-alpha", "tmux-beta"):
+        done = _cli("submit", "--state-dir", str(daemon), "--name", name, str(script))
+        assert done.returncode == 0, done.stderr
+    _wait(
+        lambda: _cli("status", "--state-dir", str(daemon)).stdout.count("running") >= 2,
+        30,
+        "both jobs running",
+    )
+    command = (
+        f"cd {REPO} && PYTHONPATH={REPO} {sys.executable} -m pollux_local tui "
+        f"--state-dir {daemon} --refresh 0.5"
+    )
+    subprocess.run(
+        [*TMUX, "new-session", "-d", "-s", SESSION, "-x", "120", "-y", "40", command],
+        env=_env(),
+        check=True,
+        timeout=10,
+    )
+    try:
+        _wait(lambda: "tmux-beta" in _capture(), 30, "the jobs table")
+        screen = _capture()
+        assert "tmux-alpha" in screen and "tmux-beta" in screen
+        # the device grid: node line with both CPU devices held by the two jobs
+        grid_line = next(line for line in screen.splitlines() if "0:tmux-" in line)
+        assert "1:tmux-" in grid_line
+        # a plot: the cluster plot's title and its y-axis ticks
+        _wait(lambda: "┤" in _capture(), 20, "the cluster plot's axes")
+        assert "cluster over time" in _capture()
+        # navigate: second job, open its detail, see its decisions and log, come back
+        _keys("Down")
+        _keys("Enter")
+        _wait(lambda: "scheduler decisions" in _capture(), 20, "the job detail screen")
+        _wait(lambda: "step " in _capture(), 20, "the log tail")
+        detail = _capture()
+        assert "tmux-beta" in detail.splitlines()[0]
+        assert "throughput vs devices" in detail and "efficiency vs batch size" in detail
+        _keys("Escape")
+        _wait(lambda: "devices" in _capture() and "Goodput" in _capture(), 10, "the main screen")
+        _keys("?")
+        _wait(lambda: "this help" in _capture(), 10, "the help screen")
+        _keys("Escape")
+        _keys("q")
+        _wait(lambda: "tmux-alpha" not in _capture(), 10, "the app to quit")
+    finally:
+        subprocess.run([*TMUX, "kill-server"], capture_output=True, timeout=10)
