@@ -24,11 +24,13 @@ The search, in four steps, all on tables computed once per decision:
 4. *placement* — jobs that keep their replica count keep their devices; the others are packed
    onto as few nodes as possible, and two jobs spanning several nodes never share a node.
 
-Restarts: changing a running job's allocation costs it ``restart_cost_s`` of no progress.  With
-its age as the estimate of its remaining time H (remaining ~ attained, as in a
-least-attained-service estimate), a change to speed-up x' beats staying at x only when
-``x' * (H - d) > x * H``; so every allocation other than the current one is discounted by
-``(H - d) / H`` in the objective, and a young job's small gain never pays for a restart.
+Restarts: changing a running job's allocation costs it d = ``restart_cost_s`` of no progress.
+A new allocation is expected to last as long as the job's allocations lasted so far,
+H = age / (restarts + 1) (age as the remaining-time proxy, as a least-attained-service estimate
+uses it, shared among the allocations it has had).  A change to speed-up x' beats staying at x
+only when ``x' * (H - d) > x * H``; so every allocation other than the current one is
+discounted by ``(H - d) / H`` in the objective: a young job's small gain never pays for a
+restart, and a job that keeps being re-allocated needs ever larger gains.
 """
 
 from __future__ import annotations
@@ -167,18 +169,20 @@ class GoodputPolicy:
             current_k = job.replicas if len(job.placement) == len(node_sizes) else 0
             min_k = max(1, int(job.min_replicas))
             cap = min(int(job.max_replicas), total)
-            if job.model is not None and job.max_profiled_replicas > 0:
-                cap = min(cap, max(2 * int(job.max_profiled_replicas), min_k, current_k))
-            elif job.model is None:
-                cap = min(cap, max(min_k, current_k, 2 * int(job.max_profiled_replicas), 1))
+            profiled = int(job.max_profiled_replicas)
+            if profiled > 0:  # exploration cap: twice the largest replica count profiled
+                cap = min(cap, max(2 * profiled, min_k, current_k))
+            else:
+                # nothing profiled yet: the first run stays within one node and at most the
+                # fair share (one start instead of a ladder of restarts up from one device)
+                first = max(1, min(max(node_sizes), int(fair[index]))) if current_k == 0 else 1
+                cap = min(cap, max(min_k, current_k, first))
             fair_hi = min(total, int(math.ceil(fair[index])) + 1)
             table_len = max(cap, fair_hi, 1) + 1
             goodput = self._goodput_table(job, min_nodes, table_len)
             fair_goodput = self._fair_goodput(goodput, float(fair[index]))
-            horizon = max(job.age_s, self.interval_s)
-            discount = (
-                max(horizon - self.restart_cost_s, 0.0) / horizon if current_k > 0 else 1.0
-            )
+            horizon = self._horizon(job)
+            discount = max(horizon - self.restart_cost_s, 0.0) / horizon if current_k > 0 else 1.0
             speedup = goodput[: cap + 1] / fair_goodput
             utility = float(weights[index]) * _utility(speedup, self.p)
             if current_k > 0:
@@ -203,6 +207,14 @@ class GoodputPolicy:
                 )
             )
         return plans
+
+    def _horizon(self, job: JobView) -> float:
+        """Expected lifetime H of a new allocation: age / (restarts + 1), at least one interval.
+
+        The job's allocations so far lasted that long on average; like a least-attained-service
+        estimate (remaining ~ attained), the next one is expected to last as long.
+        """
+        return max(job.age_s / (job.restarts + 1), self.interval_s)
 
     @staticmethod
     def _goodput_table(job: JobView, min_nodes: np.ndarray, length: int) -> np.ndarray:
@@ -311,66 +323,11 @@ class GoodputPolicy:
             table[row, : pl.cap + 1] = pl.utility[: pl.cap + 1]
             table[row, : pl.min_k] = _NEG
         k = np.array([pl.k for pl in active])
-        rows = np.arange(len(active))
         max_delta = max(1, min(width - 1, 16))
         deltas = np.arange(1, max_delta + 1)
         for _ in range(self.local_search_steps * len(active) + 1):
-            here = table[rows, k]
-            up_idx = k[:, None] + deltas[None, :]
-            gain_up = np.where(
-                up_idx < width, table[rows[:, None], np.minimum(up_idx, width - 1)], _NEG
-            )
-            gain_up = gain_up - here[:, None]
-            down_idx = k[:, None] - deltas[None, :]
-            loss_down = np.where(
-                down_idx >= lower[:, None],
-                here[:, None] - table[rows[:, None], np.maximum(down_idx, 0)],
-                np.inf,
-            )
-            gain_up = np.nan_to_num(gain_up, nan=_NEG)
-            loss_down = np.nan_to_num(loss_down, nan=np.inf)
-            best_gain = 0.0
-            move: tuple[int, int, int] | None = None
-            # moves from the free pool
-            if free > 0:
-                usable = deltas <= free
-                if usable.any():
-                    sub = gain_up[:, usable]
-                    j, d = np.unravel_index(int(np.argmax(sub)), sub.shape)
-                    if sub[j, d] > 1e-12:
-                        best_gain = float(sub[j, d])
-                        move = (-1, int(j), int(deltas[usable][d]))
-            # transfers between two different jobs
-            receiver = np.argmax(gain_up, axis=0)
-            receiver_gain = gain_up[receiver, np.arange(len(deltas))]
-            masked = gain_up.copy()
-            masked[receiver, np.arange(len(deltas))] = _NEG
-            second_gain = masked.max(axis=0) if len(active) > 1 else np.full(len(deltas), _NEG)
-            donor = np.argmin(loss_down, axis=0)
-            donor_loss = loss_down[donor, np.arange(len(deltas))]
-            masked_loss = loss_down.copy()
-            masked_loss[donor, np.arange(len(deltas))] = np.inf
-            second_loss = (
-                masked_loss.min(axis=0) if len(active) > 1 else np.full(len(deltas), np.inf)
-            )
-            same = receiver == donor
-            with np.errstate(invalid="ignore"):
-                net = np.where(
-                    same,
-                    np.maximum(receiver_gain - second_loss, second_gain - donor_loss),
-                    receiver_gain - donor_loss,
-                )
-            net = np.nan_to_num(net, nan=_NEG)
-            d = int(np.argmax(net))
-            if net[d] > best_gain + 1e-12:
-                r, g = int(receiver[d]), int(donor[d])
-                if r == g:
-                    if receiver_gain[d] - second_loss[d] >= second_gain[d] - donor_loss[d]:
-                        g = int(np.argmin(masked_loss[:, d]))
-                    else:
-                        r = int(np.argmax(masked[:, d]))
-                best_gain = float(net[d])
-                move = (g, r, int(deltas[d]))
+            with np.errstate(over="ignore", invalid="ignore"):
+                move, _ = self._best_move(table, k, lower, deltas, free)
             if move is None:
                 break
             donor_row, receiver_row, delta = move
@@ -381,6 +338,71 @@ class GoodputPolicy:
             k[receiver_row] += delta
         for row, pl in enumerate(active):
             pl.k = int(k[row])
+
+    @staticmethod
+    def _best_move(
+        table: np.ndarray, k: np.ndarray, lower: np.ndarray, deltas: np.ndarray, free: int
+    ) -> tuple[tuple[int, int, int] | None, float]:
+        """The best improving move: (donor row, or -1 for the free pool; receiver row; d)."""
+        rows = np.arange(table.shape[0])
+        cols = np.arange(len(deltas))
+        width = table.shape[1]
+        here = table[rows, k]
+        up_idx = k[:, None] + deltas[None, :]
+        gain_up = np.where(
+            up_idx < width, table[rows[:, None], np.minimum(up_idx, width - 1)], _NEG
+        )
+        gain_up = np.nan_to_num(gain_up - here[:, None], nan=_NEG)
+        down_idx = k[:, None] - deltas[None, :]
+        loss_down = np.where(
+            down_idx >= lower[:, None],
+            here[:, None] - table[rows[:, None], np.maximum(down_idx, 0)],
+            np.inf,
+        )
+        loss_down = np.nan_to_num(loss_down, nan=np.inf)
+        best_gain = 1e-12
+        move: tuple[int, int, int] | None = None
+        if free > 0:  # devices from the free pool
+            usable = deltas <= free
+            sub = gain_up[:, usable]
+            if sub.size:
+                row, col = np.unravel_index(int(np.argmax(sub)), sub.shape)
+                if sub[row, col] > best_gain:
+                    best_gain = float(sub[row, col])
+                    move = (-1, int(row), int(deltas[usable][col]))
+        if table.shape[0] < 2:
+            return move, best_gain
+        # transfers of d devices between two different jobs: best receiver and best donor
+        # per d, falling back to the runner-up when both are the same job
+        receiver = np.argmax(gain_up, axis=0)
+        receiver_gain = gain_up[receiver, cols]
+        masked_gain = gain_up.copy()
+        masked_gain[receiver, cols] = _NEG
+        second_gain = masked_gain.max(axis=0)
+        donor = np.argmin(loss_down, axis=0)
+        donor_loss = loss_down[donor, cols]
+        masked_loss = loss_down.copy()
+        masked_loss[donor, cols] = np.inf
+        second_loss = masked_loss.min(axis=0)
+        same = receiver == donor
+        keep_receiver = receiver_gain - second_loss >= second_gain - donor_loss
+        net = np.where(
+            same,
+            np.where(keep_receiver, receiver_gain - second_loss, second_gain - donor_loss),
+            receiver_gain - donor_loss,
+        )
+        net = np.nan_to_num(net, nan=_NEG)
+        d = int(np.argmax(net))
+        if net[d] > best_gain:
+            r, g = int(receiver[d]), int(donor[d])
+            if r == g:
+                if keep_receiver[d]:
+                    g = int(np.argmin(masked_loss[:, d]))
+                else:
+                    r = int(np.argmax(masked_gain[:, d]))
+            best_gain = float(net[d])
+            move = (g, r, int(deltas[d]))
+        return move, best_gain
 
     # ------------------------------------------------------------------ placement
     def _place(self, plans: list[_JobPlan], node_sizes: list[int]) -> None:
@@ -396,9 +418,7 @@ class GoodputPolicy:
             if pl.k == pl.current_k and len(old) == len(node_sizes):
                 spans = sum(1 for c in old if c > 0) > 1
                 fits = all(c <= f for c, f in zip(old, free, strict=True))
-                clash = spans and any(
-                    c > 0 and multi_node_on[i] for i, c in enumerate(old)
-                )
+                clash = spans and any(c > 0 and multi_node_on[i] for i, c in enumerate(old))
                 if fits and not clash:
                     self._take(pl, old, free, multi_node_on)
                     continue

@@ -1,0 +1,103 @@
+"""Quality of the goodput policy in simulation, against the artifact's Pollux figures.
+
+Runs ``GoodputPolicy`` (defaults: p = -1, 30 s restart cost, 60 s rounds) through workloads
+1-4 at 1x and 2x load, plus optional held-out traces (``--extra``, e.g. made with
+``benchmarks/make_trace.py``), two processes at most, and prints per run: average JCT, the
+artifact's Pollux figure, their ratio (target <= 0.9), restarts per job (target <= 3), the
+worst finish-time fairness and the median decision time.
+
+    python benchmarks/policy_quality.py [--data DIR] [--workloads 1 2 3 4] [--loads 1x 2x]
+                                        [--extra TRACE.csv ...] [--p -1] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/data/pollux-artifact"
+#: Pollux's average JCT (s) as the artifact recorded it, workloads 1-4.
+POLLUX_AVG_JCT_S = {"1x": [2089, 3323, 2188, 2721], "2x": [6186, 4191, 5132, 5262]}
+LOAD_FOLDERS = {"1x": "workloads", "2x": "workloads-2.0"}
+TARGET_RATIO = 0.9
+TARGET_RESTARTS = 3.0
+
+
+def run_one(task: tuple[str, str, str, float]) -> dict[str, object]:
+    """Simulate one trace; ``task`` = (label, trace path, models dir, p)."""
+    from pollux_local.core.policy import GoodputPolicy
+    from pollux_local.sim.profiles import load_profiles
+    from pollux_local.sim.simulator import Simulator
+    from pollux_local.sim.workload import read_workload
+
+    label, trace, models, p = task
+    workload = read_workload(Path(trace))
+    profiles = load_profiles(Path(models), {job.application for job in workload})
+    result = Simulator(workload, profiles, GoodputPolicy(p=p)).run()
+    row: dict[str, object] = {"run": label, **result.summary()}
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--workloads", type=int, nargs="*", default=[1, 2, 3, 4])
+    parser.add_argument("--loads", nargs="*", default=["1x", "2x"], choices=["1x", "2x"])
+    parser.add_argument("--extra", type=Path, nargs="*", default=[])
+    parser.add_argument("--p", type=float, default=-1.0)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    tasks: list[tuple[str, str, str, float]] = []
+    reference: dict[str, float] = {}
+    models = str(args.data / "models")
+    for load in args.loads:
+        for number in args.workloads:
+            label = f"{load} workload-{number}"
+            path = args.data / LOAD_FOLDERS[load] / f"workload-{number}.csv"
+            tasks.append((label, str(path), models, args.p))
+            reference[label] = POLLUX_AVG_JCT_S[load][number - 1]
+    for extra in args.extra:
+        tasks.append((f"held-out {extra.name}", str(extra), models, args.p))
+    processes = max(1, min(args.processes, 2, len(tasks)))
+    with multiprocessing.Pool(processes) as pool:
+        rows = pool.map(run_one, tasks, chunksize=1)
+    for row in rows:
+        ref = reference.get(str(row["run"]))
+        if ref is not None:
+            row["pollux_artifact_avg_jct_s"] = ref
+            row["ratio"] = float(row["avg_jct_s"]) / ref  # type: ignore[arg-type]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(
+        f"{'run':28s} {'avg JCT s':>10s} {'Pollux s':>9s} {'ratio':>6s} {'restarts/job':>12s}"
+        f" {'worst FTF':>9s} {'decide ms':>9s} {'wall s':>7s}"
+    )
+    for row in rows:
+        pollux_ref = row.get("pollux_artifact_avg_jct_s")
+        ratio = row.get("ratio")
+        ok = ""
+        if isinstance(ratio, float):
+            met = ratio <= TARGET_RATIO and float(row["restarts_per_job"]) <= TARGET_RESTARTS  # type: ignore[arg-type]
+            ok = "  met" if met else "  MISSED"
+        print(
+            f"{row['run']!s:28s} {float(row['avg_jct_s']):10.0f} "  # type: ignore[arg-type]
+            f"{(f'{pollux_ref:.0f}' if isinstance(pollux_ref, int | float) else '-'):>9s} "
+            f"{(f'{ratio:.2f}' if isinstance(ratio, float) else '-'):>6s} "
+            f"{float(row['restarts_per_job']):12.2f} "  # type: ignore[arg-type]
+            f"{float(row['max_finish_time_fairness']):9.2f} "  # type: ignore[arg-type]
+            f"{float(row['decision_ms_median']):9.2f} {float(row['wall_s']):7.1f}{ok}"  # type: ignore[arg-type]
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

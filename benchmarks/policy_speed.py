@@ -1,0 +1,186 @@
+"""Decision time of the goodput policy, and the time of one throughput fit.
+
+Jobs get realistic fitted models: each is an application from the artifact's profiles, its
+throughput model fitted on the (nodes, replicas, micro-batch) points it would have run so far
+(up to its largest profiled replica count), its gradient statistics taken at a random epoch.
+Each timed decision starts from the previous decision's placements (as in a real run), with
+ages and attained service advanced by one interval.
+
+    python benchmarks/policy_speed.py [--models DIR] [--rounds 30] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from pollux_local.core.goodput import GoodputModel
+from pollux_local.core.policy import GoodputPolicy
+from pollux_local.core.throughput import fit_throughput
+from pollux_local.core.types import GradStats, JobView, NodeView
+from pollux_local.sim.profiles import AppProfile, load_profiles, packed_counts
+
+DEFAULT_MODELS = Path(__file__).resolve().parents[2] / "shared/data/pollux-artifact/models"
+#: Application mix of the published workloads (jobs per 160).
+APP_MIX = {"cifar10": 66, "ncf": 68, "deepspeech2": 12, "bert": 7, "imagenet": 4, "yolov3": 3}
+
+
+def profile_points(
+    profile: AppProfile, max_replicas: int, devices_per_node: int, rng: np.random.Generator
+) -> tuple[np.ndarray, ...]:
+    """(nodes, replicas, m, compute_s, step_s) a job has observed up to ``max_replicas``."""
+    rows: list[tuple[float, ...]] = []
+    k = 1
+    while k <= max_replicas:
+        counts = packed_counts(k, devices_per_node)
+        for m in np.unique(np.geomspace(profile.min_local, profile.max_local, 3).astype(int)):
+            step, sync = profile.step_sync_time(counts, int(m))
+            noise = rng.lognormal(0.0, 0.03, size=2)
+            compute = max(step - sync, 1e-4) * noise[0]
+            rows.append((len(counts), k, int(m), compute, max(step * noise[1], compute)))
+        k *= 2
+    arr = np.array(rows, dtype=float)
+    return tuple(arr[:, i] for i in range(5))
+
+
+def make_jobs(
+    profiles: dict[str, AppProfile],
+    count: int,
+    devices_per_node: int,
+    rng: np.random.Generator,
+) -> list[JobView]:
+    names = list(APP_MIX)
+    weights = np.array([APP_MIX[n] for n in names], dtype=float)
+    weights /= weights.sum()
+    jobs: list[JobView] = []
+    for i in range(count):
+        app = names[int(rng.choice(len(names), p=weights))]
+        profile = profiles[app]
+        max_profiled = int(rng.choice([1, 2, 4, 8, 16]))
+        if app == "ncf":
+            max_profiled = 1
+        params = fit_throughput(*profile_points(profile, max_profiled, devices_per_node, rng))
+        epoch = int(rng.integers(0, profile.epochs))
+        sqr, var = profile.grad_stats(profile.base_batch, epoch)
+        bounds = profile.bounds
+        if app == "ncf":
+            bounds = replace(bounds, base_batch=bounds.max_batch)
+        model = GoodputModel(params=params, stats=GradStats(sqr=sqr, var=var), bounds=bounds)
+        jobs.append(
+            JobView(
+                id=f"{app}-{i}",
+                owner=f"user{i % max(1, count // 6)}",
+                model=model,
+                age_s=float(rng.uniform(60, 20000)),
+                max_profiled_replicas=max_profiled,
+                max_replicas=1 if app == "ncf" else 1 << 30,
+                attained_gpu_s=float(rng.uniform(0, 50000)),
+            )
+        )
+    return jobs
+
+
+def time_decisions(
+    jobs: list[JobView], nodes: list[NodeView], rounds: int, seed: int
+) -> tuple[list[float], float]:
+    """Milliseconds per decision over ``rounds`` consecutive rounds; restarts per round."""
+    policy = GoodputPolicy()
+    rng = np.random.default_rng(seed)
+    times: list[float] = []
+    changes = 0
+    for r in range(rounds + 1):
+        start = time.perf_counter()
+        decision = policy.decide(jobs, nodes, now=60.0 * r, rng=rng)
+        elapsed = (time.perf_counter() - start) * 1e3
+        if r > 0:  # the first decision places everything from scratch; time the steady state
+            times.append(elapsed)
+            changes += sum(
+                1 for j in jobs if j.replicas > 0 and decision.placements[j.id] != j.placement
+            )
+        jobs = [
+            replace(
+                j,
+                placement=decision.placements[j.id],
+                age_s=j.age_s + 60.0,
+                attained_gpu_s=j.attained_gpu_s + 60.0 * sum(decision.placements[j.id]),
+                restarts=j.restarts
+                + int(j.replicas > 0 and decision.placements[j.id] != j.placement),
+            )
+            for j in jobs
+        ]
+    return times, changes / max(rounds, 1)
+
+
+def time_fit(profile: AppProfile, repeats: int, rng: np.random.Generator) -> list[float]:
+    """Milliseconds per fit of 15 observed configurations of ``profile``."""
+    configs = [(1, 1), (1, 2), (1, 4), (2, 8), (4, 16)]
+    rows = []
+    for n, k in configs:
+        counts = packed_counts(k, 4) if n > 1 else (k,)
+        for m in np.geomspace(profile.min_local, profile.max_local, 3).astype(int):
+            step, sync = profile.step_sync_time(counts, int(m))
+            rows.append((len(counts), k, int(m), step - sync, step))
+    arr = np.array(rows, dtype=float)
+    assert len(arr) == 15
+    times = []
+    for _ in range(repeats):
+        noisy = arr.copy()
+        noisy[:, 3:] *= rng.lognormal(0.0, 0.02, size=(len(arr), 2))
+        noisy[:, 4] = np.maximum(noisy[:, 4], noisy[:, 3])
+        start = time.perf_counter()
+        fit_throughput(*(noisy[:, i] for i in range(5)))
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+    return {"median_ms": statistics.median(ordered), "p95_ms": p95, "max_ms": ordered[-1]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=Path, default=DEFAULT_MODELS)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    profiles = load_profiles(args.models, set(APP_MIX))
+    rng = np.random.default_rng(args.seed)
+    results: dict[str, object] = {}
+    for label, n_nodes, n_jobs, rounds in (
+        ("64 GPUs (16x4), 30 jobs", 16, 30, args.rounds),
+        ("1024 GPUs (256x4), 300 jobs", 256, 300, max(5, args.rounds // 3)),
+    ):
+        nodes = [NodeView(f"node{i}", 4) for i in range(n_nodes)]
+        jobs = make_jobs(profiles, n_jobs, 4, rng)
+        times, restarts = time_decisions(jobs, nodes, rounds, args.seed)
+        results[label] = {**summary(times), "rounds": rounds, "changes_per_round": restarts}
+    results["fit_throughput, 15 points (cifar10)"] = summary(time_fit(profiles["cifar10"], 30, rng))
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        for label, row in results.items():
+            assert isinstance(row, dict)
+            extra = (
+                f"  changes/round {row['changes_per_round']:.2f}"
+                if "changes_per_round" in row
+                else ""
+            )
+            print(
+                f"{label:38s} median {row['median_ms']:8.2f} ms  p95 {row['p95_ms']:8.2f} ms"
+                f"  max {row['max_ms']:8.2f} ms{extra}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

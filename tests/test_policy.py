@@ -1,0 +1,340 @@
+"""The goodput allocation policy: invariants (property tests) and behaviour."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pollux_local.core.policy import GoodputPolicy
+from pollux_local.core.types import Decision, JobView, NodeView
+
+
+class PowerModel:
+    """Goodput = rate * K^exponent, times ``multi_node`` when the job spans several nodes."""
+
+    def __init__(self, rate: float = 100.0, exponent: float = 0.9, multi_node: float = 0.8):
+        self.rate = rate
+        self.exponent = exponent
+        self.multi_node = multi_node
+
+    def best_goodput(
+        self, nodes: np.ndarray, replicas: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        k = np.asarray(replicas, dtype=float)
+        n = np.asarray(nodes, dtype=float)
+        good = self.rate * k**self.exponent * np.where(n > 1, self.multi_node, 1.0)
+        good = np.where(k > 0, good, 0.0)
+        return good, np.full(k.shape, 32, dtype=np.int64), np.ones(k.shape, dtype=np.int64)
+
+
+def cluster(n: int, devices: int = 4) -> list[NodeView]:
+    return [NodeView(f"n{i}", devices) for i in range(n)]
+
+
+def job(name: str, **kwargs: object) -> JobView:
+    defaults: dict[str, object] = {"model": PowerModel(), "max_profiled_replicas": 64}
+    defaults.update(kwargs)
+    return JobView(id=name, **defaults)  # type: ignore[arg-type]
+
+
+def check_invariants(decision: Decision, jobs: list[JobView], nodes: list[NodeView]) -> None:
+    assert set(decision.placements) == {j.id for j in jobs}
+    assert set(decision.reasons) == {j.id for j in jobs}
+    used = np.zeros(len(nodes), dtype=int)
+    multi_node_users = np.zeros(len(nodes), dtype=int)
+    for j in jobs:
+        placement = decision.placements[j.id]
+        assert len(placement) == len(nodes)
+        assert all(c >= 0 for c in placement)
+        k = sum(placement)
+        if k:
+            assert j.min_replicas <= k <= j.max_replicas, (j, placement)
+        used += np.array(placement)
+        if sum(1 for c in placement if c > 0) > 1:
+            multi_node_users += np.array([c > 0 for c in placement])
+    capacity = np.array([n.devices if n.up else 0 for n in nodes])
+    assert (used <= capacity).all(), (used, capacity)
+    assert (multi_node_users <= 1).all(), multi_node_users
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[list[JobView], list[NodeView]]:
+    n_nodes = draw(st.integers(1, 6))
+    nodes = [
+        NodeView(f"n{i}", draw(st.integers(0, 8)), up=draw(st.booleans()) or i == 0)
+        for i in range(n_nodes)
+    ]
+    jobs = []
+    for i in range(draw(st.integers(0, 12))):
+        has_model = draw(st.booleans())
+        min_k = draw(st.integers(1, 4))
+        max_k = draw(st.integers(min_k, 16))
+        model = (
+            PowerModel(
+                rate=draw(st.floats(1.0, 1000.0)),
+                exponent=draw(st.floats(0.0, 1.0)),
+                multi_node=draw(st.floats(0.3, 1.0)),
+            )
+            if has_model
+            else None
+        )
+        placement = tuple(draw(st.integers(0, 3)) for _ in nodes) if draw(st.booleans()) else ()
+        jobs.append(
+            JobView(
+                id=f"j{i}",
+                owner=f"u{draw(st.integers(0, 2))}",
+                model=model,
+                age_s=draw(st.floats(0.0, 1e5)),
+                restarts=draw(st.integers(0, 5)),
+                min_replicas=min_k,
+                max_replicas=max_k,
+                placement=placement,
+                max_profiled_replicas=draw(st.integers(0, 16)) if has_model else 0,
+                attained_gpu_s=draw(st.floats(0.0, 1e5)),
+                priority=draw(st.integers(0, 1)),
+            )
+        )
+    return jobs, nodes
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.sampled_from([-2.0, -1.0, 0.0, 0.5, 1.0]))
+def test_invariants_hold_for_any_input(
+    scenario: tuple[list[JobView], list[NodeView]], p: float
+) -> None:
+    jobs, nodes = scenario
+    policy = GoodputPolicy(p=p)
+    decision = policy.decide(jobs, nodes, 0.0, np.random.default_rng(0))
+    check_invariants(decision, jobs, nodes)
+    again = policy.decide(jobs, nodes, 0.0, np.random.default_rng(12345))
+    assert dict(again.placements) == dict(decision.placements)
+    assert dict(again.reasons) == dict(decision.reasons)
+
+
+@settings(max_examples=40, deadline=None)
+@given(scenarios())
+def test_invariants_hold_over_consecutive_rounds(
+    scenario: tuple[list[JobView], list[NodeView]],
+) -> None:
+    jobs, nodes = scenario
+    jobs = [replace(j, placement=()) for j in jobs]
+    policy = GoodputPolicy()
+    for r in range(4):
+        decision = policy.decide(jobs, nodes, 60.0 * r, np.random.default_rng(r))
+        check_invariants(decision, jobs, nodes)
+        jobs = [replace(j, placement=decision.placements[j.id], age_s=j.age_s + 60.0) for j in jobs]
+
+
+def test_devices_are_all_used_when_jobs_can_use_them() -> None:
+    nodes = cluster(4)
+    jobs = [job(f"j{i}") for i in range(5)]
+    decision = GoodputPolicy().decide(jobs, nodes, 0.0, np.random.default_rng(0))
+    assert sum(sum(p) for p in decision.placements.values()) == 16
+
+
+def test_better_scaling_job_gets_more_devices() -> None:
+    nodes = cluster(2)
+    jobs = [
+        job("scales", model=PowerModel(exponent=0.95)),
+        job("flat", model=PowerModel(exponent=0.2)),
+    ]
+    decision = GoodputPolicy().decide(jobs, nodes, 0.0, np.random.default_rng(0))
+    assert sum(decision.placements["scales"]) > sum(decision.placements["flat"]) >= 1
+
+
+def test_higher_p_favours_throughput_over_fairness() -> None:
+    nodes = cluster(4)
+    jobs = [
+        job("fast", model=PowerModel(exponent=0.9, multi_node=1.0)),
+        job("slow", model=PowerModel(exponent=0.3, multi_node=1.0)),
+    ]
+    rng = np.random.default_rng(0)
+    fair = GoodputPolicy(p=-4.0).decide(jobs, nodes, 0.0, rng)
+    total = GoodputPolicy(p=1.0).decide(jobs, nodes, 0.0, rng)
+    assert sum(total.placements["fast"]) > sum(fair.placements["fast"])
+
+
+def test_users_share_rather_than_jobs() -> None:
+    nodes = cluster(2)
+    linear = PowerModel(exponent=1.0)
+    jobs = [job("alone", owner="a", model=linear)] + [
+        job(f"many{i}", owner="b", model=linear) for i in range(4)
+    ]
+    decision = GoodputPolicy().decide(jobs, nodes, 0.0, np.random.default_rng(0))
+    assert sum(decision.placements["alone"]) == 4
+    assert sum(sum(decision.placements[f"many{i}"]) for i in range(4)) == 4
+
+
+def test_min_and_max_replicas_are_respected() -> None:
+    nodes = cluster(4)
+    jobs = [
+        job("capped", max_replicas=2, model=PowerModel(exponent=1.0)),
+        job("needs_six", min_replicas=6, model=PowerModel(exponent=0.1)),
+    ]
+    decision = GoodputPolicy().decide(jobs, nodes, 0.0, np.random.default_rng(0))
+    assert sum(decision.placements["capped"]) == 2
+    assert sum(decision.placements["needs_six"]) >= 6
+
+
+def test_exploration_is_capped_at_twice_the_profiled_replicas() -> None:
+    nodes = cluster(4)
+    jobs = [job("new", max_profiled_replicas=2, model=PowerModel(exponent=1.0))]
+    decision = GoodputPolicy().decide(jobs, nodes, 0.0, np.random.default_rng(0))
+    assert sum(decision.placements["new"]) == 4
+
+
+def test_job_without_a_model_starts_on_one_node_within_its_fair_share() -> None:
+    nodes = cluster(3)  # 12 devices, 2 jobs: fair share 6, but no data for two nodes
+    jobs = [job("unknown", model=None, max_profiled_replicas=0), job("known")]
+    decision = GoodputPolicy().decide(jobs, nodes, 0.0, np.random.default_rng(0))
+    assert sorted(decision.placements["unknown"]) == [0, 0, 4]
+    assert "linear" in decision.reasons["unknown"]
+    assert sum(decision.placements["known"]) == 8
+    crowded = [job("unknown", model=None, max_profiled_replicas=0)] + [
+        job(f"k{i}") for i in range(5)
+    ]
+    decision = GoodputPolicy().decide(crowded, nodes, 0.0, np.random.default_rng(0))
+    assert sum(decision.placements["unknown"]) == 2  # fair share 12 / 6
+    unprofiled = [job("fresh", max_profiled_replicas=0, model=PowerModel(exponent=1.0))]
+    decision = GoodputPolicy().decide(unprofiled, nodes, 0.0, np.random.default_rng(0))
+    assert sorted(decision.placements["fresh"]) == [0, 0, 4]
+
+
+def test_multi_node_job_is_packed_onto_whole_nodes() -> None:
+    nodes = cluster(4)
+    jobs = [job("big", min_replicas=8, max_replicas=8), job("small", max_replicas=2)]
+    decision = GoodputPolicy().decide(jobs, nodes, 0.0, np.random.default_rng(0))
+    big = decision.placements["big"]
+    assert sorted(big, reverse=True)[:2] == [4, 4] and sum(big) == 8
+
+
+def test_two_multi_node_jobs_never_share_a_node() -> None:
+    nodes = cluster(3)
+    jobs = [job("a", min_replicas=6, max_replicas=6), job("b", min_replicas=5, max_replicas=6)]
+    decision = GoodputPolicy().decide(jobs, nodes, 0.0, np.random.default_rng(0))
+    check_invariants(decision, jobs, nodes)
+    # 6 + 5 devices would fit in 12, but only by sharing a node: one of them must wait
+    running = [name for name in ("a", "b") if sum(decision.placements[name])]
+    assert len(running) == 1
+
+
+def young_and_old(age_s: float) -> tuple[list[JobView], list[NodeView]]:
+    """One job on 2 of 4 devices; a second job just finished, so 4 are free to grow into."""
+    nodes = cluster(1)
+    model = PowerModel(exponent=0.15)  # 3 devices are only ~6% better than 2
+    jobs = [job("j", model=model, age_s=age_s, placement=(2,), max_replicas=3)]
+    return jobs, nodes
+
+
+def test_young_job_is_not_restarted_for_a_small_gain() -> None:
+    jobs, nodes = young_and_old(age_s=120.0)
+    decision = GoodputPolicy().decide(jobs, nodes, 0.0, np.random.default_rng(0))
+    assert decision.placements["j"] == (2,)
+    assert "kept" in decision.reasons["j"]
+
+
+def test_old_job_is_restarted_when_the_gain_pays_back() -> None:
+    jobs, nodes = young_and_old(age_s=20000.0)
+    decision = GoodputPolicy().decide(jobs, nodes, 0.0, np.random.default_rng(0))
+    assert decision.placements["j"] == (3,)
+    assert "grown from 2" in decision.reasons["j"]
+
+
+def test_unchanged_jobs_keep_their_devices() -> None:
+    nodes = cluster(4)
+    jobs = [job(f"j{i}", age_s=5000.0) for i in range(6)]
+    policy = GoodputPolicy()
+    first = policy.decide(jobs, nodes, 0.0, np.random.default_rng(0))
+    jobs = [replace(j, placement=first.placements[j.id]) for j in jobs]
+    second = policy.decide(jobs, nodes, 60.0, np.random.default_rng(1))
+    assert dict(second.placements) == dict(first.placements)
+
+
+def test_least_attained_service_runs_first_when_short_of_devices() -> None:
+    nodes = cluster(1, devices=2)
+    jobs = [
+        job("old", attained_gpu_s=10_000.0, max_replicas=1),
+        job("new", attained_gpu_s=0.0, max_replicas=1),
+        job("mid", attained_gpu_s=500.0, max_replicas=1),
+    ]
+    decision = GoodputPolicy().decide(jobs, nodes, 0.0, np.random.default_rng(0))
+    assert sum(decision.placements["new"]) == 1
+    assert sum(decision.placements["mid"]) == 1
+    assert sum(decision.placements["old"]) == 0
+    assert "waiting" in decision.reasons["old"]
+
+
+def test_running_job_is_not_preempted_by_a_slightly_less_served_one() -> None:
+    nodes = cluster(1, devices=1)
+    jobs = [
+        job("running", attained_gpu_s=1000.0, placement=(1,), max_replicas=1),
+        job("waiting", attained_gpu_s=700.0, max_replicas=1),
+    ]
+    decision = GoodputPolicy().decide(jobs, nodes, 0.0, np.random.default_rng(0))
+    assert decision.placements["running"] == (1,)
+    jobs[1] = replace(jobs[1], attained_gpu_s=300.0)
+    decision = GoodputPolicy().decide(jobs, nodes, 0.0, np.random.default_rng(0))
+    assert decision.placements["waiting"] == (1,)
+
+
+def test_priority_comes_before_attained_service() -> None:
+    nodes = cluster(1, devices=1)
+    jobs = [
+        job("urgent", attained_gpu_s=1e6, priority=1, max_replicas=1),
+        job("fresh", attained_gpu_s=0.0, max_replicas=1),
+    ]
+    decision = GoodputPolicy().decide(jobs, nodes, 0.0, np.random.default_rng(0))
+    assert decision.placements["urgent"] == (1,)
+
+
+def test_down_nodes_and_empty_inputs() -> None:
+    rng = np.random.default_rng(0)
+    assert GoodputPolicy().decide([], cluster(2), 0.0, rng).placements == {}
+    nodes = [NodeView("a", 4, up=False), NodeView("b", 2)]
+    jobs = [job("x", placement=(4, 0))]
+    decision = GoodputPolicy().decide(jobs, nodes, 0.0, rng)
+    assert decision.placements["x"] == (0, 2)
+    nothing = GoodputPolicy().decide(jobs, [NodeView("a", 4, up=False)], 0.0, rng)
+    assert nothing.placements["x"] == (0,)
+    assert "no devices" in nothing.reasons["x"]
+
+
+def test_job_too_big_for_the_cluster_says_so() -> None:
+    decision = GoodputPolicy().decide(
+        [job("huge", min_replicas=9)], cluster(2), 0.0, np.random.default_rng(0)
+    )
+    assert decision.placements["huge"] == (0, 0)
+    assert "needs 9 devices" in decision.reasons["huge"]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"p": float("nan")}, {"restart_cost_s": -1.0}, {"interval_s": 0.0}, {"preempt_ratio": 0.5}],
+)
+def test_bad_settings_are_rejected(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        GoodputPolicy(**kwargs)
+
+
+def test_drives_the_simulator_on_a_small_trace(artifact_dir: Path) -> None:
+    from pollux_local.sim.profiles import load_profiles
+    from pollux_local.sim.simulator import SimConfig, Simulator
+    from pollux_local.sim.workload import read_workload
+
+    workload = [
+        j
+        for j in read_workload(artifact_dir / "workloads" / "workload-1.csv")
+        if j.application in {"cifar10", "ncf"}
+    ][:12]
+    profiles = load_profiles(artifact_dir / "models", {j.application for j in workload})
+    config = SimConfig(nodes=2, gpus_per_node=4, seed=3)
+    result = Simulator(workload, profiles, GoodputPolicy(), config).run()
+    summary = result.summary()
+    assert summary["completed"] == len(workload)
+    assert 0 < float(summary["avg_jct_s"]) < 6 * 3600
+    assert float(summary["restarts_per_job"]) <= 6
