@@ -130,6 +130,9 @@ _NAMES = [f.name for f in fields(ThroughputParams)]
 _IDX = {name: i for i, name in enumerate(_NAMES)}
 #: Weight of the regulariser pulling gamma toward 1, relative to one squared log-error.
 _REG_GAMMA = 1e-3
+#: Weight (per observation) of the regulariser pulling the retrogression terms beta_r, beta_n
+#: toward 0 relative to alpha_r, alpha_n: an optimistic prior on scaling to more replicas.
+_REG_RETRO = 2e-3
 
 
 def _initial_guess(
@@ -156,8 +159,9 @@ def fit_throughput(
 ) -> ThroughputParams:
     """Fit the model to observed (N, K, m) -> (compute time, synchronising step time).
 
-    Minimises sum(log(T_c_pred/T_c_obs)^2 + log(T_sync_pred/T_sync_obs)^2) plus a small
-    regulariser pulling gamma toward 1, with every
+    Minimises sum(log(T_c_pred/T_c_obs)^2 + log(T_sync_pred/T_sync_obs)^2) plus small
+    regularisers pulling gamma toward 1 and the retrogression terms beta_r, beta_n toward 0
+    relative to alpha_r, alpha_n, with every
     parameter >= 0 and 1 <= gamma <= 10.  Parameters the data says nothing about are pinned:
     no multi-replica data -> all network terms 0 (an optimistic, linear-scaling prior that the
     scheduler bounds by capping exploration); no multi-node data -> the inter-node terms are
@@ -213,6 +217,7 @@ def fit_throughput(
             full[_IDX["beta_r"]] = full[_IDX["beta_n"]] / MULTI_NODE_PRIOR_FACTOR
         return full
 
+    retro_weight = float(np.sqrt(_REG_RETRO * n.size))
     log_tc = np.log(tc)
     log_ts = np.log(ts)
     extra = np.maximum(k - 2.0, 0.0)
@@ -229,8 +234,12 @@ def fit_throughput(
         floor = 1e-12
         res_c = np.log(np.maximum(t_c, floor)) - log_tc
         res_s = np.log(np.maximum(t_sync, floor)) - log_ts
-        reg = np.sqrt(_REG_GAMMA) * (gamma - 1.0)
-        return np.concatenate([res_c, res_s, [reg]])
+        reg = [
+            np.sqrt(_REG_GAMMA) * (gamma - 1.0),
+            retro_weight * beta_r / (alpha_r + 1e-8),
+            retro_weight * beta_n / (alpha_n + 1e-8),
+        ]
+        return np.concatenate([res_c, res_s, reg])
 
     if not free.any():
         return ThroughputParams.from_array(complete(np.empty(0)))

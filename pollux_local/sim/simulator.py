@@ -12,7 +12,8 @@ returned placements.  Between decisions each running job advances:
   advances progress by the gain r = M/M0 * EFF(M) computed from the true gradient statistics at
   its batch and epoch, i.e. progress grows at r / T per second;
 * when progress reaches the end of its epoch the epoch advances (an adaptive job re-chooses
-  its batch) and after the application's last epoch the job completes.
+  its batch) and after the application's last epoch the job completes; an adaptive job also
+  re-chooses its batch, without a restart, after a round in which its model gained a point.
 
 Two batch modes: *adaptive* jobs (goodput policies) start at M0 and take the (m, s) that
 :meth:`GoodputModel.best_choice` picks from a throughput model refitted (only when a new
@@ -90,6 +91,7 @@ class SimJob:
     fitted_points: int = 0
     model: GoodputModel | None = None
     model_key: tuple[int, tuple[float, float]] | None = None
+    batch_points: int = 0
     active_count_sum: float = 0.0
     active_rounds: int = 0
 
@@ -210,6 +212,7 @@ class Simulator:
         k = job.replicas
         bounds = job.app.bounds
         fixed = job.fixed_batch
+        job.batch_points = len(job.profile)
         if fixed is not None:
             job.local_batch, job.accum_steps = split_batch(fixed, k, bounds)
             return
@@ -298,6 +301,8 @@ class Simulator:
                 break
             if crossed and job.adaptive:
                 self._choose_batch(job)  # re-decide the batch at each epoch boundary
+        if job.adaptive and job.completion_s is None and job.batch_points != len(job.profile):
+            self._choose_batch(job)  # the model gained a point: re-decide without a restart
 
     # ----------------------------------------------------------------- decisions
     def _view(self, job: SimJob) -> JobView:
