@@ -18,7 +18,6 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.optimize import least_squares
 
 FloatArray = NDArray[np.float64]
 
@@ -243,6 +242,10 @@ def fit_throughput(
 
     if not free.any():
         return ThroughputParams.from_array(complete(np.empty(0)))
+
+    # Imported here: scipy.optimize costs ~0.5 s to import, and job processes that only
+    # predict (never fit) should not pay it at start-up.
+    from scipy.optimize import least_squares
 
     lower = np.zeros(len(_NAMES))
     upper = np.full(len(_NAMES), np.inf)

@@ -1,0 +1,40 @@
+"""pollux_local.torch: elastic, goodput-tuned data-parallel training inside a ``train.py``.
+
+This is the only part of pollux-local that imports torch.  Porting a DDP script::
+
+    from pollux_local.torch import ElasticTrainer
+
+    trainer = ElasticTrainer(model, optimizer, base_batch=64, max_batch=1024)
+    loader = trainer.loader(train_set)
+    for epoch in trainer.epochs(num_epochs):
+        for x, y in loader:
+            trainer.step(loss_fn(trainer.model(x.to(trainer.device)), y.to(trainer.device)))
+    trainer.close()
+
+See ``trainer.py`` for what happens underneath, ``docs/architecture.md`` for the launch
+environment and the job report.
+"""
+
+from pollux_local.launch.base import RESCALE_EXIT_CODE
+from pollux_local.torch.checkpoint import CheckpointStore
+from pollux_local.torch.env import JobEnv, init_distributed
+from pollux_local.torch.gradstats import GradNoiseEstimator, two_batch_estimate
+from pollux_local.torch.jobspec import JobSpec, Target, load_job_spec
+from pollux_local.torch.sampler import ElasticSampler, StepPlan
+from pollux_local.torch.trainer import ElasticLoader, ElasticTrainer
+
+__all__ = [
+    "RESCALE_EXIT_CODE",
+    "CheckpointStore",
+    "ElasticLoader",
+    "ElasticSampler",
+    "ElasticTrainer",
+    "GradNoiseEstimator",
+    "JobEnv",
+    "JobSpec",
+    "StepPlan",
+    "Target",
+    "init_distributed",
+    "load_job_spec",
+    "two_batch_estimate",
+]

@@ -1,0 +1,117 @@
+"""Gradient noise statistics: unbiased |G|^2 and tr(S)/M0 from two gradient estimates.
+
+Two gradients of the same step, one averaged over ``b_small`` examples and one over
+``b_big > b_small`` examples (the second containing the first or not), satisfy
+E|g_small|^2 = |G|^2 + tr(S)/b_small and E|g_big|^2 = |G|^2 + tr(S)/b_big, hence
+
+    tr(S) = (|g_small|^2 - |g_big|^2) / (1/b_small - 1/b_big)
+    |G|^2 = (b_big |g_big|^2 - b_small |g_small|^2) / (b_big - b_small)
+
+(with c equal-sized estimates this is ``core.efficiency.estimate_grad_stats``).  Statistics are
+taken on *measuring* steps only, spaced so that their extra cost stays within a budget (1% of
+training time by default; see ``ElasticTrainer``), and no gradient is ever copied aside:
+
+* several replicas: on a measuring step the backward pass runs without DDP's overlapped
+  all-reduce, so ``.grad`` is the replica's local gradient ``g_small``; its squared norm is
+  taken, and one all-reduce of the flattened gradients, with that norm and the replicas'
+  control flags appended, yields the average ``g_big`` and the mean local norm together.
+  Ordinary steps use DDP's own all-reduce untouched.
+* one replica with accumulation: ``g_small`` is the first micro-batch's gradient (the norm of
+  ``.grad`` right after its backward), ``g_big`` the accumulated one.
+* one replica, no accumulation: the measuring step is dealt out as two half micro-batches;
+  ``g_small`` is the first half's gradient, ``g_big`` the whole step's.  The cost is one
+  extra, smaller forward/backward launch and two norms on that step only.
+  The previous-gradient copy of the reference design (a full extra gradient buffer written
+  every step) is never made.
+
+For Adam-type optimisers every gradient is divided elementwise by the optimiser's
+preconditioner sqrt(v_hat) + eps before its norm is taken.  The two statistics are smoothed
+separately with a bias-corrected exponential moving average.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from pollux_local.core.types import GradStats
+
+
+def two_batch_estimate(
+    small_sq: float, small_batch: float, big_sq: float, big_batch: float
+) -> tuple[float, float]:
+    """(|G|^2, tr(S)) from squared norms of gradients over ``small_batch`` and ``big_batch``
+    examples (formulas in the module docstring)."""
+    if not 0 < small_batch < big_batch:
+        raise ValueError(f"need 0 < small batch < big batch, got {small_batch}, {big_batch}")
+    trace = (small_sq - big_sq) / (1.0 / small_batch - 1.0 / big_batch)
+    sqr = (big_batch * big_sq - small_batch * small_sq) / (big_batch - small_batch)
+    return sqr, trace
+
+
+class GradNoiseEstimator:
+    """Bias-corrected EMAs of |G|^2 and tr(S)/M0 (``var``)."""
+
+    def __init__(self, base_batch: int, smoothing: float = 0.9) -> None:
+        if not 0.0 <= smoothing < 1.0:
+            raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
+        self.base_batch = int(base_batch)
+        self.smoothing = float(smoothing)
+        self._sqr = 0.0
+        self._var = 0.0
+        self._weight = 0.0
+        self.samples = 0
+
+    def update(self, small_sq: float, small_batch: float, big_sq: float, big_batch: float) -> None:
+        """Fold in one pair of squared gradient norms."""
+        sqr, trace = two_batch_estimate(small_sq, small_batch, big_sq, big_batch)
+        if not (torch.isfinite(torch.tensor(sqr)) and torch.isfinite(torch.tensor(trace))):
+            return
+        beta = self.smoothing
+        self._sqr = beta * self._sqr + (1.0 - beta) * sqr
+        self._var = beta * self._var + (1.0 - beta) * trace / self.base_batch
+        self._weight = beta * self._weight + (1.0 - beta)
+        self.samples += 1
+
+    @property
+    def stats(self) -> GradStats | None:
+        """The smoothed statistics, or ``None`` before the first sample."""
+        if self.samples == 0 or self._weight <= 0.0:
+            return None
+        return GradStats(sqr=self._sqr / self._weight, var=self._var / self._weight)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "base_batch": self.base_batch,
+            "smoothing": self.smoothing,
+            "sqr": self._sqr,
+            "var": self._var,
+            "weight": self._weight,
+            "samples": self.samples,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._sqr = float(state["sqr"])
+        self._var = float(state["var"])
+        self._weight = float(state["weight"])
+        self.samples = int(state["samples"])
+        # a changed base batch rescales var = tr(S)/M0
+        self._var *= float(state["base_batch"]) / self.base_batch
+
+
+def squared_norm(
+    grads: Sequence[torch.Tensor], preconditioners: Iterable[torch.Tensor | None] | None = None
+) -> torch.Tensor:
+    """sum_i |g_i / p_i|^2 as a 0-d tensor on the gradients' device (no host sync)."""
+    if not grads:
+        return torch.zeros(())
+    if preconditioners is None:
+        norms = torch._foreach_norm(list(grads))
+        return torch.stack(norms).square().sum()
+    total = torch.zeros((), device=grads[0].device, dtype=torch.float32)
+    for g, p in zip(grads, preconditioners, strict=True):
+        scaled = g if p is None else g / p
+        total = total + scaled.float().square().sum()
+    return total

@@ -1,0 +1,118 @@
+"""The jobs in jobs/ run alone and under the local launcher (shortened runs)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("sklearn")
+
+from pollux_local.launch.base import RESCALE_EXIT_CODE, LaunchSpec, ReplicaSlot  # noqa: E402
+from pollux_local.launch.local import LocalLauncher  # noqa: E402
+from pollux_local.torch import load_job_spec  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+JOBS = {
+    "digits_cnn": ["--max-epochs", "1"],
+    "tabular_mlp": ["--max-epochs", "1"],
+    "char_transformer": ["--max-epochs", "1", "--max-samples", "256"],
+}
+FINAL = re.compile(r"^TARGET (REACHED|MISSED) metric=(\w+) value=([-0-9.]+)")
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLLUX_")}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    return env
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_job_runs_alone_and_states_its_target(name: str) -> None:
+    spec = load_job_spec(REPO / "jobs" / name / "job.toml")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "jobs" / name / "train.py"), *JOBS[name]],
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert proc.returncode in (0, 3), proc.stderr[-2000:]
+    match = FINAL.match(proc.stdout.strip().splitlines()[-1])
+    assert match, proc.stdout[-500:]
+    assert match.group(2) == spec.target.metric
+    reached = spec.target.reached(float(match.group(3)))
+    assert (match.group(1) == "REACHED") == reached == (proc.returncode == 0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spec(tmp: Path, replicas: int, restarts: int, epochs: int) -> LaunchSpec:
+    env = _clean_env()
+    env.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+        POLLUX_JOB_ID="digits",
+        POLLUX_RESTARTS=str(restarts),
+        POLLUX_JOB_DIR=str(tmp / "job"),
+        POLLUX_CHECKPOINT_DIR=str(tmp / "ckpt"),
+        POLLUX_NUM_NODES="1",
+        POLLUX_PG_TIMEOUT_S="30",
+    )
+    slots = [ReplicaSlot(r, "localhost", f"cpu:{r}", r, 0) for r in range(replicas)]
+    return LaunchSpec(
+        job_id="digits",
+        argv=[sys.executable, str(REPO / "jobs/digits_cnn/train.py"), "--max-epochs", str(epochs)],
+        workdir=REPO,
+        env=env,
+        slots=slots,
+        log_dir=tmp / f"logs{restarts}",
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_job_under_the_launcher_rescales_and_finishes(tmp_path: Path) -> None:
+    """Two replicas, stopped mid-training (exit 75), restarted on one replica, to the end."""
+
+    async def scenario() -> tuple[int, int, float]:
+        launcher = LocalLauncher()
+        group = await launcher.launch(_spec(tmp_path, 2, 0, 3))
+        report = tmp_path / "job" / "report.json"
+        deadline = time.monotonic() + 150
+        progress = 0.0
+        while time.monotonic() < deadline and group.poll() is None:
+            if report.exists():
+                progress = json.loads(report.read_text())["progress"]
+                if progress >= 10:
+                    break
+            await asyncio.sleep(0.2)
+        first = await group.stop(grace_s=60)
+        second = await (await launcher.launch(_spec(tmp_path, 1, 1, 3))).wait()
+        return first, second, progress
+
+    first, second, progress_at_stop = asyncio.run(scenario())
+    assert first == RESCALE_EXIT_CODE, (tmp_path / "logs0" / "rank0.log").read_text()[-2000:]
+    assert second in (0, 3)
+    log = (tmp_path / "logs1" / "rank0.log").read_text()
+    assert FINAL.search(log.strip().splitlines()[-1]), log[-1000:]
+    final = json.loads((tmp_path / "job" / "report.json").read_text())
+    assert final["batch"]["replicas"] == 1
+    assert final["progress"] > progress_at_stop
+    assert final["profile"] and {r["replicas"] for r in final["profile"]} == {1, 2}

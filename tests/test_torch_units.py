@@ -1,0 +1,460 @@
+"""In-process tests of pollux_local.torch: sampler, estimator, checkpoints, bad input, reports,
+learning-rate scaling and batch adaptation (one process, no process group)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from pollux_local.core.types import GradStats  # noqa: E402
+from pollux_local.errors import PolluxError  # noqa: E402
+from pollux_local.launch.base import RESCALE_EXIT_CODE  # noqa: E402
+from pollux_local.torch import (  # noqa: E402
+    CheckpointStore,
+    ElasticSampler,
+    ElasticTrainer,
+    GradNoiseEstimator,
+    JobEnv,
+    two_batch_estimate,
+)
+from pollux_local.torch.checkpoint import load_file  # noqa: E402
+from pollux_local.torch.report import Reporter  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+# ----------------------------------------------------------------------------- sampler
+@settings(max_examples=40, deadline=None)
+@given(
+    samples=st.integers(1, 97),
+    configs=st.lists(
+        st.tuples(st.integers(1, 4), st.integers(1, 9), st.integers(1, 3), st.booleans()),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_sampler_visits_each_sample_once_whatever_the_scale(
+    samples: int, configs: list[tuple[int, int, int, bool]]
+) -> None:
+    sampler = ElasticSampler(samples, seed=3)
+    seen: list[int] = []
+    step = 0
+    while True:
+        k, m, s, split = configs[step % len(configs)]
+        plan = sampler.plan_step(k, m, s, split)
+        if plan is None:
+            break
+        for micro in plan.micro:
+            for idx, w in zip(micro.indices, micro.weights, strict=True):
+                if w > 0:
+                    seen.extend(idx.tolist())
+                    # every real sample carries the same weight 1/N in the averaged gradient
+                    assert w / (k * len(idx)) == pytest.approx(1.0 / plan.total)
+        assert plan.total <= k * m * s
+        sampler.advance(plan.total)
+        step += 1
+    assert sorted(seen) == list(range(samples))
+    assert seen == sampler.permutation().tolist()
+
+
+def test_sampler_permutation_depends_on_seed_and_epoch_only() -> None:
+    a, b = ElasticSampler(50, seed=1), ElasticSampler(50, seed=1)
+    assert a.permutation().tolist() == b.permutation().tolist()
+    first = a.permutation().tolist()
+    a.next_epoch()
+    assert a.permutation().tolist() != first
+    assert sorted(a.permutation().tolist()) == list(range(50))
+
+
+def test_sampler_rejects_bad_configuration() -> None:
+    with pytest.raises(PolluxError, match="empty"):
+        ElasticSampler(0)
+    with pytest.raises(PolluxError, match="positive"):
+        ElasticSampler(10).plan_step(1, 0, 1)
+    sampler = ElasticSampler(10)
+    with pytest.raises(PolluxError, match="10 samples"):
+        ElasticSampler(11).load_state_dict(sampler.state_dict())
+
+
+# ----------------------------------------------------------------------------- estimator
+def test_two_batch_estimate_is_exact_on_expectations() -> None:
+    sqr, trace = 3.0, 40.0
+    small = sqr + trace / 8
+    big = sqr + trace / 32
+    got_sqr, got_trace = two_batch_estimate(small, 8, big, 32)
+    assert got_sqr == pytest.approx(sqr)
+    assert got_trace == pytest.approx(trace)
+    with pytest.raises(ValueError):
+        two_batch_estimate(small, 32, big, 32)
+
+
+def test_estimator_smooths_with_bias_correction_and_round_trips() -> None:
+    est = GradNoiseEstimator(base_batch=16, smoothing=0.9)
+    assert est.stats is None
+    est.update(3.0 + 40 / 8, 8, 3.0 + 40 / 32, 32)
+    assert est.stats == GradStats(sqr=pytest.approx(3.0), var=pytest.approx(40 / 16))
+    est.update(5.0 + 40 / 8, 8, 5.0 + 40 / 32, 32)
+    assert 3.0 < est.stats.sqr < 5.0  # type: ignore[union-attr]
+    other = GradNoiseEstimator(base_batch=32)
+    other.load_state_dict(est.state_dict())
+    assert other.stats.var == pytest.approx(est.stats.var / 2)  # type: ignore[union-attr]
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def test_checkpoint_round_trip_and_pruning(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=2)
+    for step in (1, 2, 3):
+        store.save(step, {"step": step, "t": torch.arange(3) * step})
+    assert [s for s, _ in store.files()] == [3, 2]
+    payload, path = store.load_latest()  # type: ignore[misc]
+    assert payload["step"] == 3 and torch.equal(payload["t"], torch.arange(3) * 3)
+    assert not list(tmp_path.glob(".*tmp*"))
+    (tmp_path / ".ckpt-0000000009.pt.tmp.1").write_bytes(b"half")
+    store.save(4, {"step": 4})
+    assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_corrupt_newest_checkpoint_falls_back_and_is_kept(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    store.save(1, {"step": 1})
+    newest = store.save(2, {"step": 2})
+    data = bytearray(newest.read_bytes())
+    data[-10] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    payload, path = store.load_latest()  # type: ignore[misc]
+    assert payload["step"] == 1
+    assert (tmp_path / (newest.name + ".corrupt")).exists()
+    # a later save does not remove the good one it fell back to until a newer good one exists
+    store.save(2, {"step": 2})
+    assert [s for s, _ in store.files()] == [2, 1]
+
+
+def test_all_checkpoints_corrupt_or_missing_is_a_clear_error(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    path = store.save(5, {"step": 5})
+    path.write_bytes(path.read_bytes()[:20])
+    with pytest.raises(PolluxError, match="no usable checkpoint"):
+        store.load_latest()
+    with pytest.raises(PolluxError, match="does not exist"):
+        load_file(tmp_path / "nope.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint at all")
+    with pytest.raises(PolluxError, match="not a pollux-local checkpoint"):
+        load_file(tmp_path / "junk.pt")
+    assert CheckpointStore(tmp_path / "empty").load_latest() is None
+
+
+# ----------------------------------------------------------------------------- bad input
+def _model_opt() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "env", "message"),
+    [
+        ({"base_batch": 0}, JobEnv(), "base_batch must be a positive"),
+        ({"base_batch": -4}, JobEnv(), "base_batch must be a positive"),
+        ({"base_batch": 32, "max_batch": 16}, JobEnv(), "below the base batch"),
+        ({"base_batch": 8, "min_local": 16, "max_local": 4}, JobEnv(), "below the minimum"),
+        (
+            {"base_batch": 8, "max_batch": 16, "min_local": 8},
+            JobEnv(world_size=4, rank=0),
+            "cannot hold on 4 replicas",
+        ),
+        ({"base_batch": 8, "max_local": 16}, JobEnv(local_batch=32), "outside the job's local"),
+        ({"base_batch": 8, "lr_rule": "cubic"}, JobEnv(), "unknown lr_rule"),
+    ],
+)
+def test_bad_batch_input_is_a_clear_error(
+    kwargs: dict[str, object], env: JobEnv, message: str
+) -> None:
+    model, opt = _model_opt()
+    with pytest.raises(PolluxError, match=message):
+        ElasticTrainer(model, opt, env=env, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"RANK": "x"}, "RANK must be an integer"),
+        ({"WORLD_SIZE": "2", "RANK": "2"}, "outside 0..1"),
+        ({"POLLUX_LOCAL_BATCH": "0"}, "POLLUX_LOCAL_BATCH must be positive"),
+        ({"POLLUX_PG_TIMEOUT_S": "soon"}, "POLLUX_PG_TIMEOUT_S"),
+        ({"POLLUX_DEVICE": "tpu"}, "POLLUX_DEVICE"),
+    ],
+)
+def test_bad_launch_environment_is_a_clear_error(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(PolluxError, match=message):
+        JobEnv.from_environ(environ)
+
+
+def test_launch_environment_is_read() -> None:
+    env = JobEnv.from_environ(
+        {
+            "RANK": "1",
+            "WORLD_SIZE": "4",
+            "LOCAL_RANK": "1",
+            "LOCAL_WORLD_SIZE": "2",
+            "POLLUX_JOB_ID": "j7",
+            "POLLUX_RESTARTS": "3",
+            "POLLUX_CHECKPOINT_DIR": "/tmp/x",
+            "POLLUX_LOCAL_BATCH": "24",
+            "POLLUX_ACCUM_STEPS": "2",
+        }
+    )
+    assert (env.rank, env.world_size, env.num_nodes, env.restarts) == (1, 4, 2, 3)
+    assert (env.local_batch, env.accum_steps, env.job_id) == (24, 2, "j7")
+    assert env.checkpoint_dir == Path("/tmp/x")
+    assert JobEnv.from_environ({}).distributed is False
+
+
+# ----------------------------------------------------------------------------- one-process training
+def _dataset(n: int = 64) -> torch.utils.data.TensorDataset:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 4, generator=gen)
+    return torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long(), torch.arange(n))
+
+
+def _train(trainer: ElasticTrainer, epochs: int, stop_at: int | None = None) -> list[int]:
+    seen = []
+    loader = trainer.loader(_dataset())
+    for _ in trainer.epochs(epochs):
+        for x, y, idx in loader:
+            seen.extend(idx.tolist())
+            loss = torch.nn.functional.cross_entropy(trainer.model(x), y)
+            if trainer.step(loss) and trainer.steps == stop_at:
+                trainer.request_stop()
+    return seen
+
+
+def test_stop_checkpoints_exits_75_and_resumes_exactly(tmp_path: Path) -> None:
+    model, opt = _model_opt()
+    ref = ElasticTrainer(model, opt, base_batch=8, env=JobEnv(), report_interval_s=1e9)
+    ref_seen = _train(ref, 2)
+
+    model, opt = _model_opt()
+    first = ElasticTrainer(model, opt, base_batch=8, env=JobEnv(), checkpoint_dir=tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        _train(first, 2, stop_at=11)
+    assert exc.value.code == RESCALE_EXIT_CODE
+    model, opt = _model_opt()
+    second = ElasticTrainer(model, opt, base_batch=8, env=JobEnv(), checkpoint_dir=tmp_path)
+    assert second.steps == 11 and second.epoch == 1
+    seen_first = ref_seen[: 11 * 8]
+    seen = seen_first + _train(second, 2)
+    assert seen == ref_seen
+    for a, b in zip(ref.module.parameters(), second.module.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert second.progress == pytest.approx(ref.progress)
+
+
+def test_restore_skips_a_corrupt_newest_checkpoint(tmp_path: Path) -> None:
+    model, opt = _model_opt()
+    trainer = ElasticTrainer(model, opt, base_batch=8, env=JobEnv(), checkpoint_dir=tmp_path)
+    _train(trainer, 1)
+    good = trainer.checkpoint()
+    trainer.steps += 1
+    bad = trainer.checkpoint()
+    assert good is not None and bad is not None
+    bad.write_bytes(b"PLXCKPT1" + b"\0" * 40)
+    model, opt = _model_opt()
+    again = ElasticTrainer(model, opt, base_batch=8, env=JobEnv(), checkpoint_dir=tmp_path)
+    assert again.steps == trainer.steps - 1
+    with pytest.raises(PolluxError, match="does not exist"):
+        again.restore_from(tmp_path / "missing.pt")
+
+
+def test_user_state_and_scheduler_are_checkpointed(tmp_path: Path) -> None:
+    model, opt = _model_opt()
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    trainer = ElasticTrainer(
+        model,
+        opt,
+        base_batch=8,
+        env=JobEnv(),
+        checkpoint_dir=tmp_path,
+        lr_scheduler=sched,
+        state={"best": 0.75},
+    )
+    opt.step()
+    sched.step()
+    trainer.state["best"] = 0.9
+    trainer.checkpoint()
+    model, opt = _model_opt()
+    sched2 = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    again = ElasticTrainer(
+        model, opt, base_batch=8, env=JobEnv(), checkpoint_dir=tmp_path, lr_scheduler=sched2
+    )
+    assert again.state["best"] == 0.9
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05)
+
+
+def test_adascale_scales_the_learning_rate_and_counts_progress() -> None:
+    model, opt = _model_opt()
+    trainer = ElasticTrainer(
+        model, opt, base_batch=8, max_batch=64, adapt=False, env=JobEnv(local_batch=32)
+    )
+    seen_lr = []
+    original = opt.step
+
+    def recording_step(*args: object, **kwargs: object) -> object:
+        seen_lr.append(opt.param_groups[0]["lr"])
+        return original(*args, **kwargs)
+
+    opt.step = recording_step  # type: ignore[method-assign]
+    _train(trainer, 3)
+    stats = trainer.grad_stats
+    assert stats is not None
+    assert max(seen_lr) > 0.1 and max(seen_lr) <= 0.1 * 4 + 1e-9
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1)  # the base lr is left untouched
+    assert 1.0 < trainer.progress / trainer.steps <= 4.0
+
+
+def test_goodput_adaptation_grows_the_batch_when_noise_is_high() -> None:
+    def adapted(var: float) -> tuple[int, int]:
+        model, opt = _model_opt()
+        trainer = ElasticTrainer(model, opt, base_batch=8, max_batch=128, env=JobEnv())
+        for m in (4, 8, 16):  # fixed cost dominates: larger micro-batches are nearly free
+            for _ in range(5):
+                t = 0.010 + 0.0001 * m
+                trainer.profile.add_compute((1, 1, m), t)
+                trainer.profile.add_step((1, 1, m), t)
+        trainer.estimator.update(1.0 + var * 8 / 4, 4, 1.0 + var * 8 / 8, 8)
+        trainer._adapt()
+        return trainer.local_batch, trainer.accum_steps
+
+    assert adapted(var=1000.0)[0] > 8  # noise scale 8000 >> M0: a bigger batch is efficient
+    assert adapted(var=0.001) == (8, 1)  # no noise: every extra example is wasted
+
+
+def test_report_file_schema_and_unreachable_daemon(tmp_path: Path) -> None:
+    model, opt = _model_opt()
+    env = JobEnv(job_id="r1", job_dir=tmp_path, daemon_socket=str(tmp_path / "none.sock"))
+    trainer = ElasticTrainer(model, opt, base_batch=8, max_batch=32, env=env, report_interval_s=0)
+    start = time.perf_counter()
+    _train(trainer, 1)
+    trainer.report_metrics(loss=0.5)
+    trainer.close()
+    assert time.perf_counter() - start < 20
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["version"] == 1 and report["job_id"] == "r1"
+    assert report["bounds"] == {
+        "base_batch": 8,
+        "max_batch": 32,
+        "min_local": 1,
+        "max_local": 32,
+        "accumulation": True,
+    }
+    assert report["batch"] == {"local_batch": 8, "accum_steps": 1, "replicas": 1}
+    assert report["epoch"] == 1 and report["progress"] > 0
+    assert report["metrics"] == {"loss": 0.5}
+    assert {"sqr", "var"} <= set(report["grad_stats"])
+    rows = report["profile"]
+    assert rows and all(r["compute_s"] > 0 and r["step_s"] >= r["compute_s"] for r in rows)
+    assert {r["local_batch"] for r in rows} <= {4, 8}
+
+
+def test_reporter_never_raises_when_the_daemon_is_away(tmp_path: Path) -> None:
+    reporter = Reporter("j", None, str(tmp_path / "missing.sock"))
+    start = time.perf_counter()
+    reporter.submit({"version": 1})
+    reporter.flush()
+    assert time.perf_counter() - start < 3.0
+    assert reporter.sent == 0
+
+
+def test_generic_datasets_are_collated() -> None:
+    model, opt = _model_opt()
+    trainer = ElasticTrainer(model, opt, base_batch=4, env=JobEnv())
+    data = [(torch.randn(4), i % 2) for i in range(10)]
+    loader = trainer.loader(data)  # type: ignore[arg-type]
+    sizes = []
+    for _ in trainer.epochs(1):
+        for x, y in loader:
+            sizes.append(len(x))
+            trainer.step(torch.nn.functional.cross_entropy(trainer.model(x), y))
+    assert sum(sizes) == 10
+    with pytest.raises(PolluxError, match="once for each batch"):
+        trainer.step(torch.tensor(0.0, requires_grad=True))
+
+
+def test_adam_statistics_are_preconditioned_and_finite() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    trainer = ElasticTrainer(
+        model, opt, base_batch=8, env=JobEnv(), stats_interval=1, stats_budget=None
+    )
+    assert trainer.precondition
+    _train(trainer, 2)
+    stats = trainer.grad_stats
+    assert stats is not None and trainer.estimator.samples >= 5
+    assert math.isfinite(stats.sqr) and math.isfinite(stats.var) and stats.var > 0
+    assert trainer._preconditioner(next(model.parameters())) is not None
+
+
+def test_reports_reach_a_daemon_socket_as_report_requests(tmp_path: Path) -> None:
+    import socket
+    import struct
+    import threading
+
+    path = str(tmp_path / "d.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(4)
+    server.settimeout(10)
+    received: list[dict[str, object]] = []
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            size = struct.unpack(">I", conn.recv(4, socket.MSG_WAITALL))[0]
+            received.append(json.loads(conn.recv(size, socket.MSG_WAITALL)))
+            reply = json.dumps({"v": 1, "ok": True}).encode()
+            conn.sendall(struct.pack(">I", len(reply)) + reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    reporter = Reporter("job-9", None, path)
+    reporter.submit({"version": 1, "progress": 3.5})
+    reporter.flush()
+    thread.join(10)
+    server.close()
+    assert received == [
+        {"v": 1, "type": "report", "job_id": "job-9", "report": {"version": 1, "progress": 3.5}}
+    ]
+    assert reporter.sent == 1
+
+
+def test_amp_scaler_leaves_statistics_and_updates_unchanged() -> None:
+    def run(scaled: bool) -> tuple[GradStats, list[torch.Tensor]]:
+        model, opt = _model_opt()
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if scaled else None
+        trainer = ElasticTrainer(
+            model,
+            opt,
+            base_batch=8,
+            env=JobEnv(),
+            scaler=scaler,
+            stats_interval=1,
+            stats_budget=None,
+        )
+        _train(trainer, 1)
+        assert trainer.grad_stats is not None
+        return trainer.grad_stats, [p.detach().clone() for p in model.parameters()]
+
+    (plain_stats, plain_params), (amp_stats, amp_params) = run(False), run(True)
+    assert amp_stats.sqr == pytest.approx(plain_stats.sqr, rel=1e-4)
+    assert amp_stats.var == pytest.approx(plain_stats.var, rel=1e-4)
+    for a, b in zip(plain_params, amp_params, strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
