@@ -1,0 +1,529 @@
+"""Applying plans: launch, resize (checkpoint-restart), stop, and react to replicas exiting.
+
+The executor owns the running replica groups.  A group that exits on its own is classified:
+0 -> succeeded; 75 -> back to the queue (it checkpointed); 255 from a remote node -> the node
+is marked down and the job re-queued to resume elsewhere; anything else -> a crash, retried
+from the checkpoint with exponential back-off until ``max_retries``, then ``failed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import stat
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from pollux_local.core.types import BatchChoice
+from pollux_local.daemon.config import DaemonConfig, NodeConfig
+from pollux_local.daemon.scheduler import Action, Allocation, Plan
+from pollux_local.daemon.state import JobRecord, StateStore
+from pollux_local.errors import PolluxError
+from pollux_local.launch.base import (
+    RESCALE_EXIT_CODE,
+    Launcher,
+    LaunchSpec,
+    NodeHealth,
+    ReplicaGroup,
+    ReplicaSlot,
+)
+from pollux_local.launch.local import LocalLauncher
+
+log = logging.getLogger("pollux_local.daemon")
+
+UNREACHABLE_EXIT_CODE = 255
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def last_log_line(path: Path, limit: int = 4096) -> str:
+    """The last non-empty line of a log file (for a failure's reason)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - limit))
+            lines = handle.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if line.strip() and not line.startswith("--- "):
+            return line.strip()[:200]
+    return ""
+
+
+class Executor:
+    """Starts and stops jobs' replica groups and keeps the store in step with them."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        config: DaemonConfig,
+        state_dir: Path,
+        socket_path: Path,
+        on_change: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.state_dir = state_dir
+        self.socket_path = socket_path
+        self.on_change = on_change
+        self.clock = clock
+        self.groups: dict[int, ReplicaGroup] = {}
+        self.watchers: dict[int, asyncio.Task[None]] = {}
+        self.intent: dict[int, str] = {}
+        self.node_up: dict[str, bool] = {node.name: True for node in config.nodes}
+        self.node_error: dict[str, str] = {}
+        self.node_checked: dict[str, float] = {}
+        self.node_health: dict[str, NodeHealth] = {}
+        self.last_launch: dict[int, float] = {}
+        self._local = LocalLauncher({n.name: n.devices for n in config.nodes if n.is_local})
+        self._ssh: Launcher | None = None
+
+    # --- launchers and nodes ----------------------------------------------------------------
+
+    def launcher_for(self, node: NodeConfig) -> Launcher:
+        if node.is_local:
+            return self._local
+        if self._ssh is None:
+            self._ssh = make_ssh_launcher(self.config, self.state_dir)
+        return self._ssh
+
+    async def check_nodes(self, force: bool = False) -> None:
+        """Check remote nodes every ``node_retry_s`` (all nodes when ``force``); a node that
+        fails is marked down and offers no devices until a later check succeeds."""
+        now = self.clock()
+        checks = []
+        for node in self.config.nodes:
+            due = force or (
+                not node.is_local
+                and now - self.node_checked.get(node.name, 0.0) >= self.config.node_retry_s
+            )
+            if due:
+                checks.append(self._check(node))
+        if checks:
+            await asyncio.gather(*checks)
+
+    async def _check(self, node: NodeConfig) -> None:
+        try:
+            health = await self.launcher_for(node).check_node(node.name)
+        except PolluxError as exc:
+            health = NodeHealth(node=node.name, reachable=False, error=str(exc))
+        except Exception as exc:  # a broken check must not take the daemon down
+            health = NodeHealth(node=node.name, reachable=False, error=repr(exc))
+        was_up = self.node_up.get(node.name, True)
+        self.node_health[node.name] = health
+        self.node_checked[node.name] = self.clock()
+        self.node_up[node.name] = health.reachable
+        self.node_error[node.name] = health.error or ""
+        if health.reachable != was_up:
+            log.warning("node %s is %s", node.name, "up" if health.reachable else "down")
+            self.on_change()
+
+    # --- applying a plan ---------------------------------------------------------------------
+
+    async def apply(self, plan: Plan) -> None:
+        """Stop what must stop (in parallel), then start on the new allocations."""
+        now = self.clock()
+        stopping = [a for a in plan.actions if a.kind in ("stop", "resize")]
+        for action in stopping:
+            if action.kind == "resize":
+                self.store.update_job(action.job_id, state="rescaling")
+        codes = await asyncio.gather(*(self.stop_job(a.job_id, "preempt") for a in stopping))
+        for action, code in zip(stopping, codes, strict=True):
+            if code == 0:  # it finished just as it was asked to stop
+                self.store.update_job(
+                    action.job_id, state="succeeded", end_time=self.clock(), reason="finished"
+                )
+                self.store.record_decision(action.job_id, now, "finished", "all replicas exited 0")
+            elif action.kind == "stop":
+                self.store.update_job(action.job_id, state="queued", reason=action.reason)
+                self.store.record_decision(action.job_id, now, "stop", action.reason)
+        for action in plan.actions:
+            if action.kind in ("start", "resize"):
+                job = self.store.get_job(action.job_id)
+                if job is not None and job.state in ("queued", "rescaling"):
+                    await self.start_job(job, action)
+
+    def _job_dir(self, job: JobRecord) -> Path:
+        return self.state_dir / "jobs" / job.job_id
+
+    def build_spec(self, job: JobRecord, action: Action) -> LaunchSpec:
+        """The launch spec of one incarnation (ranks in node order, env per the contract)."""
+        allocation = action.allocation
+        order = [n for n in self.config.nodes if allocation.get(n.name)]
+        slots: list[ReplicaSlot] = []
+        for node_rank, node in enumerate(order):
+            for local_rank, device in enumerate(allocation[node.name]):
+                slots.append(ReplicaSlot(len(slots), node.name, device, local_rank, node_rank))
+        job_dir = self._job_dir(job)
+        spec = job.spec
+        if self.config.checkpoint_root:
+            checkpoint_dir = str(Path(self.config.checkpoint_root) / job.job_id)
+        else:
+            checkpoint_dir = str(job_dir / "checkpoint")
+        env = dict(job.env or {})
+        batch: BatchChoice | None = action.batch
+        on_cpu = all(slot.device.startswith("cpu") for slot in slots)
+        env.update(
+            POLLUX_JOB_ID=job.job_id,
+            POLLUX_RESTARTS=str(job.restarts),
+            POLLUX_JOB_DIR=str(job_dir),
+            POLLUX_CHECKPOINT_DIR=checkpoint_dir,
+            POLLUX_DAEMON_SOCKET=str(self.socket_path),
+            POLLUX_NUM_NODES=str(len(order)),
+            POLLUX_PG_TIMEOUT_S=f"{self.config.pg_timeout_s:g}",
+            POLLUX_DEVICE="cpu" if on_cpu else "cuda",
+            WORLD_SIZE=str(len(slots)),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
+        )
+        if batch is not None:
+            env["POLLUX_LOCAL_BATCH"] = str(batch.local_batch)
+            env["POLLUX_ACCUM_STEPS"] = str(batch.accum_steps)
+        else:
+            env.pop("POLLUX_LOCAL_BATCH", None)
+            env.pop("POLLUX_ACCUM_STEPS", None)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        if on_cpu:
+            busiest = max(len(devices) for devices in allocation.values())
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // busiest)))
+        run_as = None
+        if os.geteuid() == 0 and job.owner_uid != 0:
+            run_as = job.owner_name
+        return LaunchSpec(
+            job_id=job.job_id,
+            argv=list(spec["argv"]),
+            workdir=Path(spec["workdir"]),
+            env=env,
+            slots=slots,
+            log_dir=job_dir,
+            run_as=run_as,
+        )
+
+    def _prepare_dirs(self, job: JobRecord, spec: LaunchSpec) -> None:
+        job_dir = self._job_dir(job)
+        checkpoint_dir = Path(spec.env["POLLUX_CHECKPOINT_DIR"])
+        for path in (job_dir, checkpoint_dir):
+            path.mkdir(parents=True, exist_ok=True)
+            if os.geteuid() == 0 and job.owner_uid != 0:
+                with contextlib.suppress(OSError):
+                    os.chown(path, job.owner_uid, job.owner_gid)
+
+    async def start_job(self, job: JobRecord, action: Action) -> None:
+        now = self.clock()
+        nodes = [self.config.node(name) for name in action.allocation]
+        launchers = {id(self.launcher_for(node)) for node in nodes}
+        try:
+            if len(launchers) != 1:
+                raise PolluxError("a job cannot span this machine and remote nodes at once")
+            launcher = self.launcher_for(nodes[0])
+            spec = self.build_spec(job, action)
+            self._prepare_dirs(job, spec)
+            group = await launcher.launch(spec)
+        except (PolluxError, OSError) as exc:
+            reason = f"could not start: {exc}"
+            log.error("job %s: %s", job.id, reason)
+            self.store.update_job(job.id, state="failed", reason=reason, end_time=now, placement={})
+            self.store.record_decision(job.id, now, "failed", reason)
+            return
+        self.groups[job.id] = group
+        self.last_launch[job.id] = now
+        pids = []
+        for rank, pid in group.pids().items():
+            record: dict[str, Any] = {"rank": rank, "pid": pid, "node": spec.slots[rank].node}
+            if self.config.node(spec.slots[rank].node).is_local:
+                with contextlib.suppress(psutil.Error):
+                    record["create_time"] = psutil.Process(pid).create_time()
+            pids.append(record)
+        batch = action.batch
+        self.store.update_job(
+            job.id,
+            state="running",
+            placement=action.allocation,
+            batch=(
+                {
+                    "local_batch": batch.local_batch,
+                    "accum_steps": batch.accum_steps,
+                    "replicas": batch.replicas,
+                    "total": batch.total_batch,
+                }
+                if batch
+                else {"replicas": len(spec.slots)}
+            ),
+            pids=pids,
+            last_start=now,
+            start_time=job.start_time or now,
+            restarts=job.restarts + 1,
+            reason=action.reason,
+            prediction=action.prediction,
+        )
+        self.store.record_decision(
+            job.id,
+            now,
+            action.kind,
+            action.reason,
+            action.allocation,
+            dict(
+                (k, v)
+                for k, v in (
+                    ("local_batch", batch.local_batch if batch else None),
+                    ("accum_steps", batch.accum_steps if batch else None),
+                    ("replicas", len(spec.slots)),
+                )
+                if v is not None
+            ),
+        )
+        self.watchers[job.id] = asyncio.ensure_future(self._watch(job.id, group))
+
+    def _read_final_report(self, job_id: int) -> None:
+        """Store the report a job wrote last (its final progress) once its replicas exited."""
+        path = self.state_dir / "jobs" / str(job_id) / "report.json"
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        if isinstance(report, dict):
+            self.store.update_job(job_id, report=report)
+
+    def _account(self, job_id: int, now: float) -> None:
+        job = self.store.get_job(job_id)
+        if job is None or job.last_start is None:
+            return
+        elapsed = max(0.0, now - job.last_start)
+        self.store.update_job(
+            job_id,
+            attained_gpu_s=job.attained_gpu_s + elapsed * job.replicas,
+            run_time_s=job.run_time_s + elapsed,
+            last_start=None,
+            placement={},
+            pids=[],
+        )
+
+    async def stop_job(self, job_id: int, intent: str) -> int | None:
+        """Checkpoint-stop a running job (SIGTERM, bounded wait, SIGKILL); ``None`` if it was
+        not running.  The caller sets the job's next state."""
+        group = self.groups.get(job_id)
+        if group is None:
+            return None
+        self.intent[job_id] = intent
+        try:
+            code = await group.stop(self.config.stop_grace_s)
+        finally:
+            watcher = self.watchers.pop(job_id, None)
+            if watcher is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await watcher
+            self.groups.pop(job_id, None)
+            self.intent.pop(job_id, None)
+            self._account(job_id, self.clock())
+            self._read_final_report(job_id)
+        return code
+
+    async def _watch(self, job_id: int, group: ReplicaGroup) -> None:
+        code = await group.wait()
+        if job_id in self.intent:
+            return  # stop_job handles it
+        self.groups.pop(job_id, None)
+        self.watchers.pop(job_id, None)
+        now = self.clock()
+        job = self.store.get_job(job_id)
+        self._account(job_id, now)
+        self._read_final_report(job_id)
+        if job is None:
+            return
+        try:
+            await self._on_exit(job, group, code, now)
+        finally:
+            self.on_change()
+
+    async def _on_exit(self, job: JobRecord, group: ReplicaGroup, code: int, now: float) -> None:
+        if code == 0:
+            self.store.update_job(job.id, state="succeeded", end_time=now, reason="finished")
+            self.store.record_decision(job.id, now, "finished", "all replicas exited 0")
+            return
+        if code == RESCALE_EXIT_CODE:
+            reason = "checkpointed and exited (75); back in the queue"
+            self.store.update_job(job.id, state="queued", reason=reason)
+            self.store.record_decision(job.id, now, "requeued", reason)
+            return
+        nodes = [self.config.node(slot.node) for slot in group.spec.slots]
+        remote = [node for node in dict.fromkeys(nodes) if not node.is_local]
+        if code == UNREACHABLE_EXIT_CODE and remote:
+            await asyncio.gather(*(self._check(node) for node in remote))
+            down = [node.name for node in remote if not self.node_up.get(node.name, True)]
+            if down:
+                reason = f"node(s) {', '.join(down)} unreachable; resuming from checkpoint"
+                self.store.update_job(job.id, state="queued", reason=reason)
+                self.store.record_decision(job.id, now, "node-down", reason)
+                return
+        failures = job.failures + 1
+        detail = next(
+            (
+                line
+                for slot in group.spec.slots
+                if (line := last_log_line(group.spec.log_dir / f"rank{slot.rank}.log"))
+            ),
+            "",
+        )
+        what = f"replica exited with code {code}" + (f" ({detail})" if detail else "")
+        if failures > self.config.max_retries:
+            reason = f"{what}; gave up after {failures - 1} restart(s)"
+            self.store.update_job(
+                job.id, state="failed", failures=failures, end_time=now, reason=reason
+            )
+            self.store.record_decision(job.id, now, "failed", reason)
+            return
+        delay = self.config.backoff_s * 2 ** (failures - 1)
+        reason = f"{what}; retry {failures}/{self.config.max_retries} in {delay:g} s"
+        self.store.update_job(
+            job.id, state="queued", failures=failures, retry_after=now + delay, reason=reason
+        )
+        self.store.record_decision(job.id, now, "crashed", reason)
+
+    # --- cancel / hold ----------------------------------------------------------------------
+
+    async def cancel(self, job_id: int) -> None:
+        now = self.clock()
+        await self.stop_job(job_id, "cancel")
+        self.store.update_job(job_id, state="cancelled", end_time=now, reason="cancelled")
+        self.store.record_decision(job_id, now, "cancelled", "cancelled by request")
+
+    async def hold(self, job_id: int) -> None:
+        now = self.clock()
+        await self.stop_job(job_id, "hold")
+        self.store.update_job(job_id, state="held", reason="held")
+        self.store.record_decision(job_id, now, "held", "held by request")
+
+    # --- daemon start and stop ----------------------------------------------------------------
+
+    async def recover(self) -> list[int]:
+        """After a daemon restart: stop what is left of jobs that were running (SIGTERM, so
+        they checkpoint) and put them back in the queue to resume from their checkpoints."""
+        now = self.clock()
+        jobs = self.store.jobs(["running", "rescaling"])
+        await asyncio.gather(*(self._stop_orphans(job) for job in jobs))
+        for job in jobs:
+            if job.last_start is not None:
+                elapsed = max(0.0, now - job.last_start)
+                self.store.update_job(
+                    job.id,
+                    attained_gpu_s=job.attained_gpu_s + elapsed * job.replicas,
+                    run_time_s=job.run_time_s + elapsed,
+                )
+            reason = "daemon restarted; resuming from checkpoint"
+            self.store.update_job(
+                job.id, state="queued", placement={}, pids=[], last_start=None, reason=reason
+            )
+            self.store.record_decision(job.id, now, "recovered", reason)
+        return [job.id for job in jobs]
+
+    async def _stop_orphans(self, job: JobRecord) -> None:
+        procs: list[psutil.Process] = []
+        for record in job.pids:
+            try:
+                node = self.config.node(str(record.get("node")))
+            except KeyError:
+                continue
+            if not node.is_local:
+                continue  # remote replicas stop themselves when their ssh session dies
+            try:
+                proc = psutil.Process(int(record["pid"]))
+                created = record.get("create_time")
+                if created is None or abs(proc.create_time() - float(created)) > 1.0:
+                    continue  # the pid was reused: not ours
+                procs.append(proc)
+            except (psutil.Error, KeyError, ValueError):
+                continue
+        if not procs:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(procs[0].pid, signal.SIGTERM)
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.terminate()
+        deadline = time.monotonic() + self.config.stop_grace_s
+        while time.monotonic() < deadline and any(_alive(p) for p in procs):
+            await asyncio.sleep(0.1)
+        for proc in procs:
+            if _alive(proc):
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(procs[0].pid, signal.SIGKILL)
+
+    async def shutdown(self) -> None:
+        """Daemon stopping: checkpoint-stop every running job and re-queue it."""
+        job_ids = list(self.groups)
+        await asyncio.gather(*(self.stop_job(job_id, "shutdown") for job_id in job_ids))
+        now = self.clock()
+        for job_id in job_ids:
+            reason = "daemon stopped; will resume from checkpoint"
+            self.store.update_job(job_id, state="queued", reason=reason)
+            self.store.record_decision(job_id, now, "requeued", reason)
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def make_ssh_launcher(config: DaemonConfig, state_dir: Path) -> Launcher:
+    """The SSH launcher for the config's remote nodes (imported only when one is used)."""
+    try:
+        from pollux_local.launch.ssh import SshLauncher, SshNodeConfig
+    except ImportError:
+        raise PolluxError("remote nodes need the SSH launcher (pollux_local.launch.ssh)") from None
+    nodes = [
+        SshNodeConfig.from_mapping(node.name, ssh_table(node))
+        for node in config.nodes
+        if not node.is_local
+    ]
+    return SshLauncher(nodes, ssh_control_dir(state_dir))
+
+
+def ssh_control_dir(state_dir: Path) -> Path:
+    """Where ssh keeps its shared connections: ``STATE_DIR/ssh``, or, when that path is too
+    long for a Unix socket, a private directory under /tmp named after the state dir."""
+    preferred = state_dir / "ssh"
+    if len(str(preferred)) + 42 <= 104:
+        return preferred
+    digest = hashlib.sha1(str(state_dir).encode()).hexdigest()[:12]
+    short = Path(tempfile.gettempdir()) / f"pollux-ssh-{os.geteuid()}-{digest}"
+    short.mkdir(mode=0o700, exist_ok=True)
+    info = short.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        raise PolluxError(f"{short} is not a private directory of the daemon's user")
+    return short
+
+
+def ssh_table(node: NodeConfig) -> dict[str, Any]:
+    """The node's config table as the SSH launcher reads it."""
+    table = dict(node.raw)
+    table.pop("name", None)
+    table["host"] = node.host
+    table["devices"] = list(node.devices)
+    table.pop("device_type", None)
+    return table
+
+
+def allocation_nodes(allocation: Allocation) -> list[str]:
+    return [name for name, devices in allocation.items() if devices]

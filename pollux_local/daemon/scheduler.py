@@ -1,0 +1,353 @@
+"""One scheduling pass, pure: job records + device snapshot -> models -> policy -> a Plan.
+
+Nothing here touches processes, sockets or the clock: the daemon passes ``now`` in, and the
+plan it gets back lists the start / resize / stop actions for the executor to apply.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pollux_local.core.types import (
+    BatchBounds,
+    BatchChoice,
+    Decision,
+    GradStats,
+    JobView,
+    NodeView,
+    Placement,
+    Policy,
+)
+from pollux_local.daemon.state import JobRecord
+
+Allocation = dict[str, list[str]]  # node name -> device ids
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    """A node at decision time: its schedulable devices (in order) and whether it is up."""
+
+    name: str
+    devices: tuple[str, ...]
+    up: bool = True
+    busy: frozenset[str] = frozenset()  # in use by processes outside the scheduler
+
+    @property
+    def free_devices(self) -> tuple[str, ...]:
+        return tuple(d for d in self.devices if d not in self.busy) if self.up else ()
+
+
+@dataclass(frozen=True)
+class Action:
+    """``kind`` is ``start`` (not running -> devices), ``resize`` (devices -> other devices)
+    or ``stop`` (devices -> none, back to the queue)."""
+
+    kind: str
+    job_id: int
+    allocation: Allocation
+    batch: BatchChoice | None
+    reason: str
+    prediction: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Plan:
+    actions: tuple[Action, ...]
+    decision: Decision
+    unchanged: tuple[int, ...] = ()
+
+    def for_job(self, job_id: int) -> Action | None:
+        for action in self.actions:
+            if action.job_id == job_id:
+                return action
+        return None
+
+
+# --- models ------------------------------------------------------------------------------
+
+
+def _bounds_from(job: JobRecord, report: Mapping[str, Any] | None) -> BatchBounds | None:
+    raw = (report or {}).get("bounds") or {}
+    spec = job.spec
+    base = raw.get("base_batch", spec.get("batch_size"))
+    if not base:
+        return None
+    max_batch = raw.get("max_batch", spec.get("max_batch_size") or base)
+    try:
+        return BatchBounds(
+            base_batch=int(base),
+            max_batch=int(max_batch),
+            min_local=int(raw.get("min_local", spec.get("min_local_batch") or 1)),
+            max_local=raw.get("max_local", spec.get("max_local_batch")),
+            accumulation=bool(raw.get("accumulation", True)),
+        )
+    except (TypeError, ValueError):
+        return None
+
+
+class ModelCache:
+    """Fitted goodput models per job; a job's throughput is refitted only when its profile
+    changed since the last fit."""
+
+    def __init__(self) -> None:
+        self._fits: dict[int, tuple[str, Any]] = {}
+        self.fit_count = 0
+
+    def forget(self, job_id: int) -> None:
+        self._fits.pop(job_id, None)
+
+    def model_for(self, job: JobRecord) -> Any | None:
+        """The job's ``GoodputModel`` from its latest report, or ``None`` if it has none."""
+        report = job.report
+        if not report:
+            return None
+        profile = report.get("profile") or []
+        stats = report.get("grad_stats") or {}
+        bounds = _bounds_from(job, report)
+        if not profile or bounds is None:
+            return None
+        try:
+            grad = GradStats(sqr=float(stats["sqr"]), var=float(stats["var"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+        if not (math.isfinite(grad.sqr) and math.isfinite(grad.var)):
+            return None
+        key = json.dumps(profile, sort_keys=True)
+        cached = self._fits.get(job.id)
+        if cached is not None and cached[0] == key:
+            params = cached[1]
+        else:
+            from pollux_local.core.throughput import fit_throughput
+
+            try:
+                params = fit_throughput(
+                    [float(p["nodes"]) for p in profile],
+                    [float(p["replicas"]) for p in profile],
+                    [float(p["local_batch"]) for p in profile],
+                    [float(p["compute_s"]) for p in profile],
+                    [float(p["step_s"]) for p in profile],
+                )
+            except (KeyError, TypeError, ValueError, ArithmeticError):
+                return None
+            self._fits[job.id] = (key, params)
+            self.fit_count += 1
+        from pollux_local.core.goodput import GoodputModel
+
+        return GoodputModel(params=params, stats=grad, bounds=bounds)
+
+
+# --- views -------------------------------------------------------------------------------
+
+
+def placement_of(
+    allocation: Mapping[str, Sequence[str]], nodes: Sequence[NodeSnapshot]
+) -> Placement:
+    return tuple(len(allocation.get(node.name, ())) for node in nodes)
+
+
+def static_replicas(job: JobRecord, total_devices: int) -> int:
+    """The device count a non-adaptive policy gives: the user's maximum, within the cluster."""
+    low = int(job.spec.get("min_gpus") or 1)
+    high = job.spec.get("max_gpus")
+    wanted = int(high) if high else low
+    return max(low, min(wanted, max(total_devices, low)))
+
+
+def job_view(
+    job: JobRecord, model: Any | None, nodes: Sequence[NodeSnapshot], now: float
+) -> JobView:
+    total = sum(len(node.devices) for node in nodes)
+    report = job.report or {}
+    profiled = [
+        int(p.get("replicas", 0)) for p in report.get("profile") or [] if isinstance(p, dict)
+    ]
+    max_gpus = job.spec.get("max_gpus")
+    return JobView(
+        id=job.job_id,
+        owner=job.owner_name,
+        model=model,
+        age_s=max(0.0, now - job.submit_time),
+        restarts=job.restarts,
+        min_replicas=int(job.spec.get("min_gpus") or 1),
+        max_replicas=int(max_gpus) if max_gpus else 1 << 30,
+        placement=placement_of(job.placement, nodes),
+        submit_time=job.submit_time,
+        priority=job.priority,
+        max_profiled_replicas=max(profiled, default=0),
+        static_replicas=static_replicas(job, total),
+        static_batch=job.spec.get("batch_size"),
+        attained_gpu_s=job.attained_gpu_s,
+        run_time_s=job.run_time_s,
+    )
+
+
+# --- batch choice and predictions --------------------------------------------------------
+
+
+def static_batch(job: JobRecord, replicas: int) -> BatchChoice | None:
+    """m = ceil(M0 / K) within the local bounds, s = 1 (jobs without a model)."""
+    base = job.spec.get("batch_size")
+    if not base or replicas <= 0:
+        return None
+    local = math.ceil(int(base) / replicas)
+    low = int(job.spec.get("min_local_batch") or 1)
+    high = job.spec.get("max_local_batch")
+    local = max(low, local if high is None else min(local, int(high)))
+    return BatchChoice(local_batch=local, accum_steps=1, replicas=replicas)
+
+
+def choose_batch(
+    job: JobRecord, model: Any | None, num_nodes: int, replicas: int
+) -> BatchChoice | None:
+    if replicas <= 0:
+        return None
+    if model is not None:
+        try:
+            return model.best_choice(num_nodes, replicas)
+        except (ValueError, ArithmeticError):
+            pass
+    return static_batch(job, replicas)
+
+
+def predict(model: Any | None, num_nodes: int, choice: BatchChoice | None) -> dict[str, float]:
+    """Goodput, efficiency and speed-up over one device (best batch) for a choice."""
+    if model is None or choice is None:
+        return {}
+    k, m, s = choice.replicas, choice.local_batch, choice.accum_steps
+    goodput = float(np.asarray(model.goodput(num_nodes, k, m, s)).reshape(-1)[0])
+    eff = float(np.asarray(model.efficiency(choice.total_batch)).reshape(-1)[0])
+    single, _, _ = model.best_goodput(np.array([1]), np.array([1]))
+    base = float(single[0])
+    speedup = goodput / base if base > 0 else 0.0
+    return {"goodput": goodput, "efficiency": eff, "speedup": speedup}
+
+
+# --- placement -> concrete devices ----------------------------------------------------------
+
+
+def assign_devices(
+    targets: Mapping[int, Placement],
+    current: Mapping[int, Allocation],
+    nodes: Sequence[NodeSnapshot],
+) -> dict[int, Allocation]:
+    """Concrete devices for per-node counts.  A job whose count on a node is unchanged keeps
+    its devices there; the others take the lowest free devices.  A count that cannot be met
+    (devices busy outside the scheduler) is cut to what is free."""
+    pool = {node.name: list(node.free_devices) for node in nodes}
+    result: dict[int, Allocation] = {job_id: {} for job_id in targets}
+    pending: list[tuple[int, str, int]] = []
+    for job_id, placement in targets.items():
+        for node, count in zip(nodes, placement, strict=False):
+            if count <= 0:
+                continue
+            mine = list(current.get(job_id, {}).get(node.name, ()))
+            if len(mine) == count and all(d in pool[node.name] for d in mine):
+                result[job_id][node.name] = mine
+                for device in mine:
+                    pool[node.name].remove(device)
+            else:
+                pending.append((job_id, node.name, count))
+    for job_id, node_name, count in pending:
+        take, pool[node_name] = pool[node_name][:count], pool[node_name][count:]
+        if take:
+            result[job_id][node_name] = take
+    return result
+
+
+def same_allocation(a: Mapping[str, Sequence[str]], b: Mapping[str, Sequence[str]]) -> bool:
+    keys = {k for k, v in a.items() if v} | {k for k, v in b.items() if v}
+    return all(sorted(a.get(k, ())) == sorted(b.get(k, ())) for k in keys)
+
+
+# --- the pass ----------------------------------------------------------------------------
+
+
+def schedulable(job: JobRecord, now: float) -> bool:
+    """Jobs the policy sees: queued (past any retry back-off) and running."""
+    if job.state == "running":
+        return True
+    return job.state == "queued" and job.retry_after <= now
+
+
+def plan_round(
+    policy: Policy,
+    jobs: Sequence[JobRecord],
+    nodes: Sequence[NodeSnapshot],
+    models: ModelCache,
+    now: float,
+    rng: np.random.Generator,
+) -> Plan:
+    """Snapshot -> models -> ``policy.decide`` -> concrete devices and batch sizes -> Plan."""
+    candidates = [job for job in jobs if schedulable(job, now)]
+    job_models = {job.id: models.model_for(job) for job in candidates}
+    views = [job_view(job, job_models[job.id], nodes, now) for job in candidates]
+    node_views = [NodeView(name=n.name, devices=len(n.free_devices), up=n.up) for n in nodes]
+    decision = policy.decide(views, node_views, now, rng)
+    empty: Placement = tuple(0 for _ in nodes)
+    targets = {job.id: tuple(decision.placements.get(job.job_id, empty)) for job in candidates}
+    allocations = assign_devices(targets, {job.id: job.placement for job in candidates}, nodes)
+    actions: list[Action] = []
+    unchanged: list[int] = []
+    for job in candidates:
+        allocation = {k: v for k, v in allocations[job.id].items() if v}
+        replicas = sum(len(v) for v in allocation.values())
+        if replicas and replicas < int(job.spec.get("min_gpus") or 1):
+            allocation, replicas = {}, 0
+        running = job.state == "running" and job.replicas > 0
+        policy_reason = decision.reasons.get(job.job_id, "")
+        if replicas == 0:
+            if running:
+                actions.append(Action("stop", job.id, {}, None, policy_reason or "preempted"))
+            else:
+                unchanged.append(job.id)
+            continue
+        if running and same_allocation(allocation, job.placement):
+            unchanged.append(job.id)
+            continue
+        num_nodes = len(allocation)
+        choice = choose_batch(job, job_models[job.id], num_nodes, replicas)
+        try:
+            prediction = predict(job_models[job.id], num_nodes, choice)
+        except (ValueError, ArithmeticError):
+            prediction = {}
+        actions.append(
+            Action(
+                "resize" if running else "start",
+                job.id,
+                allocation,
+                choice,
+                describe(policy_reason, allocation, choice, prediction),
+                prediction,
+            )
+        )
+    return Plan(actions=tuple(actions), decision=decision, unchanged=tuple(unchanged))
+
+
+def describe(
+    policy_reason: str,
+    allocation: Mapping[str, Sequence[str]],
+    choice: BatchChoice | None,
+    prediction: Mapping[str, float],
+) -> str:
+    """One line for ``show`` and the TUI: why, where, which batch, predicted figures."""
+    replicas = sum(len(v) for v in allocation.values())
+    where = ", ".join(f"{node}[{','.join(devs)}]" for node, devs in allocation.items())
+    parts = [f"{replicas} device(s) on {where}"]
+    if choice is not None:
+        parts.append(
+            f"batch {choice.local_batch}x{choice.accum_steps}x{choice.replicas}={choice.total_batch}"
+        )
+    if prediction:
+        parts.append(
+            f"predicted speedup x{prediction['speedup']:.2f} vs 1 device, "
+            f"efficiency {prediction['efficiency']:.2f}, goodput {prediction['goodput']:.1f}/s"
+        )
+    if policy_reason:
+        parts.append(policy_reason)
+    return "; ".join(parts)

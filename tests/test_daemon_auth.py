@@ -1,0 +1,153 @@
+"""Users: identity from SO_PEERCRED, owner-only changes, jobs run as their submitter."""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pollux_local.client import Client
+from pollux_local.daemon.auth import Peer, may_modify
+from pollux_local.errors import PolluxError
+
+pytestmark = pytest.mark.timeout(120)
+USER = "plxtest2"
+
+
+def test_may_modify_rules() -> None:
+    owner, other = Peer(1, 1000, 1000), Peer(2, 1001, 1001)
+    assert may_modify(owner, 1000, None, daemon_uid=999)
+    assert not may_modify(other, 1000, None, daemon_uid=999)
+    assert may_modify(Peer(3, 0, 0), 1000, None, daemon_uid=999)  # root
+    assert may_modify(Peer(4, 999, 999), 1000, None, daemon_uid=999)  # the daemon's user
+    root_group = grp.getgrgid(0).gr_name
+    assert may_modify(Peer(5, 1001, 0), 1000, root_group, daemon_uid=999)  # admin group
+    assert not may_modify(other, 1000, "no-such-group-here", daemon_uid=999)
+
+
+def as_user(
+    uid: int, gid: int, socket_path: Path, requests: list[tuple[str, dict[str, Any]]]
+) -> list[Any]:
+    """Run requests from a forked child that has dropped to ``uid``: the daemon sees that
+    user through SO_PEERCRED, whatever the request says."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            os.close(read_fd)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            results: list[Any] = []
+            for kind, fields in requests:
+                try:
+                    results.append(Client(socket_path, timeout_s=20).request(kind, **fields))
+                except PolluxError as exc:
+                    results.append({"error": str(exc)})
+            os.write(write_fd, json.dumps(results).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    chunks = []
+    while chunk := os.read(read_fd, 65536):
+        chunks.append(chunk)
+    os.close(read_fd)
+    os.waitpid(pid, 0)
+    return json.loads(b"".join(chunks))
+
+
+@pytest.fixture(scope="module")
+def second_user() -> Iterator[pwd.struct_passwd]:
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("needs root and useradd to create a second Unix user")
+    created = False
+    try:
+        entry = pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["useradd", "-M", "-s", "/bin/sh", USER], check=True, timeout=30)
+        created = True
+        entry = pwd.getpwnam(USER)
+    yield entry
+    if created:
+        subprocess.run(["userdel", USER], check=False, timeout=30)
+
+
+@pytest.fixture
+def root_daemon() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="plx-auth-"))
+    root.chmod(0o755)  # other users must reach the socket and the job's files
+    state = root / "s"
+    config = root / "c.toml"
+    config.write_text('[scheduler]\npolicy = "fifo"\ninterval_s = 0.5\n')
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pollux_local", "daemon", "--state-dir", str(state),
+         "--devices", "cpu:2", "--config", str(config)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            Client(state / "daemon.sock").request("ping")
+            break
+        except PolluxError:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+    yield root
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_other_users_may_read_but_not_change_jobs(
+    second_user: pwd.struct_passwd, root_daemon: Path
+) -> None:
+    state = root_daemon / "s"
+    assert oct(state.stat().st_mode & 0o777) == "0o755"
+    assert oct((state / "state.db").stat().st_mode & 0o777) == "0o600"
+    script = root_daemon / "whoami.sh"
+    script.write_text('#!/bin/sh\necho "uid=$(id -u) cwd=$(pwd) FROM_USER=$FROM_USER"\n')
+    script.chmod(0o755)
+    mine = Client(state / "daemon.sock").request(
+        "submit", argv=[str(script)], workdir=str(root_daemon), hold=True
+    )["id"]
+    uid, gid = second_user.pw_uid, second_user.pw_gid
+    submit = {"argv": [str(script)], "workdir": str(root_daemon), "env": {"FROM_USER": "yes"}}
+    results = as_user(uid, gid, state / "daemon.sock", [
+        ("submit", submit),
+        ("status", {}),
+        ("cancel", {"ids": [mine]}),
+        ("hold", {"id": mine}),
+        ("set_priority", {"id": mine, "priority": 9}),
+        ("ping", {}),
+    ])  # fmt: skip
+    theirs = results[0]["id"]
+    owners = {job["id"]: job["owner"] for job in results[1]["jobs"]}
+    assert owners == {mine: "root", theirs: USER}  # everyone sees every job
+    for refused in results[2:5]:
+        assert refused["error"].startswith(f"permission denied: job {mine} belongs to root")
+    assert results[5]["you"] == {"uid": uid, "name": USER}
+    # the daemon runs as root: the job runs as its submitter, in its directory and environment
+    deadline = time.monotonic() + 30
+    while Client(state / "daemon.sock").request("show", id=theirs)["job"]["state"] != "succeeded":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    log = Client(state / "daemon.sock").request("logs", id=theirs)["data"]
+    assert f"uid={uid} cwd={root_daemon} FROM_USER=yes" in log
+    assert Client(state / "daemon.sock").request("show", id=mine)["job"]["state"] == "held"
+    # the owner may
+    assert as_user(uid, gid, state / "daemon.sock", [("cancel", {"ids": [theirs]})])[0] == {
+        "cancelled": [],
+        "skipped": [{"id": theirs, "state": "succeeded"}],
+    }

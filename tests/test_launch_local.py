@@ -1,0 +1,140 @@
+"""LocalLauncher: per-rank environment, process groups, checkpoint-exit, SIGKILL fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pollux_local.launch.base import RESCALE_EXIT_CODE, LaunchSpec, ReplicaSlot
+from pollux_local.launch.local import LocalLauncher, combine_exit_codes
+
+pytestmark = pytest.mark.timeout(60)
+
+SCRIPT = """
+import json, os, signal, sys, time
+mode = sys.argv[1]
+if mode == "checkpoint":
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(75))
+if mode == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+rank = int(os.environ["RANK"])
+out = os.path.join(os.environ["OUT_DIR"], f"env{rank}.json")
+keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR",
+        "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "POLLUX_DEVICE", "POLLUX_JOB_ID"]
+info = {k: os.environ.get(k) for k in keys}
+info["pgid"] = os.getpgid(0)
+info["pid"] = os.getpid()
+json.dump(info, open(out, "w"))
+print("hello from", rank, flush=True)
+if mode == "ok":
+    sys.exit(0)
+if mode == "crash" and rank == 1:
+    time.sleep(0.3)
+    sys.exit(3)
+for _ in range(600):
+    time.sleep(0.1)
+"""
+
+
+def make_spec(tmp_path: Path, mode: str, devices: list[str]) -> LaunchSpec:
+    script = tmp_path / "replica.py"
+    script.write_text(SCRIPT)
+    slots = [ReplicaSlot(rank, "n0", dev, rank, 0) for rank, dev in enumerate(devices)]
+    env = {
+        "PATH": os.environ["PATH"],
+        "OUT_DIR": str(tmp_path),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29999",
+        "POLLUX_JOB_ID": "7",
+        "CUDA_VISIBLE_DEVICES": "should-be-removed-for-cpu",
+    }
+    return LaunchSpec(
+        "7", [sys.executable, str(script), mode], tmp_path, env, slots, tmp_path / "logs"
+    )
+
+
+def read_env(tmp_path: Path, rank: int) -> dict:
+    for _ in range(100):
+        path = tmp_path / f"env{rank}.json"
+        if path.exists() and path.stat().st_size:
+            return json.loads(path.read_text())
+        time.sleep(0.05)
+    raise AssertionError(f"rank {rank} never started")
+
+
+def test_combine_exit_codes() -> None:
+    assert combine_exit_codes([0, 0]) == 0
+    assert combine_exit_codes([75, 75]) == RESCALE_EXIT_CODE
+    assert combine_exit_codes([0, 75]) == RESCALE_EXIT_CODE
+    assert combine_exit_codes([75, 3, -9]) == 3
+    assert combine_exit_codes([-15, 0]) == -15
+
+
+@pytest.mark.asyncio
+async def test_replicas_get_rank_env_and_one_process_group(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, "ok", ["cpu:0", "cpu:1"])
+    group = await LocalLauncher().launch(spec)
+    assert await asyncio.wait_for(group.wait(), 20) == 0
+    envs = [read_env(tmp_path, r) for r in (0, 1)]
+    assert [e["RANK"] for e in envs] == ["0", "1"]
+    assert all(e["WORLD_SIZE"] == "2" and e["LOCAL_WORLD_SIZE"] == "2" for e in envs)
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1"]
+    assert all(e["CUDA_VISIBLE_DEVICES"] is None and e["POLLUX_DEVICE"] == "cpu" for e in envs)
+    assert envs[0]["pgid"] == envs[1]["pgid"] == envs[0]["pid"] != os.getpgid(0)
+    assert "hello from 1" in (tmp_path / "logs" / "rank1.log").read_text()
+
+
+@pytest.mark.asyncio
+async def test_gpu_slots_get_cuda_visible_devices(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, "ok", ["cuda:3", "cuda:1"])
+    group = await LocalLauncher().launch(spec)
+    assert await asyncio.wait_for(group.wait(), 20) == 0
+    assert read_env(tmp_path, 0)["CUDA_VISIBLE_DEVICES"] == "3"
+    assert read_env(tmp_path, 1)["CUDA_VISIBLE_DEVICES"] == "1"
+    assert read_env(tmp_path, 1)["POLLUX_DEVICE"] == "cuda"
+
+
+@pytest.mark.asyncio
+async def test_stop_waits_for_checkpoint_exit(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, "checkpoint", ["cpu:0", "cpu:1"])
+    group = await LocalLauncher().launch(spec)
+    read_env(tmp_path, 0), read_env(tmp_path, 1)
+    assert group.poll() is None
+    started = time.monotonic()
+    assert await group.stop(grace_s=10) == RESCALE_EXIT_CODE
+    assert time.monotonic() - started < 5
+    assert group.poll() == RESCALE_EXIT_CODE
+
+
+@pytest.mark.asyncio
+async def test_stop_kills_replicas_that_ignore_sigterm(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, "stubborn", ["cpu:0"])
+    group = await LocalLauncher().launch(spec)
+    pid = read_env(tmp_path, 0)["pid"]
+    started = time.monotonic()
+    code = await group.stop(grace_s=0.5)
+    assert code == -9
+    assert 0.4 < time.monotonic() - started < 5
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+@pytest.mark.asyncio
+async def test_one_crashed_replica_stops_the_others(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, "crash", ["cpu:0", "cpu:1"])
+    group = await LocalLauncher().launch(spec)
+    code = await asyncio.wait_for(group.wait(), 20)
+    assert code == 3
+
+
+@pytest.mark.asyncio
+async def test_check_node_reports_devices_and_load() -> None:
+    health = await LocalLauncher({"n0": ["cpu:0", "cpu:1"]}).check_node("n0")
+    assert health.reachable and list(health.devices) == ["cpu:0", "cpu:1"]
+    assert health.load is not None and health.load >= 0
