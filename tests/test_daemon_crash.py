@@ -162,3 +162,103 @@ def test_sigkill_while_running_and_during_a_stop_then_the_job_finishes(
         assert starts[-1] > 0
     finally:
         daemon.stop()
+
+
+# Like JOB, but only rank 0 writes (the replicas of a multi-device incarnation share the
+# checkpoint directory) and the stop after SIGTERM is slower, so that a rescale is in flight
+# for a while.
+RANKED_JOB = r"""
+import json, os, signal, sys, time
+rank = int(os.environ.get("RANK", "0"))
+ckpt = os.path.join(os.environ["POLLUX_CHECKPOINT_DIR"], "state.json")
+steps = int(sys.argv[1])
+step = json.load(open(ckpt))["step"] if os.path.exists(ckpt) else 0
+if rank == 0:
+    with open(ckpt + ".log", "a") as fh:
+        fh.write("start %d %s\n" % (step, os.environ.get("WORLD_SIZE", "1")))
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+def save():
+    if rank == 0:
+        with open(ckpt + ".tmp", "w") as fh:
+            json.dump({"step": step}, fh)
+        os.replace(ckpt + ".tmp", ckpt)
+while step < steps:
+    time.sleep(0.05)
+    step += 1
+    save()
+    if stop:
+        time.sleep(2.0)
+        sys.exit(75)
+sys.exit(0)
+"""
+
+
+def starts_of(daemon: DaemonProcess, job_id: str) -> list[tuple[int, int]]:
+    """(first step, world size) of every incarnation of a RANKED_JOB."""
+    return [
+        (int(parts[1]), int(parts[2]))
+        for log in (daemon.state_dir / "jobs" / job_id).rglob("state.json.log")
+        for parts in (line.split() for line in log.read_text().splitlines())
+    ]
+
+
+def test_sigkill_during_a_rescale_decided_by_the_policy(state_dir: Path, tmp_path: Path) -> None:
+    """Job A runs alone on both devices; job B arrives and the goodput policy shrinks A.  The
+    daemon is SIGKILLed while A is checkpoint-stopping for that rescale; after a restart both
+    jobs run to the end, A from its checkpoint, and each job exists exactly once."""
+    script = tmp_path / "job.py"
+    script.write_text(RANKED_JOB)
+    daemon = start_daemon(state_dir)
+    try:
+        submit = lambda name, steps: str(  # noqa: E731
+            daemon.client.request(
+                "submit", argv=[sys.executable, str(script), str(steps)], workdir=str(tmp_path),
+                name=name, max_gpus=2,
+            )["id"]
+        )  # fmt: skip
+        jobs = lambda: {j["id"]: j for j in daemon.client.request("status")["jobs"]}  # noqa: E731
+        first = submit("shrunk", 160)
+        wait_for(lambda: jobs()[first]["gpus"] == 2, 30, "A to run on both devices")
+        wait_for(lambda: checkpoint_step(daemon, first) >= 10, 30, "A to make progress")
+        second = submit("newcomer", 40)
+        seen: list[str] = []
+
+        def rescaling() -> bool:
+            seen.append(jobs()[first]["state"])
+            return seen[-1] == "rescaling"
+
+        deadline = time.monotonic() + 30
+        while not rescaling():
+            assert time.monotonic() < deadline, f"A was never rescaled: {seen[-20:]}"
+            time.sleep(0.02)
+        decided = [d for d in daemon.client.request("show", id=first)["decisions"]]
+        daemon.kill()
+        at_kill = checkpoint_step(daemon, first)
+        assert at_kill >= 10
+
+        daemon = start_daemon(state_dir)
+        final = None
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            final = jobs()
+            if all(j["state"] in ("succeeded", "failed", "cancelled") for j in final.values()):
+                break
+            time.sleep(0.2)
+        assert final is not None
+        assert {j["state"] for j in final.values()} == {"succeeded"}, final
+        names = Counter(j["name"] for j in final.values())
+        assert names == Counter({"shrunk": 1, "newcomer": 1})
+        assert checkpoint_step(daemon, first) == 160 and checkpoint_step(daemon, second) == 40
+
+        runs = starts_of(daemon, first)
+        assert runs[0] == (0, 2), runs  # alone: both devices
+        assert len(runs) >= 2 and all(step > 0 for step, _ in runs[1:]), runs  # never from 0
+        assert all(b[0] >= a[0] for a, b in zip(runs, runs[1:], strict=False)), runs
+        assert runs[1][0] >= at_kill - 1, (runs, at_kill)  # resumed where the stop saved
+        assert starts_of(daemon, second)[0][0] == 0
+        kinds = [d["kind"] for d in daemon.client.request("show", id=first)["decisions"]]
+        assert "recovered" in kinds, kinds
+        assert decided and decided[-1]["kind"] == "start", decided  # the kill came mid-resize
+    finally:
+        daemon.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -43,6 +44,8 @@ from pollux_local.launch.local import LocalLauncher
 log = logging.getLogger("pollux_local.daemon")
 
 UNREACHABLE_EXIT_CODE = 255
+#: How often a group with remote replicas is looked at for ranks whose node was lost.
+LOST_NODE_POLL_S = 0.5
 
 
 def free_port() -> int:
@@ -95,6 +98,8 @@ class Executor:
         self.last_launch: dict[int, float] = {}
         self._local = LocalLauncher({n.name: n.devices for n in config.nodes if n.is_local})
         self._ssh: Launcher | None = None
+        self._checking: dict[str, asyncio.Task[None]] = {}
+        self._noted_down: set[tuple[int, str]] = set()
 
     # --- launchers and nodes ----------------------------------------------------------------
 
@@ -105,20 +110,34 @@ class Executor:
             self._ssh = make_ssh_launcher(self.config, self.state_dir)
         return self._ssh
 
-    async def check_nodes(self, force: bool = False) -> None:
+    async def check_nodes(self, force: bool = False, background: bool = False) -> None:
         """Check remote nodes every ``node_retry_s`` (all nodes when ``force``); a node that
-        fails is marked down and offers no devices until a later check succeeds."""
+        fails is marked down and offers no devices until a later check succeeds.
+
+        With ``background`` the due checks run as tasks and this returns at once: a dead node
+        costs its check seconds of ssh timeouts, which must not stall a scheduling pass.  A
+        check that changes a node's state wakes the scheduler (``on_change``)."""
         now = self.clock()
-        checks = []
-        for node in self.config.nodes:
-            due = force or (
+        due = [
+            node
+            for node in self.config.nodes
+            if force
+            or (
                 not node.is_local
+                and node.name not in self._checking
                 and now - self.node_checked.get(node.name, 0.0) >= self.config.node_retry_s
             )
-            if due:
-                checks.append(self._check(node))
-        if checks:
-            await asyncio.gather(*checks)
+        ]
+        if not background:
+            await asyncio.gather(*(self._check(node) for node in due))
+            return
+        for node in due:
+            task = asyncio.ensure_future(self._check(node))
+            self._checking[node.name] = task
+            task.add_done_callback(functools.partial(self._check_done, node.name))
+
+    def _check_done(self, name: str, task: asyncio.Task[None]) -> None:
+        self._checking.pop(name, None)
 
     async def _check(self, node: NodeConfig) -> None:
         try:
@@ -127,14 +146,41 @@ class Executor:
             health = NodeHealth(node=node.name, reachable=False, error=str(exc))
         except Exception as exc:  # a broken check must not take the daemon down
             health = NodeHealth(node=node.name, reachable=False, error=repr(exc))
-        was_up = self.node_up.get(node.name, True)
         self.node_health[node.name] = health
-        self.node_checked[node.name] = self.clock()
-        self.node_up[node.name] = health.reachable
-        self.node_error[node.name] = health.error or ""
-        if health.reachable != was_up:
-            log.warning("node %s is %s", node.name, "up" if health.reachable else "down")
-            self.on_change()
+        self._set_node_state(node.name, health.reachable, health.error or "")
+
+    def _set_node_state(self, name: str, up: bool, error: str) -> None:
+        """Record a node's state; on a change, log it and wake the scheduler.  A node going
+        down is noted in the decision log of every job running on it."""
+        was_up = self.node_up.get(name, True)
+        self.node_checked[name] = self.clock()
+        self.node_up[name] = up
+        self.node_error[name] = error
+        if up == was_up:
+            return
+        log.warning("node %s is %s%s", name, "up" if up else "down", f": {error}" if error else "")
+        if not up:
+            now = self.clock()
+            for job_id, group in self.groups.items():
+                if any(slot.node == name for slot in group.spec.slots):
+                    self._note_node_down(job_id, [name], now)
+        self.on_change()
+
+    def _note_node_down(self, job_id: int, names: list[str], now: float) -> None:
+        """One ``node-down`` decision per job and lost node (the check and the job's exit may
+        both notice the same loss)."""
+        fresh = [name for name in names if (job_id, name) not in self._noted_down]
+        if not fresh:
+            return
+        self._noted_down.update((job_id, name) for name in fresh)
+        errors = "; ".join(
+            error if name in error else f"{name}: {error}"
+            for name in fresh
+            for error in [self.node_error.get(name) or "no answer"]
+        )
+        reason = f"node(s) {', '.join(fresh)} unreachable ({errors}); resuming from checkpoint"
+        self.store.update_job(job_id, reason=reason)
+        self.store.record_decision(job_id, now, "node-down", reason)
 
     # --- applying a plan ---------------------------------------------------------------------
 
@@ -244,6 +290,7 @@ class Executor:
             self.store.record_decision(job.id, now, "failed", reason)
             return
         self.groups[job.id] = group
+        self._noted_down = {key for key in self._noted_down if key[0] != job.id}
         self.last_launch[job.id] = now
         pids = []
         for rank, pid in group.pids().items():
@@ -337,7 +384,19 @@ class Executor:
         return code
 
     async def _watch(self, job_id: int, group: ReplicaGroup) -> None:
-        code = await group.wait()
+        remote = any(not self.config.node(slot.node).is_local for slot in group.spec.slots)
+        waiting = asyncio.ensure_future(group.wait())
+        try:
+            while not waiting.done():
+                await asyncio.wait({waiting}, timeout=LOST_NODE_POLL_S if remote else None)
+                if remote:
+                    # A lost node is marked down as soon as its ssh session ends, not only
+                    # once the surviving replicas have been stopped.
+                    self._mark_lost_nodes(group)
+        finally:
+            if not waiting.done():
+                waiting.cancel()
+        code = waiting.result()
         if job_id in self.intent:
             return  # stop_job handles it
         self.groups.pop(job_id, None)
@@ -363,16 +422,11 @@ class Executor:
             self.store.update_job(job.id, state="queued", reason=reason)
             self.store.record_decision(job.id, now, "requeued", reason)
             return
-        nodes = [self.config.node(slot.node) for slot in group.spec.slots]
-        remote = [node for node in dict.fromkeys(nodes) if not node.is_local]
-        if code == UNREACHABLE_EXIT_CODE and remote:
-            await asyncio.gather(*(self._check(node) for node in remote))
-            down = [node.name for node in remote if not self.node_up.get(node.name, True)]
-            if down:
-                reason = f"node(s) {', '.join(down)} unreachable; resuming from checkpoint"
-                self.store.update_job(job.id, state="queued", reason=reason)
-                self.store.record_decision(job.id, now, "node-down", reason)
-                return
+        down = await self._lost_nodes(group, code)
+        if down:
+            self._note_node_down(job.id, down, now)
+            self.store.update_job(job.id, state="queued")
+            return
         failures = job.failures + 1
         detail = next(
             (
@@ -396,6 +450,35 @@ class Executor:
             job.id, state="queued", failures=failures, retry_after=now + delay, reason=reason
         )
         self.store.record_decision(job.id, now, "crashed", reason)
+
+    async def _lost_nodes(self, group: ReplicaGroup, code: int) -> list[str]:
+        """The remote nodes a failed group lost.  A rank whose ssh session ended with 255
+        lost its node's connection (keepalive or connect failure): that node is marked down
+        at once and re-checked every ``node_retry_s``.  When the group's code is 255 without
+        per-rank codes, the nodes are checked now.  Other failures (a rank timing out in a
+        collective with a lost peer, say) count as node losses only when some node is down."""
+        slots = group.spec.slots
+        remote = [
+            n for n in dict.fromkeys(self.config.node(s.node) for s in slots) if not n.is_local
+        ]
+        if not remote:
+            return []
+        lost = self._mark_lost_nodes(group)
+        if code == UNREACHABLE_EXIT_CODE and not lost:
+            await asyncio.gather(*(self._check(node) for node in remote))
+        return [n.name for n in remote if not self.node_up.get(n.name, True)]
+
+    def _mark_lost_nodes(self, group: ReplicaGroup) -> set[str]:
+        """Mark down the nodes whose ranks in ``group`` ended with 255 (ssh lost the node);
+        returns those nodes."""
+        exit_codes = getattr(group, "exit_codes", None)
+        codes: dict[int, int] = dict(exit_codes()) if callable(exit_codes) else {}
+        lost = {s.node for s in group.spec.slots if codes.get(s.rank) == UNREACHABLE_EXIT_CODE}
+        failure = getattr(group, "failure_reason", None) or "ssh connection lost"
+        for name in lost:
+            if self.node_up.get(name, True):
+                self._set_node_state(name, False, str(failure))
+        return lost
 
     # --- cancel / hold ----------------------------------------------------------------------
 
@@ -470,6 +553,8 @@ class Executor:
 
     async def shutdown(self) -> None:
         """Daemon stopping: checkpoint-stop every running job and re-queue it."""
+        for task in list(self._checking.values()):
+            task.cancel()
         job_ids = list(self.groups)
         await asyncio.gather(*(self.stop_job(job_id, "shutdown") for job_id in job_ids))
         now = self.clock()

@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import json
 import logging
+import math
 import os
 import signal
 import time
@@ -28,7 +29,8 @@ from typing import Any
 import numpy as np
 import psutil
 
-from pollux_local.core.types import Policy
+from pollux_local.core.efficiency import noise_scale
+from pollux_local.core.types import GradStats, Policy
 from pollux_local.daemon.auth import Peer, may_modify, peer_credentials
 from pollux_local.daemon.config import DaemonConfig, busy_gpus
 from pollux_local.daemon.executor import Executor
@@ -130,6 +132,23 @@ def job_summary(job: JobRecord) -> dict[str, Any]:
     }
 
 
+def job_noise_scale(job: JobRecord) -> float | None:
+    """The gradient noise scale phi = M0 * var / sqr from the job's last report
+    (``core.efficiency.noise_scale``), or ``None`` without gradient statistics."""
+    report = job.report or {}
+    stats = report.get("grad_stats")
+    bounds = report.get("bounds") or {}
+    base = bounds.get("base_batch") or job.spec.get("batch_size")
+    if not isinstance(stats, dict) or not base:
+        return None
+    try:
+        grad = GradStats(sqr=float(stats["sqr"]), var=float(stats["var"]))
+        value = float(noise_scale(grad, float(base)))
+    except (KeyError, TypeError, ValueError, ArithmeticError):
+        return None
+    return value if math.isfinite(value) else None
+
+
 class Daemon:
     """One daemon serving one state directory."""
 
@@ -157,6 +176,7 @@ class Daemon:
         self._connections = 0
         self._report_mtimes: dict[int, float] = {}
         self._metric_history: dict[int, deque[tuple[float, float]]] = {}
+        self._last_sample: dict[int, float] = {}
         self._lock_file: Any = None
         self.ticks = 0
 
@@ -299,7 +319,7 @@ class Daemon:
         """One pass: reports -> models -> policy -> plan -> executor."""
         assert self.store is not None and self.executor is not None
         async with self._mutex:
-            await self.executor.check_nodes()
+            await self.executor.check_nodes(background=True)
             now = self.clock()
             jobs = self.store.jobs(["queued", "running", "rescaling"])
             self._refresh_reports(jobs)
@@ -313,6 +333,25 @@ class Daemon:
             await self.executor.apply(plan)
             for job_id in plan.unchanged:
                 self._refresh_prediction(job_id)
+            self._sample_history(self.clock())
+
+    def _sample_history(self, now: float) -> None:
+        """One (goodput, noise scale) sample per running job, at most one per half interval
+        (bursts of passes do not flood it); the store keeps the newest HISTORY_LIMIT."""
+        assert self.store is not None
+        spacing = 0.5 * self.config.interval_s
+        running = self.store.jobs(["running"])
+        live = {job.id for job in running}
+        self._last_sample = {k: v for k, v in self._last_sample.items() if k in live}
+        for job in running:
+            if now - self._last_sample.get(job.id, -math.inf) < spacing:
+                continue
+            goodput = job.prediction.get("goodput")
+            noise = job_noise_scale(job)
+            if goodput is None and noise is None:
+                continue
+            self.store.add_history(job.id, now, goodput, noise)
+            self._last_sample[job.id] = now
 
     def _refresh_prediction(self, job_id: int) -> None:
         assert self.store is not None
@@ -485,9 +524,26 @@ class Daemon:
         }
         summary["job_dir"] = str(self.state_dir / "jobs" / job.job_id)
         summary["pids"] = job.pids
+        summary["report"] = job.report
+        summary["noise_scale"] = job_noise_scale(job)
+        summary["model"] = self._model_summary(job)
+        summary["history"] = self.store.history(job.id)
         if may_modify(peer, job.owner_uid, self.config.admin_group, self.uid):
             summary["env"] = job.env or {}
         return {"job": summary, "decisions": self.store.decisions(job.id, limit=100)}
+
+    def _model_summary(self, job: JobRecord) -> dict[str, Any] | None:
+        """The job's fitted throughput model (``ThroughputParams.to_dict()``) with what it was
+        fitted from, or ``None`` before the job has reported a profile and gradient stats."""
+        model = self.models.model_for(job)
+        if model is None:
+            return None
+        profile = (job.report or {}).get("profile") or []
+        return {
+            "params": model.params.to_dict(),
+            "profile_points": len(profile),
+            "base_batch": model.bounds.base_batch,
+        }
 
     async def _on_logs(
         self,

@@ -58,7 +58,18 @@ CREATE TABLE IF NOT EXISTS decisions (
 );
 CREATE INDEX IF NOT EXISTS decisions_job ON decisions(job_id);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS history (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id INTEGER NOT NULL,
+    time REAL NOT NULL,
+    goodput REAL,
+    noise_scale REAL
+);
+CREATE INDEX IF NOT EXISTS history_job ON history(job_id, id);
 """
+
+#: Samples of goodput / noise scale kept per job (older ones are dropped as new ones come).
+HISTORY_LIMIT = 720
 
 _JSON_COLUMNS = frozenset({"spec", "env", "placement", "batch", "pids", "report", "prediction"})
 
@@ -251,6 +262,38 @@ class StateStore:
                 "reason": row["reason"],
             }
             for row in reversed(rows)
+        ]
+
+    # --- per-job history of goodput and noise scale ----------------------------------------
+
+    def add_history(
+        self,
+        job_id: int,
+        time: float,
+        goodput: float | None,
+        noise_scale: float | None,
+        limit: int = HISTORY_LIMIT,
+    ) -> None:
+        """Append one sample and drop the job's samples beyond the newest ``limit``."""
+        self.db.execute(
+            "INSERT INTO history (job_id, time, goodput, noise_scale) VALUES (?, ?, ?, ?)",
+            (job_id, time, goodput, noise_scale),
+        )
+        self.db.execute(
+            "DELETE FROM history WHERE job_id = ? AND id <= (SELECT id FROM history"
+            " WHERE job_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+            (job_id, job_id, limit),
+        )
+
+    def history(self, job_id: int) -> list[dict[str, float | None]]:
+        """The job's samples, oldest first: ``{"time", "goodput", "noise_scale"}``."""
+        rows = self.db.execute(
+            "SELECT time, goodput, noise_scale FROM history WHERE job_id = ? ORDER BY id",
+            (job_id,),
+        ).fetchall()
+        return [
+            {"time": row["time"], "goodput": row["goodput"], "noise_scale": row["noise_scale"]}
+            for row in rows
         ]
 
     def ids_with_state(self, states: Sequence[str]) -> list[int]:
