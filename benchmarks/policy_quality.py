@@ -1,13 +1,15 @@
 """Quality of the goodput policy in simulation, against the artifact's Pollux figures.
 
 Runs ``GoodputPolicy`` (defaults: p = -1, 30 s restart cost, 60 s rounds) through workloads
-1-4 at 1x and 2x load, plus optional held-out traces (``--extra``, e.g. made with
-``benchmarks/make_trace.py``), two processes at most, and prints per run: average JCT, the
-artifact's Pollux figure, their ratio (target <= 0.9), restarts per job (target <= 3), the
-worst finish-time fairness and the median decision time.
+1-4 at 1x and 2x load, plus held-out traces (``--held-out SEED ...`` draws them with
+``benchmarks/make_trace.py``, 160 jobs for 1x and 320 for 2x; ``--extra`` takes ready-made
+CSV files), two processes at most, and prints per run: average JCT, the artifact's Pollux
+figure, their ratio (target <= 0.9), restarts per job (target <= 3), the worst finish-time
+fairness and the median decision time.  ``--p`` reports another p (the headline is the default).
 
     python benchmarks/policy_quality.py [--data DIR] [--workloads 1 2 3 4] [--loads 1x 2x]
-                                        [--extra TRACE.csv ...] [--p -1] [--json]
+                                        [--held-out 11 12 13] [--extra TRACE.csv ...]
+                                        [--p -1] [--by-app] [--json]
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import multiprocessing
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -39,8 +42,24 @@ def run_one(task: tuple[str, str, str, float]) -> dict[str, object]:
     label, trace, models, p = task
     workload = read_workload(Path(trace))
     profiles = load_profiles(Path(models), {job.application for job in workload})
-    result = Simulator(workload, profiles, GoodputPolicy(p=p)).run()
+    simulator = Simulator(workload, profiles, GoodputPolicy(p=p))
+    result = simulator.run()
     row: dict[str, object] = {"run": label, **result.summary()}
+    by_app: dict[str, dict[str, float]] = {}
+    for job in simulator.jobs:
+        entry = by_app.setdefault(job.app.name, {"jobs": 0, "jct_sum_s": 0.0, "restarts": 0.0})
+        entry["jobs"] += 1
+        entry["jct_sum_s"] += result.jct_s.get(job.name, float("nan"))
+        entry["restarts"] += job.restarts
+    row["by_application"] = {
+        app: {
+            "jobs": int(e["jobs"]),
+            "avg_jct_s": e["jct_sum_s"] / e["jobs"],
+            "share_of_avg_jct_s": e["jct_sum_s"] / len(simulator.jobs),
+            "restarts_per_job": e["restarts"] / e["jobs"],
+        }
+        for app, e in sorted(by_app.items())
+    }
     return row
 
 
@@ -50,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", type=int, nargs="*", default=[1, 2, 3, 4])
     parser.add_argument("--loads", nargs="*", default=["1x", "2x"], choices=["1x", "2x"])
     parser.add_argument("--extra", type=Path, nargs="*", default=[])
+    parser.add_argument("--held-out", type=int, nargs="*", default=[], metavar="SEED")
+    parser.add_argument(
+        "--by-app", action="store_true", help="also print each application's share of the average"
+    )
     parser.add_argument("--p", type=float, default=-1.0)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--json", action="store_true")
@@ -66,9 +89,26 @@ def main(argv: list[str] | None = None) -> int:
             reference[label] = POLLUX_AVG_JCT_S[load][number - 1]
     for extra in args.extra:
         tasks.append((f"held-out {extra.name}", str(extra), models, args.p))
+    scratch = tempfile.TemporaryDirectory(prefix="pollux-held-out-")
+    if args.held_out:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import csv
+
+        from make_trace import make_trace
+
+        for load in args.loads:
+            for seed in args.held_out:
+                trace_rows = make_trace(args.data, 160 if load == "1x" else 320, seed)
+                path = Path(scratch.name) / f"held-out-{load}-seed{seed}.csv"
+                with path.open("w", newline="") as handle:
+                    writer = csv.writer(handle)
+                    writer.writerow(["name", "time", "application", "num_replicas", "batch_size"])
+                    writer.writerows(trace_rows)
+                tasks.append((f"{load} held-out seed {seed}", str(path), models, args.p))
     processes = max(1, min(args.processes, 2, len(tasks)))
     with multiprocessing.Pool(processes) as pool:
         rows = pool.map(run_one, tasks, chunksize=1)
+    scratch.cleanup()
     for row in rows:
         ref = reference.get(str(row["run"]))
         if ref is not None:
@@ -96,6 +136,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{float(row['max_finish_time_fairness']):9.2f} "  # type: ignore[arg-type]
             f"{float(row['decision_ms_median']):9.2f} {float(row['wall_s']):7.1f}{ok}"  # type: ignore[arg-type]
         )
+        if args.by_app:
+            apps = row["by_application"]
+            assert isinstance(apps, dict)
+            for app, e in apps.items():
+                print(
+                    f"    {app:12s} jobs {e['jobs']:4d}  avg JCT {e['avg_jct_s']:8.0f} s"
+                    f"  share of the average {e['share_of_avg_jct_s']:7.0f} s"
+                    f"  restarts/job {e['restarts_per_job']:5.2f}"
+                )
     return 0
 
 

@@ -96,6 +96,7 @@ def scenarios(draw: st.DrawFn) -> tuple[list[JobView], list[NodeView]]:
                 placement=placement,
                 max_profiled_replicas=draw(st.integers(0, 16)) if has_model else 0,
                 attained_gpu_s=draw(st.floats(0.0, 1e5)),
+                run_time_s=draw(st.floats(0.0, 1e5)),
                 priority=draw(st.integers(0, 1)),
             )
         )
@@ -245,6 +246,53 @@ def test_old_job_is_restarted_when_the_gain_pays_back() -> None:
     assert "grown from 2" in decision.reasons["j"]
 
 
+def test_a_change_must_earn_back_its_restart_cost_with_a_margin() -> None:
+    # 3 devices are 6.3% better than 2: with a 30 s restart, the gain pays back once the
+    # expected lifetime H exceeds m * 30 s / 0.063, i.e. about 480 s (m = 1) or 1430 s (m = 3)
+    jobs, nodes = young_and_old(age_s=1000.0)
+    rng = np.random.default_rng(0)
+    eager = GoodputPolicy(payback_margin=1.0).decide(jobs, nodes, 0.0, rng)
+    careful = GoodputPolicy(payback_margin=3.0).decide(jobs, nodes, 0.0, rng)
+    assert eager.placements["j"] == (3,)
+    assert careful.placements["j"] == (2,)
+    assert "kept" in careful.reasons["j"]
+
+
+def test_jobs_that_ran_less_get_more_devices() -> None:
+    nodes = cluster(2)
+    model = PowerModel(exponent=0.9, multi_node=1.0)
+    jobs = [
+        job("fresh", model=model, run_time_s=0.0, age_s=600.0),
+        job("long", model=model, run_time_s=20_000.0, age_s=600.0),
+    ]
+    rng = np.random.default_rng(0)
+    favoured = GoodputPolicy().decide(jobs, nodes, 0.0, rng)
+    assert sum(favoured.placements["fresh"]) > sum(favoured.placements["long"]) >= 1
+    plain = GoodputPolicy(service_exponent=0.0).decide(jobs, nodes, 0.0, rng)
+    assert sum(plain.placements["fresh"]) == sum(plain.placements["long"]) == 4
+
+
+def test_a_job_whose_growth_does_not_fit_stays_where_it_is() -> None:
+    # a multi-node job holds half of the big node and all of "b": "local" would like all the
+    # free devices but cannot span nodes the multi-node job uses, so it keeps its own node
+    # rather than moving to the equally large free space on "big" (a needless restart)
+    nodes = [NodeView("big", 8), NodeView("a", 4), NodeView("b", 4)]
+    jobs = [
+        job("spread", min_replicas=8, max_replicas=8, placement=(4, 0, 4), age_s=1e5),
+        job(
+            "local",
+            placement=(0, 4, 0),
+            age_s=1e5,
+            model=PowerModel(exponent=1.0, multi_node=1.0),
+        ),
+    ]
+    decision = GoodputPolicy().decide(jobs, nodes, 0.0, np.random.default_rng(0))
+    check_invariants(decision, jobs, nodes)
+    assert decision.placements["spread"] == (4, 0, 4)
+    assert decision.placements["local"] == (0, 4, 0)
+    assert "kept" in decision.reasons["local"]
+
+
 def test_unchanged_jobs_keep_their_devices() -> None:
     nodes = cluster(4)
     jobs = [job(f"j{i}", age_s=5000.0) for i in range(6)]
@@ -314,7 +362,14 @@ def test_job_too_big_for_the_cluster_says_so() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"p": float("nan")}, {"restart_cost_s": -1.0}, {"interval_s": 0.0}, {"preempt_ratio": 0.5}],
+    [
+        {"p": float("nan")},
+        {"restart_cost_s": -1.0},
+        {"interval_s": 0.0},
+        {"preempt_ratio": 0.5},
+        {"service_exponent": -0.5},
+        {"payback_margin": 0.5},
+    ],
 )
 def test_bad_settings_are_rejected(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):

@@ -7,9 +7,14 @@ share::
     SPEEDUP_j(k) = G_j(k) / G_j(f_j),    f_j = G_total * w_j / sum_i w_i,   w_j = 1 / n_owner(j)
 
 so every user (not every job) is entitled to the same share of devices.  The objective is the
-weighted p-mean of the speed-ups, ``(sum_j w_j SPEEDUP_j^p / sum_j w_j)^(1/p)``, maximised by
-maximising the separable utility ``sum_j w_j U(SPEEDUP_j)`` with ``U(x) = x^p / p`` (``log x`` for
-p = 0).
+weighted p-mean of the speed-ups, maximised through the separable utility
+``sum_j w_j v_j U(SPEEDUP_j)`` with ``U(x) = x^p / p`` (``log x`` for p = 0) and a
+least-attained-service factor ``v_j = ((t_j + interval) / (t_min + interval))^-beta``, t_j the
+time job j has run so far (beta = ``service_exponent``, 0.5 by default; 0 gives the plain
+p-mean).  Job lengths are heavy-tailed, so a job that has run longer is expected to run longer
+still: favouring the others (moderately; no job is starved while p <= 0) lowers the average
+completion time.  Run time, not device-seconds, so that the factor does not feed back on the
+allocation.
 
 The search, in four steps, all on tables computed once per decision:
 
@@ -22,15 +27,20 @@ The search, in four steps, all on tables computed once per decision:
    crossing onto a second node are seen);
 3. *local search* — moves of d devices between two jobs while the objective improves;
 4. *placement* — jobs that keep their replica count keep their devices; the others are packed
-   onto as few nodes as possible, and two jobs spanning several nodes never share a node.
+   onto as few nodes as possible, and two jobs spanning several nodes never share a node; a
+   running job whose larger target does not fit stays where it is rather than moving.
+
+Exploration: a job gets at most twice the largest replica count it has been profiled on; a job
+with nothing profiled starts on one node, within its fair share.
 
 Restarts: changing a running job's allocation costs it d = ``restart_cost_s`` of no progress.
 A new allocation is expected to last as long as the job's allocations lasted so far,
-H = age / (restarts + 1) (age as the remaining-time proxy, as a least-attained-service estimate
-uses it, shared among the allocations it has had).  A change to speed-up x' beats staying at x
-only when ``x' * (H - d) > x * H``; so every allocation other than the current one is
-discounted by ``(H - d) / H`` in the objective: a young job's small gain never pays for a
-restart, and a job that keeps being re-allocated needs ever larger gains.
+H = age / (restarts + 1) (at least one interval).  A change to speed-up x' beats staying at x
+only when it earns back m times its restart cost within H (m = ``payback_margin``, 3 by
+default, a margin for optimistic predictions and for the uncertainty of H):
+``x' * H >= x * (H + m * d)``; so every allocation other than the current one is discounted by
+``H / (H + m * d)`` in the objective: a young job's small gain never pays for a restart, and a
+job that keeps being re-allocated needs ever larger gains.
 """
 
 from __future__ import annotations
@@ -97,10 +107,12 @@ class GoodputPolicy:
 
     ``p`` is the exponent of the p-mean (-1: harmonic, the default; 1: total speed-up;
     towards -inf: max-min fairness); ``restart_cost_s`` the seconds of progress an allocation
-    change costs; ``interval_s`` the time between decisions (the smallest remaining-time
-    estimate a running job gets); ``preempt_ratio`` how much more service a running job must
+    change costs; ``interval_s`` the time between decisions (the smallest lifetime estimate a
+    running job's allocation gets); ``preempt_ratio`` how much more service a running job must
     have received than a waiting one before the waiting one takes its place;
-    ``local_search_steps`` bounds the move search (per job).
+    ``local_search_steps`` bounds the move search (per job); ``service_exponent`` (beta) how
+    strongly jobs that have run for less time are favoured (0: plain p-mean); ``payback_margin``
+    (m) how many times over a change must earn back its restart cost.
     """
 
     name = "pollux"
@@ -112,6 +124,8 @@ class GoodputPolicy:
         interval_s: float = 60.0,
         preempt_ratio: float = 2.0,
         local_search_steps: int = 2,
+        service_exponent: float = 0.5,
+        payback_margin: float = 3.0,
     ) -> None:
         if not math.isfinite(p):
             raise ValueError(f"p must be finite, got {p}")
@@ -121,11 +135,17 @@ class GoodputPolicy:
             raise ValueError(f"interval must be positive, got {interval_s}")
         if preempt_ratio < 1:
             raise ValueError(f"preempt ratio must be at least 1, got {preempt_ratio}")
+        if not (math.isfinite(service_exponent) and service_exponent >= 0):
+            raise ValueError(f"service exponent must be >= 0, got {service_exponent}")
+        if not (math.isfinite(payback_margin) and payback_margin >= 1):
+            raise ValueError(f"payback margin must be at least 1, got {payback_margin}")
         self.p = float(p)
         self.restart_cost_s = float(restart_cost_s)
         self.interval_s = float(interval_s)
         self.preempt_ratio = float(preempt_ratio)
         self.local_search_steps = int(local_search_steps)
+        self.service_exponent = float(service_exponent)
+        self.payback_margin = float(payback_margin)
 
     # ------------------------------------------------------------------ entry point
     def decide(
@@ -163,6 +183,7 @@ class GoodputPolicy:
             owners[job.owner] = owners.get(job.owner, 0) + 1
         weights = np.array([1.0 / owners[j.owner] for j in jobs])
         fair = total * weights / weights.sum()
+        service = self._service_weights(jobs)
         min_nodes = _min_nodes_table(node_sizes, total)
         plans: list[_JobPlan] = []
         for index, job in enumerate(jobs):
@@ -181,13 +202,13 @@ class GoodputPolicy:
             table_len = max(cap, fair_hi, 1) + 1
             goodput = self._goodput_table(job, min_nodes, table_len)
             fair_goodput = self._fair_goodput(goodput, float(fair[index]))
-            horizon = self._horizon(job)
-            discount = max(horizon - self.restart_cost_s, 0.0) / horizon if current_k > 0 else 1.0
+            discount = self._discount(job) if current_k > 0 else 1.0
             speedup = goodput[: cap + 1] / fair_goodput
-            utility = float(weights[index]) * _utility(speedup, self.p)
+            weight = float(weights[index] * service[index])
+            utility = weight * _utility(speedup, self.p)
             if current_k > 0:
                 keep = utility[current_k] if current_k <= cap else _NEG
-                utility = float(weights[index]) * _utility(speedup * discount, self.p)
+                utility = weight * _utility(speedup * discount, self.p)
                 if current_k <= cap:
                     utility[current_k] = keep
             utility[1:min_k] = _NEG
@@ -211,10 +232,34 @@ class GoodputPolicy:
     def _horizon(self, job: JobView) -> float:
         """Expected lifetime H of a new allocation: age / (restarts + 1), at least one interval.
 
-        The job's allocations so far lasted that long on average; like a least-attained-service
-        estimate (remaining ~ attained), the next one is expected to last as long.
+        The job's allocations so far lasted that long on average; the next one is expected to
+        last as long.
         """
         return max(job.age_s / (job.restarts + 1), self.interval_s)
+
+    def _discount(self, job: JobView) -> float:
+        """Factor on the speed-up of any allocation but a running job's current one.
+
+        A change is worth it when x' * H >= x * (H + m * d): it must earn back m times its
+        restart cost d within the allocation's expected lifetime H.  So the factor is
+        H / (H + m * d): in (0, 1], near 1 for long-lived allocations, small for young or
+        often re-allocated jobs.
+        """
+        horizon = self._horizon(job)
+        return horizon / (horizon + self.payback_margin * self.restart_cost_s)
+
+    def _service_weights(self, jobs: Sequence[JobView]) -> np.ndarray:
+        """Least-attained-service factor (t_j + interval)^-beta, scaled so the largest is 1.
+
+        t_j is the time job j has run so far.  With heavy-tailed job lengths, a job that has
+        run longer is expected to run longer still, so favouring the others finishes more jobs
+        sooner (lower average completion time).  Run *time* rather than device-seconds keeps
+        the factor independent of the allocation itself (no feedback: more devices now do not
+        lower a job's weight faster).
+        """
+        run = np.array([max(float(j.run_time_s), 0.0) for j in jobs]) + self.interval_s
+        factor = run ** (-self.service_exponent)
+        return np.asarray(factor / factor.max(), dtype=np.float64)
 
     @staticmethod
     def _goodput_table(job: JobView, min_nodes: np.ndarray, length: int) -> np.ndarray:
@@ -415,18 +460,18 @@ class GoodputPolicy:
         # 1. jobs keeping their replica count keep their devices when still valid
         for pl in sorted(running, key=lambda q: (-q.k, q.index)):
             old = pl.job.placement
-            if pl.k == pl.current_k and len(old) == len(node_sizes):
-                spans = sum(1 for c in old if c > 0) > 1
-                fits = all(c <= f for c, f in zip(old, free, strict=True))
-                clash = spans and any(c > 0 and multi_node_on[i] for i, c in enumerate(old))
-                if fits and not clash:
-                    self._take(pl, old, free, multi_node_on)
-                    continue
+            if pl.k == pl.current_k and self._still_fits(old, free, multi_node_on):
+                self._take(pl, old, free, multi_node_on)
+                continue
             pending.append(pl)
         # 2. the rest, largest first: on one node when possible, else whole nodes first
         for pl in sorted(pending, key=lambda q: (-q.k, q.index)):
             k = pl.k
             while k >= pl.min_k:
+                if k == pl.current_k and self._still_fits(pl.job.placement, free, multi_node_on):
+                    # a larger target did not fit: stay put rather than move to as many devices
+                    self._take(pl, pl.job.placement, free, multi_node_on)
+                    break
                 placement = self._fit(k, free, multi_node_on)
                 if placement is not None:
                     self._take(pl, placement, free, multi_node_on)
@@ -436,6 +481,17 @@ class GoodputPolicy:
                 pl.k = 0
                 pl.placement = tuple(0 for _ in node_sizes)
                 pl.note = "waiting: no placement fits its minimum without sharing nodes"
+
+    @staticmethod
+    def _still_fits(old: Placement, free: list[int], multi_node_on: list[bool]) -> bool:
+        """Whether a job's current placement is still free (and clashes with no multi-node
+        job when it spans several nodes)."""
+        if len(old) != len(free) or sum(old) == 0:
+            return False
+        if any(c > f for c, f in zip(old, free, strict=True)):
+            return False
+        spans = sum(1 for c in old if c > 0) > 1
+        return not (spans and any(c > 0 and multi_node_on[i] for i, c in enumerate(old)))
 
     @staticmethod
     def _take(
