@@ -230,3 +230,16 @@ def test_cifar10_fit_on_15_configurations_predicts_all_placements(artifact_dir):
         true = reps * local / step
         medians.append(float(np.median(np.abs(pred / true - 1))))
     assert np.median(medians) <= 0.10, medians
+
+
+def test_candidates_reach_the_largest_micro_batch_and_never_exceed_max_batch():
+    """With a per-example cost that favours full micro-batches, the best choice uses m = m_max."""
+    params = ThroughputParams(0.3, 0.001, 0.5, 0.0, 0.9, 0.0, 1.0)
+    bounds = BatchBounds(base_batch=8, max_batch=512, min_local=4, max_local=8)
+    model = GoodputModel(params, GradStats(sqr=0.01, var=10.0), bounds)
+    k = np.array([1, 4, 8, 16])
+    local, steps, _ = model.candidates(k)
+    assert np.all(k[:, None] * local * steps <= 512)
+    assert np.all((local == 8).any(axis=1))
+    _, m, _ = model.best_goodput(np.array([1, 1, 2, 4]), k)
+    assert np.all(m == 8)

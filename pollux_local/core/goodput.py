@@ -58,7 +58,7 @@ class GoodputModel:
 
         Total batches are spaced geometrically over [max(M0, K*m_min), M_max]; each is split
         into the fewest accumulation steps s that keep m <= m_max (s = 1 without
-        accumulation).  An allocation is infeasible when even m_min per replica exceeds M_max.
+        accumulation), with m rounded up unless K*m*s would then exceed M_max.  An allocation is infeasible when even m_min per replica exceeds M_max.
         """
         b = self.bounds
         k = np.maximum(np.atleast_1d(np.asarray(replicas, dtype=float)), 1.0)[:, None]
@@ -76,7 +76,11 @@ class GoodputModel:
             steps = np.maximum(np.ceil(total / (k * m_max) - 1e-9), 1.0)
         else:
             steps = np.ones_like(total)
-        local = np.clip(np.floor(total / (k * steps) + 1e-9), b.min_local, m_max)
+        # Round m up (a full last micro-batch), unless that would exceed M_max.
+        up = np.ceil(total / (k * steps) - 1e-9)
+        down = np.floor(total / (k * steps) + 1e-9)
+        local = np.where(k * up * steps <= b.max_batch, up, down)
+        local = np.clip(local, b.min_local, m_max)
         return local.astype(np.int64), steps.astype(np.int64), feasible
 
     def best_goodput(
