@@ -36,6 +36,12 @@ def main() -> int:
     parser.add_argument("--state-dir", help="state directory (default: a fresh temporary one)")
     parser.add_argument("--devices", help="override the devices, e.g. cpu:2")
     parser.add_argument("--interval", type=float, default=5.0, help="scheduling interval (s)")
+    parser.add_argument(
+        "--restart-cost",
+        type=float,
+        default=8.0,
+        help="seconds one resize costs a job (on this CPU: SIGTERM to first step ~6-8 s)",
+    )
     parser.add_argument("--jobs", nargs="*", help="job.toml files (default: jobs/*/job.toml)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="give up after (s)")
     args = parser.parse_args()
@@ -46,8 +52,13 @@ def main() -> int:
         print("no jobs found under jobs/", file=sys.stderr)
         return 2
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    state_dir.mkdir(parents=True, exist_ok=True)
+    config = state_dir.parent / f"{state_dir.name}-config.toml"
+    config.write_text(
+        f"[scheduler]\ninterval_s = {args.interval}\nrestart_cost_s = {args.restart_cost}\n"
+    )
     command = [sys.executable, "-m", "pollux_local", "daemon", "--state-dir", str(state_dir),
-               "--interval", str(args.interval)]  # fmt: skip
+               "--config", str(config), "--interval", str(args.interval)]  # fmt: skip
     if args.devices:
         command += ["--devices", args.devices]
     state_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -98,15 +98,32 @@ def test_two_batch_estimate_is_exact_on_expectations() -> None:
 
 
 def test_estimator_smooths_with_bias_correction_and_round_trips() -> None:
-    est = GradNoiseEstimator(base_batch=16, smoothing=0.9)
+    est = GradNoiseEstimator(base_batch=16, smoothing=0.9, min_samples=1)
     assert est.stats is None
     est.update(3.0 + 40 / 8, 8, 3.0 + 40 / 32, 32)
     assert est.stats == GradStats(sqr=pytest.approx(3.0), var=pytest.approx(40 / 16))
     est.update(5.0 + 40 / 8, 8, 5.0 + 40 / 32, 32)
     assert 3.0 < est.stats.sqr < 5.0  # type: ignore[union-attr]
-    other = GradNoiseEstimator(base_batch=32)
+    other = GradNoiseEstimator(base_batch=32, min_samples=1)
     other.load_state_dict(est.state_dict())
     assert other.stats.var == pytest.approx(est.stats.var / 2)  # type: ignore[union-attr]
+
+
+def test_estimator_withholds_untrusted_statistics() -> None:
+    """Too few measurements, or a smoothed |G|^2 <= 0, give no statistics (base learning rate,
+    no large-batch gain); a negative smoothed variance reads as 0."""
+    est = GradNoiseEstimator(base_batch=16, smoothing=0.5, min_samples=3)
+    for _ in range(2):
+        est.update(3.0 + 40 / 8, 8, 3.0 + 40 / 32, 32)
+    assert est.stats is None  # two samples < min_samples
+    est.update(3.0 + 40 / 8, 8, 3.0 + 40 / 32, 32)
+    assert est.stats is not None and est.stats.sqr == pytest.approx(3.0)
+    noisy = GradNoiseEstimator(base_batch=16, min_samples=1)
+    noisy.update(1.0 + 40 / 8, 8, -2.0 + 40 / 32, 32)  # |G|^2 estimate below zero
+    assert noisy.stats is None
+    calm = GradNoiseEstimator(base_batch=16, min_samples=1)
+    calm.update(2.0, 8, 3.0, 32)  # the small batch's norm below the big one's: var < 0
+    assert calm.stats is not None and calm.stats.var == 0.0
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -302,7 +319,13 @@ def test_user_state_and_scheduler_are_checkpointed(tmp_path: Path) -> None:
 def test_adascale_scales_the_learning_rate_and_counts_progress() -> None:
     model, opt = _model_opt()
     trainer = ElasticTrainer(
-        model, opt, base_batch=8, max_batch=64, adapt=False, env=JobEnv(local_batch=32)
+        model,
+        opt,
+        base_batch=8,
+        max_batch=64,
+        adapt=False,
+        env=JobEnv(local_batch=32),
+        min_stats_samples=1,
     )
     seen_lr = []
     original = opt.step
@@ -329,7 +352,8 @@ def test_goodput_adaptation_grows_the_batch_when_noise_is_high() -> None:
                 t = 0.010 + 0.0001 * m
                 trainer.profile.add_compute((1, 1, m), t)
                 trainer.profile.add_step((1, 1, m), t)
-        trainer.estimator.update(1.0 + var * 8 / 4, 4, 1.0 + var * 8 / 8, 8)
+        for _ in range(trainer.estimator.min_samples):
+            trainer.estimator.update(1.0 + var * 8 / 4, 4, 1.0 + var * 8 / 8, 8)
         trainer._adapt()
         return trainer.local_batch, trainer.accum_steps
 
@@ -340,7 +364,9 @@ def test_goodput_adaptation_grows_the_batch_when_noise_is_high() -> None:
 def test_report_file_schema_and_unreachable_daemon(tmp_path: Path) -> None:
     model, opt = _model_opt()
     env = JobEnv(job_id="r1", job_dir=tmp_path, daemon_socket=str(tmp_path / "none.sock"))
-    trainer = ElasticTrainer(model, opt, base_batch=8, max_batch=32, env=env, report_interval_s=0)
+    trainer = ElasticTrainer(
+        model, opt, base_batch=8, max_batch=32, env=env, report_interval_s=0, min_stats_samples=1
+    )
     start = time.perf_counter()
     _train(trainer, 1)
     trainer.report_metrics(loss=0.5)
@@ -393,7 +419,13 @@ def test_adam_statistics_are_preconditioned_and_finite() -> None:
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     trainer = ElasticTrainer(
-        model, opt, base_batch=8, env=JobEnv(), stats_interval=1, stats_budget=None
+        model,
+        opt,
+        base_batch=8,
+        env=JobEnv(),
+        stats_interval=1,
+        stats_budget=None,
+        min_stats_samples=5,
     )
     assert trainer.precondition
     _train(trainer, 2)
@@ -448,6 +480,7 @@ def test_amp_scaler_leaves_statistics_and_updates_unchanged() -> None:
             scaler=scaler,
             stats_interval=1,
             stats_budget=None,
+            min_stats_samples=1,
         )
         _train(trainer, 1)
         assert trainer.grad_stats is not None

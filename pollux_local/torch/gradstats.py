@@ -51,14 +51,28 @@ def two_batch_estimate(
     return sqr, trace
 
 
-class GradNoiseEstimator:
-    """Bias-corrected EMAs of |G|^2 and tr(S)/M0 (``var``)."""
+#: Measurements needed before the statistics are trusted.  Each two-batch estimate is very
+#: noisy (its |G|^2 part is often negative); trusting the first few made a job jump to a 16x
+#: batch with a 16x learning rate after one epoch and diverge.
+MIN_SAMPLES = 10
 
-    def __init__(self, base_batch: int, smoothing: float = 0.9) -> None:
+
+class GradNoiseEstimator:
+    """Bias-corrected EMAs of |G|^2 and tr(S)/M0 (``var``).
+
+    ``stats`` stays ``None`` (the trainer then keeps the base learning rate and counts no
+    large-batch gain) until ``min_samples`` measurements are in and the smoothed |G|^2 is
+    positive.
+    """
+
+    def __init__(
+        self, base_batch: int, smoothing: float = 0.9, min_samples: int = MIN_SAMPLES
+    ) -> None:
         if not 0.0 <= smoothing < 1.0:
             raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
         self.base_batch = int(base_batch)
         self.smoothing = float(smoothing)
+        self.min_samples = int(min_samples)
         self._sqr = 0.0
         self._var = 0.0
         self._weight = 0.0
@@ -77,10 +91,15 @@ class GradNoiseEstimator:
 
     @property
     def stats(self) -> GradStats | None:
-        """The smoothed statistics, or ``None`` before the first sample."""
-        if self.samples == 0 or self._weight <= 0.0:
+        """The smoothed statistics, or ``None`` while they cannot be trusted (fewer than
+        ``min_samples`` measurements, or a smoothed |G|^2 that is not positive).  A negative
+        smoothed variance is reported as 0 (no benefit from larger batches)."""
+        if self.samples < max(self.min_samples, 1) or self._weight <= 0.0:
             return None
-        return GradStats(sqr=self._sqr / self._weight, var=self._var / self._weight)
+        sqr = self._sqr / self._weight
+        if sqr <= 0.0:
+            return None
+        return GradStats(sqr=sqr, var=max(self._var / self._weight, 0.0))
 
     def state_dict(self) -> dict[str, Any]:
         return {

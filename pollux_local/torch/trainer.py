@@ -43,7 +43,7 @@ from pollux_local.errors import PolluxError
 from pollux_local.launch.base import RESCALE_EXIT_CODE
 from pollux_local.torch.checkpoint import CheckpointStore, load_file
 from pollux_local.torch.env import JobEnv, init_distributed
-from pollux_local.torch.gradstats import GradNoiseEstimator, squared_norm
+from pollux_local.torch.gradstats import MIN_SAMPLES, GradNoiseEstimator, squared_norm
 from pollux_local.torch.profile import ProfileRecorder
 from pollux_local.torch.report import REPORT_VERSION, Reporter
 from pollux_local.torch.sampler import ElasticSampler, StepPlan
@@ -102,7 +102,9 @@ class ElasticTrainer:
     per-replica micro-batch, ``accumulation`` allows s > 1.  ``lr_rule`` is one of
     ``adascale`` (default), ``sqrt``, ``linear``, ``legw``.  ``stats_interval`` is the least
     spacing of measuring steps and ``stats_budget`` the fraction of step time they may cost
-    (``None``: measure exactly every ``stats_interval`` steps).  ``precondition`` (default: on for
+    (``None``: measure exactly every ``stats_interval`` steps); the statistics are used (for
+    the learning rate, progress and batch adaptation) only after ``min_stats_samples``
+    measurements.  ``precondition`` (default: on for
     optimizers keeping ``exp_avg_sq``, i.e. Adam-type) measures the gradient statistics in the
     optimizer's preconditioned space.  ``state`` holds user objects to checkpoint (anything
     with ``state_dict``/``load_state_dict``, or plain picklable values, read back from
@@ -132,6 +134,7 @@ class ElasticTrainer:
         state: Mapping[str, Any] | None = None,
         stats_interval: int = 8,
         stats_budget: float | None = 0.01,
+        min_stats_samples: int = MIN_SAMPLES,
         ddp_kwargs: Mapping[str, Any] | None = None,
         restore: bool = True,
         handle_sigterm: bool = True,
@@ -171,7 +174,7 @@ class ElasticTrainer:
 
         self.progress = 0.0
         self.steps = 0
-        self.estimator = GradNoiseEstimator(base_batch)
+        self.estimator = GradNoiseEstimator(base_batch, min_samples=min_stats_samples)
         self.profile = ProfileRecorder()
         self._sampler: ElasticSampler | None = None
         self._sampler_state: dict[str, Any] | None = None
