@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pollux_local.core.policy import GoodputPolicy
+from pollux_local.core.policy import EXPLORATION_FACTOR, GoodputPolicy
 from pollux_local.core.types import Decision, JobView, NodeView
 
 
@@ -98,6 +98,7 @@ def scenarios(draw: st.DrawFn) -> tuple[list[JobView], list[NodeView]]:
                 attained_gpu_s=draw(st.floats(0.0, 1e5)),
                 run_time_s=draw(st.floats(0.0, 1e5)),
                 priority=draw(st.integers(0, 1)),
+                progress_fraction=draw(st.none() | st.floats(0.0, 1.0)),
             )
         )
     return jobs, nodes
@@ -182,11 +183,11 @@ def test_min_and_max_replicas_are_respected() -> None:
     assert sum(decision.placements["needs_six"]) >= 6
 
 
-def test_exploration_is_capped_at_twice_the_profiled_replicas() -> None:
+def test_exploration_is_capped_at_a_multiple_of_the_profiled_replicas() -> None:
     nodes = cluster(4)
     jobs = [job("new", max_profiled_replicas=2, model=PowerModel(exponent=1.0))]
     decision = GoodputPolicy().decide(jobs, nodes, 0.0, np.random.default_rng(0))
-    assert sum(decision.placements["new"]) == 4
+    assert sum(decision.placements["new"]) == 2 * EXPLORATION_FACTOR < 16
 
 
 def test_job_without_a_model_starts_on_one_node_within_its_fair_share() -> None:
@@ -270,6 +271,36 @@ def test_jobs_that_ran_less_get_more_devices() -> None:
     assert sum(favoured.placements["fresh"]) > sum(favoured.placements["long"]) >= 1
     plain = GoodputPolicy(service_exponent=0.0).decide(jobs, nodes, 0.0, rng)
     assert sum(plain.placements["fresh"]) == sum(plain.placements["long"]) == 4
+
+
+def test_jobs_expected_to_finish_sooner_get_more_devices() -> None:
+    # same run time so far; one has done 90% of its declared length, the other 10%
+    nodes = cluster(2)
+    model = PowerModel(exponent=0.9, multi_node=1.0)
+    jobs = [
+        job("nearly_done", model=model, run_time_s=3000.0, age_s=600.0, progress_fraction=0.9),
+        job("far_off", model=model, run_time_s=3000.0, age_s=600.0, progress_fraction=0.1),
+    ]
+    rng = np.random.default_rng(0)
+    decision = GoodputPolicy().decide(jobs, nodes, 0.0, rng)
+    assert sum(decision.placements["nearly_done"]) > sum(decision.placements["far_off"]) >= 1
+    # without declared lengths the two are alike and share equally
+    alike = [replace(j, progress_fraction=None) for j in jobs]
+    plain = GoodputPolicy().decide(alike, nodes, 0.0, rng)
+    assert sum(plain.placements["nearly_done"]) == sum(plain.placements["far_off"]) == 4
+
+
+def test_job_about_to_finish_is_not_restarted_for_a_small_gain() -> None:
+    # an old job would grow (see above), but with 1% of its declared length left
+    # (about 200 s) the restart cannot pay back before it ends
+    jobs, nodes = young_and_old(age_s=20000.0)
+    ending = [replace(j, run_time_s=20000.0, progress_fraction=0.99) for j in jobs]
+    decision = GoodputPolicy().decide(ending, nodes, 0.0, np.random.default_rng(0))
+    assert decision.placements["j"] == (2,)
+    assert "kept" in decision.reasons["j"]
+    halfway = [replace(j, progress_fraction=0.5) for j in ending]
+    decision = GoodputPolicy().decide(halfway, nodes, 0.0, np.random.default_rng(0))
+    assert decision.placements["j"] == (3,)
 
 
 def test_a_job_whose_growth_does_not_fit_stays_where_it_is() -> None:

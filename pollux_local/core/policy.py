@@ -8,13 +8,18 @@ share::
 
 so every user (not every job) is entitled to the same share of devices.  The objective is the
 weighted p-mean of the speed-ups, maximised through the separable utility
-``sum_j w_j v_j U(SPEEDUP_j)`` with ``U(x) = x^p / p`` (``log x`` for p = 0) and a
-least-attained-service factor ``v_j = ((t_j + interval) / (t_min + interval))^-beta``, t_j the
-time job j has run so far (beta = ``service_exponent``, 0.5 by default; 0 gives the plain
-p-mean).  Job lengths are heavy-tailed, so a job that has run longer is expected to run longer
-still: favouring the others (moderately; no job is starved while p <= 0) lowers the average
-completion time.  Run time, not device-seconds, so that the factor does not feed back on the
-allocation.
+``sum_j w_j v_j U(SPEEDUP_j)`` with ``U(x) = x^p / p`` (``log x`` for p = 0; the default) and
+a shortest-expected-remaining-time factor ``v_j = ((R_j + interval) / (R_min + interval))^-beta``
+(beta = ``service_exponent``, 0.75 by default; 0 gives the plain p-mean).  R_j is the job's
+expected remaining run time: from its declared length when it has one (f = share of its declared
+epochs done, t_j its run time so far)::
+
+    R_j = (t_j + interval) * (1 - f) / max(f, 0.05)
+
+and otherwise its run time so far, R_j = t_j (job lengths are heavy-tailed: a job that has run
+longer is expected to run longer still).  Favouring the jobs expected to finish soonest
+(moderately; no job is starved while p <= 0) lowers the average completion time.  Run time,
+not device-seconds, so that the factor does not feed back on the allocation.
 
 The search, in four steps, all on tables computed once per decision:
 
@@ -30,13 +35,16 @@ The search, in four steps, all on tables computed once per decision:
    onto as few nodes as possible, and two jobs spanning several nodes never share a node; a
    running job whose larger target does not fit stays where it is rather than moving.
 
-Exploration: a job gets at most twice the largest replica count it has been profiled on; a job
+Exploration: a job gets at most four times the largest replica count it has been profiled on
+(``EXPLORATION_FACTOR``: two doublings per restart, so a job reaches its scalable size in few
+restarts while its model is never trusted far beyond its data); a job
 with nothing profiled starts on one node, within its fair share.
 
 Restarts: changing a running job's allocation costs it d = ``restart_cost_s`` of no progress.
 A new allocation is expected to last as long as the job's allocations lasted so far,
-H = age / (restarts + 1) (at least one interval).  A change to speed-up x' beats staying at x
-only when it earns back m times its restart cost within H (m = ``payback_margin``, 3 by
+H = age / (restarts + 1), but no longer than the job's expected remaining run time R_j when it
+declared its length (and at least one interval).  A change to speed-up x' beats staying at x
+only when it earns back m times its restart cost within H (m = ``payback_margin``, 6 by
 default, a margin for optimistic predictions and for the uncertainty of H):
 ``x' * H >= x * (H + m * d)``; so every allocation other than the current one is discounted by
 ``H / (H + m * d)`` in the objective: a young job's small gain never pays for a restart, and a
@@ -55,6 +63,11 @@ import numpy as np
 from pollux_local.core.types import Decision, JobView, NodeView, Placement
 
 _NEG = -np.inf
+#: A job gets at most this many times the largest replica count it has been profiled on.
+EXPLORATION_FACTOR = 4
+#: Smallest share of its declared length a job is taken to have done when estimating its
+#: remaining time (keeps the estimate finite and steady right after the start).
+_MIN_PROGRESS_FRACTION = 0.05
 
 
 @dataclass
@@ -105,13 +118,13 @@ def _utility(speedup: np.ndarray, p: float) -> np.ndarray:
 class GoodputPolicy:
     """Pollux-style goodput allocation with a fast, deterministic search.
 
-    ``p`` is the exponent of the p-mean (-1: harmonic, the default; 1: total speed-up;
+    ``p`` is the exponent of the p-mean (0: geometric, the default; -1: harmonic; 1: total speed-up;
     towards -inf: max-min fairness); ``restart_cost_s`` the seconds of progress an allocation
     change costs; ``interval_s`` the time between decisions (the smallest lifetime estimate a
     running job's allocation gets); ``preempt_ratio`` how much more service a running job must
     have received than a waiting one before the waiting one takes its place;
     ``local_search_steps`` bounds the move search (per job); ``service_exponent`` (beta) how
-    strongly jobs that have run for less time are favoured (0: plain p-mean); ``payback_margin``
+    strongly jobs expected to finish sooner are favoured (0: plain p-mean); ``payback_margin``
     (m) how many times over a change must earn back its restart cost.
     """
 
@@ -119,13 +132,13 @@ class GoodputPolicy:
 
     def __init__(
         self,
-        p: float = -1.0,
+        p: float = 0.0,
         restart_cost_s: float = 30.0,
         interval_s: float = 60.0,
         preempt_ratio: float = 2.0,
         local_search_steps: int = 2,
-        service_exponent: float = 0.5,
-        payback_margin: float = 3.0,
+        service_exponent: float = 0.75,
+        payback_margin: float = 6.0,
     ) -> None:
         if not math.isfinite(p):
             raise ValueError(f"p must be finite, got {p}")
@@ -191,8 +204,8 @@ class GoodputPolicy:
             min_k = max(1, int(job.min_replicas))
             cap = min(int(job.max_replicas), total)
             profiled = int(job.max_profiled_replicas)
-            if profiled > 0:  # exploration cap: twice the largest replica count profiled
-                cap = min(cap, max(2 * profiled, min_k, current_k))
+            if profiled > 0:  # exploration cap: a multiple of the largest count profiled
+                cap = min(cap, max(EXPLORATION_FACTOR * profiled, min_k, current_k))
             else:
                 # nothing profiled yet: the first run stays within one node and at most the
                 # fair share (one start instead of a ladder of restarts up from one device)
@@ -229,13 +242,32 @@ class GoodputPolicy:
             )
         return plans
 
-    def _horizon(self, job: JobView) -> float:
-        """Expected lifetime H of a new allocation: age / (restarts + 1), at least one interval.
+    def _remaining(self, job: JobView) -> float | None:
+        """Expected remaining run time from the declared length, or None without one.
 
-        The job's allocations so far lasted that long on average; the next one is expected to
-        last as long.
+        R = (t + interval) * (1 - f) / max(f, f_min): the job keeps its average pace so far
+        (t its run time, f the share of its declared length done; f_min = 0.05 keeps the
+        estimate of a job that has barely started finite).
         """
-        return max(job.age_s / (job.restarts + 1), self.interval_s)
+        f = job.progress_fraction
+        if f is None or not math.isfinite(f):
+            return None
+        f = min(max(float(f), 0.0), 1.0)
+        run = max(float(job.run_time_s), 0.0) + self.interval_s
+        return run * (1.0 - f) / max(f, _MIN_PROGRESS_FRACTION)
+
+    def _horizon(self, job: JobView) -> float:
+        """Expected lifetime H of a new allocation: min(age / (restarts + 1), R), >= interval.
+
+        The job's allocations so far lasted age / (restarts + 1) on average; the next one is
+        expected to last as long, but not beyond the job's expected remaining run time R when it
+        declared its length.
+        """
+        horizon = job.age_s / (job.restarts + 1)
+        remaining = self._remaining(job)
+        if remaining is not None:
+            horizon = min(horizon, remaining)
+        return max(horizon, self.interval_s)
 
     def _discount(self, job: JobView) -> float:
         """Factor on the speed-up of any allocation but a running job's current one.
@@ -249,16 +281,22 @@ class GoodputPolicy:
         return horizon / (horizon + self.payback_margin * self.restart_cost_s)
 
     def _service_weights(self, jobs: Sequence[JobView]) -> np.ndarray:
-        """Least-attained-service factor (t_j + interval)^-beta, scaled so the largest is 1.
+        """Shortest-expected-remaining-time factor (R_j + interval)^-beta, largest scaled to 1.
 
-        t_j is the time job j has run so far.  With heavy-tailed job lengths, a job that has
-        run longer is expected to run longer still, so favouring the others finishes more jobs
-        sooner (lower average completion time).  Run *time* rather than device-seconds keeps
-        the factor independent of the allocation itself (no feedback: more devices now do not
-        lower a job's weight faster).
+        R_j is job j's expected remaining run time (``_remaining``); without a declared length
+        it is the time t_j the job has run so far (heavy-tailed lengths: a job that has run
+        longer is expected to run longer still).  Favouring the jobs expected to finish soonest
+        lowers the average completion time.  Run *time* rather than device-seconds keeps the
+        factor independent of the allocation itself (no feedback: more devices now do not lower
+        a job's weight faster).
         """
-        run = np.array([max(float(j.run_time_s), 0.0) for j in jobs]) + self.interval_s
-        factor = run ** (-self.service_exponent)
+        remaining = []
+        for job in jobs:
+            estimate = self._remaining(job)
+            if estimate is None:
+                estimate = max(float(job.run_time_s), 0.0)
+            remaining.append(estimate)
+        factor = (np.array(remaining) + self.interval_s) ** (-self.service_exponent)
         return np.asarray(factor / factor.max(), dtype=np.float64)
 
     @staticmethod

@@ -90,7 +90,9 @@ class JobView:
     ``attained_gpu_s`` is GPU-seconds consumed so far (Tiresias).  ``remaining_iters`` is an
     oracle of remaining iterations at ``static_batch`` (Optimus only; ``None`` elsewhere);
     ``static_iter_time_s[k - 1]`` is the (oracle or predicted) seconds per iteration at
-    ``static_batch`` on k packed replicas (Optimus; empty elsewhere).
+    ``static_batch`` on k packed replicas (Optimus; empty elsewhere).  ``progress_fraction`` is
+    the share of its declared length the job has done (progress / progress at its last declared
+    epoch, in [0, 1]); ``None`` when the job declared no length.
     """
 
     id: str
@@ -110,6 +112,7 @@ class JobView:
     remaining_iters: float | None = None
     run_time_s: float = 0.0
     static_iter_time_s: tuple[float, ...] = ()
+    progress_fraction: float | None = None
 
     @property
     def replicas(self) -> int:

@@ -333,6 +333,7 @@ class Simulator:
             remaining_iters=remaining,
             run_time_s=job.run_time_s,
             static_iter_time_s=iter_times,
+            progress_fraction=min(job.progress / float(job.app.epoch_target[-1]), 1.0),
         )
 
     def _apply(self, job: SimJob, placement: Placement) -> None:
