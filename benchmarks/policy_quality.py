@@ -1,6 +1,6 @@
 """Quality of the goodput policy in simulation, against the artifact's Pollux figures.
 
-Runs ``GoodputPolicy`` (its defaults: p = 0, 30 s restart cost, 60 s rounds) through workloads
+Runs ``GoodputPolicy`` (its defaults: p = -1, 30 s restart cost, 60 s rounds) through workloads
 1-4 at 1x and 2x load, plus held-out traces (``--held-out SEED ...`` draws them with
 ``benchmarks/make_trace.py``, 160 jobs for 1x and 320 for 2x; ``--extra`` takes ready-made
 CSV files), two processes at most, and prints per run: average JCT, the artifact's Pollux
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--by-app", action="store_true", help="also print each application's share of the average"
     )
-    parser.add_argument("--p", type=float, default=None, help="p-mean exponent (default: 0)")
+    parser.add_argument("--p", type=float, default=None, help="p-mean exponent (default: the policy's, -1)")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)

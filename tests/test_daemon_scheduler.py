@@ -12,6 +12,7 @@ from pollux_local.daemon.scheduler import (
     ModelCache,
     NodeSnapshot,
     assign_devices,
+    job_view,
     plan_round,
     static_batch,
 )
@@ -181,3 +182,14 @@ def test_core_policies_drive_the_pass(policy_name: str) -> None:
     else:  # first come, first served: job 1 takes its static 4 devices, job 2 waits
         assert started == {1: 4}
     assert sum(started.values()) <= 4
+
+
+def test_job_view_carries_the_declared_progress_fraction() -> None:
+    with_length = job(1)
+    with_length.report = {**report([]), "epoch": 3, "epochs": 12}
+    view = job_view(with_length, None, NODES, now=10.0)
+    assert view.progress_fraction == pytest.approx(0.25)
+    without = job(2)
+    without.report = {**report([]), "epoch": 3, "epochs": None}
+    assert job_view(without, None, NODES, now=10.0).progress_fraction is None
+    assert job_view(job(3), None, NODES, now=10.0).progress_fraction is None

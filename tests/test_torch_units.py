@@ -382,7 +382,7 @@ def test_report_file_schema_and_unreachable_daemon(tmp_path: Path) -> None:
         "accumulation": True,
     }
     assert report["batch"] == {"local_batch": 8, "accum_steps": 1, "replicas": 1}
-    assert report["epoch"] == 1 and report["progress"] > 0
+    assert report["epoch"] == 1 and report["epochs"] == 1 and report["progress"] > 0
     assert report["metrics"] == {"loss": 0.5}
     assert {"sqr", "var"} <= set(report["grad_stats"])
     rows = report["profile"]

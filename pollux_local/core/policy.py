@@ -8,7 +8,7 @@ share::
 
 so every user (not every job) is entitled to the same share of devices.  The objective is the
 weighted p-mean of the speed-ups, maximised through the separable utility
-``sum_j w_j v_j U(SPEEDUP_j)`` with ``U(x) = x^p / p`` (``log x`` for p = 0; the default) and
+``sum_j w_j v_j U(SPEEDUP_j)`` with ``U(x) = x^p / p`` (``log x`` for p = 0; p = -1 by default) and
 a shortest-expected-remaining-time factor ``v_j = ((R_j + interval) / (R_min + interval))^-beta``
 (beta = ``service_exponent``, 0.75 by default; 0 gives the plain p-mean).  R_j is the job's
 expected remaining run time: from its declared length when it has one (f = share of its declared
@@ -118,8 +118,8 @@ def _utility(speedup: np.ndarray, p: float) -> np.ndarray:
 class GoodputPolicy:
     """Pollux-style goodput allocation with a fast, deterministic search.
 
-    ``p`` is the exponent of the p-mean (0: geometric, the default; -1: harmonic; 1: total speed-up;
-    towards -inf: max-min fairness); ``restart_cost_s`` the seconds of progress an allocation
+    ``p`` is the exponent of the p-mean (-1: harmonic, the default; 0: geometric; 1: total
+    speed-up; towards -inf: max-min fairness); ``restart_cost_s`` the seconds of progress an allocation
     change costs; ``interval_s`` the time between decisions (the smallest lifetime estimate a
     running job's allocation gets); ``preempt_ratio`` how much more service a running job must
     have received than a waiting one before the waiting one takes its place;
@@ -132,7 +132,7 @@ class GoodputPolicy:
 
     def __init__(
         self,
-        p: float = 0.0,
+        p: float = -1.0,
         restart_cost_s: float = 30.0,
         interval_s: float = 60.0,
         preempt_ratio: float = 2.0,

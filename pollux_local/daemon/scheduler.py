@@ -184,7 +184,17 @@ def job_view(
         static_batch=job.spec.get("batch_size"),
         attained_gpu_s=job.attained_gpu_s,
         run_time_s=job.run_time_s,
+        progress_fraction=progress_fraction(report),
     )
+
+
+def progress_fraction(report: dict[str, Any]) -> float | None:
+    """Share of its declared length a job has done: epoch / epochs from its report, or None
+    when it declared no length."""
+    epoch, epochs = report.get("epoch"), report.get("epochs")
+    if not isinstance(epoch, int | float) or not isinstance(epochs, int | float) or epochs <= 0:
+        return None
+    return min(max(float(epoch) / float(epochs), 0.0), 1.0)
 
 
 # --- batch choice and predictions --------------------------------------------------------

@@ -174,6 +174,7 @@ class ElasticTrainer:
 
         self.progress = 0.0
         self.steps = 0
+        self.max_epochs: int | None = None
         self.estimator = GradNoiseEstimator(base_batch, min_samples=min_stats_samples)
         self.profile = ProfileRecorder()
         self._sampler: ElasticSampler | None = None
@@ -306,7 +307,11 @@ class ElasticTrainer:
         return ElasticLoader(self, dataset, collate_fn)
 
     def epochs(self, max_epochs: int | None = None) -> Iterator[int]:
-        """Epoch numbers from the restored epoch on, up to ``max_epochs`` (exclusive)."""
+        """Epoch numbers from the restored epoch on, up to ``max_epochs`` (exclusive).
+
+        ``max_epochs`` is the job's declared length: it is reported (``epochs``) so that the
+        scheduler can estimate the job's remaining time."""
+        self.max_epochs = max_epochs
         while max_epochs is None or self.epoch < max_epochs:
             current = self.epoch
             yield current
@@ -692,6 +697,7 @@ class ElasticTrainer:
             "grad_stats": {"sqr": stats.sqr, "var": stats.var} if stats else None,
             "progress": self.progress,
             "epoch": self.epoch,
+            "epochs": self.max_epochs,
             "batch": {
                 "local_batch": self.local_batch,
                 "accum_steps": self.accum_steps,
