@@ -10,12 +10,12 @@ import json
 import os
 import sys
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from pollux_local.client import Client, resolve_state_dir, socket_path_for
 from pollux_local.errors import PolluxError
+from pollux_local.tomlfile import read_toml
 
 #: Variables of the submitting shell that describe *its* job, never the new one.
 _LAUNCH_VARIABLES = frozenset(
@@ -70,15 +70,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 def load_spec(path: str) -> dict[str, Any]:
     """Read a ``job.toml``: ``[job]`` (script relative to the file) and optional ``[target]``."""
     spec_path = Path(path)
-    try:
-        with open(spec_path, "rb") as handle:
-            data = tomllib.load(handle)
-    except FileNotFoundError:
-        raise PolluxError(f"job spec {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise PolluxError(f"job spec {path} is not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise PolluxError(f"cannot read job spec {path}: {exc.strerror}") from None
+    data = read_toml(path, "job spec")
     job = data.get("job")
     if not isinstance(job, dict):
         raise PolluxError(f"job spec {path} has no [job] table")

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pollux_local.errors import PolluxError
+from pollux_local.tomlfile import read_toml
 
 LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
 POLICIES = ("goodput", "fifo")
@@ -162,15 +162,7 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
     if path is None:
         return DaemonConfig(nodes=(local_node(devices),))
     where = str(path)
-    try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
-    except FileNotFoundError:
-        raise PolluxError(f"config file {where} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise PolluxError(f"config file {where} is not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise PolluxError(f"cannot read config file {where}: {exc.strerror}") from None
+    data = read_toml(path, "config file")
 
     unknown = set(data) - {"scheduler", "daemon", "nodes"}
     if unknown:

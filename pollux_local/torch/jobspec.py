@@ -23,12 +23,12 @@ Shape (the daemon reads the same file)::
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pollux_local.errors import PolluxError
+from pollux_local.tomlfile import read_toml
 
 
 @dataclass(frozen=True)
@@ -86,12 +86,7 @@ def _positive_int(table: dict[str, Any], key: str, where: Path, default: int | N
 def load_job_spec(path: str | Path) -> JobSpec:
     """Read and check ``path`` (errors are one-line ``PolluxError`` naming the file)."""
     p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise PolluxError(f"job spec {p} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise PolluxError(f"job spec {p} is not valid TOML: {exc}") from None
+    data = read_toml(p, "job spec")
     job = data.get("job")
     target = data.get("target")
     if not isinstance(job, dict) or not isinstance(target, dict):
