@@ -424,3 +424,18 @@ def test_drives_the_simulator_on_a_small_trace(artifact_dir: Path) -> None:
     assert summary["completed"] == len(workload)
     assert 0 < float(summary["avg_jct_s"]) < 6 * 3600
     assert float(summary["restarts_per_job"]) <= 6
+
+
+def test_jobs_arriving_together_do_not_preempt_a_job_in_its_first_round() -> None:
+    """A running job that has had less than one round of service keeps its device against a
+    newcomer with none; after more than twice the newcomer's service it yields."""
+    policy = GoodputPolicy(interval_s=60.0)
+    nodes = [NodeView("n", 1)]
+    rng = np.random.default_rng(0)
+    fresh = JobView(id="a", placement=(1,), attained_gpu_s=2.0, age_s=2.0, restarts=0)
+    newcomer = JobView(id="b", placement=(0,), age_s=1.0)
+    kept = policy.decide([fresh, newcomer], nodes, 0.0, rng).placements
+    assert kept["a"] == (1,) and sum(kept["b"]) == 0
+    old = JobView(id="a", placement=(1,), attained_gpu_s=600.0, age_s=600.0, restarts=0)
+    moved = policy.decide([old, newcomer], nodes, 0.0, rng).placements
+    assert moved["b"] == (1,) and sum(moved["a"]) == 0

@@ -26,7 +26,8 @@ The search, in four steps, all on tables computed once per decision:
 1. *admission* — when the jobs' minimum demands exceed the devices, the jobs with the least
    attained service run (least-attained-service favours short jobs and cuts the average
    completion time); a running job keeps its place against a waiting job unless it has
-   received more than twice the waiting job's service (hysteresis bounds preemptions);
+   received more than twice the waiting job's service, not counting its first round of
+   service, and it wins ties (hysteresis bounds preemptions);
 2. *greedy marginal gain* — devices go one increment at a time to the job whose utility rises
    most per device (looking ahead over several devices, so steps in the goodput curve such as
    crossing onto a second node are seen);
@@ -338,11 +339,14 @@ class GoodputPolicy:
                     else "cannot run: no feasible replica count within its bounds"
                 )
 
-        def service_key(pl: _JobPlan) -> tuple[float, float, int]:
+        def service_key(pl: _JobPlan) -> tuple[float, float, int, int]:
+            # A running job's first round of service is free and it wins ties, so jobs that
+            # arrive together do not preempt each other before any has trained.
             service = max(pl.job.attained_gpu_s, 0.0)
-            if pl.current_k > 0:
-                service /= self.preempt_ratio
-            return (-float(pl.job.priority), service, pl.index)
+            running = pl.current_k > 0
+            if running:
+                service = max(service - self.interval_s * pl.current_k, 0.0) / self.preempt_ratio
+            return (-float(pl.job.priority), service, 0 if running else 1, pl.index)
 
         used = 0
         for pl in sorted(runnable, key=service_key):
