@@ -30,6 +30,7 @@ from pollux_local.tui.view import (
     JobFilter,
     JobRow,
     NodeCells,
+    as_number,
     cluster_sample,
     filter_rows,
     fmt_duration,
@@ -482,7 +483,7 @@ def _log_lines(reply: Mapping[str, Any]) -> list[str]:
         text = reply.get(key)
         if isinstance(text, str):
             out = text.splitlines()
-            size, end = plots._num(reply.get("size")), plots._num(reply.get("offset"))
+            size, end = as_number(reply.get("size")), as_number(reply.get("offset"))
             if out and size is not None and end is not None and end - len(text.encode()) > 0:
                 out = out[1:]  # the chunk starts mid-line
             return out
@@ -508,9 +509,9 @@ def decisions_text(decisions: Any) -> Text:
     if not items:
         text.append("no decisions recorded yet", style="italic")
         return text
-    items.sort(key=lambda d: plots._num(d.get("time")) or 0.0, reverse=True)
+    items.sort(key=lambda d: as_number(d.get("time")) or 0.0, reverse=True)
     for item in items[:30]:
-        t = plots._num(item.get("time"))
+        t = as_number(item.get("time"))
         stamp = time.strftime("%H:%M:%S", time.localtime(t)) if t is not None else "--:--:--"
         text.append(stamp + " ", style="dim")
         kind = item.get("kind")

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from pollux_local.core.types import BatchBounds, GradStats
+from pollux_local.tui.view import as_number
 
 _PLOT_LOCK = threading.Lock()
 
@@ -147,16 +148,6 @@ def _log2_ticks(lo: float, hi: float, most: int = 6) -> list[float]:
 # --------------------------------------------------------------------------------------------
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
-
-
 def section(detail: Mapping[str, Any], key: str) -> Any:
     """``detail[key]``, else the same key inside the job's last ``report`` or its ``model``."""
     value = detail.get(key)
@@ -184,7 +175,7 @@ def model_params(detail: Mapping[str, Any]) -> Any | None:
         return None
     try:
         return ThroughputParams.from_dict(
-            {k: float(v) for k, v in raw.items() if _num(v) is not None}
+            {k: float(v) for k, v in raw.items() if as_number(v) is not None}
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -201,7 +192,8 @@ def fit_from_profile(detail: Mapping[str, Any]) -> Any | None:
         if not isinstance(item, Mapping):
             continue
         values = [
-            _num(item.get(k)) for k in ("nodes", "replicas", "local_batch", "compute_s", "step_s")
+            as_number(item.get(k))
+            for k in ("nodes", "replicas", "local_batch", "compute_s", "step_s")
         ]
         if all(v is not None and v > 0 for v in values):
             rows.append(values)
@@ -218,7 +210,7 @@ def grad_stats(detail: Mapping[str, Any]) -> GradStats | None:
     raw = section(detail, "grad_stats")
     if not isinstance(raw, Mapping):
         return None
-    sqr, var = _num(raw.get("sqr")), _num(raw.get("var"))
+    sqr, var = as_number(raw.get("sqr")), as_number(raw.get("var"))
     if sqr is None or var is None:
         return None
     return GradStats(sqr=sqr, var=var)
@@ -236,15 +228,15 @@ def batch_bounds(detail: Mapping[str, Any]) -> BatchBounds | None:
             "min_local": spec.get("min_local_batch"),
             "max_local": spec.get("max_local_batch"),
         }
-    base, top = _num(raw.get("base_batch")), _num(raw.get("max_batch"))
+    base, top = as_number(raw.get("base_batch")), as_number(raw.get("max_batch"))
     if base is None:
         return None
     try:
         return BatchBounds(
             base_batch=int(base),
             max_batch=int(top) if top is not None else int(base),
-            min_local=int(_num(raw.get("min_local")) or 1),
-            max_local=int(v) if (v := _num(raw.get("max_local"))) is not None else None,
+            min_local=int(as_number(raw.get("min_local")) or 1),
+            max_local=int(v) if (v := as_number(raw.get("max_local"))) is not None else None,
             accumulation=bool(raw.get("accumulation", True)),
         )
     except ValueError:
@@ -259,13 +251,13 @@ def profile_points(detail: Mapping[str, Any]) -> list[tuple[int, int, int, float
         if not isinstance(item, Mapping):
             continue
         k, m, step = (
-            _num(item.get("replicas")),
-            _num(item.get("local_batch")),
-            _num(item.get("step_s")),
+            as_number(item.get("replicas")),
+            as_number(item.get("local_batch")),
+            as_number(item.get("step_s")),
         )
         if k is None or m is None or step is None or step <= 0:
             continue
-        n = _num(item.get("nodes")) or 1.0
+        n = as_number(item.get("nodes")) or 1.0
         out.append((int(n), int(k), int(m), k * m / step))
     return out
 
@@ -290,7 +282,7 @@ def throughput_plot(detail: Mapping[str, Any], max_devices: int, devices_per_nod
             title = "throughput vs devices (fit of profile)"
     if params is None:
         return PlotSpec(title, note="no fitted model yet (the job has not reported a profile)")
-    local = _num(detail.get("local_batch"))
+    local = as_number(detail.get("local_batch"))
     if local is None:
         bounds = batch_bounds(detail)
         local = float(points[-1][2]) if points else float(bounds.base_batch if bounds else 1)
@@ -325,7 +317,7 @@ def efficiency_plot(detail: Mapping[str, Any]) -> PlotSpec:
     batches = np.unique(np.geomspace(bounds.base_batch, top, 40).round())
     eff = np.asarray(efficiency(stats, bounds.base_batch, batches), dtype=float)
     series = [Series(batches.tolist(), eff.tolist(), "efficiency")]
-    current = _num(detail.get("batch_size"))
+    current = as_number(detail.get("batch_size"))
     if current is not None and current >= bounds.base_batch:
         now = float(np.asarray(efficiency(stats, bounds.base_batch, np.array([current])))[0])
         series.append(Series([current], [now], f"now M={int(current)}", lines=False, marker="o"))
@@ -337,14 +329,14 @@ def history_plot(detail: Mapping[str, Any]) -> PlotSpec:
     title = "goodput & noise scale over time"
     history = section(detail, "history")
     rows = [h for h in history if isinstance(h, Mapping)] if isinstance(history, list) else []
-    times = [_num(h.get("time")) for h in rows]
+    times = [as_number(h.get("time")) for h in rows]
     if not rows or any(t is None for t in times):
         return PlotSpec(title, note="no history yet")
     start = min(t for t in times if t is not None)
     minutes = [((t or start) - start) / 60.0 for t in times]
     series = []
     for key, label in (("goodput", "goodput"), ("noise_scale", "noise scale")):
-        values = [_num(h.get(key)) for h in rows]
+        values = [as_number(h.get(key)) for h in rows]
         pairs = [(x, v) for x, v in zip(minutes, values, strict=True) if v is not None]
         if not pairs:
             continue
@@ -359,7 +351,7 @@ def history_plot(detail: Mapping[str, Any]) -> PlotSpec:
 
 def noise_scale(detail: Mapping[str, Any]) -> float | None:
     """The job's gradient noise scale: as sent, else from its grad stats with the core."""
-    value = _num(detail.get("noise_scale"))
+    value = as_number(detail.get("noise_scale"))
     if value is not None:
         return value
     stats, bounds = grad_stats(detail), batch_bounds(detail)
@@ -368,7 +360,7 @@ def noise_scale(detail: Mapping[str, Any]) -> float | None:
     from pollux_local.core.efficiency import noise_scale as core_noise_scale
 
     try:
-        return _num(core_noise_scale(stats, bounds.base_batch))
+        return as_number(core_noise_scale(stats, bounds.base_batch))
     except (ValueError, ZeroDivisionError):
         return None
 

@@ -41,7 +41,8 @@ def job_colour(job_id: str) -> str:
     return JOB_COLOURS[zlib.crc32(job_id.encode()) % len(JOB_COLOURS)]
 
 
-def _num(value: Any) -> float | None:
+def as_number(value: Any) -> float | None:
+    """A finite float from a daemon field, or None (missing, non-numeric, bool, inf, nan)."""
     if isinstance(value, bool) or value is None:
         return None
     try:
@@ -52,7 +53,7 @@ def _num(value: Any) -> float | None:
 
 
 def _int(value: Any) -> int | None:
-    num = _num(value)
+    num = as_number(value)
     return None if num is None else int(num)
 
 
@@ -205,11 +206,11 @@ def job_row(job: Mapping[str, Any]) -> JobRow:
         accum_steps=_int(job.get("accum_steps")),
         replicas=_int(job.get("replicas")),
         batch_size=_int(job.get("batch_size")),
-        goodput=_num(job.get("goodput")),
-        efficiency=_num(job.get("efficiency")),
-        speedup=_num(job.get("speedup")),
-        progress=_num(job.get("progress")),
-        eta_s=_num(job.get("eta_s")),
+        goodput=as_number(job.get("goodput")),
+        efficiency=as_number(job.get("efficiency")),
+        speedup=as_number(job.get("speedup")),
+        progress=as_number(job.get("progress")),
+        eta_s=as_number(job.get("eta_s")),
         restarts=_int(job.get("restarts")),
         priority=_int(job.get("priority")),
     )
@@ -463,15 +464,15 @@ def samples_from_history(history: Any) -> list[ClusterSample]:
     for item in history if isinstance(history, list) else []:
         if not isinstance(item, Mapping):
             continue
-        t = _num(item.get("time"))
+        t = as_number(item.get("time"))
         if t is None:
             continue
         out.append(
             ClusterSample(
                 time=t,
-                utilisation=_num(item.get("utilisation")),
-                efficiency=_num(item.get("efficiency")),
-                goodput=_num(item.get("goodput")) or 0.0,
+                utilisation=as_number(item.get("utilisation")),
+                efficiency=as_number(item.get("efficiency")),
+                goodput=as_number(item.get("goodput")) or 0.0,
                 queued=_int(item.get("queued")) or 0,
                 running=_int(item.get("running")) or 0,
                 devices_up=_int(item.get("devices_up")) or 0,
