@@ -96,6 +96,11 @@ def main() -> int:
         if flag.item() > 0:
             save()
             print(f"rank {rank}: checkpointed at step {step} for a rescale", flush=True)
+            if world > 1:
+                # Leave the group together: a rank exiting while its peer still holds the
+                # connection can make the peer's gloo threads abort (exit 134).
+                dist.barrier()
+                dist.destroy_process_group()
             return RESCALE_EXIT_CODE
         if step % 20 == 0:
             print(f"rank {rank} step {step} loss {loss.item():.4f}", flush=True)
