@@ -45,6 +45,8 @@ def run_job(
     """Run the probe on ``replicas`` processes; return their exit codes (rank order)."""
     port = _free_port()
     procs = []
+    errs: list[Path] = []
+    tmp.mkdir(parents=True, exist_ok=True)
     for rank in range(replicas):
         env = dict(os.environ)
         env.update(
@@ -68,19 +70,26 @@ def run_job(
             env["POLLUX_ACCUM_STEPS"] = str(accum_steps)
         if checkpoint_dir is not None:
             env["POLLUX_CHECKPOINT_DIR"] = str(checkpoint_dir)
-        procs.append(
-            subprocess.Popen(PROBE + args, env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
-        )
+        # stderr goes to a file, not a pipe: an unread pipe that fills blocks its rank inside
+        # a collective and hangs the other one.
+        err_path = tmp / f"rank{rank}-{port}.err"
+        with open(err_path, "w") as err_file:
+            procs.append(
+                subprocess.Popen(PROBE + args, env=env, cwd=REPO, stderr=err_file, text=True)
+            )
+        errs.append(err_path)
     codes = []
-    for p in procs:
+    for p, err_path in zip(procs, errs, strict=True):
         try:
-            _, err = p.communicate(timeout=timeout)
+            p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
+            for path in errs:
+                print(path.read_text()[-4000:], file=sys.stderr)
             raise
         if p.returncode not in (0, RESCALE_EXIT_CODE):
-            print(err, file=sys.stderr)
+            print(err_path.read_text(), file=sys.stderr)
         codes.append(p.returncode)
     return codes
 
