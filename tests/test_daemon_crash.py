@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pollux_local.errors import PolluxError
-from tests.daemon_process import DaemonProcess
+from tests.daemon_process import DaemonProcess, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -98,15 +98,6 @@ def test_sigkill_during_a_burst_of_500_submits_loses_and_doubles_nothing(
         assert len(daemon.client.request("status")["jobs"]) == 500
     finally:
         daemon.stop()
-
-
-def wait_for(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def checkpoint_step(daemon: DaemonProcess, job_id: str) -> int:

@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 from pollux_local.core.throughput import ThroughputParams, fit_throughput
 from pollux_local.daemon.state import StateStore
 from pollux_local.tui import plots
-from tests.daemon_process import DaemonProcess
+from tests.daemon_process import DaemonProcess, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -59,16 +58,6 @@ def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
         yield process
     finally:
         process.stop()
-
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
 def show(daemon: DaemonProcess, job_id: str) -> dict[str, Any]:

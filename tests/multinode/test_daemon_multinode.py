@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.daemon_process import DaemonProcess
+from tests.daemon_process import DaemonProcess, wait_for
 
 from .conftest import GLOO_JOB, PYTHON, REPO_ROOT
 from .testbed import Testbed
@@ -83,16 +83,6 @@ def submit_gloo_job(daemon: DaemonProcess, workdir: Path, steps: int, sleep_s: f
         "submit", argv=argv, workdir=str(workdir), env=env, min_gpus=1, max_gpus=2, name="gloo"
     )
     return str(reply["id"])
-
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
 def job(daemon: DaemonProcess, job_id: str) -> dict[str, Any]:
