@@ -76,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--by-app", action="store_true", help="also print each application's share of the average"
     )
-    parser.add_argument("--p", type=float, default=None, help="p-mean exponent (default: the policy's, -1)")
+    parser.add_argument(
+        "--p", type=float, default=None, help="p-mean exponent (default: the policy's, -1)"
+    )
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)

@@ -140,7 +140,7 @@ def test_devices_are_all_used_when_jobs_can_use_them() -> None:
 
 
 def test_better_scaling_job_gets_more_devices() -> None:
-    nodes = cluster(2)
+    nodes = cluster(1, devices=8)
     jobs = [
         job("scales", model=PowerModel(exponent=0.95)),
         job("flat", model=PowerModel(exponent=0.2)),
@@ -260,7 +260,7 @@ def test_a_change_must_earn_back_its_restart_cost_with_a_margin() -> None:
 
 
 def test_jobs_that_ran_less_get_more_devices() -> None:
-    nodes = cluster(2)
+    nodes = cluster(1, devices=8)
     model = PowerModel(exponent=0.9, multi_node=1.0)
     jobs = [
         job("fresh", model=model, run_time_s=0.0, age_s=600.0),
@@ -269,13 +269,13 @@ def test_jobs_that_ran_less_get_more_devices() -> None:
     rng = np.random.default_rng(0)
     favoured = GoodputPolicy().decide(jobs, nodes, 0.0, rng)
     assert sum(favoured.placements["fresh"]) > sum(favoured.placements["long"]) >= 1
-    plain = GoodputPolicy(service_exponent=0.0).decide(jobs, nodes, 0.0, rng)
+    plain = GoodputPolicy(rank_exponent=0.0).decide(jobs, nodes, 0.0, rng)
     assert sum(plain.placements["fresh"]) == sum(plain.placements["long"]) == 4
 
 
 def test_jobs_expected_to_finish_sooner_get_more_devices() -> None:
     # same run time so far; one has done 90% of its declared length, the other 10%
-    nodes = cluster(2)
+    nodes = cluster(1, devices=8)
     model = PowerModel(exponent=0.9, multi_node=1.0)
     jobs = [
         job("nearly_done", model=model, run_time_s=3000.0, age_s=600.0, progress_fraction=0.9),
@@ -398,7 +398,7 @@ def test_job_too_big_for_the_cluster_says_so() -> None:
         {"restart_cost_s": -1.0},
         {"interval_s": 0.0},
         {"preempt_ratio": 0.5},
-        {"service_exponent": -0.5},
+        {"rank_exponent": -0.5},
         {"payback_margin": 0.5},
     ],
 )
@@ -439,3 +439,29 @@ def test_jobs_arriving_together_do_not_preempt_a_job_in_its_first_round() -> Non
     old = JobView(id="a", placement=(1,), attained_gpu_s=600.0, age_s=600.0, restarts=0)
     moved = policy.decide([old, newcomer], nodes, 0.0, rng).placements
     assert moved["b"] == (1,) and sum(moved["a"]) == 0
+
+
+def test_rank_weights_order_jobs_by_expected_remaining_time() -> None:
+    from pollux_local.core.policy import rank_weights
+
+    weights = rank_weights(np.array([100.0, 5_000.0, 100.0, 10.0]), 2.0)
+    # ranks from the longest: 5000 -> 1, the two 100s share (2 + 3) / 2, 10 -> 4
+    assert np.allclose(weights, [(2.5 / 4) ** 2, (1 / 4) ** 2, (2.5 / 4) ** 2, 1.0])
+    assert np.allclose(rank_weights(np.array([7.0, 7.0]), 2.0), [0.75**2, 0.75**2])
+    assert np.allclose(rank_weights(np.array([1.0, 9.0]), 0.0), [1.0, 1.0])
+    assert rank_weights(np.array([]), 2.0).size == 0
+
+
+def test_a_small_job_does_not_span_nodes_when_one_node_holds_fewer_devices() -> None:
+    # two nodes with 2 free devices each: 3 devices would span both (slow inter-node sync),
+    # 2 devices fit on one node and, for this model, are worth more
+    nodes = cluster(2)
+    blockers = [
+        job("b0", placement=(2, 0), max_replicas=2, age_s=1e5),
+        job("b1", placement=(0, 2), max_replicas=2, age_s=1e5),
+    ]
+    newcomer = job("n", max_replicas=3, model=PowerModel(exponent=0.9, multi_node=0.3))
+    decision = GoodputPolicy().decide([*blockers, newcomer], nodes, 0.0, np.random.default_rng(0))
+    check_invariants(decision, [*blockers, newcomer], nodes)
+    placed = decision.placements["n"]
+    assert sum(1 for c in placed if c > 0) == 1 and sum(placed) == 2

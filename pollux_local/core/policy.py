@@ -9,17 +9,24 @@ share::
 so every user (not every job) is entitled to the same share of devices.  The objective is the
 weighted p-mean of the speed-ups, maximised through the separable utility
 ``sum_j w_j v_j U(SPEEDUP_j)`` with ``U(x) = x^p / p`` (``log x`` for p = 0; p = -1 by default) and
-a shortest-expected-remaining-time factor ``v_j = ((R_j + interval) / (R_min + interval))^-beta``
-(beta = ``service_exponent``, 0.75 by default; 0 gives the plain p-mean).  R_j is the job's
-expected remaining run time: from its declared length when it has one (f = share of its declared
-epochs done, t_j its run time so far)::
+a shortest-expected-remaining-time factor from the jobs' *ranks*::
+
+    v_j = (rank_j / J)^gamma,   rank 1 = the longest expected remaining run time, J = the shortest
+
+(gamma = ``rank_exponent``, 2 by default; 0 gives the plain p-mean; tied jobs share their
+average rank).  Ranks, not the times themselves, after the optimal allocation for parallel
+jobs with a common speed-up curve (heSRPT: every job runs, and the shares grow with the rank of
+the job's remaining size), which makes the factor scale-free: ten long jobs are ordered among
+themselves as firmly as ten short ones.  R_j is the job's expected remaining run time: from its
+declared length when it has one (f = share of its declared epochs done, t_j its run time so
+far)::
 
     R_j = (t_j + interval) * (1 - f) / max(f, 0.05)
 
 and otherwise its run time so far, R_j = t_j (job lengths are heavy-tailed: a job that has run
-longer is expected to run longer still).  Favouring the jobs expected to finish soonest
-(moderately; no job is starved while p <= 0) lowers the average completion time.  Run time,
-not device-seconds, so that the factor does not feed back on the allocation.
+longer is expected to run longer still).  Favouring the jobs expected to finish soonest (no job
+is starved while p <= 0: its utility falls without bound as its speed-up goes to 0) lowers the
+average completion time.
 
 The search, in four steps, all on tables computed once per decision:
 
@@ -69,6 +76,9 @@ EXPLORATION_FACTOR = 4
 #: Smallest share of its declared length a job is taken to have done when estimating its
 #: remaining time (keeps the estimate finite and steady right after the start).
 _MIN_PROGRESS_FRACTION = 0.05
+#: How many spread-out placements of a job the placement step evaluates before giving up on
+#: finding a tighter one (bounds the work on large, fragmented clusters).
+_MAX_SPREAD_TRIES = 8
 
 
 @dataclass
@@ -102,6 +112,33 @@ def _min_nodes_table(node_sizes: Sequence[int], max_k: int) -> np.ndarray:
     return np.minimum(table, len(sizes)).astype(np.int64)
 
 
+def _whole_node_counts(node_sizes: Sequence[int]) -> set[int]:
+    """Replica counts a multi-node job may take: the devices of its n largest nodes, n >= 2.
+
+    A job that spans nodes pays inter-node synchronisation on every step, so it takes whole
+    nodes: a partly used extra node slows it and blocks the rest of that node for every other
+    multi-node job.
+    """
+    sizes = sorted((s for s in node_sizes if s > 0), reverse=True)
+    return {int(c) for c in np.cumsum(sizes)[1:]}
+
+
+def rank_weights(remaining: np.ndarray, exponent: float) -> np.ndarray:
+    """(rank / J)^exponent with rank 1 for the largest remaining time, J for the smallest.
+
+    Equal remaining times share the average of their ranks, so identical jobs weigh the same.
+    """
+    count = len(remaining)
+    if count == 0:
+        return np.zeros(0, dtype=np.float64)
+    order = np.argsort(-remaining, kind="stable")
+    ranks = np.empty(count, dtype=np.float64)
+    ranks[order] = np.arange(1, count + 1, dtype=np.float64)
+    _, groups = np.unique(remaining, return_inverse=True)
+    ranks = (np.bincount(groups, weights=ranks) / np.bincount(groups))[groups]
+    return np.asarray((ranks / count) ** exponent, dtype=np.float64)
+
+
 def _utility(speedup: np.ndarray, p: float) -> np.ndarray:
     """U(x) = x^p / p (log x for p = 0); -inf for x <= 0 when p <= 0."""
     x = np.asarray(speedup, dtype=np.float64)
@@ -124,7 +161,7 @@ class GoodputPolicy:
     change costs; ``interval_s`` the time between decisions (the smallest lifetime estimate a
     running job's allocation gets); ``preempt_ratio`` how much more service a running job must
     have received than a waiting one before the waiting one takes its place;
-    ``local_search_steps`` bounds the move search (per job); ``service_exponent`` (beta) how
+    ``local_search_steps`` bounds the move search (per job); ``rank_exponent`` (gamma) how
     strongly jobs expected to finish sooner are favoured (0: plain p-mean); ``payback_margin``
     (m) how many times over a change must earn back its restart cost.
     """
@@ -138,7 +175,7 @@ class GoodputPolicy:
         interval_s: float = 60.0,
         preempt_ratio: float = 2.0,
         local_search_steps: int = 2,
-        service_exponent: float = 0.75,
+        rank_exponent: float = 2.0,
         payback_margin: float = 6.0,
     ) -> None:
         if not math.isfinite(p):
@@ -149,8 +186,8 @@ class GoodputPolicy:
             raise ValueError(f"interval must be positive, got {interval_s}")
         if preempt_ratio < 1:
             raise ValueError(f"preempt ratio must be at least 1, got {preempt_ratio}")
-        if not (math.isfinite(service_exponent) and service_exponent >= 0):
-            raise ValueError(f"service exponent must be >= 0, got {service_exponent}")
+        if not (math.isfinite(rank_exponent) and rank_exponent >= 0):
+            raise ValueError(f"rank exponent must be >= 0, got {rank_exponent}")
         if not (math.isfinite(payback_margin) and payback_margin >= 1):
             raise ValueError(f"payback margin must be at least 1, got {payback_margin}")
         self.p = float(p)
@@ -158,7 +195,7 @@ class GoodputPolicy:
         self.interval_s = float(interval_s)
         self.preempt_ratio = float(preempt_ratio)
         self.local_search_steps = int(local_search_steps)
-        self.service_exponent = float(service_exponent)
+        self.rank_exponent = float(rank_exponent)
         self.payback_margin = float(payback_margin)
 
     # ------------------------------------------------------------------ entry point
@@ -199,6 +236,8 @@ class GoodputPolicy:
         fair = total * weights / weights.sum()
         service = self._service_weights(jobs)
         min_nodes = _min_nodes_table(node_sizes, total)
+        largest_node = max(node_sizes)
+        whole_nodes = _whole_node_counts(node_sizes)
         plans: list[_JobPlan] = []
         for index, job in enumerate(jobs):
             current_k = job.replicas if len(job.placement) == len(node_sizes) else 0
@@ -226,6 +265,9 @@ class GoodputPolicy:
                 if current_k <= cap:
                     utility[current_k] = keep
             utility[1:min_k] = _NEG
+            for k in range(largest_node + 1, cap + 1):
+                if k not in whole_nodes and k != current_k and k != min_k:
+                    utility[k] = _NEG
             plans.append(
                 _JobPlan(
                     index=index,
@@ -282,14 +324,12 @@ class GoodputPolicy:
         return horizon / (horizon + self.payback_margin * self.restart_cost_s)
 
     def _service_weights(self, jobs: Sequence[JobView]) -> np.ndarray:
-        """Shortest-expected-remaining-time factor (R_j + interval)^-beta, largest scaled to 1.
+        """Shortest-expected-remaining-time factor v_j = (rank_j / J)^gamma, in (0, 1].
 
-        R_j is job j's expected remaining run time (``_remaining``); without a declared length
-        it is the time t_j the job has run so far (heavy-tailed lengths: a job that has run
-        longer is expected to run longer still).  Favouring the jobs expected to finish soonest
-        lowers the average completion time.  Run *time* rather than device-seconds keeps the
-        factor independent of the allocation itself (no feedback: more devices now do not lower
-        a job's weight faster).
+        rank_j orders the jobs from the longest expected remaining run time (rank 1) to the
+        shortest (rank J); tied jobs share their average rank.  R_j is ``_remaining``; without
+        a declared length it is the time t_j the job has run so far (heavy-tailed lengths: a job
+        that has run longer is expected to run longer still).
         """
         remaining = []
         for job in jobs:
@@ -297,8 +337,7 @@ class GoodputPolicy:
             if estimate is None:
                 estimate = max(float(job.run_time_s), 0.0)
             remaining.append(estimate)
-        factor = (np.array(remaining) + self.interval_s) ** (-self.service_exponent)
-        return np.asarray(factor / factor.max(), dtype=np.float64)
+        return rank_weights(np.asarray(remaining, dtype=np.float64), self.rank_exponent)
 
     @staticmethod
     def _goodput_table(job: JobView, min_nodes: np.ndarray, length: int) -> np.ndarray:
@@ -507,22 +546,59 @@ class GoodputPolicy:
                 continue
             pending.append(pl)
         # 2. the rest, largest first: on one node when possible, else whole nodes first
+        min_nodes = _min_nodes_table(node_sizes, sum(node_sizes))
         for pl in sorted(pending, key=lambda q: (-q.k, q.index)):
-            k = pl.k
-            while k >= pl.min_k:
-                if k == pl.current_k and self._still_fits(pl.job.placement, free, multi_node_on):
-                    # a larger target did not fit: stay put rather than move to as many devices
-                    self._take(pl, pl.job.placement, free, multi_node_on)
-                    break
-                placement = self._fit(k, free, multi_node_on)
-                if placement is not None:
-                    self._take(pl, placement, free, multi_node_on)
-                    break
-                k -= 1
-            else:
+            placement = self._choose_placement(pl, free, multi_node_on, min_nodes)
+            if placement is None:
                 pl.k = 0
                 pl.placement = tuple(0 for _ in node_sizes)
                 pl.note = "waiting: no placement fits its minimum without sharing nodes"
+            else:
+                self._take(pl, placement, free, multi_node_on)
+
+    def _choose_placement(
+        self,
+        pl: _JobPlan,
+        free: list[int],
+        multi_node_on: list[bool],
+        min_nodes: np.ndarray,
+    ) -> Placement | None:
+        """The best placement of at most ``pl.k`` (at least ``pl.min_k``) devices.
+
+        The tables assumed k devices on the fewest nodes that hold them.  When the free devices
+        are too fragmented for that, spreading k over more nodes slows the job (inter-node
+        synchronisation), so fewer devices on fewer nodes may be worth more: every count from
+        k down is tried and the highest predicted goodput on the nodes it would really span
+        wins, stopping at the first count that fits as tightly as assumed.  A job without a
+        model prefers a tight fit at any smaller count over a spread one.  A running job whose
+        count is unchanged and whose devices are still free stays where it is.
+        """
+        best: tuple[float, Placement] | None = None
+        spread_tries = 0
+        for k in range(pl.k, pl.min_k - 1, -1):
+            if k == pl.current_k and self._still_fits(pl.job.placement, free, multi_node_on):
+                candidate: Placement | None = pl.job.placement
+            else:
+                candidate = self._fit(k, free, multi_node_on)
+            if candidate is None:
+                continue
+            spans = sum(1 for c in candidate if c > 0)
+            tight = spans <= int(min_nodes[min(k, len(min_nodes) - 1)])
+            if tight:
+                value = float(pl.goodput[k]) if k < len(pl.goodput) else 0.0
+            elif pl.job.model is None:
+                value = 0.0
+            else:
+                goodput, _, _ = pl.job.model.best_goodput(np.array([spans]), np.array([k]))
+                value = float(np.nan_to_num(goodput[0], nan=0.0, posinf=0.0))
+            if best is None or value > best[0]:
+                best = (value, candidate)
+            if tight:
+                break
+            spread_tries += 1
+            if spread_tries >= _MAX_SPREAD_TRIES:
+                break
+        return None if best is None else best[1]
 
     @staticmethod
     def _still_fits(old: Placement, free: list[int], multi_node_on: list[bool]) -> bool:
