@@ -547,8 +547,16 @@ class GoodputPolicy:
             pending.append(pl)
         # 2. the rest, largest first: on one node when possible, else whole nodes first
         min_nodes = _min_nodes_table(node_sizes, sum(node_sizes))
+        # devices the jobs still to be placed hold now: avoided while possible, so that a job
+        # which ends up at its old count can stay where it is instead of being moved
+        held = [0] * len(node_sizes)
+        for pl in pending:
+            if len(pl.job.placement) == len(node_sizes):
+                held = [h + c for h, c in zip(held, pl.job.placement, strict=True)]
         for pl in sorted(pending, key=lambda q: (-q.k, q.index)):
-            placement = self._choose_placement(pl, free, multi_node_on, min_nodes)
+            if len(pl.job.placement) == len(node_sizes):
+                held = [h - c for h, c in zip(held, pl.job.placement, strict=True)]
+            placement = self._choose_placement(pl, free, multi_node_on, min_nodes, held)
             if placement is None:
                 pl.k = 0
                 pl.placement = tuple(0 for _ in node_sizes)
@@ -562,6 +570,7 @@ class GoodputPolicy:
         free: list[int],
         multi_node_on: list[bool],
         min_nodes: np.ndarray,
+        held: list[int],
     ) -> Placement | None:
         """The best placement of at most ``pl.k`` (at least ``pl.min_k``) devices.
 
@@ -575,15 +584,20 @@ class GoodputPolicy:
         """
         best: tuple[float, Placement] | None = None
         spread_tries = 0
+        unheld = [max(f - h, 0) for f, h in zip(free, held, strict=True)]
         for k in range(pl.k, pl.min_k - 1, -1):
+            fewest = int(min_nodes[min(k, len(min_nodes) - 1)])
+            candidate: Placement | None
             if k == pl.current_k and self._still_fits(pl.job.placement, free, multi_node_on):
-                candidate: Placement | None = pl.job.placement
+                candidate = pl.job.placement
             else:
-                candidate = self._fit(k, free, multi_node_on)
+                candidate = self._fit(k, unheld, multi_node_on)
+                if candidate is None or sum(1 for c in candidate if c > 0) > fewest:
+                    candidate = self._fit(k, free, multi_node_on)
             if candidate is None:
                 continue
             spans = sum(1 for c in candidate if c > 0)
-            tight = spans <= int(min_nodes[min(k, len(min_nodes) - 1)])
+            tight = spans <= fewest
             if tight:
                 value = float(pl.goodput[k]) if k < len(pl.goodput) else 0.0
             elif pl.job.model is None:
