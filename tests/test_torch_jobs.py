@@ -19,7 +19,7 @@ pytest.importorskip("sklearn")
 
 from pollux_local.launch.base import RESCALE_EXIT_CODE, LaunchSpec, ReplicaSlot  # noqa: E402
 from pollux_local.launch.local import LocalLauncher  # noqa: E402
-from pollux_local.torch import load_job_spec  # noqa: E402
+from pollux_local.torch import load_training_spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 JOBS = {
@@ -41,7 +41,7 @@ def _clean_env() -> dict[str, str]:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", sorted(JOBS))
 def test_job_runs_alone_and_states_its_target(name: str) -> None:
-    spec = load_job_spec(REPO / "jobs" / name / "job.toml")
+    spec = load_training_spec(REPO / "jobs" / name / "job.toml")
     proc = subprocess.run(
         [sys.executable, str(REPO / "jobs" / name / "train.py"), *JOBS[name]],
         env=_clean_env(),

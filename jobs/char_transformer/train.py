@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from pollux_local.torch import ElasticTrainer, load_job_spec
+from pollux_local.torch import ElasticTrainer, load_training_spec
 
-SPEC = load_job_spec(Path(__file__).with_name("job.toml"))
+SPEC = load_training_spec(Path(__file__).with_name("job.toml"))
 CONTEXT = 64
 VOCAB = 128
 

@@ -15,27 +15,13 @@ from typing import Any
 
 from pollux_local.client import Client, resolve_state_dir, socket_path_for
 from pollux_local.errors import PolluxError
-from pollux_local.tomlfile import read_toml
+from pollux_local.jobspec import load_job_spec
 
 #: Variables of the submitting shell that describe *its* job, never the new one.
 _LAUNCH_VARIABLES = frozenset(
     {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
      "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"}
 )  # fmt: skip
-_JOB_KEYS = {
-    "name": str,
-    "script": str,
-    "args": list,
-    "min_gpus": int,
-    "max_gpus": int,
-    "batch_size": int,
-    "max_batch_size": int,
-    "min_local_batch": int,
-    "max_local_batch": int,
-    "priority": int,
-    "env": dict,
-    "workdir": str,
-}
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -68,34 +54,8 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 
 def load_spec(path: str) -> dict[str, Any]:
-    """Read a ``job.toml``: ``[job]`` (script relative to the file) and optional ``[target]``."""
-    spec_path = Path(path)
-    data = read_toml(path, "job spec")
-    job = data.get("job")
-    if not isinstance(job, dict):
-        raise PolluxError(f"job spec {path} has no [job] table")
-    for key, value in job.items():
-        expected = _JOB_KEYS.get(key)
-        if expected is None:
-            raise PolluxError(f"job spec {path}: unknown key job.{key}")
-        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-            raise PolluxError(f"job spec {path}: job.{key} must be a {expected.__name__}")
-    if "script" not in job:
-        raise PolluxError(f"job spec {path}: job.script is missing")
-    if not all(isinstance(arg, str | int | float) for arg in job.get("args", [])):
-        raise PolluxError(f"job spec {path}: job.args must be a list of strings")
-    target = data.get("target")
-    if target is not None and not isinstance(target, dict):
-        raise PolluxError(f"job spec {path}: [target] must be a table")
-    base = spec_path.resolve().parent
-    spec = dict(job)
-    spec["script"] = str(base / job["script"])
-    spec["args"] = [str(arg) for arg in job.get("args", [])]
-    spec["env"] = {str(k): str(v) for k, v in job.get("env", {}).items()}
-    if "workdir" in job:
-        spec["workdir"] = str(base / job["workdir"])
-    spec["target"] = target
-    return spec
+    """A ``job.toml`` as submit fields (``pollux_local.jobspec`` reads and checks it)."""
+    return load_job_spec(path).submit_fields()
 
 
 def script_argv(script: str, args: list[str]) -> list[str]:

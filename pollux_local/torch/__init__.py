@@ -15,11 +15,11 @@ See ``trainer.py`` for what happens underneath, ``docs/architecture.md`` for the
 environment and the job report.
 """
 
+from pollux_local.jobspec import Target, TrainingSpec, load_training_spec
 from pollux_local.launch.base import RESCALE_EXIT_CODE
 from pollux_local.torch.checkpoint import CheckpointStore
 from pollux_local.torch.env import JobEnv, init_distributed
 from pollux_local.torch.gradstats import GradNoiseEstimator, two_batch_estimate
-from pollux_local.torch.jobspec import JobSpec, Target, load_job_spec
 from pollux_local.torch.sampler import ElasticSampler, StepPlan
 from pollux_local.torch.trainer import ElasticLoader, ElasticTrainer
 
@@ -31,10 +31,10 @@ __all__ = [
     "ElasticTrainer",
     "GradNoiseEstimator",
     "JobEnv",
-    "JobSpec",
     "StepPlan",
     "Target",
+    "TrainingSpec",
     "init_distributed",
-    "load_job_spec",
+    "load_training_spec",
     "two_batch_estimate",
 ]

@@ -1,0 +1,90 @@
+"""The one job.toml reader: what submit takes from it and what a train.py takes from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pollux_local.errors import PolluxError
+from pollux_local.jobspec import Target, load_job_spec, load_training_spec
+
+FULL = """
+[job]
+name = "n"
+script = "train.py"
+args = ["--epochs", 3]
+workdir = "data"
+min_gpus = 1
+max_gpus = 4
+batch_size = 32
+max_batch_size = 512
+min_local_batch = 8
+max_local_batch = 128
+priority = 2
+env = { OMP_NUM_THREADS = "1" }
+
+[target]
+metric = "loss"
+value = 1.5
+mode = "min"
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return path
+
+
+def test_full_spec_gives_submit_fields_and_training_view(tmp_path: Path) -> None:
+    path = write(tmp_path, FULL)
+    spec = load_job_spec(path)
+    fields = spec.submit_fields()
+    assert fields["script"] == str(tmp_path.resolve() / "train.py")
+    assert fields["workdir"] == str(tmp_path.resolve() / "data")
+    assert fields["args"] == ["--epochs", "3"] and fields["env"] == {"OMP_NUM_THREADS": "1"}
+    assert fields["max_gpus"] == 4 and fields["batch_size"] == 32 and fields["priority"] == 2
+    assert fields["target"] == {"metric": "loss", "value": 1.5, "mode": "min"}
+    training = load_training_spec(path)
+    assert training.trainer_kwargs() == {
+        "base_batch": 32, "max_batch": 512, "min_local": 8, "max_local": 128,
+    }  # fmt: skip
+    assert training.target == Target("loss", 1.5, "min") and training.target.reached(1.4)
+
+
+def test_minimal_spec_states_only_what_it_says(tmp_path: Path) -> None:
+    spec = load_job_spec(write(tmp_path, '[job]\nscript = "t.py"\n'))
+    fields = spec.submit_fields()
+    assert "name" not in fields and "max_gpus" not in fields and fields["target"] is None
+    with pytest.raises(PolluxError, match="batch_size is required"):
+        spec.for_training()
+    with_batch = load_job_spec(write(tmp_path, "[job]\nbatch_size = 16\n"))
+    with pytest.raises(PolluxError, match=r"needs a \[target\] table"):
+        with_batch.for_training()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[jbo]\n", r"has no \[job\] table"),
+        ('[job]\nscirpt = "x"\n', "unknown key job.scirpt"),
+        ('[job]\nmin_gpus = "two"\n', "job.min_gpus must be an integer"),
+        ("[job]\nmin_gpus = true\n", "job.min_gpus must be an integer"),
+        ("[job]\nmax_gpus = 0\n", "job.max_gpus must be a positive integer"),
+        ("[job]\nmin_gpus = 3\nmax_gpus = 2\n", "max_gpus 2 is below min_gpus 3"),
+        ("[job]\nbatch_size = 64\nmax_batch_size = 8\n", "max_batch_size 8 is below"),
+        ("[job]\nmax_batch_size = 8\n", "max_batch_size needs batch_size"),
+        ("[job]\nmin_local_batch = 8\nmax_local_batch = 4\n", "max_local_batch 4 is below"),
+        ("[job]\nargs = [[1]]\n", "job.args must be a list of strings"),
+        ('[job]\n[target]\nmetric = "a"\nvalue = 1\nmode = "up"\n', "mode must be 'max' or 'min'"),
+        ('[job]\n[target]\nmetric = "a"\n', "needs a metric name and a numeric value"),
+        ("[job]\ntarget = 1\n", "unknown key job.target"),
+        ("[job\n", "not valid TOML"),
+    ],
+)
+def test_bad_specs_are_one_line_naming_the_file(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(PolluxError, match=message) as caught:
+        load_job_spec(path)
+    assert str(path) in str(caught.value) and "\n" not in str(caught.value)
