@@ -40,8 +40,15 @@ The search, in four steps, all on tables computed once per decision:
    crossing onto a second node are seen);
 3. *local search* — moves of d devices between two jobs while the objective improves;
 4. *placement* — jobs that keep their replica count keep their devices; the others are packed
-   onto as few nodes as possible, and two jobs spanning several nodes never share a node; a
-   running job whose larger target does not fit stays where it is rather than moving.
+   onto as few nodes as possible, avoiding devices that jobs still to be placed hold, and two
+   jobs spanning several nodes never share a node; when the free devices are too fragmented
+   to hold a job as tightly as the tables assumed, fewer devices on fewer nodes are taken if
+   its model predicts more goodput there; a running job whose larger target does not fit
+   stays where it is rather than moving.
+
+Whole nodes: a job spanning nodes takes the devices of whole nodes (the counts the n largest
+nodes add up to): a partly used extra node slows every step with inter-node synchronisation and
+blocks the rest of that node for other multi-node jobs.
 
 Exploration: a job gets at most four times the largest replica count it has been profiled on
 (``EXPLORATION_FACTOR``: two doublings per restart, so a job reaches its scalable size in few
