@@ -88,3 +88,13 @@ def test_bad_specs_are_one_line_naming_the_file(tmp_path: Path, text: str, messa
     with pytest.raises(PolluxError, match=message) as caught:
         load_job_spec(path)
     assert str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_submit_names_a_spec_without_a_script(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from pollux_local.cli import main
+
+    path = write(tmp_path, "[job]\nbatch_size = 16\n")
+    code = main(["submit", "--state-dir", str(tmp_path / "state"), "--spec", str(path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0
+    assert f"{path}: job.script is missing" in err

@@ -89,6 +89,8 @@ def build_submit_request(args: argparse.Namespace) -> dict[str, Any]:
         script, extra = args.script, list(args.args)
     elif "script" in spec:
         script, extra = spec["script"], list(spec.get("args", [])) + list(args.args)
+    elif args.spec:
+        raise PolluxError(f"{args.spec}: job.script is missing (or give a SCRIPT)")
     else:
         raise PolluxError("submit needs a SCRIPT or --spec job.toml")
     if args.script and spec:

@@ -119,15 +119,19 @@ def _min_nodes_table(node_sizes: Sequence[int], max_k: int) -> np.ndarray:
     return np.minimum(table, len(sizes)).astype(np.int64)
 
 
-def _whole_node_counts(node_sizes: Sequence[int]) -> set[int]:
-    """Replica counts a multi-node job may take: the devices of its n largest nodes, n >= 2.
+def _whole_node_mask(node_sizes: Sequence[int], max_k: int) -> np.ndarray:
+    """``mask[k]``: k devices fit on one node, or are the devices of the n largest nodes (n >= 2).
 
     A job that spans nodes pays inter-node synchronisation on every step, so it takes whole
     nodes: a partly used extra node slows it and blocks the rest of that node for every other
     multi-node job.
     """
     sizes = sorted((s for s in node_sizes if s > 0), reverse=True)
-    return {int(c) for c in np.cumsum(sizes)[1:]}
+    mask = np.zeros(max_k + 1, dtype=bool)
+    mask[: min(sizes[0] if sizes else 0, max_k) + 1] = True
+    spans = np.cumsum(sizes)[1:]
+    mask[spans[spans <= max_k]] = True
+    return mask
 
 
 def rank_weights(remaining: np.ndarray, exponent: float) -> np.ndarray:
@@ -225,16 +229,17 @@ class GoodputPolicy:
                 placements={j.id: empty for j in jobs},
                 reasons={j.id: "waiting: no devices available" for j in jobs},
             )
-        plans = self._build_plans(jobs, node_sizes, total)
+        min_nodes = _min_nodes_table(node_sizes, total)
+        plans = self._build_plans(jobs, node_sizes, total, min_nodes)
         self._admit(plans, total)
         free = self._greedy(plans, total)
         self._local_search(plans, free)
-        self._place(plans, node_sizes)
+        self._place(plans, node_sizes, min_nodes)
         return self._decision(plans, nodes, node_sizes)
 
     # ------------------------------------------------------------------ tables
     def _build_plans(
-        self, jobs: Sequence[JobView], node_sizes: list[int], total: int
+        self, jobs: Sequence[JobView], node_sizes: list[int], total: int, min_nodes: np.ndarray
     ) -> list[_JobPlan]:
         owners: dict[str, int] = {}
         for job in jobs:
@@ -242,9 +247,7 @@ class GoodputPolicy:
         weights = np.array([1.0 / owners[j.owner] for j in jobs])
         fair = total * weights / weights.sum()
         service = self._service_weights(jobs)
-        min_nodes = _min_nodes_table(node_sizes, total)
-        largest_node = max(node_sizes)
-        whole_nodes = _whole_node_counts(node_sizes)
+        whole_nodes = _whole_node_mask(node_sizes, total)
         plans: list[_JobPlan] = []
         for index, job in enumerate(jobs):
             current_k = job.replicas if len(job.placement) == len(node_sizes) else 0
@@ -272,9 +275,9 @@ class GoodputPolicy:
                 if current_k <= cap:
                     utility[current_k] = keep
             utility[1:min_k] = _NEG
-            for k in range(largest_node + 1, cap + 1):
-                if k not in whole_nodes and k != current_k and k != min_k:
-                    utility[k] = _NEG
+            spread = ~whole_nodes[: cap + 1]
+            spread[[k for k in (current_k, min_k) if k <= cap]] = False
+            utility[spread] = _NEG
             plans.append(
                 _JobPlan(
                     index=index,
@@ -538,7 +541,7 @@ class GoodputPolicy:
         return move, best_gain
 
     # ------------------------------------------------------------------ placement
-    def _place(self, plans: list[_JobPlan], node_sizes: list[int]) -> None:
+    def _place(self, plans: list[_JobPlan], node_sizes: list[int], min_nodes: np.ndarray) -> None:
         """Put replica counts onto nodes: keep unchanged jobs, pack the rest, no shared
         node between two multi-node jobs; a job that cannot be placed shrinks."""
         free = list(node_sizes)
@@ -553,7 +556,6 @@ class GoodputPolicy:
                 continue
             pending.append(pl)
         # 2. the rest, largest first: on one node when possible, else whole nodes first
-        min_nodes = _min_nodes_table(node_sizes, sum(node_sizes))
         # devices the jobs still to be placed hold now: avoided while possible, so that a job
         # which ends up at its old count can stay where it is instead of being moved
         held = [0] * len(node_sizes)
