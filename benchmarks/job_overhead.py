@@ -23,25 +23,20 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from pollux_local.launch.base import pick_master_port
+
 REPO = Path(__file__).resolve().parents[1]
 PROBE = [sys.executable, "-m", "pollux_local.torch.probe"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _envs(replicas: int, extra: dict[str, str]) -> list[dict[str, str]]:
-    port = str(_free_port())
+    port = str(pick_master_port())
     envs = []
     for rank in range(replicas):
         env = dict(os.environ)

@@ -138,3 +138,20 @@ async def test_check_node_reports_devices_and_load() -> None:
     health = await LocalLauncher({"n0": ["cpu:0", "cpu:1"]}).check_node("n0")
     assert health.reachable and list(health.devices) == ["cpu:0", "cpu:1"]
     assert health.load is not None and health.load >= 0
+
+
+def test_master_ports_are_free_and_below_the_ephemeral_range() -> None:
+    import random
+    import socket
+
+    from pollux_local.launch.base import MASTER_PORT_RANGE, pick_master_port
+
+    low, high = MASTER_PORT_RANGE
+    ports = {pick_master_port(rng=random.Random(seed)) for seed in range(20)}
+    assert all(low <= port < high for port in ports) and len(ports) > 1
+    # a port in use is skipped: hold the one seed 0 draws first, then ask with seed 0 again
+    first = random.Random(0).randrange(low, high)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", first))
+        held.listen()
+        assert pick_master_port(rng=random.Random(0)) != first

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
+import signal
 import subprocess
 import sys
 from collections import defaultdict
@@ -20,16 +20,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pollux_local.launch.base import RESCALE_EXIT_CODE  # noqa: E402
+from pollux_local.launch.base import RESCALE_EXIT_CODE, pick_master_port  # noqa: E402
 
 PROBE = [sys.executable, "-m", "pollux_local.torch.probe"]
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_job(
@@ -43,7 +37,7 @@ def run_job(
     timeout: float = 90.0,
 ) -> list[int]:
     """Run the probe on ``replicas`` processes; return their exit codes (rank order)."""
-    port = _free_port()
+    port = pick_master_port()
     procs = []
     errs: list[Path] = []
     tmp.mkdir(parents=True, exist_ok=True)
@@ -63,6 +57,7 @@ def run_job(
             POLLUX_PG_TIMEOUT_S="30",
             POLLUX_DEVICE="cpu",
             PYTHONPATH=str(REPO),
+            PYTHONFAULTHANDLER="1",  # SIGABRT on a hang prints every thread's stack
         )
         if local_batch is not None:
             env["POLLUX_LOCAL_BATCH"] = str(local_batch)
@@ -83,10 +78,15 @@ def run_job(
         try:
             p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            for q in procs:  # stacks first (faulthandler), then make sure they are gone
+                q.send_signal(signal.SIGABRT)
             for q in procs:
-                q.kill()
+                try:
+                    q.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    q.kill()
             for path in errs:
-                print(path.read_text()[-4000:], file=sys.stderr)
+                print(f"--- {path.name}", path.read_text()[-6000:], sep="\n", file=sys.stderr)
             raise
         if p.returncode not in (0, RESCALE_EXIT_CODE):
             print(err_path.read_text(), file=sys.stderr)

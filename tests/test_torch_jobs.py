@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -17,7 +16,12 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
-from pollux_local.launch.base import RESCALE_EXIT_CODE, LaunchSpec, ReplicaSlot  # noqa: E402
+from pollux_local.launch.base import (  # noqa: E402
+    RESCALE_EXIT_CODE,
+    LaunchSpec,
+    ReplicaSlot,
+    pick_master_port,
+)
 from pollux_local.launch.local import LocalLauncher  # noqa: E402
 from pollux_local.torch import load_training_spec  # noqa: E402
 
@@ -57,17 +61,11 @@ def test_job_runs_alone_and_states_its_target(name: str) -> None:
     assert (match.group(1) == "REACHED") == reached == (proc.returncode == 0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _spec(tmp: Path, replicas: int, restarts: int, epochs: int) -> LaunchSpec:
     env = _clean_env()
     env.update(
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(_free_port()),
+        MASTER_PORT=str(pick_master_port()),
         POLLUX_JOB_ID="digits",
         POLLUX_RESTARTS=str(restarts),
         POLLUX_JOB_DIR=str(tmp / "job"),

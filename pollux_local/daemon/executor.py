@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import stat
 import tempfile
 import time
@@ -38,6 +37,7 @@ from pollux_local.launch.base import (
     NodeHealth,
     ReplicaGroup,
     ReplicaSlot,
+    pick_master_port,
 )
 from pollux_local.launch.local import LocalLauncher
 
@@ -46,12 +46,6 @@ log = logging.getLogger("pollux_local.daemon")
 UNREACHABLE_EXIT_CODE = 255
 #: How often a group with remote replicas is looked at for ranks whose node was lost.
 LOST_NODE_POLL_S = 0.5
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def last_log_line(path: Path, limit: int = 4096) -> str:
@@ -238,7 +232,7 @@ class Executor:
             POLLUX_DEVICE="cpu" if on_cpu else "cuda",
             WORLD_SIZE=str(len(slots)),
             MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(free_port()),
+            MASTER_PORT=str(pick_master_port()),
         )
         if batch is not None:
             env["POLLUX_LOCAL_BATCH"] = str(batch.local_batch)

@@ -9,14 +9,39 @@ through the OpenSSH client.  Both must behave identically as seen from the execu
 
 from __future__ import annotations
 
+import random
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from pollux_local.errors import PolluxError
+
 #: Exit code of a replica that checkpointed on SIGTERM so that the job can be resized
 #: (``EX_TEMPFAIL`` from sysexits.h).  The job library uses the same constant.
 RESCALE_EXIT_CODE = 75
+
+#: Master (rendezvous) ports are drawn from [20000, 32000): below Linux's ephemeral range
+#: (32768-60999 by default), where the kernel picks the local ports of outgoing connections.
+#: A port "found free" there can be handed to a rank's own connect(); a rank that dials the
+#: master before it listens may then connect to itself and wait for ever.
+MASTER_PORT_RANGE = (20000, 32000)
+
+
+def pick_master_port(host: str = "127.0.0.1", rng: random.Random | None = None) -> int:
+    """A port in ``MASTER_PORT_RANGE`` that can be bound on ``host`` right now."""
+    draw = rng or random.Random()
+    for _ in range(128):
+        port = draw.randrange(*MASTER_PORT_RANGE)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        return port
+    low, high = MASTER_PORT_RANGE
+    raise PolluxError(f"no free master port in {low}-{high - 1} on {host}")
 
 
 @dataclass(frozen=True)

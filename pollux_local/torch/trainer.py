@@ -22,6 +22,7 @@ SIGTERM right after its current step.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import signal
@@ -669,8 +670,7 @@ class ElasticTrainer:
         self.checkpoint()
         self._report(force=True)
         self.reporter.flush()
-        if self.replicas > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+        self._leave_group()
         log.info("checkpointed at step %d for a rescale; exiting %d", self.steps, RESCALE_EXIT_CODE)
         sys.exit(RESCALE_EXIT_CODE)
 
@@ -722,9 +722,22 @@ class ElasticTrainer:
         """End of training: settle pending statistics, send a last report, leave the group."""
         self._report(force=True)
         self.reporter.flush()
-        if self.replicas > 1 and dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()
+        self._leave_group()
+
+    def _leave_group(self) -> None:
+        """Leave the process group together, every replica at once.
+
+        The DDP wrapper goes first (its reducer holds the group), while every replica is still
+        connected; then the group.  Left to the interpreter's exit, that teardown ran after a
+        peer had gone and could block the process for ever.
+        """
+        if self.replicas <= 1 or not dist.is_initialized():
+            return
+        dist.barrier()
+        self.model = self.module
+        gc.collect()
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 class ElasticLoader:
