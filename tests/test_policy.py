@@ -309,7 +309,14 @@ def test_a_job_whose_growth_does_not_fit_stays_where_it_is() -> None:
     # rather than moving to the equally large free space on "big" (a needless restart)
     nodes = [NodeView("big", 8), NodeView("a", 4), NodeView("b", 4)]
     jobs = [
-        job("spread", min_replicas=8, max_replicas=8, placement=(4, 0, 4), age_s=1e5),
+        job(
+            "spread",
+            min_replicas=8,
+            max_replicas=8,
+            placement=(4, 0, 4),
+            age_s=1e5,
+            model=PowerModel(multi_node=1.0),  # nothing to gain from one node
+        ),
         job(
             "local",
             placement=(0, 4, 0),
@@ -465,3 +472,42 @@ def test_a_small_job_does_not_span_nodes_when_one_node_holds_fewer_devices() -> 
     check_invariants(decision, [*blockers, newcomer], nodes)
     placed = decision.placements["n"]
     assert sum(1 for c in placed if c > 0) == 1 and sum(placed) == 2
+
+
+def test_a_spread_out_job_moves_onto_one_node_when_that_pays() -> None:
+    # "s" runs 4 devices over two nodes (it was placed while the cluster was fragmented); its
+    # model says spanning nodes halves its goodput.  A whole node is free now: the tables would
+    # value its 4 devices as if on one node, so only its real (spread) goodput shows the gain.
+    nodes = cluster(3)
+    model = PowerModel(exponent=1.0, multi_node=0.5)
+    jobs = [
+        job("s", placement=(2, 2, 0), max_replicas=4, age_s=1e5, model=model),
+        job("a", placement=(2, 0, 0), max_replicas=2, age_s=1e5),
+        job("b", placement=(0, 2, 0), max_replicas=2, age_s=1e5),
+    ]
+    decision = GoodputPolicy().decide(jobs, nodes, 0.0, np.random.default_rng(0))
+    check_invariants(decision, jobs, nodes)
+    assert decision.placements["s"] == (0, 0, 4)
+    assert "moved from 4 (own goodput +100%)" in decision.reasons["s"]
+    assert decision.placements["a"] == (2, 0, 0) and decision.placements["b"] == (0, 2, 0)
+
+
+def test_a_spread_out_job_stays_when_no_tighter_room_or_no_payback() -> None:
+    nodes = cluster(2)
+    model = PowerModel(exponent=1.0, multi_node=0.5)
+    blockers = [
+        job("a", placement=(2, 0), max_replicas=2, age_s=1e5),
+        job("b", placement=(0, 2), max_replicas=2, age_s=1e5),
+    ]
+    # no node has 4 free devices: moving elsewhere would spread it just the same
+    spread = job("s", placement=(2, 2), max_replicas=4, age_s=1e5, model=model)
+    decision = GoodputPolicy().decide([spread, *blockers], nodes, 0.0, np.random.default_rng(0))
+    check_invariants(decision, [spread, *blockers], nodes)
+    assert decision.placements["s"] == (2, 2)
+    # a young job: a restart does not pay back the gain of a tighter placement
+    nodes = cluster(3)
+    young = job("s", placement=(2, 2, 0), max_replicas=4, age_s=60.0, model=model)
+    jobs = [young, *(replace(b, placement=(*b.placement, 0)) for b in blockers)]
+    decision = GoodputPolicy().decide(jobs, nodes, 0.0, np.random.default_rng(0))
+    check_invariants(decision, jobs, nodes)
+    assert decision.placements["s"] == (2, 2, 0)

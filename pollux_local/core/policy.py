@@ -44,7 +44,10 @@ The search, in four steps, all on tables computed once per decision:
    jobs spanning several nodes never share a node; when the free devices are too fragmented
    to hold a job as tightly as the tables assumed, fewer devices on fewer nodes are taken if
    its model predicts more goodput there; a running job whose larger target does not fit
-   stays where it is rather than moving.
+   stays where it is rather than moving.  A running job spread over more nodes than its
+   count needs (placed while the cluster was fragmented) is valued at the goodput its model
+   predicts where it really runs, so it moves onto fewer nodes when that pays for the restart
+   and room is free.
 
 Whole nodes: a job spanning nodes takes the devices of whole nodes (the counts the n largest
 nodes add up to): a partly used extra node slows every step with inter-node synchronisation and
@@ -107,6 +110,8 @@ class _JobPlan:
     k: int = 0
     placement: Placement = ()
     note: str = ""
+    consolidate: bool = False  # runs spread out; the same count on fewer nodes pays
+    spread_goodput: float | None = None  # predicted goodput where it runs, when spread out
 
 
 def _min_nodes_table(node_sizes: Sequence[int], max_k: int) -> np.ndarray:
@@ -269,11 +274,21 @@ class GoodputPolicy:
             speedup = goodput[: cap + 1] / fair_goodput
             weight = float(weights[index] * service[index])
             utility = weight * _utility(speedup, self.p)
+            consolidate = False
+            spread_goodput: float | None = None
             if current_k > 0:
                 keep = utility[current_k] if current_k <= cap else _NEG
+                spread_goodput = self._spread_goodput(job, min_nodes)
+                if spread_goodput is not None and current_k <= cap:
+                    # staying is worth what the job really gets where it runs, not the table's
+                    # value of its count on the fewest nodes
+                    keep = weight * float(
+                        _utility(np.array([spread_goodput]) / fair_goodput, self.p)[0]
+                    )
                 utility = weight * _utility(speedup * discount, self.p)
                 if current_k <= cap:
-                    utility[current_k] = keep
+                    consolidate = bool(utility[current_k] > keep)
+                    utility[current_k] = max(keep, utility[current_k])
             utility[1:min_k] = _NEG
             spread = ~whole_nodes[: cap + 1]
             spread[[k for k in (current_k, min_k) if k <= cap]] = False
@@ -291,9 +306,22 @@ class GoodputPolicy:
                     weight=float(weights[index]),
                     discount=discount,
                     utility=utility,
+                    consolidate=consolidate,
+                    spread_goodput=spread_goodput,
                 )
             )
         return plans
+
+    @staticmethod
+    def _spread_goodput(job: JobView, min_nodes: np.ndarray) -> float | None:
+        """Predicted goodput of a running job on the nodes it really spans, when it spans more
+        than the fewest that hold its devices (None otherwise: the tables already hold it)."""
+        k = job.replicas
+        spans = sum(1 for c in job.placement if c > 0)
+        if k == 0 or job.model is None or spans <= int(min_nodes[min(k, len(min_nodes) - 1)]):
+            return None
+        goodput, _, _ = job.model.best_goodput(np.array([spans]), np.array([k]))
+        return max(float(np.nan_to_num(goodput[0], nan=0.0, posinf=0.0)), 1e-12)
 
     def _remaining(self, job: JobView) -> float | None:
         """Expected remaining run time from the declared length, or None without one.
@@ -551,7 +579,11 @@ class GoodputPolicy:
         # 1. jobs keeping their replica count keep their devices when still valid
         for pl in sorted(running, key=lambda q: (-q.k, q.index)):
             old = pl.job.placement
-            if pl.k == pl.current_k and self._still_fits(old, free, multi_node_on):
+            if (
+                pl.k == pl.current_k
+                and not pl.consolidate
+                and self._still_fits(old, free, multi_node_on)
+            ):
                 self._take(pl, old, free, multi_node_on)
                 continue
             pending.append(pl)
@@ -597,7 +629,11 @@ class GoodputPolicy:
         for k in range(pl.k, pl.min_k - 1, -1):
             fewest = int(min_nodes[min(k, len(min_nodes) - 1)])
             candidate: Placement | None
-            if k == pl.current_k and self._still_fits(pl.job.placement, free, multi_node_on):
+            if (
+                k == pl.current_k
+                and not pl.consolidate
+                and self._still_fits(pl.job.placement, free, multi_node_on)
+            ):
                 candidate = pl.job.placement
             else:
                 candidate = self._fit(k, unheld, multi_node_on)
@@ -607,6 +643,14 @@ class GoodputPolicy:
                 continue
             spans = sum(1 for c in candidate if c > 0)
             tight = spans <= fewest
+            if (
+                not tight
+                and k == pl.current_k
+                and pl.consolidate
+                and self._still_fits(pl.job.placement, free, multi_node_on)
+            ):
+                candidate = pl.job.placement  # no tighter room: stay rather than move
+                spans = sum(1 for c in candidate if c > 0)
             if tight:
                 value = float(pl.goodput[k]) if k < len(pl.goodput) else 0.0
             elif pl.job.model is None:
@@ -711,6 +755,8 @@ class GoodputPolicy:
             stay = pl.goodput[k] / pl.fair_goodput
             return head + f"; kept (restart pays only above {stay / max(pl.discount, 1e-9):.2f}x)"
         before = pl.goodput[pl.current_k] if pl.current_k < len(pl.goodput) else 0.0
+        if pl.spread_goodput is not None:
+            before = pl.spread_goodput
         change = (pl.goodput[k] / before - 1.0) * 100 if before > 0 else float("inf")
         verb = "grown" if k > pl.current_k else "shrunk" if k < pl.current_k else "moved"
         return head + f"; {verb} from {pl.current_k} (own goodput {change:+.0f}%)"
