@@ -78,7 +78,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pollux_local.core.types import Decision, JobView, NodeView, Placement
+from pollux_local.core.types import Decision, GoodputModelLike, JobView, NodeView, Placement
 
 _NEG = -np.inf
 #: A job gets at most this many times the largest replica count it has been profiled on.
@@ -137,6 +137,12 @@ def _whole_node_mask(node_sizes: Sequence[int], max_k: int) -> np.ndarray:
     spans = np.cumsum(sizes)[1:]
     mask[spans[spans <= max_k]] = True
     return mask
+
+
+def _goodput_on(model: GoodputModelLike, nodes: int, replicas: int) -> float:
+    """The model's best goodput for ``replicas`` devices over ``nodes`` nodes (0 if undefined)."""
+    goodput, _, _ = model.best_goodput(np.array([nodes]), np.array([replicas]))
+    return float(np.nan_to_num(goodput[0], nan=0.0, posinf=0.0))
 
 
 def rank_weights(remaining: np.ndarray, exponent: float) -> np.ndarray:
@@ -320,8 +326,7 @@ class GoodputPolicy:
         spans = sum(1 for c in job.placement if c > 0)
         if k == 0 or job.model is None or spans <= int(min_nodes[min(k, len(min_nodes) - 1)]):
             return None
-        goodput, _, _ = job.model.best_goodput(np.array([spans]), np.array([k]))
-        return max(float(np.nan_to_num(goodput[0], nan=0.0, posinf=0.0)), 1e-12)
+        return max(_goodput_on(job.model, spans, k), 1e-12)
 
     def _remaining(self, job: JobView) -> float | None:
         """Expected remaining run time from the declared length, or None without one.
@@ -656,8 +661,7 @@ class GoodputPolicy:
             elif pl.job.model is None:
                 value = 0.0
             else:
-                goodput, _, _ = pl.job.model.best_goodput(np.array([spans]), np.array([k]))
-                value = float(np.nan_to_num(goodput[0], nan=0.0, posinf=0.0))
+                value = _goodput_on(pl.job.model, spans, k)
             if best is None or value > best[0]:
                 best = (value, candidate)
             if tight:
