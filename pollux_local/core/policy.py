@@ -634,11 +634,8 @@ class GoodputPolicy:
         for k in range(pl.k, pl.min_k - 1, -1):
             fewest = int(min_nodes[min(k, len(min_nodes) - 1)])
             candidate: Placement | None
-            if (
-                k == pl.current_k
-                and not pl.consolidate
-                and self._still_fits(pl.job.placement, free, multi_node_on)
-            ):
+            can_stay = k == pl.current_k and self._still_fits(pl.job.placement, free, multi_node_on)
+            if can_stay and not pl.consolidate:
                 candidate = pl.job.placement
             else:
                 candidate = self._fit(k, unheld, multi_node_on)
@@ -648,12 +645,7 @@ class GoodputPolicy:
                 continue
             spans = sum(1 for c in candidate if c > 0)
             tight = spans <= fewest
-            if (
-                not tight
-                and k == pl.current_k
-                and pl.consolidate
-                and self._still_fits(pl.job.placement, free, multi_node_on)
-            ):
+            if not tight and can_stay and pl.consolidate:
                 candidate = pl.job.placement  # no tighter room: stay rather than move
                 spans = sum(1 for c in candidate if c > 0)
             if tight:
