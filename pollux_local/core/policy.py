@@ -246,7 +246,7 @@ class GoodputPolicy:
         free = self._greedy(plans, total)
         self._local_search(plans, free)
         self._place(plans, node_sizes, min_nodes)
-        return self._decision(plans, nodes, node_sizes)
+        return self._decision(plans, nodes, min_nodes)
 
     # ------------------------------------------------------------------ tables
     def _build_plans(
@@ -722,7 +722,7 @@ class GoodputPolicy:
 
     # ------------------------------------------------------------------ result
     def _decision(
-        self, plans: list[_JobPlan], nodes: Sequence[NodeView], node_sizes: list[int]
+        self, plans: list[_JobPlan], nodes: Sequence[NodeView], min_nodes: np.ndarray
     ) -> Decision:
         placements: dict[str, Placement] = {}
         reasons: dict[str, str] = {}
@@ -730,10 +730,18 @@ class GoodputPolicy:
         for pl in plans:
             placement = pl.placement if pl.admitted and pl.k > 0 else empty
             placements[pl.job.id] = placement
-            reasons[pl.job.id] = self._reason(pl, placement)
+            reasons[pl.job.id] = self._reason(pl, placement, min_nodes)
         return Decision(placements=placements, reasons=reasons)
 
-    def _reason(self, pl: _JobPlan, placement: Placement) -> str:
+    @staticmethod
+    def _placed_goodput(pl: _JobPlan, k: int, nodes: int, min_nodes: np.ndarray) -> float:
+        """Predicted goodput of k devices on the ``nodes`` nodes they really span: the table's
+        value (k on the fewest nodes) unless they span more and the job has a model."""
+        if pl.job.model is not None and nodes > int(min_nodes[min(k, len(min_nodes) - 1)]):
+            return _goodput_on(pl.job.model, nodes, k)
+        return float(pl.goodput[k]) if k < len(pl.goodput) else float("nan")
+
+    def _reason(self, pl: _JobPlan, placement: Placement, min_nodes: np.ndarray) -> str:
         k = int(sum(placement))
         fair = f"fair share {pl.fair_share:.1f}"
         if k == 0:
@@ -741,14 +749,14 @@ class GoodputPolicy:
                 return pl.note
             return f"waiting ({fair})"
         n = sum(1 for c in placement if c > 0)
-        speedup = pl.goodput[k] / pl.fair_goodput if k < len(pl.goodput) else float("nan")
+        speedup = self._placed_goodput(pl, k, n, min_nodes) / pl.fair_goodput
         head = f"{k} dev on {n} node{'s' if n > 1 else ''}, speed-up {speedup:.2f}x ({fair})"
         if pl.job.model is None:
             head += ", no profile yet: linear speed-up assumed"
         if pl.current_k == 0:
             return head + "; started"
         if placement == pl.job.placement:
-            stay = pl.goodput[k] / pl.fair_goodput
+            stay = speedup
             return head + f"; kept (restart pays only above {stay / max(pl.discount, 1e-9):.2f}x)"
         before = pl.goodput[pl.current_k] if pl.current_k < len(pl.goodput) else 0.0
         if pl.spread_goodput is not None:
