@@ -124,6 +124,11 @@ def _min_nodes_table(node_sizes: Sequence[int], max_k: int) -> np.ndarray:
     return np.minimum(table, len(sizes)).astype(np.int64)
 
 
+def _fewest_nodes(min_nodes: np.ndarray, replicas: int) -> int:
+    """The fewest nodes that hold ``replicas`` devices (the table's last entry beyond it)."""
+    return int(min_nodes[min(replicas, len(min_nodes) - 1)])
+
+
 def _whole_node_mask(node_sizes: Sequence[int], max_k: int) -> np.ndarray:
     """``mask[k]``: k devices fit on one node, or are the devices of the n largest nodes (n >= 2).
 
@@ -324,7 +329,7 @@ class GoodputPolicy:
         than the fewest that hold its devices (None otherwise: the tables already hold it)."""
         k = job.replicas
         spans = sum(1 for c in job.placement if c > 0)
-        if k == 0 or job.model is None or spans <= int(min_nodes[min(k, len(min_nodes) - 1)]):
+        if k == 0 or job.model is None or spans <= _fewest_nodes(min_nodes, k):
             return None
         return max(_goodput_on(job.model, spans, k), 1e-12)
 
@@ -632,7 +637,7 @@ class GoodputPolicy:
         spread_tries = 0
         unheld = [max(f - h, 0) for f, h in zip(free, held, strict=True)]
         for k in range(pl.k, pl.min_k - 1, -1):
-            fewest = int(min_nodes[min(k, len(min_nodes) - 1)])
+            fewest = _fewest_nodes(min_nodes, k)
             candidate: Placement | None
             can_stay = k == pl.current_k and self._still_fits(pl.job.placement, free, multi_node_on)
             if can_stay and not pl.consolidate:
@@ -737,7 +742,7 @@ class GoodputPolicy:
     def _placed_goodput(pl: _JobPlan, k: int, nodes: int, min_nodes: np.ndarray) -> float:
         """Predicted goodput of k devices on the ``nodes`` nodes they really span: the table's
         value (k on the fewest nodes) unless they span more and the job has a model."""
-        if pl.job.model is not None and nodes > int(min_nodes[min(k, len(min_nodes) - 1)]):
+        if pl.job.model is not None and nodes > _fewest_nodes(min_nodes, k):
             return _goodput_on(pl.job.model, nodes, k)
         return float(pl.goodput[k]) if k < len(pl.goodput) else float("nan")
 
@@ -756,8 +761,8 @@ class GoodputPolicy:
         if pl.current_k == 0:
             return head + "; started"
         if placement == pl.job.placement:
-            stay = speedup
-            return head + f"; kept (restart pays only above {stay / max(pl.discount, 1e-9):.2f}x)"
+            threshold = speedup / max(pl.discount, 1e-9)
+            return head + f"; kept (restart pays only above {threshold:.2f}x)"
         before = pl.goodput[pl.current_k] if pl.current_k < len(pl.goodput) else 0.0
         if pl.spread_goodput is not None:
             before = pl.spread_goodput
