@@ -87,26 +87,32 @@ def _spec(tmp: Path, replicas: int, restarts: int, epochs: int) -> LaunchSpec:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_job_under_the_launcher_rescales_and_finishes(tmp_path: Path) -> None:
-    """Two replicas, stopped mid-training (exit 75), restarted on one replica, to the end."""
+    """Two replicas, stopped mid-training (exit 75), restarted on one replica, to the end.
+
+    The stop is sent as soon as rank 0 logs its first finished epoch (the job needs at least
+    two more to reach its target and end by itself), not on a periodic report: those come
+    every 10 s, and on a fast machine the whole run can end before the first one.  The second
+    run goes two epochs past the one the first was stopped in.
+    """
 
     async def scenario() -> tuple[int, int, float]:
         launcher = LocalLauncher()
-        group = await launcher.launch(_spec(tmp_path, 2, 0, 3))
-        report = tmp_path / "job" / "report.json"
+        group = await launcher.launch(_spec(tmp_path, 2, 0, 400))
+        log = tmp_path / "logs0" / "rank0.log"
         deadline = time.monotonic() + 150
-        progress = 0.0
         while time.monotonic() < deadline and group.poll() is None:
-            if report.exists():
-                progress = json.loads(report.read_text())["progress"]
-                if progress >= 10:
-                    break
-            await asyncio.sleep(0.2)
+            if re.search(r"^epoch \d+ ", log.read_text(), re.MULTILINE):
+                break
+            await asyncio.sleep(0.1)
         first = await group.stop(grace_s=60)
-        second = await (await launcher.launch(_spec(tmp_path, 1, 1, 3))).wait()
-        return first, second, progress
+        at_stop = json.loads((tmp_path / "job" / "report.json").read_text())
+        epochs = int(at_stop["epoch"]) + 2
+        second = await (await launcher.launch(_spec(tmp_path, 1, 1, epochs))).wait()
+        return first, second, float(at_stop["progress"])
 
     first, second, progress_at_stop = asyncio.run(scenario())
     assert first == RESCALE_EXIT_CODE, (tmp_path / "logs0" / "rank0.log").read_text()[-2000:]
+    assert progress_at_stop >= 10
     assert second in (0, 3)
     log = (tmp_path / "logs1" / "rank0.log").read_text()
     assert FINAL.search(log.strip().splitlines()[-1]), log[-1000:]
