@@ -124,6 +124,11 @@ def _min_nodes_table(node_sizes: Sequence[int], max_k: int) -> np.ndarray:
     return np.minimum(table, len(sizes)).astype(np.int64)
 
 
+def _nodes_spanned(placement: Placement) -> int:
+    """How many nodes a placement uses (nodes with at least one of its devices)."""
+    return sum(1 for c in placement if c > 0)
+
+
 def _fewest_nodes(min_nodes: np.ndarray, replicas: int) -> int:
     """The fewest nodes that hold ``replicas`` devices (the table's last entry beyond it)."""
     return int(min_nodes[min(replicas, len(min_nodes) - 1)])
@@ -328,7 +333,7 @@ class GoodputPolicy:
         """Predicted goodput of a running job on the nodes it really spans, when it spans more
         than the fewest that hold its devices (None otherwise: the tables already hold it)."""
         k = job.replicas
-        spans = sum(1 for c in job.placement if c > 0)
+        spans = _nodes_spanned(job.placement)
         if k == 0 or job.model is None or spans <= _fewest_nodes(min_nodes, k):
             return None
         return max(_goodput_on(job.model, spans, k), 1e-12)
@@ -644,15 +649,15 @@ class GoodputPolicy:
                 candidate = pl.job.placement
             else:
                 candidate = self._fit(k, unheld, multi_node_on)
-                if candidate is None or sum(1 for c in candidate if c > 0) > fewest:
+                if candidate is None or _nodes_spanned(candidate) > fewest:
                     candidate = self._fit(k, free, multi_node_on)
             if candidate is None:
                 continue
-            spans = sum(1 for c in candidate if c > 0)
+            spans = _nodes_spanned(candidate)
             tight = spans <= fewest
             if not tight and can_stay and pl.consolidate:
                 candidate = pl.job.placement  # no tighter room: stay rather than move
-                spans = sum(1 for c in candidate if c > 0)
+                spans = _nodes_spanned(candidate)
             if tight:
                 value = float(pl.goodput[k]) if k < len(pl.goodput) else 0.0
             elif pl.job.model is None:
@@ -676,14 +681,14 @@ class GoodputPolicy:
             return False
         if any(c > f for c, f in zip(old, free, strict=True)):
             return False
-        spans = sum(1 for c in old if c > 0) > 1
+        spans = _nodes_spanned(old) > 1
         return not (spans and any(c > 0 and multi_node_on[i] for i, c in enumerate(old)))
 
     @staticmethod
     def _take(
         pl: _JobPlan, placement: Placement, free: list[int], multi_node_on: list[bool]
     ) -> None:
-        spans = sum(1 for c in placement if c > 0) > 1
+        spans = _nodes_spanned(placement) > 1
         for i, c in enumerate(placement):
             free[i] -= c
             if spans and c > 0:
@@ -753,7 +758,7 @@ class GoodputPolicy:
             if pl.note:
                 return pl.note
             return f"waiting ({fair})"
-        n = sum(1 for c in placement if c > 0)
+        n = _nodes_spanned(placement)
         speedup = self._placed_goodput(pl, k, n, min_nodes) / pl.fair_goodput
         head = f"{k} dev on {n} node{'s' if n > 1 else ''}, speed-up {speedup:.2f}x ({fair})"
         if pl.job.model is None:
