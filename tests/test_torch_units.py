@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -254,7 +256,17 @@ def _train(trainer: ElasticTrainer, epochs: int, stop_at: int | None = None) -> 
     return seen
 
 
-def test_stop_checkpoints_exits_75_and_resumes_exactly(tmp_path: Path) -> None:
+@pytest.fixture()
+def sigterm_restored() -> Iterator[None]:
+    """Puts back this process's SIGTERM handler (a trainer with checkpoints installs its own)."""
+    previous = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_stop_checkpoints_exits_75_and_resumes_exactly(
+    tmp_path: Path, sigterm_restored: None
+) -> None:
     model, opt = _model_opt()
     ref = ElasticTrainer(model, opt, base_batch=8, env=JobEnv(), report_interval_s=1e9)
     ref_seen = _train(ref, 2)
@@ -264,6 +276,9 @@ def test_stop_checkpoints_exits_75_and_resumes_exactly(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exc:
         _train(first, 2, stop_at=11)
     assert exc.value.code == RESCALE_EXIT_CODE
+    # Once it is leaving, a late SIGTERM (a peer's flag can come before the signal) is ignored
+    # rather than killing the exit at interpreter shutdown.
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
     model, opt = _model_opt()
     second = ElasticTrainer(model, opt, base_batch=8, env=JobEnv(), checkpoint_dir=tmp_path)
     assert second.steps == 11 and second.epoch == 1

@@ -22,6 +22,7 @@ SIGTERM right after its current step.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import math
@@ -216,7 +217,8 @@ class ElasticTrainer:
             self.model = DistributedDataParallel(self.module, **kwargs)
         else:
             self.model = self.module
-        if handle_sigterm and self.checkpoints is not None:
+        self._handles_sigterm = handle_sigterm and self.checkpoints is not None
+        if self._handles_sigterm:
             signal.signal(signal.SIGTERM, self._on_sigterm)
 
     # ----------------------------------------------------------------- configuration
@@ -667,6 +669,12 @@ class ElasticTrainer:
         return path
 
     def _checkpoint_and_exit(self) -> None:
+        if self._handles_sigterm:
+            # The replicas decided to stop together, so a peer's flag can come before this
+            # replica's own SIGTERM.  Arriving during interpreter shutdown, where the handler is
+            # gone, that signal would turn the checkpointed exit 75 into a kill.
+            with contextlib.suppress(ValueError):  # not the main thread: nothing to guard
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self.checkpoint()
         self._report(force=True)
         self.reporter.flush()

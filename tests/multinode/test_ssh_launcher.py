@@ -127,9 +127,10 @@ def test_stop_checkpoints_and_exits_for_a_rescale(
         await _wait_for_step(tmp_path / "ckpt", 10)
         return await group.stop(grace_s=20)
 
-    assert asyncio.run(run()) == RESCALE_EXIT_CODE
-    logs = (tmp_path / "logs" / "rank0.log").read_text()
-    assert "checkpointed at step" in logs
+    code = asyncio.run(run())
+    logs = [(tmp_path / "logs" / f"rank{rank}.log").read_text() for rank in (0, 1)]
+    assert code == RESCALE_EXIT_CODE, f"group exited {code}; logs:\n" + "\n".join(logs)
+    assert all("checkpointed at step" in log for log in logs)
 
 
 def test_cut_link_fails_the_group_and_the_job_resumes_on_the_other_host(
