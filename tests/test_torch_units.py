@@ -34,6 +34,15 @@ from pollux_local.torch.report import Reporter  # noqa: E402
 pytestmark = pytest.mark.timeout(60)
 
 
+@pytest.fixture(autouse=True)
+def sigterm_restored() -> Iterator[None]:
+    """Puts back this process's SIGTERM handler after each test (a trainer with checkpoints
+    installs its own, and one that stops ignores SIGTERM)."""
+    previous = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
 # ----------------------------------------------------------------------------- sampler
 @settings(max_examples=40, deadline=None)
 @given(
@@ -256,17 +265,7 @@ def _train(trainer: ElasticTrainer, epochs: int, stop_at: int | None = None) -> 
     return seen
 
 
-@pytest.fixture()
-def sigterm_restored() -> Iterator[None]:
-    """Puts back this process's SIGTERM handler (a trainer with checkpoints installs its own)."""
-    previous = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, previous)
-
-
-def test_stop_checkpoints_exits_75_and_resumes_exactly(
-    tmp_path: Path, sigterm_restored: None
-) -> None:
+def test_stop_checkpoints_exits_75_and_resumes_exactly(tmp_path: Path) -> None:
     model, opt = _model_opt()
     ref = ElasticTrainer(model, opt, base_batch=8, env=JobEnv(), report_interval_s=1e9)
     ref_seen = _train(ref, 2)
