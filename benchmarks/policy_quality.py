@@ -33,19 +33,19 @@ TARGET_RATIO = 0.9
 TARGET_RESTARTS = 3.0
 
 
-def run_one(task: tuple[str, str, str, float | None]) -> dict[str, object]:
+def run_one(task: tuple[str, str, str, float | None, bool]) -> dict[str, object]:
     """Simulate one trace; ``task`` = (label, trace path, models dir, p or None for the
-    policy's default)."""
+    policy's default, whether jobs of one application share their measurements)."""
     from pollux_local.core.policy import GoodputPolicy
     from pollux_local.sim.profiles import load_profiles
-    from pollux_local.sim.simulator import Simulator
+    from pollux_local.sim.simulator import SimConfig, Simulator
     from pollux_local.sim.workload import read_workload
 
-    label, trace, models, p = task
+    label, trace, models, p, share = task
     workload = read_workload(Path(trace))
     profiles = load_profiles(Path(models), {job.application for job in workload})
     policy = GoodputPolicy() if p is None else GoodputPolicy(p=p)
-    simulator = Simulator(workload, profiles, policy)
+    simulator = Simulator(workload, profiles, policy, SimConfig(share_profiles=share))
     result = simulator.run()
     row: dict[str, object] = {"run": label, **result.summary()}
     by_app: dict[str, dict[str, float]] = {}
@@ -79,21 +79,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--p", type=float, default=None, help="p-mean exponent (default: the policy's, -1)"
     )
+    parser.add_argument(
+        "--no-share-profiles",
+        dest="share_profiles",
+        action="store_false",
+        help="each job's model from its own measurements only (as the reference simulated)",
+    )
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
-    tasks: list[tuple[str, str, str, float | None]] = []
+    tasks: list[tuple[str, str, str, float | None, bool]] = []
     reference: dict[str, float] = {}
     models = str(args.data / "models")
     for load in args.loads:
         for number in args.workloads:
             label = f"{load} workload-{number}"
             path = args.data / LOAD_FOLDERS[load] / f"workload-{number}.csv"
-            tasks.append((label, str(path), models, args.p))
+            tasks.append((label, str(path), models, args.p, args.share_profiles))
             reference[label] = POLLUX_AVG_JCT_S[load][number - 1]
     for extra in args.extra:
-        tasks.append((f"held-out {extra.name}", str(extra), models, args.p))
+        tasks.append((f"held-out {extra.name}", str(extra), models, args.p, args.share_profiles))
     scratch = tempfile.TemporaryDirectory(prefix="pollux-held-out-")
     if args.held_out:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -109,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
                     writer = csv.writer(handle)
                     writer.writerow(["name", "time", "application", "num_replicas", "batch_size"])
                     writer.writerows(trace_rows)
-                tasks.append((f"{load} held-out seed {seed}", str(path), models, args.p))
+                tasks.append(
+                    (f"{load} held-out seed {seed}", str(path), models, args.p, args.share_profiles)
+                )
     processes = max(1, min(args.processes, 2, len(tasks)))
     with multiprocessing.Pool(processes) as pool:
         rows = pool.map(run_one, tasks, chunksize=1)

@@ -7,11 +7,12 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pytest
 
-from pollux_local.core.types import Decision, JobView, NodeView, Placement
+from pollux_local.core.types import Decision, GradStats, JobView, NodeView, Placement
 from pollux_local.daemon.scheduler import (
     ModelCache,
     NodeSnapshot,
     assign_devices,
+    job_kind,
     job_view,
     plan_round,
     static_batch,
@@ -193,3 +194,22 @@ def test_job_view_carries_the_declared_progress_fraction() -> None:
     without.report = {**report([]), "epoch": 3, "epochs": None}
     assert job_view(without, None, NODES, now=10.0).progress_fraction is None
     assert job_view(job(3), None, NODES, now=10.0).progress_fraction is None
+
+
+def test_jobs_of_one_kind_share_their_throughput_points() -> None:
+    cache = ModelCache()
+    first = job(1, "running", {"a": ["cpu:0"]})
+    first.report = report([(1, 1, 32, 0.05, 0.05), (1, 2, 32, 0.05, 0.08)])
+    first.report["epoch"] = 0
+    same_kind, other_kind = job(2), job(3, argv=["y"])
+    assert cache.model_for(same_kind) is None  # the kind has reported nothing yet
+    assert cache.model_for(first) is not None
+    pooled = cache.model_for(same_kind)  # no report of its own: the kind's points and stats
+    assert pooled is not None and pooled.stats == GradStats(sqr=1.0, var=4.0)
+    assert cache.model_for(other_kind) is None
+    # its own points win where both measured the same configuration
+    same_kind.report = report([(1, 2, 32, 0.05, 0.20)])
+    own = cache.model_for(same_kind)
+    assert own is not None
+    assert own.params != pooled.params
+    assert job_kind(same_kind) == job_kind(first) != job_kind(other_kind)

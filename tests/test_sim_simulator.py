@@ -173,3 +173,31 @@ def test_bad_input(profiles: dict[str, AppProfile]) -> None:
         Simulator([WorkloadJob("a", 0, "bert", 12, 48)], profiles, FifoPolicy(), SimConfig(nodes=2))
     with pytest.raises(PolluxError, match="impossible cluster size: 0 nodes"):
         Simulator([WorkloadJob("a", 0, "bert", 1, 12)], profiles, FifoPolicy(), SimConfig(nodes=0))
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_jobs_of_one_application_share_their_points(
+    profiles: dict[str, AppProfile], share: bool
+) -> None:
+    policy_mod = pytest.importorskip("pollux_local.core.policy")
+
+    class Recording(policy_mod.GoodputPolicy):  # type: ignore[name-defined,misc]
+        first_views: dict[str, JobView] = {}
+
+        def decide(self, jobs, nodes, now, rng):  # type: ignore[no-untyped-def]
+            for view in jobs:
+                self.first_views.setdefault(view.id, view)
+            return super().decide(jobs, nodes, now, rng)
+
+    trace = [WorkloadJob("a", 0.0, "cifar10", 1, 128), WorkloadJob("b", 300.0, "cifar10", 1, 128)]
+    policy = Recording()
+    sim = Simulator(trace, profiles, policy, SimConfig(nodes=1, share_profiles=share))
+    assert sim.run().completed == 2
+    second = policy.first_views["b"]
+    assert second.max_profiled_replicas == 0  # its exploration still starts from its own runs
+    if share:  # a model before it has run: its application's points and first-epoch stats
+        assert second.model is not None
+        assert len(sim.pool.points_for("cifar10", {})) >= len(sim.jobs[0].profile)
+    else:
+        assert second.model is None
+        assert sim.pool.kinds() == []

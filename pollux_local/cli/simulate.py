@@ -90,6 +90,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--interval", type=_non_negative_float, default=60.0, help="seconds")
     parser.add_argument("--restart-cost", type=_non_negative_float, default=30.0, help="seconds")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no-share-profiles",
+        dest="share_profiles",
+        action="store_false",
+        help="fit each job's model to its own measurements only (as the reference simulated)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run_simulate)
 
@@ -151,6 +157,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         interval_s=args.interval,
         restart_cost_s=args.restart_cost,
         seed=args.seed,
+        share_profiles=args.share_profiles,
     )
     config.validate()
     models = args.models

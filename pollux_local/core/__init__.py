@@ -11,6 +11,7 @@ from pollux_local.core.efficiency import (
     progress_gain,
 )
 from pollux_local.core.goodput import GoodputModel
+from pollux_local.core.pool import ProfilePool
 from pollux_local.core.throughput import (
     ThroughputParams,
     fit_throughput,
@@ -39,6 +40,7 @@ __all__ = [
     "NodeView",
     "Placement",
     "Policy",
+    "ProfilePool",
     "ThroughputParams",
     "efficiency",
     "estimate_grad_stats",

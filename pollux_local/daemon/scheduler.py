@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from pollux_local.core.pool import Point, ProfilePool, Times
 from pollux_local.core.types import (
     BatchBounds,
     BatchChoice,
@@ -91,55 +92,87 @@ def _bounds_from(job: JobRecord, report: Mapping[str, Any] | None) -> BatchBound
         return None
 
 
+def job_kind(job: JobRecord) -> str:
+    """Jobs of one kind run the same command in the same folder with the same batch bounds;
+    they share their throughput measurements (:class:`~pollux_local.core.pool.ProfilePool`)."""
+    spec = job.spec
+    fields = ("workdir", "argv", "batch_size", "max_batch_size", "min_local_batch")
+    return json.dumps([spec.get(name) for name in (*fields, "max_local_batch")], sort_keys=True)
+
+
+def _profile_points(profile: Sequence[Any]) -> dict[Point, Times] | None:
+    """A report's profile as pool points, or ``None`` when an entry is malformed."""
+    points: dict[Point, Times] = {}
+    try:
+        for p in profile:
+            key = (int(p["nodes"]), int(p["replicas"]), int(p["local_batch"]))
+            points[key] = (float(p["compute_s"]), float(p["step_s"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return points
+
+
 class ModelCache:
-    """Fitted goodput models per job; a job's throughput is refitted only when its profile
-    changed since the last fit."""
+    """Fitted goodput models per job.  A job's throughput model is fitted to the points every
+    job of its kind reported (its own win where both have one) and refitted only when those
+    changed; before a job has reported gradient statistics it uses the first ones its kind
+    reported in a first epoch."""
 
     def __init__(self) -> None:
         self._fits: dict[int, tuple[str, Any]] = {}
+        self.pool = ProfilePool()
         self.fit_count = 0
 
     def forget(self, job_id: int) -> None:
         self._fits.pop(job_id, None)
 
     def model_for(self, job: JobRecord) -> Any | None:
-        """The job's ``GoodputModel`` from its latest report, or ``None`` if it has none."""
-        report = job.report
-        if not report:
+        """The job's ``GoodputModel``, or ``None`` while neither it nor its kind has reported a
+        profile and gradient statistics."""
+        report = job.report or {}
+        kind = job_kind(job)
+        own = _profile_points(report.get("profile") or [])
+        if own is None:
             return None
-        profile = report.get("profile") or []
-        stats = report.get("grad_stats") or {}
+        grad = _grad_stats(report.get("grad_stats"))
+        epoch = report.get("epoch")
+        self.pool.add(kind, own, grad, first_epoch=isinstance(epoch, int | float) and epoch < 1)
+        if grad is None:
+            grad = self.pool.start_stats(kind)
         bounds = _bounds_from(job, report)
-        if not profile or bounds is None:
+        points = self.pool.points_for(kind, own)
+        if not points or bounds is None or grad is None:
             return None
-        try:
-            grad = GradStats(sqr=float(stats["sqr"]), var=float(stats["var"]))
-        except (KeyError, TypeError, ValueError):
-            return None
-        if not (math.isfinite(grad.sqr) and math.isfinite(grad.var)):
-            return None
-        key = json.dumps(profile, sort_keys=True)
+        key = json.dumps(sorted(points.items()))
         cached = self._fits.get(job.id)
         if cached is not None and cached[0] == key:
             params = cached[1]
         else:
             from pollux_local.core.throughput import fit_throughput
 
+            cols = list(zip(*((*k, *v) for k, v in sorted(points.items())), strict=True))
             try:
-                params = fit_throughput(
-                    [float(p["nodes"]) for p in profile],
-                    [float(p["replicas"]) for p in profile],
-                    [float(p["local_batch"]) for p in profile],
-                    [float(p["compute_s"]) for p in profile],
-                    [float(p["step_s"]) for p in profile],
-                )
-            except (KeyError, TypeError, ValueError, ArithmeticError):
+                params = fit_throughput(cols[0], cols[1], cols[2], cols[3], cols[4])
+            except (TypeError, ValueError, ArithmeticError):
                 return None
             self._fits[job.id] = (key, params)
             self.fit_count += 1
         from pollux_local.core.goodput import GoodputModel
 
         return GoodputModel(params=params, stats=grad, bounds=bounds)
+
+
+def _grad_stats(raw: Any) -> GradStats | None:
+    """A report's ``grad_stats`` when both values are finite numbers, else ``None``."""
+    if not isinstance(raw, dict):
+        return None
+    try:
+        grad = GradStats(sqr=float(raw["sqr"]), var=float(raw["var"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not (math.isfinite(grad.sqr) and math.isfinite(grad.var)):
+        return None
+    return grad
 
 
 # --- views -------------------------------------------------------------------------------

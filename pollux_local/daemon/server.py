@@ -43,7 +43,13 @@ from pollux_local.daemon.protocol import (
     read_frame,
     validate_request,
 )
-from pollux_local.daemon.scheduler import ModelCache, NodeSnapshot, plan_round, predict
+from pollux_local.daemon.scheduler import (
+    ModelCache,
+    NodeSnapshot,
+    job_kind,
+    plan_round,
+    predict,
+)
 from pollux_local.daemon.state import ACTIVE_STATES, TERMINAL_STATES, JobRecord, StateStore
 from pollux_local.errors import PolluxError
 
@@ -542,6 +548,8 @@ class Daemon:
         return {
             "params": model.params.to_dict(),
             "profile_points": len(profile),
+            # points the model was fitted to, the job's kind's included
+            "fitted_points": len(self.models.pool.points_for(job_kind(job), {})),
             "base_batch": model.bounds.base_batch,
         }
 

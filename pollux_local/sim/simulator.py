@@ -19,6 +19,9 @@ Two batch modes: *adaptive* jobs (goodput policies) start at M0 and take the (m,
 :meth:`GoodputModel.best_choice` picks from a throughput model refitted (only when a new
 (N, K, m) point was observed) from what the job has actually run, with its current true
 gradient statistics; *static* jobs (baselines) keep the workload row's tuned total batch.
+With ``share_profiles`` (the default) an adaptive job's model is fitted to the points every job
+of its application has run (:class:`~pollux_local.core.pool.ProfilePool`), and before its first
+round it uses the gradient statistics the application's first job reported in its first epoch.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pollux_local.core.goodput import GoodputModel
+from pollux_local.core.pool import ProfilePool
 from pollux_local.core.throughput import ThroughputParams, fit_throughput
 from pollux_local.core.types import GradStats, JobView, NodeView, Placement, Policy
 from pollux_local.errors import PolluxError
@@ -48,6 +52,8 @@ class SimConfig:
     interval_s: float = 60.0
     restart_cost_s: float = 30.0
     seed: int = 0
+    #: Fit each adaptive job's model to the points all jobs of its application measured.
+    share_profiles: bool = True
     #: Give up (and report the unfinished jobs) after this much simulated time.
     max_time_s: float = 30 * 24 * 3600.0
 
@@ -194,6 +200,7 @@ class Simulator:
                 )
             self.jobs.append(SimJob(spec=spec, app=app, adaptive=adaptive))
         self.rng = np.random.default_rng(self.config.seed)
+        self.pool = ProfilePool()
         self.now = 0.0
         self._iter_time_cache: dict[tuple[str, int], tuple[float, ...]] = {}
 
@@ -226,18 +233,27 @@ class Simulator:
         job.local_batch, job.accum_steps = int(choice.local_batch), int(choice.accum_steps)
 
     def _model(self, job: SimJob) -> GoodputModel | None:
-        """The job's goodput model, refitted only when its profile gained a point."""
-        if not job.profile or job.grad is None:
+        """The job's goodput model, refitted only when its points (its own, and with
+        ``share_profiles`` its application's) gained one."""
+        points = job.profile
+        grad = job.grad
+        if self.config.share_profiles:
+            kind = job.app.name
+            points = self.pool.points_for(kind, job.profile)
+            if grad is None:
+                start = self.pool.start_stats(kind)
+                grad = None if start is None else (start.sqr, start.var)
+        if not points or grad is None:
             return None
-        if job.params is None or job.fitted_points != len(job.profile):
-            keys = np.array(list(job.profile.keys()), dtype=float)
-            vals = np.array(list(job.profile.values()), dtype=float)
+        if job.params is None or job.fitted_points != len(points):
+            keys = np.array(list(points.keys()), dtype=float)
+            vals = np.array(list(points.values()), dtype=float)
             job.params = fit_throughput(keys[:, 0], keys[:, 1], keys[:, 2], vals[:, 0], vals[:, 1])
-            job.fitted_points = len(job.profile)
+            job.fitted_points = len(points)
             job.model_key = None
-        key = (job.fitted_points, job.grad)
+        key = (job.fitted_points, grad)
         if job.model_key != key:
-            sqr, var = job.grad
+            sqr, var = grad
             job.model = GoodputModel(job.params, GradStats(sqr=sqr, var=var), job.app.bounds)
             job.model_key = key
         return job.model
@@ -282,6 +298,8 @@ class Simulator:
             if point not in job.profile:
                 job.profile[point] = (max(step - sync, 1e-9), step)
             job.grad = (sqr, var)
+            if job.epoch == 0 and job.adaptive and self.config.share_profiles:
+                self.pool.add(app.name, {}, GradStats(sqr=sqr, var=var), first_epoch=True)
             rate = gain / iter_time
             target = app.epoch_target[job.epoch + 1]
             crossed = job.progress + rate * left >= target
@@ -301,6 +319,8 @@ class Simulator:
                 break
             if crossed and job.adaptive:
                 self._choose_batch(job)  # re-decide the batch at each epoch boundary
+        if job.adaptive and self.config.share_profiles:
+            self.pool.add(job.app.name, job.profile)
         if job.adaptive and job.completion_s is None and job.batch_points != len(job.profile):
             self._choose_batch(job)  # the model gained a point: re-decide without a restart
 
