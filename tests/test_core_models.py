@@ -243,3 +243,23 @@ def test_candidates_reach_the_largest_micro_batch_and_never_exceed_max_batch():
     assert np.all((local == 8).any(axis=1))
     _, m, _ = model.best_goodput(np.array([1, 1, 2, 4]), k)
     assert np.all(m == 8)
+
+
+def test_profile_pool_own_points_win_and_start_stats_come_first() -> None:
+    from pollux_local.core.pool import ProfilePool
+
+    pool = ProfilePool()
+    pool.add("k", {(1, 1, 32): (0.05, 0.05), (1, 2, 32): (0.05, 0.08)})
+    pool.add("k", {}, GradStats(sqr=1.0, var=2.0), first_epoch=False)  # not a first epoch
+    assert pool.start_stats("k") is None
+    pool.add("k", {}, GradStats(sqr=1.0, var=4.0), first_epoch=True)
+    pool.add("k", {}, GradStats(sqr=9.0, var=9.0), first_epoch=True)  # the first one stays
+    assert pool.start_stats("k") == GradStats(sqr=1.0, var=4.0)
+    merged = pool.points_for("k", {(1, 2, 32): (0.05, 0.20), (1, 4, 32): (0.05, 0.3)})
+    assert merged == {
+        (1, 1, 32): (0.05, 0.05),
+        (1, 2, 32): (0.05, 0.20),
+        (1, 4, 32): (0.05, 0.3),
+    }
+    assert pool.points_for("other", {}) == {} and pool.start_stats("other") is None
+    assert pool.kinds() == ["k"]
