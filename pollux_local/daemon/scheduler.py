@@ -92,12 +92,21 @@ def _bounds_from(job: JobRecord, report: Mapping[str, Any] | None) -> BatchBound
         return None
 
 
+#: The spec fields that make two jobs the same kind.
+_KIND_FIELDS = (
+    "workdir",
+    "argv",
+    "batch_size",
+    "max_batch_size",
+    "min_local_batch",
+    "max_local_batch",
+)
+
+
 def job_kind(job: JobRecord) -> str:
     """Jobs of one kind run the same command in the same folder with the same batch bounds;
     they share their throughput measurements (:class:`~pollux_local.core.pool.ProfilePool`)."""
-    spec = job.spec
-    fields = ("workdir", "argv", "batch_size", "max_batch_size", "min_local_batch")
-    return json.dumps([spec.get(name) for name in (*fields, "max_local_batch")], sort_keys=True)
+    return json.dumps([job.spec.get(name) for name in _KIND_FIELDS], sort_keys=True)
 
 
 def _profile_points(profile: Sequence[Any]) -> dict[Point, Times] | None:
