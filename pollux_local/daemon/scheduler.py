@@ -128,7 +128,7 @@ class ModelCache:
     reported in a first epoch."""
 
     def __init__(self) -> None:
-        self._fits: dict[int, tuple[str, Any]] = {}
+        self._fits: dict[int, tuple[str, Any, Any]] = {}
         self.pool = ProfilePool()
         self.fit_count = 0
 
@@ -155,20 +155,20 @@ class ModelCache:
         key = json.dumps(sorted(points.items()))
         cached = self._fits.get(job.id)
         if cached is not None and cached[0] == key:
-            params = cached[1]
+            params, correction = cached[1], cached[2]
         else:
-            from pollux_local.core.throughput import fit_throughput
+            from pollux_local.core.correction import fit_corrected
 
             cols = list(zip(*((*k, *v) for k, v in sorted(points.items())), strict=True))
             try:
-                params = fit_throughput(cols[0], cols[1], cols[2], cols[3], cols[4])
+                params, correction = fit_corrected(cols[0], cols[1], cols[2], cols[3], cols[4])
             except (TypeError, ValueError, ArithmeticError):
                 return None
-            self._fits[job.id] = (key, params)
+            self._fits[job.id] = (key, params, correction)
             self.fit_count += 1
         from pollux_local.core.goodput import GoodputModel
 
-        return GoodputModel(params=params, stats=grad, bounds=bounds)
+        return GoodputModel(params=params, stats=grad, bounds=bounds, correction=correction)
 
 
 def _grad_stats(raw: Any) -> GradStats | None:

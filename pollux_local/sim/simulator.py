@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pollux_local.core.correction import TimeCorrection, fit_corrected
 from pollux_local.core.goodput import GoodputModel
 from pollux_local.core.pool import ProfilePool
 from pollux_local.core.throughput import ThroughputParams, fit_throughput
@@ -54,6 +55,8 @@ class SimConfig:
     seed: int = 0
     #: Fit each adaptive job's model to the points all jobs of its application measured.
     share_profiles: bool = True
+    #: Correct each model's times by the residuals at measured points (``core.correction``).
+    correct_times: bool = True
     #: Give up (and report the unfinished jobs) after this much simulated time.
     max_time_s: float = 30 * 24 * 3600.0
 
@@ -94,6 +97,7 @@ class SimJob:
     profile: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
     grad: tuple[float, float] | None = None
     params: ThroughputParams | None = None
+    correction: TimeCorrection | None = None
     fitted_points: int = 0
     model: GoodputModel | None = None
     model_key: tuple[int, tuple[float, float]] | None = None
@@ -248,13 +252,19 @@ class Simulator:
         if job.params is None or job.fitted_points != len(points):
             keys = np.array(list(points.keys()), dtype=float)
             vals = np.array(list(points.values()), dtype=float)
-            job.params = fit_throughput(keys[:, 0], keys[:, 1], keys[:, 2], vals[:, 0], vals[:, 1])
+            columns = (keys[:, 0], keys[:, 1], keys[:, 2], vals[:, 0], vals[:, 1])
+            if self.config.correct_times:
+                job.params, job.correction = fit_corrected(*columns)
+            else:
+                job.params, job.correction = fit_throughput(*columns), None
             job.fitted_points = len(points)
             job.model_key = None
         key = (job.fitted_points, grad)
         if job.model_key != key:
             sqr, var = grad
-            job.model = GoodputModel(job.params, GradStats(sqr=sqr, var=var), job.app.bounds)
+            job.model = GoodputModel(
+                job.params, GradStats(sqr=sqr, var=var), job.app.bounds, job.correction
+            )
             job.model_key = key
         return job.model
 

@@ -577,11 +577,11 @@ class ElasticTrainer:
         rows = self.profile.observations()
         if stats is None or not rows:
             return None
+        from pollux_local.core.correction import fit_corrected
         from pollux_local.core.goodput import GoodputModel
-        from pollux_local.core.throughput import fit_throughput
 
         try:
-            params = fit_throughput(
+            params, correction = fit_corrected(
                 [r["nodes"] for r in rows],
                 [r["replicas"] for r in rows],
                 [r["local_batch"] for r in rows],
@@ -591,7 +591,7 @@ class ElasticTrainer:
         except ValueError as exc:
             log.warning("cannot fit the throughput model: %s", exc)
             return None
-        model = GoodputModel(params, stats, self.bounds)
+        model = GoodputModel(params, stats, self.bounds, correction)
         best = model.best_choice(self.env.num_nodes, self.replicas)
         nodes, k = self.env.num_nodes, self.replicas
         current = float(model.goodput(nodes, k, self.local_batch, self.accum_steps))

@@ -1,0 +1,126 @@
+"""Measured corrections on top of the throughput model: trust what was measured, near it.
+
+The parametric model (``core.throughput``) has seven parameters for every placement and batch;
+a real job deviates from it in ways it cannot express (compute slowed by co-located replicas, a
+compute time convex in m, a two-node all-reduce slower than a four-node one).  Where the job
+(or its kind) has *measured* a configuration, the measurement is better than the model.  So each
+predicted time is multiplied by a correction smoothed from the log-residuals at the measured
+points i, with kernel weights in (log N, log K, log m)::
+
+    r_i = log(T_obs,i / T_model,i)                  (compute and synchronising step, separately)
+    w_i(x) = exp(-|(x - x_i) / l|^2 / 2)
+    log c(x) = sum_i w_i(x) r_i / (w_0 + sum_i w_i(x))
+
+At a measured point the prediction is (nearly) the measurement; away from every measured point
+(w_i -> 0) it is the model's, so the model alone still extrapolates.  ``w_0`` is the weight of
+the model's own prediction (shrinks a single measurement's correction slightly).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from pollux_local.core.throughput import (
+    ThroughputParams,
+    fit_throughput,
+    predict_compute_time,
+    predict_step_time,
+)
+
+FloatArray = NDArray[np.float64]
+
+#: Kernel length scales in log N, log K and log m.
+LENGTH_NODES = 0.3
+LENGTH_REPLICAS = 0.3
+LENGTH_BATCH = 0.25
+#: Weight of the model's own prediction against the measured residuals.
+PRIOR_WEIGHT = 0.1
+
+
+@dataclass(frozen=True, eq=False)
+class TimeCorrection:
+    """Log-residuals of measured compute and step times against the model, at their points."""
+
+    log_nodes: FloatArray
+    log_replicas: FloatArray
+    log_batch: FloatArray
+    residual_compute: FloatArray
+    residual_step: FloatArray
+
+    @classmethod
+    def from_points(
+        cls,
+        params: ThroughputParams,
+        nodes: ArrayLike,
+        replicas: ArrayLike,
+        local_batch: ArrayLike,
+        compute_s: ArrayLike,
+        step_s: ArrayLike,
+    ) -> TimeCorrection:
+        """Residuals r = log(observed / predicted) at the measured (N, K, m) points."""
+        n = np.atleast_1d(np.asarray(nodes, dtype=float))
+        k = np.atleast_1d(np.asarray(replicas, dtype=float))
+        m = np.atleast_1d(np.asarray(local_batch, dtype=float))
+        tc = np.atleast_1d(np.asarray(compute_s, dtype=float))
+        ts = np.maximum(np.atleast_1d(np.asarray(step_s, dtype=float)), tc)
+        pred_c = np.maximum(predict_compute_time(params, m), 1e-12)
+        pred_s = np.maximum(predict_step_time(params, n, k, m), 1e-12)
+        return cls(
+            log_nodes=np.log(n),
+            log_replicas=np.log(k),
+            log_batch=np.log(m),
+            residual_compute=np.log(tc / pred_c),
+            residual_step=np.log(ts / pred_s),
+        )
+
+    def factors(
+        self, nodes: ArrayLike, replicas: ArrayLike, local_batch: ArrayLike
+    ) -> tuple[FloatArray, FloatArray]:
+        """Multiplicative corrections (compute, step) at the queried points (broadcast)."""
+        n, k, m = np.broadcast_arrays(
+            np.asarray(nodes, dtype=float),
+            np.asarray(replicas, dtype=float),
+            np.asarray(local_batch, dtype=float),
+        )
+        shape = n.shape
+        # The kernel is a product of an (N, K) part and an m part: each is evaluated once per
+        # distinct value (a batch-candidate grid repeats both), the sums over measured points
+        # are matrix products over those distinct values, and each query picks its entry.
+        n_flat, k_flat = n.reshape(-1), k.reshape(-1)
+        pair = n_flat * (float(k_flat.max(initial=0.0)) + 1.0) + k_flat
+        _, first, nk_index = np.unique(pair, return_index=True, return_inverse=True)
+        ms, m_index = np.unique(m.reshape(-1), return_inverse=True)
+        ln = np.log(np.maximum(n_flat[first], 1.0))[:, None]
+        lk = np.log(np.maximum(k_flat[first], 1.0))[:, None]
+        lm = np.log(np.maximum(ms, 1e-12))[:, None]
+        w_nk = np.exp(
+            -0.5
+            * (
+                ((ln - self.log_nodes[None, :]) / LENGTH_NODES) ** 2
+                + ((lk - self.log_replicas[None, :]) / LENGTH_REPLICAS) ** 2
+            )
+        )
+        w_m = np.exp(-0.5 * ((lm - self.log_batch[None, :]) / LENGTH_BATCH) ** 2)
+        total = PRIOR_WEIGHT + w_nk @ w_m.T
+        log_c = (w_nk @ (w_m * self.residual_compute[None, :]).T) / total
+        log_s = (w_nk @ (w_m * self.residual_step[None, :]).T) / total
+        rows, cols = nk_index.reshape(-1), m_index.reshape(-1)
+        log_c, log_s = log_c[rows, cols], log_s[rows, cols]
+        return np.exp(log_c).reshape(shape), np.exp(log_s).reshape(shape)
+
+
+def fit_corrected(
+    nodes: ArrayLike,
+    replicas: ArrayLike,
+    local_batch: ArrayLike,
+    compute_s: ArrayLike,
+    step_s: ArrayLike,
+) -> tuple[ThroughputParams, TimeCorrection]:
+    """The throughput model fitted to the measured points, and its residuals at them."""
+    params = fit_throughput(nodes, replicas, local_batch, compute_s, step_s)
+    return params, TimeCorrection.from_points(
+        params, nodes, replicas, local_batch, compute_s, step_s
+    )
