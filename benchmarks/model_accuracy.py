@@ -4,7 +4,9 @@
 
 For each application of the artifact, repeatedly fits ``core.fit_throughput`` on ``--points``
 random rows of placements.csv and reports the median and mean relative throughput error over
-all rows, and the fit time.
+all rows, and the fit time; then the same model corrected by its residuals at the fitted rows
+(``core.correction``): its median error over all rows, and both models' median error over the
+rows the fit did not see.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pollux_local.core import fit_throughput, predict_throughput
+from pollux_local.core import (
+    TimeCorrection,
+    fit_throughput,
+    predict_compute_time,
+    predict_step_time,
+    predict_throughput,
+)
 
 DEFAULT_ARTIFACT = Path(__file__).resolve().parents[1].parent / "shared/data/pollux-artifact"
 
@@ -47,6 +55,7 @@ def main() -> None:
         nodes, reps, local, compute, step = load_placements(app_dir / "placements.csv")
         true = reps * local / step
         medians, means, fit_ms = [], [], []
+        corrected_medians, unseen_plain, unseen_corrected = [], [], []
         for _ in range(args.trials):
             idx = rng.choice(len(nodes), args.points, replace=False)
             t0 = time.perf_counter()
@@ -55,21 +64,43 @@ def main() -> None:
             err = np.abs(predict_throughput(fit, nodes, reps, local) / true - 1)
             medians.append(float(np.median(err)))
             means.append(float(np.mean(err)))
+            correction = TimeCorrection.from_points(
+                fit, nodes[idx], reps[idx], local[idx], compute[idx], step[idx]
+            )
+            factor_c, factor_s = correction.factors(nodes, reps, local)
+            step_pred = np.maximum(
+                predict_step_time(fit, nodes, reps, local) * factor_s,
+                predict_compute_time(fit, local) * factor_c,
+            )
+            corrected_err = np.abs(reps * local / step_pred / true - 1)
+            unseen = np.ones(len(nodes), dtype=bool)
+            unseen[idx] = False
+            corrected_medians.append(float(np.median(corrected_err)))
+            unseen_plain.append(float(np.median(err[unseen])))
+            unseen_corrected.append(float(np.median(corrected_err[unseen])))
         results[app_dir.name] = {
             "rows": int(len(nodes)),
             "median_error_pct": 100 * float(np.median(medians)),
             "mean_error_pct": 100 * float(np.median(means)),
             "fit_ms_median": float(np.median(fit_ms)),
+            "corrected_median_error_pct": 100 * float(np.median(corrected_medians)),
+            "unseen_median_error_pct": 100 * float(np.median(unseen_plain)),
+            "unseen_corrected_median_error_pct": 100 * float(np.median(unseen_corrected)),
         }
     if args.json:
         print(json.dumps(results, indent=2))
         return
     print(f"fit on {args.points} random configurations, {args.trials} trials per application")
-    print(f"{'app':<12} {'rows':>5} {'median err':>11} {'mean err':>9} {'fit ms':>7}")
+    print(
+        f"{'app':<12} {'rows':>5} {'median err':>11} {'mean err':>9} {'fit ms':>7}"
+        f" {'corrected':>10} {'unseen':>7} {'unseen corr.':>12}"
+    )
     for app, r in results.items():
         print(
             f"{app:<12} {r['rows']:>5} {r['median_error_pct']:>10.1f}% "
             f"{r['mean_error_pct']:>8.1f}% {r['fit_ms_median']:>7.1f}"
+            f" {r['corrected_median_error_pct']:>9.1f}% {r['unseen_median_error_pct']:>6.1f}%"
+            f" {r['unseen_corrected_median_error_pct']:>11.1f}%"
         )
 
 

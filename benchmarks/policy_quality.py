@@ -33,19 +33,25 @@ TARGET_RATIO = 0.9
 TARGET_RESTARTS = 3.0
 
 
-def run_one(task: tuple[str, str, str, float | None, bool]) -> dict[str, object]:
+Task = tuple[str, str, str, float | None, bool, bool]
+
+
+def run_one(task: Task) -> dict[str, object]:
     """Simulate one trace; ``task`` = (label, trace path, models dir, p or None for the
-    policy's default, whether jobs of one application share their measurements)."""
+    policy's default, whether jobs of one application share their measurements, whether
+    models are corrected by their measured residuals)."""
     from pollux_local.core.policy import GoodputPolicy
     from pollux_local.sim.profiles import load_profiles
     from pollux_local.sim.simulator import SimConfig, Simulator
     from pollux_local.sim.workload import read_workload
 
-    label, trace, models, p, share = task
+    label, trace, models, p, share, correct = task
     workload = read_workload(Path(trace))
     profiles = load_profiles(Path(models), {job.application for job in workload})
     policy = GoodputPolicy() if p is None else GoodputPolicy(p=p)
-    simulator = Simulator(workload, profiles, policy, SimConfig(share_profiles=share))
+    simulator = Simulator(
+        workload, profiles, policy, SimConfig(share_profiles=share, correct_times=correct)
+    )
     result = simulator.run()
     row: dict[str, object] = {"run": label, **result.summary()}
     by_app: dict[str, dict[str, float]] = {}
@@ -85,21 +91,38 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="each job's model from its own measurements only (as the reference simulated)",
     )
+    parser.add_argument(
+        "--no-correct-times",
+        dest="correct_times",
+        action="store_false",
+        help="predict from the fitted model alone, without the measured-residual correction",
+    )
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
-    tasks: list[tuple[str, str, str, float | None, bool]] = []
+    tasks: list[Task] = []
     reference: dict[str, float] = {}
     models = str(args.data / "models")
     for load in args.loads:
         for number in args.workloads:
             label = f"{load} workload-{number}"
             path = args.data / LOAD_FOLDERS[load] / f"workload-{number}.csv"
-            tasks.append((label, str(path), models, args.p, args.share_profiles))
+            tasks.append(
+                (label, str(path), models, args.p, args.share_profiles, args.correct_times)
+            )
             reference[label] = POLLUX_AVG_JCT_S[load][number - 1]
     for extra in args.extra:
-        tasks.append((f"held-out {extra.name}", str(extra), models, args.p, args.share_profiles))
+        tasks.append(
+            (
+                f"held-out {extra.name}",
+                str(extra),
+                models,
+                args.p,
+                args.share_profiles,
+                args.correct_times,
+            )
+        )
     scratch = tempfile.TemporaryDirectory(prefix="pollux-held-out-")
     if args.held_out:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -116,7 +139,14 @@ def main(argv: list[str] | None = None) -> int:
                     writer.writerow(["name", "time", "application", "num_replicas", "batch_size"])
                     writer.writerows(trace_rows)
                 tasks.append(
-                    (f"{load} held-out seed {seed}", str(path), models, args.p, args.share_profiles)
+                    (
+                        f"{load} held-out seed {seed}",
+                        str(path),
+                        models,
+                        args.p,
+                        args.share_profiles,
+                        args.correct_times,
+                    )
                 )
     processes = max(1, min(args.processes, 2, len(tasks)))
     with multiprocessing.Pool(processes) as pool:

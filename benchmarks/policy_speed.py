@@ -1,8 +1,9 @@
 """Decision time of the goodput policy, and the time of one throughput fit.
 
 Jobs get realistic fitted models: each is an application from the artifact's profiles, its
-throughput model fitted on the (nodes, replicas, micro-batch) points it would have run so far
-(up to its largest profiled replica count), its gradient statistics taken at a random epoch.
+throughput model fitted (and corrected by its residuals) on the (nodes, replicas, micro-batch)
+points it would have run so far (up to its largest profiled replica count), its gradient
+statistics taken at a random epoch.
 Each timed decision starts from the previous decision's placements (as in a real run), with
 ages and attained service advanced by one interval.
 
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pollux_local.core.correction import fit_corrected
 from pollux_local.core.goodput import GoodputModel
 from pollux_local.core.policy import GoodputPolicy
 from pollux_local.core.throughput import fit_throughput
@@ -66,13 +68,17 @@ def make_jobs(
         max_profiled = int(rng.choice([1, 2, 4, 8, 16]))
         if app == "ncf":
             max_profiled = 1
-        params = fit_throughput(*profile_points(profile, max_profiled, devices_per_node, rng))
+        params, correction = fit_corrected(
+            *profile_points(profile, max_profiled, devices_per_node, rng)
+        )
         epoch = int(rng.integers(0, profile.epochs))
         sqr, var = profile.grad_stats(profile.base_batch, epoch)
         bounds = profile.bounds
         if app == "ncf":
             bounds = replace(bounds, base_batch=bounds.max_batch)
-        model = GoodputModel(params=params, stats=GradStats(sqr=sqr, var=var), bounds=bounds)
+        model = GoodputModel(
+            params=params, stats=GradStats(sqr=sqr, var=var), bounds=bounds, correction=correction
+        )
         jobs.append(
             JobView(
                 id=f"{app}-{i}",

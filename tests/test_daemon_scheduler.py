@@ -213,3 +213,23 @@ def test_jobs_of_one_kind_share_their_throughput_points() -> None:
     assert own is not None
     assert own.params != pooled.params
     assert job_kind(same_kind) == job_kind(first) != job_kind(other_kind)
+
+
+def test_daemon_models_predict_measured_configurations_as_measured() -> None:
+    """The daemon's model carries the residual correction: a configuration the job reported
+    (here, compute on 4 devices much slower than on 1, which the model's single compute line
+    cannot express) is predicted close to its measured throughput."""
+    points = [
+        (1, 1, 32, 0.050, 0.050),
+        (1, 1, 64, 0.090, 0.090),
+        (1, 4, 32, 0.080, 0.095),
+        (1, 4, 64, 0.140, 0.160),
+    ]
+    record = job(1, "running", {"a": ["cpu:0"]})
+    record.report = report(points)
+    model = ModelCache().model_for(record)
+    assert model is not None and model.correction is not None
+    for n, k, m, _, step in points:
+        measured = k * m / step
+        predicted = float(model.throughput(n, k, m, 1))
+        assert abs(predicted / measured - 1) < 0.05, (k, m, predicted, measured)

@@ -96,6 +96,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_false",
         help="fit each job's model to its own measurements only (as the reference simulated)",
     )
+    parser.add_argument(
+        "--no-correct-times",
+        dest="correct_times",
+        action="store_false",
+        help="predict from the fitted model alone, without the measured-residual correction",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run_simulate)
 
@@ -158,6 +164,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         restart_cost_s=args.restart_cost,
         seed=args.seed,
         share_profiles=args.share_profiles,
+        correct_times=args.correct_times,
     )
     config.validate()
     models = args.models

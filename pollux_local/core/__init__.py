@@ -3,6 +3,7 @@
 numpy/scipy only: no I/O, no clock, no environment, no torch.  Time and randomness are passed in.
 """
 
+from pollux_local.core.correction import TimeCorrection, fit_corrected
 from pollux_local.core.efficiency import (
     efficiency,
     estimate_grad_stats,
@@ -15,6 +16,7 @@ from pollux_local.core.pool import ProfilePool
 from pollux_local.core.throughput import (
     ThroughputParams,
     fit_throughput,
+    predict_compute_time,
     predict_iter_time,
     predict_step_time,
     predict_throughput,
@@ -42,11 +44,14 @@ __all__ = [
     "Policy",
     "ProfilePool",
     "ThroughputParams",
+    "TimeCorrection",
     "efficiency",
     "estimate_grad_stats",
+    "fit_corrected",
     "fit_throughput",
     "lr_scale",
     "noise_scale",
+    "predict_compute_time",
     "predict_iter_time",
     "predict_step_time",
     "predict_throughput",
