@@ -80,21 +80,19 @@ class TimeCorrection:
         self, nodes: ArrayLike, replicas: ArrayLike, local_batch: ArrayLike
     ) -> tuple[FloatArray, FloatArray]:
         """Multiplicative corrections (compute, step) at the queried points (broadcast)."""
-        n, k, m = np.broadcast_arrays(
-            np.asarray(nodes, dtype=float),
-            np.asarray(replicas, dtype=float),
-            np.asarray(local_batch, dtype=float),
-        )
-        shape = n.shape
-        # The kernel is a product of an (N, K) part and an m part: each is evaluated once per
-        # distinct value (a batch-candidate grid repeats both), the sums over measured points
-        # are matrix products over those distinct values, and each query picks its entry.
-        n_flat, k_flat = n.reshape(-1), k.reshape(-1)
-        pair = n_flat * (float(k_flat.max(initial=0.0)) + 1.0) + k_flat
-        _, first, nk_index = np.unique(pair, return_index=True, return_inverse=True)
-        ms, m_index = np.unique(m.reshape(-1), return_inverse=True)
-        ln = np.log(np.maximum(n_flat[first], 1.0))[:, None]
-        lk = np.log(np.maximum(k_flat[first], 1.0))[:, None]
+        n = np.asarray(nodes, dtype=float)
+        k = np.asarray(replicas, dtype=float)
+        m = np.asarray(local_batch, dtype=float)
+        # The kernel is a product of an (N, K) part and an m part.  The (N, K) part is
+        # evaluated on the (N, K) arrays as given (a batch-candidate grid passes one row per
+        # allocation), the m part once per distinct m; the sums over measured points are then
+        # matrix products, and each query picks its entry.
+        n, k = np.broadcast_arrays(n, k)
+        shape = np.broadcast_shapes(n.shape, m.shape)
+        rows = np.broadcast_to(np.arange(n.size).reshape(n.shape), shape).reshape(-1)
+        ms, cols = np.unique(np.broadcast_to(m, shape).reshape(-1), return_inverse=True)
+        ln = np.log(np.maximum(n.reshape(-1), 1.0))[:, None]
+        lk = np.log(np.maximum(k.reshape(-1), 1.0))[:, None]
         lm = np.log(np.maximum(ms, 1e-12))[:, None]
         w_nk = np.exp(
             -0.5
@@ -107,7 +105,7 @@ class TimeCorrection:
         total = PRIOR_WEIGHT + w_nk @ w_m.T
         log_c = (w_nk @ (w_m * self.residual_compute[None, :]).T) / total
         log_s = (w_nk @ (w_m * self.residual_step[None, :]).T) / total
-        rows, cols = nk_index.reshape(-1), m_index.reshape(-1)
+        cols = cols.reshape(-1)
         log_c, log_s = log_c[rows, cols], log_s[rows, cols]
         return np.exp(log_c).reshape(shape), np.exp(log_s).reshape(shape)
 
