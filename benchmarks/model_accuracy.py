@@ -19,13 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pollux_local.core import (
-    TimeCorrection,
-    fit_throughput,
-    predict_compute_time,
-    predict_step_time,
-    predict_throughput,
-)
+from pollux_local.core import TimeCorrection, fit_throughput, predict_throughput
+from pollux_local.core.correction import corrected_times
 
 DEFAULT_ARTIFACT = Path(__file__).resolve().parents[1].parent / "shared/data/pollux-artifact"
 
@@ -67,11 +62,7 @@ def main() -> None:
             correction = TimeCorrection.from_points(
                 fit, nodes[idx], reps[idx], local[idx], compute[idx], step[idx]
             )
-            factor_c, factor_s = correction.factors(nodes, reps, local)
-            step_pred = np.maximum(
-                predict_step_time(fit, nodes, reps, local) * factor_s,
-                predict_compute_time(fit, local) * factor_c,
-            )
+            _, step_pred = corrected_times(fit, correction, nodes, reps, local)
             corrected_err = np.abs(reps * local / step_pred / true - 1)
             unseen = np.ones(len(nodes), dtype=bool)
             unseen[idx] = False

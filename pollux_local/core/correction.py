@@ -110,6 +110,24 @@ class TimeCorrection:
         return np.exp(log_c).reshape(shape), np.exp(log_s).reshape(shape)
 
 
+def corrected_times(
+    params: ThroughputParams,
+    correction: TimeCorrection | None,
+    nodes: ArrayLike,
+    replicas: ArrayLike,
+    local_batch: ArrayLike,
+) -> tuple[FloatArray, FloatArray]:
+    """(T_c, T_sync): the model's compute and synchronising-step times, each multiplied by its
+    correction factor when there is one (T_sync >= T_c)."""
+    t_c = predict_compute_time(params, local_batch)
+    t_sync = predict_step_time(params, nodes, replicas, local_batch)
+    if correction is not None:
+        factor_c, factor_s = correction.factors(nodes, replicas, local_batch)
+        t_c = t_c * factor_c
+        t_sync = np.maximum(t_sync * factor_s, t_c)
+    return np.asarray(t_c, dtype=np.float64), np.asarray(t_sync, dtype=np.float64)
+
+
 def fit_corrected(
     nodes: ArrayLike,
     replicas: ArrayLike,

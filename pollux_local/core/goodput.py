@@ -11,14 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from pollux_local.core.correction import TimeCorrection
+from pollux_local.core.correction import TimeCorrection, corrected_times
 from pollux_local.core.efficiency import efficiency as _efficiency
-from pollux_local.core.throughput import (
-    ThroughputParams,
-    predict_compute_time,
-    predict_step_time,
-    predict_throughput,
-)
+from pollux_local.core.throughput import ThroughputParams
 from pollux_local.core.types import BatchBounds, BatchChoice, GradStats
 
 FloatArray = NDArray[np.float64]
@@ -45,16 +40,12 @@ class GoodputModel:
     def throughput(
         self, nodes: ArrayLike, replicas: ArrayLike, local_batch: ArrayLike, accum_steps: ArrayLike
     ) -> FloatArray:
-        """Examples per second, K*m*s / T_iter (see ``core.throughput``), with the model's
-        compute and step times corrected by ``correction`` near measured points."""
-        if self.correction is None:
-            return predict_throughput(self.params, nodes, replicas, local_batch, accum_steps)
+        """Examples per second, K*m*s / T_iter with T_iter = (s - 1) * T_c + T_sync (see
+        ``core.throughput``), the times corrected near measured points (``core.correction``)."""
         k = np.asarray(replicas, dtype=float)
         m = np.asarray(local_batch, dtype=float)
         s = np.asarray(accum_steps, dtype=float)
-        factor_c, factor_s = self.correction.factors(nodes, k, m)
-        t_c = predict_compute_time(self.params, m) * factor_c
-        t_sync = np.maximum(predict_step_time(self.params, nodes, k, m) * factor_s, t_c)
+        t_c, t_sync = corrected_times(self.params, self.correction, nodes, k, m)
         return np.asarray(k * m * s / ((s - 1.0) * t_c + t_sync), dtype=np.float64)
 
     def efficiency(self, total_batch: ArrayLike) -> FloatArray:
