@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pollux_local.core.baselines import FifoPolicy, OptimusPolicy, TiresiasPolicy
+from pollux_local.core.goodput import GoodputModel
 from pollux_local.core.types import Decision, JobView, NodeView
 from pollux_local.errors import PolluxError
 from pollux_local.sim.profiles import AppProfile, load_profiles
@@ -201,3 +203,35 @@ def test_jobs_of_one_application_share_their_points(
     else:
         assert second.model is None
         assert sim.pool.kinds() == []
+
+
+@pytest.mark.parametrize("correct", [True, False])
+def test_models_carry_the_measured_correction_unless_turned_off(
+    profiles: dict[str, AppProfile], correct: bool
+) -> None:
+    """With ``correct_times`` each adaptive job's model predicts the configurations it ran
+    closer to what the profile measured than its fitted parameters alone do."""
+    policy_mod = pytest.importorskip("pollux_local.core.policy")
+    trace = [WorkloadJob("a", 0.0, "deepspeech2", 1, 20)]
+    sim = Simulator(
+        trace, profiles, policy_mod.GoodputPolicy(), SimConfig(nodes=1, correct_times=correct)
+    )
+    assert sim.run().completed == 1
+    job = sim.jobs[0]
+    model = sim._model(job)
+    assert model is not None and (model.correction is not None) == correct
+    if not correct:
+        return
+    plain = replace(model, correction=None)
+
+    def median_error(m: GoodputModel) -> float:
+        return float(
+            np.median(
+                [
+                    abs(float(m.throughput(n, k, b, 1)) / (k * b / step) - 1)
+                    for (n, k, b), (_, step) in job.profile.items()
+                ]
+            )
+        )
+
+    assert median_error(model) < 0.75 * median_error(plain)
