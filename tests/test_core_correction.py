@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -18,6 +15,7 @@ from pollux_local.core.throughput import (
     predict_step_time,
     predict_throughput,
 )
+from tests.artifact_rows import placement_rows
 
 PARAMS = ThroughputParams(
     alpha_c=0.02, beta_c=0.0007, alpha_r=0.08, beta_r=0.01, alpha_n=0.15, beta_n=0.02, gamma=2.0
@@ -99,18 +97,10 @@ def test_fit_corrected_is_the_plain_fit_plus_its_residuals():
 
 def test_correction_improves_predictions_of_measured_configurations(artifact_dir):
     """deepspeech2: the model fitted to 15 measured configurations predicts those same
-    configurations better (and no worse in median on all the rest) once corrected."""
-    path = artifact_dir / "models" / "deepspeech2" / "placements.csv"
-    with Path(path).open() as handle:
-        rows = list(csv.DictReader(handle))
-    placements = [r["placement"] for r in rows]
-    nodes = np.array([len(p) for p in placements], dtype=float)
-    reps = np.array([sum(int(c) for c in p) for p in placements], dtype=float)
-    local = np.array([float(r["local_bsz"]) for r in rows])
-    step = np.array([float(r["step_time"]) for r in rows])
-    compute = step - np.array([float(r["sync_time"]) for r in rows])
+    configurations better, and all rows no worse in median, once corrected."""
+    nodes, reps, local, compute, step = placement_rows(artifact_dir, "deepspeech2")
     rng = np.random.default_rng(0)
-    idx = rng.choice(len(rows), 15, replace=False)
+    idx = rng.choice(len(nodes), 15, replace=False)
     params, correction = fit_corrected(nodes[idx], reps[idx], local[idx], compute[idx], step[idx])
     plain = GoodputModel(params, STATS, BOUNDS)
     corrected = GoodputModel(params, STATS, BOUNDS, correction)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -25,6 +22,7 @@ from pollux_local.core import (
     progress_gain,
 )
 from pollux_local.core.throughput import MULTI_NODE_PRIOR_FACTOR
+from tests.artifact_rows import placement_rows
 
 TRUE = ThroughputParams(
     alpha_c=0.02, beta_c=0.0007, alpha_r=0.08, beta_r=0.01, alpha_n=0.15, beta_n=0.02, gamma=2.0
@@ -206,21 +204,10 @@ def test_grad_stats_estimator_is_unbiased_on_gaussian_gradients():
     assert np.mean(vars_) == pytest.approx(var_true, rel=0.1)
 
 
-def _cifar_rows(artifact_dir: Path):
-    with open(artifact_dir / "models" / "cifar10" / "placements.csv") as f:
-        rows = list(csv.DictReader(f))
-    nodes = np.array([len(r["placement"]) for r in rows], dtype=float)
-    reps = np.array([sum(int(c) for c in r["placement"]) for r in rows], dtype=float)
-    local = np.array([float(r["local_bsz"]) for r in rows])
-    step = np.array([float(r["step_time"]) for r in rows])
-    sync = np.array([float(r["sync_time"]) for r in rows])
-    return nodes, reps, local, step - sync, step
-
-
 def test_cifar10_fit_on_15_configurations_predicts_all_placements(artifact_dir):
     """Fitted on 15 measured configurations, the median throughput error over every
     placement row of cifar10 stays within 10%."""
-    nodes, reps, local, compute, step = _cifar_rows(artifact_dir)
+    nodes, reps, local, compute, step = placement_rows(artifact_dir, "cifar10")
     rng = np.random.default_rng(0)
     medians = []
     for _ in range(5):
