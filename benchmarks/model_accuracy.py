@@ -12,7 +12,6 @@ rows the fit did not see.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import time
 from pathlib import Path
@@ -21,19 +20,9 @@ import numpy as np
 
 from pollux_local.core import TimeCorrection, fit_throughput, predict_throughput
 from pollux_local.core.correction import corrected_times
+from pollux_local.sim.profiles import placement_rows
 
 DEFAULT_ARTIFACT = Path(__file__).resolve().parents[1].parent / "shared/data/pollux-artifact"
-
-
-def load_placements(path: Path) -> tuple[np.ndarray, ...]:
-    with open(path) as f:
-        rows = list(csv.DictReader(f))
-    nodes = np.array([len(r["placement"]) for r in rows], dtype=float)
-    reps = np.array([sum(int(c) for c in r["placement"]) for r in rows], dtype=float)
-    local = np.array([float(r["local_bsz"]) for r in rows])
-    step = np.array([float(r["step_time"]) for r in rows])
-    sync = np.array([float(r["sync_time"]) for r in rows])
-    return nodes, reps, local, step - sync, step
 
 
 def main() -> None:
@@ -47,7 +36,7 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     results = {}
     for app_dir in sorted((args.artifact / "models").iterdir()):
-        nodes, reps, local, compute, step = load_placements(app_dir / "placements.csv")
+        nodes, reps, local, compute, step = placement_rows(app_dir)
         true = reps * local / step
         medians, means, fit_ms = [], [], []
         corrected_medians, unseen_plain, unseen_corrected = [], [], []

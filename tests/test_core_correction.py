@@ -15,7 +15,7 @@ from pollux_local.core.throughput import (
     predict_step_time,
     predict_throughput,
 )
-from tests.artifact_rows import placement_rows
+from pollux_local.sim.profiles import placement_rows
 
 PARAMS = ThroughputParams(
     alpha_c=0.02, beta_c=0.0007, alpha_r=0.08, beta_r=0.01, alpha_n=0.15, beta_n=0.02, gamma=2.0
@@ -98,7 +98,7 @@ def test_fit_corrected_is_the_plain_fit_plus_its_residuals():
 def test_correction_improves_predictions_of_measured_configurations(artifact_dir):
     """deepspeech2: the model fitted to 15 measured configurations predicts those same
     configurations better, and all rows no worse in median, once corrected."""
-    nodes, reps, local, compute, step = placement_rows(artifact_dir, "deepspeech2")
+    nodes, reps, local, compute, step = placement_rows(artifact_dir / "models" / "deepspeech2")
     rng = np.random.default_rng(0)
     idx = rng.choice(len(nodes), 15, replace=False)
     params, correction = fit_corrected(nodes[idx], reps[idx], local[idx], compute[idx], step[idx])

@@ -22,7 +22,7 @@ from pollux_local.core import (
     progress_gain,
 )
 from pollux_local.core.throughput import MULTI_NODE_PRIOR_FACTOR
-from tests.artifact_rows import placement_rows
+from pollux_local.sim.profiles import placement_rows
 
 TRUE = ThroughputParams(
     alpha_c=0.02, beta_c=0.0007, alpha_r=0.08, beta_r=0.01, alpha_n=0.15, beta_n=0.02, gamma=2.0
@@ -207,7 +207,7 @@ def test_grad_stats_estimator_is_unbiased_on_gaussian_gradients():
 def test_cifar10_fit_on_15_configurations_predicts_all_placements(artifact_dir):
     """Fitted on 15 measured configurations, the median throughput error over every
     placement row of cifar10 stays within 10%."""
-    nodes, reps, local, compute, step = placement_rows(artifact_dir, "cifar10")
+    nodes, reps, local, compute, step = placement_rows(artifact_dir / "models" / "cifar10")
     rng = np.random.default_rng(0)
     medians = []
     for _ in range(5):

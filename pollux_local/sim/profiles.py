@@ -257,6 +257,18 @@ class AppProfile:
         return float((1 - w) * self._iteration[lo, row] + w * self._iteration[hi, row])
 
 
+def placement_rows(folder: Path) -> tuple[np.ndarray, ...]:
+    """(nodes, replicas, local batch, compute s, step s) per row of ``folder/placements.csv``,
+    the observations a throughput fit takes (compute = step - sync)."""
+    rows = _read_csv(
+        folder / "placements.csv", ("placement", "local_bsz", "step_time", "sync_time")
+    )
+    nodes = np.array([len(p) for p in rows["placement"]], dtype=float)
+    replicas = np.array([sum(int(c) for c in p) for p in rows["placement"]], dtype=float)
+    step = rows["step_time"]
+    return nodes, replicas, rows["local_bsz"], step - rows["sync_time"], step
+
+
 def split_batch(total_batch: int, replicas: int, bounds: BatchBounds) -> tuple[int, int]:
     """(m, s) for a fixed total batch on K replicas: m = ceil(M/K), split into s micro-batches
     of at most ``max_local``, m capped so that K * m * s <= M_max."""
