@@ -1,8 +1,9 @@
-"""Talking to the daemon from the CLI, the TUI and jobs: one request, one reply.
+"""Talking to the daemon from the CLI, the TUI and jobs: one typed request, one typed reply.
 
-``Client(socket_path).request("status")`` returns the reply's fields; a daemon that is not
-running, or one that answers ``ok: false``, raises :class:`~pollux_local.errors.PolluxError`
-with a one-line message.
+``Client(socket_path).call(api.Status())`` returns an ``api.StatusReply``.  A daemon that is not
+there raises :class:`~pollux_local.api.DaemonUnavailable`; one that refuses the request raises
+the typed error of its reply (``NotFound``, ``PermissionDenied``, ``InvalidRequest``, ...).
+The client depends on :mod:`pollux_local.api` only, never on the daemon.
 """
 
 from __future__ import annotations
@@ -11,13 +12,18 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
-from pollux_local.daemon.protocol import PROTOCOL_VERSION, ProtocolError, encode_frame, recv_frame
-from pollux_local.errors import PolluxError
+import msgspec
+
+from pollux_local.api import wire
+from pollux_local.api.errors import DaemonUnavailable, InvalidRequest, ProtocolError
+from pollux_local.api.messages import REQUEST_TYPES, Reply, Request
 
 STATE_DIR_ENV = "POLLUX_LOCAL_STATE_DIR"
 SOCKET_NAME = "daemon.sock"
+
+R = TypeVar("R", bound=Reply)
 
 
 def default_state_dir() -> Path:
@@ -43,6 +49,17 @@ def socket_path_for(state_dir: Path) -> Path:
     return state_dir / SOCKET_NAME
 
 
+def build_request(type: str, **fields: Any) -> Request:  # noqa: A002 - the protocol's word
+    """The typed request ``type`` with ``fields``, validated as the daemon would."""
+    cls = REQUEST_TYPES.get(type)
+    if cls is None:
+        raise InvalidRequest(f"unknown request type {type!r}")
+    try:
+        return msgspec.convert(fields, cls, strict=True)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"{type}: {exc}") from None
+
+
 class Client:
     """A synchronous client for the daemon's Unix socket (one connection per request)."""
 
@@ -54,34 +71,38 @@ class Client:
     def for_state_dir(cls, state_dir: str | os.PathLike[str] | None = None) -> Client:
         return cls(socket_path_for(resolve_state_dir(state_dir)))
 
-    def request(self, type: str, **fields: Any) -> dict[str, Any]:  # noqa: A002 - protocol word
-        """Send ``{"v": 1, "type": type, **fields}`` and return the reply (``ok`` is true)."""
-        message = {"v": PROTOCOL_VERSION, "type": type, **fields}
+    def call(self, request: Request, reply_type: type[R] | None = None) -> R:
+        """Send one typed request and return its typed reply (``type(request).Reply``)."""
+        expected = cast(type[R], reply_type or type(request).Reply)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout_s)
         try:
             try:
                 sock.connect(str(self.socket_path))
             except (FileNotFoundError, ConnectionRefusedError):
-                raise PolluxError(
+                raise DaemonUnavailable(
                     f"no daemon is running at {self.socket_path} "
                     "(start one with `pollux-local daemon`, or pass the right --state-dir)"
                 ) from None
             except PermissionError:
-                raise PolluxError(
+                raise DaemonUnavailable(
                     f"permission denied on the daemon socket {self.socket_path}"
                 ) from None
             try:
-                sock.sendall(encode_frame(message))
-                reply = recv_frame(sock)
+                sock.sendall(wire.encode_request(request))
+                body = wire.recv_frame(sock)
             except TimeoutError:
-                raise PolluxError(
+                raise DaemonUnavailable(
                     f"the daemon at {self.socket_path} did not answer within {self.timeout_s:g} s"
                 ) from None
             except (ProtocolError, OSError) as exc:
-                raise PolluxError(f"lost the connection to the daemon: {exc}") from None
+                raise DaemonUnavailable(f"lost the connection to the daemon: {exc}") from None
         finally:
             sock.close()
-        if not reply.get("ok"):
-            raise PolluxError(str(reply.get("error") or "the daemon refused the request"))
-        return {k: v for k, v in reply.items() if k not in ("v", "ok")}
+        return wire.decode_reply(body, expected)
+
+    def request(self, type: str, **fields: Any) -> dict[str, Any]:  # noqa: A002
+        """Untyped convenience for scripts and tests: ``call(build_request(type, **fields))``
+        with the reply as plain JSON-like data."""
+        reply: Reply = self.call(build_request(type, **fields))
+        return cast(dict[str, Any], msgspec.to_builtins(reply))

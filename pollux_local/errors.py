@@ -1,7 +1,5 @@
-"""Errors that reach the user as one clear line."""
+"""Errors that reach the user as one clear line (defined in :mod:`pollux_local.api.errors`)."""
 
+from pollux_local.api.errors import PolluxError
 
-class PolluxError(Exception):
-    """A problem with the user's input or environment, reported as one line, exit code 2."""
-
-    exit_code = 2
+__all__ = ["PolluxError"]

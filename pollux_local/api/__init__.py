@@ -1,0 +1,107 @@
+"""The contract between the parts of pollux-local: what crosses a process boundary.
+
+Everything here is typed and validated strictly, and imported by every side: the daemon, the
+client, the CLI, the TUI and the job library.  It depends on nothing else of the project.
+
+* :mod:`~pollux_local.api.messages`: one request type per command and its reply;
+* :mod:`~pollux_local.api.wire`: framing and strict (de)coding;
+* :mod:`~pollux_local.api.states`: :class:`JobState` (its docstring is the state machine) and
+  :class:`ExitCode`;
+* :mod:`~pollux_local.api.launch`: the launch environment a replica gets;
+* :mod:`~pollux_local.api.report`: the job report a job sends;
+* :mod:`~pollux_local.api.errors`: the exception tree.
+"""
+
+from pollux_local.api.errors import (
+    Conflict,
+    DaemonUnavailable,
+    InternalError,
+    InvalidRequest,
+    LimitExceeded,
+    NotFound,
+    PermissionDenied,
+    PolluxError,
+    ProtocolError,
+)
+from pollux_local.api.launch import LaunchEnvironment
+from pollux_local.api.messages import (
+    PROTOCOL_VERSION,
+    REQUEST_TYPES,
+    Cancel,
+    CancelReply,
+    DecisionRecord,
+    Hold,
+    JobDetail,
+    JobStateReply,
+    JobSummary,
+    Logs,
+    LogsReply,
+    Nodes,
+    NodesReply,
+    Ping,
+    PingReply,
+    PriorityReply,
+    Release,
+    Reply,
+    Report,
+    ReportReply,
+    Request,
+    SetPriority,
+    Show,
+    ShowReply,
+    Status,
+    StatusReply,
+    Submit,
+    SubmitReply,
+    Target,
+)
+from pollux_local.api.report import REPORT_VERSION, JobReport
+from pollux_local.api.states import ACTIVE_STATES, TERMINAL_STATES, ExitCode, JobState
+
+__all__ = [
+    "ACTIVE_STATES",
+    "PROTOCOL_VERSION",
+    "REPORT_VERSION",
+    "REQUEST_TYPES",
+    "TERMINAL_STATES",
+    "Cancel",
+    "CancelReply",
+    "Conflict",
+    "DaemonUnavailable",
+    "DecisionRecord",
+    "ExitCode",
+    "Hold",
+    "InternalError",
+    "InvalidRequest",
+    "JobDetail",
+    "JobReport",
+    "JobState",
+    "JobStateReply",
+    "JobSummary",
+    "LaunchEnvironment",
+    "LimitExceeded",
+    "Logs",
+    "LogsReply",
+    "Nodes",
+    "NodesReply",
+    "NotFound",
+    "PermissionDenied",
+    "Ping",
+    "PingReply",
+    "PolluxError",
+    "PriorityReply",
+    "ProtocolError",
+    "Release",
+    "Reply",
+    "Report",
+    "ReportReply",
+    "Request",
+    "SetPriority",
+    "Show",
+    "ShowReply",
+    "Status",
+    "StatusReply",
+    "Submit",
+    "SubmitReply",
+    "Target",
+]

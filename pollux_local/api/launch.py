@@ -1,0 +1,172 @@
+"""The launch environment: what the daemon's launchers give every replica, and what the job
+library reads back.  One definition for both sides (``LaunchEnvironment``).
+
+Besides the torchrun variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) a replica gets:
+
+=========================  ===============================================================
+``POLLUX_JOB_ID``          the job's id
+``POLLUX_RESTARTS``        how many times the job was (re)started before this incarnation
+``POLLUX_JOB_DIR``         the job's directory (report, logs)
+``POLLUX_CHECKPOINT_DIR``  where the job checkpoints (shared by every node it spans)
+``POLLUX_DAEMON_SOCKET``   the daemon's socket, when the job can reach it
+``POLLUX_NUM_NODES``       nodes spanned by this incarnation
+``POLLUX_LOCAL_BATCH``     the scheduler's local batch m (absent: the job chooses)
+``POLLUX_ACCUM_STEPS``     the scheduler's accumulation steps s (absent: the job chooses)
+``POLLUX_DEVICE``          ``cpu`` or ``cuda``
+``POLLUX_PG_TIMEOUT_S``    process-group timeout in seconds (no collective hangs unbounded)
+=========================  ===============================================================
+
+Without any of them (``python train.py``) a job is one process on one device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pollux_local.api.errors import PolluxError
+
+#: Process-group timeout when ``POLLUX_PG_TIMEOUT_S`` is not set (torch's own is 30 minutes).
+DEFAULT_PG_TIMEOUT_S = 120.0
+
+#: The torchrun variables that depend on the rank (set per replica by the launcher).
+PER_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "CUDA_VISIBLE_DEVICES")
+#: Variables that describe one job's launch and must never leak from a submitting shell into
+#: another job's environment.
+LAUNCH_VARIABLES = frozenset(
+    {
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "CUDA_VISIBLE_DEVICES",
+    }
+)
+#: Prefix of the variables this contract owns.
+POLLUX_PREFIX = "POLLUX_"
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise PolluxError(f"environment variable {name} must be an integer, got {raw!r}") from None
+
+
+@dataclass(frozen=True)
+class LaunchEnvironment:
+    """Where one replica stands in its job.
+
+    Attributes mirror the variables above; ``rank``/``local_rank``/``node_rank`` are per
+    replica, the rest common to the incarnation.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    job_id: str = "local"
+    restarts: int = 0
+    job_dir: str | None = None
+    checkpoint_dir: str | None = None
+    daemon_socket: str | None = None
+    num_nodes: int = 1
+    local_batch: int | None = None
+    accum_steps: int | None = None
+    #: ``cpu`` or ``cuda``; ``None`` when not set (the job library then looks for CUDA)
+    device: str | None = None
+    pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S
+
+    def common_environ(self) -> dict[str, str]:
+        """The variables common to every replica of the incarnation (no per-rank ones)."""
+        env = {
+            "WORLD_SIZE": str(self.world_size),
+            "POLLUX_JOB_ID": self.job_id,
+            "POLLUX_RESTARTS": str(self.restarts),
+            "POLLUX_NUM_NODES": str(self.num_nodes),
+            "POLLUX_PG_TIMEOUT_S": f"{self.pg_timeout_s:g}",
+        }
+        optional = {
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": self.master_port,
+            "POLLUX_JOB_DIR": self.job_dir,
+            "POLLUX_CHECKPOINT_DIR": self.checkpoint_dir,
+            "POLLUX_DAEMON_SOCKET": self.daemon_socket,
+            "POLLUX_LOCAL_BATCH": self.local_batch,
+            "POLLUX_ACCUM_STEPS": self.accum_steps,
+            "POLLUX_DEVICE": self.device,
+        }
+        env.update({name: str(value) for name, value in optional.items() if value is not None})
+        return env
+
+    def to_environ(self) -> dict[str, str]:
+        """Every variable of this replica (the common ones plus its ranks)."""
+        return {
+            **self.common_environ(),
+            "RANK": str(self.rank),
+            "LOCAL_RANK": str(self.local_rank),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "NODE_RANK": str(self.node_rank),
+        }
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str]) -> LaunchEnvironment:
+        """Read the variables back; a malformed value is a one-line ``PolluxError``."""
+        world = _int(env, "WORLD_SIZE", 1)
+        rank = _int(env, "RANK", 0)
+        assert world is not None and rank is not None
+        if world < 1:
+            raise PolluxError(f"WORLD_SIZE must be at least 1, got {world}")
+        if not 0 <= rank < world:
+            raise PolluxError(f"RANK {rank} is outside 0..{world - 1}")
+        local_world = _int(env, "LOCAL_WORLD_SIZE", world) or world
+        nodes_default = max(1, -(-world // max(local_world, 1)))
+        timeout_raw = env.get("POLLUX_PG_TIMEOUT_S")
+        try:
+            timeout = float(timeout_raw) if timeout_raw else DEFAULT_PG_TIMEOUT_S
+        except ValueError:
+            raise PolluxError(
+                f"environment variable POLLUX_PG_TIMEOUT_S must be a number, got {timeout_raw!r}"
+            ) from None
+        if not math.isfinite(timeout) or timeout <= 0:
+            raise PolluxError(f"POLLUX_PG_TIMEOUT_S must be a positive number, got {timeout_raw!r}")
+        device = env.get("POLLUX_DEVICE") or None
+        if device not in (None, "cpu", "cuda"):
+            raise PolluxError(f"POLLUX_DEVICE must be 'cpu' or 'cuda', got {device!r}")
+        local_batch = _int(env, "POLLUX_LOCAL_BATCH", None)
+        accum = _int(env, "POLLUX_ACCUM_STEPS", None)
+        if local_batch is not None and local_batch <= 0:
+            raise PolluxError(f"POLLUX_LOCAL_BATCH must be positive, got {local_batch}")
+        if accum is not None and accum <= 0:
+            raise PolluxError(f"POLLUX_ACCUM_STEPS must be positive, got {accum}")
+        return cls(
+            rank=rank,
+            world_size=world,
+            local_rank=_int(env, "LOCAL_RANK", 0) or 0,
+            local_world_size=local_world,
+            node_rank=_int(env, "NODE_RANK", 0) or 0,
+            master_addr=env.get("MASTER_ADDR") or None,
+            master_port=_int(env, "MASTER_PORT", None),
+            job_id=env.get("POLLUX_JOB_ID") or "local",
+            restarts=_int(env, "POLLUX_RESTARTS", 0) or 0,
+            job_dir=env.get("POLLUX_JOB_DIR") or None,
+            checkpoint_dir=env.get("POLLUX_CHECKPOINT_DIR") or None,
+            daemon_socket=env.get("POLLUX_DAEMON_SOCKET") or None,
+            num_nodes=_int(env, "POLLUX_NUM_NODES", nodes_default) or nodes_default,
+            local_batch=local_batch,
+            accum_steps=accum,
+            device=device,
+            pg_timeout_s=timeout,
+        )

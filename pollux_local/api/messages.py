@@ -1,0 +1,343 @@
+"""Every request a client may send the daemon, and the reply it gets: one typed message each.
+
+A request is ``{"v": 1, "type": T, ...fields}``; ``T`` names exactly one class below
+(``Request.__subclasses__``), and its fields are checked strictly: a missing or unknown field,
+a wrong type or a value out of range is refused with a one-line error naming the field.  The
+caller's identity is never a field: the daemon takes it from the socket's peer credentials.
+
+A reply is ``{"v": 1, "ok": true, ...fields of T.Reply}`` or ``{"v": 1, "ok": false,
+"code": CODE, "error": "one line"}`` (``api.errors``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+import msgspec
+
+from pollux_local.api.report import JobReport
+from pollux_local.api.states import JobState
+
+PROTOCOL_VERSION = 1
+
+# --- field types ---------------------------------------------------------------------------
+
+#: A job id as sent on the wire: decimal digits.
+JobId = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,15}$", description="a job id")]
+#: Device counts and batch sizes: positive, and far below anything that overflows.
+Count = Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]
+BatchSize = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
+Priority = Annotated[int, msgspec.Meta(ge=-1000, le=1000)]
+#: A job name: printable (no control characters or escapes), at most 128 characters.
+JobName = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f-\x9f]+$")
+]
+#: An absolute path.
+AbsPath = Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern=r"^/[^\x00]*$")]
+Argument = Annotated[str, msgspec.Meta(max_length=131072, pattern=r"^[^\x00]*$")]
+
+
+class Message(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Base of every typed message (strict: unknown fields are refused)."""
+
+
+class Target(Message):
+    """The quality a job aims for: ``metric`` reaches ``value`` (``mode`` max: at least it)."""
+
+    metric: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    value: float
+    mode: Literal["max", "min"] = "max"
+
+
+class Reply(Message):
+    """Base of every reply."""
+
+
+class Request(Message, tag_field="type"):
+    """Base of every request; ``Reply`` is the class its answer decodes to."""
+
+    v: int = PROTOCOL_VERSION
+    Reply: ClassVar[type[Reply]]
+
+
+# --- replies -------------------------------------------------------------------------------
+
+
+class Identity(Message):
+    uid: int
+    name: str
+
+
+class PingReply(Reply):
+    version: int
+    pid: int
+    state_dir: str
+    devices: int
+    policy: str
+    you: Identity
+
+
+class SubmitReply(Reply):
+    id: str
+    state: JobState
+
+
+class JobSummary(Message):
+    """One row of ``status``: a job as the CLI and the TUI list it.
+
+    ``devices`` maps node -> device ids held now; ``batch_size`` is the total batch (m x s x K)
+    while running, else the spec's; ``goodput``/``efficiency``/``speedup`` are the model's
+    figures for the current allocation (``None`` when not running or not yet fitted);
+    ``restarts`` counts resizes and retries after the first start; ``eta_s`` the estimated
+    seconds to the end (``None``: unknown).
+    """
+
+    id: str
+    name: str
+    owner: str
+    state: JobState
+    gpus: int
+    devices: dict[str, list[str]]
+    nodes: list[str]
+    batch_size: int | None
+    local_batch: int | None
+    accum_steps: int | None
+    replicas: int
+    goodput: float | None
+    efficiency: float | None
+    speedup: float | None
+    progress: float | None
+    epoch: int | None
+    metrics: dict[str, float | None]
+    eta_s: float | None
+    min_gpus: int
+    max_gpus: int | None
+    priority: int
+    restarts: int
+    failures: int
+    submit_time: float
+    start_time: float | None
+    end_time: float | None
+    run_time_s: float
+    reason: str
+    target: Target | None
+
+
+class StatusReply(Reply):
+    jobs: list[JobSummary]
+
+
+class BatchBoundsView(Message):
+    batch_size: int | None
+    max_batch_size: int | None
+    min_local_batch: int | None
+    max_local_batch: int | None
+
+
+class ReplicaPid(Message):
+    rank: int
+    pid: int
+    node: str
+    create_time: float | None = None
+
+
+class ModelSummary(Message):
+    """The job's fitted throughput model: ``params`` (``core.ThroughputParams`` by name), how
+    many profile points the job reported itself, how many its kind shares (fitted), and the
+    base batch the efficiency is measured against."""
+
+    params: dict[str, float]
+    profile_points: int
+    fitted_points: int
+    base_batch: int
+
+
+class HistorySample(Message):
+    time: float
+    goodput: float | None
+    noise_scale: float | None
+
+
+class JobDetail(JobSummary):
+    """``show``: the row of ``status`` and what the job runs, its report, model and history.
+    ``env`` is the submitted environment, present only for the job's owner or an admin."""
+
+    argv: list[str]
+    workdir: str
+    batch_bounds: BatchBoundsView
+    job_dir: str
+    pids: list[ReplicaPid]
+    report: JobReport | None
+    noise_scale: float | None
+    model: ModelSummary | None
+    history: list[HistorySample]
+    env: dict[str, str] | None = None
+
+
+class DecisionRecord(Message):
+    """One line of a job's decision log: what was decided (``kind``), where, and why."""
+
+    time: float
+    job_id: str
+    kind: str
+    placement: dict[str, list[str]]
+    batch: dict[str, int]
+    reason: str
+
+
+class ShowReply(Reply):
+    job: JobDetail
+    decisions: list[DecisionRecord]
+
+
+class LogsReply(Reply):
+    data: str
+    offset: int
+    size: int
+    state: JobState
+
+
+class SkippedJob(Message):
+    id: str
+    state: JobState
+
+
+class CancelReply(Reply):
+    cancelled: list[str]
+    skipped: list[SkippedJob]
+
+
+class JobStateReply(Reply):
+    id: str
+    state: JobState
+
+
+class PriorityReply(Reply):
+    id: str
+    priority: int
+
+
+class NodeRow(Message):
+    """One node of ``nodes``: whether it is up, its devices, which are busy outside the
+    scheduler, which job holds each (device -> job id), and its load per core."""
+
+    name: str
+    host: str
+    local: bool
+    up: bool
+    error: str | None
+    devices: list[str]
+    busy: list[str]
+    jobs: dict[str, str]
+    load: float | None
+
+
+class NodesReply(Reply):
+    nodes: list[NodeRow]
+
+
+class ReportReply(Reply):
+    accepted: bool
+
+
+# --- requests ------------------------------------------------------------------------------
+
+
+class Ping(Request, tag="ping", kw_only=True):
+    """Is a daemon there, and who am I to it?"""
+
+    Reply = PingReply
+
+
+class Submit(Request, tag="submit", kw_only=True):
+    """Queue a new job: ``argv`` run in ``workdir`` with ``env``, between ``min_gpus`` and
+    ``max_gpus`` devices and within the batch bounds; ``hold`` queues it held."""
+
+    Reply = SubmitReply
+    argv: Annotated[list[Argument], msgspec.Meta(min_length=1, max_length=4096)]
+    workdir: AbsPath
+    name: JobName | None = None
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    min_gpus: Count = 1
+    max_gpus: Count | None = None
+    batch_size: BatchSize | None = None
+    max_batch_size: BatchSize | None = None
+    min_local_batch: BatchSize | None = None
+    max_local_batch: BatchSize | None = None
+    priority: Priority = 0
+    target: Target | None = None
+    hold: bool = False
+
+
+class Status(Request, tag="status", kw_only=True):
+    """Every job (``all``) or only the active ones."""
+
+    Reply = StatusReply
+    all: bool = True
+
+
+class Show(Request, tag="show", kw_only=True):
+    """One job in full, with its decision log."""
+
+    Reply = ShowReply
+    id: JobId
+
+
+class Logs(Request, tag="logs", kw_only=True):
+    """Up to ``max_bytes`` of rank ``rank``'s log from ``offset`` (negative: from the end)."""
+
+    Reply = LogsReply
+    id: JobId
+    rank: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 0
+    offset: Annotated[int, msgspec.Meta(ge=-(2**62), le=2**62)] = 0
+    max_bytes: Annotated[int, msgspec.Meta(ge=1, le=2**62)] = 65536
+
+
+class Cancel(Request, tag="cancel", kw_only=True):
+    """Cancel jobs (the owner's or, for an admin, anyone's)."""
+
+    Reply = CancelReply
+    ids: Annotated[list[JobId], msgspec.Meta(min_length=1, max_length=100_000)]
+
+
+class Hold(Request, tag="hold", kw_only=True):
+    """Keep a job from being started (stopping it if it runs)."""
+
+    Reply = JobStateReply
+    id: JobId
+
+
+class Release(Request, tag="release", kw_only=True):
+    """Let a held job be scheduled again."""
+
+    Reply = JobStateReply
+    id: JobId
+
+
+class SetPriority(Request, tag="set_priority", kw_only=True):
+    """Change a job's priority."""
+
+    Reply = PriorityReply
+    id: JobId
+    priority: Priority
+
+
+class Nodes(Request, tag="nodes", kw_only=True):
+    """The nodes, their health, devices and who holds them."""
+
+    Reply = NodesReply
+
+
+class Report(Request, tag="report", kw_only=True):
+    """A job's report (sent by its rank 0; only the job's owner may send it)."""
+
+    Reply = ReportReply
+    job_id: JobId
+    report: JobReport
+
+
+#: type tag -> request class
+REQUEST_TYPES: dict[str, type[Request]] = {
+    cls.__struct_config__.tag: cls  # type: ignore[misc]
+    for cls in (Ping, Submit, Status, Show, Logs, Cancel, Hold, Release, SetPriority, Nodes, Report)
+}

@@ -1,0 +1,66 @@
+"""Job states and exit codes: the words the daemon, the CLI, the TUI and jobs share."""
+
+from __future__ import annotations
+
+from enum import IntEnum, StrEnum
+
+
+class JobState(StrEnum):
+    """The life of a job in the daemon.
+
+    ::
+
+        submit ──► QUEUED ◄──────────── release ──────── HELD
+        (--hold) ─────────────────────────────────────► ▲
+                     │  ▲                                │ hold (queued, running,
+              start  │  │ preempted, node lost, crashed  │       rescaling)
+                     ▼  │ (retried after a back-off)     │
+                   RUNNING ── resize: SIGTERM, exit 75 ──► RESCALING ──► RUNNING
+                     │                                      (restarted at its new size)
+                     ├── every replica exits 0 ──────────────────────► SUCCEEDED
+                     ├── fails, retries exhausted or cannot start ───► FAILED
+                     └── cancel (from any active state) ─────────────► CANCELLED
+
+    ``QUEUED``, ``RUNNING``, ``RESCALING`` and ``HELD`` are active; ``SUCCEEDED``, ``FAILED``
+    and ``CANCELLED`` are terminal: a terminal job never runs again (a new submit is a new job).
+    A job that was running when the daemon stopped is queued again at its next start.
+    """
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    RESCALING = "rescaling"
+    HELD = "held"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+    @property
+    def active(self) -> bool:
+        return self in ACTIVE_STATES
+
+
+ACTIVE_STATES = frozenset({JobState.QUEUED, JobState.RUNNING, JobState.RESCALING, JobState.HELD})
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+#: States in which a job holds devices.
+PLACED_STATES = frozenset({JobState.RUNNING, JobState.RESCALING})
+
+
+class ExitCode(IntEnum):
+    """Exit codes with a meaning across a process boundary."""
+
+    #: a replica (or the CLI) finished successfully
+    OK = 0
+    #: the CLI refused bad input or the daemon refused the request (one line on stderr)
+    USAGE = 2
+    #: a job of ``jobs/`` ended without reaching its declared quality target
+    TARGET_MISSED = 3
+    #: a replica checkpointed on SIGTERM so that the job can be resized (sysexits EX_TEMPFAIL)
+    RESCALE = 75
+    #: the CLI was interrupted (SIGINT)
+    INTERRUPTED = 130
+    #: a replica's node became unreachable (the ssh client's own code for a lost link)
+    NODE_LOST = 255
