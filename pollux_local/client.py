@@ -49,7 +49,7 @@ def socket_path_for(state_dir: Path) -> Path:
     return state_dir / SOCKET_NAME
 
 
-def build_request(type: str, **fields: Any) -> Request:  # noqa: A002 - the protocol's word
+def build_request(type: str, **fields: Any) -> Request[Any]:  # noqa: A002 - the protocol's word
     """The typed request ``type`` with ``fields``, validated as the daemon would."""
     cls = REQUEST_TYPES.get(type)
     if cls is None:
@@ -71,9 +71,9 @@ class Client:
     def for_state_dir(cls, state_dir: str | os.PathLike[str] | None = None) -> Client:
         return cls(socket_path_for(resolve_state_dir(state_dir)))
 
-    def call(self, request: Request, reply_type: type[R] | None = None) -> R:
+    def call(self, request: Request[R]) -> R:
         """Send one typed request and return its typed reply (``type(request).Reply``)."""
-        expected = cast(type[R], reply_type or type(request).Reply)
+        expected = cast(type[R], type(request).Reply)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout_s)
         try:

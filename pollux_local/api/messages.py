@@ -11,7 +11,7 @@ A reply is ``{"v": 1, "ok": true, ...fields of T.Reply}`` or ``{"v": 1, "ok": fa
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -53,8 +53,12 @@ class Reply(Message):
     """Base of every reply."""
 
 
-class Request(Message, tag_field="type"):
-    """Base of every request; ``Reply`` is the class its answer decodes to."""
+ReplyT = TypeVar("ReplyT", bound=Reply)
+
+
+class Request(Message, Generic[ReplyT], tag_field="type"):
+    """Base of every request; ``Reply`` is the class its answer decodes to (and ``ReplyT``
+    the same for the type checker)."""
 
     v: int = PROTOCOL_VERSION
     Reply: ClassVar[type[Reply]]
@@ -243,13 +247,13 @@ class ReportReply(Reply):
 # --- requests ------------------------------------------------------------------------------
 
 
-class Ping(Request, tag="ping", kw_only=True):
+class Ping(Request[PingReply], tag="ping", kw_only=True):
     """Is a daemon there, and who am I to it?"""
 
     Reply = PingReply
 
 
-class Submit(Request, tag="submit", kw_only=True):
+class Submit(Request[SubmitReply], tag="submit", kw_only=True):
     """Queue a new job: ``argv`` run in ``workdir`` with ``env``, between ``min_gpus`` and
     ``max_gpus`` devices and within the batch bounds; ``hold`` queues it held."""
 
@@ -269,21 +273,21 @@ class Submit(Request, tag="submit", kw_only=True):
     hold: bool = False
 
 
-class Status(Request, tag="status", kw_only=True):
+class Status(Request[StatusReply], tag="status", kw_only=True):
     """Every job (``all``) or only the active ones."""
 
     Reply = StatusReply
     all: bool = True
 
 
-class Show(Request, tag="show", kw_only=True):
+class Show(Request[ShowReply], tag="show", kw_only=True):
     """One job in full, with its decision log."""
 
     Reply = ShowReply
     id: JobId
 
 
-class Logs(Request, tag="logs", kw_only=True):
+class Logs(Request[LogsReply], tag="logs", kw_only=True):
     """Up to ``max_bytes`` of rank ``rank``'s log from ``offset`` (negative: from the end)."""
 
     Reply = LogsReply
@@ -293,28 +297,28 @@ class Logs(Request, tag="logs", kw_only=True):
     max_bytes: Annotated[int, msgspec.Meta(ge=1, le=2**62)] = 65536
 
 
-class Cancel(Request, tag="cancel", kw_only=True):
+class Cancel(Request[CancelReply], tag="cancel", kw_only=True):
     """Cancel jobs (the owner's or, for an admin, anyone's)."""
 
     Reply = CancelReply
     ids: Annotated[list[JobId], msgspec.Meta(min_length=1, max_length=100_000)]
 
 
-class Hold(Request, tag="hold", kw_only=True):
+class Hold(Request[JobStateReply], tag="hold", kw_only=True):
     """Keep a job from being started (stopping it if it runs)."""
 
     Reply = JobStateReply
     id: JobId
 
 
-class Release(Request, tag="release", kw_only=True):
+class Release(Request[JobStateReply], tag="release", kw_only=True):
     """Let a held job be scheduled again."""
 
     Reply = JobStateReply
     id: JobId
 
 
-class SetPriority(Request, tag="set_priority", kw_only=True):
+class SetPriority(Request[PriorityReply], tag="set_priority", kw_only=True):
     """Change a job's priority."""
 
     Reply = PriorityReply
@@ -322,13 +326,13 @@ class SetPriority(Request, tag="set_priority", kw_only=True):
     priority: Priority
 
 
-class Nodes(Request, tag="nodes", kw_only=True):
+class Nodes(Request[NodesReply], tag="nodes", kw_only=True):
     """The nodes, their health, devices and who holds them."""
 
     Reply = NodesReply
 
 
-class Report(Request, tag="report", kw_only=True):
+class Report(Request[ReportReply], tag="report", kw_only=True):
     """A job's report (sent by its rank 0; only the job's owner may send it)."""
 
     Reply = ReportReply
@@ -337,7 +341,7 @@ class Report(Request, tag="report", kw_only=True):
 
 
 #: type tag -> request class
-REQUEST_TYPES: dict[str, type[Request]] = {
+REQUEST_TYPES: dict[str, type[Request[Any]]] = {
     cls.__struct_config__.tag: cls  # type: ignore[misc]
     for cls in (Ping, Submit, Status, Show, Logs, Cancel, Hold, Release, SetPriority, Nodes, Report)
 }

@@ -55,12 +55,12 @@ def decode_object(body: bytes) -> dict[str, Any]:
 # --- requests ------------------------------------------------------------------------------
 
 
-def encode_request(request: Request) -> bytes:
+def encode_request(request: Request[Any]) -> bytes:
     """A request as a frame."""
     return frame(_encoder.encode(request))
 
 
-def decode_request(body: bytes) -> Request:
+def decode_request(body: bytes) -> Request[Any]:
     """Parse and strictly validate one request frame body.
 
     Raises :class:`ProtocolError` for a body that is not a JSON object and

@@ -12,7 +12,9 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from pollux_local.errors import PolluxError
+from pollux_local import __version__
+from pollux_local.api.errors import PolluxError
+from pollux_local.api.states import ExitCode
 
 #: Modules that contribute sub-commands, in help order.
 COMMAND_MODULES = (
@@ -27,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pollux-local",
         description="Goodput-optimising scheduler for shared multi-GPU workstations.",
     )
+    parser.add_argument("--version", action="version", version=f"pollux-local {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     parser.set_defaults(available_commands=subparsers.choices)
     for name in COMMAND_MODULES:
@@ -55,7 +58,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pollux-local: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        return 130
+        return int(ExitCode.INTERRUPTED)
+    except BrokenPipeError:
+        # the reader went away (`status | head`): not an error of ours; keep Python quiet
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,36 @@
+"""``pollux-local daemon``: run the scheduler daemon in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from pollux_local.api.errors import PolluxError
+from pollux_local.cli.common import state_dir_parser
+from pollux_local.client import resolve_state_dir
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    from pollux_local.daemon.config import load_config
+    from pollux_local.daemon.server import run_daemon
+
+    config = load_config(args.config, args.devices)
+    if args.interval is not None:
+        if args.interval <= 0:
+            raise PolluxError(f"--interval must be positive, got {args.interval}")
+        config = dataclasses.replace(config, interval_s=args.interval)
+    if args.policy is not None:
+        config = dataclasses.replace(config, policy=args.policy)
+    return run_daemon(config, resolve_state_dir(args.state_dir), verbose=args.verbose)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "daemon", parents=[state_dir_parser()], help="run the scheduler daemon (foreground)"
+    )
+    p.add_argument("--config", help="TOML config (nodes, devices, interval, policy)")
+    p.add_argument("--devices", help="this machine's devices, e.g. cpu:2 or cuda:0,1")
+    p.add_argument("--interval", type=float, help="scheduling interval in seconds")
+    p.add_argument("--policy", choices=("goodput", "fifo"), help="allocation policy")
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    p.set_defaults(func=cmd_daemon)

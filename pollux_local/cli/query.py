@@ -1,0 +1,108 @@
+"""``pollux-local status (ls) | show | logs | nodes``: reading the daemon's state."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from pollux_local.api.messages import Logs, Nodes, Show, Status
+from pollux_local.cli.common import client_for, json_parser, print_json, state_dir_parser
+from pollux_local.cli.format import batch, duration, fmt, status_table, timestamp, where
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    reply = client_for(args).call(Status())
+    jobs = [job for job in reply.jobs if not (args.active and job.state.terminal)]
+    if args.json:
+        print_json({"jobs": jobs})
+    elif jobs:
+        print(status_table(jobs))
+    else:
+        print("no jobs")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    reply = client_for(args).call(Show(id=args.id))
+    if args.json:
+        print_json(reply)
+        return 0
+    job = reply.job
+    bounds = job.batch_bounds
+    lines = [
+        f"job {job.id}  {job.name}  ({job.owner})",
+        f"  state       {job.state.value}" + (f"  — {job.reason}" if job.reason else ""),
+        f"  command     {' '.join(job.argv)}",
+        f"  workdir     {job.workdir}",
+        f"  devices     {job.gpus} ({where(job.devices)}), min {job.min_gpus}, "
+        f"max {fmt(job.max_gpus, empty='any')}",
+        f"  batch       {batch(job)}  (base {fmt(bounds.batch_size)}, max "
+        f"{fmt(bounds.max_batch_size, empty='any')}, local {fmt(bounds.min_local_batch)}.."
+        f"{fmt(bounds.max_local_batch)})",
+        f"  goodput     {fmt(job.goodput, '.1f')}  efficiency "
+        f"{fmt(job.efficiency, '.2f')}  speedup {fmt(job.speedup, '.2f')}",
+        f"  progress    {fmt(job.progress, '.1f')}  epoch {fmt(job.epoch)}  "
+        f"metrics {job.metrics}  eta {duration(job.eta_s)}",
+        f"  restarts    {job.restarts}  failures {job.failures}",
+        f"  submitted   {timestamp(job.submit_time)}  started {timestamp(job.start_time)}  "
+        f"ended {timestamp(job.end_time)}",
+        f"  job dir     {job.job_dir}",
+        "decisions:",
+    ]
+    for entry in reply.decisions:
+        lines.append(f"  {timestamp(entry.time)}  {entry.kind:<10} {entry.reason}")
+    print("\n".join(lines))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    client = client_for(args)
+    offset = -abs(args.tail) if args.tail else 0
+    while True:
+        reply = client.call(Logs(id=args.id, rank=args.rank, offset=offset))
+        if reply.data:
+            sys.stdout.write(reply.data)
+            sys.stdout.flush()
+        offset = reply.offset
+        if reply.offset < reply.size:
+            continue
+        if not args.follow or reply.state.terminal:
+            return 0
+        time.sleep(0.5)
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    reply = client_for(args).call(Nodes())
+    if args.json:
+        print_json(reply)
+        return 0
+    for node in reply.nodes:
+        status = "up" if node.up else f"DOWN ({node.error or 'unreachable'})"
+        used = ", ".join(f"{d}→job {j}" for d, j in sorted(node.jobs.items())) or "idle"
+        print(f"{node.name} ({node.host}): {status}, {len(node.devices)} device(s) "
+              f"[{', '.join(node.devices)}], load/cpu {fmt(node.load, '.2f')}; {used}")  # fmt: skip
+        if node.busy:
+            print(f"  busy outside the scheduler: {', '.join(node.busy)}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    common, as_json = state_dir_parser(), json_parser()
+    p = subparsers.add_parser("status", aliases=["ls"], parents=[common, as_json], help="list jobs")
+    p.add_argument("--active", action="store_true", help="only jobs not finished")
+    p.set_defaults(func=cmd_status)
+
+    p = subparsers.add_parser("show", parents=[common, as_json], help="one job in detail")
+    p.add_argument("id", help="the job's id")
+    p.set_defaults(func=cmd_show)
+
+    p = subparsers.add_parser("logs", parents=[common], help="a job's output")
+    p.add_argument("id", help="the job's id")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until it ends")
+    p.add_argument("--rank", type=int, default=0, help="which replica (default 0)")
+    p.add_argument("--tail", type=int, metavar="BYTES", help="start this many bytes from the end")
+    p.set_defaults(func=cmd_logs)
+
+    p = subparsers.add_parser("nodes", parents=[common, as_json], help="nodes and devices")
+    p.set_defaults(func=cmd_nodes)
