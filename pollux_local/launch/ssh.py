@@ -1,13 +1,15 @@
 """Replicas on other nodes through the OpenSSH client.
 
-One ``ssh`` session per node per job incarnation runs a small stdlib-only Python supervisor on
-the node (``python3 -c``).  The supervisor receives the replicas to start as one JSON line on its
-stdin (so environments never appear in the node's process list), starts each replica in its own
-session/process group with exactly the environment the daemon built, writes each replica's
-output to a log file in the node's work dir, streams that log back to the daemon, and reports
-``PID``/``EXIT`` lines.  Commands the daemon sends on the same stdin (``TERM``/``KILL``) signal
-the replicas' process groups; when the stdin closes (daemon gone, link lost and noticed by the
-node's sshd) the supervisor stops its replicas itself, so no orphan keeps running.
+One ``ssh`` session per node per job incarnation runs the node-side supervisor there: the
+source of ``node_agent.py`` (standard library only), sent as ``python3 -u -c <source>``, so that
+the node needs no pollux-local installed.  The supervisor receives the replicas to start as one
+JSON line on its stdin (so environments never appear in the node's process list), starts each
+replica in its own session/process group with exactly the environment the daemon built, writes
+each replica's output to a log file in the node's work dir, streams that log back to the
+daemon, and reports ``PID``/``EXIT`` lines (the protocol is in ``node_agent.py``).  Commands the
+daemon sends on the same stdin (``TERM``/``KILL``) signal the replicas' process groups; when the
+stdin closes (daemon gone, link lost and noticed by the node's sshd) the supervisor stops its
+replicas itself, so no orphan keeps running.
 
 Connections are shared (``ControlMaster``/``ControlPersist``) under the daemon's state dir, so
 that only the first contact with a node pays for a login.  ``ServerAliveInterval`` x
@@ -20,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
+import importlib.resources
 import json
 import secrets
 import shlex
@@ -31,142 +35,23 @@ from pathlib import Path
 from typing import Any
 
 from pollux_local.errors import PolluxError
+from pollux_local.launch import node_agent
 from pollux_local.launch.base import RESCALE_EXIT_CODE, LaunchSpec, NodeHealth, ReplicaSlot
 from pollux_local.launch.local import replica_env
 
 #: Exit code of a replica whose node could not be reached (ssh's own failure code).
 UNREACHABLE_EXIT_CODE = 255
-#: Exit code when the supervisor could not start the replicas (bad work dir, unshared path).
-SETUP_FAILED_EXIT_CODE = 254
+#: Exit code when the supervisor could not start the replicas (bad work dir, unshared path);
+#: it is ``node_agent.SETUP_FAILED_EXIT_CODE``.
+SETUP_FAILED_EXIT_CODE = node_agent.SETUP_FAILED_EXIT_CODE
 
-# The node-side supervisor.  Kept to the standard library and Python 3.8 so that any node
-# with a ``python3`` can run it.  Protocol (one line each, on stdout):
-#   PID <rank> <pid>        replica started
-#   LOG <rank> <base64>     new bytes of the replica's log
-#   EXIT <rank> <code>      replica ended (128+signal when killed by a signal)
-#   FAIL <message>          nothing was started; the session exits with 254
-_SUPERVISOR = r"""
-import base64, json, os, pwd, signal, sys, threading, time
-spec = json.loads(sys.stdin.readline())
-out_lock = threading.Lock()
-def say(*parts):
-    with out_lock:
-        sys.stdout.write(" ".join(str(p) for p in parts) + "\n")
-        sys.stdout.flush()
-def fail(msg):
-    say("FAIL", msg.replace("\n", " "))
-    sys.exit(254)
-cwd = spec["cwd"]
-if not os.path.isdir(cwd):
-    alt = os.path.expanduser(spec["node_workdir"])
-    if spec.get("cwd_required", True) or not os.path.isdir(alt):
-        fail("working directory %s does not exist on node %s" % (cwd, spec["node"]))
-    cwd = alt
-probe = spec.get("probe")
-if probe:
-    try:
-        with open(probe["path"]) as f:
-            seen = f.read().strip()
-    except OSError:
-        seen = None
-    if seen != probe["token"]:
-        fail("checkpoint dir %s is not shared with node %s (a probe file written by the daemon "
-             "is not visible there); put POLLUX_CHECKPOINT_DIR on a filesystem every node mounts"
-             % (probe["dir"], spec["node"]))
-user = spec.get("user")
-kw = {}
-if user:
-    try:
-        pw = pwd.getpwnam(user)
-    except KeyError:
-        fail("user %s does not exist on node %s" % (user, spec["node"]))
-    if os.getuid() != pw.pw_uid:
-        if os.getuid() != 0:
-            fail("cannot run as %s on node %s: the ssh login there is not root" % (user, spec["node"]))
-        kw = dict(user=pw.pw_uid, group=pw.pw_gid, extra_groups=os.getgrouplist(user, pw.pw_gid))
-import subprocess
-procs = {}
-logs = {}
-for r in spec["replicas"]:
-    path = os.path.expanduser(r["log"])
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fh = open(path, "ab")
-    start = fh.tell()
-    fh.write(r.get("banner", "").encode()); fh.flush()
-    if user and kw:
-        os.chown(path, kw["user"], kw["group"])
-    try:
-        p = subprocess.Popen(r["argv"], cwd=cwd, env=r["env"], stdin=subprocess.DEVNULL,
-                             stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, **kw)
-    except OSError as e:
-        fh.write(("cannot start %s: %s\n" % (r["argv"][0], e)).encode()); fh.close()
-        say("EXIT", r["rank"], 127)
-        continue
-    fh.close()
-    procs[p.pid] = (r["rank"], p)
-    logs[r["rank"]] = [path, start]
-    say("PID", r["rank"], p.pid)
-stream = spec.get("stream_logs", True)
-pump_lock = threading.Lock()
-def pump(rank):
-    with pump_lock:
-        pump_locked(rank)
-def pump_locked(rank):
-    path, pos = logs[rank]
-    try:
-        with open(path, "rb") as f:
-            f.seek(pos)
-            data = f.read(1 << 16)
-            while data:
-                pos += len(data)
-                say("LOG", rank, base64.b64encode(data).decode())
-                data = f.read(1 << 16)
-    except OSError:
-        pass
-    logs[rank][1] = pos
-def signal_all(sig):
-    for _, p in list(procs.values()):
-        if p.returncode is None:
-            try:
-                os.killpg(p.pid, sig)
-            except OSError:
-                pass
-def control():
-    for line in sys.stdin:
-        cmd = line.strip()
-        if cmd == "TERM":
-            signal_all(signal.SIGTERM)
-        elif cmd == "KILL":
-            signal_all(signal.SIGKILL)
-    signal_all(signal.SIGTERM)
-    deadline = time.time() + float(spec.get("orphan_grace_s", 10))
-    while time.time() < deadline and any(p.returncode is None for _, p in procs.values()):
-        time.sleep(0.2)
-    signal_all(signal.SIGKILL)
-threading.Thread(target=control, daemon=True).start()
-def tail():
-    while True:
-        for rank in list(logs):
-            pump(rank)
-        time.sleep(0.25)
-if stream:
-    threading.Thread(target=tail, daemon=True).start()
-pending = dict(procs)
-while pending:
-    try:
-        pid, status = os.wait()
-    except ChildProcessError:
-        break
-    if pid not in pending:
-        continue
-    rank, p = pending.pop(pid)
-    p.returncode = os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else status >> 8
-    code = p.returncode if p.returncode >= 0 else 128 - p.returncode
-    if stream:
-        pump(rank)
-    say("EXIT", rank, code)
-sys.exit(0)
-"""
+
+@functools.cache
+def node_agent_source() -> str:
+    """The node-side supervisor's program (``launch/node_agent.py``) as the text sent to each
+    node and run there with ``python -u -c``: no installation on the node is needed."""
+    package = importlib.resources.files("pollux_local.launch")
+    return package.joinpath("node_agent.py").read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -652,7 +537,7 @@ class SshLauncher:
                 payload["probe"] = {"path": str(probe[0]), "token": probe[1], "dir": checkpoint_dir}
             proc = await asyncio.create_subprocess_exec(
                 *self.ssh_argv(node),
-                f"{shlex.quote(node.python)} -u -c {shlex.quote(_SUPERVISOR)}",
+                f"{shlex.quote(node.python)} -u -c {shlex.quote(node_agent_source())}",
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.DEVNULL,

@@ -20,8 +20,9 @@ from pollux_local.launch.base import RESCALE_EXIT_CODE
 from pollux_local.torch.checkpoint import CheckpointStore
 from pollux_local.torch.env import JobEnv, init_distributed
 from pollux_local.torch.gradstats import GradNoiseEstimator, two_batch_estimate
+from pollux_local.torch.loader import ElasticLoader
 from pollux_local.torch.sampler import ElasticSampler, StepPlan
-from pollux_local.torch.trainer import ElasticLoader, ElasticTrainer
+from pollux_local.torch.trainer import ElasticTrainer
 
 __all__ = [
     "RESCALE_EXIT_CODE",

@@ -12,88 +12,72 @@ in base-batch iterations, timing profiles, checkpoints and reports.  Its loader
         for x, y in loader:
             trainer.step(loss_fn(trainer.model(x), y))
 
-Gradient statistics are taken on *measuring* steps (``gradstats.py``), spaced adaptively so
-that their extra cost stays within ``stats_budget`` of training time.  With several replicas the
-collective decisions (stop for a rescale, checkpoint now, the spacing of measuring steps) ride
-on the measuring step's all-reduce, so every replica takes them at the same step; measuring
-steps are therefore never more than ``STOP_LATENCY_S`` of training apart.  One replica acts on
-SIGTERM right after its current step.
+The trainer composes the parts, each in its own module:
+
+* ``batching.py``: the batch bounds, the first (m, s) and its re-choice at epoch boundaries
+  with the goodput model;
+* ``scaling.py``: the learning-rate factor and progress gain at batch M, the preconditioner;
+* ``measuring.py``: which steps measure the gradient statistics (``gradstats.py``), spaced
+  adaptively so that their extra cost stays within ``stats_budget`` of training time;
+* ``collectives.py``: the measuring step's all-reduce, on which, with several replicas, the
+  collective decisions ride (stop for a rescale, checkpoint now, the spacing of measuring
+  steps), so every replica takes them at the same step; measuring steps are therefore never
+  more than ``STOP_LATENCY_S`` of training apart; and leaving the process group;
+* ``stopping.py``: SIGTERM (a replica acts on it right after its current step), the
+  checkpoint payload, and the checkpoint-and-exit with ``RESCALE_EXIT_CODE``;
+* ``loader.py``, ``sampler.py``, ``profile.py``, ``checkpoint.py``, ``report.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
-import math
-import signal
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import Dataset, TensorDataset, default_collate
+from torch.utils.data import Dataset
 
-from pollux_local.core.efficiency import LR_RULES, lr_scale, progress_gain
-from pollux_local.core.types import BatchBounds, BatchChoice, GradStats
+from pollux_local.core.efficiency import LR_RULES
+from pollux_local.core.types import BatchChoice, GradStats
 from pollux_local.errors import PolluxError
-from pollux_local.launch.base import RESCALE_EXIT_CODE
+from pollux_local.torch.batching import (
+    agreed_choice,
+    best_choice,
+    initial_choice,
+    max_local,
+    validated_bounds,
+)
 from pollux_local.torch.checkpoint import CheckpointStore, load_file
+from pollux_local.torch.collectives import average_and_agree, barrier, leave_group
 from pollux_local.torch.env import JobEnv, init_distributed
 from pollux_local.torch.gradstats import MIN_SAMPLES, GradNoiseEstimator, squared_norm
+from pollux_local.torch.loader import ElasticLoader
+from pollux_local.torch.measuring import MeasuringSchedule
 from pollux_local.torch.profile import ProfileRecorder
 from pollux_local.torch.report import REPORT_VERSION, Reporter
 from pollux_local.torch.sampler import ElasticSampler, StepPlan
+from pollux_local.torch.scaling import (
+    LrScaling,
+    Preconditioner,
+    gradients,
+    keeps_second_moments,
+    scaled_learning_rate,
+)
+from pollux_local.torch.stopping import (
+    CheckpointTimer,
+    StopRequest,
+    build_payload,
+    exit_for_rescale,
+    restore_payload,
+)
 
 log = logging.getLogger("pollux_local.torch")
 
-#: A change of (m, s) at an epoch boundary is taken only above this predicted goodput gain.
-ADAPT_MIN_GAIN = 1.05
 #: Optimizer steps not profiled after a start or a change of configuration (warm-up).
 PROFILE_WARMUP_STEPS = 2
-#: Upper bound on the spacing of gradient-statistics measurements (optimizer steps).
-MAX_STATS_INTERVAL = 64
-#: With several replicas, stop requests are agreed on at measuring steps, which are spaced at
-#: most this many seconds of training apart.
-STOP_LATENCY_S = 3.0
-
-
-def _validated_bounds(
-    base_batch: int,
-    max_batch: int | None,
-    min_local: int,
-    max_local: int | None,
-    accumulation: bool,
-    replicas: int,
-) -> BatchBounds:
-    for name, value in (("base_batch", base_batch), ("min_local", min_local)):
-        if not isinstance(value, int) or value <= 0:
-            raise PolluxError(f"{name} must be a positive integer, got {value!r}")
-    if max_batch is not None and (not isinstance(max_batch, int) or max_batch <= 0):
-        raise PolluxError(f"max_batch must be a positive integer, got {max_batch!r}")
-    if max_local is not None and (not isinstance(max_local, int) or max_local <= 0):
-        raise PolluxError(f"max_local must be a positive integer, got {max_local!r}")
-    try:
-        bounds = BatchBounds(
-            base_batch=base_batch,
-            max_batch=base_batch if max_batch is None else max_batch,
-            min_local=min_local,
-            max_local=max_local,
-            accumulation=accumulation,
-        )
-    except ValueError as exc:
-        raise PolluxError(str(exc)) from None
-    if replicas * bounds.min_local > bounds.max_batch:
-        raise PolluxError(
-            f"batch bounds cannot hold on {replicas} replicas: {replicas} x min_local "
-            f"{bounds.min_local} exceeds max_batch {bounds.max_batch}"
-        )
-    return bounds
 
 
 class ElasticTrainer:
@@ -146,27 +130,21 @@ class ElasticTrainer:
             raise PolluxError(f"unknown lr_rule {lr_rule!r}; expected one of {', '.join(LR_RULES)}")
         if stats_interval < 1:
             raise PolluxError(f"stats_interval must be at least 1, got {stats_interval}")
-        self.bounds = _validated_bounds(
+        self.bounds = validated_bounds(
             base_batch, max_batch, min_local, max_local, accumulation, self.env.world_size
         )
-        self.lr_rule = lr_rule
+        if stats_budget is not None and not 0.0 < stats_budget <= 1.0:
+            raise PolluxError(f"stats_budget must be in (0, 1] or None, got {stats_budget}")
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.scaler = scaler
         self.adapt = adapt
-        self.stats_interval = stats_interval
-        if stats_budget is not None and not 0.0 < stats_budget <= 1.0:
-            raise PolluxError(f"stats_budget must be in (0, 1] or None, got {stats_budget}")
-        self.stats_budget = stats_budget
-        self._interval = stats_interval
-        self._time_plain: float | None = None
-        self._time_measured: float | None = None
-        self._step_start = 0.0
-        self._gain_cache: tuple[int, int, float, float] | None = None
-        self.checkpoint_interval_s = checkpoint_interval_s
         self.report_interval_s = report_interval_s
         self.state: dict[str, Any] = dict(state or {})
         self.metrics: dict[str, float] = {}
+        self._lr = LrScaling(lr_rule, base_batch)
+        self._schedule = MeasuringSchedule(stats_interval, stats_budget, self.env.world_size)
+        self._stop = StopRequest()
 
         init_distributed(self.env)
         self.rank = self.env.rank
@@ -181,27 +159,27 @@ class ElasticTrainer:
         self.profile = ProfileRecorder()
         self._sampler: ElasticSampler | None = None
         self._sampler_state: dict[str, Any] | None = None
-        self._group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
-        if precondition is None:
-            precondition = isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
-        self.precondition = precondition
+        self._preconditioner = Preconditioner(optimizer)
+        self.precondition = (
+            keeps_second_moments(optimizer) if precondition is None else precondition
+        )
 
-        self._stop_requested = False
         self._micro: tuple[StepPlan, int] | None = None
         self._t0 = 0.0
+        self._step_start = 0.0
         self._small: tuple[torch.Tensor, int] | None = None
-        self._since_stats = stats_interval  # measure the very first step
-        self._measuring = True
         self._warmup_left = PROFILE_WARMUP_STEPS
         self._started = False
         self._last_report = 0.0
-        self._last_checkpoint = time.monotonic()
+        self._checkpoint_timer = CheckpointTimer(checkpoint_interval_s)
 
         ckpt_dir = checkpoint_dir if checkpoint_dir is not None else self.env.checkpoint_dir
         self.checkpoints = CheckpointStore(ckpt_dir) if ckpt_dir is not None else None
         self.reporter = Reporter(self.env.job_id, self.env.job_dir, self.env.daemon_socket)
 
-        self.local_batch, self.accum_steps = self._initial_choice()
+        self.local_batch, self.accum_steps = initial_choice(
+            self.bounds, self.replicas, self.env.local_batch, self.env.accum_steps
+        )
         self._env_choice = self.env.local_batch is not None
         if restore and self.checkpoints is not None:
             found = self.checkpoints.load_latest()
@@ -217,9 +195,8 @@ class ElasticTrainer:
             self.model = DistributedDataParallel(self.module, **kwargs)
         else:
             self.model = self.module
-        self._handles_sigterm = handle_sigterm and self.checkpoints is not None
-        if self._handles_sigterm:
-            signal.signal(signal.SIGTERM, self._on_sigterm)
+        if handle_sigterm and self.checkpoints is not None:
+            self._stop.install()
 
     # ----------------------------------------------------------------- configuration
     @property
@@ -241,55 +218,48 @@ class ElasticTrainer:
     def grad_stats(self) -> GradStats | None:
         return self.estimator.stats
 
+    @property
+    def lr_rule(self) -> str:
+        """The learning-rate scaling rule (``scaling.py``)."""
+        return self._lr.rule
+
+    @lr_rule.setter
+    def lr_rule(self, rule: str) -> None:
+        self._lr.rule = rule
+
+    @property
+    def stats_interval(self) -> int:
+        """The least spacing of measuring steps (``measuring.py``)."""
+        return self._schedule.stats_interval
+
+    @stats_interval.setter
+    def stats_interval(self, steps: int) -> None:
+        self._schedule.stats_interval = steps
+
+    @property
+    def stats_budget(self) -> float | None:
+        """The fraction of training time measuring steps may cost (``measuring.py``)."""
+        return self._schedule.stats_budget
+
+    @stats_budget.setter
+    def stats_budget(self, fraction: float | None) -> None:
+        self._schedule.stats_budget = fraction
+
+    @property
+    def checkpoint_interval_s(self) -> float | None:
+        """Seconds between periodic checkpoints (``None``: only at a stop)."""
+        return self._checkpoint_timer.interval_s
+
+    @checkpoint_interval_s.setter
+    def checkpoint_interval_s(self, seconds: float | None) -> None:
+        self._checkpoint_timer.interval_s = seconds
+
     def progress_epochs(self, dataset_size: int) -> float:
         """Progress expressed in epochs at the base batch: progress * M0 / dataset size."""
         return self.progress * self.base_batch / dataset_size
 
-    def _max_local(self) -> int:
-        return int(self.bounds.max_local or self.bounds.max_batch)
-
-    def _initial_choice(self) -> tuple[int, int]:
-        k = self.replicas
-        if self.env.local_batch is not None:
-            m, s = self.env.local_batch, self.env.accum_steps or 1
-            if not self.bounds.min_local <= m <= self._max_local():
-                raise PolluxError(
-                    f"POLLUX_LOCAL_BATCH={m} is outside the job's local batch bounds "
-                    f"[{self.bounds.min_local}, {self._max_local()}]"
-                )
-            if s > 1 and not self.bounds.accumulation:
-                raise PolluxError(f"POLLUX_ACCUM_STEPS={s} but the job disables accumulation")
-            if k * m * s > self.bounds.max_batch:
-                raise PolluxError(
-                    f"{k} replicas x local batch {m} x {s} steps exceeds max_batch "
-                    f"{self.bounds.max_batch}"
-                )
-            return m, s
-        target = max(self.bounds.base_batch, k * self.bounds.min_local)
-        max_local = self._max_local()
-        per_replica = max(target // k, self.bounds.min_local)
-        steps = math.ceil(per_replica / max_local) if self.bounds.accumulation else 1
-        m = min(max(target // (k * steps), self.bounds.min_local), max_local)
-        return m, steps
-
-    def _preconditioner(self, param: torch.Tensor) -> torch.Tensor | None:
-        """sqrt(v_hat) + eps of an Adam-type optimizer for ``param`` (None before its first
-        step)."""
-        st = self.optimizer.state.get(param)
-        if not st or "exp_avg_sq" not in st:
-            return None
-        group = self._group_of.get(id(param))
-        beta2 = float(group.get("betas", (0.9, 0.999))[1]) if group else 0.999
-        eps = float(group.get("eps", 1e-8)) if group else 1e-8
-        step = float(st.get("step", 1))
-        correction = 1.0 - beta2**step if step > 0 else 1.0
-        return (st["exp_avg_sq"] / correction).sqrt().add_(eps)
-
     def _grads(self) -> tuple[list[torch.Tensor], list[torch.Tensor | None] | None]:
-        params = [p for p in self.module.parameters() if p.grad is not None]
-        grads = [p.grad for p in params if p.grad is not None]
-        pre = [self._preconditioner(p) for p in params] if self.precondition else None
-        return grads, pre
+        return gradients(self.module, self._preconditioner if self.precondition else None)
 
     # ----------------------------------------------------------------- data
     def loader(
@@ -323,22 +293,17 @@ class ElasticTrainer:
 
     def _next_plan(self) -> StepPlan | None:
         assert self._sampler is not None
-        if self._stop_requested and self.replicas == 1:
+        if self._stop.requested and self.replicas == 1:
             self._checkpoint_and_exit()  # one replica needs no agreement: stop between steps
-        self._measuring = self._since_stats >= self._interval
-        split = (
-            self._measuring
-            and self.replicas == 1
-            and self.accum_steps == 1
-            and self.local_batch >= 2
-        )
+        measuring = self._schedule.begin_step()
+        split = measuring and self.replicas == 1 and self.accum_steps == 1 and self.local_batch >= 2
         return self._sampler.plan_step(self.replicas, self.local_batch, self.accum_steps, split)
 
     def _begin_micro(self, plan: StepPlan, index: int) -> None:
         if isinstance(self.model, DistributedDataParallel):
             # a measuring step synchronises by hand (see ``_sync_and_measure``)
             last = index == len(plan.micro) - 1
-            self.model.require_backward_grad_sync = last and not self._measuring
+            self.model.require_backward_grad_sync = last and not self._schedule.measuring
         self._micro = (plan, index)
         self._t0 = time.perf_counter()
         if index == 0:
@@ -380,7 +345,8 @@ class ElasticTrainer:
         self._record_time(plan, index, elapsed, last)
         if not last:
             usable = plan.full or plan.split
-            if index == 0 and self._measuring and self.replicas == 1 and usable and weight > 0:
+            measuring = self._schedule.measuring
+            if index == 0 and measuring and self.replicas == 1 and usable and weight > 0:
                 grads, pre = self._grads()
                 amp = self._amp_scale()
                 small = squared_norm(grads, pre) / (weight * amp) ** 2
@@ -401,7 +367,7 @@ class ElasticTrainer:
         if self.replicas == 1:
             self.profile.add_compute(key, elapsed)
             self.profile.add_step(key, elapsed)
-        elif not last or self._measuring:
+        elif not last or self._schedule.measuring:
             self.profile.add_compute(key, elapsed)  # a micro-batch that did not synchronise
         else:
             self.profile.add_step(key, elapsed)
@@ -412,27 +378,22 @@ class ElasticTrainer:
         stop, checkpoint_now = self._collect_stats(plan)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        stats = self.estimator.stats
-        factor, gain = self._scales(stats, plan.total)
+        factor, gain = self._lr.scales(self.estimator.stats, self.estimator.samples, plan.total)
         if clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip_grad_norm)
-        saved = [g["lr"] for g in self.optimizer.param_groups]
-        for g in self.optimizer.param_groups:
-            g["lr"] = g["lr"] * factor
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        for g, lr in zip(self.optimizer.param_groups, saved, strict=True):
-            g["lr"] = lr
+        with scaled_learning_rate(self.optimizer, factor):
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.progress += gain
         self.steps += 1
         self._warmup_left = max(self._warmup_left - 1, 0)
-        self._since_stats = 0 if self._measuring else self._since_stats + 1
+        self._schedule.end_step()
         if (plan.full or plan.split) and self.steps > PROFILE_WARMUP_STEPS:
-            self._time_step(time.perf_counter() - self._step_start)
+            self._schedule.record_time(time.perf_counter() - self._step_start)
         assert self._sampler is not None
         self._sampler.advance(plan.total)
         if stop:
@@ -455,202 +416,96 @@ class ElasticTrainer:
                 if small_batch < plan.total:
                     self.estimator.update(float(small), small_batch, big, plan.total)
             self._small = None
-            return self._stop_requested, self._checkpoint_due()
-        if not self._measuring:
+            return self._stop.requested, self._checkpoint_due()
+        if not self._schedule.measuring:
             return False, False
         return self._sync_and_measure(plan, usable)
 
     def _sync_and_measure(self, plan: StepPlan, usable: bool) -> tuple[bool, bool]:
         """A measuring step with several replicas: the backward pass ran without DDP's
         synchronisation, so ``.grad`` holds this replica's local gradient.  Take its squared
-        norm, then all-reduce the flattened gradients together with [local squared norm, stop
-        flag, checkpoint flag, rank 0's next measuring interval] in one collective, average,
-        and take the squared norm of the result."""
-        params = [p for p in self.module.parameters() if p.grad is not None]
-        grads = [p.grad for p in params if p.grad is not None]
-        pre = [self._preconditioner(p) for p in params] if self.precondition else None
+        norm |g_k|^2, then average the gradients and agree on the control flags in one
+        all-reduce (``collectives.average_and_agree``), and take the squared norm of the
+        average: the two-batch estimate with b_small = M / K and b_big = M."""
+        grads, pre = self._grads()
         amp = self._amp_scale()
         local_sq = squared_norm(grads, pre) / (amp * amp)
-        control = torch.tensor(
-            [
-                float(self._stop_requested),
-                float(self.rank == 0 and self._checkpoint_due()),
-                float(self._proposed_interval() if self.rank == 0 else 0),
-            ],
+        mean_local, agreed = average_and_agree(
+            grads,
+            local_sq,
+            stop=self._stop.requested,
+            checkpoint=self.rank == 0 and self._checkpoint_due(),
+            interval=self._schedule.proposed() if self.rank == 0 else 0,
+            replicas=self.replicas,
             device=self.device,
         )
-        flat = torch.cat(
-            [g.reshape(-1) for g in grads]
-            + [local_sq.reshape(1).to(grads[0]), control.to(grads[0])]
-        )
-        dist.all_reduce(flat)
-        flat.div_(self.replicas)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
-        mean_local, stop, ckpt, interval = (
-            float(v) * self.replicas for v in flat[offset:].tolist()
-        )
-        mean_local /= self.replicas
         if usable:
             big_sq = float(squared_norm(grads, pre)) / (amp * amp)
             small_batch = plan.total // self.replicas
             if small_batch < plan.total:
                 self.estimator.update(mean_local, small_batch, big_sq, plan.total)
-        if interval >= 1:
-            self._interval = int(round(interval))  # rank 0's spacing, the same everywhere
-        return stop > 0, ckpt > 0
-
-    def _scales(self, stats: GradStats | None, total: int) -> tuple[float, float]:
-        """(learning-rate factor, progress gain) at batch ``total`` (cached: both change only
-        when the statistics or the batch do)."""
-        cache = self._gain_cache
-        key = self.estimator.samples
-        if cache is not None and cache[0] == key and cache[1] == total:
-            return cache[2], cache[3]
-        factor = lr_scale(stats, self.base_batch, total, self.lr_rule)
-        if stats is not None:
-            gain = float(progress_gain(stats, self.base_batch, total))
-        else:
-            gain = min(total / self.base_batch, 1.0)
-        self._gain_cache = (key, total, factor, gain)
-        return factor, gain
-
-    def _time_step(self, seconds: float) -> None:
-        """Track the cost of measuring steps against ordinary ones (EMAs of step time)."""
-        if self._measuring:
-            prev = self._time_measured
-            self._time_measured = seconds if prev is None else 0.8 * prev + 0.2 * seconds
-        else:
-            prev = self._time_plain
-            self._time_plain = seconds if prev is None else 0.9 * prev + 0.1 * seconds
-        if self.replicas == 1:
-            self._interval = self._proposed_interval()
-
-    def _proposed_interval(self) -> int:
-        """Steps between measuring steps so that their extra cost stays within
-        ``stats_budget`` of the training time: max(stats_interval, extra / (budget * step)),
-        at most ``MAX_STATS_INTERVAL``."""
-        plain, measured = self._time_plain, self._time_measured
-        if self.stats_budget is None:
-            return self.stats_interval
-        if plain is None or measured is None or plain <= 0:
-            return self._interval
-        extra = max(measured - plain, 0.0) / plain
-        wanted = max(self.stats_interval, math.ceil(extra / self.stats_budget))
-        if self.replicas > 1:
-            # a rescale request is acted on at a measuring step: bound the wait
-            wanted = min(wanted, max(1, int(STOP_LATENCY_S / plain)))
-        return int(min(wanted, MAX_STATS_INTERVAL))
+        self._schedule.adopt(agreed.interval)  # rank 0's spacing, the same everywhere
+        return agreed.stop, agreed.checkpoint
 
     def _checkpoint_due(self) -> bool:
-        if self.checkpoints is None or self.checkpoint_interval_s is None:
-            return False
-        return time.monotonic() - self._last_checkpoint >= self.checkpoint_interval_s
+        return self._checkpoint_timer.due(self.checkpoints is not None)
 
     # ----------------------------------------------------------------- adaptation
     def _adapt(self) -> None:
         """Re-choose (m, s) for this allocation with the goodput model (rank 0 decides; the
         choice is broadcast)."""
-        choice = self._best_choice() if (self.adapt and self.rank == 0) else None
-        m, s = (choice.local_batch, choice.accum_steps) if choice else (self.local_batch, 0)
-        if self.replicas > 1:
-            buf = torch.tensor([m, s], dtype=torch.int64)
-            if self.device.type == "cuda":
-                buf = buf.to(self.device)
-            dist.broadcast(buf, src=0)
-            m, s = (int(v) for v in buf.tolist())
-        if s > 0 and (m, s) != (self.local_batch, self.accum_steps):
-            log.info(
-                "batch configuration m=%d s=%d -> m=%d s=%d",
-                self.local_batch,
-                self.accum_steps,
-                m,
-                s,
-            )
-            self.local_batch, self.accum_steps = m, s
+        proposal = self._best_choice() if (self.adapt and self.rank == 0) else None
+        current = (self.local_batch, self.accum_steps)
+        choice = agreed_choice(proposal, current, self.replicas, self.device)
+        if choice is not None:
+            log.info("batch configuration m=%d s=%d -> m=%d s=%d", *current, *choice)
+            self.local_batch, self.accum_steps = choice
             self._warmup_left = PROFILE_WARMUP_STEPS
 
     def _best_choice(self) -> BatchChoice | None:
-        stats = self.estimator.stats
-        rows = self.profile.observations()
-        if stats is None or not rows:
-            return None
-        from pollux_local.core.correction import fit_corrected
-        from pollux_local.core.goodput import GoodputModel
-
-        try:
-            params, correction = fit_corrected(
-                [r["nodes"] for r in rows],
-                [r["replicas"] for r in rows],
-                [r["local_batch"] for r in rows],
-                [r["compute_s"] for r in rows],
-                [r["step_s"] for r in rows],
-            )
-        except ValueError as exc:
-            log.warning("cannot fit the throughput model: %s", exc)
-            return None
-        model = GoodputModel(params, stats, self.bounds, correction)
-        best = model.best_choice(self.env.num_nodes, self.replicas)
-        nodes, k = self.env.num_nodes, self.replicas
-        current = float(model.goodput(nodes, k, self.local_batch, self.accum_steps))
-        proposed = float(model.goodput(nodes, k, best.local_batch, best.accum_steps))
-        if proposed > ADAPT_MIN_GAIN * current:
-            return best
-        return None
+        return best_choice(
+            self.profile.observations(),
+            self.estimator.stats,
+            self.bounds,
+            self.env.num_nodes,
+            self.replicas,
+            (self.local_batch, self.accum_steps),
+        )
 
     # ----------------------------------------------------------------- checkpoints
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        self._stop_requested = True
-
     def request_stop(self) -> None:
         """Ask for a checkpoint-and-exit after the current step (what SIGTERM does)."""
-        self._stop_requested = True
+        self._stop.request()
 
     def _payload(self) -> dict[str, Any]:
-        user: dict[str, Any] = {}
-        for name, obj in self.state.items():
-            user[name] = obj.state_dict() if hasattr(obj, "state_dict") else obj
-        return {
-            "format": 1,
-            "model": self.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "sampler": self._sampler.state_dict() if self._sampler else self._sampler_state,
-            "grad_stats": self.estimator.state_dict(),
-            "profile": self.profile.state_dict(),
-            "progress": self.progress,
-            "steps": self.steps,
-            "batch": [self.local_batch, self.accum_steps],
-            "rng": torch.get_rng_state(),
-            "user": user,
-        }
+        return build_payload(
+            module=self.module,
+            optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler,
+            scaler=self.scaler,
+            sampler_state=self._sampler.state_dict() if self._sampler else self._sampler_state,
+            estimator=self.estimator,
+            profile=self.profile,
+            progress=self.progress,
+            steps=self.steps,
+            batch=(self.local_batch, self.accum_steps),
+            user=self.state,
+        )
 
     def _load(self, payload: dict[str, Any]) -> None:
-        try:
-            self.module.load_state_dict(payload["model"])
-            self.optimizer.load_state_dict(payload["optimizer"])
-            if self.lr_scheduler is not None and payload.get("lr_scheduler") is not None:
-                self.lr_scheduler.load_state_dict(payload["lr_scheduler"])
-            if self.scaler is not None and payload.get("scaler") is not None:
-                self.scaler.load_state_dict(payload["scaler"])
-            self._sampler_state = payload.get("sampler")
-            self.estimator.load_state_dict(payload["grad_stats"])
-            self.profile.load_state_dict(payload["profile"])
-            self.progress = float(payload["progress"])
-            self.steps = int(payload["steps"])
-            if payload.get("rng") is not None:
-                torch.set_rng_state(payload["rng"])
-        except (KeyError, RuntimeError, ValueError, TypeError) as exc:
-            raise PolluxError(f"checkpoint does not match this job: {exc}") from None
-        for name, value in payload.get("user", {}).items():
-            obj = self.state.get(name)
-            if obj is not None and hasattr(obj, "load_state_dict"):
-                obj.load_state_dict(value)
-            else:
-                self.state[name] = value
+        restored = restore_payload(
+            payload,
+            module=self.module,
+            optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler,
+            scaler=self.scaler,
+            estimator=self.estimator,
+            profile=self.profile,
+            user=self.state,
+        )
+        self._sampler_state = restored.sampler_state
+        self.progress = restored.progress
+        self.steps = restored.steps
 
     def restore_from(self, path: str | Path) -> None:
         """Restore a named checkpoint file (missing or damaged: ``PolluxError``)."""
@@ -663,24 +518,18 @@ class ElasticTrainer:
         path = None
         if self.checkpoints is not None and self.rank == 0:
             path = self.checkpoints.save(self.steps, self._payload())
-        self._last_checkpoint = time.monotonic()
-        if self.replicas > 1:
-            dist.barrier()
+        self._checkpoint_timer.reset()
+        barrier(self.replicas)
         return path
 
-    def _checkpoint_and_exit(self) -> None:
-        if self._handles_sigterm:
-            # The replicas decided to stop together, so a peer's flag can come before this
-            # replica's own SIGTERM.  Arriving during interpreter shutdown, where the handler is
-            # gone, that signal would turn the checkpointed exit 75 into a kill.
-            with contextlib.suppress(ValueError):  # not the main thread: nothing to guard
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        self.checkpoint()
-        self._report(force=True)
-        self.reporter.flush()
-        self._leave_group()
-        log.info("checkpointed at step %d for a rescale; exiting %d", self.steps, RESCALE_EXIT_CODE)
-        sys.exit(RESCALE_EXIT_CODE)
+    def _checkpoint_and_exit(self) -> NoReturn:
+        exit_for_rescale(
+            self._stop,
+            self.steps,
+            checkpoint=self.checkpoint,
+            report=self._final_report,
+            leave=self._leave_group,
+        )
 
     # ----------------------------------------------------------------- reporting
     def report_metrics(self, **metrics: float) -> None:
@@ -698,7 +547,7 @@ class ElasticTrainer:
                 "base_batch": self.bounds.base_batch,
                 "max_batch": self.bounds.max_batch,
                 "min_local": self.bounds.min_local,
-                "max_local": self._max_local(),
+                "max_local": max_local(self.bounds),
                 "accumulation": self.bounds.accumulation,
             },
             "profile": self.profile.observations(),
@@ -726,57 +575,23 @@ class ElasticTrainer:
         except Exception as exc:  # noqa: BLE001 - reporting never stops training
             log.warning("report failed: %s", exc)
 
-    def close(self) -> None:
-        """End of training: settle pending statistics, send a last report, leave the group."""
+    def _final_report(self) -> None:
+        """Send the last report now and wait for it to go out."""
         self._report(force=True)
         self.reporter.flush()
+
+    def close(self) -> None:
+        """End of training: settle pending statistics, send a last report, leave the group."""
+        self._final_report()
         self._leave_group()
 
     def _leave_group(self) -> None:
-        """Leave the process group together, every replica at once.
+        """Leave the process group, every replica at once (``collectives.leave_group``)."""
+        leave_group(self.replicas, self._unwrap)
 
-        The DDP wrapper goes first (its reducer holds the group), while every replica is still
-        connected; then the group.  Left to the interpreter's exit, that teardown ran after a
-        peer had gone and could block the process for ever.
-        """
-        if self.replicas <= 1 or not dist.is_initialized():
-            return
-        dist.barrier()
+    def _unwrap(self) -> None:
+        """Drop the DDP wrapper (its reducer holds the process group)."""
         self.model = self.module
-        gc.collect()
-        dist.barrier()
-        dist.destroy_process_group()
 
 
-class ElasticLoader:
-    """Yields this replica's micro-batches; the trainer decides their sizes step by step."""
-
-    def __init__(
-        self,
-        trainer: ElasticTrainer,
-        dataset: Dataset[Any],
-        collate_fn: Callable[[list[Any]], Any] | None,
-    ) -> None:
-        self.trainer = trainer
-        self.dataset = dataset
-        self.collate_fn = collate_fn or default_collate
-
-    def _fetch(self, indices: torch.Tensor) -> Any:
-        if isinstance(self.dataset, TensorDataset):
-            return tuple(t[indices] for t in self.dataset.tensors)
-        return self.collate_fn([self.dataset[i] for i in indices.tolist()])
-
-    def __iter__(self) -> Iterator[Any]:
-        trainer = self.trainer
-        trainer._epoch_start()
-        while True:
-            plan = trainer._next_plan()
-            if plan is None:
-                break
-            for index, micro in enumerate(plan.micro):
-                batch = self._fetch(micro.indices[trainer.rank])
-                trainer._begin_micro(plan, index)
-                yield batch
-                if trainer._micro is not None:
-                    raise PolluxError("trainer.step(loss) must be called for every batch")
-        trainer._epoch_end()
+__all__ = ["PROFILE_WARMUP_STEPS", "ElasticLoader", "ElasticTrainer"]

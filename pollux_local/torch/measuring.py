@@ -1,0 +1,81 @@
+"""When the trainer measures gradient statistics: the spacing of *measuring* steps.
+
+A measuring step costs more than an ordinary one (a second gradient norm; with several
+replicas the gradients are all-reduced by hand instead of overlapped by DDP).  With T the
+EMA of an ordinary step's time and T' that of a measuring step, measuring steps are spaced
+
+    n = min(max(stats_interval, ceil(((T' - T) / T) / stats_budget)), MAX_STATS_INTERVAL)
+
+steps apart, so that their extra cost stays within ``stats_budget`` of training time.  With
+several replicas the stop requests ride on the measuring steps' all-reduce, so n is also at
+most STOP_LATENCY_S / T: a rescale waits at most that long.  The spacing is rank 0's, carried
+to the other replicas by that same all-reduce.
+"""
+
+from __future__ import annotations
+
+import math
+
+#: Upper bound on the spacing of gradient-statistics measurements (optimizer steps).
+MAX_STATS_INTERVAL = 64
+#: With several replicas, stop requests are agreed on at measuring steps, which are spaced at
+#: most this many seconds of training apart.
+STOP_LATENCY_S = 3.0
+
+
+class MeasuringSchedule:
+    """Decides, step by step, whether the next optimizer step measures (the first one does)."""
+
+    def __init__(self, stats_interval: int, stats_budget: float | None, replicas: int) -> None:
+        self.stats_interval = stats_interval
+        self.stats_budget = stats_budget
+        self.replicas = replicas
+        #: Steps between measuring steps now.
+        self.interval = stats_interval
+        #: Steps since the last measuring step.
+        self.since = stats_interval  # measure the very first step
+        #: Whether the current step measures.
+        self.measuring = True
+        self._time_plain: float | None = None
+        self._time_measured: float | None = None
+
+    def begin_step(self) -> bool:
+        """Start an optimizer step; returns whether it measures."""
+        self.measuring = self.since >= self.interval
+        return self.measuring
+
+    def end_step(self) -> None:
+        """The step is done (optimizer stepped)."""
+        self.since = 0 if self.measuring else self.since + 1
+
+    def record_time(self, seconds: float) -> None:
+        """Fold a step's time into the EMA of its kind (T' <- 0.8 T' + 0.2 t for a measuring
+        step, T <- 0.9 T + 0.1 t for an ordinary one); one replica re-spaces at once."""
+        if self.measuring:
+            prev = self._time_measured
+            self._time_measured = seconds if prev is None else 0.8 * prev + 0.2 * seconds
+        else:
+            prev = self._time_plain
+            self._time_plain = seconds if prev is None else 0.9 * prev + 0.1 * seconds
+        if self.replicas == 1:
+            self.interval = self.proposed()
+
+    def proposed(self) -> int:
+        """n of the module docstring (``stats_interval`` when there is no budget; the current
+        spacing until both kinds of step were timed)."""
+        plain, measured = self._time_plain, self._time_measured
+        if self.stats_budget is None:
+            return self.stats_interval
+        if plain is None or measured is None or plain <= 0:
+            return self.interval
+        extra = max(measured - plain, 0.0) / plain
+        wanted = max(self.stats_interval, math.ceil(extra / self.stats_budget))
+        if self.replicas > 1:
+            # a rescale request is acted on at a measuring step: bound the wait
+            wanted = min(wanted, max(1, int(STOP_LATENCY_S / plain)))
+        return int(min(wanted, MAX_STATS_INTERVAL))
+
+    def adopt(self, interval: int | None) -> None:
+        """Take rank 0's spacing (the same on every replica); ``None``: keep the current."""
+        if interval is not None:
+            self.interval = interval
