@@ -2,11 +2,13 @@
 
     python benchmarks/model_accuracy.py [--artifact DIR] [--points 15] [--trials 20] [--json]
 
-For each application of the artifact, repeatedly fits ``core.fit_throughput`` on ``--points``
-random rows of placements.csv and reports the median and mean relative throughput error over
-all rows, and the fit time; then the same model corrected by its residuals at the fitted rows
-(``core.correction``): its median error over all rows, and both models' median error over the
-rows the fit did not see.
+For each application of the artifact, repeatedly draws ``--points`` random rows of
+placements.csv, fits them as a job's model is fitted (``core.fitting.fit_points``: one point per
+(nodes, replicas, micro-batch), a later row for the same configuration winning, so a draw may
+give fewer points) and reports the median and mean relative throughput error of the model alone
+over all rows, and the fit time (the fit and its correction); then the same model corrected by
+its residuals at the fitted points (``core.correction``): its median error over all rows, and
+both models' median error over the rows the fit did not see.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pollux_local.core import TimeCorrection, fit_throughput, predict_throughput
+from pollux_local.core import predict_throughput
 from pollux_local.core.correction import corrected_times
+from pollux_local.core.fitting import fit_points
 from pollux_local.sim.profiles import placement_rows
 
 DEFAULT_ARTIFACT = Path(__file__).resolve().parents[1].parent / "shared/data/pollux-artifact"
@@ -39,19 +42,22 @@ def main() -> None:
         nodes, reps, local, compute, step = placement_rows(app_dir)
         true = reps * local / step
         medians, means, fit_ms = [], [], []
+        fitted_points: list[int] = []
         corrected_medians, unseen_plain, unseen_corrected = [], [], []
         for _ in range(args.trials):
             idx = rng.choice(len(nodes), args.points, replace=False)
+            points = {
+                (int(nodes[i]), int(reps[i]), int(local[i])): (float(compute[i]), float(step[i]))
+                for i in idx
+            }
             t0 = time.perf_counter()
-            fit = fit_throughput(nodes[idx], reps[idx], local[idx], compute[idx], step[idx])
+            fitted = fit_points(points)
             fit_ms.append((time.perf_counter() - t0) * 1e3)
-            err = np.abs(predict_throughput(fit, nodes, reps, local) / true - 1)
+            fitted_points.append(fitted.points)
+            err = np.abs(predict_throughput(fitted.params, nodes, reps, local) / true - 1)
             medians.append(float(np.median(err)))
             means.append(float(np.mean(err)))
-            correction = TimeCorrection.from_points(
-                fit, nodes[idx], reps[idx], local[idx], compute[idx], step[idx]
-            )
-            _, step_pred = corrected_times(fit, correction, nodes, reps, local)
+            _, step_pred = corrected_times(fitted.params, fitted.correction, nodes, reps, local)
             corrected_err = np.abs(reps * local / step_pred / true - 1)
             unseen = np.ones(len(nodes), dtype=bool)
             unseen[idx] = False
@@ -60,6 +66,7 @@ def main() -> None:
             unseen_corrected.append(float(np.median(corrected_err[unseen])))
         results[app_dir.name] = {
             "rows": int(len(nodes)),
+            "points_fitted_mean": float(np.mean(fitted_points)),
             "median_error_pct": 100 * float(np.median(medians)),
             "mean_error_pct": 100 * float(np.median(means)),
             "fit_ms_median": float(np.median(fit_ms)),
@@ -70,14 +77,15 @@ def main() -> None:
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    print(f"fit on {args.points} random configurations, {args.trials} trials per application")
+    print(f"fit on {args.points} random rows, {args.trials} trials per application")
     print(
-        f"{'app':<12} {'rows':>5} {'median err':>11} {'mean err':>9} {'fit ms':>7}"
+        f"{'app':<12} {'rows':>5} {'points':>6} {'median err':>11} {'mean err':>9} {'fit ms':>7}"
         f" {'corrected':>10} {'unseen':>7} {'unseen corr.':>12}"
     )
     for app, r in results.items():
         print(
-            f"{app:<12} {r['rows']:>5} {r['median_error_pct']:>10.1f}% "
+            f"{app:<12} {r['rows']:>5} {r['points_fitted_mean']:>6.1f}"
+            f" {r['median_error_pct']:>10.1f}% "
             f"{r['mean_error_pct']:>8.1f}% {r['fit_ms_median']:>7.1f}"
             f" {r['corrected_median_error_pct']:>9.1f}% {r['unseen_median_error_pct']:>6.1f}%"
             f" {r['unseen_corrected_median_error_pct']:>11.1f}%"

@@ -11,6 +11,7 @@ from pollux_local.core.efficiency import (
     noise_scale,
     progress_gain,
 )
+from pollux_local.core.fitting import FittedTimes, fit_points, points_from_rows
 from pollux_local.core.goodput import GoodputModel
 from pollux_local.core.pool import ProfilePool
 from pollux_local.core.throughput import (
@@ -36,6 +37,7 @@ __all__ = [
     "BatchBounds",
     "BatchChoice",
     "Decision",
+    "FittedTimes",
     "GoodputModel",
     "GradStats",
     "JobView",
@@ -48,9 +50,11 @@ __all__ = [
     "efficiency",
     "estimate_grad_stats",
     "fit_corrected",
+    "fit_points",
     "fit_throughput",
     "lr_scale",
     "noise_scale",
+    "points_from_rows",
     "predict_compute_time",
     "predict_iter_time",
     "predict_step_time",

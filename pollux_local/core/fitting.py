@@ -12,6 +12,7 @@ log-residuals (``core.correction``), so::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,16 +39,20 @@ class FittedTimes:
 def points_from_rows(rows: Iterable[Mapping[str, Any]]) -> dict[Point, Times]:
     """Profile rows (``{"nodes", "replicas", "local_batch", "compute_s", "step_s", ...}``) as
     points; a later row for the same (N, K, m) wins.  Raises ``ValueError`` on a malformed row
-    (missing key, non-number, non-positive value)."""
+    (missing key, non-number, non-positive or non-finite value) or a non-iterable ``rows``."""
+    try:
+        listed = list(rows)
+    except TypeError:
+        raise ValueError(f"a profile is a list of rows, got {rows!r}") from None
     points: dict[Point, Times] = {}
-    for row in rows:
+    for row in listed:
         try:
             key = (int(row["nodes"]), int(row["replicas"]), int(row["local_batch"]))
             times = (float(row["compute_s"]), float(row["step_s"]))
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            raise ValueError(f"malformed profile row {dict(row)!r}: {exc}") from None
-        if min(key) < 1 or not all(np.isfinite(t) and t > 0 for t in times):
-            raise ValueError(f"profile row out of range: {dict(row)!r}")
+            raise ValueError(f"malformed profile row {row!r}: {exc}") from None
+        if min(key) < 1 or not all(math.isfinite(t) and t > 0 for t in times):
+            raise ValueError(f"profile row out of range: {row!r}")
         points[key] = times
     return points
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from pollux_local.core.fitting import fit_points, points_from_rows
 from pollux_local.core.pool import Point, ProfilePool, Times
 from pollux_local.core.types import (
     BatchBounds,
@@ -111,14 +112,10 @@ def job_kind(job: JobRecord) -> str:
 
 def _profile_points(profile: Sequence[Any]) -> dict[Point, Times] | None:
     """A report's profile as pool points, or ``None`` when an entry is malformed."""
-    points: dict[Point, Times] = {}
     try:
-        for p in profile:
-            key = (int(p["nodes"]), int(p["replicas"]), int(p["local_batch"]))
-            points[key] = (float(p["compute_s"]), float(p["step_s"]))
-    except (KeyError, TypeError, ValueError):
+        return points_from_rows(profile)
+    except ValueError:
         return None
-    return points
 
 
 class ModelCache:
@@ -157,13 +154,11 @@ class ModelCache:
         if cached is not None and cached[0] == key:
             params, correction = cached[1], cached[2]
         else:
-            from pollux_local.core.correction import fit_corrected
-
-            cols = list(zip(*((*k, *v) for k, v in sorted(points.items())), strict=True))
             try:
-                params, correction = fit_corrected(cols[0], cols[1], cols[2], cols[3], cols[4])
-            except (TypeError, ValueError, ArithmeticError):
+                fitted = fit_points(dict(sorted(points.items())))
+            except ValueError:
                 return None
+            params, correction = fitted.params, fitted.correction
             self._fits[job.id] = (key, params, correction)
             self.fit_count += 1
         from pollux_local.core.goodput import GoodputModel

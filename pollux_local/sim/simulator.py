@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pollux_local.core.correction import TimeCorrection, fit_corrected
+from pollux_local.core.correction import TimeCorrection
+from pollux_local.core.fitting import fit_points
 from pollux_local.core.goodput import GoodputModel
 from pollux_local.core.pool import ProfilePool
-from pollux_local.core.throughput import ThroughputParams, fit_throughput
+from pollux_local.core.throughput import ThroughputParams
 from pollux_local.core.types import GradStats, JobView, NodeView, Placement, Policy
 from pollux_local.errors import PolluxError
 from pollux_local.sim.profiles import AppProfile, packed_counts, split_batch
@@ -55,7 +56,8 @@ class SimConfig:
     seed: int = 0
     #: Fit each adaptive job's model to the points all jobs of its application measured.
     share_profiles: bool = True
-    #: Correct each model's times by the residuals at measured points (``core.correction``).
+    #: Correct each model's times by the residuals at measured points (``fit_points``'s
+    #: ``correct``, ``core.correction``).
     correct_times: bool = True
     #: Give up (and report the unfinished jobs) after this much simulated time.
     max_time_s: float = 30 * 24 * 3600.0
@@ -250,14 +252,9 @@ class Simulator:
         if not points or grad is None:
             return None
         if job.params is None or job.fitted_points != len(points):
-            keys = np.array(list(points.keys()), dtype=float)
-            vals = np.array(list(points.values()), dtype=float)
-            columns = (keys[:, 0], keys[:, 1], keys[:, 2], vals[:, 0], vals[:, 1])
-            if self.config.correct_times:
-                job.params, job.correction = fit_corrected(*columns)
-            else:
-                job.params, job.correction = fit_throughput(*columns), None
-            job.fitted_points = len(points)
+            fitted = fit_points(points, correct=self.config.correct_times)
+            job.params, job.correction = fitted.params, fitted.correction
+            job.fitted_points = fitted.points
             job.model_key = None
         key = (job.fitted_points, grad)
         if job.model_key != key:

@@ -182,27 +182,22 @@ def model_params(detail: Mapping[str, Any]) -> Any | None:
 
 
 def fit_from_profile(detail: Mapping[str, Any]) -> Any | None:
-    """Fit ``ThroughputParams`` with the core's ``fit_throughput`` from the job's profile, for
-    daemons whose ``show`` carries the observations but not the fitted parameters."""
-    from pollux_local.core.throughput import fit_throughput
+    """Fit ``ThroughputParams`` with the core's ``fit_points`` (the model alone, as ``show``
+    reports it) from the job's profile, for daemons whose ``show`` carries the observations
+    but not the fitted parameters.  Malformed rows are skipped."""
+    from pollux_local.core.fitting import fit_points, points_from_rows
+    from pollux_local.core.pool import Point, Times
 
     raw = section(detail, "profile")
-    rows = []
+    points: dict[Point, Times] = {}
     for item in raw if isinstance(raw, list) else []:
-        if not isinstance(item, Mapping):
+        try:
+            points.update(points_from_rows([item]))
+        except ValueError:
             continue
-        values = [
-            as_number(item.get(k))
-            for k in ("nodes", "replicas", "local_batch", "compute_s", "step_s")
-        ]
-        if all(v is not None and v > 0 for v in values):
-            rows.append(values)
-    if not rows:
-        return None
-    cols = np.asarray(rows, dtype=float).T
     try:
-        return fit_throughput(cols[0], cols[1], cols[2], cols[3], cols[4])
-    except (ValueError, FloatingPointError, np.linalg.LinAlgError):
+        return fit_points(points, correct=False).params
+    except ValueError:
         return None
 
 
