@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pollux_local.api.launch import LaunchEnvironment
 from pollux_local.core.types import BatchChoice
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.executor import Executor
@@ -92,10 +93,12 @@ async def test_unreachable_node_is_marked_down_and_its_job_requeued(setup) -> No
     job = store.get_job(job_id)
     assert job is not None and job.state == "queued" and job.failures == 0
     assert "unreachable" in job.reason and job.placement == {}
-    assert executor.node_up["far"] is False and executor.node_error["far"] == "ssh: timeout"
+    status = executor.nodes["far"]
+    assert status.up is False and status.error == "ssh: timeout" and status.checked == 100.0
+    assert not executor.nodes.is_up("far")
     launcher.reachable = True
     await executor.check_nodes()
-    assert executor.node_up["far"] is True
+    assert executor.nodes["far"].up is True and executor.nodes.is_up("far")
 
 
 @pytest.mark.asyncio
@@ -127,3 +130,33 @@ async def test_finishing_while_being_resized_counts_as_success(setup) -> None:  
     await executor.apply(Plan(actions=(resize,), decision=Decision(placements={})))
     job = store.get_job(job_id)
     assert job is not None and job.state == "succeeded" and len(launcher.groups) == 1
+
+
+@pytest.mark.asyncio
+async def test_replica_environment_follows_the_launch_contract(setup) -> None:  # type: ignore[no-untyped-def]
+    executor, store, launcher = setup
+    job_id = store.add_job(
+        name="j", owner_uid=0, owner_gid=0, owner_name="root",
+        spec={"argv": ["x"], "workdir": "/", "min_gpus": 1}, priority=0, submit_time=0.0,
+        env={"A": "1", "POLLUX_LOCAL_BATCH": "999", "POLLUX_JOB_ID": "forged"},
+    ).id  # fmt: skip
+    job = store.get_job(job_id)
+    assert job is not None
+    spec = executor.build_spec(job, Action("start", job_id, {"far": ["cpu:0", "cpu:1"]}, None, ""))
+    env = dict(spec.env)
+    pollux = {k for k in env if k.startswith("POLLUX_")}
+    assert pollux == {
+        "POLLUX_JOB_ID", "POLLUX_RESTARTS", "POLLUX_JOB_DIR", "POLLUX_CHECKPOINT_DIR",
+        "POLLUX_DAEMON_SOCKET", "POLLUX_NUM_NODES", "POLLUX_PG_TIMEOUT_S", "POLLUX_DEVICE",
+    }  # fmt: skip
+    assert env["A"] == "1" and env["POLLUX_JOB_ID"] == str(job_id)
+    assert env["WORLD_SIZE"] == "2" and env["MASTER_ADDR"] == "127.0.0.1"
+    assert env["POLLUX_DEVICE"] == "cpu" and env["POLLUX_PG_TIMEOUT_S"] == "60"
+    launch = LaunchEnvironment.from_environ({**env, "RANK": "1", "LOCAL_WORLD_SIZE": "2"})
+    assert (launch.world_size, launch.num_nodes, launch.local_batch) == (2, 1, None)
+    assert launch.daemon_socket == str(executor.socket_path)
+    with_batch = executor.build_spec(
+        job, Action("start", job_id, {"far": ["cpu:0"]}, BatchChoice(16, 2, 1), "")
+    )
+    assert with_batch.env["POLLUX_LOCAL_BATCH"] == "16"
+    assert with_batch.env["POLLUX_ACCUM_STEPS"] == "2"

@@ -4,7 +4,6 @@ with a job that reports as the job library does (schema version 1)."""
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Iterator
@@ -12,8 +11,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
+from pollux_local.api import JobReport
 from pollux_local.core.throughput import ThroughputParams, fit_throughput
 from pollux_local.daemon.state import StateStore
 from pollux_local.tui import plots
@@ -127,8 +128,11 @@ def test_show_carries_report_model_and_history_and_the_tui_plots_draw_from_it(
     daemon.stop()
     daemon.start()
     assert show(daemon, job_id)["history"] == kept
-    written = json.loads((daemon.state_dir / "jobs" / job_id / "report.json").read_text())
-    assert show(daemon, job_id)["report"] == written
+    # the report as the job wrote it, every field of the schema present (unset ones null)
+    written = (daemon.state_dir / "jobs" / job_id / "report.json").read_bytes()
+    assert show(daemon, job_id)["report"] == msgspec.to_builtins(
+        msgspec.json.decode(written, type=JobReport)
+    )
 
 
 def test_history_is_bounded_per_job(tmp_path: Path) -> None:

@@ -47,6 +47,8 @@ def decode_object(body: bytes) -> dict[str, Any]:
         message = _decoder.decode(body)
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"frame is not valid UTF-8 JSON ({exc})") from None
+    except RecursionError:
+        raise ProtocolError("frame nests JSON too deeply") from None
     if not isinstance(message, dict):
         raise ProtocolError("frame must hold a JSON object")
     return message

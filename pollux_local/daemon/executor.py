@@ -1,9 +1,11 @@
 """Applying plans: launch, resize (checkpoint-restart), stop, and react to replicas exiting.
 
-The executor owns the running replica groups.  A group that exits on its own is classified:
-0 -> succeeded; 75 -> back to the queue (it checkpointed); 255 from a remote node -> the node
-is marked down and the job re-queued to resume elsewhere; anything else -> a crash, retried
-from the checkpoint with exponential back-off until ``max_retries``, then ``failed``.
+The executor owns the running replica groups.  A group that exits on its own is classified
+(``api.states.ExitCode``): 0 -> succeeded; 75 -> back to the queue (it checkpointed); 255 from
+a remote node -> the node is marked down and the job re-queued to resume elsewhere; anything
+else -> a crash, retried from the checkpoint with exponential back-off until ``max_retries``,
+then ``failed``.  What is known of each node's health is kept in one :class:`NodeStatus` per
+node (:class:`NodeHealthBook`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import asyncio
 import contextlib
 import functools
 import hashlib
-import json
 import logging
 import os
 import signal
@@ -20,18 +21,21 @@ import stat
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from pollux_local.api.launch import LaunchEnvironment
+from pollux_local.api.states import ExitCode, JobState
 from pollux_local.core.types import BatchChoice
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
+from pollux_local.daemon.reports import InvalidReport, read_report_file
 from pollux_local.daemon.scheduler import Action, Allocation, Plan
 from pollux_local.daemon.state import JobRecord, StateStore
 from pollux_local.errors import PolluxError
 from pollux_local.launch.base import (
-    RESCALE_EXIT_CODE,
     Launcher,
     LaunchSpec,
     NodeHealth,
@@ -43,7 +47,6 @@ from pollux_local.launch.local import LocalLauncher
 
 log = logging.getLogger("pollux_local.daemon")
 
-UNREACHABLE_EXIT_CODE = 255
 #: How often a group with remote replicas is looked at for ranks whose node was lost.
 LOST_NODE_POLL_S = 0.5
 
@@ -62,6 +65,39 @@ def last_log_line(path: Path, limit: int = 4096) -> str:
         if line.strip() and not line.startswith("--- "):
             return line.strip()[:200]
     return ""
+
+
+@dataclass
+class NodeStatus:
+    """What the daemon knows of one node: whether it is up (it offers its devices only
+    then), why not, when it was last checked or marked, and its load per core at its last
+    check (``None``: not known)."""
+
+    up: bool = True
+    error: str = ""
+    checked: float = 0.0
+    load: float | None = None
+
+
+class NodeHealthBook:
+    """One :class:`NodeStatus` per node; a node never heard of is up."""
+
+    def __init__(self, names: list[str] | tuple[str, ...] = ()) -> None:
+        self._nodes: dict[str, NodeStatus] = {name: NodeStatus() for name in names}
+
+    def __getitem__(self, name: str) -> NodeStatus:
+        return self._nodes.setdefault(name, NodeStatus())
+
+    def is_up(self, name: str) -> bool:
+        status = self._nodes.get(name)
+        return status is None or status.up
+
+    def mark(self, name: str, up: bool, error: str, now: float) -> bool:
+        """Record a check's or a lost connection's verdict; ``True`` when ``up`` changed."""
+        status = self[name]
+        changed = status.up != up
+        status.up, status.error, status.checked = up, error, now
+        return changed
 
 
 class Executor:
@@ -85,10 +121,7 @@ class Executor:
         self.groups: dict[int, ReplicaGroup] = {}
         self.watchers: dict[int, asyncio.Task[None]] = {}
         self.intent: dict[int, str] = {}
-        self.node_up: dict[str, bool] = {node.name: True for node in config.nodes}
-        self.node_error: dict[str, str] = {}
-        self.node_checked: dict[str, float] = {}
-        self.node_health: dict[str, NodeHealth] = {}
+        self.nodes = NodeHealthBook([node.name for node in config.nodes])
         self.last_launch: dict[int, float] = {}
         self._local = LocalLauncher({n.name: n.devices for n in config.nodes if n.is_local})
         self._ssh: Launcher | None = None
@@ -119,7 +152,7 @@ class Executor:
             or (
                 not node.is_local
                 and node.name not in self._checking
-                and now - self.node_checked.get(node.name, 0.0) >= self.config.node_retry_s
+                and now - self.nodes[node.name].checked >= self.config.node_retry_s
             )
         ]
         if not background:
@@ -140,17 +173,13 @@ class Executor:
             health = NodeHealth(node=node.name, reachable=False, error=str(exc))
         except Exception as exc:  # a broken check must not take the daemon down
             health = NodeHealth(node=node.name, reachable=False, error=repr(exc))
-        self.node_health[node.name] = health
+        self.nodes[node.name].load = health.load
         self._set_node_state(node.name, health.reachable, health.error or "")
 
     def _set_node_state(self, name: str, up: bool, error: str) -> None:
         """Record a node's state; on a change, log it and wake the scheduler.  A node going
         down is noted in the decision log of every job running on it."""
-        was_up = self.node_up.get(name, True)
-        self.node_checked[name] = self.clock()
-        self.node_up[name] = up
-        self.node_error[name] = error
-        if up == was_up:
+        if not self.nodes.mark(name, up, error, self.clock()):
             return
         log.warning("node %s is %s%s", name, "up" if up else "down", f": {error}" if error else "")
         if not up:
@@ -170,7 +199,7 @@ class Executor:
         errors = "; ".join(
             error if name in error else f"{name}: {error}"
             for name in fresh
-            for error in [self.node_error.get(name) or "no answer"]
+            for error in [self.nodes[name].error or "no answer"]
         )
         reason = f"node(s) {', '.join(fresh)} unreachable ({errors}); resuming from checkpoint"
         self.store.update_job(job_id, reason=reason)
@@ -184,21 +213,24 @@ class Executor:
         stopping = [a for a in plan.actions if a.kind in ("stop", "resize")]
         for action in stopping:
             if action.kind == "resize":
-                self.store.update_job(action.job_id, state="rescaling")
+                self.store.update_job(action.job_id, state=JobState.RESCALING)
         codes = await asyncio.gather(*(self.stop_job(a.job_id, "preempt") for a in stopping))
         for action, code in zip(stopping, codes, strict=True):
-            if code == 0:  # it finished just as it was asked to stop
+            if code == ExitCode.OK:  # it finished just as it was asked to stop
                 self.store.update_job(
-                    action.job_id, state="succeeded", end_time=self.clock(), reason="finished"
+                    action.job_id,
+                    state=JobState.SUCCEEDED,
+                    end_time=self.clock(),
+                    reason="finished",
                 )
                 self.store.record_decision(action.job_id, now, "finished", "all replicas exited 0")
             elif action.kind == "stop":
-                self.store.update_job(action.job_id, state="queued", reason=action.reason)
+                self.store.update_job(action.job_id, state=JobState.QUEUED, reason=action.reason)
                 self.store.record_decision(action.job_id, now, "stop", action.reason)
         for action in plan.actions:
             if action.kind in ("start", "resize"):
                 job = self.store.get_job(action.job_id)
-                if job is not None and job.state in ("queued", "rescaling"):
+                if job is not None and job.state in (JobState.QUEUED, JobState.RESCALING):
                     await self.start_job(job, action)
 
     def _job_dir(self, job: JobRecord) -> Path:
@@ -218,28 +250,28 @@ class Executor:
             checkpoint_dir = str(Path(self.config.checkpoint_root) / job.job_id)
         else:
             checkpoint_dir = str(job_dir / "checkpoint")
-        env = dict(job.env or {})
         batch: BatchChoice | None = action.batch
         on_cpu = all(slot.device.startswith("cpu") for slot in slots)
-        env.update(
-            POLLUX_JOB_ID=job.job_id,
-            POLLUX_RESTARTS=str(job.restarts),
-            POLLUX_JOB_DIR=str(job_dir),
-            POLLUX_CHECKPOINT_DIR=checkpoint_dir,
-            POLLUX_DAEMON_SOCKET=str(self.socket_path),
-            POLLUX_NUM_NODES=str(len(order)),
-            POLLUX_PG_TIMEOUT_S=f"{self.config.pg_timeout_s:g}",
-            POLLUX_DEVICE="cpu" if on_cpu else "cuda",
-            WORLD_SIZE=str(len(slots)),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(pick_master_port()),
+        launch = LaunchEnvironment(
+            world_size=len(slots),
+            master_addr="127.0.0.1",
+            master_port=pick_master_port(),
+            job_id=job.job_id,
+            restarts=job.restarts,
+            job_dir=str(job_dir),
+            checkpoint_dir=checkpoint_dir,
+            daemon_socket=str(self.socket_path),
+            num_nodes=len(order),
+            local_batch=batch.local_batch if batch is not None else None,
+            accum_steps=batch.accum_steps if batch is not None else None,
+            device="cpu" if on_cpu else "cuda",
+            pg_timeout_s=self.config.pg_timeout_s,
         )
-        if batch is not None:
-            env["POLLUX_LOCAL_BATCH"] = str(batch.local_batch)
-            env["POLLUX_ACCUM_STEPS"] = str(batch.accum_steps)
-        else:
-            env.pop("POLLUX_LOCAL_BATCH", None)
-            env.pop("POLLUX_ACCUM_STEPS", None)
+        env = dict(job.env or {})
+        # without a batch choice the job picks its own: none may leak from the submitter
+        env.pop("POLLUX_LOCAL_BATCH", None)
+        env.pop("POLLUX_ACCUM_STEPS", None)
+        env.update(launch.common_environ())
         env.setdefault("PYTHONUNBUFFERED", "1")
         if on_cpu:
             busiest = max(len(devices) for devices in allocation.values())
@@ -280,7 +312,9 @@ class Executor:
         except (PolluxError, OSError) as exc:
             reason = f"could not start: {exc}"
             log.error("job %s: %s", job.id, reason)
-            self.store.update_job(job.id, state="failed", reason=reason, end_time=now, placement={})
+            self.store.update_job(
+                job.id, state=JobState.FAILED, reason=reason, end_time=now, placement={}
+            )
             self.store.record_decision(job.id, now, "failed", reason)
             return
         self.groups[job.id] = group
@@ -296,7 +330,7 @@ class Executor:
         batch = action.batch
         self.store.update_job(
             job.id,
-            state="running",
+            state=JobState.RUNNING,
             placement=action.allocation,
             batch=(
                 {
@@ -337,10 +371,11 @@ class Executor:
         """Store the report a job wrote last (its final progress) once its replicas exited."""
         path = self.state_dir / "jobs" / str(job_id) / "report.json"
         try:
-            report = json.loads(path.read_text())
-        except (OSError, ValueError):
+            report = read_report_file(path)
+        except InvalidReport as exc:
+            log.warning("job %s: ignoring its final report %s: %s", job_id, path, exc)
             return
-        if isinstance(report, dict):
+        if report is not None:
             self.store.update_job(job_id, report=report)
 
     def _account(self, job_id: int, now: float) -> None:
@@ -407,19 +442,19 @@ class Executor:
             self.on_change()
 
     async def _on_exit(self, job: JobRecord, group: ReplicaGroup, code: int, now: float) -> None:
-        if code == 0:
-            self.store.update_job(job.id, state="succeeded", end_time=now, reason="finished")
+        if code == ExitCode.OK:
+            self.store.update_job(job.id, state=JobState.SUCCEEDED, end_time=now, reason="finished")
             self.store.record_decision(job.id, now, "finished", "all replicas exited 0")
             return
-        if code == RESCALE_EXIT_CODE:
-            reason = "checkpointed and exited (75); back in the queue"
-            self.store.update_job(job.id, state="queued", reason=reason)
+        if code == ExitCode.RESCALE:
+            reason = f"checkpointed and exited ({ExitCode.RESCALE:d}); back in the queue"
+            self.store.update_job(job.id, state=JobState.QUEUED, reason=reason)
             self.store.record_decision(job.id, now, "requeued", reason)
             return
         down = await self._lost_nodes(group, code)
         if down:
             self._note_node_down(job.id, down, now)
-            self.store.update_job(job.id, state="queued")
+            self.store.update_job(job.id, state=JobState.QUEUED)
             return
         failures = job.failures + 1
         detail = next(
@@ -434,14 +469,14 @@ class Executor:
         if failures > self.config.max_retries:
             reason = f"{what}; gave up after {failures - 1} restart(s)"
             self.store.update_job(
-                job.id, state="failed", failures=failures, end_time=now, reason=reason
+                job.id, state=JobState.FAILED, failures=failures, end_time=now, reason=reason
             )
             self.store.record_decision(job.id, now, "failed", reason)
             return
         delay = self.config.backoff_s * 2 ** (failures - 1)
         reason = f"{what}; retry {failures}/{self.config.max_retries} in {delay:g} s"
         self.store.update_job(
-            job.id, state="queued", failures=failures, retry_after=now + delay, reason=reason
+            job.id, state=JobState.QUEUED, failures=failures, retry_after=now + delay, reason=reason
         )
         self.store.record_decision(job.id, now, "crashed", reason)
 
@@ -458,19 +493,19 @@ class Executor:
         if not remote:
             return []
         lost = self._mark_lost_nodes(group)
-        if code == UNREACHABLE_EXIT_CODE and not lost:
+        if code == ExitCode.NODE_LOST and not lost:
             await asyncio.gather(*(self._check(node) for node in remote))
-        return [n.name for n in remote if not self.node_up.get(n.name, True)]
+        return [n.name for n in remote if not self.nodes.is_up(n.name)]
 
     def _mark_lost_nodes(self, group: ReplicaGroup) -> set[str]:
         """Mark down the nodes whose ranks in ``group`` ended with 255 (ssh lost the node);
         returns those nodes."""
         exit_codes = getattr(group, "exit_codes", None)
         codes: dict[int, int] = dict(exit_codes()) if callable(exit_codes) else {}
-        lost = {s.node for s in group.spec.slots if codes.get(s.rank) == UNREACHABLE_EXIT_CODE}
+        lost = {s.node for s in group.spec.slots if codes.get(s.rank) == ExitCode.NODE_LOST}
         failure = getattr(group, "failure_reason", None) or "ssh connection lost"
         for name in lost:
-            if self.node_up.get(name, True):
+            if self.nodes.is_up(name):
                 self._set_node_state(name, False, str(failure))
         return lost
 
@@ -479,13 +514,13 @@ class Executor:
     async def cancel(self, job_id: int) -> None:
         now = self.clock()
         await self.stop_job(job_id, "cancel")
-        self.store.update_job(job_id, state="cancelled", end_time=now, reason="cancelled")
+        self.store.update_job(job_id, state=JobState.CANCELLED, end_time=now, reason="cancelled")
         self.store.record_decision(job_id, now, "cancelled", "cancelled by request")
 
     async def hold(self, job_id: int) -> None:
         now = self.clock()
         await self.stop_job(job_id, "hold")
-        self.store.update_job(job_id, state="held", reason="held")
+        self.store.update_job(job_id, state=JobState.HELD, reason="held")
         self.store.record_decision(job_id, now, "held", "held by request")
 
     # --- daemon start and stop ----------------------------------------------------------------
@@ -494,7 +529,7 @@ class Executor:
         """After a daemon restart: stop what is left of jobs that were running (SIGTERM, so
         they checkpoint) and put them back in the queue to resume from their checkpoints."""
         now = self.clock()
-        jobs = self.store.jobs(["running", "rescaling"])
+        jobs = self.store.jobs([JobState.RUNNING, JobState.RESCALING])
         await asyncio.gather(*(self._stop_orphans(job) for job in jobs))
         for job in jobs:
             if job.last_start is not None:
@@ -506,7 +541,7 @@ class Executor:
                 )
             reason = "daemon restarted; resuming from checkpoint"
             self.store.update_job(
-                job.id, state="queued", placement={}, pids=[], last_start=None, reason=reason
+                job.id, state=JobState.QUEUED, placement={}, pids=[], last_start=None, reason=reason
             )
             self.store.record_decision(job.id, now, "recovered", reason)
         return [job.id for job in jobs]
@@ -554,7 +589,7 @@ class Executor:
         now = self.clock()
         for job_id in job_ids:
             reason = "daemon stopped; will resume from checkpoint"
-            self.store.update_job(job_id, state="queued", reason=reason)
+            self.store.update_job(job_id, state=JobState.QUEUED, reason=reason)
             self.store.record_decision(job_id, now, "requeued", reason)
 
 

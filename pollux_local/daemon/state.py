@@ -15,9 +15,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-STATES = ("queued", "running", "rescaling", "held", "succeeded", "failed", "cancelled")
-ACTIVE_STATES = frozenset({"queued", "running", "rescaling", "held"})
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+from pollux_local.api.states import ACTIVE_STATES, TERMINAL_STATES, JobState
+
+__all__ = ["ACTIVE_STATES", "STATES", "TERMINAL_STATES", "JobRecord", "JobState", "StateStore"]
+
+#: Every state, in the order of :class:`JobState` (the database stores their string values).
+STATES = tuple(JobState)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -86,7 +89,7 @@ class JobRecord:
     owner_uid: int
     owner_gid: int
     owner_name: str
-    state: str
+    state: JobState
     spec: dict[str, Any]
     priority: int = 0
     submit_time: float = 0.0
@@ -131,8 +134,19 @@ def _row_to_job(row: sqlite3.Row) -> JobRecord:
         value = row[name]
         if name in _JSON_COLUMNS and value is not None:
             value = json.loads(value)
+        elif name == "state":
+            value = JobState(value)
         values[name] = value
     return JobRecord(**values)
+
+
+def _column_value(name: str, value: Any) -> Any:
+    """A job field as its column stores it: JSON text, a state's string value, or as is."""
+    if name in _JSON_COLUMNS and value is not None:
+        return json.dumps(value)
+    if name == "state":
+        return JobState(value).value
+    return value
 
 
 class StateStore:
@@ -165,7 +179,7 @@ class StateStore:
         env: dict[str, str] | None = None,
     ) -> JobRecord:
         """Insert a job and commit durably (fsync) before returning."""
-        state = "held" if held else "queued"
+        state = JobState.HELD if held else JobState.QUEUED
         self.db.execute("PRAGMA synchronous=FULL")
         try:
             cursor = self.db.execute(
@@ -176,7 +190,7 @@ class StateStore:
                     owner_uid,
                     owner_gid,
                     owner_name,
-                    state,
+                    state.value,
                     json.dumps(spec),
                     json.dumps(env or {}),
                     priority,
@@ -201,7 +215,7 @@ class StateStore:
                 f"SELECT {_COLUMNS_WITHOUT_ENV} FROM jobs ORDER BY id"
             ).fetchall()
         else:
-            wanted = list(states)
+            wanted = [JobState(state).value for state in states]
             marks = ",".join("?" * len(wanted))
             rows = self.db.execute(
                 f"SELECT {_COLUMNS_WITHOUT_ENV} FROM jobs WHERE state IN ({marks}) ORDER BY id",
@@ -216,10 +230,7 @@ class StateStore:
             if name not in _JOB_COLUMNS or name == "id":
                 raise KeyError(f"no such job column {name!r}")
         assignments = ", ".join(f"{name} = ?" for name in changes)
-        values = [
-            json.dumps(value) if name in _JSON_COLUMNS and value is not None else value
-            for name, value in changes.items()
-        ]
+        values = [_column_value(name, value) for name, value in changes.items()]
         self.db.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values, job_id))
 
     def count_jobs(self) -> int:
@@ -298,5 +309,6 @@ class StateStore:
 
     def ids_with_state(self, states: Sequence[str]) -> list[int]:
         marks = ",".join("?" * len(states))
-        rows = self.db.execute(f"SELECT id FROM jobs WHERE state IN ({marks})", list(states))
+        wanted = [JobState(state).value for state in states]
+        rows = self.db.execute(f"SELECT id FROM jobs WHERE state IN ({marks})", wanted)
         return [int(row[0]) for row in rows]

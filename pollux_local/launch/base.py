@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from pollux_local.api.states import ExitCode
 from pollux_local.errors import PolluxError
 
 #: Exit code of a replica that checkpointed on SIGTERM so that the job can be resized
-#: (``EX_TEMPFAIL`` from sysexits.h).  The job library uses the same constant.
-RESCALE_EXIT_CODE = 75
+#: (``EX_TEMPFAIL`` from sysexits.h): :attr:`ExitCode.RESCALE` under the name the launchers
+#: and the job library have always used.
+RESCALE_EXIT_CODE = ExitCode.RESCALE
 
 #: Master (rendezvous) ports are drawn from [20000, 32000): below Linux's ephemeral range
 #: (32768-60999 by default), where the kernel picks the local ports of outgoing connections.

@@ -1,0 +1,59 @@
+"""What a request handler may use: :class:`Context`, one per connection."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pollux_local.api.errors import NotFound, PermissionDenied
+from pollux_local.daemon.auth import Peer, may_modify
+from pollux_local.daemon.config import DaemonConfig
+from pollux_local.daemon.executor import Executor
+from pollux_local.daemon.readmodel import MetricHistory
+from pollux_local.daemon.scheduler import ModelCache
+from pollux_local.daemon.state import JobRecord, StateStore
+
+
+@dataclass(frozen=True)
+class Context:
+    """The daemon's parts as a handler sees them, and who is asking (``peer``, from the
+    socket's credentials).  ``mutex`` is held by a scheduling pass; a handler that stops or
+    restarts jobs takes it too.  ``wake`` asks for a scheduling pass soon."""
+
+    peer: Peer
+    store: StateStore
+    executor: Executor
+    config: DaemonConfig
+    state_dir: Path
+    clock: Callable[[], float]
+    models: ModelCache
+    metrics: MetricHistory
+    mutex: asyncio.Lock
+    wake: Callable[[], None]
+    #: the daemon's own uid (it may change every job, as root may)
+    daemon_uid: int
+    policy_name: str
+
+    def job(self, job_id: str) -> JobRecord:
+        """The job with this id (:class:`NotFound` when there is none)."""
+        job = self.store.get_job(int(job_id)) if job_id.strip().isdigit() else None
+        if job is None:
+            raise NotFound(f"no job with id {job_id!r}")
+        return job
+
+    def may_modify(self, job: JobRecord) -> bool:
+        """May the caller change the job (its owner, root, the daemon's user or an admin)?"""
+        return may_modify(self.peer, job.owner_uid, self.config.admin_group, self.daemon_uid)
+
+    def require_owner(self, job: JobRecord, verb: str) -> None:
+        """:class:`PermissionDenied` unless the caller may ``verb`` the job."""
+        if not self.may_modify(job):
+            raise PermissionDenied(
+                f"permission denied: job {job.id} belongs to {job.owner_name}; "
+                f"only its owner or an admin may {verb} it"
+            )
+
+    def job_dir(self, job: JobRecord) -> Path:
+        return self.state_dir / "jobs" / job.job_id

@@ -1,0 +1,19 @@
+"""``nodes``: each node's health, devices and who holds them."""
+
+from __future__ import annotations
+
+from pollux_local.api.messages import Nodes, NodesReply
+from pollux_local.api.states import PLACED_STATES
+from pollux_local.daemon.context import Context
+from pollux_local.daemon.loop import node_snapshot
+from pollux_local.daemon.readmodel import node_rows
+
+
+def nodes(ctx: Context, request: Nodes) -> NodesReply:
+    rows = node_rows(
+        ctx.config,
+        ctx.executor.nodes,
+        node_snapshot(ctx.config, ctx.executor),
+        ctx.store.jobs(PLACED_STATES),
+    )
+    return NodesReply(nodes=rows)

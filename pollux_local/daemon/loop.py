@@ -1,0 +1,189 @@
+"""The scheduling loop: every ``interval_s``, or soon after something changed, one pass.
+
+A pass (:meth:`SchedulingLoop.schedule_once`) reads the jobs' new ``report.json`` files, takes
+a snapshot of the nodes, asks the pure scheduler (``scheduler.plan_round``: models, policy,
+devices and batch sizes) for a plan, has the executor apply it, refreshes the predictions of
+the jobs left as they were and samples each running job's goodput and noise scale into its
+history.  Passes and the requests that change jobs take the daemon's one mutex in turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from pollux_local.api.states import JobState
+from pollux_local.core.types import BatchChoice, Policy
+from pollux_local.daemon.config import DaemonConfig, busy_gpus
+from pollux_local.daemon.executor import Executor
+from pollux_local.daemon.readmodel import MetricHistory, job_noise_scale
+from pollux_local.daemon.reports import InvalidReport, read_report_file
+from pollux_local.daemon.scheduler import ModelCache, NodeSnapshot, plan_round, predict
+from pollux_local.daemon.state import JobRecord, StateStore
+
+log = logging.getLogger("pollux_local.daemon")
+
+#: A pass waits this long after being woken, so that a burst of submits makes one pass.
+COALESCE_S = 0.02
+#: The states whose jobs a pass looks at (held and finished jobs are left alone).
+SCHEDULED_STATES = (JobState.QUEUED, JobState.RUNNING, JobState.RESCALING)
+
+
+def node_snapshot(config: DaemonConfig, executor: Executor) -> list[NodeSnapshot]:
+    """Every configured node as a pass sees it: up or down, and (this machine's GPUs) which
+    devices processes outside the scheduler are using."""
+    busy: set[str] = set()
+    if any(d.startswith("cuda") for n in config.nodes if n.is_local for d in n.devices):
+        own: set[int] = set()
+        for group in executor.groups.values():
+            for pid in group.pids().values():
+                own.add(pid)
+                with contextlib.suppress(psutil.Error):
+                    own.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+        busy = busy_gpus(own)
+    return [
+        NodeSnapshot(
+            name=node.name,
+            devices=node.devices,
+            up=executor.nodes.is_up(node.name),
+            busy=frozenset(busy) if node.is_local else frozenset(),
+        )
+        for node in config.nodes
+    ]
+
+
+class SchedulingLoop:
+    """Runs passes until cancelled; :meth:`wake` asks for one soon."""
+
+    def __init__(
+        self,
+        *,
+        store: StateStore,
+        executor: Executor,
+        config: DaemonConfig,
+        state_dir: Path,
+        policy: Policy,
+        models: ModelCache,
+        metrics: MetricHistory,
+        mutex: asyncio.Lock,
+        wake_event: asyncio.Event,
+        clock: Callable[[], float],
+        rng: np.random.Generator,
+    ) -> None:
+        self.store = store
+        self.executor = executor
+        self.config = config
+        self.state_dir = state_dir
+        self.policy = policy
+        self.models = models
+        self.metrics = metrics
+        self.mutex = mutex
+        self.clock = clock
+        self.rng = rng
+        self._wake = wake_event
+        self._report_mtimes: dict[int, float] = {}
+        self._last_sample: dict[int, float] = {}
+        self.ticks = 0
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Pass after pass, each after ``interval_s`` or a wake-up; a failing pass is logged
+        and the next one runs as usual."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.config.interval_s)
+            await asyncio.sleep(COALESCE_S)
+            self._wake.clear()
+            try:
+                await self.schedule_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("scheduling pass failed")
+
+    async def schedule_once(self) -> None:
+        """One pass: reports -> models -> policy -> plan -> executor."""
+        async with self.mutex:
+            await self.executor.check_nodes(background=True)
+            now = self.clock()
+            jobs = self.store.jobs(SCHEDULED_STATES)
+            self.refresh_reports(jobs)
+            nodes = node_snapshot(self.config, self.executor)
+            if not jobs:
+                return
+            plan = await asyncio.to_thread(
+                plan_round, self.policy, jobs, nodes, self.models, now, self.rng
+            )
+            self.ticks += 1
+            await self.executor.apply(plan)
+            for job_id in plan.unchanged:
+                self.refresh_prediction(job_id)
+            self.sample_history(self.clock())
+
+    def refresh_reports(self, jobs: list[JobRecord]) -> None:
+        """Take in the ``report.json`` files written since the last pass.  A report that does
+        not follow the schema is ignored (once per version of the file, with a logged reason);
+        the job keeps its previous one."""
+        for job in jobs:
+            if job.state not in SCHEDULED_STATES:
+                continue
+            path = self.state_dir / "jobs" / job.job_id / "report.json"
+            try:
+                mtime = path.stat().st_mtime
+            except OSError:
+                continue
+            if self._report_mtimes.get(job.id) == mtime:
+                continue
+            try:
+                report = read_report_file(path)
+            except InvalidReport as exc:
+                self._report_mtimes[job.id] = mtime
+                log.warning("job %s: ignoring its report %s: %s", job.id, path, exc)
+                continue
+            if report is None:
+                continue
+            self._report_mtimes[job.id] = mtime
+            self.store.update_job(job.id, report=report)
+            job.report = report
+            self.metrics.note(job, report, self.clock())
+
+    def sample_history(self, now: float) -> None:
+        """One (goodput, noise scale) sample per running job, at most one per half interval
+        (bursts of passes do not flood it); the store keeps the newest HISTORY_LIMIT."""
+        spacing = 0.5 * self.config.interval_s
+        running = self.store.jobs([JobState.RUNNING])
+        live = {job.id for job in running}
+        self._last_sample = {k: v for k, v in self._last_sample.items() if k in live}
+        for job in running:
+            if now - self._last_sample.get(job.id, -math.inf) < spacing:
+                continue
+            goodput = job.prediction.get("goodput")
+            noise = job_noise_scale(job)
+            if goodput is None and noise is None:
+                continue
+            self.store.add_history(job.id, now, goodput, noise)
+            self._last_sample[job.id] = now
+
+    def refresh_prediction(self, job_id: int) -> None:
+        """The model's figures for a running job's unchanged allocation (its model may have
+        been refitted since it started)."""
+        job = self.store.get_job(job_id)
+        if job is None or job.state != JobState.RUNNING or not job.batch.get("local_batch"):
+            return
+        model = self.models.model_for(job)
+        if model is None:
+            return
+        choice = BatchChoice(
+            int(job.batch["local_batch"]), int(job.batch.get("accum_steps", 1)), job.replicas
+        )
+        with contextlib.suppress(ValueError, ArithmeticError):
+            self.store.update_job(job_id, prediction=predict(model, len(job.placement), choice))

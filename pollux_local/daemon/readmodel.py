@@ -1,0 +1,260 @@
+"""The read model: jobs, decisions and nodes as the typed replies show them.
+
+The store keeps plain rows (:class:`~pollux_local.daemon.state.JobRecord`); this module turns
+them into :class:`api.JobSummary` (``status``), :class:`api.JobDetail` (``show``),
+:class:`api.DecisionRecord` and :class:`api.NodeRow` (``nodes``), with the figures derived
+from a job's report and model: its gradient noise scale, its fitted throughput model and the
+estimated time to its target (:class:`MetricHistory`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+import numpy as np
+
+from pollux_local.api.messages import (
+    BatchBoundsView,
+    DecisionRecord,
+    HistorySample,
+    JobDetail,
+    JobSummary,
+    ModelSummary,
+    NodeRow,
+    ReplicaPid,
+    Target,
+)
+from pollux_local.api.report import JobReport
+from pollux_local.api.states import PLACED_STATES, JobState
+from pollux_local.core.efficiency import noise_scale
+from pollux_local.core.types import GradStats
+from pollux_local.daemon.config import DaemonConfig
+from pollux_local.daemon.executor import NodeHealthBook
+from pollux_local.daemon.scheduler import ModelCache, NodeSnapshot, job_kind
+from pollux_local.daemon.state import JobRecord
+
+T = TypeVar("T")
+
+#: Target-metric points kept per job for the ETA estimate.
+METRIC_POINTS = 12
+_BOUND_KEYS = ("batch_size", "max_batch_size", "min_local_batch", "max_local_batch")
+
+
+def _convert(value: Any, kind: type[T]) -> T | None:
+    """Stored data as ``kind``, or ``None`` when it does not fit (a row from an older daemon)."""
+    if value is None:
+        return None
+    try:
+        return msgspec.convert(value, kind)
+    except msgspec.ValidationError:
+        return None
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# --- derived figures -------------------------------------------------------------------------
+
+
+def job_noise_scale(job: JobRecord) -> float | None:
+    """The gradient noise scale phi = M0 * var / sqr from the job's last report
+    (``core.efficiency.noise_scale``), or ``None`` without gradient statistics."""
+    report = job.report or {}
+    stats = report.get("grad_stats")
+    bounds = report.get("bounds") or {}
+    base = bounds.get("base_batch") or job.spec.get("batch_size")
+    if not isinstance(stats, dict) or not base:
+        return None
+    try:
+        grad = GradStats(sqr=float(stats["sqr"]), var=float(stats["var"]))
+        value = float(noise_scale(grad, float(base)))
+    except (KeyError, TypeError, ValueError, ArithmeticError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def model_summary(models: ModelCache, job: JobRecord) -> ModelSummary | None:
+    """The job's fitted throughput model with what it was fitted from, or ``None`` while
+    neither the job nor its kind has reported a profile and gradient statistics."""
+    model = models.model_for(job)
+    if model is None:
+        return None
+    profile = (job.report or {}).get("profile") or []
+    return ModelSummary(
+        params={name: float(value) for name, value in model.params.to_dict().items()},
+        profile_points=len(profile),
+        # the points the model was fitted to, its kind's included
+        fitted_points=len(models.pool.points_for(job_kind(job), {})),
+        base_batch=int(model.bounds.base_batch),
+    )
+
+
+class MetricHistory:
+    """Recent (time, target metric) points per job, from its reports: the ETA estimate."""
+
+    def __init__(self, limit: int = METRIC_POINTS) -> None:
+        self.limit = limit
+        self._points: dict[int, deque[tuple[float, float]]] = {}
+
+    def note(self, job: JobRecord, report: Mapping[str, Any], now: float) -> None:
+        """Remember the report's value of the job's target metric (at the report's time)."""
+        target = job.spec.get("target") or {}
+        value = _float((report.get("metrics") or {}).get(target.get("metric")))
+        if value is None:
+            return
+        history = self._points.setdefault(job.id, deque(maxlen=self.limit))
+        stamp = float(report.get("time") or now)
+        if not history or history[-1][0] < stamp:
+            history.append((stamp, value))
+
+    def eta(self, job: JobRecord, now: float) -> float | None:
+        """Seconds until the target metric is reached, from a least-squares line through its
+        recent values: t* = t_last + (target - y_last) / slope, when it moves the right way."""
+        target = job.spec.get("target") or {}
+        history = self._points.get(job.id)
+        goal = _float(target.get("value"))
+        if not history or len(history) < 3 or goal is None:
+            return None
+        times = np.array([t for t, _ in history])
+        values = np.array([v for _, v in history])
+        if np.ptp(times) <= 0:
+            return None
+        slope = float(np.polyfit(times - times[-1], values, 1)[0])
+        remaining = goal - float(values[-1])
+        maximise = target.get("mode", "max") == "max"
+        if (remaining <= 0) if maximise else (remaining >= 0):
+            return 0.0
+        if slope == 0 or (slope > 0) != maximise:
+            return None
+        return max(0.0, remaining / slope - (now - float(times[-1])))
+
+
+# --- jobs ----------------------------------------------------------------------------------
+
+
+def job_summary(job: JobRecord, now: float, metrics: MetricHistory | None = None) -> JobSummary:
+    """The row of ``status`` for one job.  ``eta_s`` is the job's own estimate when it reports
+    one, else (while it runs) the trend of its target metric in ``metrics``."""
+    report = job.report or {}
+    spec = job.spec
+    batch = job.batch or {}
+    placed = job.state in PLACED_STATES
+    total_batch = _int(batch.get("total")) if placed else None
+    eta = _float(report.get("eta_s"))
+    if eta is None and placed and metrics is not None:
+        eta = metrics.eta(job, now)
+    max_gpus = spec.get("max_gpus")
+    return JobSummary(
+        id=job.job_id,
+        name=job.name,
+        owner=job.owner_name,
+        state=JobState(job.state),
+        gpus=job.replicas,
+        devices={node: list(devices) for node, devices in job.placement.items()},
+        nodes=sorted(job.placement),
+        batch_size=total_batch if total_batch is not None else _int(spec.get("batch_size")),
+        local_batch=_int(batch.get("local_batch")) if placed else None,
+        accum_steps=_int(batch.get("accum_steps")) if placed else None,
+        replicas=job.replicas,
+        goodput=_float(job.prediction.get("goodput")) if placed else None,
+        efficiency=_float(job.prediction.get("efficiency")) if placed else None,
+        speedup=_float(job.prediction.get("speedup")) if placed else None,
+        progress=_float(report.get("progress")),
+        epoch=_int(report.get("epoch")),
+        metrics=_convert(report.get("metrics"), dict[str, float | None]) or {},
+        eta_s=eta,
+        min_gpus=int(spec.get("min_gpus") or 1),
+        max_gpus=int(max_gpus) if max_gpus else None,
+        priority=job.priority,
+        restarts=max(0, job.restarts - 1) if job.restarts else 0,
+        failures=job.failures,
+        submit_time=job.submit_time,
+        start_time=job.start_time,
+        end_time=job.end_time,
+        run_time_s=job.run_time_s + (now - job.last_start if job.last_start else 0.0),
+        reason=job.reason,
+        target=_convert(spec.get("target"), Target),
+    )
+
+
+def job_detail(
+    job: JobRecord,
+    summary: JobSummary,
+    *,
+    job_dir: Path,
+    models: ModelCache,
+    history: list[dict[str, float | None]],
+    with_env: bool,
+) -> JobDetail:
+    """``show``'s view of a job: its ``status`` row and what it runs, its latest report, its
+    noise scale, model and history; ``env`` only when ``with_env`` (its owner or an admin)."""
+    spec = job.spec
+    return JobDetail(
+        **msgspec.structs.asdict(summary),
+        argv=[str(arg) for arg in spec.get("argv") or []],
+        workdir=str(spec.get("workdir") or ""),
+        batch_bounds=BatchBoundsView(**{key: _int(spec.get(key)) for key in _BOUND_KEYS}),
+        job_dir=str(job_dir),
+        pids=_convert(job.pids, list[ReplicaPid]) or [],
+        report=_convert(job.report, JobReport),
+        noise_scale=job_noise_scale(job),
+        model=model_summary(models, job),
+        history=_convert(history, list[HistorySample]) or [],
+        env=dict(job.env or {}) if with_env else None,
+    )
+
+
+def decision_records(rows: list[dict[str, Any]]) -> list[DecisionRecord]:
+    """Decision-log rows as the typed records of ``show``."""
+    return [record for row in rows if (record := _convert(row, DecisionRecord)) is not None]
+
+
+# --- nodes ---------------------------------------------------------------------------------
+
+
+def node_rows(
+    config: DaemonConfig,
+    health: NodeHealthBook,
+    snapshot: list[NodeSnapshot],
+    placed: list[JobRecord],
+) -> list[NodeRow]:
+    """``nodes``: each configured node, its health, devices busy outside the scheduler, which
+    job holds each device (``placed``: the jobs holding devices) and its load per core (this
+    machine's now, a remote node's at its last check)."""
+    holders: dict[str, dict[str, str]] = {}
+    for job in placed:
+        for node_name, devices in job.placement.items():
+            for device in devices:
+                holders.setdefault(node_name, {})[device] = job.job_id
+    busy = {node.name: node.busy for node in snapshot}
+    rows = []
+    for node in config.nodes:
+        status = health[node.name]
+        load = status.load
+        if node.is_local:
+            load = os.getloadavg()[0] / max(1, os.cpu_count() or 1)
+        rows.append(
+            NodeRow(
+                name=node.name,
+                host=node.host or "localhost",
+                local=node.is_local,
+                up=status.up,
+                error=status.error or None,
+                devices=list(node.devices),
+                busy=sorted(busy.get(node.name, ())),
+                jobs=holders.get(node.name, {}),
+                load=None if load is None else round(load, 3),
+            )
+        )
+    return rows
