@@ -29,7 +29,8 @@ from typing import Any
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pollux_local.tui.app import JobScreen, PolluxApp  # noqa: E402
+from pollux_local.tui.app import PolluxApp  # noqa: E402
+from pollux_local.tui.screens.job_detail import JobScreen  # noqa: E402
 from pollux_local.tui.source import FixedSource, demo_data  # noqa: E402
 
 

@@ -480,3 +480,34 @@ def samples_from_history(history: Any) -> list[ClusterSample]:
             )
         )
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Logs
+# --------------------------------------------------------------------------------------------
+
+#: Log lines shown in the job detail / kept in the log view.
+LOG_TAIL_LINES = 60
+LOG_FOLLOW_LINES = 2000
+LOG_TAIL_BYTES = 65536
+
+
+def tail_fields(job_id: Any) -> dict[str, Any]:
+    """A ``logs`` request for the last :data:`LOG_TAIL_BYTES` of rank 0's log."""
+    return {"id": str(job_id), "offset": -LOG_TAIL_BYTES, "max_bytes": LOG_TAIL_BYTES}
+
+
+def log_lines(reply: Mapping[str, Any]) -> list[str]:
+    """The lines of a ``logs`` reply (a list under ``lines``, or text under text/data/log)."""
+    lines = reply.get("lines")
+    if isinstance(lines, list):
+        return [str(line).rstrip("\n") for line in lines]
+    for key in ("text", "data", "log", "content"):
+        text = reply.get(key)
+        if isinstance(text, str):
+            out = text.splitlines()
+            size, end = as_number(reply.get("size")), as_number(reply.get("offset"))
+            if out and size is not None and end is not None and end - len(text.encode()) > 0:
+                out = out[1:]  # the chunk starts mid-line
+            return out
+    return []

@@ -9,16 +9,16 @@ from typing import Any
 import pytest
 from textual.widgets import Input
 
-from pollux_local.tui.app import (
-    ConfirmScreen,
-    HelpScreen,
-    JobScreen,
-    LogScreen,
-    PriorityScreen,
-    SubmitScreen,
-)
+from pollux_local.tui.screens.confirm import ConfirmScreen
+from pollux_local.tui.screens.help import HelpScreen
+from pollux_local.tui.screens.job_detail import JobScreen
+from pollux_local.tui.screens.logs import LogScreen
+from pollux_local.tui.screens.priority import PriorityScreen
+from pollux_local.tui.screens.submit import SubmitScreen
 from pollux_local.tui.source import FixedSource, SourceError, demo_data
-from pollux_local.tui.widgets import DeviceGrid, JobTable, PlotView
+from pollux_local.tui.widgets.device_grid import DeviceGrid
+from pollux_local.tui.widgets.job_table import JobTable
+from pollux_local.tui.widgets.plot_view import PlotView
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 SIZE = (120, 40)
@@ -51,12 +51,14 @@ async def test_sort_and_filter_keys(source: FixedSource, make_app: Any) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("s")  # id -> name
-        assert app.sort_key == "name"
-        names = [r.name for r in app.visible_rows()]
+        assert app.main.sort_key == "name"
+        names = [r.name for r in app.main.visible_rows()]
         assert names == sorted(names, key=str.lower)
         await pilot.press("S")
-        assert app.sort_reverse
-        assert [r.name for r in app.visible_rows()] == sorted(names, key=str.lower, reverse=True)
+        assert app.main.sort_reverse
+        assert [r.name for r in app.main.visible_rows()] == sorted(
+            names, key=str.lower, reverse=True
+        )
         await pilot.press("slash")
         assert app.query_one("#filter", Input).has_focus
         await pilot.press(*"owner:alice", "enter")

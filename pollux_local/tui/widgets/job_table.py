@@ -1,137 +1,20 @@
-"""Widgets of the TUI: the device grid and a plot view."""
+"""The jobs table: a header line and one line per job, drawn straight into segments."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from rich.cells import set_cell_size
 from rich.segment import Segment
 from rich.style import Style
-from rich.text import Text
 from textual import events
 from textual.binding import Binding, BindingType
 from textual.geometry import Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
-from textual.widget import Widget
 
-from pollux_local.tui.plots import PlotSpec, render
-from pollux_local.tui.view import (
-    COLUMNS,
-    DOWN_COLOUR,
-    EXTERNAL_COLOUR,
-    FREE_COLOUR,
-    DeviceCell,
-    JobRow,
-    NodeCells,
-    job_colour,
-)
-
-_CELL_WIDTH = 12
-
-
-def _cell_text(cell: DeviceCell, names: dict[str, str]) -> tuple[str, str]:
-    """(label, style) of one device cell."""
-    short = cell.device.split(":")[-1]
-    if cell.status == "job" and cell.job is not None:
-        label = names.get(cell.job, cell.job)
-        return f"{short}:{label}", f"bold white on {job_colour(cell.job)}"
-    if cell.status == "external":
-        return f"{short}:external", f"white on {EXTERNAL_COLOUR}"
-    if cell.status == "down":
-        return f"{short}:down", f"white on {DOWN_COLOUR}"
-    return f"{short}:free", f"#c0c0c0 on {FREE_COLOUR}"
-
-
-def grid_text(nodes: Sequence[NodeCells], names: dict[str, str], width: int) -> Text:
-    """The device grid as rich text: one block of cells per node, wrapped to ``width``."""
-    text = Text(no_wrap=True, overflow="ellipsis")
-    if not nodes:
-        text.append("no nodes reported", style="italic")
-        return text
-    label_width = max(len(n.name) for n in nodes) + 1
-    per_line = max(1, (width - label_width - 1) // (_CELL_WIDTH + 1))
-    for index, node in enumerate(nodes):
-        if index:
-            text.append("\n")
-        style = "bold" if node.up else "bold red"
-        text.append(node.name.ljust(label_width), style=style)
-        if not node.devices:
-            text.append(" (no devices)" if node.up else " down", style="italic")
-        for i, cell in enumerate(node.devices):
-            if i and i % per_line == 0:
-                text.append("\n" + " " * label_width)
-            label, cell_style = _cell_text(cell, names)
-            text.append(" ")
-            text.append(
-                label[: _CELL_WIDTH - 1].ljust(_CELL_WIDTH - 1)[:_CELL_WIDTH], style=cell_style
-            )
-            text.append(" ", style=cell_style)
-    text.append("\n")
-    text.append("\n")
-    for label, colour in (
-        ("free", FREE_COLOUR),
-        ("external", EXTERNAL_COLOUR),
-        ("down", DOWN_COLOUR),
-    ):
-        text.append("  ", style=f"on {colour}")
-        text.append(f" {label}  ")
-    text.append("  job = its colour")
-    return text
-
-
-class DeviceGrid(Widget):
-    """Every node and device, each coloured by the job that holds it (or free/external/down)."""
-
-    DEFAULT_CSS = """
-    DeviceGrid { height: auto; }
-    """
-
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id)
-        self.nodes: Sequence[NodeCells] = ()
-        self.names: dict[str, str] = {}
-
-    def update_grid(self, nodes: Sequence[NodeCells], names: dict[str, str]) -> None:
-        self.nodes = nodes
-        self.names = names
-        self.refresh(layout=True)
-
-    def render(self) -> Text:
-        return grid_text(self.nodes, self.names, self.size.width or 80)
-
-    def get_content_height(self, container: object, viewport: object, width: int) -> int:
-        return len(grid_text(self.nodes, self.names, width).plain.splitlines()) or 1
-
-
-class PlotView(Widget):
-    """Shows one :class:`PlotSpec`, redrawn to the widget's size."""
-
-    DEFAULT_CSS = """
-    PlotView { height: 1fr; width: 1fr; }
-    """
-
-    def __init__(self, spec: PlotSpec | None = None, *, id: str | None = None) -> None:
-        super().__init__(id=id)
-        self.spec = spec or PlotSpec("", note="loading…")
-        self._cache: tuple[int, tuple[int, int], Text] | None = None
-
-    def show(self, spec: PlotSpec) -> None:
-        self.spec = spec
-        self._cache = None
-        self.refresh()
-
-    def render(self) -> Text:
-        size = (self.size.width, self.size.height)
-        if self._cache is not None and self._cache[0] == id(self.spec) and self._cache[1] == size:
-            return self._cache[2]
-        text = Text.from_ansi(render(self.spec, *size))
-        text.no_wrap = True
-        self._cache = (id(self.spec), size, text)
-        return text
-
+from pollux_local.tui.view import COLUMNS, JobRow, job_colour
 
 #: Width of each jobs-table column (the name column takes what is left).
 COLUMN_WIDTHS: dict[str, int] = {
@@ -176,9 +59,6 @@ class JobTable(ScrollView, can_focus=True):
         Binding("end", "move_to(-1)", "Last", show=False),
         Binding("enter", "select", "Detail"),
     ]
-    DEFAULT_CSS = """
-    JobTable { height: 1fr; }
-    """
 
     class Selected(Message):
         """The user opened a job (enter or double click)."""

@@ -1,0 +1,193 @@
+"""One job: its fitted throughput model, efficiency curve, history, decisions and log tail."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, cast
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Log, Static
+
+from pollux_local.tui import plots
+from pollux_local.tui.source import DaemonDown, SourceError
+from pollux_local.tui.view import (
+    LOG_TAIL_LINES,
+    as_number,
+    fmt_duration,
+    fmt_number,
+    fmt_placement,
+    fmt_progress,
+    job_colour,
+    job_row,
+    log_lines,
+    tail_fields,
+)
+from pollux_local.tui.widgets.plot_view import PlotView
+from pollux_local.tui.widgets.status_line import StatusLine
+
+if TYPE_CHECKING:
+    from pollux_local.tui.app import PolluxApp
+
+
+def job_actions_bindings() -> list[BindingType]:
+    """The keys that act on a job, on the main screen and on the job's own screen."""
+    return [
+        Binding("c", "cancel_job", "Cancel"),
+        Binding("h", "hold_job", "Hold"),
+        Binding("u", "release_job", "Release"),
+        Binding("p", "priority_job", "Priority"),
+        Binding("l", "follow_logs", "Logs"),
+    ]
+
+
+def decisions_text(decisions: Any) -> Text:
+    """Recent decisions, newest first: time, what changed, and the policy's reason."""
+    text = Text()
+    items = [d for d in decisions if isinstance(d, Mapping)] if isinstance(decisions, list) else []
+    if not items:
+        text.append("no decisions recorded yet", style="italic")
+        return text
+    items.sort(key=lambda d: as_number(d.get("time")) or 0.0, reverse=True)
+    for item in items[:30]:
+        t = as_number(item.get("time"))
+        stamp = time.strftime("%H:%M:%S", time.localtime(t)) if t is not None else "--:--:--"
+        text.append(stamp + " ", style="dim")
+        kind = item.get("kind")
+        if kind:
+            text.append(f"{kind} ", style="bold")
+        placement = item.get("placement")
+        if isinstance(placement, Mapping):
+            text.append(fmt_placement(placement) + " ")
+        elif placement not in (None, "", [], ()):
+            text.append(f"{placement} ")
+        elif item.get("replicas") is not None:
+            text.append(f"{item.get('replicas')} dev ")
+        batch = item.get("batch")
+        if isinstance(batch, Mapping):
+            parts = [batch.get(k) for k in ("local_batch", "accum_steps", "replicas")]
+            if all(p is not None for p in parts):
+                text.append("batch {}×{}×{} ".format(*parts))
+        elif batch not in (None, ""):
+            text.append(f"batch {batch} ")
+        text.append(str(item.get("reason") or ""), style="italic")
+        text.append("\n")
+    return text
+
+
+class JobScreen(Screen[None]):
+    """One job: fitted throughput model, efficiency curve, history, decisions, log tail."""
+
+    CSS_PATH = "job_detail.tcss"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q", "app.pop_screen", "Back"),
+        *job_actions_bindings(),
+    ]
+
+    def __init__(self, job_id: Any) -> None:
+        super().__init__()
+        self.job_id = job_id
+        self.detail: dict[str, Any] = {}
+        self.log_lines: list[str] = []
+
+    @property
+    def pollux(self) -> PolluxApp:
+        return cast("PolluxApp", self.app)
+
+    def compose(self) -> ComposeResult:
+        yield StatusLine("", id="job-status")
+        yield Static("loading…", id="summary")
+        with Horizontal(id="plots"):
+            yield PlotView(id="plot-throughput")
+            yield PlotView(id="plot-efficiency")
+            yield PlotView(id="plot-history")
+        with Horizontal(id="bottom"):
+            with VerticalScroll(id="decisions-box"):
+                yield Static("", id="decisions")
+            yield Log(id="log-tail", auto_scroll=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#decisions-box").border_title = "scheduler decisions"
+        self.query_one("#log-tail").border_title = "log tail"
+        self.query_one("#job-status", StatusLine).update(f"job {self.job_id}")
+        self.fetch()
+        self.set_interval(self.pollux.refresh_s, self.fetch)
+
+    def fetch(self) -> None:
+        self.pollux.run_request(self._load, self._loaded, group=f"job-{self.job_id}")
+
+    def _load(self) -> tuple[dict[str, Any], list[str]]:
+        source = self.pollux.source
+        shown = source.request("show", id=str(self.job_id))
+        detail = shown.get("job", shown)
+        if isinstance(detail, Mapping) and "decisions" not in detail and "decisions" in shown:
+            detail = {**detail, "decisions": shown["decisions"]}
+        try:
+            lines = log_lines(source.request("logs", **tail_fields(self.job_id)))[-LOG_TAIL_LINES:]
+        except SourceError as exc:
+            lines = [f"(logs unavailable: {exc})"]
+        return (dict(detail) if isinstance(detail, Mapping) else {}), lines
+
+    def _loaded(self, result: tuple[dict[str, Any], list[str]] | BaseException) -> None:
+        status = self.query_one("#job-status", StatusLine)
+        if isinstance(result, BaseException):
+            down = isinstance(result, DaemonDown)
+            status.set_class(down, "down")
+            status.update(
+                f"job {self.job_id} · {'daemon down, retrying: ' if down else 'error: '}{result}"
+            )
+            return
+        status.remove_class("down")
+        self.detail, lines = result
+        self.show_detail(lines)
+
+    def show_detail(self, lines: list[str]) -> None:
+        detail = self.detail
+        row = job_row(detail)
+        status = self.query_one("#job-status", StatusLine)
+        status.update(f"job {row.id} · {row.name} · {row.owner} · {row.state}")
+        noise = plots.noise_scale(detail)
+        summary = Text()
+        summary.append(f"{row.name} ", style=f"bold {job_colour(row.id)}")
+        summary.append(f"({row.id}, {row.owner}) {row.state}   ")
+        summary.append(f"devices {row.gpus} {row.where}   batch {row.batch_text}\n")
+        summary.append(
+            f"goodput {fmt_number(row.goodput)} ex/s   efficiency "
+            f"{'-' if row.efficiency is None else f'{row.efficiency:.2f}'}   speedup "
+            f"{'-' if row.speedup is None else f'{row.speedup:.2f}x'}   noise scale "
+            f"{fmt_number(noise)}   progress {fmt_progress(row.progress)}   ETA "
+            f"{fmt_duration(row.eta_s)}   restarts {row.restarts if row.restarts is not None else '-'}"
+        )
+        self.query_one("#summary", Static).update(summary)
+        max_devices, per_node = self.pollux.device_counts()
+        self.query_one("#plot-throughput", PlotView).show(
+            plots.throughput_plot(detail, max_devices, per_node)
+        )
+        self.query_one("#plot-efficiency", PlotView).show(plots.efficiency_plot(detail))
+        self.query_one("#plot-history", PlotView).show(plots.history_plot(detail))
+        self.query_one("#decisions", Static).update(decisions_text(detail.get("decisions")))
+        if lines != self.log_lines:
+            self.log_lines = lines
+            log = self.query_one("#log-tail", Log)
+            log.clear()
+            log.write_lines(lines)
+
+    def action_cancel_job(self) -> None:
+        self.pollux.confirm_and_act("cancel", self.job_id, str(self.job_id))
+
+    def action_hold_job(self) -> None:
+        self.pollux.confirm_and_act("hold", self.job_id, str(self.job_id))
+
+    def action_release_job(self) -> None:
+        self.pollux.act("release", self.job_id)
+
+    def action_priority_job(self) -> None:
+        self.pollux.ask_priority(self.job_id, str(self.job_id), None)
+
+    def action_follow_logs(self) -> None:
+        self.pollux.show_logs(self.job_id)
