@@ -9,6 +9,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,9 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from pollux_local.api import wire  # noqa: E402
+from pollux_local.api.messages import Report, ReportReply, Request  # noqa: E402
+from pollux_local.api.report import JobReport  # noqa: E402
 from pollux_local.core.types import GradStats  # noqa: E402
 from pollux_local.errors import PolluxError  # noqa: E402
 from pollux_local.launch.base import RESCALE_EXIT_CODE  # noqa: E402
@@ -405,9 +409,9 @@ def test_report_file_schema_and_unreachable_daemon(tmp_path: Path) -> None:
 
 
 def test_reporter_never_raises_when_the_daemon_is_away(tmp_path: Path) -> None:
-    reporter = Reporter("j", None, str(tmp_path / "missing.sock"))
+    reporter = Reporter("7", None, str(tmp_path / "missing.sock"))
     start = time.perf_counter()
-    reporter.submit({"version": 1})
+    reporter.submit(JobReport())
     reporter.flush()
     assert time.perf_counter() - start < 3.0
     assert reporter.sent == 0
@@ -459,26 +463,23 @@ def test_reports_reach_a_daemon_socket_as_report_requests(tmp_path: Path) -> Non
     server.bind(path)
     server.listen(4)
     server.settimeout(10)
-    received: list[dict[str, object]] = []
+    received: list[Request[Any]] = []
 
     def serve() -> None:
         conn, _ = server.accept()
         with conn:
             size = struct.unpack(">I", conn.recv(4, socket.MSG_WAITALL))[0]
-            received.append(json.loads(conn.recv(size, socket.MSG_WAITALL)))
-            reply = json.dumps({"v": 1, "ok": True}).encode()
-            conn.sendall(struct.pack(">I", len(reply)) + reply)
+            received.append(wire.decode_request(conn.recv(size, socket.MSG_WAITALL)))
+            conn.sendall(wire.encode_reply(ReportReply(accepted=True)))
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    reporter = Reporter("job-9", None, path)
-    reporter.submit({"version": 1, "progress": 3.5})
+    reporter = Reporter("9", None, path)
+    reporter.submit(JobReport(progress=3.5))
     reporter.flush()
     thread.join(10)
     server.close()
-    assert received == [
-        {"v": 1, "type": "report", "job_id": "job-9", "report": {"version": 1, "progress": 3.5}}
-    ]
+    assert received == [Report(job_id="9", report=JobReport(progress=3.5))]
     assert reporter.sent == 1
 
 

@@ -17,26 +17,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from pollux_local.errors import PolluxError
-
-#: Process-group timeout used when ``POLLUX_PG_TIMEOUT_S`` is not set (a collective waiting on a
-#: dead peer fails after this long instead of torch's default 30 minutes).
-DEFAULT_PG_TIMEOUT_S = 120.0
-
-
-def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise PolluxError(f"environment variable {name} must be an integer, got {raw!r}") from None
-
-
-def _path(env: Mapping[str, str], name: str) -> Path | None:
-    raw = env.get(name)
-    return Path(raw) if raw else None
+from pollux_local.api.errors import PolluxError
+from pollux_local.api.launch import DEFAULT_PG_TIMEOUT_S, LaunchEnvironment
 
 
 @dataclass(frozen=True)
@@ -63,50 +45,29 @@ class JobEnv:
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> JobEnv:
-        """Read the launch variables; a malformed value is a one-line ``PolluxError``."""
-        env = os.environ if environ is None else environ
-        world = _int(env, "WORLD_SIZE", 1) or 1
-        rank = _int(env, "RANK", 0) or 0
-        local_world = _int(env, "LOCAL_WORLD_SIZE", world) or world
-        if world < 1:
-            raise PolluxError(f"WORLD_SIZE must be at least 1, got {world}")
-        if not 0 <= rank < world:
-            raise PolluxError(f"RANK {rank} is outside 0..{world - 1}")
-        nodes_default = max(1, -(-world // max(local_world, 1)))
-        timeout_raw = env.get("POLLUX_PG_TIMEOUT_S")
-        try:
-            timeout = float(timeout_raw) if timeout_raw else DEFAULT_PG_TIMEOUT_S
-        except ValueError:
-            raise PolluxError(
-                f"environment variable POLLUX_PG_TIMEOUT_S must be a number, got {timeout_raw!r}"
-            ) from None
-        device = env.get("POLLUX_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
-        if device not in ("cpu", "cuda"):
-            raise PolluxError(f"POLLUX_DEVICE must be 'cpu' or 'cuda', got {device!r}")
-        local_batch = _int(env, "POLLUX_LOCAL_BATCH", None)
-        accum = _int(env, "POLLUX_ACCUM_STEPS", None)
-        if local_batch is not None and local_batch <= 0:
-            raise PolluxError(f"POLLUX_LOCAL_BATCH must be positive, got {local_batch}")
-        if accum is not None and accum <= 0:
-            raise PolluxError(f"POLLUX_ACCUM_STEPS must be positive, got {accum}")
+        """Read the launch variables (the contract of ``pollux_local.api.launch``); a malformed
+        value is a one-line ``PolluxError``.  Without ``POLLUX_DEVICE`` the device is CUDA when
+        torch sees one."""
+        launch = LaunchEnvironment.from_environ(os.environ if environ is None else environ)
+        device = launch.device or ("cuda" if torch.cuda.is_available() else "cpu")
         return cls(
-            rank=rank,
-            world_size=world,
-            local_rank=_int(env, "LOCAL_RANK", 0) or 0,
-            local_world_size=local_world,
-            node_rank=_int(env, "NODE_RANK", 0) or 0,
-            master_addr=env.get("MASTER_ADDR") or None,
-            master_port=_int(env, "MASTER_PORT", None),
-            job_id=env.get("POLLUX_JOB_ID") or "local",
-            restarts=_int(env, "POLLUX_RESTARTS", 0) or 0,
-            job_dir=_path(env, "POLLUX_JOB_DIR"),
-            checkpoint_dir=_path(env, "POLLUX_CHECKPOINT_DIR"),
-            daemon_socket=env.get("POLLUX_DAEMON_SOCKET") or None,
-            num_nodes=_int(env, "POLLUX_NUM_NODES", nodes_default) or nodes_default,
-            local_batch=local_batch,
-            accum_steps=accum,
+            rank=launch.rank,
+            world_size=launch.world_size,
+            local_rank=launch.local_rank,
+            local_world_size=launch.local_world_size,
+            node_rank=launch.node_rank,
+            master_addr=launch.master_addr,
+            master_port=launch.master_port,
+            job_id=launch.job_id,
+            restarts=launch.restarts,
+            job_dir=Path(launch.job_dir) if launch.job_dir else None,
+            checkpoint_dir=Path(launch.checkpoint_dir) if launch.checkpoint_dir else None,
+            daemon_socket=launch.daemon_socket,
+            num_nodes=launch.num_nodes,
+            local_batch=launch.local_batch,
+            accum_steps=launch.accum_steps,
             device=device,
-            pg_timeout_s=timeout,
+            pg_timeout_s=launch.pg_timeout_s,
         )
 
     @property

@@ -8,30 +8,34 @@ logged once and the next report tries again.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
+
+import msgspec
+
+from pollux_local.api.messages import Report
+from pollux_local.api.report import REPORT_VERSION, JobReport
 
 log = logging.getLogger("pollux_local.torch")
 
-REPORT_VERSION = 1
+__all__ = ["REPORT_VERSION", "Reporter", "write_report_file"]
+
 SEND_TIMEOUT_S = 2.0
 
 
-def write_report_file(path: Path, report: dict[str, Any]) -> None:
+def write_report_file(path: Path, report: JobReport) -> None:
     """Atomically replace ``path`` with the JSON of ``report``."""
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    tmp.write_text(json.dumps(report, separators=(",", ":")))
+    tmp.write_bytes(msgspec.json.encode(report))
     os.replace(tmp, path)
 
 
-def _send(socket_path: str, job_id: str, report: dict[str, Any]) -> None:
+def _send(socket_path: str, job_id: str, report: JobReport) -> None:
     from pollux_local.client import Client
 
-    Client(socket_path, timeout_s=SEND_TIMEOUT_S).request("report", job_id=job_id, report=report)
+    Client(socket_path, timeout_s=SEND_TIMEOUT_S).call(Report(job_id=job_id, report=report))
 
 
 class Reporter:
@@ -46,7 +50,7 @@ class Reporter:
         self._warned_socket = False
         self.sent = 0
 
-    def submit(self, report: dict[str, Any]) -> None:
+    def submit(self, report: JobReport) -> None:
         if self.job_dir is not None:
             try:
                 self.job_dir.mkdir(parents=True, exist_ok=True)
@@ -64,7 +68,7 @@ class Reporter:
         )
         self._sender.start()
 
-    def _send_quietly(self, report: dict[str, Any]) -> None:
+    def _send_quietly(self, report: JobReport) -> None:
         assert self.socket_path is not None
         try:
             _send(self.socket_path, self.job_id, report)

@@ -40,6 +40,14 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
+from pollux_local.api.report import (
+    REPORT_VERSION,
+    JobReport,
+    ProfileRow,
+    ReportBatch,
+    ReportBounds,
+    ReportGradStats,
+)
 from pollux_local.core.efficiency import LR_RULES
 from pollux_local.core.types import BatchChoice, GradStats
 from pollux_local.errors import PolluxError
@@ -57,7 +65,7 @@ from pollux_local.torch.gradstats import MIN_SAMPLES, GradNoiseEstimator, square
 from pollux_local.torch.loader import ElasticLoader
 from pollux_local.torch.measuring import MeasuringSchedule
 from pollux_local.torch.profile import ProfileRecorder
-from pollux_local.torch.report import REPORT_VERSION, Reporter
+from pollux_local.torch.report import Reporter
 from pollux_local.torch.sampler import ElasticSampler, StepPlan
 from pollux_local.torch.scaling import (
     LrScaling,
@@ -536,32 +544,30 @@ class ElasticTrainer:
         """Record user metrics (e.g. loss, accuracy) to send with the next report."""
         self.metrics.update({k: float(v) for k, v in metrics.items()})
 
-    def build_report(self) -> dict[str, Any]:
-        """The job report (schema version 1 of ``docs/architecture.md``)."""
+    def build_report(self) -> JobReport:
+        """The job report (``pollux_local.api.report.JobReport``, schema version 1)."""
         stats = self.estimator.stats
-        return {
-            "version": REPORT_VERSION,
-            "job_id": self.env.job_id,
-            "time": time.time(),
-            "bounds": {
-                "base_batch": self.bounds.base_batch,
-                "max_batch": self.bounds.max_batch,
-                "min_local": self.bounds.min_local,
-                "max_local": max_local(self.bounds),
-                "accumulation": self.bounds.accumulation,
-            },
-            "profile": self.profile.observations(),
-            "grad_stats": {"sqr": stats.sqr, "var": stats.var} if stats else None,
-            "progress": self.progress,
-            "epoch": self.epoch,
-            "epochs": self.max_epochs,
-            "batch": {
-                "local_batch": self.local_batch,
-                "accum_steps": self.accum_steps,
-                "replicas": self.replicas,
-            },
-            "metrics": dict(self.metrics),
-        }
+        return JobReport(
+            version=REPORT_VERSION,
+            job_id=self.env.job_id,
+            time=time.time(),
+            bounds=ReportBounds(
+                base_batch=self.bounds.base_batch,
+                max_batch=self.bounds.max_batch,
+                min_local=self.bounds.min_local,
+                max_local=max_local(self.bounds),
+                accumulation=self.bounds.accumulation,
+            ),
+            profile=[ProfileRow(**row) for row in self.profile.observations()],
+            grad_stats=ReportGradStats(sqr=stats.sqr, var=stats.var) if stats else None,
+            progress=self.progress,
+            epoch=self.epoch,
+            epochs=self.max_epochs,
+            batch=ReportBatch(
+                local_batch=self.local_batch, accum_steps=self.accum_steps, replicas=self.replicas
+            ),
+            metrics=dict(self.metrics),
+        )
 
     def _report(self, force: bool = False) -> None:
         if self.rank != 0:
