@@ -17,6 +17,12 @@ Besides the torchrun variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCA
 ``POLLUX_PG_TIMEOUT_S``    process-group timeout in seconds (no collective hangs unbounded)
 =========================  ===============================================================
 
+Every replica also gets the rest of torchrun's contract (``GROUP_RANK``, ``ROLE_RANK``,
+``ROLE_NAME``, ``ROLE_WORLD_SIZE``, ``GROUP_WORLD_SIZE``, ``TORCHELASTIC_RUN_ID``,
+``TORCHELASTIC_RESTART_COUNT``, ``TORCHELASTIC_MAX_RESTARTS``, ``TORCHELASTIC_USE_AGENT_STORE``),
+so that ``torch.distributed.is_torchelastic_launched()`` is true and a script written for
+``torchrun`` runs unchanged (:func:`replica_environ`).
+
 Without any of them (``python train.py``) a job is one process on one device.
 """
 
@@ -32,7 +38,16 @@ from pollux_local.api.errors import PolluxError
 DEFAULT_PG_TIMEOUT_S = 120.0
 
 #: The torchrun variables that depend on the rank (set per replica by the launcher).
-PER_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "CUDA_VISIBLE_DEVICES")
+PER_RANK_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "LOCAL_WORLD_SIZE",
+    "CUDA_VISIBLE_DEVICES",
+    "POLLUX_DEVICE",
+)
 #: Variables that describe one job's launch and must never leak from a submitting shell into
 #: another job's environment.
 LAUNCH_VARIABLES = frozenset(
@@ -46,6 +61,15 @@ LAUNCH_VARIABLES = frozenset(
         "MASTER_ADDR",
         "MASTER_PORT",
         "CUDA_VISIBLE_DEVICES",
+        "ROLE_RANK",
+        "ROLE_NAME",
+        "ROLE_WORLD_SIZE",
+        "GROUP_WORLD_SIZE",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_MAX_RESTARTS",
+        "TORCHELASTIC_USE_AGENT_STORE",
+        "TORCHELASTIC_ERROR_FILE",
     }
 )
 #: Prefix of the variables this contract owns.
@@ -113,13 +137,15 @@ class LaunchEnvironment:
 
     def to_environ(self) -> dict[str, str]:
         """Every variable of this replica (the common ones plus its ranks)."""
-        return {
-            **self.common_environ(),
-            "RANK": str(self.rank),
-            "LOCAL_RANK": str(self.local_rank),
-            "LOCAL_WORLD_SIZE": str(self.local_world_size),
-            "NODE_RANK": str(self.node_rank),
-        }
+        return replica_environ(
+            self.common_environ(),
+            rank=self.rank,
+            local_rank=self.local_rank,
+            node_rank=self.node_rank,
+            local_world_size=self.local_world_size,
+            device=self.device or "cpu",
+            device_index=None,
+        )
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> LaunchEnvironment:
@@ -170,3 +196,47 @@ class LaunchEnvironment:
             device=device,
             pg_timeout_s=timeout,
         )
+
+
+def replica_environ(
+    common: Mapping[str, str],
+    *,
+    rank: int,
+    local_rank: int,
+    node_rank: int,
+    local_world_size: int,
+    device: str,
+    device_index: str | None,
+) -> dict[str, str]:
+    """The environment of one replica: ``common`` (the job's environment and this contract's
+    common variables, ``WORLD_SIZE`` and ``POLLUX_JOB_ID`` among them) plus its ranks and the
+    rest of torchrun's variables.  ``device`` is ``cpu`` or ``cuda``; for ``cuda``,
+    ``device_index`` becomes ``CUDA_VISIBLE_DEVICES`` (never set for CPU devices).
+
+    One role (``default``) per job, so ``ROLE_RANK`` = ``RANK`` and ``GROUP_RANK`` =
+    ``NODE_RANK``; ``TORCHELASTIC_RUN_ID`` is ``pollux-<job id>`` and the restart count the
+    job's (re)starts.
+    """
+    env = {k: v for k, v in common.items() if k not in PER_RANK_VARIABLES}
+    world = env.get("WORLD_SIZE", "1")
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(local_rank),
+        NODE_RANK=str(node_rank),
+        GROUP_RANK=str(node_rank),
+        ROLE_RANK=str(rank),
+        ROLE_NAME="default",
+        LOCAL_WORLD_SIZE=str(local_world_size),
+        WORLD_SIZE=world,
+        ROLE_WORLD_SIZE=world,
+        GROUP_WORLD_SIZE=env.get("POLLUX_NUM_NODES", "1"),
+        TORCHELASTIC_RUN_ID=f"pollux-{env.get('POLLUX_JOB_ID', 'local')}",
+        TORCHELASTIC_RESTART_COUNT=env.get("POLLUX_RESTARTS", "0"),
+        TORCHELASTIC_MAX_RESTARTS="0",
+        # no agent-side store: a script's env:// rendezvous starts its own on MASTER_PORT
+        TORCHELASTIC_USE_AGENT_STORE="False",
+        POLLUX_DEVICE=device,
+    )
+    if device == "cuda" and device_index is not None:
+        env["CUDA_VISIBLE_DEVICES"] = device_index
+    return env

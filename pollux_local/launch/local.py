@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 
+from pollux_local.api.launch import replica_environ
 from pollux_local.launch.base import (
     RESCALE_EXIT_CODE,
     LaunchSpec,
@@ -24,25 +25,20 @@ from pollux_local.launch.base import (
 
 
 def replica_env(spec: LaunchSpec, slot: ReplicaSlot) -> dict[str, str]:
-    """The environment of one replica: the spec's common env plus the per-rank variables."""
-    env = dict(spec.env)
+    """The environment of one replica: the spec's common env plus the per-rank variables
+    (``api.launch.replica_environ``: torchrun's whole contract)."""
     same_node = [other for other in spec.slots if other.node == slot.node]
-    env.update(
-        RANK=str(slot.rank),
-        LOCAL_RANK=str(slot.local_rank),
-        NODE_RANK=str(slot.node_rank),
-        GROUP_RANK=str(slot.node_rank),
-        LOCAL_WORLD_SIZE=str(len(same_node)),
-        WORLD_SIZE=str(len(spec.slots)),
-    )
     kind, _, index = slot.device.partition(":")
-    if kind == "cuda":
-        env["CUDA_VISIBLE_DEVICES"] = index
-        env["POLLUX_DEVICE"] = "cuda"
-    else:
-        env.pop("CUDA_VISIBLE_DEVICES", None)
-        env["POLLUX_DEVICE"] = "cpu"
-    return env
+    common = {**spec.env, "WORLD_SIZE": str(len(spec.slots))}
+    return replica_environ(
+        common,
+        rank=slot.rank,
+        local_rank=slot.local_rank,
+        node_rank=slot.node_rank,
+        local_world_size=len(same_node),
+        device="cuda" if kind == "cuda" else "cpu",
+        device_index=index if kind == "cuda" else None,
+    )
 
 
 def combine_exit_codes(codes_in_exit_order: Sequence[int]) -> int:
