@@ -86,7 +86,7 @@ class SubmitReply(Reply):
     state: JobState
 
 
-class JobSummary(Message):
+class JobSummary(Message, kw_only=True):
     """One row of ``status``: a job as the CLI and the TUI list it.
 
     ``devices`` maps node -> device ids held now; ``batch_size`` is the total batch (m x s x K)
@@ -125,6 +125,8 @@ class JobSummary(Message):
     run_time_s: float
     reason: str
     target: Target | None
+    elastic: bool = False
+    preemptible: bool = False
 
 
 class StatusReply(Reply):
@@ -162,7 +164,7 @@ class HistorySample(Message):
     noise_scale: float | None
 
 
-class JobDetail(JobSummary):
+class JobDetail(JobSummary, kw_only=True):
     """``show``: the row of ``status`` and what the job runs, its report, model and history.
     ``env`` is the submitted environment, present only for the job's owner or an admin."""
 
@@ -254,8 +256,9 @@ class Ping(Request[PingReply], tag="ping", kw_only=True):
 
 
 class Submit(Request[SubmitReply], tag="submit", kw_only=True):
-    """Queue a new job: ``argv`` run in ``workdir`` with ``env``, between ``min_gpus`` and
-    ``max_gpus`` devices and within the batch bounds; ``hold`` queues it held."""
+    """Queue a new job: ``argv`` run in ``workdir`` with ``env``; an elastic job between
+    ``min_gpus`` and ``max_gpus`` devices and within the batch bounds, a rigid one on exactly
+    ``min_gpus``; ``hold`` queues it held."""
 
     Reply = SubmitReply
     argv: Annotated[list[Argument], msgspec.Meta(min_length=1, max_length=4096)]
@@ -271,6 +274,12 @@ class Submit(Request[SubmitReply], tag="submit", kw_only=True):
     priority: Priority = 0
     target: Target | None = None
     hold: bool = False
+    #: the job uses the job library (``ElasticTrainer``): the scheduler may resize it between
+    #: ``min_gpus`` and ``max_gpus`` by checkpoint-restart.  Otherwise the job is *rigid*: it
+    #: runs on exactly ``min_gpus`` devices and is never resized.
+    elastic: bool = False
+    #: a rigid job that may be stopped and queued again (it resumes from its own snapshot)
+    preemptible: bool = False
 
 
 class Status(Request[StatusReply], tag="status", kw_only=True):
