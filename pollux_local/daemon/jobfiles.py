@@ -1,0 +1,120 @@
+"""Reading the files a job leaves in its directory without trusting them.
+
+A job's directory (``STATE_DIR/jobs/<id>``) belongs to the job's user: anything in it (a log,
+``report.json``) may have been swapped for a symlink to ``/etc/shadow``, a FIFO that never
+delivers, a hard link, a device or a 10 GB file by the time the daemon (possibly root) reads
+it.  So every read goes through :func:`open_job_file`:
+
+* the directory is opened with ``O_DIRECTORY | O_NOFOLLOW`` and must be a directory whose
+  owner is the job's user or the daemon's own user (``jobs/`` itself is the daemon's, so the
+  user cannot swap the directory);
+* the file is opened relative to it (``openat``) with ``O_NOFOLLOW | O_NONBLOCK | O_NOCTTY``
+  (a symlink fails, a FIFO does not block);
+* ``fstat`` of the open descriptor must show a regular file with one link, owned by the job's
+  user (or the daemon's), else :class:`UnsafeJobFile`;
+* reads are capped (``max_bytes``).
+
+The daemon never creates, chmods or chowns anything inside such a directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+#: Largest report.json the daemon reads (a real one is a few kB).
+MAX_REPORT_BYTES = 1 << 20
+
+
+class UnsafeJobFile(OSError):
+    """A file (or directory) in a job's directory that is not what the daemon expects (a
+    symlink, a FIFO, a hard link, owned by another user); the message is one line."""
+
+
+def _trusted_owner(st_uid: int, owner_uid: int) -> bool:
+    return st_uid in (owner_uid, os.geteuid())
+
+
+@contextlib.contextmanager
+def open_job_dir(path: Path, owner_uid: int) -> Iterator[int]:
+    """A descriptor of the job directory ``path`` (not followed if it is a symlink)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeJobFile(f"{path} is not a directory (a symlink?)") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not _trusted_owner(info.st_uid, owner_uid):
+            raise UnsafeJobFile(f"{path} belongs to uid {info.st_uid}, not to the job's user")
+        yield fd
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def open_job_file(directory: Path, name: str, owner_uid: int) -> Iterator[tuple[int, int]]:
+    """``(fd, size)`` of the regular file ``directory/name`` opened read-only and safely (see
+    the module's docstring).  ``FileNotFoundError`` when it is absent; :class:`UnsafeJobFile`
+    when it is not a plain file of the job's user."""
+    if "/" in name or name in ("", ".", ".."):
+        raise UnsafeJobFile(f"bad file name {name!r}")
+    with open_job_dir(directory, owner_uid) as dir_fd:
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        try:
+            fd = os.open(name, flags, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafeJobFile(f"{directory / name} is a symlink") from None
+            raise
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise UnsafeJobFile(f"{directory / name} is not a regular file")
+            if info.st_nlink != 1:
+                raise UnsafeJobFile(f"{directory / name} has {info.st_nlink} links")
+            if not _trusted_owner(info.st_uid, owner_uid):
+                raise UnsafeJobFile(
+                    f"{directory / name} belongs to uid {info.st_uid}, not to the job's user"
+                )
+            yield fd, info.st_size
+        finally:
+            os.close(fd)
+
+
+def read_job_file(
+    directory: Path, name: str, owner_uid: int, offset: int = 0, max_bytes: int = 1 << 16
+) -> tuple[bytes, int, int]:
+    """``(data, start, size)``: up to ``max_bytes`` of ``directory/name`` from ``offset``
+    (negative: that many bytes before the end), opened with :func:`open_job_file`."""
+    with open_job_file(directory, name, owner_uid) as (fd, size):
+        start = max(0, size + offset) if offset < 0 else min(offset, size)
+        data = os.pread(fd, max(0, min(max_bytes, size - start)), start)
+        return data, start, size
+
+
+def read_whole_job_file(
+    directory: Path, name: str, owner_uid: int, max_bytes: int = MAX_REPORT_BYTES
+) -> bytes:
+    """All of a small file (a report); :class:`UnsafeJobFile` when it exceeds ``max_bytes``."""
+    with open_job_file(directory, name, owner_uid) as (fd, size):
+        if size > max_bytes:
+            raise UnsafeJobFile(f"{directory / name} is {size} bytes (at most {max_bytes})")
+        return os.pread(fd, size, 0)
+
+
+def job_file_mtime(directory: Path, name: str, owner_uid: int) -> float | None:
+    """The modification time of a job file (``None`` when absent or unsafe): ``fstatat``
+    without following symlinks, so a cheap check before reading."""
+    try:
+        info = os.stat(directory / name, follow_symlinks=False)
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    return info.st_mtime

@@ -1,0 +1,81 @@
+"""The daemon's reads of job-directory files refuse what a hostile job may leave there."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pollux_local.daemon.jobfiles import (
+    UnsafeJobFile,
+    read_job_file,
+    read_whole_job_file,
+)
+
+UID = os.geteuid()
+
+
+@pytest.fixture
+def job_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "jobs" / "7"
+    path.mkdir(parents=True)
+    (path / "rank0.log").write_bytes(b"0123456789")
+    return path
+
+
+def test_a_plain_file_is_read_in_pieces(job_dir: Path) -> None:
+    assert read_job_file(job_dir, "rank0.log", UID) == (b"0123456789", 0, 10)
+    assert read_job_file(job_dir, "rank0.log", UID, offset=-3) == (b"789", 7, 10)
+    assert read_job_file(job_dir, "rank0.log", UID, offset=4, max_bytes=2) == (b"45", 4, 10)
+    assert read_job_file(job_dir, "rank0.log", UID, offset=99) == (b"", 10, 10)
+
+
+def test_a_symlink_in_place_of_a_log_is_refused(job_dir: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("root's secret\n")
+    (job_dir / "rank0.log").unlink()
+    (job_dir / "rank0.log").symlink_to(secret)
+    with pytest.raises(UnsafeJobFile, match="symlink"):
+        read_job_file(job_dir, "rank0.log", UID)
+
+
+def test_a_symlinked_job_directory_is_refused(job_dir: Path, tmp_path: Path) -> None:
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "report.json").write_text("{}")
+    link = job_dir.parent / "8"
+    link.symlink_to(other)
+    with pytest.raises(UnsafeJobFile, match="not a directory"):
+        read_whole_job_file(link, "report.json", UID)
+
+
+def test_a_fifo_does_not_block_the_reader(job_dir: Path) -> None:
+    os.mkfifo(job_dir / "report.json")
+    with pytest.raises(UnsafeJobFile, match="not a regular file"):
+        read_whole_job_file(job_dir, "report.json", UID)
+
+
+def test_a_hard_link_is_refused(job_dir: Path) -> None:
+    os.link(job_dir / "rank0.log", job_dir / "report.json")
+    with pytest.raises(UnsafeJobFile, match="links"):
+        read_whole_job_file(job_dir, "report.json", UID)
+
+
+def test_an_oversized_report_is_refused(job_dir: Path) -> None:
+    (job_dir / "report.json").write_bytes(b" " * 2048)
+    with pytest.raises(UnsafeJobFile, match="at most 1024"):
+        read_whole_job_file(job_dir, "report.json", UID, max_bytes=1024)
+
+
+def test_names_cannot_leave_the_directory(job_dir: Path) -> None:
+    for name in ("../7/rank0.log", "..", ""):
+        with pytest.raises(UnsafeJobFile):
+            read_job_file(job_dir, name, UID)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own files as another uid")
+def test_a_file_of_another_user_is_refused(job_dir: Path) -> None:
+    os.chown(job_dir / "rank0.log", 12345, 12345)
+    with pytest.raises(UnsafeJobFile, match="uid 12345"):
+        read_job_file(job_dir, "rank0.log", 54321)
