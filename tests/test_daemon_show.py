@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from pollux_local.api import JobReport
+from pollux_local.api import JobDetail, JobReport
 from pollux_local.core.throughput import ThroughputParams, fit_throughput
 from pollux_local.daemon.state import StateStore
 from pollux_local.tui import plots
@@ -111,15 +111,15 @@ def test_show_carries_report_model_and_history_and_the_tui_plots_draw_from_it(
     goodputs = [h["goodput"] for h in history if h["goodput"] is not None]
     assert goodputs and all(g > 0 and math.isfinite(g) for g in goodputs)
 
-    # The TUI's job-detail plots draw from this reply (not from a client-side refit).
-    assert plots.model_params(detail) == ThroughputParams.from_dict(params)
+    # The TUI's job-detail plots draw from this reply, typed (not from a client-side refit).
+    typed = msgspec.convert(detail, JobDetail)
+    assert plots.model_params(typed) == ThroughputParams.from_dict(params)
     for spec in (
-        plots.throughput_plot(detail, max_devices=2, devices_per_node=2),
-        plots.efficiency_plot(detail),
-        plots.history_plot(detail),
+        plots.throughput_plot(typed, max_devices=2, devices_per_node=2),
+        plots.efficiency_plot(typed),
+        plots.history_plot(typed),
     ):
         assert spec.series and not spec.note, spec
-    assert plots.noise_scale(detail) == pytest.approx(detail["noise_scale"])
 
     # The history is persisted: a daemon restart keeps it.
     stop_file.write_text("")
