@@ -1,5 +1,5 @@
-"""The one fitting path: ``core.fitting.fit_points`` and ``points_from_rows``, and the callers
-that go through it (daemon model cache, TUI)."""
+"""The one fitting path: ``core.fitting.fit_points`` and ``points_from_rows``, and the daemon
+model cache's reading of a report's profile through it."""
 
 from __future__ import annotations
 
@@ -83,19 +83,3 @@ def test_points_from_rows_rejects_malformed_rows(rows) -> None:
     with pytest.raises(ValueError):
         points_from_rows(rows)
     assert _profile_points(rows) is None
-
-
-def test_tui_fit_skips_malformed_rows() -> None:
-    from pollux_local.tui.plots import fit_from_profile
-
-    rows = [
-        {"nodes": n, "replicas": k, "local_batch": m, "compute_s": c, "step_s": s}
-        for (n, k, m), (c, s) in POINTS.items()
-    ]
-    expected = fit_points(POINTS, correct=False).params
-    assert fit_from_profile({"profile": rows}) == expected
-    assert fit_from_profile({"profile": [*rows, {"nodes": 1}, "junk", {**GOOD, "step_s": 0}]}) == (
-        expected
-    )
-    assert fit_from_profile({"profile": ["junk"]}) is None
-    assert fit_from_profile({}) is None

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pollux_local.core.types import BatchChoice, split_batch
 from pollux_local.errors import PolluxError
 from pollux_local.sim.profiles import (
     AppProfile,
     load_profiles,
     packed_counts,
     ring_key,
-    split_batch,
 )
 
 
@@ -132,10 +132,10 @@ def test_application_constants(artifact_dir: Path) -> None:
 
 def test_split_batch_respects_bounds(cifar: AppProfile) -> None:
     bounds = cifar.bounds
-    assert split_batch(2048, 1, bounds) == (1024, 2)
-    assert split_batch(2048, 6, bounds) == (342, 1)
-    m, s = split_batch(4096, 3, bounds)
-    assert m <= 1024 and 3 * m * s <= 4096
+    assert split_batch(2048, 1, bounds) == BatchChoice(1024, 2, 1)
+    assert split_batch(2048, 6, bounds) == BatchChoice(342, 1, 6)
+    choice = split_batch(4096, 3, bounds)
+    assert choice.local_batch <= 1024 and choice.total_batch <= 4096
     assert packed_counts(10, 4) == (4, 4, 2)
     assert packed_counts(8, 4) == (4, 4)
 

@@ -14,7 +14,7 @@ from numpy.typing import ArrayLike, NDArray
 from pollux_local.core.correction import TimeCorrection, corrected_times
 from pollux_local.core.efficiency import efficiency as _efficiency
 from pollux_local.core.throughput import ThroughputParams
-from pollux_local.core.types import BatchBounds, BatchChoice, GradStats
+from pollux_local.core.types import BatchBounds, BatchChoice, GradStats, split_batches
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -35,7 +35,7 @@ class GoodputModel:
 
     @property
     def max_local(self) -> int:
-        return int(self.bounds.max_local or self.bounds.max_batch)
+        return self.bounds.largest_local
 
     def throughput(
         self, nodes: ArrayLike, replicas: ArrayLike, local_batch: ArrayLike, accum_steps: ArrayLike
@@ -64,9 +64,10 @@ class GoodputModel:
     def candidates(self, replicas: ArrayLike) -> tuple[IntArray, IntArray, NDArray[np.bool_]]:
         """Candidate (m, s) per replica count, shape (P, BATCH_CANDIDATES), and feasibility.
 
-        Total batches are spaced geometrically over [max(M0, K*m_min), M_max]; each is split
-        into the fewest accumulation steps s that keep m <= m_max (s = 1 without
-        accumulation), with m rounded up unless K*m*s would then exceed M_max.  An allocation is infeasible when even m_min per replica exceeds M_max.
+        Total batches are spaced geometrically over [max(M0, K*m_min), M_max] (without
+        accumulation at most K*m_max) and each is split by the core's one rule,
+        :func:`~pollux_local.core.types.split_batches`.  An allocation is infeasible when even
+        m_min per replica exceeds M_max.
         """
         b = self.bounds
         k = np.maximum(np.atleast_1d(np.asarray(replicas, dtype=float)), 1.0)[:, None]
@@ -80,16 +81,8 @@ class GoodputModel:
         high = np.maximum(high, low)
         t = np.linspace(0.0, 1.0, BATCH_CANDIDATES)[None, :]
         total = low * (high / low) ** t
-        if b.accumulation:
-            steps = np.maximum(np.ceil(total / (k * m_max) - 1e-9), 1.0)
-        else:
-            steps = np.ones_like(total)
-        # Round m up (a full last micro-batch), unless that would exceed M_max.
-        up = np.ceil(total / (k * steps) - 1e-9)
-        down = np.floor(total / (k * steps) + 1e-9)
-        local = np.where(k * up * steps <= b.max_batch, up, down)
-        local = np.clip(local, b.min_local, m_max)
-        return local.astype(np.int64), steps.astype(np.int64), feasible
+        local, steps = split_batches(total, k, b)
+        return local, steps, feasible
 
     def best_goodput(
         self, nodes: ArrayLike, replicas: ArrayLike

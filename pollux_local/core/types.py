@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 Placement = tuple[int, ...]
+IntArray = NDArray[np.int64]
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,11 @@ class BatchBounds:
     min_local: int = 1
     max_local: int | None = None
     accumulation: bool = True
+
+    @property
+    def largest_local(self) -> int:
+        """m_max: ``max_local``, else ``max_batch``."""
+        return int(self.max_local or self.max_batch)
 
     def __post_init__(self) -> None:
         if self.base_batch <= 0:
@@ -67,7 +74,50 @@ class BatchChoice:
 
     @property
     def total_batch(self) -> int:
+        """M = K * m * s, the reverse of :func:`split_batch`."""
         return self.replicas * self.local_batch * self.accum_steps
+
+
+#: Slack of the roundings in :func:`split_batches` (total batches may be non-integer floats).
+_ROUND_EPS = 1e-9
+
+
+def split_batches(
+    total_batch: ArrayLike, replicas: ArrayLike, bounds: BatchBounds
+) -> tuple[IntArray, IntArray]:
+    """The batch-split rule: total batches M on K replicas as micro-batch m and accumulation
+    steps s (vectorised; ``total_batch`` and ``replicas`` broadcast), with M' = min(M, M_max)
+    and m_max = ``bounds.largest_local``::
+
+        s = max(1, ceil(M' / (K * m_max)))           (s = 1 without accumulation)
+        m = ceil(M' / (K * s))                        if K * ceil(M' / (K * s)) * s <= M_max
+            floor(M_max / (K * s))                    otherwise
+        m = min(max(m, m_min), m_max)
+
+    i.e. the fewest steps that keep m <= m_max, m rounded up (a full last micro-batch) unless
+    that would exceed M_max.  The reverse is M = K * m * s (``BatchChoice.total_batch``).
+    With m_min <= m_max, m stays within [m_min, m_max], and K * m * s <= M_max unless m_min
+    cannot be met at those s (floor(M_max / (K * s)) < m_min, e.g. K * m_min > M_max): then m
+    is m_min.  K < 1 counts as 1.
+    """
+    k = np.maximum(np.asarray(replicas, dtype=float), 1.0)
+    total = np.minimum(np.asarray(total_batch, dtype=float), float(bounds.max_batch))
+    m_max = float(bounds.largest_local)
+    if bounds.accumulation:
+        steps = np.maximum(np.ceil(total / (k * m_max) - _ROUND_EPS), 1.0)
+    else:
+        steps = np.ones(np.broadcast(total, k).shape)
+    up = np.ceil(total / (k * steps) - _ROUND_EPS)
+    down = np.floor(float(bounds.max_batch) / (k * steps))
+    local = np.where(k * up * steps <= bounds.max_batch, up, down)
+    local = np.clip(local, bounds.min_local, m_max)
+    return local.astype(np.int64), steps.astype(np.int64)
+
+
+def split_batch(total_batch: float, replicas: int, bounds: BatchBounds) -> BatchChoice:
+    """One total batch M on K replicas as (m, s): :func:`split_batches`' rule."""
+    local, steps = split_batches(total_batch, replicas, bounds)
+    return BatchChoice(local_batch=int(local), accum_steps=int(steps), replicas=int(replicas))
 
 
 @dataclass(frozen=True)

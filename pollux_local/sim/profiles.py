@@ -21,7 +21,6 @@ Interpolation rules:
 from __future__ import annotations
 
 import csv
-import math
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -267,17 +266,6 @@ def placement_rows(folder: Path) -> tuple[np.ndarray, ...]:
     replicas = np.array([sum(int(c) for c in p) for p in rows["placement"]], dtype=float)
     step = rows["step_time"]
     return nodes, replicas, rows["local_bsz"], step - rows["sync_time"], step
-
-
-def split_batch(total_batch: int, replicas: int, bounds: BatchBounds) -> tuple[int, int]:
-    """(m, s) for a fixed total batch on K replicas: m = ceil(M/K), split into s micro-batches
-    of at most ``max_local``, m capped so that K * m * s <= M_max."""
-    local = max(1, math.ceil(total_batch / replicas - 1e-8))
-    max_local = bounds.max_local or local
-    steps = max(1, math.ceil(local / max_local - 1e-8)) if bounds.accumulation else 1
-    micro = math.ceil(local / steps - 1e-8)
-    micro = min(micro, max(1, bounds.max_batch // (replicas * steps)))
-    return max(1, micro), steps
 
 
 def packed_counts(replicas: int, devices_per_node: int) -> tuple[int, ...]:

@@ -37,9 +37,17 @@ from pollux_local.core.fitting import fit_points
 from pollux_local.core.goodput import GoodputModel
 from pollux_local.core.pool import ProfilePool
 from pollux_local.core.throughput import ThroughputParams
-from pollux_local.core.types import GradStats, JobView, NodeView, Placement, Policy
+from pollux_local.core.types import (
+    BatchChoice,
+    GradStats,
+    JobView,
+    NodeView,
+    Placement,
+    Policy,
+    split_batch,
+)
 from pollux_local.errors import PolluxError
-from pollux_local.sim.profiles import AppProfile, packed_counts, split_batch
+from pollux_local.sim.profiles import AppProfile, packed_counts
 from pollux_local.sim.workload import WorkloadJob
 
 ProgressCallback = Callable[[float, int, int], None]
@@ -118,6 +126,16 @@ class SimJob:
     @property
     def restarts(self) -> int:
         return max(self.starts - 1, 0)
+
+    @property
+    def batch(self) -> BatchChoice:
+        """The job's current (m, s) on its K replicas."""
+        return BatchChoice(
+            local_batch=self.local_batch, accum_steps=self.accum_steps, replicas=self.replicas
+        )
+
+    def set_batch(self, choice: BatchChoice) -> None:
+        self.local_batch, self.accum_steps = int(choice.local_batch), int(choice.accum_steps)
 
     @property
     def fixed_batch(self) -> int | None:
@@ -227,16 +245,13 @@ class Simulator:
         fixed = job.fixed_batch
         job.batch_points = len(job.profile)
         if fixed is not None:
-            job.local_batch, job.accum_steps = split_batch(fixed, k, bounds)
+            job.set_batch(split_batch(fixed, k, bounds))
             return
         model = self._model(job)
         if model is None:
-            job.local_batch, job.accum_steps = split_batch(
-                max(bounds.base_batch, bounds.min_local * k), k, bounds
-            )
+            job.set_batch(split_batch(max(bounds.base_batch, bounds.min_local * k), k, bounds))
             return
-        choice = model.best_choice(len(_nonzero(job.placement)), k)
-        job.local_batch, job.accum_steps = int(choice.local_batch), int(choice.accum_steps)
+        job.set_batch(model.best_choice(len(_nonzero(job.placement)), k))
 
     def _model(self, job: SimJob) -> GoodputModel | None:
         """The job's goodput model, refitted only when its points (its own, and with
@@ -273,9 +288,9 @@ class Simulator:
         if hit is None:
             times = []
             for k in range(1, self._max_replicas(job) + 1):
-                m, s = split_batch(batch, k, job.app.bounds)
+                choice = split_batch(batch, k, job.app.bounds)
                 counts = packed_counts(k, self.config.gpus_per_node)
-                times.append(job.app.iteration_time(counts, m, s))
+                times.append(job.app.iteration_time(counts, choice.local_batch, choice.accum_steps))
             hit = tuple(times)
             self._iter_time_cache[key] = hit
         return hit
@@ -295,8 +310,7 @@ class Simulator:
         counts = _nonzero(job.placement)
         app = job.app
         while left > 1e-9:
-            m, s = job.local_batch, job.accum_steps
-            batch = k * m * s
+            m, s, batch = job.local_batch, job.accum_steps, job.batch.total_batch
             step, sync = app.step_sync_time(counts, m)
             iter_time = (s - 1) * (step - sync) + step
             sqr, var = app.grad_stats(batch, job.epoch)
@@ -474,9 +488,9 @@ class Simulator:
             ] or [max(bounds.base_batch, k * bounds.min_local)]
         rates = []
         for batch in batches:
-            m, s = split_batch(batch, k, bounds)
-            total = k * m * s
-            iter_time = app.iteration_time(counts, m, s)
+            choice = split_batch(batch, k, bounds)
+            total = choice.total_batch
+            iter_time = app.iteration_time(counts, choice.local_batch, choice.accum_steps)
             rates.append([app.gain(total, e) / iter_time for e in range(app.epochs)])
         best = np.max(np.asarray(rates), axis=0)
         work = np.diff(app.epoch_target)
