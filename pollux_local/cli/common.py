@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 
+from pollux_local.api.errors import NotFound
 from pollux_local.client import Client, resolve_state_dir, socket_path_for
 
 
@@ -37,3 +38,11 @@ def print_json(value: Any) -> None:
     """Print a typed reply (or plain data) as indented JSON with sorted keys."""
     json.dump(msgspec.to_builtins(value), sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
+
+
+def job_id(text: str) -> str:
+    """A job id as typed by the user; anything but digits is no job (a one-line error)."""
+    cleaned = text.strip()
+    if not cleaned.isdigit() or len(cleaned) > 15:
+        raise NotFound(f"no job with id {text!r}")
+    return cleaned

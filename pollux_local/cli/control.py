@@ -5,23 +5,29 @@ from __future__ import annotations
 import argparse
 
 from pollux_local.api.messages import Cancel, Hold, Release, SetPriority
-from pollux_local.cli.common import client_for, json_parser, print_json, state_dir_parser
+from pollux_local.cli.common import (
+    client_for,
+    job_id,
+    json_parser,
+    print_json,
+    state_dir_parser,
+)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    reply = client_for(args).call(Cancel(ids=list(args.ids)))
+    reply = client_for(args).call(Cancel(ids=[job_id(i) for i in args.ids]))
     if args.json:
         print_json(reply)
         return 0
-    for job_id in reply.cancelled:
-        print(f"cancelled job {job_id}")
+    for cancelled in reply.cancelled:
+        print(f"cancelled job {cancelled}")
     for entry in reply.skipped:
         print(f"job {entry.id} had already {entry.state.value}")
     return 0
 
 
 def cmd_hold(args: argparse.Namespace) -> int:
-    reply = client_for(args).call(Hold(id=args.id))
+    reply = client_for(args).call(Hold(id=job_id(args.id)))
     if args.json:
         print_json(reply)
     else:
@@ -30,7 +36,7 @@ def cmd_hold(args: argparse.Namespace) -> int:
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    reply = client_for(args).call(Release(id=args.id))
+    reply = client_for(args).call(Release(id=job_id(args.id)))
     if args.json:
         print_json(reply)
     else:
@@ -39,7 +45,7 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 
 def cmd_priority(args: argparse.Namespace) -> int:
-    reply = client_for(args).call(SetPriority(id=args.id, priority=args.priority))
+    reply = client_for(args).call(SetPriority(id=job_id(args.id), priority=args.priority))
     if args.json:
         print_json(reply)
     else:

@@ -7,7 +7,13 @@ import sys
 import time
 
 from pollux_local.api.messages import Logs, Nodes, Show, Status
-from pollux_local.cli.common import client_for, json_parser, print_json, state_dir_parser
+from pollux_local.cli.common import (
+    client_for,
+    job_id,
+    json_parser,
+    print_json,
+    state_dir_parser,
+)
 from pollux_local.cli.format import batch, duration, fmt, status_table, timestamp, where
 
 
@@ -24,7 +30,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    reply = client_for(args).call(Show(id=args.id))
+    reply = client_for(args).call(Show(id=job_id(args.id)))
     if args.json:
         print_json(reply)
         return 0
@@ -60,7 +66,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     client = client_for(args)
     offset = -abs(args.tail) if args.tail else 0
     while True:
-        reply = client.call(Logs(id=args.id, rank=args.rank, offset=offset))
+        reply = client.call(Logs(id=job_id(args.id), rank=args.rank, offset=offset))
         if reply.data:
             sys.stdout.write(reply.data)
             sys.stdout.flush()

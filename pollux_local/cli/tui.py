@@ -33,11 +33,17 @@ def run(args: argparse.Namespace) -> int:
         raise PolluxError(f"--refresh must be positive, got {args.refresh}")
     if not sys.stdout.isatty() and not os.environ.get("POLLUX_TUI_FORCE"):
         raise PolluxError("the TUI needs a terminal (stdout is not a tty)")
-    from pollux_local.tui.source import DaemonSource, DataSource, FixedSource, demo_data
+    from pollux_local.tui.source import DaemonSource, DataSource, FixedSource
 
     source: DataSource
     if args.demo:
-        source = FixedSource(demo_data(n_jobs=12, n_nodes=3))
+        import time
+
+        from pollux_local.tui.demo import demo_recording
+
+        source = FixedSource(
+            demo_recording(n_jobs=12, n_nodes=3), now=time.time(), description="demo"
+        )
     else:
         if args.socket:
             socket_path = args.socket
