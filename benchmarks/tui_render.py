@@ -30,8 +30,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pollux_local.tui.app import PolluxApp  # noqa: E402
+from pollux_local.tui.demo import demo_recording  # noqa: E402
 from pollux_local.tui.screens.job_detail import JobScreen  # noqa: E402
-from pollux_local.tui.source import FixedSource, demo_data  # noqa: E402
+from pollux_local.tui.source import FixedSource  # noqa: E402
 
 
 def _stats(samples: list[float]) -> dict[str, float]:
@@ -45,7 +46,7 @@ def _stats(samples: list[float]) -> dict[str, float]:
 
 
 async def measure(jobs: int, nodes: int, devices: int, repeat: int) -> dict[str, Any]:
-    source = FixedSource(demo_data(n_jobs=jobs, n_nodes=nodes, devices_per_node=devices))
+    source = FixedSource(demo_recording(n_jobs=jobs, n_nodes=nodes, devices_per_node=devices))
     app = PolluxApp(source, sync=True, refresh_s=3600)
     update: list[float] = []
     frame: list[float] = []
@@ -57,11 +58,11 @@ async def measure(jobs: int, nodes: int, devices: int, repeat: int) -> dict[str,
         compositor = app.screen._compositor
         rng = random.Random(0)
         for _ in range(repeat):
-            for job in source.data["status"]["jobs"]:
-                if job["state"] == "running":
-                    job["goodput"] = round(job["goodput"] * rng.uniform(0.95, 1.05), 1)
-                    job["progress"] = round(job["progress"] + rng.uniform(5, 50), 1)
-                    job["eta_s"] = max(0, job["eta_s"] - rng.randrange(1, 30))
+            for job in source.status.jobs:
+                if job.state == "running":
+                    job.goodput = round((job.goodput or 0.0) * rng.uniform(0.95, 1.05), 1)
+                    job.progress = round((job.progress or 0.0) + rng.uniform(5, 50), 1)
+                    job.eta_s = max(0.0, (job.eta_s or 0.0) - rng.randrange(1, 30))
             replies = app._load()  # in the app this runs in a worker thread
             t0 = time.perf_counter()
             app._loaded(replies)

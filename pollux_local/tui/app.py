@@ -13,13 +13,29 @@ import contextlib
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.css.query import NoMatches
 
+from pollux_local.api.errors import DaemonUnavailable, PolluxError
+from pollux_local.api.messages import (
+    Cancel,
+    CancelReply,
+    Hold,
+    Nodes,
+    NodesReply,
+    Release,
+    Reply,
+    Request,
+    SetPriority,
+    Status,
+    StatusReply,
+    Submit,
+    SubmitReply,
+)
 from pollux_local.tui.screens.confirm import ConfirmScreen
 from pollux_local.tui.screens.help import HelpScreen
 from pollux_local.tui.screens.job_detail import JobScreen, job_actions_bindings
@@ -27,7 +43,7 @@ from pollux_local.tui.screens.logs import LogScreen
 from pollux_local.tui.screens.main import MainScreen
 from pollux_local.tui.screens.priority import PriorityScreen
 from pollux_local.tui.screens.submit import SubmitScreen
-from pollux_local.tui.source import DaemonDown, DataSource, SourceError
+from pollux_local.tui.source import DataSource
 from pollux_local.tui.view import (
     ClusterSample,
     JobRow,
@@ -35,7 +51,6 @@ from pollux_local.tui.view import (
     cluster_sample,
     job_rows,
     node_cells,
-    samples_from_history,
 )
 
 #: Samples of cluster-wide figures kept for the cluster plot.
@@ -85,14 +100,13 @@ class PolluxApp(App[None]):
         self.sync = sync
         self.clock = clock
         self.workdir = workdir
-        self.status: dict[str, Any] = {}
-        self.nodes: dict[str, Any] = {}
+        self.status = StatusReply(jobs=[])
+        self.nodes = NodesReply(nodes=[])
         self.rows: list[JobRow] = []
         self.cells: list[NodeCells] = []
         self.samples: deque[ClusterSample] = deque(maxlen=HISTORY_SAMPLES)
         self.connected: bool | None = None
         self.last_error: str | None = None
-        self._raw_ids: dict[str, Any] = {}
         self._refreshing = False
 
     @property
@@ -114,7 +128,7 @@ class PolluxApp(App[None]):
         if self.sync:
             try:
                 result = call()
-            except SourceError as exc:
+            except PolluxError as exc:
                 result = exc
             self._deliver(done, result)
             return
@@ -129,10 +143,10 @@ class PolluxApp(App[None]):
         def job() -> None:
             try:
                 result = call()
-            except SourceError as exc:
+            except PolluxError as exc:
                 result = exc
-            except Exception as exc:  # a bug in a reply must not kill the app
-                result = SourceError(f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # a bug must not kill the app
+                result = PolluxError(f"{type(exc).__name__}: {exc}")
             with contextlib.suppress(Exception):  # the app is shutting down
                 self.call_from_thread(self._deliver, done, result)
 
@@ -150,51 +164,36 @@ class PolluxApp(App[None]):
     def refresh_data(self) -> None:
         self.run_request(self._load, self._loaded, group="refresh")
 
-    def _load(self) -> tuple[dict[str, Any], dict[str, Any], str | None]:
-        status = self.source.request("status")
+    def _load(self) -> tuple[StatusReply, NodesReply | None, str | None]:
+        status = self.source.call(Status())
         try:
-            nodes = self.source.request("nodes")
-            note = None
-        except DaemonDown:
+            return status, self.source.call(Nodes()), None
+        except DaemonUnavailable:
             raise
-        except SourceError as exc:
-            nodes, note = {}, f"nodes: {exc}"
-        return status, nodes, note
+        except PolluxError as exc:
+            return status, None, f"nodes: {exc}"
 
     def _loaded(
-        self, result: tuple[dict[str, Any], dict[str, Any], str | None] | BaseException
+        self, result: tuple[StatusReply, NodesReply | None, str | None] | BaseException
     ) -> None:
         if isinstance(result, BaseException):
-            self.connected = not isinstance(result, DaemonDown)
+            self.connected = not isinstance(result, DaemonUnavailable)
             self.last_error = str(result)
             self.main.update_status_line()
             return
         self.connected = True
-        self.status, self.nodes, self.last_error = result
+        self.status, nodes, self.last_error = result
+        self.nodes = nodes if nodes is not None else NodesReply(nodes=[])
         self.apply_data()
 
     def apply_data(self) -> None:
         """Recompute rows, grid and cluster figures from the last replies and redraw."""
         self.rows = job_rows(self.status)
-        jobs = self.status.get("jobs")
-        self._raw_ids = {
-            str(job.get("id")): job.get("id")
-            for job in (jobs if isinstance(jobs, list) else [])
-            if isinstance(job, Mapping)
-        }
-        self.cells = node_cells(self.nodes, self.status)
+        self.cells = node_cells(self.nodes.nodes)
         now = self.clock()
-        cluster = self.status.get("cluster")
-        seeded = (
-            samples_from_history(cluster.get("history")) if isinstance(cluster, Mapping) else []
-        )
-        if seeded:
-            self.samples = deque(seeded, maxlen=HISTORY_SAMPLES)
-        else:
-            sample = cluster_sample(self.rows, self.cells, now)
-            if self.samples and self.samples[-1].time == now:
-                self.samples.pop()
-            self.samples.append(sample)
+        if self.samples and self.samples[-1].time == now:
+            self.samples.pop()
+        self.samples.append(cluster_sample(self.rows, self.cells, now))
         self.main.render_all()
 
     def device_counts(self) -> tuple[int, int]:
@@ -204,18 +203,19 @@ class PolluxApp(App[None]):
 
     # ---------------------------------------------------------------- screens
 
-    def _selected(self) -> tuple[Any, str] | None:
+    def _selected(self) -> tuple[str, str] | None:
+        """The selected job's id and a label naming it, or ``None`` (said) when none is."""
         job_id = self.main.selected_job_id()
         if job_id is None:
             self.notify("no job selected", severity="warning")
             return None
         name = next((r.name for r in self.rows if r.id == job_id), job_id)
-        return self._raw_ids.get(job_id, job_id), f"{job_id} ({name})"
+        return job_id, f"{job_id} ({name})"
 
     def show_job(self, job_id: str) -> None:
-        self.push_screen(JobScreen(self._raw_ids.get(job_id, job_id)))
+        self.push_screen(JobScreen(job_id))
 
-    def show_logs(self, job_id: Any) -> None:
+    def show_logs(self, job_id: str) -> None:
         self.push_screen(LogScreen(job_id))
 
     def action_help(self) -> None:
@@ -224,7 +224,7 @@ class PolluxApp(App[None]):
     def action_detail(self) -> None:
         selected = self._selected()
         if selected is not None:
-            self.push_screen(JobScreen(selected[0]))
+            self.show_job(selected[0])
 
     def action_follow_logs(self) -> None:
         selected = self._selected()
@@ -249,9 +249,9 @@ class PolluxApp(App[None]):
     # ---------------------------------------------------------------- actions on jobs
 
     def action_submit(self) -> None:
-        def submitted(fields: dict[str, Any] | None) -> None:
-            if fields:
-                self.act("submit", None, **fields)
+        def submitted(request: Submit | None) -> None:
+            if request is not None:
+                self.act(request, "submit")
 
         self.push_screen(SubmitScreen(self.workdir or os.getcwd()), submitted)
 
@@ -268,51 +268,46 @@ class PolluxApp(App[None]):
     def action_release_job(self) -> None:
         selected = self._selected()
         if selected is not None:
-            self.act("release", selected[0])
+            self.act(Release(id=selected[0]), f"release {selected[0]}")
 
     def action_priority_job(self) -> None:
         selected = self._selected()
         if selected is not None:
-            current = next((r.priority for r in self.rows if r.id == str(selected[0])), None)
+            current = next((r.priority for r in self.rows if r.id == selected[0]), None)
             self.ask_priority(selected[0], selected[1], current)
 
-    def confirm_and_act(self, action: str, job_id: Any, label: str) -> None:
-        """Ask before ``action`` (cancel/hold) on ``job_id``; act only on yes."""
-        question = QUESTIONS.get(action, f"{action} job {{}}?").format(label)
+    def confirm_and_act(self, action: str, job_id: str, label: str) -> None:
+        """Ask before ``action`` (``cancel`` or ``hold``) on ``job_id``; act only on yes."""
+        request: Request[Any] = Cancel(ids=[job_id]) if action == "cancel" else Hold(id=job_id)
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.act(action, job_id)
+                self.act(request, f"{action} {job_id}")
 
-        self.push_screen(ConfirmScreen(question), answered)
+        self.push_screen(ConfirmScreen(QUESTIONS[action].format(label)), answered)
 
-    def ask_priority(self, job_id: Any, label: str, current: int | None) -> None:
+    def ask_priority(self, job_id: str, label: str, current: int | None) -> None:
         def answered(value: int | None) -> None:
             if value is not None:
-                self.act("set_priority", job_id, priority=value)
+                self.act(SetPriority(id=job_id, priority=value), f"set priority {job_id}")
 
         self.push_screen(PriorityScreen(label, current), answered)
 
-    def act(self, action: str, job_id: Any, **fields: Any) -> None:
-        """Send an action request; show the daemon's answer (or error) and refresh."""
-        if action == "cancel":
-            fields = {"ids": [str(job_id)], **fields}
-        elif job_id is not None:
-            fields = {"id": str(job_id), **fields}
+    def act(self, request: Request[Any], what: str) -> None:
+        """Send an action request; say how it went (the daemon's error if it refused) and
+        refresh."""
 
-        def call() -> dict[str, Any]:
-            return self.source.request(action, **fields)
-
-        def done(result: dict[str, Any] | BaseException) -> None:
+        def done(result: Reply | BaseException) -> None:
             if isinstance(result, BaseException):
-                self.notify(f"{action} failed: {result}", severity="error", timeout=8)
+                self.notify(f"{what} failed: {result}", severity="error", timeout=8)
                 return
-            what = (
-                f"job {result['id']} submitted"
-                if action == "submit" and "id" in result
-                else (f"{action.replace('_', ' ')} {job_id}: done")
-            )
-            self.notify(what)
+            if isinstance(result, SubmitReply):
+                self.notify(f"job {result.id} submitted ({result.state})")
+            elif isinstance(result, CancelReply) and result.skipped:
+                skipped = ", ".join(f"{s.id} ({s.state})" for s in result.skipped)
+                self.notify(f"{what}: not cancelled, already ended: {skipped}", severity="warning")
+            else:
+                self.notify(f"{what}: done")
             self.refresh_data()
 
-        self.run_request(call, done, group=f"action-{action}")
+        self.run_request(lambda: self.source.call(request), done, group=f"action-{what}")

@@ -2,7 +2,8 @@
 
 The curves come from the pure core: predicted throughput from
 ``pollux_local.core.throughput.predict_throughput`` and statistical efficiency from
-``pollux_local.core.efficiency.efficiency``, both fed with what ``show`` returns.  Rendering
+``pollux_local.core.efficiency.efficiency``, both fed with what ``show`` returns (a typed
+:class:`pollux_local.api.JobDetail`).  Rendering
 returns ANSI text; plotext keeps one global figure, so rendering is serialised by a lock.
 """
 
@@ -11,14 +12,17 @@ from __future__ import annotations
 import math
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
+from pollux_local.api.messages import JobDetail
+from pollux_local.api.report import ProfileRow
+from pollux_local.core.throughput import ThroughputParams
 from pollux_local.core.types import BatchBounds, GradStats
-from pollux_local.tui.view import as_number
 
 _PLOT_LOCK = threading.Lock()
 
@@ -148,113 +152,72 @@ def _log2_ticks(lo: float, hi: float, most: int = 6) -> list[float]:
 # --------------------------------------------------------------------------------------------
 
 
-def section(detail: Mapping[str, Any], key: str) -> Any:
-    """``detail[key]``, else the same key inside the job's last ``report`` or its ``model``."""
-    value = detail.get(key)
-    if value is not None:
-        return value
-    for outer in ("report", "model"):
-        inner = detail.get(outer)
-        if isinstance(inner, Mapping) and inner.get(key) is not None:
-            return inner.get(key)
-    return None
-
-
-def model_params(detail: Mapping[str, Any]) -> Any | None:
-    """The job's fitted ``ThroughputParams`` from a ``show`` job, or ``None``."""
-    from pollux_local.core.throughput import ThroughputParams
-
-    raw: Any = None
-    model = detail.get("model")
-    if isinstance(model, Mapping):
-        raw = model.get("params", model)
-    for key in ("params", "throughput_params", "fitted_params"):
-        if raw is None or not isinstance(raw, Mapping):
-            raw = detail.get(key)
-    if not isinstance(raw, Mapping):
+def model_params(detail: JobDetail) -> ThroughputParams | None:
+    """The job's fitted ``ThroughputParams`` (``model.params``), or ``None`` before it has one
+    (or when the daemon's model has parameters this view does not know)."""
+    if detail.model is None:
         return None
     try:
-        return ThroughputParams.from_dict(
-            {k: float(v) for k, v in raw.items() if as_number(v) is not None}
-        )
+        return ThroughputParams.from_dict(detail.model.params)
     except (KeyError, TypeError, ValueError):
         return None
 
 
-def fit_from_profile(detail: Mapping[str, Any]) -> Any | None:
-    """Fit ``ThroughputParams`` with the core's ``fit_points`` (the model alone, as ``show``
-    reports it) from the job's profile, for daemons whose ``show`` carries the observations
-    but not the fitted parameters.  Malformed rows are skipped."""
-    from pollux_local.core.fitting import fit_points, points_from_rows
-    from pollux_local.core.pool import Point, Times
+def _profile(detail: JobDetail) -> list[ProfileRow]:
+    return list(detail.report.profile) if detail.report is not None else []
 
-    raw = section(detail, "profile")
-    points: dict[Point, Times] = {}
-    for item in raw if isinstance(raw, list) else []:
-        try:
-            points.update(points_from_rows([item]))
-        except ValueError:
-            continue
+
+def fit_from_profile(detail: JobDetail) -> ThroughputParams | None:
+    """Fit ``ThroughputParams`` with the core's ``fit_points`` (the model alone, as ``show``
+    reports it) from the profile of the job's report, for a job whose ``show`` carries the
+    observations but no fitted model yet."""
+    from pollux_local.core.fitting import fit_points, points_from_rows
+
     try:
+        points = points_from_rows(msgspec.structs.asdict(row) for row in _profile(detail))
         return fit_points(points, correct=False).params
     except ValueError:
         return None
 
 
-def grad_stats(detail: Mapping[str, Any]) -> GradStats | None:
-    raw = section(detail, "grad_stats")
-    if not isinstance(raw, Mapping):
-        return None
-    sqr, var = as_number(raw.get("sqr")), as_number(raw.get("var"))
-    if sqr is None or var is None:
-        return None
-    return GradStats(sqr=sqr, var=var)
+def grad_stats(detail: JobDetail) -> GradStats | None:
+    """The gradient statistics of the job's last report."""
+    stats = detail.report.grad_stats if detail.report is not None else None
+    return None if stats is None else GradStats(sqr=stats.sqr, var=stats.var)
 
 
-def batch_bounds(detail: Mapping[str, Any]) -> BatchBounds | None:
-    raw = section(detail, "bounds")
-    if not isinstance(raw, Mapping):
-        spec = detail.get("batch_bounds")  # the submit-time names
-        if not isinstance(spec, Mapping):
-            return None
-        raw = {
-            "base_batch": spec.get("batch_size"),
-            "max_batch": spec.get("max_batch_size"),
-            "min_local": spec.get("min_local_batch"),
-            "max_local": spec.get("max_local_batch"),
-        }
-    base, top = as_number(raw.get("base_batch")), as_number(raw.get("max_batch"))
-    if base is None:
-        return None
+def batch_bounds(detail: JobDetail) -> BatchBounds | None:
+    """The batch bounds the job runs under: its report's, else those it was submitted with
+    (``batch_bounds``, when they name a base batch)."""
     try:
+        reported = detail.report.bounds if detail.report is not None else None
+        if reported is not None:
+            return BatchBounds(
+                base_batch=reported.base_batch,
+                max_batch=reported.max_batch or reported.base_batch,
+                min_local=reported.min_local or 1,
+                max_local=reported.max_local,
+                accumulation=reported.accumulation,
+            )
+        submitted = detail.batch_bounds
+        if submitted.batch_size is None:
+            return None
         return BatchBounds(
-            base_batch=int(base),
-            max_batch=int(top) if top is not None else int(base),
-            min_local=int(as_number(raw.get("min_local")) or 1),
-            max_local=int(v) if (v := as_number(raw.get("max_local"))) is not None else None,
-            accumulation=bool(raw.get("accumulation", True)),
+            base_batch=submitted.batch_size,
+            max_batch=submitted.max_batch_size or submitted.batch_size,
+            min_local=submitted.min_local_batch or 1,
+            max_local=submitted.max_local_batch,
         )
-    except ValueError:
+    except ValueError:  # bounds the core refuses (max below base): no efficiency curve
         return None
 
 
-def profile_points(detail: Mapping[str, Any]) -> list[tuple[int, int, int, float]]:
+def profile_points(detail: JobDetail) -> list[tuple[int, int, int, float]]:
     """(nodes, replicas, m, observed examples/s of a synchronising step) per profile point."""
-    out = []
-    raw = section(detail, "profile")
-    for item in raw if isinstance(raw, list) else []:
-        if not isinstance(item, Mapping):
-            continue
-        k, m, step = (
-            as_number(item.get("replicas")),
-            as_number(item.get("local_batch")),
-            as_number(item.get("step_s")),
-        )
-        if k is None or m is None or step is None or step <= 0:
-            continue
-        n = as_number(item.get("nodes")) or 1.0
-        out.append((int(n), int(k), int(m), k * m / step))
-    return out
+    return [
+        (row.nodes, row.replicas, row.local_batch, row.replicas * row.local_batch / row.step_s)
+        for row in _profile(detail)
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -262,23 +225,23 @@ def profile_points(detail: Mapping[str, Any]) -> list[tuple[int, int, int, float
 # --------------------------------------------------------------------------------------------
 
 
-def throughput_plot(detail: Mapping[str, Any], max_devices: int, devices_per_node: int) -> PlotSpec:
+def throughput_plot(detail: JobDetail, max_devices: int, devices_per_node: int) -> PlotSpec:
     """Predicted examples/s vs device count at the job's micro-batch (s = 1), observed points."""
+    from pollux_local.core.throughput import predict_throughput
+
     title = "throughput vs devices"
-    try:
-        params = model_params(detail)
-        from pollux_local.core.throughput import predict_throughput
-    except ImportError as exc:
-        return PlotSpec(title, note=f"throughput model unavailable: {exc}")
     points = profile_points(detail)
+    params = model_params(detail)
     if params is None:
         params = fit_from_profile(detail)
         if params is not None:
             title = "throughput vs devices (fit of profile)"
     if params is None:
         return PlotSpec(title, note="no fitted model yet (the job has not reported a profile)")
-    local = as_number(detail.get("local_batch"))
-    if local is None:
+    local: float
+    if detail.local_batch is not None:
+        local = float(detail.local_batch)
+    else:
         bounds = batch_bounds(detail)
         local = float(points[-1][2]) if points else float(bounds.base_batch if bounds else 1)
     per_node = max(devices_per_node, 1)
@@ -298,40 +261,38 @@ def throughput_plot(detail: Mapping[str, Any], max_devices: int, devices_per_nod
     return PlotSpec(title, tuple(series), xlabel="devices", ylabel="examples/s", integer_x=True)
 
 
-def efficiency_plot(detail: Mapping[str, Any]) -> PlotSpec:
+def efficiency_plot(detail: JobDetail) -> PlotSpec:
     """Statistical efficiency vs total batch M at the job's current noise scale."""
+    from pollux_local.core.efficiency import efficiency
+
     title = "efficiency vs batch size"
     stats, bounds = grad_stats(detail), batch_bounds(detail)
     if stats is None or bounds is None:
         return PlotSpec(title, note="no gradient statistics yet")
-    try:
-        from pollux_local.core.efficiency import efficiency
-    except ImportError as exc:
-        return PlotSpec(title, note=f"efficiency model unavailable: {exc}")
     top = max(bounds.max_batch, bounds.base_batch * 2)
     batches = np.unique(np.geomspace(bounds.base_batch, top, 40).round())
     eff = np.asarray(efficiency(stats, bounds.base_batch, batches), dtype=float)
     series = [Series(batches.tolist(), eff.tolist(), "efficiency")]
-    current = as_number(detail.get("batch_size"))
+    current = detail.batch_size
     if current is not None and current >= bounds.base_batch:
         now = float(np.asarray(efficiency(stats, bounds.base_batch, np.array([current])))[0])
-        series.append(Series([current], [now], f"now M={int(current)}", lines=False, marker="o"))
+        series.append(Series([current], [now], f"now M={current}", lines=False, marker="o"))
     return PlotSpec(title, tuple(series), xlabel="batch size M", xlog=True)
 
 
-def history_plot(detail: Mapping[str, Any]) -> PlotSpec:
+def history_plot(detail: JobDetail) -> PlotSpec:
     """Goodput and noise scale over the job's history (each scaled to its own maximum)."""
     title = "goodput & noise scale over time"
-    history = section(detail, "history")
-    rows = [h for h in history if isinstance(h, Mapping)] if isinstance(history, list) else []
-    times = [as_number(h.get("time")) for h in rows]
-    if not rows or any(t is None for t in times):
+    history = detail.history
+    if not history:
         return PlotSpec(title, note="no history yet")
-    start = min(t for t in times if t is not None)
-    minutes = [((t or start) - start) / 60.0 for t in times]
+    start = min(h.time for h in history)
+    minutes = [(h.time - start) / 60.0 for h in history]
     series = []
-    for key, label in (("goodput", "goodput"), ("noise_scale", "noise scale")):
-        values = [as_number(h.get(key)) for h in rows]
+    for values, label in (
+        ([h.goodput for h in history], "goodput"),
+        ([h.noise_scale for h in history], "noise scale"),
+    ):
         pairs = [(x, v) for x, v in zip(minutes, values, strict=True) if v is not None]
         if not pairs:
             continue
@@ -342,22 +303,6 @@ def history_plot(detail: Mapping[str, Any]) -> PlotSpec:
     if not series:
         return PlotSpec(title, note="no history yet")
     return PlotSpec(title, tuple(series), xlabel="minutes", ylabel="fraction of max")
-
-
-def noise_scale(detail: Mapping[str, Any]) -> float | None:
-    """The job's gradient noise scale: as sent, else from its grad stats with the core."""
-    value = as_number(detail.get("noise_scale"))
-    if value is not None:
-        return value
-    stats, bounds = grad_stats(detail), batch_bounds(detail)
-    if stats is None or bounds is None:
-        return None
-    from pollux_local.core.efficiency import noise_scale as core_noise_scale
-
-    try:
-        return as_number(core_noise_scale(stats, bounds.base_batch))
-    except (ValueError, ZeroDivisionError):
-        return None
 
 
 def cluster_plot(

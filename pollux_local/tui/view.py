@@ -1,19 +1,22 @@
-"""Pure view logic of the TUI: rows of the jobs table, the device grid, cluster figures.
+"""Pure view logic of the TUI: rows of the jobs table, the device grid, cluster figures, logs.
 
-Everything here reads the daemon's response dictionaries and tolerates missing or ``None``
-fields (shown as ``-``).  No textual import, no I/O.
+Everything here reads the typed replies of :mod:`pollux_local.api` (``JobSummary``,
+``NodeRow``, ``LogsReply``), already validated by the client; a value the daemon may leave
+unknown (``None``) is shown as ``-``.  No textual import, no I/O.
 """
 
 from __future__ import annotations
 
-import math
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-STATES = ("queued", "running", "rescaling", "held", "succeeded", "failed", "cancelled")
-ACTIVE_STATES = frozenset({"running", "rescaling"})
+from pollux_local.api.messages import JobSummary, Logs, LogsReply, NodeRow, StatusReply
+from pollux_local.api.states import PLACED_STATES, JobState
+
+#: Job states in their sort order.
+STATES = tuple(state.value for state in JobState)
 DASH = "-"
 
 #: Colours given to jobs on the device grid (cycled by a stable hash of the job id).
@@ -39,22 +42,6 @@ DOWN_COLOUR = "#5a0000"
 def job_colour(job_id: str) -> str:
     """A colour for ``job_id`` that does not change between refreshes."""
     return JOB_COLOURS[zlib.crc32(job_id.encode()) % len(JOB_COLOURS)]
-
-
-def as_number(value: Any) -> float | None:
-    """A finite float from a daemon field, or None (missing, non-numeric, bool, inf, nan)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
-
-
-def _int(value: Any) -> int | None:
-    num = as_number(value)
-    return None if num is None else int(num)
 
 
 def fmt_number(value: float | None, digits: int = 1) -> str:
@@ -89,35 +76,19 @@ def fmt_progress(value: float | None) -> str:
     return f"{fmt_number(value, 1 if abs(value) >= 1000 else 0)} it"
 
 
-def fmt_placement(placement: Any) -> str:
+def fmt_placement(placement: Mapping[str, Sequence[str]]) -> str:
     """``{"ws1": ["cuda:0", "cuda:1"], "ws2": ["cuda:0"]}`` -> ``'ws1:0,1 ws2:0'``."""
-    if not isinstance(placement, Mapping) or not placement:
+    if not placement:
         return DASH
-    parts = []
-    for node, devices in placement.items():
-        if isinstance(devices, list | tuple):
-            short = ",".join(str(d).split(":")[-1] for d in devices)
-        else:
-            short = str(devices)
-        parts.append(f"{node}:{short}")
-    return " ".join(parts)
-
-
-def placement_count(placement: Any) -> int:
-    if not isinstance(placement, Mapping):
-        return 0
-    total = 0
-    for devices in placement.values():
-        if isinstance(devices, list | tuple):
-            total += len(devices)
-        else:
-            total += _int(devices) or 0
-    return total
+    return " ".join(
+        f"{node}:{','.join(device.split(':')[-1] for device in devices)}"
+        for node, devices in placement.items()
+    )
 
 
 @dataclass(frozen=True)
 class JobRow:
-    """One line of the jobs table, already parsed (``None`` = unknown)."""
+    """One line of the jobs table (``None`` = unknown)."""
 
     id: str
     name: str
@@ -127,15 +98,15 @@ class JobRow:
     where: str
     local_batch: int | None
     accum_steps: int | None
-    replicas: int | None
+    replicas: int
     batch_size: int | None
     goodput: float | None
     efficiency: float | None
     speedup: float | None
     progress: float | None
     eta_s: float | None
-    restarts: int | None
-    priority: int | None
+    restarts: int
+    priority: int
 
     @property
     def batch_text(self) -> str:
@@ -159,7 +130,7 @@ class JobRow:
             DASH if self.speedup is None else f"{self.speedup:.2f}x",
             fmt_progress(self.progress),
             fmt_duration(self.eta_s),
-            DASH if self.restarts is None else str(self.restarts),
+            str(self.restarts),
         )
 
 
@@ -181,46 +152,31 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 SORT_KEYS = tuple(key for key, _ in COLUMNS)
 
 
-def job_placement(job: Mapping[str, Any]) -> Any:
-    """The job's ``{node: [devices]}`` (``placement``, or ``devices`` as the daemon sends it)."""
-    placement = job.get("placement")
-    if not isinstance(placement, Mapping):
-        placement = job.get("devices")
-    return placement
-
-
-def job_row(job: Mapping[str, Any]) -> JobRow:
-    """Parse one job of a ``status`` response."""
-    placement = job_placement(job)
-    gpus = _int(job.get("gpus"))
-    if gpus is None:
-        gpus = placement_count(placement)
+def job_row(job: JobSummary) -> JobRow:
+    """One job of ``status`` (or the job of ``show``) as a table row."""
     return JobRow(
-        id=str(job.get("id", "?")),
-        name=str(job.get("name") or job.get("id") or "?"),
-        owner=str(job.get("owner") or DASH),
-        state=str(job.get("state") or "unknown"),
-        gpus=gpus,
-        where=fmt_placement(placement),
-        local_batch=_int(job.get("local_batch")),
-        accum_steps=_int(job.get("accum_steps")),
-        replicas=_int(job.get("replicas")),
-        batch_size=_int(job.get("batch_size")),
-        goodput=as_number(job.get("goodput")),
-        efficiency=as_number(job.get("efficiency")),
-        speedup=as_number(job.get("speedup")),
-        progress=as_number(job.get("progress")),
-        eta_s=as_number(job.get("eta_s")),
-        restarts=_int(job.get("restarts")),
-        priority=_int(job.get("priority")),
+        id=job.id,
+        name=job.name,
+        owner=job.owner,
+        state=job.state.value,
+        gpus=job.gpus,
+        where=fmt_placement(job.devices),
+        local_batch=job.local_batch,
+        accum_steps=job.accum_steps,
+        replicas=job.replicas,
+        batch_size=job.batch_size,
+        goodput=job.goodput,
+        efficiency=job.efficiency,
+        speedup=job.speedup,
+        progress=job.progress,
+        eta_s=job.eta_s,
+        restarts=job.restarts,
+        priority=job.priority,
     )
 
 
-def job_rows(status: Mapping[str, Any]) -> list[JobRow]:
-    jobs = status.get("jobs")
-    if not isinstance(jobs, list):
-        return []
-    return [job_row(job) for job in jobs if isinstance(job, Mapping)]
+def job_rows(status: StatusReply) -> list[JobRow]:
+    return [job_row(job) for job in status.jobs]
 
 
 def _id_key(job_id: str) -> tuple[int, str]:
@@ -324,89 +280,25 @@ class NodeCells:
     devices: tuple[DeviceCell, ...] = field(default_factory=tuple)
 
 
-_EXTERNAL_WORDS = frozenset({"external", "busy_external", "foreign", "used", "other"})
-_DOWN_WORDS = frozenset({"down", "unreachable", "offline", "lost"})
-
-
-def _device_entry(
-    node: str,
-    raw: Any,
-    node_up: bool,
-    holders: Mapping[tuple[str, str], str],
-    external: frozenset[str] = frozenset(),
-) -> DeviceCell:
-    if isinstance(raw, Mapping):
-        device = str(raw.get("id") or raw.get("device") or raw.get("name") or "?")
-        job = raw.get("job") if raw.get("job") is not None else raw.get("job_id")
-        job = None if job in (None, "") else str(job)
-        word = str(raw.get("state") or raw.get("status") or "").lower()
-        if raw.get("external") is True:
-            word = "external"
-        if raw.get("up") is False:
-            word = "down"
-    else:
-        device, job, word = str(raw), None, ""
-    if job is None:
-        job = holders.get((node, device))
-    if device in external:
-        word = word or "external"
-    if not node_up or word in _DOWN_WORDS:
-        return DeviceCell(node, device, "down", job)
-    if job is not None:
-        return DeviceCell(node, device, "job", job)
-    if word in _EXTERNAL_WORDS:
-        return DeviceCell(node, device, "external")
-    return DeviceCell(node, device, "free")
-
-
-def device_holders(status: Mapping[str, Any]) -> dict[tuple[str, str], str]:
-    """(node, device) -> job id, from the jobs' placements (for node lists without holders)."""
-    holders: dict[tuple[str, str], str] = {}
-    jobs = status.get("jobs")
-    for job in jobs if isinstance(jobs, list) else []:
-        if not isinstance(job, Mapping) or job.get("state") not in ACTIVE_STATES:
-            continue
-        placement = job_placement(job)
-        if not isinstance(placement, Mapping):
-            continue
-        for node, devices in placement.items():
-            if isinstance(devices, list | tuple):
-                for dev in devices:
-                    holders[(str(node), str(dev))] = str(job.get("id"))
-    return holders
-
-
-def node_cells(nodes: Mapping[str, Any], status: Mapping[str, Any]) -> list[NodeCells]:
-    """Parse a ``nodes`` response into the device grid."""
-    raw_nodes = nodes.get("nodes")
-    holders = device_holders(status)
+def node_cells(nodes: Sequence[NodeRow]) -> list[NodeCells]:
+    """The device grid from ``nodes``: each node's devices, the job holding each (``jobs``),
+    those busy outside the scheduler (``busy``); every device of a node that is down is down."""
     out: list[NodeCells] = []
-    if isinstance(raw_nodes, Mapping):  # {"ws1": {...}} form
-        raw_nodes = [
-            dict(v, name=k) if isinstance(v, Mapping) else {"name": k} for k, v in raw_nodes.items()
-        ]
-    for raw in raw_nodes if isinstance(raw_nodes, list) else []:
-        if not isinstance(raw, Mapping):
-            continue
-        name = str(raw.get("name") or raw.get("node") or "?")
-        up = raw.get("up", raw.get("reachable", True)) is not False
-        state = str(raw.get("state") or "").lower()
-        if state in _DOWN_WORDS:
-            up = False
-        devices = raw.get("devices")
-        if isinstance(devices, int):
-            devices = [f"dev:{i}" for i in range(devices)]
-        node_holders = dict(holders)
-        jobs_on_node = raw.get("jobs")  # {device: job id}, as the daemon sends it
-        if isinstance(jobs_on_node, Mapping):
-            node_holders.update({(name, str(d)): str(j) for d, j in jobs_on_node.items()})
-        busy = raw.get("busy")  # devices used by processes outside the scheduler
-        external = frozenset(str(d) for d in busy) if isinstance(busy, list) else frozenset()
-        cells = tuple(
-            _device_entry(name, d, up, node_holders, external)
-            for d in (devices if isinstance(devices, list) else [])
-        )
-        out.append(NodeCells(name, up, cells))
+    for node in nodes:
+        busy = frozenset(node.busy)
+        cells = []
+        for device in node.devices:
+            job = node.jobs.get(device)
+            if not node.up:
+                cell = DeviceCell(node.name, device, "down", job)
+            elif job is not None:
+                cell = DeviceCell(node.name, device, "job", job)
+            elif device in busy:
+                cell = DeviceCell(node.name, device, "external")
+            else:
+                cell = DeviceCell(node.name, device, "free")
+            cells.append(cell)
+        out.append(NodeCells(node.name, node.up, tuple(cells)))
     return out
 
 
@@ -436,7 +328,7 @@ class ClusterSample:
 def cluster_sample(rows: Sequence[JobRow], cells: Sequence[NodeCells], now: float) -> ClusterSample:
     devices_up = sum(1 for n in cells for d in n.devices if d.status != "down")
     busy = sum(1 for n in cells for d in n.devices if d.status == "job")
-    running = [r for r in rows if r.state in ACTIVE_STATES]
+    running = [r for r in rows if r.state in PLACED_STATES]
     if not cells:  # no node list: fall back on the jobs' own counts
         busy = sum(r.gpus for r in running)
     weight = sum(max(r.gpus, 1) for r in running if r.efficiency is not None)
@@ -451,35 +343,11 @@ def cluster_sample(rows: Sequence[JobRow], cells: Sequence[NodeCells], now: floa
         utilisation=(busy / devices_up) if devices_up else None,
         efficiency=eff,
         goodput=sum(r.goodput or 0.0 for r in running),
-        queued=sum(1 for r in rows if r.state == "queued"),
+        queued=sum(1 for r in rows if r.state == JobState.QUEUED),
         running=len(running),
         devices_up=devices_up,
         devices_busy=busy,
     )
-
-
-def samples_from_history(history: Any) -> list[ClusterSample]:
-    """Parse a ``cluster.history`` list (when the daemon sends one) into samples."""
-    out: list[ClusterSample] = []
-    for item in history if isinstance(history, list) else []:
-        if not isinstance(item, Mapping):
-            continue
-        t = as_number(item.get("time"))
-        if t is None:
-            continue
-        out.append(
-            ClusterSample(
-                time=t,
-                utilisation=as_number(item.get("utilisation")),
-                efficiency=as_number(item.get("efficiency")),
-                goodput=as_number(item.get("goodput")) or 0.0,
-                queued=_int(item.get("queued")) or 0,
-                running=_int(item.get("running")) or 0,
-                devices_up=_int(item.get("devices_up")) or 0,
-                devices_busy=_int(item.get("devices_busy")) or 0,
-            )
-        )
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -492,22 +360,15 @@ LOG_FOLLOW_LINES = 2000
 LOG_TAIL_BYTES = 65536
 
 
-def tail_fields(job_id: Any) -> dict[str, Any]:
+def tail_request(job_id: str) -> Logs:
     """A ``logs`` request for the last :data:`LOG_TAIL_BYTES` of rank 0's log."""
-    return {"id": str(job_id), "offset": -LOG_TAIL_BYTES, "max_bytes": LOG_TAIL_BYTES}
+    return Logs(id=job_id, offset=-LOG_TAIL_BYTES, max_bytes=LOG_TAIL_BYTES)
 
 
-def log_lines(reply: Mapping[str, Any]) -> list[str]:
-    """The lines of a ``logs`` reply (a list under ``lines``, or text under text/data/log)."""
-    lines = reply.get("lines")
-    if isinstance(lines, list):
-        return [str(line).rstrip("\n") for line in lines]
-    for key in ("text", "data", "log", "content"):
-        text = reply.get(key)
-        if isinstance(text, str):
-            out = text.splitlines()
-            size, end = as_number(reply.get("size")), as_number(reply.get("offset"))
-            if out and size is not None and end is not None and end - len(text.encode()) > 0:
-                out = out[1:]  # the chunk starts mid-line
-            return out
-    return []
+def log_lines(reply: LogsReply) -> list[str]:
+    """The whole lines of a ``logs`` reply: ``data`` ends at byte ``offset`` of the log, so a
+    chunk that starts after byte 0 may start in the middle of a line, which is dropped."""
+    lines = reply.data.splitlines()
+    if lines and reply.offset - len(reply.data.encode()) > 0:
+        lines = lines[1:]
+    return lines

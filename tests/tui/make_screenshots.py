@@ -1,4 +1,8 @@
-"""Write an SVG screenshot of every TUI screen (sample data) to docs/screenshots/.
+"""Write an SVG screenshot of every TUI screen (the demo's sample data) to docs/screenshots/.
+
+The demo (``pollux_local.tui.demo``) shows what one recording cannot: three nodes, one down,
+a device used outside the scheduler, a dozen jobs.  Its replies are decoded through the api
+reply types like a real daemon's.
 
 Run: ``python tests/tui/make_screenshots.py`` from the repository root.
 """
@@ -13,7 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from pollux_local.tui.app import PolluxApp  # noqa: E402
-from pollux_local.tui.source import FixedSource, demo_data  # noqa: E402
+from pollux_local.tui.demo import DEMO_NOW, demo_recording  # noqa: E402
+from pollux_local.tui.source import FixedSource  # noqa: E402
 
 OUT = REPO / "docs" / "screenshots"
 
@@ -31,9 +36,9 @@ SHOTS: dict[str, list[str]] = {
 
 
 async def shoot(name: str, keys: list[str]) -> None:
-    source = FixedSource(demo_data(n_jobs=14, n_nodes=3, devices_per_node=4))
+    source = FixedSource(demo_recording(n_jobs=14, n_nodes=3, devices_per_node=4))
     source.down = name == "daemon-down.svg"
-    app = PolluxApp(source, sync=True, refresh_s=3600, clock=lambda: 1_732_323_000.0)
+    app = PolluxApp(source, sync=True, refresh_s=3600, clock=lambda: DEMO_NOW)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         if keys:

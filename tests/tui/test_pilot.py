@@ -1,7 +1,13 @@
-"""Pilot tests: drive the app with keys against canned data and check its state."""
+"""Pilot tests: drive the app with keys against a real daemon's recorded replies.
+
+The recording (``fixtures/daemon_replies.json``) holds seven jobs on one node with two CPU
+devices: 1 tabular-mlp (succeeded), 2 preprocess (failed), 3 steady-a and 4 steady-b (running,
+one device each), 5 on-hold (held), 6 mistake (cancelled), 7 wide (queued, needs both devices).
+"""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any
@@ -9,19 +15,24 @@ from typing import Any
 import pytest
 from textual.widgets import Input
 
+from pollux_local import api
+from pollux_local.tui.recording import Recording
 from pollux_local.tui.screens.confirm import ConfirmScreen
 from pollux_local.tui.screens.help import HelpScreen
 from pollux_local.tui.screens.job_detail import JobScreen
 from pollux_local.tui.screens.logs import LogScreen
 from pollux_local.tui.screens.priority import PriorityScreen
 from pollux_local.tui.screens.submit import SubmitScreen
-from pollux_local.tui.source import FixedSource, SourceError, demo_data
+from pollux_local.tui.source import FixedSource
 from pollux_local.tui.widgets.device_grid import DeviceGrid
 from pollux_local.tui.widgets.job_table import JobTable
 from pollux_local.tui.widgets.plot_view import PlotView
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 SIZE = (120, 40)
+#: From the first row (job 1) to the running job steady-a (job 3) / steady-b (job 4).
+TO_STEADY_A = ("down", "down")
+TO_STEADY_B = ("down", "down", "down")
 
 
 def table_ids(app: Any) -> list[str]:
@@ -32,18 +43,25 @@ def status_text(app: Any, selector: str = "#status") -> str:
     return str(app.screen.query_one(selector).render())
 
 
+def row(app: Any, job_id: str) -> Any:
+    return next(r for r in app.rows if r.id == job_id)
+
+
 async def test_main_screen_shows_jobs_grid_and_cluster(source: FixedSource, make_app: Any) -> None:
     app = make_app(source, sync=True)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        assert table_ids(app) == [f"j{i:03d}" for i in range(1, 13)]
-        grid = app.query_one("#grid", DeviceGrid)
-        text = grid.render().plain
-        assert "ws1" in text and "ws3" in text and "down" in text and "external" in text
-        assert "resnet-1" in text  # the job holding ws1's first device
+        assert table_ids(app) == [str(i) for i in range(1, 8)]
+        assert [r.state for r in app.rows] == [
+            "succeeded", "failed", "running", "running", "held", "cancelled", "queued",
+        ]  # fmt: skip
+        text = app.query_one("#grid", DeviceGrid).render().plain
+        assert "0:steady-a" in text and "1:steady-b" in text
         figures = str(app.query_one("#cluster-figures").render())
-        assert "utilisation" in figures and "queue" in figures
-        assert "12 jobs" in status_text(app)
+        assert "utilisation 100% (2/2 devices)" in figures
+        assert "running 2 · queue 1" in figures
+        assert "7 jobs" in status_text(app)
+        assert row(app, "3").batch_text == "16×1×1=16" and row(app, "3").goodput
 
 
 async def test_sort_and_filter_keys(source: FixedSource, make_app: Any) -> None:
@@ -61,63 +79,89 @@ async def test_sort_and_filter_keys(source: FixedSource, make_app: Any) -> None:
         )
         await pilot.press("slash")
         assert app.query_one("#filter", Input).has_focus
-        await pilot.press(*"owner:alice", "enter")
+        await pilot.press(*"state:running,held", "enter")
         await pilot.pause()
-        ids = table_ids(app)
-        owners = {r.owner for r in app.rows if r.id in ids}
-        assert ids and owners == {"alice"}
-        assert len(ids) < 12
-        assert "owner:alice" in status_text(app)
-        await pilot.press("slash", "ctrl+u", *"state:queued", "enter")
+        assert sorted(table_ids(app)) == ["3", "4", "5"]
+        assert "state:held,running" in status_text(app) and "(3 shown)" in status_text(app)
+        owner = row(app, "1").owner
+        await pilot.press("slash", "ctrl+u", *f"owner:{owner} steady", "enter")
         await pilot.pause()
-        assert {r.state for r in app.rows if r.id in table_ids(app)} == {"queued"}
+        assert sorted(table_ids(app)) == ["3", "4"]
+        await pilot.press("slash", "ctrl+u", *"owner:nobody", "enter")
+        await pilot.pause()
+        assert table_ids(app) == []
 
 
 async def test_detail_screen_plots_decisions_and_logs(source: FixedSource, make_app: Any) -> None:
     app = make_app(source, sync=True)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        await pilot.press("down", "enter")
+        await pilot.press(*TO_STEADY_A, "enter")
         await pilot.pause()
         screen = app.screen
-        assert isinstance(screen, JobScreen) and screen.job_id == "j002"
-        assert ("show", {"id": "j002"}) in source.calls
+        assert isinstance(screen, JobScreen) and screen.job_id == "3"
+        assert api.Show(id="3") in source.calls
         tp = screen.query_one("#plot-throughput", PlotView)
-        assert tp.spec.note is None and tp.spec.series
+        assert tp.spec.note is None and tp.spec.title == "throughput vs devices"
         assert "throughput vs devices" in tp.render().plain
         assert screen.query_one("#plot-efficiency", PlotView).spec.note is None
-        assert "speedup" in str(screen.query_one("#decisions").render())
-        assert screen.log_lines and "epoch 29" in screen.log_lines[-1]
+        assert screen.query_one("#plot-history", PlotView).spec.note is None
+        decisions = str(screen.query_one("#decisions").render())
+        assert "resize" in decisions and "start" in decisions and "submitted" in decisions
+        assert screen.log_lines and screen.log_lines[-1].startswith("epoch ")
+        assert "steady-a" in status_text(app, "#job-status")
         await pilot.press("escape")
         assert not isinstance(app.screen, JobScreen)
+
+
+async def test_detail_of_a_job_without_a_model(source: FixedSource, make_app: Any) -> None:
+    app = make_app(source, sync=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("enter")  # job 1, succeeded: a report (profile) but no model
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, JobScreen) and screen.job_id == "1"
+        tp = screen.query_one("#plot-throughput", PlotView).spec
+        assert tp.title == "throughput vs devices (fit of profile)" and tp.note is None
+        assert "TARGET REACHED" in screen.log_lines[-1]
+        await pilot.press("escape", "down", "enter")  # job 2, failed: nothing reported
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, JobScreen) and screen.job_id == "2"
+        assert "no fitted model" in (screen.query_one("#plot-throughput", PlotView).spec.note or "")
+        assert "failed" in str(screen.query_one("#decisions").render())
 
 
 async def test_cancel_asks_first_and_refuses_on_no(source: FixedSource, make_app: Any) -> None:
     app = make_app(source, sync=True)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        await pilot.press("c")
+        await pilot.press(*TO_STEADY_A, "c")
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("n")
-        assert not any(kind == "cancel" for kind, _ in source.calls)
+        assert not any(isinstance(call, api.Cancel) for call in source.calls)
         await pilot.press("c")
         await pilot.press("y")
         await pilot.pause()
-        assert ("cancel", {"ids": ["j001"]}) in source.calls
-        assert next(r for r in app.rows if r.id == "j001").state == "cancelled"
+        assert api.Cancel(ids=["3"]) in source.calls
+        assert row(app, "3").state == "cancelled"
+        grid = {(c.device, c.status) for n in app.cells for c in n.devices}
+        assert ("cpu:0", "free") in grid and ("cpu:1", "job") in grid
 
 
 async def test_hold_release_and_priority(source: FixedSource, make_app: Any) -> None:
     app = make_app(source, sync=True)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
         await pilot.pause()
-        await pilot.press("h", "y")
+        await pilot.press(*TO_STEADY_B, "h", "y")
         await pilot.pause()
-        assert ("hold", {"id": "j001"}) in source.calls
-        assert next(r for r in app.rows if r.id == "j001").state == "held"
+        assert api.Hold(id="4") in source.calls
+        assert row(app, "4").state == "held" and row(app, "4").gpus == 0
         await pilot.press("u")
         await pilot.pause()
-        assert ("release", {"id": "j001"}) in source.calls
+        assert api.Release(id="4") in source.calls
+        assert row(app, "4").state == "queued"
         await pilot.press("p")
         assert isinstance(app.screen, PriorityScreen)
         await pilot.press("ctrl+u", *"x1", "enter")
@@ -125,21 +169,28 @@ async def test_hold_release_and_priority(source: FixedSource, make_app: Any) -> 
         assert "not an integer" in str(app.screen.query_one("#error").render())
         await pilot.press("ctrl+u", "7", "enter")
         await pilot.pause()
-        assert ("set_priority", {"id": "j001", "priority": 7}) in source.calls
-        assert next(r for r in app.rows if r.id == "j001").priority == 7
+        assert api.SetPriority(id="4", priority=7) in source.calls
+        assert row(app, "4").priority == 7
+        messages = [n.message for n in app._notifications]
+        assert "hold 4: done" in messages and "set priority 4: done" in messages
 
 
 async def test_daemon_errors_are_shown_not_crashed_on(source: FixedSource, make_app: Any) -> None:
-    source.fail["cancel"] = "only alice (or an admin) may cancel job j001"
+    source.fail[api.Cancel] = api.PermissionDenied(
+        "job 3 belongs to alice; only its owner or an admin may cancel it"
+    )
     app = make_app(source, sync=True)
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         await pilot.pause()
-        await pilot.press("c", "y")
+        await pilot.press(*TO_STEADY_A, "c", "y")
+        await pilot.pause()
+        await pilot.press("home", "u")  # job 1 has succeeded: the daemon says it is not held
         await pilot.pause()
         messages = [n.message for n in app._notifications]
-        assert any("cancel failed: only alice" in m for m in messages)
-        assert next(r for r in app.rows if r.id == "j001").state != "cancelled"
-        assert app.is_running
+        assert any(m.startswith("cancel 3 failed: job 3 belongs to alice") for m in messages)
+        assert "release 1 failed: job 1 is not held (it is succeeded)" in messages
+        assert row(app, "3").state == "running"
+        assert app.is_running and app.connected is True
 
 
 async def test_daemon_down_is_said_and_reconnects(source: FixedSource, make_app: Any) -> None:
@@ -157,6 +208,41 @@ async def test_daemon_down_is_said_and_reconnects(source: FixedSource, make_app:
         assert "DAEMON DOWN" not in status_text(app)
 
 
+class ErrorSource(FixedSource):
+    """``status`` fails with ``error`` (once set)."""
+
+    error: api.PolluxError | None = None
+
+    def call(self, request: Any) -> Any:
+        if self.error is not None and isinstance(request, api.Status):
+            raise self.error
+        return super().call(request)
+
+
+@pytest.mark.parametrize(
+    ("error", "down"),
+    [
+        (api.DaemonUnavailable("the words do not matter"), True),
+        (api.PolluxError("no daemon is running (but this is a refusal)"), False),
+        (api.InternalError("lost the connection to the database"), False),
+        (api.ProtocolError("unexpected reply from the daemon"), False),
+    ],
+)
+async def test_down_is_told_by_the_error_class_not_its_text(
+    recording: Recording, make_app: Any, error: api.PolluxError, down: bool
+) -> None:
+    source = ErrorSource(recording)
+    app = make_app(source, sync=True, refresh_s=3600)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        source.error = error
+        app.refresh_data()
+        await pilot.pause()
+        assert app.connected is (not down)
+        assert ("DAEMON DOWN" in status_text(app)) is down
+        assert str(error) in status_text(app)
+
+
 async def test_submit_form_validates_and_sends(source: FixedSource, make_app: Any) -> None:
     app = make_app(source, sync=True)
     async with app.run_test(size=SIZE) as pilot:
@@ -171,22 +257,27 @@ async def test_submit_form_validates_and_sends(source: FixedSource, make_app: An
         assert isinstance(app.screen, SubmitScreen)
         assert "min devices 3 > max devices 2" in str(app.screen.query_one("#error").render())
         app.screen.query_one("#f-min_gpus", Input).value = "1"
-        app.screen.query_one("#f-name", Input).value = "tiny"
+        app.screen.query_one("#f-name", Input).value = "\x1b[31mred"  # the daemon refuses it
         await pilot.pause(0.3)  # a button ignores presses during its 0.2 s press animation
+        await pilot.click("#submit")
+        assert isinstance(app.screen, SubmitScreen)
+        assert "name" in str(app.screen.query_one("#error").render())
+        app.screen.query_one("#f-name", Input).value = "tiny"
+        await pilot.pause(0.3)
         await pilot.click("#submit")
         await pilot.pause()
         assert not isinstance(app.screen, SubmitScreen)
-        sent = [f for kind, f in source.calls if kind == "submit"]
+        sent = [call for call in source.calls if isinstance(call, api.Submit)]
         assert sent == [
-            {
-                "argv": ["train.py", "--epochs", "3", "--lr", "0.1"],
-                "name": "tiny",
-                "min_gpus": 1,
-                "max_gpus": 2,
-                "workdir": "/work/lab",
-            }
+            api.Submit(
+                argv=[sys.executable, "-u", "train.py", "--epochs", "3", "--lr", "0.1"],
+                name="tiny",
+                min_gpus=1,
+                max_gpus=2,
+                workdir="/work/lab",
+            )
         ]
-        assert any(r.name == "tiny" and r.state == "queued" for r in app.rows)
+        assert row(app, "8").name == "tiny" and row(app, "8").state == "queued"
 
 
 async def test_help_and_log_follow(source: FixedSource, make_app: Any) -> None:
@@ -196,19 +287,19 @@ async def test_help_and_log_follow(source: FixedSource, make_app: Any) -> None:
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
         await pilot.press("escape")
-        await pilot.press("l")
+        await pilot.press(*TO_STEADY_A, "l")
         screen = app.screen
-        assert isinstance(screen, LogScreen)
+        assert isinstance(screen, LogScreen) and screen.job_id == "3"
         await pilot.pause()
-        assert screen.lines[-1].startswith("[rank 0] epoch 29")
-        source.data["logs"]["j001"].append("[rank 0] a new line")
+        assert screen.lines[-1].startswith("epoch ")
+        source.append_log("3", "epoch 9999 a new line\n")
         await pilot.pause(0.8)  # the log view polls every 0.5 s at least
-        assert screen.lines[-1] == "[rank 0] a new line"
+        assert screen.lines[-1] == "epoch 9999 a new line"
         await pilot.press("f")
         assert not screen.following
-        source.data["logs"]["j001"].append("[rank 0] while paused")
+        source.append_log("3", "while paused\n")
         await pilot.pause(0.8)
-        assert screen.lines[-1] == "[rank 0] a new line"
+        assert screen.lines[-1] == "epoch 9999 a new line"
 
 
 class SlowSource(FixedSource):
@@ -218,13 +309,13 @@ class SlowSource(FixedSource):
         super().__init__(*args, **kwargs)
         self.gate = threading.Event()
 
-    def request(self, type: str, **fields: Any) -> dict[str, Any]:
+    def call(self, request: Any) -> Any:
         self.gate.wait(timeout=20)
-        return super().request(type, **fields)
+        return super().call(request)
 
 
-async def test_slow_daemon_never_blocks_input(make_app: Any) -> None:
-    slow = SlowSource(demo_data(n_jobs=12, n_nodes=3))
+async def test_slow_daemon_never_blocks_input(recording: Recording, make_app: Any) -> None:
+    slow = SlowSource(recording)
     app = make_app(slow, sync=False, refresh_s=0.2)
     async with app.run_test(size=SIZE) as pilot:
         started = time.monotonic()
@@ -239,24 +330,18 @@ async def test_slow_daemon_never_blocks_input(make_app: Any) -> None:
             await pilot.pause(0.05)
             if app.query_one("#jobs", JobTable).row_count:
                 break
-        assert app.query_one("#jobs", JobTable).row_count == 12
+        assert app.query_one("#jobs", JobTable).row_count == 7
         assert app.connected is True
 
 
 async def test_threaded_errors_reach_the_status_line(source: FixedSource, make_app: Any) -> None:
-    source.fail["status"] = "internal error: database is locked"
+    source.fail[api.Status] = api.InternalError("database is locked")
     app = make_app(source, sync=False, refresh_s=0.1)
     async with app.run_test(size=SIZE) as pilot:
         for _ in range(60):
             await pilot.pause(0.05)
             if app.last_error:
                 break
-        assert app.last_error == "internal error: database is locked"
+        assert app.last_error == "database is locked"
         assert app.connected is True  # reachable, it just refused
         assert "database is locked" in status_text(app)
-
-
-@pytest.mark.filterwarnings("ignore::pytest.PytestWarning")
-def test_fixed_source_refuses_what_the_daemon_refuses(source: FixedSource) -> None:
-    with pytest.raises(SourceError, match="unexpected field 'id'"):
-        source.request("cancel", id="j001")

@@ -2,57 +2,73 @@
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 
+from pollux_local.api.messages import JobDetail
 from pollux_local.core.efficiency import efficiency
 from pollux_local.core.throughput import ThroughputParams, predict_throughput
 from pollux_local.core.types import GradStats
 from pollux_local.tui import plots
-from pollux_local.tui.source import demo_data
+from pollux_local.tui.recording import Recording
 
 
-def _detail() -> dict:
-    return demo_data(n_jobs=4, seed=1)["details"]["j001"]
+def running(recording: Recording) -> JobDetail:
+    return recording.shows[recording.roles["running-a"]].job
 
 
-def test_throughput_curve_is_the_core_prediction() -> None:
-    detail = _detail()
+def test_throughput_curve_is_the_core_prediction(recording: Recording) -> None:
+    detail = running(recording)
+    assert detail.model is not None and detail.report is not None
+    assert detail.local_batch is not None
     spec = plots.throughput_plot(detail, max_devices=8, devices_per_node=4)
     assert spec.note is None
     model, observed = spec.series
-    params = ThroughputParams.from_dict(detail["model"]["params"])
+    params = ThroughputParams.from_dict(detail.model.params)
     ks = np.asarray(model.x)
-    expected = predict_throughput(params, np.ceil(ks / 4), ks, detail["local_batch"], 1)
+    expected = predict_throughput(params, np.ceil(ks / 4), ks, detail.local_batch, 1)
     np.testing.assert_allclose(model.y, expected)
     assert list(ks) == list(range(1, 9))
     # observed points: replicas * m / step time of each profile entry
-    first = detail["profile"][0]
-    assert observed.x[0] == first["replicas"]
-    assert abs(observed.y[0] - first["replicas"] * first["local_batch"] / first["step_s"]) < 1e-9
+    first = detail.report.profile[0]
+    assert observed.x[0] == first.replicas
+    assert abs(observed.y[0] - first.replicas * first.local_batch / first.step_s) < 1e-9
 
 
-def test_efficiency_curve_is_the_core_efficiency() -> None:
-    detail = _detail()
+def test_efficiency_curve_is_the_core_efficiency(recording: Recording) -> None:
+    detail = running(recording)
+    assert detail.report is not None and detail.report.grad_stats is not None
+    assert detail.report.bounds is not None
     spec = plots.efficiency_plot(detail)
     curve = spec.series[0]
-    stats = GradStats(**detail["grad_stats"])
-    base = detail["bounds"]["base_batch"]
+    stats = GradStats(sqr=detail.report.grad_stats.sqr, var=detail.report.grad_stats.var)
+    base = detail.report.bounds.base_batch
     np.testing.assert_allclose(curve.y, efficiency(stats, base, np.asarray(curve.x)))
     assert curve.x[0] == base and curve.y[0] == 1.0
     assert all(a >= b for a, b in zip(curve.y, curve.y[1:], strict=False))
 
 
-def test_missing_model_gives_a_note_not_a_crash() -> None:
-    spec = plots.throughput_plot({"id": "x", "model": {"params": {"alpha_c": 1}}}, 4, 4)
+def test_a_profile_without_a_model_is_fitted(recording: Recording) -> None:
+    detail = msgspec.structs.replace(running(recording), model=None)
+    spec = plots.throughput_plot(detail, 4, 4)
+    assert spec.title == "throughput vs devices (fit of profile)" and spec.series
+
+
+def test_missing_model_gives_a_note_not_a_crash(recording: Recording) -> None:
+    detail = msgspec.structs.replace(running(recording), model=None, report=None, history=[])
+    spec = plots.throughput_plot(detail, 4, 4)
     assert spec.note and "no fitted model" in spec.note
-    assert "no gradient statistics" in (plots.efficiency_plot({}).note or "")
-    assert "no history" in (plots.history_plot({"history": [{"goodput": 1}]}).note or "")
+    bare = msgspec.structs.replace(
+        detail, batch_bounds=msgspec.structs.replace(detail.batch_bounds, batch_size=None)
+    )
+    assert "no gradient statistics" in (plots.efficiency_plot(bare).note or "")
+    assert "no history" in (plots.history_plot(detail).note or "")
     text = plots.render(spec, 40, 10)
     assert "throughput vs devices" in text and "no fitted model" in text
 
 
-def test_render_draws_axes_title_and_legend() -> None:
-    text = plots.render(plots.throughput_plot(_detail(), 8, 4), 50, 14)
+def test_render_draws_axes_title_and_legend(recording: Recording) -> None:
+    text = plots.render(plots.throughput_plot(running(recording), 8, 4), 50, 14)
     plain = plots.re.sub(r"\x1b\[[0-9;]*m", "", text)
     lines = plain.splitlines()
     assert len(lines) == 14

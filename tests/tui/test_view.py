@@ -1,8 +1,13 @@
-"""The pure view logic: parsing replies that may lack fields, sorting, filtering, the grid."""
+"""The pure view logic over the typed replies: rows, sorting, filtering, the grid, logs."""
 
 from __future__ import annotations
 
-from pollux_local.tui.source import demo_data
+import msgspec
+
+from pollux_local import api
+from pollux_local.api.messages import NodeRow
+from pollux_local.tui.demo import demo_recording
+from pollux_local.tui.recording import Recording
 from pollux_local.tui.view import (
     JobFilter,
     cluster_sample,
@@ -10,27 +15,21 @@ from pollux_local.tui.view import (
     fmt_placement,
     job_row,
     job_rows,
+    log_lines,
     node_cells,
     sort_rows,
 )
 
 
-def test_job_row_tolerates_missing_and_bad_fields() -> None:
-    row = job_row({"id": 7, "goodput": "nan", "efficiency": None, "restarts": "x"})
-    assert row.id == "7"
-    assert row.name == "7"
-    assert row.goodput is None and row.efficiency is None and row.restarts is None
-    cells = row.cells()
-    assert cells[0] == "7"
-    assert cells[6] == "-"  # goodput
-
-
-def test_batch_text_shows_m_s_k() -> None:
-    row = job_row(
-        {"id": "a", "local_batch": 64, "accum_steps": 2, "replicas": 3, "batch_size": 384}
-    )
-    assert row.batch_text == "64×2×3=384"
-    assert job_row({"id": "b", "batch_size": 128}).batch_text == "128"
+def test_rows_of_the_recorded_jobs(recording: Recording) -> None:
+    rows = {r.id: r for r in job_rows(recording.status)}
+    running = rows[recording.roles["running-a"]]
+    assert running.state == "running" and running.gpus == 1 and running.where == "vm:0"
+    assert running.batch_text == "16×1×1=16"
+    cells = running.cells()
+    assert cells[4] == "1 vm:0" and cells[6] != "-" and cells[10] != "-"
+    queued = rows[recording.roles["queued"]]
+    assert queued.batch_text == "16" and queued.cells()[4] == "-" and queued.cells()[6] == "-"
 
 
 def test_placement_and_duration_formatting() -> None:
@@ -41,44 +40,73 @@ def test_placement_and_duration_formatting() -> None:
     assert fmt_duration(None) == "-"
 
 
-def test_sort_puts_unknown_last_and_reverses() -> None:
-    rows = [job_row({"id": i, "goodput": g}) for i, g in ((1, 5.0), (2, None), (3, 9.0))]
-    assert [r.id for r in sort_rows(rows, "goodput")] == ["1", "3", "2"]
-    assert [r.id for r in sort_rows(rows, "goodput", reverse=True)] == ["3", "1", "2"]
+def test_sort_puts_unknown_last_and_reverses(recording: Recording) -> None:
+    rows = job_rows(recording.status)
+    by_goodput = [r.id for r in sort_rows(rows, "goodput")]
+    known = [r.id for r in rows if r.goodput is not None]
+    assert sorted(by_goodput[: len(known)]) == sorted(known)
+    assert sort_rows(rows, "goodput", reverse=True)[0].goodput == max(
+        r.goodput for r in rows if r.goodput is not None
+    )
+    assert [r.state for r in sort_rows(rows, "state")][0] == "queued"
 
 
 def test_filter_by_owner_state_and_words() -> None:
-    rows = job_rows(demo_data(n_jobs=30, seed=3)["status"])
+    rows = job_rows(demo_recording(n_jobs=30, seed=3).status)
     flt = JobFilter.parse("owner:alice state:running,queued")
     kept = [r for r in rows if flt.matches(r)]
     assert kept, "the sample data has running/queued jobs of alice"
     assert all(r.owner == "alice" and r.state in ("running", "queued") for r in kept)
     assert len(kept) < len(rows)
-    assert JobFilter.parse("bert").matches(job_row({"id": 1, "name": "bert-1"}))
-    assert not JobFilter.parse("bert").matches(job_row({"id": 1, "name": "resnet"}))
+    assert JobFilter.parse("bert").matches(next(r for r in rows if r.name.startswith("bert")))
+    assert not JobFilter.parse("bert").matches(next(r for r in rows if "resnet" in r.name))
     assert JobFilter.parse("").empty
 
 
-def test_grid_from_node_list_and_placements() -> None:
-    status = {"jobs": [{"id": 4, "state": "running", "placement": {"ws1": ["cpu:1"]}}]}
-    nodes = {
-        "nodes": [
-            {"name": "ws1", "devices": ["cpu:0", "cpu:1"]},
-            {"name": "ws2", "up": False, "devices": [{"id": "cpu:0"}]},
-            {"name": "ws3", "devices": [{"id": "cuda:0", "state": "external"}]},
-        ]
-    }
-    cells = node_cells(nodes, status)
+def node(name: str, **fields: object) -> NodeRow:
+    base = {"name": name, "host": name, "local": False, "up": True, "error": None,
+            "devices": ["cuda:0", "cuda:1"], "busy": [], "jobs": {}, "load": None}  # fmt: skip
+    return msgspec.convert({**base, **fields}, NodeRow, strict=True)
+
+
+def test_grid_from_the_nodes_reply(recording: Recording) -> None:
+    nodes = [
+        node("ws1", jobs={"cuda:1": "4"}),
+        node("ws2", up=False, error="ssh: timed out", jobs={"cuda:0": "5"}),
+        node("ws3", busy=["cuda:0"]),
+    ]
+    cells = node_cells(nodes)
     flat = {(c.node, c.device): (c.status, c.job) for n in cells for c in n.devices}
-    assert flat[("ws1", "cpu:0")] == ("free", None)
-    assert flat[("ws1", "cpu:1")] == ("job", "4")
-    assert flat[("ws2", "cpu:0")][0] == "down"
+    assert flat[("ws1", "cuda:0")] == ("free", None)
+    assert flat[("ws1", "cuda:1")] == ("job", "4")
+    assert flat[("ws2", "cuda:0")] == ("down", "5")
+    assert flat[("ws2", "cuda:1")] == ("down", None)
     assert flat[("ws3", "cuda:0")] == ("external", None)
+    status = api.StatusReply(jobs=[j for j in recording.status.jobs if j.id == "4"])
     sample = cluster_sample(job_rows(status), cells, now=0.0)
-    assert sample.devices_up == 3 and sample.devices_busy == 1
-    assert abs((sample.utilisation or 0) - 1 / 3) < 1e-9
+    assert sample.devices_up == 4 and sample.devices_busy == 1
+    assert sample.utilisation == 0.25
 
 
-def test_node_list_garbage_is_ignored() -> None:
-    assert node_cells({"nodes": "nonsense"}, {}) == []
-    assert node_cells({}, {"jobs": None}) == []
+def test_recorded_grid(recording: Recording) -> None:
+    (only,) = node_cells(recording.nodes.nodes)
+    assert only.up and [(c.device, c.status) for c in only.devices] == [
+        ("cpu:0", "job"),
+        ("cpu:1", "job"),
+    ]
+
+
+def test_log_lines_drop_a_partial_first_line() -> None:
+    whole = api.LogsReply(data="a\nb\nc\n", offset=6, size=6, state=api.JobState.RUNNING)
+    assert log_lines(whole) == ["a", "b", "c"]
+    tail = api.LogsReply(data="b\nc\n", offset=106, size=106, state=api.JobState.RUNNING)
+    assert log_lines(tail) == ["c"]
+
+
+def test_demo_data_validates_as_the_daemons_replies() -> None:
+    demo = demo_recording(n_jobs=12, n_nodes=4, devices_per_node=8, seed=5)
+    assert len(demo.status.jobs) == 12 and len(demo.shows) == 12
+    cells = node_cells(demo.nodes.nodes)
+    statuses = {c.status for n in cells for c in n.devices}
+    assert statuses == {"job", "free", "external", "down"}
+    assert job_row(demo.shows["1"].job).id == "1"

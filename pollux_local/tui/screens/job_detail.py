@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -13,11 +13,11 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Log, Static
 
+from pollux_local.api.errors import DaemonUnavailable, PolluxError
+from pollux_local.api.messages import DecisionRecord, Release, Show, ShowReply
 from pollux_local.tui import plots
-from pollux_local.tui.source import DaemonDown, SourceError
 from pollux_local.tui.view import (
     LOG_TAIL_LINES,
-    as_number,
     fmt_duration,
     fmt_number,
     fmt_placement,
@@ -25,7 +25,7 @@ from pollux_local.tui.view import (
     job_colour,
     job_row,
     log_lines,
-    tail_fields,
+    tail_request,
 )
 from pollux_local.tui.widgets.plot_view import PlotView
 from pollux_local.tui.widgets.status_line import StatusLine
@@ -45,36 +45,21 @@ def job_actions_bindings() -> list[BindingType]:
     ]
 
 
-def decisions_text(decisions: Any) -> Text:
-    """Recent decisions, newest first: time, what changed, and the policy's reason."""
+def decisions_text(decisions: Sequence[DecisionRecord]) -> Text:
+    """Recent decisions, newest first: time, what was decided, where, and the reason."""
     text = Text()
-    items = [d for d in decisions if isinstance(d, Mapping)] if isinstance(decisions, list) else []
-    if not items:
+    if not decisions:
         text.append("no decisions recorded yet", style="italic")
         return text
-    items.sort(key=lambda d: as_number(d.get("time")) or 0.0, reverse=True)
-    for item in items[:30]:
-        t = as_number(item.get("time"))
-        stamp = time.strftime("%H:%M:%S", time.localtime(t)) if t is not None else "--:--:--"
-        text.append(stamp + " ", style="dim")
-        kind = item.get("kind")
-        if kind:
-            text.append(f"{kind} ", style="bold")
-        placement = item.get("placement")
-        if isinstance(placement, Mapping):
-            text.append(fmt_placement(placement) + " ")
-        elif placement not in (None, "", [], ()):
-            text.append(f"{placement} ")
-        elif item.get("replicas") is not None:
-            text.append(f"{item.get('replicas')} dev ")
-        batch = item.get("batch")
-        if isinstance(batch, Mapping):
-            parts = [batch.get(k) for k in ("local_batch", "accum_steps", "replicas")]
-            if all(p is not None for p in parts):
-                text.append("batch {}×{}×{} ".format(*parts))
-        elif batch not in (None, ""):
-            text.append(f"batch {batch} ")
-        text.append(str(item.get("reason") or ""), style="italic")
+    for item in sorted(decisions, key=lambda d: d.time, reverse=True)[:30]:
+        text.append(time.strftime("%H:%M:%S ", time.localtime(item.time)), style="dim")
+        text.append(f"{item.kind} ", style="bold")
+        if item.placement:
+            text.append(fmt_placement(item.placement) + " ")
+        parts = [item.batch.get(k) for k in ("local_batch", "accum_steps", "replicas")]
+        if all(p is not None for p in parts):
+            text.append("batch {}×{}×{} ".format(*parts))
+        text.append(item.reason, style="italic")
         text.append("\n")
     return text
 
@@ -88,10 +73,10 @@ class JobScreen(Screen[None]):
         *job_actions_bindings(),
     ]
 
-    def __init__(self, job_id: Any) -> None:
+    def __init__(self, job_id: str) -> None:
         super().__init__()
         self.job_id = job_id
-        self.detail: dict[str, Any] = {}
+        self.shown: ShowReply | None = None
         self.log_lines: list[str] = []
 
     @property
@@ -121,37 +106,38 @@ class JobScreen(Screen[None]):
     def fetch(self) -> None:
         self.pollux.run_request(self._load, self._loaded, group=f"job-{self.job_id}")
 
-    def _load(self) -> tuple[dict[str, Any], list[str]]:
+    def _load(self) -> tuple[ShowReply, list[str]]:
         source = self.pollux.source
-        shown = source.request("show", id=str(self.job_id))
-        detail = shown.get("job", shown)
-        if isinstance(detail, Mapping) and "decisions" not in detail and "decisions" in shown:
-            detail = {**detail, "decisions": shown["decisions"]}
+        shown = source.call(Show(id=self.job_id))
         try:
-            lines = log_lines(source.request("logs", **tail_fields(self.job_id)))[-LOG_TAIL_LINES:]
-        except SourceError as exc:
+            lines = log_lines(source.call(tail_request(self.job_id)))[-LOG_TAIL_LINES:]
+        except DaemonUnavailable:
+            raise
+        except PolluxError as exc:
             lines = [f"(logs unavailable: {exc})"]
-        return (dict(detail) if isinstance(detail, Mapping) else {}), lines
+        return shown, lines
 
-    def _loaded(self, result: tuple[dict[str, Any], list[str]] | BaseException) -> None:
+    def _loaded(self, result: tuple[ShowReply, list[str]] | BaseException) -> None:
         status = self.query_one("#job-status", StatusLine)
         if isinstance(result, BaseException):
-            down = isinstance(result, DaemonDown)
+            down = isinstance(result, DaemonUnavailable)
             status.set_class(down, "down")
             status.update(
                 f"job {self.job_id} · {'daemon down, retrying: ' if down else 'error: '}{result}"
             )
             return
         status.remove_class("down")
-        self.detail, lines = result
+        self.shown, lines = result
         self.show_detail(lines)
 
     def show_detail(self, lines: list[str]) -> None:
-        detail = self.detail
+        if self.shown is None:
+            return
+        detail = self.shown.job
         row = job_row(detail)
         status = self.query_one("#job-status", StatusLine)
         status.update(f"job {row.id} · {row.name} · {row.owner} · {row.state}")
-        noise = plots.noise_scale(detail)
+        noise = detail.noise_scale
         summary = Text()
         summary.append(f"{row.name} ", style=f"bold {job_colour(row.id)}")
         summary.append(f"({row.id}, {row.owner}) {row.state}   ")
@@ -161,7 +147,7 @@ class JobScreen(Screen[None]):
             f"{'-' if row.efficiency is None else f'{row.efficiency:.2f}'}   speedup "
             f"{'-' if row.speedup is None else f'{row.speedup:.2f}x'}   noise scale "
             f"{fmt_number(noise)}   progress {fmt_progress(row.progress)}   ETA "
-            f"{fmt_duration(row.eta_s)}   restarts {row.restarts if row.restarts is not None else '-'}"
+            f"{fmt_duration(row.eta_s)}   restarts {row.restarts}"
         )
         self.query_one("#summary", Static).update(summary)
         max_devices, per_node = self.pollux.device_counts()
@@ -170,7 +156,7 @@ class JobScreen(Screen[None]):
         )
         self.query_one("#plot-efficiency", PlotView).show(plots.efficiency_plot(detail))
         self.query_one("#plot-history", PlotView).show(plots.history_plot(detail))
-        self.query_one("#decisions", Static).update(decisions_text(detail.get("decisions")))
+        self.query_one("#decisions", Static).update(decisions_text(self.shown.decisions))
         if lines != self.log_lines:
             self.log_lines = lines
             log = self.query_one("#log-tail", Log)
@@ -178,16 +164,17 @@ class JobScreen(Screen[None]):
             log.write_lines(lines)
 
     def action_cancel_job(self) -> None:
-        self.pollux.confirm_and_act("cancel", self.job_id, str(self.job_id))
+        self.pollux.confirm_and_act("cancel", self.job_id, self.job_id)
 
     def action_hold_job(self) -> None:
-        self.pollux.confirm_and_act("hold", self.job_id, str(self.job_id))
+        self.pollux.confirm_and_act("hold", self.job_id, self.job_id)
 
     def action_release_job(self) -> None:
-        self.pollux.act("release", self.job_id)
+        self.pollux.act(Release(id=self.job_id), f"release {self.job_id}")
 
     def action_priority_job(self) -> None:
-        self.pollux.ask_priority(self.job_id, str(self.job_id), None)
+        priority = self.shown.job.priority if self.shown is not None else None
+        self.pollux.ask_priority(self.job_id, self.job_id, priority)
 
     def action_follow_logs(self) -> None:
         self.pollux.show_logs(self.job_id)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import Footer, Log
 
-from pollux_local.tui.source import DaemonDown
-from pollux_local.tui.view import LOG_FOLLOW_LINES, log_lines, tail_fields
+from pollux_local.api.errors import DaemonUnavailable
+from pollux_local.tui.view import LOG_FOLLOW_LINES, log_lines, tail_request
 from pollux_local.tui.widgets.status_line import StatusLine
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ class LogScreen(Screen[None]):
         Binding("f", "toggle_follow", "Pause/follow"),
     ]
 
-    def __init__(self, job_id: Any) -> None:
+    def __init__(self, job_id: str) -> None:
         super().__init__()
         self.job_id = job_id
         self.following = True
@@ -49,13 +49,13 @@ class LogScreen(Screen[None]):
             self.pollux.run_request(self._load, self._loaded, group=f"log-{self.job_id}")
 
     def _load(self) -> list[str]:
-        reply = self.pollux.source.request("logs", **tail_fields(self.job_id))
+        reply = self.pollux.source.call(tail_request(self.job_id))
         return log_lines(reply)[-LOG_FOLLOW_LINES:]
 
     def _loaded(self, result: list[str] | BaseException) -> None:
         status = self.query_one("#log-status", StatusLine)
         if isinstance(result, BaseException):
-            status.set_class(isinstance(result, DaemonDown), "down")
+            status.set_class(isinstance(result, DaemonUnavailable), "down")
             status.update(f"log of job {self.job_id} · {result}")
             return
         status.remove_class("down")

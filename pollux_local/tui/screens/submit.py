@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import shlex
+import sys
+from typing import Any, ClassVar, cast
 
 from textual import on
 from textual.app import ComposeResult
@@ -11,9 +13,13 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label
 
+from pollux_local.api.errors import InvalidRequest
+from pollux_local.api.messages import Submit
+from pollux_local.client import build_request
 
-class SubmitScreen(ModalScreen[dict[str, Any] | None]):
-    """The submit form; dismisses with the request fields, or ``None`` when abandoned."""
+
+class SubmitScreen(ModalScreen[Submit | None]):
+    """The submit form; dismisses with the ``submit`` request, or ``None`` when abandoned."""
 
     CSS_PATH = "submit.tcss"
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
@@ -48,10 +54,9 @@ class SubmitScreen(ModalScreen[dict[str, Any] | None]):
                 yield Button("Submit", variant="primary", id="submit")
                 yield Button("Cancel", id="cancel")
 
-    def collect(self) -> dict[str, Any]:
-        """The request fields, or raise ValueError naming the bad field."""
-        import shlex
-
+    def collect(self) -> Submit:
+        """The ``submit`` request, validated as the daemon validates it; ``ValueError`` naming
+        the field that is wrong."""
         out: dict[str, Any] = {}
         for field_id, label, _, kind in self.FIELDS:
             raw = self.query_one(f"#f-{field_id}", Input).value.strip()
@@ -74,8 +79,14 @@ class SubmitScreen(ModalScreen[dict[str, Any] | None]):
                 out[field_id] = raw
         if "script" not in out:
             raise ValueError("Script: required")
-        out["argv"] = [out.pop("script"), *out.pop("args", [])]
+        script, args = out.pop("script"), out.pop("args", [])
+        # a Python script runs under this interpreter, as `pollux-local submit` runs it
+        out["argv"] = (
+            [sys.executable, "-u", script, *args] if script.endswith(".py") else [script, *args]
+        )
         out.setdefault("workdir", self.workdir)
+        if not out["workdir"].startswith("/"):
+            raise ValueError(f"Working directory: must be an absolute path, got {out['workdir']!r}")
         if "min_gpus" in out and "max_gpus" in out and out["min_gpus"] > out["max_gpus"]:
             raise ValueError(f"min devices {out['min_gpus']} > max devices {out['max_gpus']}")
         if (
@@ -86,15 +97,19 @@ class SubmitScreen(ModalScreen[dict[str, Any] | None]):
             raise ValueError(
                 f"max batch size {out['max_batch_size']} < base batch size {out['batch_size']}"
             )
-        return out
+        try:
+            request = cast(Submit, build_request("submit", **out))
+        except InvalidRequest as exc:
+            raise ValueError(str(exc)) from None
+        return request
 
     def _try_submit(self) -> None:
         try:
-            fields = self.collect()
+            request = self.collect()
         except ValueError as exc:
             self.query_one("#error", Label).update(str(exc))
             return
-        self.dismiss(fields)
+        self.dismiss(request)
 
     @on(Input.Submitted)
     def _submitted(self) -> None:
