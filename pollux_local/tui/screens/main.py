@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.css.query import NoMatches
@@ -177,7 +177,7 @@ class MainScreen(Screen[None]):
         self.table.focus()
         self._resorted()
 
-    def on_key(self, event: Any) -> None:
+    def on_key(self, event: events.Key) -> None:
         box = self.query_one("#filter", Input)
         if event.key == "escape" and box.has_focus:
             box.remove_class("visible")
