@@ -24,10 +24,19 @@ REPO = Path(__file__).resolve().parents[1]
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
+#: The CLI runs as if this interpreter's environment were activated, so that the jobs it submits
+#: run under it (``submit`` takes the submitter's active venv).
+CLI_ENV = {
+    **os.environ,
+    "VIRTUAL_ENV": sys.prefix,
+    "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+}
+
+
 def cli(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pollux_local", *args, "--state-dir", str(state_dir)],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
+        capture_output=True, text=True, cwd=REPO, timeout=120, env=CLI_ENV,
     )  # fmt: skip
 
 

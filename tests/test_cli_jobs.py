@@ -99,6 +99,7 @@ def test_submit_status_show_hold_release_cancel(capsys, state_dir: Path, script:
 
 
 def test_spec_file(capsys, state_dir: Path, tmp_path: Path, script: Path) -> None:  # type: ignore[no-untyped-def]
+    script.write_text("from pollux_local.torch import ElasticTrainer\n")  # an elastic job
     spec = tmp_path / "job.toml"
     spec.write_text(
         '[job]\nname = "spec-job"\nscript = "train.py"\nargs = ["--epochs", 2]\n'
@@ -129,9 +130,13 @@ def test_bad_input_is_one_clear_line(capsys, state_dir: Path, tmp_path: Path, sc
     )
     bad.write_text('[job]\nscirpt = "train.py"\n')
     assert "unknown key job.scirpt" in one_line_error(capsys, "submit", *sd, "--spec", str(bad))
-    error = one_line_error(capsys, "submit", *sd, "--min-gpus", "3", "--max-gpus", "2", str(script))
-    assert "greater than max" in error
+    error = one_line_error(
+        capsys, "submit", *sd, "--elastic", "--min-gpus", "3", "--max-gpus", "2", str(script)
+    )
+    assert "greater than --max-gpus" in error
     error = one_line_error(capsys, "submit", *sd, "--min-gpus", "3", str(script))
+    assert "give a rigid job its size with --gpus N" in error
+    error = one_line_error(capsys, "submit", *sd, "--gpus", "3", str(script))
     assert "needs at least 3 device(s) but this daemon has 2" in error
     error = one_line_error(
         capsys, "submit", *sd, "--batch-size", "64", "--max-batch-size", "8", str(script)

@@ -1,13 +1,13 @@
 """The daemon and job commands: ``daemon | submit | status (ls) | show | logs | nodes | cancel |
-hold | release | priority``, each group in its own module."""
+hold | release | priority | wait``, each group in its own module."""
 
 from __future__ import annotations
 
 import argparse
 
-from pollux_local.cli import control, daemon, query, submit
+from pollux_local.cli import control, daemon, query, submit, wait
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    for module in (daemon, submit, query, control):
+    for module in (daemon, submit, query, wait, control):
         module.register(subparsers)

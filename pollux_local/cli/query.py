@@ -7,6 +7,7 @@ import sys
 import time
 
 from pollux_local.api.messages import Logs, Nodes, Show, Status
+from pollux_local.api.states import JobState
 from pollux_local.cli.common import (
     client_for,
     job_id,
@@ -73,8 +74,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
         offset = reply.offset
         if reply.offset < reply.size:
             continue
-        if not args.follow or reply.state.terminal:
+        if not args.follow:
             return 0
+        if reply.state.terminal:
+            # `logs -f` ends with the job: its exit status says how the job ended
+            return 0 if reply.state is JobState.SUCCEEDED else 1
         time.sleep(0.5)
 
 
@@ -105,7 +109,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     p = subparsers.add_parser("logs", parents=[common], help="a job's output")
     p.add_argument("id", help="the job's id")
-    p.add_argument("-f", "--follow", action="store_true", help="keep printing until it ends")
+    p.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing until the job ends; exit 0 only if it succeeded",
+    )
     p.add_argument("--rank", type=int, default=0, help="which replica (default 0)")
     p.add_argument("--tail", type=int, metavar="BYTES", help="start this many bytes from the end")
     p.set_defaults(func=cmd_logs)

@@ -12,7 +12,9 @@ from typing import TextIO
 from pollux_local.core.types import Policy
 from pollux_local.errors import PolluxError
 
-POLICIES = ("pollux", "tiresias", "optimus", "fifo")
+POLICIES = ("goodput", "tiresias", "optimus", "fifo")
+#: Other names accepted for a policy: the goodput policy is Pollux's.
+POLICY_ALIASES = {"pollux": "goodput"}
 DEFAULT_MODELS = Path("..") / "shared" / "data" / "pollux-artifact" / "models"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,8 +29,14 @@ def default_models_dir() -> Path | None:
     return None
 
 
+def canonical_policy(name: str) -> str:
+    """A policy's one name (``pollux`` -> ``goodput``); other names are returned unchanged."""
+    return POLICY_ALIASES.get(name, name)
+
+
 def make_policy(name: str, interval_s: float = 60.0, restart_cost_s: float = 30.0) -> Policy:
-    """A fresh policy object by name."""
+    """A fresh policy object by name (or alias)."""
+    name = canonical_policy(name)
     if name == "fifo":
         from pollux_local.core.baselines import FifoPolicy
 
@@ -41,11 +49,11 @@ def make_policy(name: str, interval_s: float = 60.0, restart_cost_s: float = 30.
         from pollux_local.core.baselines import OptimusPolicy
 
         return OptimusPolicy()
-    if name == "pollux":
+    if name == "goodput":
         try:
             from pollux_local.core.policy import GoodputPolicy
         except ImportError as exc:
-            raise PolluxError("the pollux policy is not available in this build") from exc
+            raise PolluxError("the goodput policy is not available in this build") from exc
         return GoodputPolicy(restart_cost_s=restart_cost_s, interval_s=interval_s)
     raise PolluxError(f"unknown policy {name!r} (choose from {', '.join(POLICIES)})")
 
@@ -84,7 +92,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help=f"profiles folder (default: {DEFAULT_MODELS} when it exists)",
     )
-    parser.add_argument("--policy", choices=POLICIES, default="pollux")
+    parser.add_argument(
+        "--policy",
+        type=canonical_policy,
+        choices=POLICIES,
+        default="goodput",
+        help="allocation policy (pollux: another name for goodput)",
+    )
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--gpus-per-node", type=int, default=4)
     parser.add_argument("--interval", type=_non_negative_float, default=60.0, help="seconds")

@@ -1,15 +1,26 @@
-"""``pollux-local submit [OPTIONS] SCRIPT [ARGS...]``: queue a training script.
+"""``pollux-local submit [OPTIONS] COMMAND [ARGS...]``: queue a training script.
 
-Options come before the script; everything after the script goes to the script.  The request
-is an ``api.Submit``: the daemon checks it again, this side only resolves paths and reads
-``--spec``.
+Options come before the command; everything after it goes to the command, as with ``sbatch``
+and ``pueue add``.  COMMAND is a ``.py`` script (run by the submitter's own Python: the active
+venv or conda env, else the first ``python3`` on ``PATH``, or ``--python``), ``python SCRIPT``
+spelled out, or any executable (a path, or a program on ``PATH``).
+
+A script that uses the job library (``pollux_local.torch`` / ``ElasticTrainer``) is *elastic*:
+the scheduler chooses its device count between ``--min-gpus`` and ``--max-gpus`` and resizes it
+by checkpoint-restart.  Any other command is *rigid*: it runs on exactly ``--gpus`` devices
+(default 1) with torchrun's environment, and is never stopped unless ``--preemptible``.
+``--elastic`` / ``--rigid`` override the detection.
+
+The request is an ``api.Submit``; the daemon checks it again.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
+import re
+import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +33,11 @@ from pollux_local.jobspec import load_job_spec
 
 #: Submit fields that ``--spec`` or an option may set, besides the command.
 _OPTIONAL_INTS = ("max_gpus", "batch_size", "max_batch_size", "min_local_batch", "max_local_batch")
+#: How a script shows that it uses the job library (read from its first bytes).
+_USES_JOB_LIBRARY = re.compile(rb"pollux_local\.torch|\bElasticTrainer\b")
+_SCAN_BYTES = 1 << 20
+#: Program names that are a Python interpreter (``submit python train.py``).
+_PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
 
 
 def load_spec(path: str) -> dict[str, Any]:
@@ -29,19 +45,84 @@ def load_spec(path: str) -> dict[str, Any]:
     return load_job_spec(path).submit_fields()
 
 
-def script_argv(script: str, args: list[str]) -> list[str]:
-    """The command of a job: ``python -u SCRIPT ARGS`` for ``.py`` files, else the program."""
+def submitter_python(env: Mapping[str, str]) -> str:
+    """The ``python`` the submitter's shell would run: ``$VIRTUAL_ENV/bin/python``, else
+    ``$CONDA_PREFIX/bin/python``, else the first ``python3`` (or ``python``) on ``$PATH``.
+    The path is kept as found, never resolved through symlinks (a venv's ``python`` is a
+    symlink to its base interpreter, and only the link makes it the venv)."""
+    for variable in ("VIRTUAL_ENV", "CONDA_PREFIX"):
+        prefix = env.get(variable)
+        if prefix:
+            candidate = os.path.join(prefix, "bin", "python")
+            if os.access(candidate, os.X_OK):
+                return os.path.abspath(candidate)
+    for name in ("python3", "python"):
+        found = shutil.which(name, path=env.get("PATH", os.defpath))
+        if found:
+            return os.path.abspath(found)
+    raise PolluxError("no python found on PATH (activate your environment, or pass --python)")
+
+
+def _program(name: str, env: Mapping[str, str]) -> str:
+    """An executable named on the command line: a path (kept as written, made absolute), or a
+    program found on the submitter's ``PATH``."""
+    if os.sep in name:
+        path = Path(name).expanduser()
+        if not path.exists():
+            raise PolluxError(f"{name} does not exist")
+        if path.is_dir():
+            raise PolluxError(f"{name} is a directory")
+        if not os.access(path, os.X_OK):
+            raise PolluxError(f"{name} is neither a .py file nor executable")
+        return os.path.abspath(path)
+    found = shutil.which(name, path=env.get("PATH", os.defpath))
+    if found is None:
+        raise PolluxError(f"{name}: no such file, and no program of that name on PATH")
+    return os.path.abspath(found)
+
+
+def _script_path(script: str) -> Path:
     path = Path(script).expanduser()
     if not path.exists():
         raise PolluxError(f"script {script} does not exist")
     if path.is_dir():
         raise PolluxError(f"script {script} is a directory")
-    path = path.resolve()
-    if path.suffix == ".py":
-        return [sys.executable, "-u", str(path), *args]
-    if not os.access(path, os.X_OK):
-        raise PolluxError(f"script {script} is neither a .py file nor executable")
-    return [str(path), *args]
+    return Path(os.path.abspath(path))
+
+
+def uses_job_library(script: Path) -> bool:
+    """Whether a Python script imports the job library (a look at its first MiB)."""
+    try:
+        with open(script, "rb") as handle:
+            return bool(_USES_JOB_LIBRARY.search(handle.read(_SCAN_BYTES)))
+    except OSError:
+        return False
+
+
+def command_argv(
+    command: list[str], env: Mapping[str, str], python: str | None
+) -> tuple[list[str], Path | None]:
+    """The job's argv and, when it runs a Python script, that script's path.
+
+    ``train.py ARGS`` -> ``PYTHON -u /abs/train.py ARGS``; ``python3 train.py ARGS`` -> the
+    named interpreter (found on PATH) with the script made absolute; anything else -> the
+    program (path or PATH lookup) with its arguments as given.
+    """
+    first, rest = command[0], list(command[1:])
+    if first.endswith(".py"):
+        script = _script_path(first)
+        interpreter = python or submitter_python(env)
+        return [interpreter, "-u", str(script), *rest], script
+    if _PYTHON_NAME.match(os.path.basename(first)):
+        interpreter = python or _program(first, env)
+        named: Path | None = None
+        if rest and not rest[0].startswith("-") and rest[0].endswith(".py"):
+            named = _script_path(rest[0])
+            rest[0] = str(named)
+        return [interpreter, *rest], named
+    if python is not None:
+        raise PolluxError("--python applies to Python scripts only")
+    return [_program(first, env), *rest], None
 
 
 def parse_env(pairs: list[str]) -> dict[str, str]:
@@ -63,43 +144,79 @@ def submitted_environment() -> dict[str, str]:
     }
 
 
+def _python_option(value: str | None) -> str | None:
+    if value is None:
+        return None
+    path = os.path.abspath(os.path.expanduser(value))  # absolute, symlinks kept
+    if not os.access(path, os.X_OK) or os.path.isdir(path):
+        raise PolluxError(f"--python {value}: not an executable file")
+    return path
+
+
 def build_submit_request(args: argparse.Namespace) -> Submit:
     spec: dict[str, Any] = load_spec(args.spec) if args.spec else {}
-    if args.script:
-        script, extra = args.script, list(args.args)
+    if args.program:
+        command = [args.program, *args.args]
+        if spec and len(command) == 1:
+            command += list(spec.get("args", []))
     elif "script" in spec:
-        script, extra = spec["script"], list(spec.get("args", [])) + list(args.args)
+        base = Path(args.spec).parent
+        script = spec["script"]
+        if not os.path.isabs(script) and not (base / script).exists() and Path(script).exists():
+            base = Path(".")
+        command = [str(base / script) if not os.path.isabs(script) else script]
+        command += list(spec.get("args", []))
     elif args.spec:
-        raise PolluxError(f"{args.spec}: job.script is missing (or give a SCRIPT)")
+        raise PolluxError(f"{args.spec}: job.script is missing (or give a COMMAND)")
     else:
-        raise PolluxError("submit needs a SCRIPT or --spec job.toml")
-    if args.script and spec:
-        extra = list(args.args) or list(spec.get("args", []))
+        raise PolluxError("submit needs a COMMAND (e.g. train.py) or --spec job.toml")
 
     def pick(name: str) -> Any:
         value = getattr(args, name, None)
         return value if value is not None else spec.get(name)
 
-    min_gpus = pick("min_gpus") or 1
-    max_gpus = pick("max_gpus")
-    if min_gpus < 1:
-        raise PolluxError(f"--min-gpus must be at least 1, got {min_gpus}")
-    if max_gpus is not None and max_gpus < min_gpus:
-        raise PolluxError(f"min gpus {min_gpus} is greater than max gpus {max_gpus}")
-    workdir = Path(args.workdir or spec.get("workdir") or os.getcwd()).expanduser().resolve()
-    if not workdir.is_dir():
-        raise PolluxError(f"workdir {workdir} is not a directory")
     env = submitted_environment()
     env.update(spec.get("env", {}))
     env.update(parse_env(args.env or []))
+    argv, script = command_argv(command, env, _python_option(args.python))
+    if args.elastic is not None:
+        elastic = bool(args.elastic)
+    else:
+        elastic = script is not None and uses_job_library(script)
+
+    if args.gpus is not None:
+        if args.min_gpus is not None or args.max_gpus is not None:
+            raise PolluxError("--gpus N fixes the size: leave out --min-gpus and --max-gpus")
+        min_gpus, max_gpus = args.gpus, args.gpus
+    elif elastic:
+        min_gpus, max_gpus = pick("min_gpus") or 1, pick("max_gpus")
+    else:
+        if args.min_gpus is not None or args.max_gpus is not None:
+            raise PolluxError(
+                "--min-gpus/--max-gpus are for elastic jobs (scripts using ElasticTrainer); "
+                "give a rigid job its size with --gpus N (or pass --elastic)"
+            )
+        size = spec.get("min_gpus") or 1
+        min_gpus, max_gpus = size, size
+    if min_gpus < 1:
+        raise PolluxError(f"the job needs at least 1 device, got {min_gpus}")
+    if max_gpus is not None and max_gpus < min_gpus:
+        raise PolluxError(f"--min-gpus {min_gpus} is greater than --max-gpus {max_gpus}")
+    workdir = Path(args.workdir or spec.get("workdir") or os.getcwd()).expanduser().resolve()
+    if not workdir.is_dir():
+        raise PolluxError(f"workdir {workdir} is not a directory")
     fields: dict[str, Any] = {
-        "argv": script_argv(script, extra),
+        "argv": argv,
         "workdir": str(workdir),
         "env": env,
         "min_gpus": int(min_gpus),
         "priority": int(pick("priority") or 0),
+        "elastic": elastic,
+        "preemptible": bool(args.preemptible),
     }
-    for key in _OPTIONAL_INTS:
+    if max_gpus is not None:
+        fields["max_gpus"] = int(max_gpus)
+    for key in _OPTIONAL_INTS[1:]:
         value = pick(key)
         if value is not None:
             fields[key] = int(value)
@@ -128,17 +245,54 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser(
         "submit",
         parents=[state_dir_parser(), json_parser()],
-        help="submit a training script",
-        usage="%(prog)s [OPTIONS] SCRIPT [ARGS...]",
-        description="Queue SCRIPT (a .py file or an executable); options go before SCRIPT, "
-        "everything after it is passed to it.",
+        help="submit a training script or command",
+        usage="%(prog)s [OPTIONS] COMMAND [ARGS...]",
+        description=__doc__.split("\n\n", 1)[1].split("\n\nThe request")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+        "  pollux-local submit train.py --lr 0.1\n"
+        "  pollux-local submit --gpus 2 ddp_train.py --epochs 5\n"
+        "  pollux-local submit --max-gpus 8 --batch-size 128 elastic_train.py\n"
+        "  pollux-local submit --spec jobs/digits_cnn/job.toml",
     )
-    p.add_argument("script", nargs="?", help="the script (python file or executable)")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    p.add_argument(
+        "program", nargs="?", metavar="COMMAND", help="train.py, python ..., or a program"
+    )
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments for COMMAND")
     p.add_argument("--spec", help="a job.toml describing the job")
     p.add_argument("--name", help="the job's name (default: the script's file name)")
-    p.add_argument("--min-gpus", type=int, dest="min_gpus", help="fewest devices (default 1)")
-    p.add_argument("--max-gpus", type=int, dest="max_gpus", help="most devices (default any)")
+    p.add_argument("--gpus", type=int, help="run on exactly N devices (rigid jobs: default 1)")
+    p.add_argument(
+        "--min-gpus", type=int, dest="min_gpus", help="elastic jobs: fewest devices (default 1)"
+    )
+    p.add_argument(
+        "--max-gpus", type=int, dest="max_gpus", help="elastic jobs: most devices (default any)"
+    )
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument(
+        "--elastic",
+        dest="elastic",
+        action="store_true",
+        default=None,
+        help="the script uses ElasticTrainer: let the scheduler resize it",
+    )
+    kind.add_argument(
+        "--rigid",
+        dest="elastic",
+        action="store_false",
+        help="run at a fixed size even if the script uses the job library",
+    )
+    p.add_argument(
+        "--preemptible",
+        action="store_true",
+        help="a rigid job that may be stopped and queued again (it resumes on its own)",
+    )
+    p.add_argument(
+        "--python",
+        metavar="PATH",
+        help="the interpreter for a .py script (default: your active venv/conda env, "
+        "else python3 on PATH); used as given, symlinks not resolved",
+    )
     p.add_argument("--batch-size", type=int, dest="batch_size", help="base batch size M0")
     p.add_argument(
         "--max-batch-size", type=int, dest="max_batch_size", help="largest total batch size"

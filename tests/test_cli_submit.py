@@ -1,0 +1,107 @@
+"""What ``pollux-local submit`` asks the daemon for: the submitter's own Python, the command
+forms users know from sbatch and pueue, rigid versus elastic jobs (no daemon needed)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from pollux_local.api.errors import PolluxError
+from pollux_local.cli import build_parser
+from pollux_local.cli.submit import build_submit_request, submitter_python
+
+
+def request(*argv: str):  # type: ignore[no-untyped-def]
+    return build_submit_request(build_parser().parse_args(["submit", *argv]))
+
+
+@pytest.fixture
+def venv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fake activated venv whose ``python`` is a symlink to this interpreter."""
+    root = tmp_path / "env"
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "python").symlink_to(sys.executable)
+    monkeypatch.setenv("VIRTUAL_ENV", str(root))
+    monkeypatch.setenv("PATH", f"{root / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
+    return root
+
+
+@pytest.fixture
+def plain(tmp_path: Path) -> Path:
+    path = tmp_path / "plain.py"
+    path.write_text("import torch.distributed as dist\nprint(dist.is_torchelastic_launched())\n")
+    return path
+
+
+@pytest.fixture
+def elastic(tmp_path: Path) -> Path:
+    path = tmp_path / "elastic.py"
+    path.write_text("from pollux_local.torch import ElasticTrainer\n")
+    return path
+
+
+def test_a_script_runs_under_the_active_venv_unresolved(venv: Path, plain: Path) -> None:
+    submit = request(str(plain), "--lr", "0.1")
+    assert submit.argv == [str(venv / "bin" / "python"), "-u", str(plain), "--lr", "0.1"]
+    assert submit.env["VIRTUAL_ENV"] == str(venv)
+
+
+def test_conda_and_path_are_looked_at_in_order(tmp_path: Path) -> None:
+    conda = tmp_path / "conda"
+    (conda / "bin").mkdir(parents=True)
+    (conda / "bin" / "python").symlink_to(sys.executable)
+    assert submitter_python({"CONDA_PREFIX": str(conda), "PATH": "/nowhere"}) == str(
+        conda / "bin" / "python"
+    )
+    found = submitter_python({"PATH": str(conda / "bin")})
+    assert found == str(conda / "bin" / "python")  # `python` when there is no python3
+    with pytest.raises(PolluxError, match="no python found"):
+        submitter_python({"PATH": str(tmp_path / "empty")})
+
+
+def test_python_option_is_taken_as_given(venv: Path, plain: Path, tmp_path: Path) -> None:
+    link = tmp_path / "mypython"
+    link.symlink_to(sys.executable)
+    assert request("--python", str(link), str(plain)).argv[0] == str(link)
+    with pytest.raises(PolluxError, match="not an executable"):
+        request("--python", str(tmp_path / "missing"), str(plain))
+
+
+def test_command_forms(venv: Path, plain: Path) -> None:
+    spelled = request("python3", str(plain), "x")
+    assert spelled.argv[1:] == [str(plain), "x"] and os.path.basename(spelled.argv[0]) == "python3"
+    program = request("sleep", "5")
+    assert os.path.basename(program.argv[0]) == "sleep" and program.argv[1:] == ["5"]
+    with pytest.raises(PolluxError, match="no program of that name"):
+        request("surely-not-a-program-here")
+
+
+def test_options_before_the_script_and_everything_after_goes_to_it(
+    venv: Path, elastic: Path
+) -> None:
+    submit = request("--max-gpus", "8", "--batch-size", "128", str(elastic), "--max-gpus", "3")
+    assert submit.max_gpus == 8 and submit.batch_size == 128
+    assert submit.argv[-2:] == ["--max-gpus", "3"]
+
+
+def test_plain_scripts_are_rigid_at_one_device_unless_told(venv: Path, plain: Path) -> None:
+    submit = request(str(plain))
+    assert (submit.elastic, submit.min_gpus, submit.max_gpus) == (False, 1, 1)
+    submit = request("--gpus", "2", "--preemptible", str(plain))
+    assert (submit.elastic, submit.min_gpus, submit.max_gpus, submit.preemptible) == (
+        False, 2, 2, True,
+    )  # fmt: skip
+    with pytest.raises(PolluxError, match="--gpus N"):
+        request("--max-gpus", "4", str(plain))
+    assert request("--elastic", "--max-gpus", "4", str(plain)).elastic
+
+
+def test_job_library_scripts_are_elastic(venv: Path, elastic: Path) -> None:
+    submit = request("--max-gpus", "4", str(elastic))
+    assert (submit.elastic, submit.min_gpus, submit.max_gpus) == (True, 1, 4)
+    assert not request("--rigid", str(elastic)).elastic
+    with pytest.raises(PolluxError, match="leave out"):
+        request("--gpus", "2", "--min-gpus", "1", str(elastic))
