@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -243,41 +244,69 @@ async def test_down_is_told_by_the_error_class_not_its_text(
         assert str(error) in status_text(app)
 
 
-async def test_submit_form_validates_and_sends(source: FixedSource, make_app: Any) -> None:
-    app = make_app(source, sync=True)
+async def test_submit_form_sends_what_the_cli_sends(
+    source: FixedSource, make_app: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The form builds its request with the CLI's code, in this user's environment (the
+    active venv's Python for a .py script; a plain script is rigid), and a refused or
+    invalid form sends nothing at all."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    monkeypatch.setenv("VIRTUAL_ENV", str(venv))
+    (tmp_path / "train.py").write_text("print('plain script')\n")
+    (tmp_path / "elastic.py").write_text("from pollux_local.torch import ElasticTrainer\n")
+    app = make_app(source, sync=True, workdir=str(tmp_path))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
+        before = list(source.calls)
         await pilot.press("n")
         assert isinstance(app.screen, SubmitScreen)
-        app.screen.query_one("#f-min_gpus", Input).value = "3"
-        app.screen.query_one("#f-max_gpus", Input).value = "2"
-        app.screen.query_one("#f-script", Input).value = "train.py"
-        app.screen.query_one("#f-args", Input).value = "--epochs 3 --lr '0.1'"
+        form = app.screen
+        form.query_one("#f-min_gpus", Input).value = "3"
+        form.query_one("#f-max_gpus", Input).value = "2"
+        form.query_one("#f-script", Input).value = "elastic.py"
+        form.query_one("#f-args", Input).value = "--epochs 3 --lr '0.1'"
         await pilot.click("#submit")
         assert isinstance(app.screen, SubmitScreen)
-        assert "min devices 3 > max devices 2" in str(app.screen.query_one("#error").render())
-        app.screen.query_one("#f-min_gpus", Input).value = "1"
-        app.screen.query_one("#f-name", Input).value = "\x1b[31mred"  # the daemon refuses it
+        assert "min devices 3 > max devices 2" in str(form.query_one("#error").render())
+        form.query_one("#f-min_gpus", Input).value = "1"
+        form.query_one("#f-script", Input).value = "missing.py"
         await pilot.pause(0.3)  # a button ignores presses during its 0.2 s press animation
         await pilot.click("#submit")
+        assert "does not exist" in str(form.query_one("#error").render())
+        form.query_one("#f-script", Input).value = "elastic.py"
+        form.query_one("#f-name", Input).value = "\x1b[31mred"  # the contract refuses it
+        await pilot.pause(0.3)
+        await pilot.click("#submit")
         assert isinstance(app.screen, SubmitScreen)
-        assert "name" in str(app.screen.query_one("#error").render())
-        app.screen.query_one("#f-name", Input).value = "tiny"
+        assert "name" in str(form.query_one("#error").render())
+        assert not [c for c in source.calls[len(before) :] if not isinstance(c, api.Status)]
+        form.query_one("#f-name", Input).value = "tiny"
         await pilot.pause(0.3)
         await pilot.click("#submit")
         await pilot.pause()
         assert not isinstance(app.screen, SubmitScreen)
         sent = [call for call in source.calls if isinstance(call, api.Submit)]
-        assert sent == [
-            api.Submit(
-                argv=[sys.executable, "-u", "train.py", "--epochs", "3", "--lr", "0.1"],
-                name="tiny",
-                min_gpus=1,
-                max_gpus=2,
-                workdir="/work/lab",
-            )
-        ]
+        assert len(sent) == 1
+        submit = sent[0]
+        assert submit.argv == [
+            str(venv / "bin" / "python"), "-u", str(tmp_path / "elastic.py"),
+            "--epochs", "3", "--lr", "0.1",
+        ]  # fmt: skip
+        assert (submit.name, submit.min_gpus, submit.max_gpus, submit.elastic) == (
+            "tiny", 1, 2, True,
+        )  # fmt: skip
+        assert submit.workdir == str(tmp_path) and submit.env["VIRTUAL_ENV"] == str(venv)
         assert row(app, "8").name == "tiny" and row(app, "8").state == "queued"
+        await pilot.press("n")
+        app.screen.query_one("#f-script", Input).value = "train.py"
+        app.screen.query_one("#f-min_gpus", Input).value = "2"
+        await pilot.pause(0.3)
+        await pilot.click("#submit")
+        await pilot.pause()
+        rigid = [call for call in source.calls if isinstance(call, api.Submit)][-1]
+        assert (rigid.elastic, rigid.min_gpus, rigid.max_gpus) == (False, 2, 2)
 
 
 async def test_help_and_log_follow(source: FixedSource, make_app: Any) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import shlex
-import sys
-from typing import Any, ClassVar, cast
+from pathlib import Path
+from typing import Any, ClassVar
 
 from textual import on
 from textual.app import ComposeResult
@@ -13,9 +15,9 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label
 
-from pollux_local.api.errors import InvalidRequest
+from pollux_local.api.errors import PolluxError
 from pollux_local.api.messages import Submit
-from pollux_local.client import build_request
+from pollux_local.cli.submit import build_submit_request, uses_job_library
 
 
 class SubmitScreen(ModalScreen[Submit | None]):
@@ -55,53 +57,70 @@ class SubmitScreen(ModalScreen[Submit | None]):
                 yield Button("Cancel", id="cancel")
 
     def collect(self) -> Submit:
-        """The ``submit`` request, validated as the daemon validates it; ``ValueError`` naming
-        the field that is wrong."""
-        out: dict[str, Any] = {}
+        """The ``submit`` request exactly as ``pollux-local submit`` builds it from the same
+        values, in this user's environment (``cli.submit.build_submit_request``: the user's
+        Python for a ``.py`` script, rigid or elastic by what the script imports, paths made
+        absolute); ``ValueError`` naming the field that is wrong.  Nothing is sent here."""
+        values: dict[str, Any] = {}
         for field_id, label, _, kind in self.FIELDS:
             raw = self.query_one(f"#f-{field_id}", Input).value.strip()
             if not raw:
                 continue
             if kind == "int":
                 try:
-                    number = int(raw)
+                    values[field_id] = int(raw)
                 except ValueError:
                     raise ValueError(f"{label.rstrip(' *')}: not an integer: {raw!r}") from None
-                if field_id != "priority" and number <= 0:
-                    raise ValueError(f"{label}: must be positive, got {number}")
-                out[field_id] = number
             elif kind == "args":
                 try:
-                    out[field_id] = shlex.split(raw)
+                    values[field_id] = shlex.split(raw)
                 except ValueError as exc:
                     raise ValueError(f"{label}: {exc}") from None
             else:
-                out[field_id] = raw
-        if "script" not in out:
+                values[field_id] = raw
+        if "script" not in values:
             raise ValueError("Script: required")
-        script, args = out.pop("script"), out.pop("args", [])
-        # a Python script runs under this interpreter, as `pollux-local submit` runs it
-        out["argv"] = (
-            [sys.executable, "-u", script, *args] if script.endswith(".py") else [script, *args]
-        )
-        out.setdefault("workdir", self.workdir)
-        if not out["workdir"].startswith("/"):
-            raise ValueError(f"Working directory: must be an absolute path, got {out['workdir']!r}")
-        if "min_gpus" in out and "max_gpus" in out and out["min_gpus"] > out["max_gpus"]:
-            raise ValueError(f"min devices {out['min_gpus']} > max devices {out['max_gpus']}")
+        workdir = values.get("workdir", self.workdir)
+        if not os.path.isabs(workdir):
+            raise ValueError(f"Working directory: must be an absolute path, got {workdir!r}")
+        script = values["script"]
         if (
-            "batch_size" in out
-            and "max_batch_size" in out
-            and out["max_batch_size"] < out["batch_size"]
+            os.sep in script
+            and not os.path.isabs(script)
+            or script.endswith(".py")
+            and not os.path.isabs(script)
         ):
-            raise ValueError(
-                f"max batch size {out['max_batch_size']} < base batch size {out['batch_size']}"
-            )
+            script = os.path.join(workdir, script)
+        low, high = values.get("min_gpus"), values.get("max_gpus")
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"min devices {low} > max devices {high}")
+        elastic = uses_job_library(Path(script)) if script.endswith(".py") else False
+        # a rigid job runs at one size: the form's min devices (or max) is that size
+        fixed = None if elastic else (low if low is not None else high)
+        options = argparse.Namespace(
+            spec=None,
+            program=script,
+            args=values.get("args", []),
+            name=values.get("name"),
+            gpus=fixed,
+            min_gpus=low if elastic else None,
+            max_gpus=high if elastic else None,
+            elastic=elastic,
+            preemptible=False,
+            python=None,
+            batch_size=values.get("batch_size"),
+            max_batch_size=values.get("max_batch_size"),
+            min_local_batch=None,
+            max_local_batch=None,
+            priority=values.get("priority"),
+            workdir=workdir,
+            env=[],
+            hold=False,
+        )
         try:
-            request = cast(Submit, build_request("submit", **out))
-        except InvalidRequest as exc:
+            return build_submit_request(options)
+        except PolluxError as exc:
             raise ValueError(str(exc)) from None
-        return request
 
     def _try_submit(self) -> None:
         try:
