@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pollux_local.client import Client
+from pollux_local.daemon.config import POLICIES, POLICY_ALIASES
 from pollux_local.errors import PolluxError
 
 FIRST_STEP = r"""
@@ -54,7 +55,13 @@ def summary(values: list[float]) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=1000)
-    parser.add_argument("--policy", choices=("goodput", "fifo"), default="goodput")
+    parser.add_argument(
+        "--policy",
+        type=lambda name: POLICY_ALIASES.get(name, name),  # the daemon CLI takes "goodput"
+        choices=POLICIES,
+        default="goodput",
+        help="allocation policy (pollux: another name for goodput)",
+    )
     parser.add_argument("--first-step-runs", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

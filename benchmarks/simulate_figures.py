@@ -23,15 +23,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-#: Average JCT (s) recorded by the published artifact: {load: {policy: [w1, w2, w3, w4]}}.
+#: Average JCT (s) recorded by the published artifact: {load: {policy: [w1, w2, w3, w4]}};
+#: the goodput policy's reference is the artifact's Pollux.
 ARTIFACT_AVG_JCT_S: dict[str, dict[str, list[float]]] = {
     "1x": {
-        "pollux": [2089, 3323, 2188, 2721],
+        "goodput": [2089, 3323, 2188, 2721],
         "tiresias": [2474, 5145, 3876, 3280],
         "optimus": [4087, 6914, 3944, 5968],
     },
     "2x": {
-        "pollux": [6186, 4191, 5132, 5262],
+        "goodput": [6186, 4191, 5132, 5262],
         "tiresias": [10138, 8656, 10728, 9665],
         "optimus": [10807, 8515, 8363, 10313],
     },
@@ -40,12 +41,13 @@ LOAD_FOLDERS = {"1x": "workloads", "2x": "workloads-2.0"}
 
 
 def _run(task: tuple[str, str, int, str]) -> dict[str, object]:
-    from pollux_local.cli.simulate import make_policy
+    from pollux_local.cli.simulate import canonical_policy, make_policy
     from pollux_local.sim.profiles import load_profiles
     from pollux_local.sim.simulator import Simulator
     from pollux_local.sim.workload import read_workload
 
     data, load, number, policy_name = task
+    policy_name = canonical_policy(policy_name)
     path = Path(data) / LOAD_FOLDERS[load] / f"workload-{number}.csv"
     workload = read_workload(path)
     profiles = load_profiles(Path(data) / "models", {job.application for job in workload})
@@ -60,13 +62,17 @@ def _run(task: tuple[str, str, int, str]) -> dict[str, object]:
 
 
 def main() -> int:
+    from pollux_local.cli.simulate import POLICIES, canonical_policy
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "pollux-artifact"))
     parser.add_argument(
         "--policy",
         nargs="+",
-        default=["tiresias", "optimus", "pollux"],
-        choices=["pollux", "tiresias", "optimus", "fifo"],
+        type=canonical_policy,
+        default=["tiresias", "optimus", "goodput"],
+        choices=POLICIES,
+        help="policies to run (pollux: another name for goodput)",
     )
     parser.add_argument("--workloads", nargs="+", type=int, default=[1, 2, 3, 4])
     parser.add_argument("--loads", nargs="+", default=["1x", "2x"], choices=["1x", "2x"])

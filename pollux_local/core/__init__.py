@@ -31,6 +31,8 @@ from pollux_local.core.types import (
     NodeView,
     Placement,
     Policy,
+    split_batch,
+    split_batches,
 )
 
 __all__ = [
@@ -60,4 +62,6 @@ __all__ = [
     "predict_step_time",
     "predict_throughput",
     "progress_gain",
+    "split_batch",
+    "split_batches",
 ]

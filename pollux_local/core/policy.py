@@ -198,7 +198,7 @@ class GoodputPolicy:
     (m) how many times over a change must earn back its restart cost.
     """
 
-    name = "pollux"
+    name = "goodput"
 
     def __init__(
         self,

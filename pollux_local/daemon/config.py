@@ -4,7 +4,7 @@ With no file the daemon schedules this machine alone: its GPUs found through NVM
 machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file looks like::
 
     [scheduler]
-    policy = "goodput"        # or "fifo"
+    policy = "goodput"        # or "fifo" ("pollux": another name for "goodput")
     interval_s = 60
     p = -1.0                  # fairness exponent of the goodput policy
     restart_cost_s = 30
@@ -40,6 +40,8 @@ from pollux_local.tomlfile import read_toml
 
 LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
 POLICIES = ("goodput", "fifo")
+#: Other names accepted for a policy: the goodput policy is Pollux's.
+POLICY_ALIASES = {"pollux": "goodput"}
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,8 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
     if not isinstance(sched, dict) or not isinstance(daemon, dict):
         raise PolluxError(f"{where}: [scheduler] and [daemon] must be tables")
     policy = sched.get("policy", "goodput")
+    if isinstance(policy, str):
+        policy = POLICY_ALIASES.get(policy, policy)
     if policy not in POLICIES:
         raise PolluxError(f"{where}: policy must be one of {', '.join(POLICIES)}, got {policy!r}")
     admin_group = daemon.get("admin_group")
