@@ -80,3 +80,15 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
             return value
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def activated_environ(**extra: str) -> dict[str, str]:
+    """This process's environment as if the interpreter running the tests were the submitter's
+    activated venv (``pollux-local submit`` runs a ``.py`` job under the submitter's Python)."""
+    bin_dir = str(Path(sys.executable).parent)
+    return {
+        **os.environ,
+        "VIRTUAL_ENV": sys.prefix,
+        "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", os.defpath)]),
+        **extra,
+    }

@@ -120,7 +120,7 @@ def test_sigkill_while_running_and_during_a_stop_then_the_job_finishes(
         job_id = str(
             daemon.client.request(
                 "submit", argv=[sys.executable, str(script), "120"], workdir=str(tmp_path),
-                name="survivor", max_gpus=1,
+                name="survivor", max_gpus=1, elastic=True,
             )["id"]
         )  # fmt: skip
         state = lambda: daemon.client.request("show", id=job_id)["job"]["state"]  # noqa: E731
@@ -205,7 +205,7 @@ def test_sigkill_during_a_rescale_decided_by_the_policy(state_dir: Path, tmp_pat
         submit = lambda name, steps: str(  # noqa: E731
             daemon.client.request(
                 "submit", argv=[sys.executable, str(script), str(steps)], workdir=str(tmp_path),
-                name=name, max_gpus=2,
+                name=name, max_gpus=2, elastic=True,
             )["id"]
         )  # fmt: skip
         jobs = lambda: {j["id"]: j for j in daemon.client.request("status")["jobs"]}  # noqa: E731

@@ -8,7 +8,6 @@ running, and a crashing job retried with back-off until it fails with its reason
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -22,6 +21,7 @@ import pytest
 
 from pollux_local.client import Client
 from pollux_local.errors import PolluxError
+from tests.daemon_process import activated_environ
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -111,11 +111,9 @@ class Daemon:
         self.state_dir = root / "s"
         self.config = root / "config.toml"
         self.config.write_text(config)
-        self.env = {
-            **os.environ,
-            "OMP_NUM_THREADS": "1",
-            "POLLUX_LOCAL_STATE_DIR": str(self.state_dir),
-        }
+        self.env = activated_environ(
+            OMP_NUM_THREADS="1", POLLUX_LOCAL_STATE_DIR=str(self.state_dir)
+        )
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -209,10 +207,14 @@ def resumes(log: str) -> list[tuple[int, int]]:
 
 @pytest.mark.slow
 def test_live_resize_through_checkpoint(daemon: Daemon) -> None:
-    first = daemon.submit("--max-gpus", "2", "--batch-size", "64", "train.py", "150", "0.05")
+    first = daemon.submit(
+        "--elastic", "--max-gpus", "2", "--batch-size", "64", "train.py", "150", "0.05"
+    )
     # alone, it gets both devices (at once, or once it has reported a profile)
     daemon.wait_for(lambda j: j[first]["gpus"] == 2 and (j[first]["progress"] or 0) >= 5, 90)
-    second = daemon.submit("--max-gpus", "2", "--batch-size", "64", "train.py", "30", "0.05")
+    second = daemon.submit(
+        "--elastic", "--max-gpus", "2", "--batch-size", "64", "train.py", "30", "0.05"
+    )
     final = daemon.wait_for(lambda j: all(x["state"] == "succeeded" for x in j.values()), 150)
     assert final[first]["progress"] == 150 and final[second]["progress"] == 30
     log = daemon.cli("logs", first).stdout
@@ -239,8 +241,10 @@ def test_live_resize_through_checkpoint(daemon: Daemon) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_daemon_restart_loses_nothing_and_resumes(daemon: Daemon, signum: int) -> None:
-    running = daemon.submit("--min-gpus", "2", "--max-gpus", "2", "train.py", "80", "0.05")
-    queued = daemon.submit("--min-gpus", "2", "--max-gpus", "2", "quick.py", "q")
+    running = daemon.submit(
+        "--elastic", "--min-gpus", "2", "--max-gpus", "2", "train.py", "80", "0.05"
+    )
+    queued = daemon.submit("--gpus", "2", "quick.py", "q")
     held = daemon.submit("--hold", "quick.py", "h")
     daemon.wait_for(
         lambda j: (j[running]["progress"] or 0) >= 10 and j[queued]["state"] == "queued", 60
@@ -264,7 +268,7 @@ def test_daemon_restart_loses_nothing_and_resumes(daemon: Daemon, signum: int) -
 def test_crash_is_retried_with_backoff_then_fails_with_reason(daemon: Daemon) -> None:
     crash = daemon.root / "crash.py"
     crash.write_text("import sys\nprint('boom: bad input shape', flush=True)\nsys.exit(3)\n")
-    job = daemon.submit("--max-gpus", "1", "crash.py")
+    job = daemon.submit("--gpus", "1", "crash.py")
     final = daemon.wait_for(lambda j: j[job]["state"] == "failed", 60)
     reason = final[job]["reason"]
     assert "code 3" in reason and "boom: bad input shape" in reason and "2 restart" in reason

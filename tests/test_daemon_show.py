@@ -74,7 +74,7 @@ def test_show_carries_report_model_and_history_and_the_tui_plots_draw_from_it(
     job_id = str(
         daemon.client.request(
             "submit", argv=[sys.executable, str(script), str(stop_file)], workdir=str(tmp_path),
-            name="reporter", max_gpus=1, batch_size=64,
+            name="reporter", max_gpus=1, batch_size=64, elastic=True,
         )["id"]
     )  # fmt: skip
     before = show(daemon, job_id)

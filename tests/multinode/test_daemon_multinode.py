@@ -80,7 +80,14 @@ def submit_gloo_job(daemon: DaemonProcess, workdir: Path, steps: int, sleep_s: f
     argv = [PYTHON, str(GLOO_JOB), "--steps", str(steps), "--step-sleep", str(sleep_s),
             "--checkpoint-every", "5"]  # fmt: skip
     reply = daemon.client.request(
-        "submit", argv=argv, workdir=str(workdir), env=env, min_gpus=1, max_gpus=2, name="gloo"
+        "submit",
+        argv=argv,
+        workdir=str(workdir),
+        env=env,
+        min_gpus=1,
+        max_gpus=2,
+        name="gloo",
+        elastic=True,
     )
     return str(reply["id"])
 
