@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import shlex
 import shutil
@@ -34,7 +33,7 @@ from pollux_local.client import Client
 from pollux_local.daemon.config import load_config
 from pollux_local.errors import PolluxError
 from pollux_local.jobspec import load_job_spec
-from tests.daemon_process import DaemonProcess, wait_for
+from tests.daemon_process import DaemonProcess, activated_environ, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -62,6 +61,7 @@ PARSE_ONLY = {
         "runs until stopped, on system paths"
     ),
     "pollux-local logs -f 1": "follows the log until the job ends",
+    "pollux-local wait 2 3": "blocks until the jobs end (minutes on two CPU devices)",
     "pollux-local tui": "interactive, needs a terminal",
     "pollux-local tui --demo": "interactive, needs a terminal",
     "pollux-local simulate ../shared/data/pollux-artifact/workloads/workload-1.csv": (
@@ -76,7 +76,7 @@ def long_running(argv: list[str]) -> bool:
     """Does this ``pollux-local`` command run until stopped, need a terminal or take minutes?"""
     command = argv[1] if len(argv) > 1 else "tui"  # plain ``pollux-local`` opens the TUI
     follows = command == "logs" and ("-f" in argv or "--follow" in argv)
-    return command in ("daemon", "tui", "simulate") or follows
+    return command in ("daemon", "tui", "simulate", "wait") or follows
 
 
 def fenced_blocks(text: str) -> list[tuple[str, list[str]]]:
@@ -249,7 +249,7 @@ def test_readme_commands_run(tmp_path: Path) -> None:
     daemon_lines = [c for c in CLI_COMMANDS if shlex.split(c)[1:2] == ["daemon"]]
     daemon = DaemonProcess(state_dir, *shlex.split(daemon_lines[0])[2:]).start()
     session = Session(client=daemon.client)
-    env = dict(os.environ, POLLUX_LOCAL_STATE_DIR=str(state_dir), OMP_NUM_THREADS="1")
+    env = activated_environ(POLLUX_LOCAL_STATE_DIR=str(state_dir), OMP_NUM_THREADS="1")
     try:
         for command in CLI_COMMANDS:
             argv = shlex.split(command)
