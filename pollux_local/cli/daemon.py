@@ -8,6 +8,7 @@ import dataclasses
 from pollux_local.api.errors import PolluxError
 from pollux_local.cli.common import state_dir_parser
 from pollux_local.client import resolve_state_dir
+from pollux_local.core.names import POLICY_ALIASES, canonical_policy
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
@@ -20,7 +21,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
             raise PolluxError(f"--interval must be positive, got {args.interval}")
         config = dataclasses.replace(config, interval_s=args.interval)
     if args.policy is not None:
-        config = dataclasses.replace(config, policy=args.policy)
+        config = dataclasses.replace(config, policy=canonical_policy(args.policy))
     return run_daemon(config, resolve_state_dir(args.state_dir), verbose=args.verbose)
 
 
@@ -31,6 +32,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--config", help="TOML config (nodes, devices, interval, policy)")
     p.add_argument("--devices", help="this machine's devices, e.g. cpu:2 or cuda:0,1")
     p.add_argument("--interval", type=float, help="scheduling interval in seconds")
-    p.add_argument("--policy", choices=("goodput", "fifo"), help="allocation policy")
+    p.add_argument(
+        "--policy",
+        choices=("goodput", "fifo", *POLICY_ALIASES),
+        help="allocation policy (goodput, the default; pollux is another name for it)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     p.set_defaults(func=cmd_daemon)

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from pollux_local.core.names import canonical_policy
 from pollux_local.core.types import Policy
 from pollux_local.errors import PolluxError
 
 POLICIES = ("goodput", "tiresias", "optimus", "fifo")
 #: Other names accepted for a policy: the goodput policy is Pollux's.
-POLICY_ALIASES = {"pollux": "goodput"}
 DEFAULT_MODELS = Path("..") / "shared" / "data" / "pollux-artifact" / "models"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,11 +27,6 @@ def default_models_dir() -> Path | None:
         if candidate.is_dir():
             return candidate
     return None
-
-
-def canonical_policy(name: str) -> str:
-    """A policy's one name (``pollux`` -> ``goodput``); other names are returned unchanged."""
-    return POLICY_ALIASES.get(name, name)
 
 
 def make_policy(name: str, interval_s: float = 60.0, restart_cost_s: float = 30.0) -> Policy:

@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pollux_local.core.names import POLICY_ALIASES
 from pollux_local.errors import PolluxError
 from pollux_local.tomlfile import read_toml
 
 LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
 POLICIES = ("goodput", "fifo")
 #: Other names accepted for a policy: the goodput policy is Pollux's.
-POLICY_ALIASES = {"pollux": "goodput"}
 
 
 @dataclass(frozen=True)
