@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "pollux_local.cli.jobs",
     "pollux_local.cli.simulate",
     "pollux_local.cli.tui",
+    "pollux_local.cli.completion",
 )
 
 
@@ -45,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    if argv is None:
+        from pollux_local.cli.completion import autocomplete
+
+        autocomplete(parser)  # a shell asking for completions: answered, then exits
     args = parser.parse_args(argv)
     if args.command is None:
         if sys.stdout.isatty() and "tui" in args.available_commands:
