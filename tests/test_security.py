@@ -1,47 +1,37 @@
 """Users kept apart: a second Unix user (made for the test) cannot cancel root's job, and the
-daemon's socket and state files have the documented permissions."""
+daemon's socket and state files have the documented permissions.
+
+As in a lab: the daemon (root) and the second user's ``pollux-local`` both run from the shared
+interpreter ``scripts/lab-install`` makes (the ``lab_install`` session fixture)."""
 
 from __future__ import annotations
 
-import os
-import secrets
 import shutil
 import stat
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.daemon_process import REPO_ROOT, DaemonProcess
+from tests.labinstall import LabDaemon, LabInstall, LabUser, world_readable_tempdir
 
-pytestmark = [
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create a second Unix user"),
-    pytest.mark.skipif(
-        shutil.which("useradd") is None or shutil.which("runuser") is None,
-        reason="needs useradd and runuser",
-    ),
-    pytest.mark.skipif(not os.access("/usr/bin/python3", os.X_OK), reason="needs /usr/bin/python3"),
-]
+pytestmark = [pytest.mark.timeout(180)]
 
 
 @pytest.fixture()
-def second_user() -> Iterator[str]:
-    name = "pxsec" + secrets.token_hex(3)
-    subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True, timeout=30)
+def second_user(lab_install: LabInstall) -> Iterator[LabUser]:
+    user = LabUser(lab_install, "pxsec")
     try:
-        yield name
+        yield user
     finally:
-        subprocess.run(["userdel", "-r", name], capture_output=True, timeout=30)
+        user.remove()
 
 
 @pytest.fixture()
-def daemon() -> Iterator[DaemonProcess]:
+def daemon(lab_install: LabInstall) -> Iterator[LabDaemon]:
     # Under /tmp (not pytest's tmp dir under a 0700 parent) so that other users reach the socket.
-    base = Path("/tmp") / ("pollux-sec-" + secrets.token_hex(3))
-    base.mkdir(mode=0o755)
-    proc = DaemonProcess(base / "state", "--devices", "cpu:2", "--interval", "30").start()
+    base = world_readable_tempdir("pollux-sec-")
+    proc = LabDaemon(lab_install, base / "state", "--devices", "cpu:2", "--interval", "30").start()
     try:
         yield proc
     finally:
@@ -49,25 +39,13 @@ def daemon() -> Iterator[DaemonProcess]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-# The real command-line entry point, limited to the job commands: the system Python given to
-# the second user (root's Python is under /root, mode 700) has no numpy, which only the
-# simulator and the terminal UI need.
-CLIENT = (
-    "import sys, pollux_local.cli as cli; "
-    "cli.COMMAND_MODULES = ('pollux_local.cli.jobs',); sys.exit(cli.main(sys.argv[1:]))"
-)
+def as_user(user: LabUser, *args: str) -> subprocess.CompletedProcess[str]:
+    """``pollux-local ARGS`` of the lab install run as ``user`` (so SO_PEERCRED sees that
+    user)."""
+    return user.cli(*args)
 
 
-def as_user(user: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """``pollux-local ARGS`` run as ``user`` (via runuser, so SO_PEERCRED sees that user)."""
-    return subprocess.run(
-        ["runuser", "-u", user, "--", "/usr/bin/env", f"PYTHONPATH={REPO_ROOT}", "HOME=/tmp",
-         "/usr/bin/python3", "-c", CLIENT, *args],
-        capture_output=True, text=True, timeout=60, cwd="/tmp",
-    )  # fmt: skip
-
-
-def test_second_user_cannot_cancel_roots_job(second_user: str, daemon: DaemonProcess) -> None:
+def test_second_user_cannot_cancel_roots_job(second_user: LabUser, daemon: LabDaemon) -> None:
     reply = daemon.client.request(
         "submit", argv=["sleep", "600"], workdir="/tmp", hold=True, name="roots-job"
     )
@@ -94,7 +72,7 @@ def test_second_user_cannot_cancel_roots_job(second_user: str, daemon: DaemonPro
     assert daemon.client.request("show", id=job_id)["job"]["state"] == "cancelled"
 
 
-def test_second_users_own_job_is_theirs_to_cancel(second_user: str, daemon: DaemonProcess) -> None:
+def test_second_users_own_job_is_theirs_to_cancel(second_user: LabUser, daemon: LabDaemon) -> None:
     state = ["--state-dir", str(daemon.state_dir)]
     submitted = as_user(
         second_user, "submit", "--hold", "--json", "--workdir", "/tmp", *state, "/bin/sleep", "600"
@@ -102,13 +80,13 @@ def test_second_users_own_job_is_theirs_to_cancel(second_user: str, daemon: Daem
     assert submitted.returncode == 0, submitted.stderr
     job_id = next(j["id"] for j in daemon.client.request("status")["jobs"])
     job = daemon.client.request("show", id=job_id)["job"]
-    assert job["owner"] == second_user  # identity from SO_PEERCRED, not from the request
+    assert job["owner"] == second_user.name  # identity from SO_PEERCRED, not from the request
     cancelled = as_user(second_user, "cancel", str(job_id), *state)
     assert cancelled.returncode == 0, cancelled.stderr
     assert daemon.client.request("show", id=job_id)["job"]["state"] == "cancelled"
 
 
-def test_socket_and_state_permissions(daemon: DaemonProcess) -> None:
+def test_socket_and_state_permissions(daemon: LabDaemon) -> None:
     state_mode = stat.S_IMODE(daemon.state_dir.stat().st_mode)
     assert state_mode & 0o022 == 0, oct(state_mode)  # nobody else may write the state dir
     db_mode = stat.S_IMODE((daemon.state_dir / "state.db").stat().st_mode)
