@@ -244,7 +244,8 @@ def test_daemon_restart_loses_nothing_and_resumes(daemon: Daemon, signum: int) -
     running = daemon.submit(
         "--elastic", "--min-gpus", "2", "--max-gpus", "2", "train.py", "80", "0.05"
     )
-    queued = daemon.submit("--gpus", "2", "quick.py", "q")
+    # a lower priority keeps it queued (with no service yet it would otherwise go first)
+    queued = daemon.submit("--gpus", "2", "--priority", "-1", "quick.py", "q")
     held = daemon.submit("--hold", "quick.py", "h")
     daemon.wait_for(
         lambda j: (j[running]["progress"] or 0) >= 10 and j[queued]["state"] == "queued", 60

@@ -13,7 +13,9 @@
   devices at the job's static batch.
 
 All three are pure (no clock, no I/O) and deterministic; they place a job on as few nodes as
-possible: the fullest node that still fits it, else the emptiest nodes first.
+possible: the fullest node that still fits it, else the emptiest nodes first.  A rigid job
+(``JobView.rigid``) runs on exactly its size or waits and is never resized; running, unless
+preemptible, it keeps its devices ahead of every other job.
 """
 
 from __future__ import annotations
@@ -67,9 +69,23 @@ def pack(replicas: int, free: Sequence[int]) -> Placement | None:
 
 
 def _static_need(job: JobView, total: int) -> int:
-    """The device count a static-configuration job asks for, within its bounds and the cluster."""
+    """The device count a static-configuration job asks for, within its bounds and the cluster
+    (a rigid job: exactly its size, even beyond the cluster, where it waits)."""
+    if job.rigid:
+        return max(job.min_replicas, 1)
     need = max(job.static_replicas, job.min_replicas, 1)
     return min(need, max(job.max_replicas, 1), total)
+
+
+def _keep_pinned(jobs: Sequence[JobView], free: list[int]) -> dict[str, Placement]:
+    """The running rigid jobs that may not be preempted keep their devices (taken from
+    ``free``) while those are still offered."""
+    pinned: dict[str, Placement] = {}
+    for job in jobs:
+        if job.pinned and valid_placement(job.placement, free):
+            pinned[job.id] = job.placement
+            _subtract(free, job.placement)
+    return pinned
 
 
 def _arrival_order(jobs: Sequence[JobView]) -> list[JobView]:
@@ -162,18 +178,21 @@ class TiresiasPolicy:
         )
 
         free = node_capacity(nodes)
-        total = remaining = sum(free)
+        total = sum(free)
+        placed = _keep_pinned(ordered, free)
+        remaining = sum(free)
         admitted: list[JobView] = []
         reasons: dict[str, str] = {}
         for queue_name, queue in (("high", high), ("low", low)):
             for job in queue:
+                if job.id in placed:
+                    continue
                 need = _static_need(job, total)
                 if need <= remaining:
                     admitted.append(job)
                     remaining -= need
                 else:
                     reasons[job.id] = f"waiting in the {queue_name} queue"
-        placed: dict[str, Placement] = {}
         for job in admitted:  # admitted jobs that already run keep their devices
             if sum(job.placement) == _static_need(job, total) and valid_placement(
                 job.placement, free
@@ -205,11 +224,23 @@ class OptimusPolicy:
         rng: np.random.Generator,
     ) -> Decision:
         free = node_capacity(nodes)
-        total = remaining = sum(free)
+        total = sum(free)
         ordered = _arrival_order(jobs)
-        counts = {job.id: 0 for job in ordered}
+        pinned = _keep_pinned(ordered, free)
+        remaining = sum(free)
+        counts = {job.id: sum(pinned.get(job.id, ())) for job in ordered}
         limit: dict[str, int] = {}
         for job in ordered:
+            if job.id in pinned:
+                limit[job.id] = counts[job.id]
+                continue
+            if job.rigid:  # exactly its size, or nothing
+                need = _static_need(job, total)
+                limit[job.id] = need
+                if need <= remaining:
+                    counts[job.id] = need
+                    remaining -= need
+                continue
             cap = min(job.max_replicas, total)
             if job.static_iter_time_s:
                 cap = min(cap, len(job.static_iter_time_s))
@@ -220,7 +251,7 @@ class OptimusPolicy:
 
         def gain(job: JobView) -> float:
             k = counts[job.id]
-            if k == 0 or k + 1 > limit[job.id]:
+            if k == 0 or k + 1 > limit[job.id] or job.rigid:
                 return 0.0
             work = job.remaining_iters if job.remaining_iters is not None else 1.0
             if job.static_iter_time_s:
@@ -238,9 +269,11 @@ class OptimusPolicy:
             remaining -= 1
             gains[best] = gain(by_id[best])
 
-        placed: dict[str, Placement] = {}
+        placed: dict[str, Placement] = dict(pinned)
         reasons: dict[str, str] = {}
         for job in ordered:  # keep the devices of jobs whose count did not change
+            if job.id in placed:
+                continue
             if (
                 counts[job.id]
                 and sum(job.placement) == counts[job.id]

@@ -49,6 +49,16 @@ The search, in four steps, all on tables computed once per decision:
    predicts where it really runs, so it moves onto fewer nodes when that pays for the restart
    and room is free.
 
+Rigid jobs (``JobView.rigid``: scripts the policy cannot resize) hold their devices, as Sia
+treats them; elastic jobs share the rest.  A running rigid job that may not be preempted keeps
+its placement and is left out of the search (its devices are not offered); any other rigid
+job is searched with exactly its size as the only count, so it is started on exactly that
+many devices or waits, and once running it keeps its placement or (preemptible, losing
+admission) is stopped.
+
+Waiting jobs: ``Decision.waiting`` holds the facts of why each job left waiting waits (the
+devices it needs and the jobs admitted ahead of it, each with the rule that put it there).
+
 Whole nodes: a job spanning nodes takes the devices of whole nodes (the counts the n largest
 nodes add up to): a partly used extra node slows every step with inter-node synchronisation and
 blocks the rest of that node for other multi-node jobs.
@@ -78,7 +88,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pollux_local.core.types import Decision, GoodputModelLike, JobView, NodeView, Placement
+from pollux_local.core.types import (
+    Decision,
+    GoodputModelLike,
+    Holder,
+    JobView,
+    NodeView,
+    Placement,
+    Waiting,
+)
 
 _NEG = -np.inf
 #: A job gets at most this many times the largest replica count it has been profiled on.
@@ -112,6 +130,7 @@ class _JobPlan:
     note: str = ""
     consolidate: bool = False  # runs spread out; the same count on fewer nodes pays
     spread_goodput: float | None = None  # predicted goodput where it runs, when spread out
+    waiting: Waiting | None = None  # why it waits, as facts (set when it is left waiting)
 
 
 def _min_nodes_table(node_sizes: Sequence[int], max_k: int) -> np.ndarray:
@@ -153,6 +172,61 @@ def _goodput_on(model: GoodputModelLike, nodes: int, replicas: int) -> float:
     """The model's best goodput for ``replicas`` devices over ``nodes`` nodes (0 if undefined)."""
     goodput, _, _ = model.best_goodput(np.array([nodes]), np.array([replicas]))
     return float(np.nan_to_num(goodput[0], nan=0.0, posinf=0.0))
+
+
+def _pinned(jobs: Sequence[JobView], node_sizes: Sequence[int]) -> dict[str, Placement]:
+    """The running rigid jobs that may not be preempted and whose devices are all still
+    offered: they keep them (id -> placement)."""
+    room = list(node_sizes)
+    pinned: dict[str, Placement] = {}
+    for job in jobs:
+        if not job.pinned or len(job.placement) != len(room):
+            continue
+        if any(c > r for c, r in zip(job.placement, room, strict=True)):
+            continue
+        room = [r - c for r, c in zip(room, job.placement, strict=True)]
+        pinned[job.id] = tuple(int(c) for c in job.placement)
+    return pinned
+
+
+def _pinned_reason(placement: Placement) -> str:
+    k, n = int(sum(placement)), _nodes_spanned(placement)
+    return f"{k} dev on {n} node{'s' if n > 1 else ''}; rigid: keeps its devices until it ends"
+
+
+def _hold_rule(ahead: _JobPlan, waiting: _JobPlan) -> str:
+    """Why ``ahead`` was admitted before ``waiting`` (``types.HOLD_RULES``)."""
+    if ahead.job.priority > waiting.job.priority:
+        return "priority"
+    if ahead.current_k > 0 and ahead.job.attained_gpu_s > waiting.job.attained_gpu_s:
+        return "kept"
+    return "service"
+
+
+#: How a waiting job's reason words each rule of a job holding devices ahead of it.
+HOLD_RULE_TEXT = {
+    "rigid": "rigid, not preemptible",
+    "priority": "higher priority",
+    "kept": "running, not preempted until it has had well over its share of service",
+    "service": "less attained service",
+}
+
+
+def _waiting_reason(waiting: Waiting, free: int) -> str:
+    """The reason line of a job left waiting, from the facts of the decision."""
+    plural = "s" if waiting.needs > 1 else ""
+    if waiting.rule == "devices":
+        shown = ", ".join(
+            f"{h.id} ({HOLD_RULE_TEXT.get(h.rule, h.rule)})" for h in waiting.holders[:4]
+        )
+        more = len(waiting.holders) - 4
+        held = f"; held by {shown}" + (f" and {more} more" if more > 0 else "") if shown else ""
+        return f"waiting: needs {waiting.needs} device{plural}, {free} free{held}"
+    if waiting.rule == "placement":
+        return "waiting: no placement fits its minimum without sharing nodes"
+    if waiting.rule == "size":
+        return f"cannot run: needs {waiting.needs} device{plural}"
+    return "cannot run: no feasible replica count within its bounds"
 
 
 def rank_weights(remaining: np.ndarray, exponent: float) -> np.ndarray:
@@ -241,22 +315,66 @@ class GoodputPolicy:
         """Place every job; zeros for jobs that do not run this round."""
         del now, rng  # the search is deterministic and needs neither
         node_sizes = [n.devices if n.up and n.devices > 0 else 0 for n in nodes]
-        total = int(sum(node_sizes))
-        empty: Placement = tuple(0 for _ in nodes)
         if not jobs:
             return Decision(placements={}, reasons={})
-        if total == 0:
-            return Decision(
-                placements={j.id: empty for j in jobs},
-                reasons={j.id: "waiting: no devices available" for j in jobs},
-            )
+        # running rigid jobs that may not be preempted hold their devices; the others share
+        # the rest
+        pinned = _pinned(jobs, node_sizes)
+        multi_node_on = [False] * len(node_sizes)
+        for placement in pinned.values():
+            node_sizes = [size - c for size, c in zip(node_sizes, placement, strict=True)]
+            if _nodes_spanned(placement) > 1:
+                multi_node_on = [m or c > 0 for m, c in zip(multi_node_on, placement, strict=True)]
+        shared = [j for j in jobs if j.id not in pinned] if pinned else list(jobs)
+        total = int(sum(node_sizes))
+        if total == 0 or not shared:
+            return self._all_waiting(jobs, shared, pinned, nodes)
         min_nodes = _min_nodes_table(node_sizes, total)
-        plans = self._build_plans(jobs, node_sizes, total, min_nodes)
-        self._admit(plans, total)
+        plans = self._build_plans(shared, node_sizes, total, min_nodes)
+        holders = tuple(Holder(job_id, "rigid") for job_id in pinned)
+        offered = sum(n.devices if n.up and n.devices > 0 else 0 for n in nodes)
+        self._admit(plans, total, holders, offered)
         free = self._greedy(plans, total)
         self._local_search(plans, free)
-        self._place(plans, node_sizes, min_nodes)
-        return self._decision(plans, nodes, min_nodes)
+        self._place(plans, node_sizes, min_nodes, multi_node_on)
+        decision = self._decision(plans, nodes, min_nodes, total)
+        if not pinned:
+            return decision
+        return self._with_pinned(decision, jobs, pinned)
+
+    def _all_waiting(
+        self,
+        jobs: Sequence[JobView],
+        shared: Sequence[JobView],
+        pinned: dict[str, Placement],
+        nodes: Sequence[NodeView],
+    ) -> Decision:
+        """No devices left to share: the pinned jobs keep theirs, every other job waits."""
+        empty: Placement = tuple(0 for _ in nodes)
+        placements: dict[str, Placement] = {j.id: pinned.get(j.id, empty) for j in jobs}
+        reasons = {job_id: _pinned_reason(placement) for job_id, placement in pinned.items()}
+        waiting: dict[str, Waiting] = {}
+        holders = tuple(Holder(job_id, "rigid") for job_id in pinned)
+        for job in shared:
+            needs = max(1, int(job.min_replicas))
+            if holders:
+                waiting[job.id] = Waiting("devices", needs, holders)
+                reasons[job.id] = _waiting_reason(waiting[job.id], 0)
+            else:
+                reasons[job.id] = "waiting: no devices available"
+        return Decision(placements=placements, reasons=reasons, waiting=waiting)
+
+    @staticmethod
+    def _with_pinned(
+        decision: Decision, jobs: Sequence[JobView], pinned: dict[str, Placement]
+    ) -> Decision:
+        """The shared devices' decision with the pinned jobs added (in the jobs' order)."""
+        placements = {j.id: pinned.get(j.id) or decision.placements[j.id] for j in jobs}
+        reasons = {
+            j.id: _pinned_reason(pinned[j.id]) if j.id in pinned else decision.reasons[j.id]
+            for j in jobs
+        }
+        return Decision(placements=placements, reasons=reasons, waiting=decision.waiting)
 
     # ------------------------------------------------------------------ tables
     def _build_plans(
@@ -275,7 +393,9 @@ class GoodputPolicy:
             min_k = max(1, int(job.min_replicas))
             cap = min(int(job.max_replicas), total)
             profiled = int(job.max_profiled_replicas)
-            if profiled > 0:  # exploration cap: a multiple of the largest count profiled
+            if job.rigid:  # exactly its size, or nothing
+                cap = min(min_k, total)
+            elif profiled > 0:  # exploration cap: a multiple of the largest count profiled
                 cap = min(cap, max(EXPLORATION_FACTOR * profiled, min_k, current_k))
             else:
                 # nothing profiled yet: the first run stays within one node and at most the
@@ -303,7 +423,7 @@ class GoodputPolicy:
                     )
                 utility = weight * _utility(speedup * discount, self.p)
                 if current_k <= cap:
-                    consolidate = bool(utility[current_k] > keep)
+                    consolidate = bool(utility[current_k] > keep) and not job.rigid
                     utility[current_k] = max(keep, utility[current_k])
             utility[1:min_k] = _NEG
             spread = ~whole_nodes[: cap + 1]
@@ -420,16 +540,27 @@ class GoodputPolicy:
         return value
 
     # ------------------------------------------------------------------ admission
-    def _admit(self, plans: list[_JobPlan], total: int) -> None:
-        """Give each admitted job its minimum; least attained service first when short."""
+    def _admit(
+        self,
+        plans: list[_JobPlan],
+        total: int,
+        pinned: tuple[Holder, ...] = (),
+        offered: int | None = None,
+    ) -> None:
+        """Give each admitted job its minimum; least attained service first when short.
+        ``pinned``: the jobs holding the devices the nodes ``offered`` beyond ``total``."""
         runnable = [pl for pl in plans if pl.min_k <= pl.cap and pl.utility[pl.min_k] > _NEG]
+        offered = total if offered is None else offered
         for pl in plans:
             if pl not in runnable:
-                pl.note = (
-                    f"cannot run: needs {pl.min_k} devices, cluster offers {total}"
-                    if pl.min_k > total
-                    else "cannot run: no feasible replica count within its bounds"
-                )
+                if total < pl.min_k <= offered:
+                    pl.waiting = Waiting("devices", pl.min_k, pinned)
+                elif pl.min_k > total:
+                    pl.waiting = Waiting("size", pl.min_k)
+                    pl.note = f"cannot run: needs {pl.min_k} devices, cluster offers {offered}"
+                else:
+                    pl.waiting = Waiting("bounds", pl.min_k)
+                    pl.note = "cannot run: no feasible replica count within its bounds"
 
         def service_key(pl: _JobPlan) -> tuple[float, float, int, int]:
             # A running job's first round of service is free and it wins ties, so jobs that
@@ -441,13 +572,16 @@ class GoodputPolicy:
             return (-float(pl.job.priority), service, 0 if running else 1, pl.index)
 
         used = 0
+        ahead: list[_JobPlan] = []
         for pl in sorted(runnable, key=service_key):
             if used + pl.min_k <= total:
                 pl.admitted = True
                 pl.k = pl.min_k
                 used += pl.min_k
+                ahead.append(pl)
             else:
-                pl.note = "waiting: devices go to jobs with less attained service"
+                holders = pinned + tuple(Holder(a.job.id, _hold_rule(a, pl)) for a in ahead)
+                pl.waiting = Waiting("devices", pl.min_k, holders)
 
     # ------------------------------------------------------------------ greedy
     @staticmethod
@@ -584,11 +718,18 @@ class GoodputPolicy:
         return move, best_gain
 
     # ------------------------------------------------------------------ placement
-    def _place(self, plans: list[_JobPlan], node_sizes: list[int], min_nodes: np.ndarray) -> None:
+    def _place(
+        self,
+        plans: list[_JobPlan],
+        node_sizes: list[int],
+        min_nodes: np.ndarray,
+        multi_node_on: list[bool] | None = None,
+    ) -> None:
         """Put replica counts onto nodes: keep unchanged jobs, pack the rest, no shared
-        node between two multi-node jobs; a job that cannot be placed shrinks."""
+        node between two multi-node jobs (``multi_node_on``: nodes already used by one); a job
+        that cannot be placed shrinks."""
         free = list(node_sizes)
-        multi_node_on = [False] * len(node_sizes)
+        multi_node_on = list(multi_node_on) if multi_node_on else [False] * len(node_sizes)
         running = [pl for pl in plans if pl.admitted and pl.k > 0]
         pending: list[_JobPlan] = []
         # 1. jobs keeping their replica count keep their devices when still valid
@@ -616,6 +757,7 @@ class GoodputPolicy:
             if placement is None:
                 pl.k = 0
                 pl.placement = tuple(0 for _ in node_sizes)
+                pl.waiting = Waiting("placement", pl.min_k)
                 pl.note = "waiting: no placement fits its minimum without sharing nodes"
             else:
                 self._take(pl, placement, free, multi_node_on)
@@ -732,16 +874,23 @@ class GoodputPolicy:
 
     # ------------------------------------------------------------------ result
     def _decision(
-        self, plans: list[_JobPlan], nodes: Sequence[NodeView], min_nodes: np.ndarray
+        self, plans: list[_JobPlan], nodes: Sequence[NodeView], min_nodes: np.ndarray, total: int
     ) -> Decision:
         placements: dict[str, Placement] = {}
         reasons: dict[str, str] = {}
+        waiting: dict[str, Waiting] = {}
         empty: Placement = tuple(0 for _ in nodes)
         for pl in plans:
-            placement = pl.placement if pl.admitted and pl.k > 0 else empty
-            placements[pl.job.id] = placement
-            reasons[pl.job.id] = self._reason(pl, placement, min_nodes)
-        return Decision(placements=placements, reasons=reasons)
+            placements[pl.job.id] = pl.placement if pl.admitted and pl.k > 0 else empty
+        free = total - sum(sum(p) for p in placements.values())
+        for pl in plans:
+            placement = placements[pl.job.id]
+            if sum(placement) == 0 and pl.waiting is not None:
+                waiting[pl.job.id] = pl.waiting
+                reasons[pl.job.id] = pl.note or _waiting_reason(pl.waiting, free)
+            else:
+                reasons[pl.job.id] = self._reason(pl, placement, min_nodes)
+        return Decision(placements=placements, reasons=reasons, waiting=waiting)
 
     @staticmethod
     def _placed_goodput(pl: _JobPlan, k: int, nodes: int, min_nodes: np.ndarray) -> float:
@@ -759,15 +908,24 @@ class GoodputPolicy:
                 return pl.note
             return f"waiting ({fair})"
         n = _nodes_spanned(placement)
-        speedup = self._placed_goodput(pl, k, n, min_nodes) / pl.fair_goodput
-        head = f"{k} dev on {n} node{'s' if n > 1 else ''}, speed-up {speedup:.2f}x ({fair})"
+        placed = self._placed_goodput(pl, k, n, min_nodes)
+        share = placed / pl.fair_goodput
+        # speed-up over the job's goodput on one device: the figure its predictions show
+        single = float(pl.goodput[1]) if len(pl.goodput) > 1 else 0.0
+        speedup = placed / single if single > 0 else float("nan")
+        head = (
+            f"{k} dev on {n} node{'s' if n > 1 else ''}, speed-up {speedup:.2f}x over 1 device,"
+            f" {share:.2f}x its fair share's goodput ({fair})"
+        )
+        if pl.job.rigid:
+            head += "; rigid"
         if pl.job.model is None:
             head += ", no profile yet: linear speed-up assumed"
         if pl.current_k == 0:
             return head + "; started"
         if placement == pl.job.placement:
-            threshold = speedup / max(pl.discount, 1e-9)
-            return head + f"; kept (restart pays only above {threshold:.2f}x)"
+            threshold = share / max(pl.discount, 1e-9)
+            return head + f"; kept (a restart pays only above {threshold:.2f}x)"
         before = pl.goodput[pl.current_k] if pl.current_k < len(pl.goodput) else 0.0
         if pl.spread_goodput is not None:
             before = pl.spread_goodput

@@ -143,6 +143,11 @@ class JobView:
     ``static_batch`` on k packed replicas (Optimus; empty elsewhere).  ``progress_fraction`` is
     the share of its declared length the job has done (progress / progress at its last declared
     epoch, in [0, 1]); ``None`` when the job declared no length.
+
+    A ``rigid`` job (a script that does not use the job library) runs on exactly
+    ``min_replicas`` devices or waits, and once running is never resized or moved; unless it is
+    ``preemptible`` it keeps its devices until it ends (a preemptible one may be stopped and
+    queued again, never resized).  Elastic jobs share the devices rigid jobs leave.
     """
 
     id: str
@@ -163,10 +168,17 @@ class JobView:
     run_time_s: float = 0.0
     static_iter_time_s: tuple[float, ...] = ()
     progress_fraction: float | None = None
+    rigid: bool = False
+    preemptible: bool = False
 
     @property
     def replicas(self) -> int:
         return int(sum(self.placement))
+
+    @property
+    def pinned(self) -> bool:
+        """A running rigid job that may not be preempted: it keeps its devices."""
+        return self.rigid and not self.preemptible and self.replicas > 0
 
 
 class GoodputModelLike(Protocol):
@@ -179,13 +191,44 @@ class GoodputModelLike(Protocol):
         ...
 
 
+#: Why a job ahead of a waiting one holds devices (:class:`Holder`): a running rigid job that
+#: may not be preempted; a higher priority; a running job kept against a less served waiting
+#: one (preemption hysteresis); less attained service (least-attained-service admission).
+HOLD_RULES = ("rigid", "priority", "kept", "service")
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A job holding devices a waiting job would need, and the rule that put it ahead."""
+
+    id: str
+    rule: str
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Why a policy left a job waiting, as facts its caller can word.
+
+    ``rule``: ``"size"`` (it needs more devices than the nodes offer now), ``"bounds"`` (no
+    replica count within its bounds is feasible), ``"devices"`` (its minimum ``needs`` did not
+    fit beside the jobs ahead of it, ``holders``), ``"placement"`` (the devices are there but
+    no placement of them fits without sharing nodes with a multi-node job).
+    """
+
+    rule: str
+    needs: int
+    holders: tuple[Holder, ...] = ()
+
+
 @dataclass(frozen=True)
 class Decision:
     """What a policy returns: a placement for every job it was given (zeros = not running)
-    and, for the record, a human-readable reason per job."""
+    and, for the record, a human-readable reason per job; ``waiting`` says, as facts, why
+    jobs left waiting wait (a policy may leave it empty)."""
 
     placements: Mapping[str, Placement]
     reasons: Mapping[str, str] = field(default_factory=dict)
+    waiting: Mapping[str, Waiting] = field(default_factory=dict)
 
 
 class Policy(Protocol):

@@ -251,6 +251,8 @@ class Executor:
         else:
             checkpoint_dir = str(job_dir / "checkpoint")
         batch: BatchChoice | None = action.batch
+        if not spec.get("elastic", True):
+            batch = None  # a rigid job chooses its own batch: no POLLUX_LOCAL_BATCH for it
         on_cpu = all(slot.device.startswith("cpu") for slot in slots)
         launch = LaunchEnvironment(
             world_size=len(slots),

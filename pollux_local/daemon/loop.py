@@ -2,9 +2,9 @@
 
 A pass (:meth:`SchedulingLoop.schedule_once`) reads the jobs' new ``report.json`` files, takes
 a snapshot of the nodes, asks the pure scheduler (``scheduler.plan_round``: models, policy,
-devices and batch sizes) for a plan, has the executor apply it, refreshes the predictions of
-the jobs left as they were and samples each running job's goodput and noise scale into its
-history.  Passes and the requests that change jobs take the daemon's one mutex in turn.
+devices and batch sizes) for a plan, has the executor apply it, stores the plan's reasons of
+the jobs left waiting and predictions of the jobs left running as they were, and samples each
+running job's goodput and noise scale into its history.  Passes and the requests that change jobs take the daemon's one mutex in turn.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import numpy as np
 import psutil
 
 from pollux_local.api.states import JobState
-from pollux_local.core.types import BatchChoice, Policy
+from pollux_local.core.types import Policy
 from pollux_local.daemon.config import DaemonConfig, busy_gpus
 from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.readmodel import MetricHistory, job_noise_scale
 from pollux_local.daemon.reports import InvalidReport, read_report_file
-from pollux_local.daemon.scheduler import ModelCache, NodeSnapshot, plan_round, predict
+from pollux_local.daemon.scheduler import ModelCache, NodeSnapshot, plan_round
 from pollux_local.daemon.state import JobRecord, StateStore
 
 log = logging.getLogger("pollux_local.daemon")
@@ -125,8 +125,11 @@ class SchedulingLoop:
             )
             self.ticks += 1
             await self.executor.apply(plan)
-            for job_id in plan.unchanged:
-                self.refresh_prediction(job_id)
+            # why waiting jobs wait, and the figures of jobs left running as they were
+            for job_id, reason in plan.reasons.items():
+                self.store.update_job(job_id, reason=reason)
+            for job_id, prediction in plan.predictions.items():
+                self.store.update_job(job_id, prediction=prediction)
             self.sample_history(self.clock())
 
     def refresh_reports(self, jobs: list[JobRecord]) -> None:
@@ -172,18 +175,3 @@ class SchedulingLoop:
                 continue
             self.store.add_history(job.id, now, goodput, noise)
             self._last_sample[job.id] = now
-
-    def refresh_prediction(self, job_id: int) -> None:
-        """The model's figures for a running job's unchanged allocation (its model may have
-        been refitted since it started)."""
-        job = self.store.get_job(job_id)
-        if job is None or job.state != JobState.RUNNING or not job.batch.get("local_batch"):
-            return
-        model = self.models.model_for(job)
-        if model is None:
-            return
-        choice = BatchChoice(
-            int(job.batch["local_batch"]), int(job.batch.get("accum_steps", 1)), job.replicas
-        )
-        with contextlib.suppress(ValueError, ArithmeticError):
-            self.store.update_job(job_id, prediction=predict(model, len(job.placement), choice))

@@ -36,7 +36,14 @@ from pollux_local.core.efficiency import noise_scale
 from pollux_local.core.types import GradStats
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.executor import NodeHealthBook
-from pollux_local.daemon.scheduler import ModelCache, NodeSnapshot, job_kind
+from pollux_local.daemon.scheduler import (
+    ModelCache,
+    NodeSnapshot,
+    is_elastic,
+    job_kind,
+    progress_eta,
+    sane_eta,
+)
 from pollux_local.daemon.state import JobRecord
 
 T = TypeVar("T")
@@ -120,7 +127,9 @@ class MetricHistory:
 
     def eta(self, job: JobRecord, now: float) -> float | None:
         """Seconds until the target metric is reached, from a least-squares line through its
-        recent values: t* = t_last + (target - y_last) / slope, when it moves the right way."""
+        recent values: t* = t_last + (target - y_last) / slope, when it moves the right way
+        (``None`` when it does not, or when t* has passed without the target being reached;
+        at most ``scheduler.MAX_ETA_S``)."""
         target = job.spec.get("target") or {}
         history = self._points.get(job.id)
         goal = _float(target.get("value"))
@@ -137,23 +146,36 @@ class MetricHistory:
             return 0.0
         if slope == 0 or (slope > 0) != maximise:
             return None
-        return max(0.0, remaining / slope - (now - float(times[-1])))
+        return sane_eta(remaining / slope - (now - float(times[-1])))
 
 
 # --- jobs ----------------------------------------------------------------------------------
 
 
+def job_eta(job: JobRecord, now: float, metrics: MetricHistory | None = None) -> float | None:
+    """Seconds to the end of a running job: its own estimate when it reports one, else the
+    sooner of the end of its declared length at its pace so far (``scheduler.progress_eta``)
+    and the trend of its target metric in ``metrics``; ``None`` when unknown or not running,
+    never negative, infinite or beyond ``scheduler.MAX_ETA_S``."""
+    if job.state not in PLACED_STATES:
+        return None
+    own = sane_eta((job.report or {}).get("eta_s"))
+    if own is not None:
+        return own
+    trend = metrics.eta(job, now) if metrics is not None else None
+    known = [value for value in (progress_eta(job, now), trend) if value is not None]
+    return sane_eta(min(known)) if known else None
+
+
 def job_summary(job: JobRecord, now: float, metrics: MetricHistory | None = None) -> JobSummary:
-    """The row of ``status`` for one job.  ``eta_s`` is the job's own estimate when it reports
-    one, else (while it runs) the trend of its target metric in ``metrics``."""
+    """The row of ``status`` for one job (``eta_s``: :func:`job_eta`; goodput, efficiency and
+    speed-up: the prediction the scheduler stored for its allocation)."""
     report = job.report or {}
     spec = job.spec
     batch = job.batch or {}
     placed = job.state in PLACED_STATES
     total_batch = _int(batch.get("total")) if placed else None
-    eta = _float(report.get("eta_s"))
-    if eta is None and placed and metrics is not None:
-        eta = metrics.eta(job, now)
+    eta = job_eta(job, now, metrics)
     max_gpus = spec.get("max_gpus")
     return JobSummary(
         id=job.job_id,
@@ -185,6 +207,8 @@ def job_summary(job: JobRecord, now: float, metrics: MetricHistory | None = None
         run_time_s=job.run_time_s + (now - job.last_start if job.last_start else 0.0),
         reason=job.reason,
         target=_convert(spec.get("target"), Target),
+        elastic=is_elastic(job),
+        preemptible=bool(spec.get("preemptible", False)),
     )
 
 

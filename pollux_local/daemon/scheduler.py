@@ -1,7 +1,16 @@
 """One scheduling pass, pure: job records + device snapshot -> models -> policy -> a Plan.
 
 Nothing here touches processes, sockets or the clock: the daemon passes ``now`` in, and the
-plan it gets back lists the start / resize / stop actions for the executor to apply.
+plan it gets back lists the start / resize / stop actions for the executor to apply, the reason
+each job left waiting waits (with the facts: what it needs, what is free, who holds it and when
+that is expected to end) and the predicted figures of the jobs left running as they were.
+
+A job's view is taken as the simulator takes it: attained service and run time include the
+current run (stored + replicas x (now - last start)), restarts count the starts after the
+first.  Rigid jobs (``spec["elastic"]`` false: plain scripts) run on exactly ``min_gpus``
+devices or wait, get no batch choice, and are never resized or moved; unless ``preemptible``
+they are never stopped either.  A record without ``elastic`` (stored before jobs said) is
+elastic.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from pollux_local.core.types import (
     NodeView,
     Placement,
     Policy,
+    Waiting,
 )
 from pollux_local.daemon.state import JobRecord
 
@@ -60,9 +70,15 @@ class Action:
 
 @dataclass(frozen=True)
 class Plan:
+    """``actions`` for the executor; ``unchanged``: jobs left as they are; ``reasons``: the new
+    reason of each job left waiting whose reason changed; ``predictions``: the new predicted
+    figures of each job left running as it was whose figures changed (both to be stored)."""
+
     actions: tuple[Action, ...]
     decision: Decision
     unchanged: tuple[int, ...] = ()
+    reasons: Mapping[int, str] = field(default_factory=dict)
+    predictions: Mapping[int, dict[str, float]] = field(default_factory=dict)
 
     def for_job(self, job_id: int) -> Action | None:
         for action in self.actions:
@@ -188,9 +204,45 @@ def placement_of(
     return tuple(len(allocation.get(node.name, ())) for node in nodes)
 
 
+def is_elastic(job: JobRecord) -> bool:
+    """Whether the scheduler may resize the job (it uses the job library); a record without
+    the field was stored before jobs said, when every job was elastic."""
+    return bool(job.spec.get("elastic", True))
+
+
+def is_preemptible(job: JobRecord) -> bool:
+    """Whether the scheduler may stop the job and queue it again: every elastic job, and a
+    rigid one submitted as preemptible."""
+    return is_elastic(job) or bool(job.spec.get("preemptible", False))
+
+
+def min_gpus(job: JobRecord) -> int:
+    return int(job.spec.get("min_gpus") or 1)
+
+
+def current_run_s(job: JobRecord, now: float) -> float:
+    """Seconds of the run in progress (0 when the job is not running)."""
+    if job.state != "running" or job.last_start is None:
+        return 0.0
+    return max(0.0, now - job.last_start)
+
+
+def attained_gpu_s(job: JobRecord, now: float) -> float:
+    """Device-seconds the job has used, the run in progress included."""
+    return job.attained_gpu_s + job.replicas * current_run_s(job, now)
+
+
+def run_time_s(job: JobRecord, now: float) -> float:
+    """Seconds the job has run, the run in progress included."""
+    return job.run_time_s + current_run_s(job, now)
+
+
 def static_replicas(job: JobRecord, total_devices: int) -> int:
-    """The device count a non-adaptive policy gives: the user's maximum, within the cluster."""
+    """The device count a non-adaptive policy gives: the user's maximum, within the cluster
+    (a rigid job: its size)."""
     low = int(job.spec.get("min_gpus") or 1)
+    if not is_elastic(job):
+        return low
     high = job.spec.get("max_gpus")
     wanted = int(high) if high else low
     return max(low, min(wanted, max(total_devices, low)))
@@ -205,23 +257,28 @@ def job_view(
         int(p.get("replicas", 0)) for p in report.get("profile") or [] if isinstance(p, dict)
     ]
     max_gpus = job.spec.get("max_gpus")
+    elastic = is_elastic(job)
+    low = min_gpus(job)
     return JobView(
         id=job.job_id,
         owner=job.owner_name,
         model=model,
         age_s=max(0.0, now - job.submit_time),
-        restarts=job.restarts,
-        min_replicas=int(job.spec.get("min_gpus") or 1),
-        max_replicas=int(max_gpus) if max_gpus else 1 << 30,
+        # the stored count is of starts; a view counts the changes after the first
+        restarts=max(job.restarts - 1, 0),
+        min_replicas=low,
+        max_replicas=(int(max_gpus) if max_gpus else 1 << 30) if elastic else low,
         placement=placement_of(job.placement, nodes),
         submit_time=job.submit_time,
         priority=job.priority,
         max_profiled_replicas=max(profiled, default=0),
         static_replicas=static_replicas(job, total),
         static_batch=job.spec.get("batch_size"),
-        attained_gpu_s=job.attained_gpu_s,
-        run_time_s=job.run_time_s,
+        attained_gpu_s=attained_gpu_s(job, now),
+        run_time_s=run_time_s(job, now),
         progress_fraction=progress_fraction(report),
+        rigid=not elastic,
+        preemptible=is_preemptible(job),
     )
 
 
@@ -232,6 +289,48 @@ def progress_fraction(report: dict[str, Any]) -> float | None:
     if not isinstance(epoch, int | float) or not isinstance(epochs, int | float) or epochs <= 0:
         return None
     return min(max(float(epoch) / float(epochs), 0.0), 1.0)
+
+
+# --- expected time to the end ------------------------------------------------------------
+
+#: The longest ETA given: an estimate beyond it says only that the job has very long to go.
+MAX_ETA_S = 30 * 24 * 3600.0
+
+
+def sane_eta(value: Any) -> float | None:
+    """An ETA as shown: ``None`` for anything but a finite number >= 0, at most
+    :data:`MAX_ETA_S`."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not math.isfinite(value) or value < 0:
+        return None
+    return min(float(value), MAX_ETA_S)
+
+
+def progress_eta(job: JobRecord, now: float) -> float | None:
+    """Seconds to the end of the job's declared length at its pace so far: with f = epoch /
+    epochs done in t seconds of running, t * (1 - f) / f; ``None`` while unknown (no declared
+    length, nothing done yet, or not run)."""
+    fraction = progress_fraction(job.report or {})
+    elapsed = run_time_s(job, now)
+    if fraction is None or fraction <= 0 or elapsed <= 0:
+        return None
+    return sane_eta(elapsed * (1.0 - fraction) / fraction)
+
+
+def fmt_duration(seconds: float) -> str:
+    """A duration for a reason line: ``45 s``, ``12 min``, ``3h05m``, ``4d07h``."""
+    whole = max(0, int(math.ceil(seconds)))
+    if whole < 60:
+        return f"{whole} s"
+    minutes = whole // 60
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
 
 
 # --- batch choice and predictions --------------------------------------------------------
@@ -330,7 +429,10 @@ def plan_round(
     now: float,
     rng: np.random.Generator,
 ) -> Plan:
-    """Snapshot -> models -> ``policy.decide`` -> concrete devices and batch sizes -> Plan."""
+    """Snapshot -> models -> ``policy.decide`` -> concrete devices and batch sizes -> Plan.
+
+    Whatever the policy answers, a rigid job starts only on exactly ``min_gpus`` devices, and
+    running keeps its devices unless it is preemptible (then it may only be stopped)."""
     candidates = [job for job in jobs if schedulable(job, now)]
     job_models = {job.id: models.model_for(job) for job in candidates}
     views = [job_view(job, job_models[job.id], nodes, now) for job in candidates]
@@ -338,31 +440,59 @@ def plan_round(
     decision = policy.decide(views, node_views, now, rng)
     empty: Placement = tuple(0 for _ in nodes)
     targets = {job.id: tuple(decision.placements.get(job.job_id, empty)) for job in candidates}
-    allocations = assign_devices(targets, {job.id: job.placement for job in candidates}, nodes)
+    for job in candidates:
+        if is_elastic(job):
+            continue
+        target = targets[job.id]
+        if job.state == "running" and job.replicas > 0:
+            if sum(target) > 0 or not is_preemptible(job):
+                targets[job.id] = placement_of(job.placement, nodes)
+        elif sum(target) not in (0, min_gpus(job)):
+            targets[job.id] = empty
+    # rigid jobs first: the devices they keep are theirs before any other job's
+    order = sorted(candidates, key=is_elastic)
+    assigned = assign_devices(
+        {job.id: targets[job.id] for job in order},
+        {job.id: job.placement for job in candidates},
+        nodes,
+    )
+    allocations: dict[int, Allocation] = {}
+    for job in candidates:
+        allocation = {k: v for k, v in assigned[job.id].items() if v}
+        if 0 < sum(len(v) for v in allocation.values()) < min_gpus(job):
+            allocation = {}
+        allocations[job.id] = allocation
+    waits = _WaitingWords(decision, candidates, views, allocations, nodes, now)
     actions: list[Action] = []
     unchanged: list[int] = []
+    reasons: dict[int, str] = {}
+    predictions: dict[int, dict[str, float]] = {}
     for job in candidates:
-        allocation = {k: v for k, v in allocations[job.id].items() if v}
+        allocation = allocations[job.id]
         replicas = sum(len(v) for v in allocation.values())
-        if replicas and replicas < int(job.spec.get("min_gpus") or 1):
-            allocation, replicas = {}, 0
         running = job.state == "running" and job.replicas > 0
         policy_reason = decision.reasons.get(job.job_id, "")
         if replicas == 0:
+            reason = waits.reason(job)
             if running:
-                actions.append(Action("stop", job.id, {}, None, policy_reason or "preempted"))
+                actions.append(Action("stop", job.id, {}, None, f"preempted, {reason}"))
             else:
                 unchanged.append(job.id)
-            continue
-        if running and same_allocation(allocation, job.placement):
-            unchanged.append(job.id)
+                if reason != job.reason:
+                    reasons[job.id] = reason
             continue
         num_nodes = len(allocation)
-        choice = choose_batch(job, job_models[job.id], num_nodes, replicas)
+        model = job_models[job.id]
+        choice = choose_batch(job, model, num_nodes, replicas) if is_elastic(job) else None
         try:
-            prediction = predict(job_models[job.id], num_nodes, choice)
+            prediction = predict(model, num_nodes, choice)
         except (ValueError, ArithmeticError):
             prediction = {}
+        if running and same_allocation(allocation, job.placement):
+            unchanged.append(job.id)
+            if prediction != job.prediction:
+                predictions[job.id] = prediction
+            continue
         actions.append(
             Action(
                 "resize" if running else "start",
@@ -373,7 +503,114 @@ def plan_round(
                 prediction,
             )
         )
-    return Plan(actions=tuple(actions), decision=decision, unchanged=tuple(unchanged))
+    for job in jobs:  # queued jobs waiting out a back-off
+        if job.state == "queued" and job.retry_after > now:
+            reason = backoff_reason(job, now)
+            if reason != job.reason:
+                reasons[job.id] = reason
+    return Plan(
+        actions=tuple(actions),
+        decision=decision,
+        unchanged=tuple(unchanged),
+        reasons=reasons,
+        predictions=predictions,
+    )
+
+
+def backoff_reason(job: JobRecord, now: float) -> str:
+    return f"waiting: retry in {fmt_duration(job.retry_after - now)} (back-off after a crash)"
+
+
+def device_hours(seconds: float) -> str:
+    hours = max(seconds, 0.0) / 3600.0
+    return f"{hours:.0f}" if hours >= 10 else f"{hours:.1f}" if hours >= 0.1 else f"{hours:.2f}"
+
+
+class _WaitingWords:
+    """The reason line of each job left waiting in one pass, from the policy's facts
+    (``Decision.waiting``) and what this pass knows: who holds which devices (their owners,
+    device-hours used and expected ends), how many are free."""
+
+    #: holders named in one line; the rest are counted
+    SHOWN = 3
+
+    def __init__(
+        self,
+        decision: Decision,
+        candidates: Sequence[JobRecord],
+        views: Sequence[JobView],
+        allocations: Mapping[int, Allocation],
+        nodes: Sequence[NodeSnapshot],
+        now: float,
+    ) -> None:
+        self.decision = decision
+        self.records = {job.job_id: job for job in candidates}
+        self.views = {view.id: view for view in views}
+        self.held = {
+            job.job_id: sum(len(v) for v in allocations[job.id].values()) for job in candidates
+        }
+        self.offered = sum(len(node.free_devices) for node in nodes)
+        self.free = self.offered - sum(self.held.values())
+        self.now = now
+
+    def reason(self, job: JobRecord) -> str:
+        facts = self.decision.waiting.get(job.job_id)
+        policy_reason = self.decision.reasons.get(job.job_id, "")
+        needs = min_gpus(job)
+        devices = f"{needs} device{'s' if needs > 1 else ''}"
+        if facts is not None and facts.rule == "size":
+            return f"waiting: needs {devices}, the nodes offer {self.offered} now"
+        if facts is not None and facts.rule == "bounds":
+            return policy_reason or "cannot run: no feasible replica count within its bounds"
+        head = f"waiting: needs {devices}, {self.free} free"
+        if facts is not None and facts.rule == "placement":
+            return f"{head}, but no placement of them fits without sharing nodes"
+        if facts is None and policy_reason not in ("", "waiting", "running"):
+            said = policy_reason.removeprefix("waiting: ")
+            head = f"waiting: {said}; needs {devices}, {self.free} free"
+        return head + self._holders(job, facts)
+
+    def _holders(self, job: JobRecord, facts: Waiting | None) -> str:
+        """``; job 6 (alice) holds 2 (rigid, not preemptible; expected to finish in 20 min)``"""
+        if facts is not None:
+            rules = {h.id: h.rule for h in facts.holders}
+        else:
+            rules = {job_id: "" for job_id in self.held}
+        holders = sorted(
+            (job_id for job_id in rules if self.held.get(job_id, 0) > 0 and job_id != job.job_id),
+            key=lambda job_id: (-self.held[job_id], int(job_id) if job_id.isdigit() else 0),
+        )
+        if not holders:
+            return ""
+        parts = [self._holder(job, job_id, rules[job_id]) for job_id in holders[: self.SHOWN]]
+        rest = holders[self.SHOWN :]
+        if rest:
+            count = sum(self.held[job_id] for job_id in rest)
+            parts.append(f"{len(rest)} more job{'s' if len(rest) > 1 else ''} hold {count}")
+        return "; " + "; ".join(parts)
+
+    def _holder(self, job: JobRecord, holder_id: str, rule: str) -> str:
+        holder = self.records[holder_id]
+        me, them = self.views[job.job_id], self.views[holder_id]
+        notes = []
+        if rule == "rigid":
+            notes.append("rigid, not preemptible")
+        elif rule == "priority":
+            notes.append(f"priority {them.priority}, this job {me.priority}")
+        elif rule in ("service", "kept"):
+            used = (
+                f"it has used {device_hours(them.attained_gpu_s)} device-hours,"
+                f" this job {device_hours(me.attained_gpu_s)}"
+            )
+            if rule == "service":
+                notes.append(f"fair share: {used}")
+            else:
+                notes.append(f"running jobs are preempted only for much less served ones: {used}")
+        eta = progress_eta(holder, self.now)
+        if eta is not None:
+            notes.append(f"expected to finish in {fmt_duration(eta)}")
+        text = f"job {holder_id} ({holder.owner_name}) holds {self.held[holder_id]}"
+        return text + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def describe(

@@ -34,6 +34,11 @@ def check_submit(request: Submit, total_devices: int) -> None:
     min_gpus, max_gpus = request.min_gpus, request.max_gpus
     if max_gpus is not None and max_gpus < min_gpus:
         raise InvalidRequest(f"min_gpus {min_gpus} is greater than max_gpus {max_gpus}")
+    if not request.elastic and max_gpus is not None and max_gpus != min_gpus:
+        raise InvalidRequest(
+            f"a rigid job runs on exactly min_gpus devices, but max_gpus is {max_gpus} and"
+            f" min_gpus {min_gpus} (a range is for elastic jobs)"
+        )
     if min_gpus > total_devices:
         raise InvalidRequest(
             f"the job needs at least {min_gpus} device(s) but this daemon has {total_devices}"
@@ -60,6 +65,10 @@ def submit(ctx: Context, request: Submit) -> SubmitReply:
         "min_local_batch": request.min_local_batch,
         "max_local_batch": request.max_local_batch,
         "target": msgspec.to_builtins(request.target) if request.target is not None else None,
+        # rigid (not elastic): exactly min_gpus devices, never resized; stopped only when
+        # preemptible
+        "elastic": request.elastic,
+        "preemptible": request.preemptible,
     }
     job = ctx.store.add_job(
         name=request.name or default_job_name(request.argv),
@@ -73,5 +82,7 @@ def submit(ctx: Context, request: Submit) -> SubmitReply:
         env=dict(request.env),
     )
     ctx.store.record_decision(job.id, job.submit_time, "submitted", f"by {ctx.peer.name}")
+    if request.hold:
+        ctx.store.update_job(job.id, reason="waiting: held")
     ctx.wake()
     return SubmitReply(id=job.job_id, state=job.state)
