@@ -94,6 +94,15 @@ def test_environment_arrives_exactly_and_logs_come_back(
         LOCAL_WORLD_SIZE="1",
         POLLUX_DEVICE="cpu",
         GLOO_SOCKET_IFNAME="eth0",
+        # the rest of torchrun's contract (api.launch.replica_environ)
+        ROLE_RANK="0",
+        ROLE_NAME="default",
+        ROLE_WORLD_SIZE="1",
+        GROUP_WORLD_SIZE="1",
+        TORCHELASTIC_RUN_ID="pollux-local",
+        TORCHELASTIC_RESTART_COUNT="0",
+        TORCHELASTIC_MAX_RESTARTS="0",
+        TORCHELASTIC_USE_AGENT_STORE="False",
     )
     assert seen == expected  # nothing added, nothing lost, no CUDA_VISIBLE_DEVICES for a CPU
     remote_log = Path(launcher.nodes[host.name].workdir) / "logs" / "envjob" / "rank0.log"
