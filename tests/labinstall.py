@@ -246,7 +246,7 @@ class LabDaemon:
             return
         self.proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(30)
+            self.proc.wait(15)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
