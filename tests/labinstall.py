@@ -16,8 +16,10 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 
@@ -29,6 +31,8 @@ LAB_INSTALL = REPO_ROOT / "scripts" / "lab-install"
 SYSTEM_PYTHON = "/usr/bin/python3"
 #: What a freshly logged-in user's shell has on its PATH (no venv of the test runner).
 USER_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+T = TypeVar("T")
 
 
 def missing_tools() -> list[str]:
@@ -159,7 +163,7 @@ class LabUser:
         cwd: str | os.PathLike[str] = "/tmp",
         **kwargs: object,
     ) -> subprocess.Popen[str]:
-        return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
+        return subprocess.Popen(  # type: ignore[call-overload]
             self.argv(*command), cwd=cwd, env=self.environ(), text=True, **kwargs
         )
 
@@ -186,9 +190,9 @@ class LabUser:
 
 
 class LabDaemon:
-    """``pollux-local daemon --state-dir DIR ARGS`` of the lab install, as root (a lab's
-    daemon) or as ``user`` (a personal daemon).  Root's client (the test runner's) talks to it
-    as ``client``."""
+    """``pollux-local daemon --state-dir DIR ARGS`` of the lab install (or exactly ``argv``),
+    as root (a lab's daemon) or as ``user`` (a personal daemon).  Root's client (the test
+    runner's) talks to it as ``client``."""
 
     def __init__(
         self,
@@ -196,8 +200,10 @@ class LabDaemon:
         state_dir: Path,
         *args: str,
         user: LabUser | None = None,
+        argv: list[str] | None = None,
     ) -> None:
         self.lab = lab
+        self.argv = argv
         self.state_dir = state_dir
         self.args = args
         self.user = user
@@ -206,8 +212,9 @@ class LabDaemon:
         self.client = Client(state_dir / "daemon.sock", timeout_s=20)
 
     def start(self, timeout_s: float = 30.0) -> LabDaemon:
-        command: list[str] = [str(self.lab.cli), "daemon", "--state-dir", str(self.state_dir),
-                              *self.args]  # fmt: skip
+        command: list[str] = self.argv or [
+            str(self.lab.cli), "daemon", "--state-dir", str(self.state_dir), *self.args
+        ]  # fmt: skip
         env = {"PATH": USER_PATH, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "HOME": "/root"}
         if self.user is not None:
             command = self.user.argv(*command)
@@ -252,7 +259,7 @@ class LabDaemon:
             self.proc.wait(10)
 
 
-def wait_until(predicate, timeout_s: float, what: str, every_s: float = 0.1):  # type: ignore[no-untyped-def]
+def wait_until(predicate: Callable[[], T], timeout_s: float, what: str, every_s: float = 0.1) -> T:
     """Poll ``predicate`` until it returns something truthy (returned), or fail naming
     ``what``."""
     deadline = time.monotonic() + timeout_s

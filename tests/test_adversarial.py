@@ -211,12 +211,14 @@ def wait_state(
         return current if current["state"] in states else None
 
     try:
-        return dict(wait_until(reached, timeout_s, f"job {job_id} to be {'/'.join(states)}"))
+        found = wait_until(reached, timeout_s, f"job {job_id} to be {'/'.join(states)}")
     except AssertionError as exc:
         now = job(daemon, job_id)
         raise AssertionError(
             f"{exc}; it is {now['state']} ({now['reason']})\n{daemon.output()[-1500:]}"
         ) from None
+    assert found is not None
+    return found
 
 
 def decisions(daemon: LabDaemon, job_id: str) -> list[str]:
