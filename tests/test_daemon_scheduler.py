@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pollux_local.core.types import Decision, GradStats, JobView, NodeView, Placement
 from pollux_local.daemon.scheduler import (
@@ -233,3 +235,189 @@ def test_daemon_models_predict_measured_configurations_as_measured() -> None:
         measured = k * m / step
         predicted = float(model.throughput(n, k, m, 1))
         assert abs(predicted / measured - 1) < 0.05, (k, m, predicted, measured)
+
+
+# --- rigid jobs, whatever the policy answers ------------------------------------------------
+
+
+def test_rigid_jobs_are_never_resized_moved_or_started_on_another_size() -> None:
+    rigid = job(1, "running", {"a": ["cpu:0", "cpu:1"]}, elastic=False, min_gpus=2, max_gpus=2)
+    stoppable = job(2, "running", {"b": ["cpu:0"]}, elastic=False, preemptible=True, max_gpus=1)
+    waiting = job(3, elastic=False, min_gpus=2, max_gpus=2)
+    # the policy tries to move the first, grow the second and start the third on one device
+    policy = FixedPolicy({"1": (0, 2), "2": (1, 1), "3": (0, 1)})
+    plan = plan_round(policy, [rigid, stoppable, waiting], NODES, ModelCache(), 1.0, RNG)
+    assert plan.actions == () and set(plan.unchanged) == {1, 2, 3}
+    assert [v.rigid for v in policy.seen_jobs] == [True, True, True]
+    assert [v.preemptible for v in policy.seen_jobs] == [False, True, False]
+    assert policy.seen_jobs[0].max_replicas == 2  # exactly its size
+    # stopping: only the preemptible one
+    plan = plan_round(FixedPolicy({}), [rigid, stoppable], NODES, ModelCache(), 1.0, RNG)
+    assert [(a.kind, a.job_id) for a in plan.actions] == [("stop", 2)]
+    # started on exactly its size, with no batch choice
+    plan = plan_round(FixedPolicy({"3": (2, 0)}), [waiting], NODES, ModelCache(), 1.0, RNG)
+    start = plan.for_job(3)
+    assert start is not None and start.kind == "start" and start.batch is None
+    assert start.allocation == {"a": ["cpu:0", "cpu:1"]}
+
+
+# --- what a waiting job says ------------------------------------------------------------
+
+
+def test_a_waiting_jobs_reason_names_the_jobs_holding_its_devices() -> None:
+    """Two devices, two jobs that need both: the less served runs; the other says so with
+    the facts (its owner's and the holder's device-hours)."""
+    from pollux_local.core.policy import GoodputPolicy
+
+    nodes = [NodeSnapshot("a", ("cpu:0", "cpu:1"))]
+    light = job(1, min_gpus=2, max_gpus=2)
+    light.owner_name, light.attained_gpu_s = "bob", 0.4 * 3600
+    heavy = job(2, min_gpus=2, max_gpus=2)
+    heavy.owner_name, heavy.attained_gpu_s = "alice", 3.2 * 3600
+    plan = plan_round(GoodputPolicy(), [heavy, light], nodes, ModelCache(), 1.0, RNG)
+    assert plan.for_job(1) is not None and plan.for_job(1).kind == "start"  # type: ignore[union-attr]
+    assert plan.reasons[2] == (
+        "waiting: needs 2 devices, 0 free; job 1 (bob) holds 2"
+        " (fair share: it has used 0.4 device-hours, this job 3.2)"
+    )
+    assert plan.decision.waiting["2"].holders[0].id == "1"
+    # the holder's expected end, when it declared its length: 1 of 4 epochs in 600 s
+    running = job(1, "running", {"a": ["cpu:0", "cpu:1"]}, min_gpus=2, max_gpus=2)
+    running.owner_name, running.run_time_s, running.last_start = "bob", 500.0, 900.0
+    running.report = {"epoch": 1, "epochs": 4}
+    plan = plan_round(GoodputPolicy(), [running, heavy], nodes, ModelCache(), 1000.0, RNG)
+    holder = "job 1 (bob) holds 2 (fair share: it has used 0.06 device-hours, this job 3.2;"
+    assert holder in plan.reasons[2]
+    assert plan.reasons[2].endswith("expected to finish in 30 min)")
+    # an unchanged reason is not written again
+    heavy.reason = plan.reasons[2]
+    again = plan_round(GoodputPolicy(), [running, heavy], nodes, ModelCache(), 1000.0, RNG)
+    assert 2 not in again.reasons
+
+
+def test_reasons_of_jobs_in_back_off_and_of_policies_without_facts() -> None:
+    backing = job(1)
+    backing.retry_after = 112.0
+    plan = plan_round(FixedPolicy({}), [backing], NODES, ModelCache(), 100.0, RNG)
+    assert plan.reasons[1] == "waiting: retry in 12 s (back-off after a crash)"
+    from pollux_local.core.baselines import FifoPolicy
+
+    first = job(1, "running", {"a": ["cpu:0", "cpu:1"], "b": ["cpu:0", "cpu:1"]})
+    first.owner_name = "alice"
+    plan = plan_round(FifoPolicy(), [first, job(2)], NODES, ModelCache(), 100.0, RNG)
+    assert plan.reasons[2] == (
+        "waiting: queued behind an earlier job; needs 1 device, 0 free; job 1 (alice) holds 4"
+    )
+
+
+# --- the service a running job has had -----------------------------------------------------
+
+
+def test_attained_service_and_run_time_accrue_while_a_job_runs() -> None:
+    running = job(1, "running", {"a": ["cpu:0", "cpu:1"]})
+    running.attained_gpu_s, running.run_time_s, running.last_start = 50.0, 25.0, 100.0
+    running.restarts = 3  # three starts: two changes after the first
+    view = job_view(running, None, NODES, now=160.0)
+    assert view.attained_gpu_s == 50.0 + 2 * 60.0 and view.run_time_s == 25.0 + 60.0
+    assert view.restarts == 2
+    queued = job(2)
+    queued.attained_gpu_s, queued.run_time_s = 50.0, 25.0
+    view = job_view(queued, None, NODES, now=160.0)
+    assert (view.attained_gpu_s, view.run_time_s, view.restarts) == (50.0, 25.0, 0)
+
+
+# --- predictions: one place, the policy's figures ------------------------------------------
+
+
+def test_predictions_of_running_jobs_are_the_policys_figures() -> None:
+    """The prediction stored for a job (``status``, ``show``, the TUI) is computed for every
+    placed job by the pass, and its speed-up is the one the policy's reason states."""
+    from pollux_local.core.policy import GoodputPolicy
+
+    record = job(1)
+    record.report = report([(1, 1, 32, 0.05, 0.05), (1, 1, 64, 0.09, 0.09), (1, 2, 32, 0.05, 0.08)])
+    nodes = [NodeSnapshot("a", ("cpu:0", "cpu:1"))]
+    plan = plan_round(GoodputPolicy(), [record], nodes, ModelCache(), 1.0, RNG)
+    start = plan.for_job(1)
+    assert start is not None and start.prediction
+    speedup = start.prediction["speedup"]
+    assert f"speed-up {speedup:.2f}x over 1 device" in plan.decision.reasons["1"]
+    assert f"predicted speedup x{speedup:.2f} vs 1 device" in start.reason
+    # running as decided, with nothing stored yet: the pass gives its figures to store
+    record.state, record.placement = "running", dict(start.allocation)  # type: ignore[assignment]
+    record.restarts, record.last_start = 1, 1.0
+    plan = plan_round(GoodputPolicy(), [record], nodes, ModelCache(), 61.0, RNG)
+    assert plan.unchanged == (1,) and plan.predictions[1] == start.prediction
+    record.prediction = dict(plan.predictions[1])
+    assert plan_round(GoodputPolicy(), [record], nodes, ModelCache(), 121.0, RNG).predictions == {}
+
+
+# --- ETA ---------------------------------------------------------------------------------
+
+
+def test_eta_from_the_declared_length_and_the_metric_trend() -> None:
+    from pollux_local.daemon.readmodel import MetricHistory, job_eta
+    from pollux_local.daemon.scheduler import MAX_ETA_S, progress_eta
+
+    running = job(1, "running", {"a": ["cpu:0"]})
+    running.run_time_s, running.last_start = 100.0, 1000.0
+    running.report = {"epoch": 1, "epochs": 4}
+    assert progress_eta(running, 1100.0) == pytest.approx(600.0)  # 200 s for a quarter
+    assert job_eta(running, 1100.0) == pytest.approx(600.0)
+    running.report = {"epoch": 0, "epochs": 4}
+    assert job_eta(running, 1100.0) is None  # nothing done yet: unknown
+    # the target metric's trend, when sooner
+    running.spec["target"] = {"metric": "acc", "value": 0.9, "mode": "max"}
+    metrics = MetricHistory()
+    for t, acc in ((1000.0, 0.5), (1010.0, 0.6), (1020.0, 0.7)):
+        metrics.note(running, {"metrics": {"acc": acc}, "time": t}, t)
+    assert job_eta(running, 1020.0, metrics) == pytest.approx(20.0)
+    # a trend that barely moves: long, but not absurd
+    slow = MetricHistory()
+    for t, acc in ((0.0, 0.5), (1e3, 0.5 + 1e-12), (2e3, 0.5 + 2e-12)):
+        slow.note(running, {"metrics": {"acc": acc}, "time": t}, t)
+    assert job_eta(running, 2e3, slow) == MAX_ETA_S
+    assert job_eta(job(2), 0.0, metrics) is None  # not running
+
+
+_numbers = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**12), 10**12),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    epoch=_numbers,
+    epochs=_numbers,
+    own=_numbers,
+    run_time=st.floats(0.0, 1e12),
+    started=st.one_of(st.none(), st.floats(-1e12, 1e12)),
+    now=st.floats(-1e12, 1e12),
+    points=st.lists(
+        st.tuples(st.floats(-1e9, 1e9), st.floats(allow_nan=True, allow_infinity=True)),
+        max_size=8,
+    ),
+    goal=st.floats(allow_nan=True, allow_infinity=True),
+    mode=st.sampled_from(["max", "min"]),
+)
+def test_eta_is_never_absurd(
+    epoch: object, epochs: object, own: object, run_time: float, started: float | None,
+    now: float, points: list[tuple[float, float]], goal: float, mode: str,
+) -> None:  # fmt: skip
+    from pollux_local.daemon.readmodel import MetricHistory, job_eta
+    from pollux_local.daemon.scheduler import MAX_ETA_S
+
+    record = job(
+        1, "running", {"a": ["cpu:0"]}, target={"metric": "m", "value": goal, "mode": mode}
+    )
+    record.run_time_s, record.last_start = run_time, started
+    record.report = {"epoch": epoch, "epochs": epochs, "eta_s": own}
+    metrics = MetricHistory()
+    for t, value in points:
+        metrics.note(record, {"metrics": {"m": value}, "time": t}, t)
+    with np.errstate(all="ignore"):
+        eta = job_eta(record, now, metrics)
+    assert eta is None or (isinstance(eta, float) and 0.0 <= eta <= MAX_ETA_S)

@@ -118,7 +118,7 @@ class MetricHistory:
         """Remember the report's value of the job's target metric (at the report's time)."""
         target = job.spec.get("target") or {}
         value = _float((report.get("metrics") or {}).get(target.get("metric")))
-        if value is None:
+        if value is None or not math.isfinite(value):
             return
         history = self._points.setdefault(job.id, deque(maxlen=self.limit))
         stamp = float(report.get("time") or now)
@@ -139,7 +139,10 @@ class MetricHistory:
         values = np.array([v for _, v in history])
         if np.ptp(times) <= 0:
             return None
-        slope = float(np.polyfit(times - times[-1], values, 1)[0])
+        try:
+            slope = float(np.polyfit(times - times[-1], values, 1)[0])
+        except (ValueError, np.linalg.LinAlgError):
+            return None
         remaining = goal - float(values[-1])
         maximise = target.get("mode", "max") == "max"
         if (remaining <= 0) if maximise else (remaining >= 0):
