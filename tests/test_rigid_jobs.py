@@ -14,16 +14,20 @@ import json
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pollux_local.api.errors import InvalidRequest
 from pollux_local.api.messages import Submit
 from pollux_local.core.baselines import FifoPolicy, OptimusPolicy, TiresiasPolicy
 from pollux_local.core.policy import GoodputPolicy
-from pollux_local.core.types import BatchChoice, Policy
+from pollux_local.core.types import BatchChoice, JobView, NodeView, Policy
 from pollux_local.daemon.auth import Peer
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers.submit import check_submit, submit
@@ -40,6 +44,84 @@ def make_policy(name: str) -> Policy:
     if name == "goodput":
         return GoodputPolicy(restart_cost_s=30.0, interval_s=60.0)
     return {"fifo": FifoPolicy, "tiresias": TiresiasPolicy, "optimus": OptimusPolicy}[name]()
+
+
+# --- the policies -----------------------------------------------------------------------
+
+
+class Linear:
+    """Goodput = K (a job with a profile, for the goodput policy)."""
+
+    def best_goodput(
+        self, nodes: np.ndarray, replicas: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        k = np.asarray(replicas, dtype=float)
+        return k, np.full(k.shape, 32, dtype=np.int64), np.ones(k.shape, dtype=np.int64)
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> tuple[list[JobView], list[NodeView]]:
+    nodes = [NodeView(f"n{i}", draw(st.integers(1, 6))) for i in range(draw(st.integers(1, 3)))]
+    jobs = []
+    for i in range(draw(st.integers(1, 10))):
+        kind = draw(st.sampled_from(["elastic", "rigid", "preemptible"]))
+        low = draw(st.integers(1, 4))
+        high = low if kind != "elastic" else draw(st.integers(low, 8))
+        jobs.append(
+            JobView(
+                id=str(i + 1),
+                owner=f"u{draw(st.integers(0, 2))}",
+                model=Linear() if draw(st.booleans()) else None,
+                submit_time=float(i),
+                min_replicas=low,
+                max_replicas=high,
+                static_replicas=high,
+                max_profiled_replicas=draw(st.integers(0, 4)),
+                attained_gpu_s=draw(st.floats(0.0, 1e4)),
+                priority=draw(st.integers(0, 1)),
+                rigid=kind != "elastic",
+                preemptible=kind == "preemptible",
+            )
+        )
+    return jobs, nodes
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(), st.sampled_from(["goodput", "fifo", "tiresias", "optimus"]))
+def test_policies_run_rigid_jobs_on_their_size_and_leave_them_where_they_are(
+    scenario: tuple[list[JobView], list[NodeView]], policy_name: str
+) -> None:
+    """Round after round (service accruing, a job leaving now and then): a rigid job runs on
+    exactly its size or not at all; running, it keeps its placement, or (preemptible only)
+    is stopped."""
+    jobs, nodes = scenario
+    policy = make_policy(policy_name)
+    capacity = np.array([n.devices for n in nodes])
+    for round_ in range(6):
+        decision = policy.decide(jobs, nodes, 60.0 * round_, np.random.default_rng(round_))
+        used = np.zeros(len(nodes), dtype=int)
+        for job in jobs:
+            new = tuple(decision.placements[job.id])
+            used += np.array(new if sum(new) else (0,) * len(nodes))
+            if not job.rigid:
+                continue
+            assert sum(new) in (0, job.min_replicas), (job, new)
+            if job.replicas:
+                assert new == job.placement or (job.preemptible and sum(new) == 0), (job, new)
+        assert (used <= capacity).all()
+        jobs = [
+            replace(
+                j,
+                placement=tuple(decision.placements[j.id]),
+                age_s=j.age_s + 60.0,
+                attained_gpu_s=j.attained_gpu_s + 60.0 * sum(decision.placements[j.id]),
+            )
+            for j in jobs
+            if round_ % 2 == 0 or j.id != jobs[0].id  # the oldest leaves every other round
+        ]
+
+
+# --- the daemon's pass ---------------------------------------------------------------------
 
 
 def allocation(harness: Harness, job_id: int) -> dict[str, list[str]]:

@@ -521,9 +521,23 @@ def backoff_reason(job: JobRecord, now: float) -> str:
     return f"waiting: retry in {fmt_duration(job.retry_after - now)} (back-off after a crash)"
 
 
-def device_hours(seconds: float) -> str:
+def device_hours(seconds: float, digits: int | None = None) -> str:
+    """Device-seconds as device-hours for a reason line (``digits``: decimals, else by size)."""
     hours = max(seconds, 0.0) / 3600.0
-    return f"{hours:.0f}" if hours >= 10 else f"{hours:.1f}" if hours >= 0.1 else f"{hours:.2f}"
+    if digits is None:
+        digits = 0 if hours >= 10 else 1 if hours >= 0.1 else 2
+    return f"{hours:.{digits}f}"
+
+
+def _service_words(theirs: float, mine: float) -> str:
+    """``it has used 0.4 device-hours, this job 3.2``, with the decimals that tell apart two
+    different amounts."""
+    it, this = device_hours(theirs), device_hours(mine)
+    for digits in range(2, 5):
+        if it != this or theirs == mine:
+            break
+        it, this = device_hours(theirs, digits), device_hours(mine, digits)
+    return f"it has used {it} device-hours, this job {this}"
 
 
 class _WaitingWords:
@@ -549,6 +563,11 @@ class _WaitingWords:
         self.held = {
             job.job_id: sum(len(v) for v in allocations[job.id].values()) for job in candidates
         }
+        # the jobs holding devices, most devices first
+        self.holding = sorted(
+            (job_id for job_id, count in self.held.items() if count > 0),
+            key=lambda job_id: (-self.held[job_id], int(job_id) if job_id.isdigit() else 0),
+        )
         self.offered = sum(len(node.free_devices) for node in nodes)
         self.free = self.offered - sum(self.held.values())
         self.now = now
@@ -565,28 +584,31 @@ class _WaitingWords:
         head = f"waiting: needs {devices}, {self.free} free"
         if facts is not None and facts.rule == "placement":
             return f"{head}, but no placement of them fits without sharing nodes"
-        if facts is None and policy_reason not in ("", "waiting", "running"):
+        placed = sum(self.decision.placements.get(job.job_id, ())) > 0
+        if facts is None and not placed and policy_reason not in ("", "waiting", "running"):
             said = policy_reason.removeprefix("waiting: ")
             head = f"waiting: {said}; needs {devices}, {self.free} free"
         return head + self._holders(job, facts)
 
     def _holders(self, job: JobRecord, facts: Waiting | None) -> str:
         """``; job 6 (alice) holds 2 (rigid, not preemptible; expected to finish in 20 min)``"""
-        if facts is not None:
-            rules = {h.id: h.rule for h in facts.holders}
-        else:
-            rules = {job_id: "" for job_id in self.held}
-        holders = sorted(
-            (job_id for job_id in rules if self.held.get(job_id, 0) > 0 and job_id != job.job_id),
-            key=lambda job_id: (-self.held[job_id], int(job_id) if job_id.isdigit() else 0),
-        )
+        rules = {h.id: h.rule for h in facts.holders} if facts is not None else None
+        holders = [
+            job_id
+            for job_id in self.holding
+            if job_id != job.job_id and (rules is None or job_id in rules)
+        ]
         if not holders:
             return ""
-        parts = [self._holder(job, job_id, rules[job_id]) for job_id in holders[: self.SHOWN]]
+        parts = [
+            self._holder(job, job_id, rules.get(job_id, "") if rules else "")
+            for job_id in holders[: self.SHOWN]
+        ]
         rest = holders[self.SHOWN :]
         if rest:
             count = sum(self.held[job_id] for job_id in rest)
-            parts.append(f"{len(rest)} more job{'s' if len(rest) > 1 else ''} hold {count}")
+            many = len(rest) > 1
+            parts.append(f"{len(rest)} more job{'s hold' if many else ' holds'} {count}")
         return "; " + "; ".join(parts)
 
     def _holder(self, job: JobRecord, holder_id: str, rule: str) -> str:
@@ -597,11 +619,12 @@ class _WaitingWords:
             notes.append("rigid, not preemptible")
         elif rule == "priority":
             notes.append(f"priority {them.priority}, this job {me.priority}")
+        elif rule == "service" and them.attained_gpu_s == me.attained_gpu_s:
+            first = "was running" if them.replicas else "was submitted first"
+            hours = device_hours(me.attained_gpu_s)
+            notes.append(f"fair share: both have used {hours} device-hours, it {first}")
         elif rule in ("service", "kept"):
-            used = (
-                f"it has used {device_hours(them.attained_gpu_s)} device-hours,"
-                f" this job {device_hours(me.attained_gpu_s)}"
-            )
+            used = _service_words(them.attained_gpu_s, me.attained_gpu_s)
             if rule == "service":
                 notes.append(f"fair share: {used}")
             else:
