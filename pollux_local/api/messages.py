@@ -130,7 +130,14 @@ class JobSummary(Message, kw_only=True):
 
 
 class StatusReply(Reply):
+    """A page of ``status``: the jobs, oldest first; ``more`` jobs match but are older than
+    the page (ask again with ``before_id=next_before_id``); ``hidden`` finished jobs ended
+    before the recent window (``all`` shows them)."""
+
     jobs: list[JobSummary]
+    more: Annotated[int, msgspec.Meta(ge=0)] = 0
+    hidden: Annotated[int, msgspec.Meta(ge=0)] = 0
+    next_before_id: str | None = None
 
 
 class BatchBoundsView(Message):
@@ -282,11 +289,22 @@ class Submit(Request[SubmitReply], tag="submit", kw_only=True):
     preemptible: bool = False
 
 
+#: A user name as ``status`` filters by it.
+UserName = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f]+$")]
+
+
 class Status(Request[StatusReply], tag="status", kw_only=True):
-    """Every job (``all``) or only the active ones."""
+    """Jobs, the newest ``limit`` that match, returned oldest first.  By default the active
+    jobs and those that finished in the last 24 hours; ``all``: every finished job too.
+    ``user`` (an owner's name) and ``states`` filter; ``before_id`` asks for the jobs older
+    than that id (the next page, ``StatusReply.next_before_id``)."""
 
     Reply = StatusReply
-    all: bool = True
+    all: bool = False
+    user: UserName | None = None
+    states: Annotated[list[JobState], msgspec.Meta(min_length=1, max_length=16)] | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 1000
+    before_id: JobId | None = None
 
 
 class Show(Request[ShowReply], tag="show", kw_only=True):

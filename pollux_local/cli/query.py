@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 
+from pollux_local.api.errors import PolluxError
 from pollux_local.api.messages import Logs, Nodes, Show, Status
 from pollux_local.api.states import JobState
 from pollux_local.cli.common import (
@@ -17,16 +18,55 @@ from pollux_local.cli.common import (
 )
 from pollux_local.cli.format import batch, duration, fmt, status_table, timestamp, where
 
+#: Jobs one ``status`` request asks for (the daemon's default page).
+STATUS_PAGE = 1000
+
+
+def _states(values: list[str] | None, active: bool) -> list[JobState] | None:
+    """``--state`` (repeatable, or comma-separated) and ``--active`` as one list of states."""
+    states: list[JobState] = []
+    for value in values or []:
+        for name in filter(None, (part.strip() for part in value.split(","))):
+            try:
+                states.append(JobState(name.lower()))
+            except ValueError:
+                known = ", ".join(state.value for state in JobState)
+                raise PolluxError(f"--state: no state {name!r} (states: {known})") from None
+    if active:
+        states = [s for s in states if s.active] if states else [s for s in JobState if s.active]
+        if not states:
+            raise PolluxError("--active and --state name no state in common")
+    return list(dict.fromkeys(states)) or None
+
 
 def cmd_status(args: argparse.Namespace) -> int:
-    reply = client_for(args).call(Status())
-    jobs = [job for job in reply.jobs if not (args.active and job.state.terminal)]
+    """A page of jobs: the daemon filters (``--user``, ``--state``, ``--active``) and keeps
+    finished jobs to the last 24 h unless ``--all``; ``--all`` without ``--limit`` fetches
+    every page."""
+    client = client_for(args)
+    request = Status(
+        all=args.all,
+        user=args.user,
+        states=_states(args.state, args.active),
+        limit=args.limit or STATUS_PAGE,
+    )
+    reply = client.call(request)
+    jobs = list(reply.jobs)
+    while args.all and args.limit is None and reply.more and reply.next_before_id:
+        request.before_id = reply.next_before_id
+        reply = client.call(request)
+        jobs[:0] = reply.jobs
     if args.json:
-        print_json({"jobs": jobs})
-    elif jobs:
-        print(status_table(jobs))
-    else:
-        print("no jobs")
+        print_json({"jobs": jobs, "more": reply.more, "hidden": reply.hidden})
+        return 0
+    print(status_table(jobs) if jobs else "no jobs")
+    notes = []
+    if reply.more:
+        notes.append(f"{reply.more} older job(s) not shown (--limit N, --all)")
+    if reply.hidden:
+        notes.append(f"{reply.hidden} job(s) finished over 24 h ago not shown (--all)")
+    if notes:
+        print("; ".join(notes))
     return 0
 
 
@@ -97,10 +137,36 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= 10_000:
+        raise argparse.ArgumentTypeError(f"expected 1 to 10000, got {value}")
+    return value
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common, as_json = state_dir_parser(), json_parser()
     p = subparsers.add_parser("status", aliases=["ls"], parents=[common, as_json], help="list jobs")
     p.add_argument("--active", action="store_true", help="only jobs not finished")
+    p.add_argument(
+        "--all", action="store_true", help="finished jobs of any age (default: the last 24 h)"
+    )
+    p.add_argument("--user", metavar="NAME", help="only this user's jobs")
+    p.add_argument(
+        "--state",
+        action="append",
+        metavar="STATE",
+        help="only jobs in this state (repeat, or comma-separated: running,queued)",
+    )
+    p.add_argument(
+        "--limit",
+        type=_positive,
+        metavar="N",
+        help=f"the newest N jobs (default {STATUS_PAGE}; --all alone: every job)",
+    )
     p.set_defaults(func=cmd_status)
 
     p = subparsers.add_parser("show", parents=[common, as_json], help="one job in detail")

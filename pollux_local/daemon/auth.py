@@ -1,8 +1,19 @@
-"""Who is asking: identity from the socket's peer credentials, and who may change a job.
+"""Who is asking: identity from the socket's peer credentials, who may connect at all, and who
+may change a job or raise a priority.
 
 The caller's uid comes from ``SO_PEERCRED`` (the kernel's record of the connecting process),
-never from a request field.  Everyone may read every job; only its owner, root, the daemon's
-own user or a member of the configured admin group may cancel, hold, release or re-prioritise.
+never from a request field.
+
+* **Who may connect** (:func:`may_connect`, :func:`socket_mode`): a daemon run by root serves
+  every user of the machine (socket 0666); a daemon run by an ordinary user serves only that
+  user (socket 0600), unless its config opens it to a group (``[daemon] allow_group``: socket
+  0660 with that group, and a peer must be in it).  Root and the daemon's own user may always
+  connect.  The socket's mode is what the kernel enforces; the peer check behind it refuses
+  anyone else who reaches the socket anyway (a descriptor passed on, a mode changed by hand).
+* **Admins** (:func:`is_admin`): root, the daemon's own user and members of the configured
+  ``admin_group``.
+* **Who may change a job** (:func:`may_modify`): its owner or an admin.  Everyone who may
+  connect may read every job.
 """
 
 from __future__ import annotations
@@ -12,7 +23,13 @@ import os
 import pwd
 import socket
 import struct
+import time
 from dataclasses import dataclass
+
+#: How long a group-membership answer is reused (NSS lookups may be slow; membership changes
+#: are rare and take effect within this time).
+GROUP_CACHE_S = 30.0
+_group_cache: dict[tuple[int, int, str], tuple[float, bool]] = {}
 
 
 @dataclass(frozen=True)
@@ -40,8 +57,7 @@ def peer_credentials(sock: socket.socket) -> Peer:
     return Peer(pid=pid, uid=uid, gid=gid)
 
 
-def in_group(uid: int, gid: int, group: str) -> bool:
-    """Is the user (primary gid ``gid``) a member of ``group``?"""
+def _lookup_group(uid: int, gid: int, group: str) -> bool:
     try:
         entry = grp.getgrnam(group)
     except KeyError:
@@ -57,8 +73,61 @@ def in_group(uid: int, gid: int, group: str) -> bool:
         return False
 
 
-def may_modify(peer: Peer, owner_uid: int, admin_group: str | None, daemon_uid: int) -> bool:
-    """May ``peer`` cancel, hold, release or re-prioritise a job owned by ``owner_uid``?"""
-    if peer.uid in (0, owner_uid, daemon_uid):
+def in_group(uid: int, gid: int, group: str) -> bool:
+    """Is the user (primary gid ``gid``) a member of ``group``?  (Answers are cached for
+    :data:`GROUP_CACHE_S`.)"""
+    key = (uid, gid, group)
+    now = time.monotonic()
+    cached = _group_cache.get(key)
+    if cached is not None and now - cached[0] < GROUP_CACHE_S:
+        return cached[1]
+    answer = _lookup_group(uid, gid, group)
+    if len(_group_cache) > 4096:
+        _group_cache.clear()
+    _group_cache[key] = (now, answer)
+    return answer
+
+
+def is_admin(peer: Peer, admin_group: str | None, daemon_uid: int) -> bool:
+    """Root, the daemon's own user, or a member of ``admin_group``."""
+    if peer.uid in (0, daemon_uid):
         return True
     return admin_group is not None and in_group(peer.uid, peer.gid, admin_group)
+
+
+def may_modify(peer: Peer, owner_uid: int, admin_group: str | None, daemon_uid: int) -> bool:
+    """May ``peer`` cancel, hold, release or re-prioritise a job owned by ``owner_uid``?"""
+    return peer.uid == owner_uid or is_admin(peer, admin_group, daemon_uid)
+
+
+def may_connect(peer: Peer, daemon_uid: int, allow_group: str | None) -> bool:
+    """May ``peer`` use the daemon at all?  Root and the daemon's user always; with
+    ``allow_group`` the members of that group; otherwise everyone when the daemon runs as root
+    and nobody else when it runs as an ordinary user."""
+    if peer.uid in (0, daemon_uid):
+        return True
+    if allow_group is not None:
+        return in_group(peer.uid, peer.gid, allow_group)
+    return daemon_uid == 0
+
+
+def socket_mode(daemon_uid: int, allow_group: str | None) -> int:
+    """The socket's mode: 0660 (with ``allow_group`` as its group) when the config names a
+    group, else 0666 for a root daemon (identity from SO_PEERCRED) and 0600 for a user's."""
+    if allow_group is not None:
+        return 0o660
+    return 0o666 if daemon_uid == 0 else 0o600
+
+
+def refusal(peer: Peer, daemon_uid: int, allow_group: str | None) -> str:
+    """The one line a peer that may not connect is told."""
+    owner = user_name(daemon_uid)
+    if allow_group is not None:
+        return (
+            f"permission denied: this daemon serves its user {owner} and the group"
+            f" {allow_group}; {peer.name} is in neither"
+        )
+    return (
+        f"permission denied: this daemon runs as {owner} and serves only that user"
+        f" (its config may open it to a group with [daemon] allow_group)"
+    )

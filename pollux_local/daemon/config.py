@@ -10,7 +10,9 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     restart_cost_s = 30
 
     [daemon]
-    admin_group = "wheel"     # members may cancel/hold any job
+    admin_group = "wheel"     # members may cancel/hold any job and raise priorities
+    allow_group = "lab"       # a daemon not run by root serves only its own user (socket
+                              # 0600); this opens it to the group's members (socket 0660)
     max_retries = 3           # crash restarts before a job fails
     backoff_s = 5             # first retry delay, doubled each time
     stop_grace_s = 60         # SIGTERM -> checkpoint exit wait before SIGKILL
@@ -24,11 +26,17 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     host = "box2"             # an ssh destination; "localhost" or none = this machine
     devices = "cuda:0,1"      # or ["cuda:0", "cuda:1"], or "cpu:4"
     workdir = "/shared/runs"  # optional
+
+    [limits]
+    max_priority = 0          # the highest priority a user who is not an admin may give
+    connections_per_user = 16 # open connections per user (root and the daemon's user: any)
+    mib_in_flight_per_user = 32  # request bytes one user may have the daemon buffer at once
 """
 
 from __future__ import annotations
 
 import contextlib
+import grp
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -73,6 +81,14 @@ class DaemonConfig:
     pg_timeout_s: float = 60.0
     node_retry_s: float = 30.0
     checkpoint_root: str | None = None
+    #: a daemon not run by root serves this group's members too (socket 0660, this group)
+    allow_group: str | None = None
+    #: the highest priority a user who is not an admin may give a job
+    max_priority: int = 0
+    #: connections one user may hold open at once (root and the daemon's user: no cap)
+    max_user_connections: int = 16
+    #: request bytes one user may have the daemon buffer at once
+    max_user_bytes: int = 32 * 1024 * 1024
     source: str = "embedded default"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -158,6 +174,17 @@ def _number(table: dict[str, Any], key: str, default: float, where: str, minimum
     return float(value)
 
 
+def _whole(
+    table: dict[str, Any], key: str, default: int, where: str, minimum: int, maximum: int
+) -> int:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PolluxError(f"{where}: {key} must be a whole number, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise PolluxError(f"{where}: {key} must be between {minimum} and {maximum}, got {value}")
+    return value
+
+
 def load_config(path: str | Path | None = None, devices: str | None = None) -> DaemonConfig:
     """Read the TOML config at ``path`` (or use the embedded default); ``devices`` (the
     ``--devices`` option) replaces the local node's devices."""
@@ -166,13 +193,14 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
     where = str(path)
     data = read_toml(path, "config file")
 
-    unknown = set(data) - {"scheduler", "daemon", "nodes"}
+    unknown = set(data) - {"scheduler", "daemon", "nodes", "limits"}
     if unknown:
         raise PolluxError(f"{where}: unknown section(s) {', '.join(sorted(unknown))}")
     sched = data.get("scheduler", {})
     daemon = data.get("daemon", {})
-    if not isinstance(sched, dict) or not isinstance(daemon, dict):
-        raise PolluxError(f"{where}: [scheduler] and [daemon] must be tables")
+    limits = data.get("limits", {})
+    if not all(isinstance(table, dict) for table in (sched, daemon, limits)):
+        raise PolluxError(f"{where}: [scheduler], [daemon] and [limits] must be tables")
     policy = sched.get("policy", "goodput")
     if isinstance(policy, str):
         policy = POLICY_ALIASES.get(policy, policy)
@@ -181,6 +209,25 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
     admin_group = daemon.get("admin_group")
     if admin_group is not None and not isinstance(admin_group, str):
         raise PolluxError(f"{where}: admin_group must be a group name")
+    allow_group = daemon.get("allow_group")
+    if allow_group is not None:
+        if not isinstance(allow_group, str) or not allow_group:
+            raise PolluxError(f"{where}: allow_group must be a group name")
+        try:
+            grp.getgrnam(allow_group)
+        except KeyError:
+            raise PolluxError(
+                f"{where}: allow_group {allow_group!r} is not a group on this machine"
+            ) from None
+    unknown_limits = set(limits) - {
+        "max_priority",
+        "connections_per_user",
+        "mib_in_flight_per_user",
+    }
+    if unknown_limits:
+        raise PolluxError(
+            f"{where}: unknown key(s) in [limits]: {', '.join(sorted(unknown_limits))}"
+        )
 
     raw_nodes = data.get("nodes")
     nodes: list[NodeConfig] = []
@@ -249,6 +296,10 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
         pg_timeout_s=_number(daemon, "pg_timeout_s", 60.0, where, 1.0),
         node_retry_s=_number(daemon, "node_retry_s", 30.0, where, 0.1),
         checkpoint_root=checkpoint_root,
+        allow_group=allow_group,
+        max_priority=_whole(limits, "max_priority", 0, where, 0, 1000),
+        max_user_connections=_whole(limits, "connections_per_user", 16, where, 1, 256),
+        max_user_bytes=_whole(limits, "mib_in_flight_per_user", 32, where, 16, 4096) << 20,
         source=where,
     )
 

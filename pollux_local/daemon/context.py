@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pollux_local.api.errors import NotFound, PermissionDenied
-from pollux_local.daemon.auth import Peer, may_modify
+from pollux_local.daemon.auth import Peer, is_admin, may_modify, user_name
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.readmodel import MetricHistory
@@ -42,6 +42,27 @@ class Context:
         if job is None:
             raise NotFound(f"no job with id {job_id!r}")
         return job
+
+    def is_admin(self) -> bool:
+        """Is the caller root, the daemon's user or a member of the admin group?"""
+        return is_admin(self.peer, self.config.admin_group, self.daemon_uid)
+
+    def require_priority(self, priority: int, current: int | None = None) -> None:
+        """:class:`PermissionDenied` unless the caller may give a job ``priority``: anyone up
+        to ``[limits] max_priority`` (default 0), an admin any; lowering a job's priority
+        (at most ``current``) never needs an admin."""
+        limit = self.config.max_priority
+        if priority <= limit or (current is not None and priority <= current):
+            return
+        if self.is_admin():
+            return
+        admins = f"root, {user_name(self.daemon_uid)}" + (
+            f" or the group {self.config.admin_group}" if self.config.admin_group else ""
+        )
+        raise PermissionDenied(
+            f"permission denied: priority {priority} is above {limit}, the highest a user who"
+            f" is not an admin may give; ask an admin ({admins})"
+        )
 
     def may_modify(self, job: JobRecord) -> bool:
         """May the caller change the job (its owner, root, the daemon's user or an admin)?"""

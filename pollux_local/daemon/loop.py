@@ -4,7 +4,15 @@ A pass (:meth:`SchedulingLoop.schedule_once`) reads the jobs' new ``report.json`
 a snapshot of the nodes, asks the pure scheduler (``scheduler.plan_round``: models, policy,
 devices and batch sizes) for a plan, has the executor apply it, stores the plan's reasons of
 the jobs left waiting and predictions of the jobs left running as they were, and samples each
-running job's goodput and noise scale into its history.  Passes and the requests that change jobs take the daemon's one mutex in turn.
+running job's goodput and noise scale into its history.  Passes and the requests that change
+jobs take the daemon's one mutex in turn.
+
+A job's ``report.json`` is read through :mod:`.jobfiles` as the job's owner's plain file (a
+symlink, FIFO or hard link there is skipped with one logged line, never read or waited on).  A
+database write that fails during a pass (``sqlite3.Error``: a full disk, say) is logged and the
+pass retried after :data:`RETRY_S`; replica groups the store no longer records as placed are
+stopped first (:meth:`SchedulingLoop.reconcile`), so that no process holds a device the store
+thinks is free.
 """
 
 from __future__ import annotations
@@ -13,16 +21,19 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import psutil
 
-from pollux_local.api.states import JobState
+from pollux_local.api.states import PLACED_STATES, JobState
 from pollux_local.core.types import Policy
 from pollux_local.daemon.config import DaemonConfig, busy_gpus
 from pollux_local.daemon.executor import Executor
+from pollux_local.daemon.jobfiles import job_file_mtime
 from pollux_local.daemon.readmodel import MetricHistory, job_noise_scale
 from pollux_local.daemon.reports import InvalidReport, read_report_file
 from pollux_local.daemon.scheduler import ModelCache, NodeSnapshot, plan_round
@@ -34,6 +45,8 @@ log = logging.getLogger("pollux_local.daemon")
 COALESCE_S = 0.02
 #: The states whose jobs a pass looks at (held and finished jobs are left alone).
 SCHEDULED_STATES = (JobState.QUEUED, JobState.RUNNING, JobState.RESCALING)
+#: After a pass failed to write the database, the next one comes this soon (at the latest).
+RETRY_S = 5.0
 
 
 def node_snapshot(config: DaemonConfig, executor: Executor) -> list[NodeSnapshot]:
@@ -91,6 +104,8 @@ class SchedulingLoop:
         self._report_mtimes: dict[int, float] = {}
         self._last_sample: dict[int, float] = {}
         self.ticks = 0
+        #: database writes that failed in passes (each logged; the pass was retried)
+        self.write_failures = 0
 
     def wake(self) -> None:
         self._wake.set()
@@ -98,15 +113,21 @@ class SchedulingLoop:
     async def run(self) -> None:
         """Pass after pass, each after ``interval_s`` or a wake-up; a failing pass is logged
         and the next one runs as usual."""
+        wait_s = self.config.interval_s
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.config.interval_s)
+                await asyncio.wait_for(self._wake.wait(), wait_s)
             await asyncio.sleep(COALESCE_S)
             self._wake.clear()
+            wait_s = self.config.interval_s
             try:
                 await self.schedule_once()
             except asyncio.CancelledError:
                 raise
+            except sqlite3.Error as exc:
+                self.write_failures += 1
+                log.error("scheduling pass: database error (%s); retrying in %g s", exc, RETRY_S)
+                wait_s = min(self.config.interval_s, RETRY_S)
             except Exception:
                 log.exception("scheduling pass failed")
 
@@ -114,6 +135,7 @@ class SchedulingLoop:
         """One pass: reports -> models -> policy -> plan -> executor."""
         async with self.mutex:
             await self.executor.check_nodes(background=True)
+            await self.reconcile()
             now = self.clock()
             jobs = self.store.jobs(SCHEDULED_STATES)
             self.refresh_reports(jobs)
@@ -132,22 +154,45 @@ class SchedulingLoop:
                 self.store.update_job(job_id, prediction=prediction)
             self.sample_history(self.clock())
 
+    async def reconcile(self) -> None:
+        """Make the executor and the store agree again (the caller holds the mutex): stop the
+        replica groups of jobs the store does not record as placed (a start whose record was
+        not written), and queue again the jobs recorded as placed that no group or watcher
+        runs (a stop or an exit whose record was not written), so that no process holds
+        devices the store counts as free, and no record holds devices no process uses."""
+        placed = set(self.store.ids_with_state(list(PLACED_STATES)))
+        for job_id in [job_id for job_id in self.executor.groups if job_id not in placed]:
+            log.warning("job %s: stopping replicas the database does not record", job_id)
+            try:
+                await self.executor.stop_job(job_id, "reconcile")
+            except sqlite3.Error as exc:
+                log.error("job %s: stopped, but recording it failed (%s)", job_id, exc)
+        live = set(self.executor.groups) | set(self.executor.watchers)
+        for job_id in sorted(placed - live):
+            reason = "its replicas are gone; back in the queue"
+            if self.store.requeue_if_placed(job_id, reason):
+                log.warning("job %s: recorded as running without replicas: queued again", job_id)
+                self.store.record_decision(job_id, self.clock(), "requeued", reason)
+
     def refresh_reports(self, jobs: list[JobRecord]) -> None:
         """Take in the ``report.json`` files written since the last pass.  A report that does
-        not follow the schema is ignored (once per version of the file, with a logged reason);
-        the job keeps its previous one."""
+        not follow the schema, or a file that is not the job's owner's plain file, is ignored
+        (once per version of the file, with a logged reason); the job keeps its previous one."""
         for job in jobs:
             if job.state not in SCHEDULED_STATES:
                 continue
-            path = self.state_dir / "jobs" / job.job_id / "report.json"
-            try:
-                mtime = path.stat().st_mtime
-            except OSError:
+            directory = self.state_dir / "jobs" / job.job_id
+            path = directory / "report.json"
+            mtime = job_file_mtime(directory, "report.json", job.owner_uid)
+            if mtime is None:
+                if os.path.lexists(path) and self._report_mtimes.get(job.id) != -1.0:
+                    self._report_mtimes[job.id] = -1.0
+                    log.warning("job %s: ignoring %s: not a regular file", job.id, path)
                 continue
             if self._report_mtimes.get(job.id) == mtime:
                 continue
             try:
-                report = read_report_file(path)
+                report = read_report_file(path, job.owner_uid)
             except InvalidReport as exc:
                 self._report_mtimes[job.id] = mtime
                 log.warning("job %s: ignoring its report %s: %s", job.id, path, exc)

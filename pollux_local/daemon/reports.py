@@ -4,17 +4,22 @@ plain data.
 A report arrives two ways, a ``report`` request (already decoded as a ``JobReport``) and the
 ``report.json`` file rank 0 writes in its job directory.  Both end up in the job's row as
 :func:`report_record` makes it.  A report that does not follow the schema is refused as a
-whole with a one-line reason (:class:`InvalidReport`); the job's previous report stays.
+whole with a one-line reason (:class:`InvalidReport`); the job's previous report stays.  The
+file is read through :mod:`.jobfiles` (no symlink followed, a FIFO never waited on, the job's
+owner's plain file, at most ``jobfiles.MAX_REPORT_BYTES``): an unsafe one is refused the same
+way, its content never read.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from pollux_local.api.report import JobReport
+from pollux_local.daemon.jobfiles import UnsafeJobFile, read_whole_job_file
 
 _decoder = msgspec.json.Decoder(JobReport)
 
@@ -51,11 +56,21 @@ def parse_report(data: bytes) -> JobReport:
         raise InvalidReport(" ".join(str(exc).split())) from None
 
 
-def read_report_file(path: Path) -> dict[str, Any] | None:
-    """The report in ``path`` as :func:`report_record` makes it; ``None`` when the file cannot
-    be read (absent, say).  Raises :class:`InvalidReport` when it does not follow the schema."""
+def read_report_file(path: Path, owner_uid: int | None = None) -> dict[str, Any] | None:
+    """The report in ``path`` (``JOB_DIR/report.json``) as :func:`report_record` makes it;
+    ``None`` when there is none (or it cannot be read).  Raises :class:`InvalidReport` when it
+    does not follow the schema or is not a plain file of the job's user ``owner_uid``
+    (without it: the user owning the job's directory, which only root can change)."""
+    directory = path.parent
+    if owner_uid is None:
+        try:
+            owner_uid = os.lstat(directory).st_uid
+        except OSError:
+            return None
     try:
-        data = path.read_bytes()
+        data = read_whole_job_file(directory, path.name, owner_uid)
+    except UnsafeJobFile as exc:
+        raise InvalidReport(f"unsafe report file: {exc}") from None
     except OSError:
         return None
     return report_record(parse_report(data))

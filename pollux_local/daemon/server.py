@@ -6,14 +6,31 @@ SIGINT.  Each connection is a sequence of frames (``api.wire``): a request is de
 into its ``api.messages`` class and :func:`dispatch` hands it to its handler
 (``handlers/``); the typed reply, or the typed error (``api.errors``), goes back as one frame.
 
-Layout of the state directory (owned by the daemon's user, mode 0755 so that the lab's users
-can reach the socket)::
+Layout of the state directory (owned by the daemon's user, mode 0755; a symlink, or a
+directory of another user, is refused)::
 
-    daemon.sock    the socket (mode 0666: identity comes from SO_PEERCRED, see auth.py)
-    daemon.lock    held (flock) while a daemon runs on this directory
-    daemon.log     the daemon's own log
-    state.db       SQLite (WAL), mode 0600
+    daemon.sock    the socket: 0666 for a root daemon (identity from SO_PEERCRED), 0600 for a
+                   user's, 0660 with [daemon] allow_group's group (see auth.py)
+    daemon.lock    held (flock) while a daemon runs on this directory, 0600
+    daemon.log     the daemon's own log, 0600
+    state.db       SQLite (WAL), 0600 from the first byte, like its -wal and -shm (state.py)
     jobs/<id>/     per-job logs (rank<r>.log), report.json and, by default, checkpoint/
+
+Every state file is created under ``umask 077`` and opened without following symlinks; once
+they exist the daemon gives its jobs back the umask it was started with.
+
+Connections (:class:`ConnectionBook`): at most :data:`MAX_CONNECTIONS` in all and
+``[limits] connections_per_user`` (16) per user (root and the daemon's own user: no per-user
+cap).  A frame may be up to ``wire.MAX_FRAME_BYTES`` (16 MiB: a submit's environment, a long
+report) for anyone, because its type is only known once it is read; what bounds memory is the
+budget of bytes in flight: a frame's declared length is reserved from its user's budget
+(``[limits] mib_in_flight_per_user``, 32 MiB) and from the daemon's (:data:`MAX_BYTES_IN_FLIGHT`)
+before its body is read, and given back once it is answered; a frame that does not fit is
+refused (``LimitExceeded``) and its connection closed.  A frame's first byte must come within
+:data:`IDLE_TIMEOUT_S`, the rest of it within :data:`FRAME_DEADLINE_S`; a reply the client does
+not read within :data:`REPLY_TIMEOUT_S` closes the connection.  Bodies over
+:data:`SMALL_FRAME_BYTES` are read into an anonymous mapping, returned to the system as soon as
+the request is answered.
 """
 
 from __future__ import annotations
@@ -21,18 +38,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import grp
 import logging
+import mmap
 import os
 import signal
+import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, cast
 
 import numpy as np
 
 from pollux_local.api import wire
-from pollux_local.api.errors import InternalError, InvalidRequest, LimitExceeded, PolluxError
+from pollux_local.api.errors import (
+    InternalError,
+    InvalidRequest,
+    LimitExceeded,
+    PermissionDenied,
+    PolluxError,
+    ProtocolError,
+)
 from pollux_local.api.messages import (
     Cancel,
     Hold,
@@ -49,7 +76,7 @@ from pollux_local.api.messages import (
     Submit,
 )
 from pollux_local.core.types import Policy
-from pollux_local.daemon.auth import Peer, peer_credentials
+from pollux_local.daemon.auth import Peer, may_connect, peer_credentials, refusal, socket_mode
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.executor import Executor
@@ -57,13 +84,23 @@ from pollux_local.daemon.handlers import control, nodes, ping, query, report, su
 from pollux_local.daemon.loop import SchedulingLoop
 from pollux_local.daemon.readmodel import MetricHistory
 from pollux_local.daemon.scheduler import ModelCache
-from pollux_local.daemon.state import StateStore
+from pollux_local.daemon.state import StateStore, open_state
 
 log = logging.getLogger("pollux_local.daemon")
 
-#: A connection silent for this long is closed (a stuck or malicious client holds nothing).
+#: A connection silent for this long between frames is closed (a stuck client holds nothing).
 IDLE_TIMEOUT_S = 30.0
+#: Once a frame's first byte came, the rest of it (header and body) must come within this.
+FRAME_DEADLINE_S = 20.0
+#: A reply the client does not take within this closes its connection.
+REPLY_TIMEOUT_S = 30.0
+#: Connections open at once, all users together.
 MAX_CONNECTIONS = 256
+#: Request bytes the daemon buffers at once, all users together.
+MAX_BYTES_IN_FLIGHT = 256 * 1024 * 1024
+#: Bodies larger than this are read into an anonymous mapping (unmapped once answered).
+SMALL_FRAME_BYTES = 1024 * 1024
+_CHUNK = 256 * 1024
 
 
 def make_policy(config: DaemonConfig) -> Policy:
@@ -83,18 +120,157 @@ def policy_name(policy: Policy) -> str:
     return str(getattr(policy, "name", type(policy).__name__))
 
 
-def prepare_state_dir(state_dir: Path) -> None:
-    """Create the state directory (0755) and refuse one the daemon's user does not own or
-    that others could write to (they could replace the socket)."""
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-    info = state_dir.stat()
-    if info.st_uid != os.geteuid():
+def _own_directory(path: Path, what: str, create_mode: int) -> None:
+    """Make ``path`` a directory of the daemon's user (created with ``create_mode``); refuse a
+    symlink, anything not a directory, or one of another user; remove group/other write."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, create_mode)
+            os.chmod(path, create_mode)
+        info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
         raise PolluxError(
-            f"state dir {state_dir} belongs to uid {info.st_uid}, not to the daemon's user"
+            f"{what} {path} is a symlink (to {os.path.realpath(path)}); give the real path"
         )
+    if not stat.S_ISDIR(info.st_mode):
+        raise PolluxError(f"{what} {path} is not a directory")
+    if info.st_uid != os.geteuid():
+        raise PolluxError(f"{what} {path} belongs to uid {info.st_uid}, not to the daemon's user")
     if info.st_mode & 0o022:
-        os.chmod(state_dir, info.st_mode & ~0o022 & 0o7777)
-    (state_dir / "jobs").mkdir(exist_ok=True, mode=0o755)
+        os.chmod(path, stat.S_IMODE(info.st_mode) & ~0o022)
+
+
+def prepare_state_dir(state_dir: Path) -> None:
+    """Create the state directory (0755) and ``jobs/`` in it; refuse a state dir that is a
+    symlink or that the daemon's user does not own, and remove group/other write (others could
+    replace the socket)."""
+    state_dir.parent.mkdir(parents=True, exist_ok=True)
+    _own_directory(state_dir, "state dir", 0o755)
+    _own_directory(state_dir / "jobs", "jobs dir", 0o755)
+
+
+def open_private(path: Path, flags: int) -> int:
+    """A descriptor of the daemon's own file ``path``, created 0600 when absent, never through
+    a symlink; an older file readable by others is made 0600."""
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise PolluxError(f"cannot open {path}: {exc.strerror} (a symlink?)") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        os.close(fd)
+        raise PolluxError(f"{path} is not a plain file of the daemon's user")
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.fchmod(fd, 0o600)
+    return fd
+
+
+# --- connections: who may hold how much --------------------------------------------------------
+
+
+class ConnectionBook:
+    """Connections open and request bytes in flight, per user and in all.  ``unlimited`` uids
+    (root, the daemon's user) have no per-user connection cap; every user has a byte budget."""
+
+    def __init__(
+        self,
+        per_user: int,
+        per_user_bytes: int,
+        total_bytes: int = MAX_BYTES_IN_FLIGHT,
+        unlimited: frozenset[int] = frozenset(),
+    ) -> None:
+        self.per_user = per_user
+        self.per_user_bytes = per_user_bytes
+        self.total_bytes = total_bytes
+        self.unlimited = unlimited
+        self.connections: dict[int, int] = {}
+        self.bytes: dict[int, int] = {}
+        self.bytes_total = 0
+
+    def open(self, uid: int) -> bool:
+        """Count a new connection of ``uid``; False (not counted) when over its cap."""
+        count = self.connections.get(uid, 0)
+        if count >= self.per_user and uid not in self.unlimited:
+            return False
+        self.connections[uid] = count + 1
+        return True
+
+    def close(self, uid: int) -> None:
+        count = self.connections.get(uid, 0) - 1
+        if count > 0:
+            self.connections[uid] = count
+        else:
+            self.connections.pop(uid, None)
+
+    @contextlib.contextmanager
+    def reserve(self, uid: int, name: str, nbytes: int) -> Iterator[None]:
+        """Hold ``nbytes`` of ``uid``'s budget and the daemon's for the block
+        (:class:`LimitExceeded` when either would be exceeded)."""
+        held = self.bytes.get(uid, 0)
+        if held + nbytes > self.per_user_bytes:
+            raise LimitExceeded(
+                f"{name} has {held} bytes of requests in flight; this {nbytes}-byte one would"
+                f" pass the {self.per_user_bytes}-byte cap per user: try again later"
+            )
+        if self.bytes_total + nbytes > self.total_bytes:
+            raise LimitExceeded("the daemon is busy reading other requests; try again later")
+        self.bytes[uid] = held + nbytes
+        self.bytes_total += nbytes
+        try:
+            yield
+        finally:
+            left = self.bytes.get(uid, 0) - nbytes
+            if left > 0:
+                self.bytes[uid] = left
+            else:
+                self.bytes.pop(uid, None)
+            self.bytes_total -= nbytes
+
+
+async def read_header(
+    reader: asyncio.StreamReader, idle_s: float, frame_s: float
+) -> tuple[int, float] | None:
+    """A frame's declared length and the loop time by which all of it must have come
+    (``None``: the stream ended cleanly between frames).  Its first byte must come within
+    ``idle_s``; the rest of the frame, header and body, within ``frame_s`` of it."""
+    async with asyncio.timeout(idle_s):
+        first = await reader.read(1)
+    if not first:
+        return None
+    deadline = asyncio.get_running_loop().time() + frame_s
+    async with asyncio.timeout_at(deadline):
+        try:
+            rest = await reader.readexactly(wire.HEADER.size - 1)
+        except asyncio.IncompleteReadError:
+            raise ProtocolError("truncated frame header") from None
+    (length,) = wire.HEADER.unpack(first + rest)
+    wire.check_length(length)
+    return length, deadline
+
+
+async def read_body(reader: asyncio.StreamReader, length: int) -> bytes | mmap.mmap:
+    """``length`` bytes of body: small ones as bytes, larger ones in an anonymous mapping
+    (the caller closes it)."""
+    if length <= SMALL_FRAME_BYTES:
+        try:
+            return await reader.readexactly(length)
+        except asyncio.IncompleteReadError:
+            raise ProtocolError(f"truncated frame: expected {length} bytes") from None
+    buffer = mmap.mmap(-1, length)
+    try:
+        position = 0
+        while position < length:
+            chunk = await reader.read(min(_CHUNK, length - position))
+            if not chunk:
+                raise ProtocolError(f"truncated frame: expected {length} bytes")
+            buffer[position : position + len(chunk)] = chunk
+            position += len(chunk)
+    except BaseException:
+        buffer.close()
+        raise
+    return buffer
 
 
 # --- dispatch --------------------------------------------------------------------------------
@@ -128,12 +304,12 @@ async def dispatch(ctx: Context, request: Request) -> Reply:
     raise InvalidRequest(f"this daemon has no handler for {type(request).__name__} requests")
 
 
-async def answer(ctx: Context, body: bytes) -> bytes:
+async def answer(ctx: Context, body: bytes | mmap.mmap) -> bytes:
     """One request frame's body -> one reply frame.  A refusal is the typed error's reply;
     anything else that goes wrong is logged and answered as an ``InternalError``."""
     kind = "?"
     try:
-        request = wire.decode_request(body)
+        request = wire.decode_request(cast(bytes, body))  # any buffer decodes
         kind = type(request).__name__
         return wire.encode_reply(await dispatch(ctx, request))
     except PolluxError as exc:
@@ -147,7 +323,9 @@ async def answer(ctx: Context, body: bytes) -> bytes:
 
 
 class Daemon:
-    """One daemon serving one state directory."""
+    """One daemon serving one state directory.  ``reset_state`` (``daemon --reset-state``):
+    a state database that cannot be used is moved aside and a new one started
+    (``state.open_state``)."""
 
     def __init__(
         self,
@@ -156,6 +334,7 @@ class Daemon:
         policy: Policy | None = None,
         clock: Callable[[], float] = time.time,
         seed: int = 0,
+        reset_state: bool = False,
     ) -> None:
         self.config = config
         self.state_dir = state_dir
@@ -166,6 +345,7 @@ class Daemon:
         self.models = ModelCache()
         self.metrics = MetricHistory()
         self.uid = os.geteuid()
+        self.reset_state = reset_state
         self.store: StateStore | None = None
         self.executor: Executor | None = None
         self.scheduler: SchedulingLoop | None = None
@@ -173,12 +353,18 @@ class Daemon:
         self._stop = asyncio.Event()
         self._mutex = asyncio.Lock()
         self._connections = 0
-        self._lock_file: Any = None
+        self.book = ConnectionBook(
+            per_user=config.max_user_connections,
+            per_user_bytes=config.max_user_bytes,
+            unlimited=frozenset({0, self.uid}),
+        )
+        self._refusals: dict[int, float] = {}
+        self._lock_file: IO[str] | None = None
 
     # --- life cycle ----------------------------------------------------------------------
 
     def _acquire_lock(self) -> None:
-        handle = open(self.state_dir / "daemon.lock", "a+")  # noqa: SIM115 - held for life
+        handle = os.fdopen(open_private(self.state_dir / "daemon.lock", os.O_RDWR), "r+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -190,45 +376,90 @@ class Daemon:
         handle.flush()
         self._lock_file = handle
 
-    async def run(self, ready: Callable[[], None] | None = None) -> None:
-        """Serve until :meth:`request_stop` (or SIGTERM/SIGINT when installed)."""
-        prepare_state_dir(self.state_dir)
-        self._acquire_lock()
-        db_path = self.state_dir / "state.db"
-        self.store = StateStore(db_path)
-        os.chmod(db_path, 0o600)
-        self.executor = Executor(
-            self.store,
-            self.config,
-            self.state_dir,
-            self.socket_path,
-            on_change=self.wake,
-            clock=self.clock,
-        )
-        self.scheduler = SchedulingLoop(
-            store=self.store,
-            executor=self.executor,
-            config=self.config,
-            state_dir=self.state_dir,
-            policy=self.policy,
-            models=self.models,
-            metrics=self.metrics,
-            mutex=self._mutex,
-            wake_event=self._wake,
-            clock=self.clock,
-            rng=self.rng,
-        )
-        recovered = await self.executor.recover()
-        if recovered:
-            log.info("re-queued %d job(s) that were running: %s", len(recovered), recovered)
-        await self.executor.check_nodes(force=True)
+    def _release_lock(self) -> None:
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
+
+    def _open_store(self) -> StateStore:
+        store = open_state(self.state_dir, reset=self.reset_state)
+        if store.set_aside_to is not None:
+            log.warning(
+                "--reset-state: the state database could not be used; moved it and jobs/ to"
+                " %s and started with no job history",
+                store.set_aside_to,
+            )
+        elif self.reset_state:
+            log.info("--reset-state: the state database is healthy; nothing was reset")
+        return store
+
+    async def _listen(self) -> asyncio.AbstractServer:
+        """Bind the socket (0600 under the umask), then open it as far as ``socket_mode``
+        says, giving it to ``allow_group`` first when the config names one."""
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
         server = await asyncio.start_unix_server(self._serve_client, path=str(self.socket_path))
-        os.chmod(self.socket_path, 0o666)
+        group = self.config.allow_group
+        try:
+            if group is not None:
+                os.chown(self.socket_path, -1, grp.getgrnam(group).gr_gid)
+            os.chmod(self.socket_path, socket_mode(self.uid, group))
+        except (KeyError, OSError) as exc:
+            server.close()
+            raise PolluxError(
+                f"cannot give the socket {self.socket_path} to the group {group}"
+                f" (allow_group): {getattr(exc, 'strerror', None) or exc}"
+            ) from None
+        return server
+
+    async def run(self, ready: Callable[[], None] | None = None) -> None:
+        """Serve until :meth:`request_stop` (or SIGTERM/SIGINT when installed)."""
+        prepare_state_dir(self.state_dir)
+        started_umask = os.umask(0o077)  # every state file private from its first byte
+        try:
+            self._acquire_lock()
+            try:
+                self.store = self._open_store()
+            except BaseException:
+                self._release_lock()
+                raise
+            self.executor = Executor(
+                self.store,
+                self.config,
+                self.state_dir,
+                self.socket_path,
+                on_change=self.wake,
+                clock=self.clock,
+            )
+            self.scheduler = SchedulingLoop(
+                store=self.store,
+                executor=self.executor,
+                config=self.config,
+                state_dir=self.state_dir,
+                policy=self.policy,
+                models=self.models,
+                metrics=self.metrics,
+                mutex=self._mutex,
+                wake_event=self._wake,
+                clock=self.clock,
+                rng=self.rng,
+            )
+            try:
+                recovered = await self.executor.recover()
+                if recovered:
+                    log.info("re-queued %d job(s) that were running: %s", len(recovered), recovered)
+                await self.executor.check_nodes(force=True)
+                server = await self._listen()
+            except BaseException:
+                self.store.close()
+                self._release_lock()
+                raise
+        finally:
+            os.umask(started_umask)  # jobs get the umask the daemon was started with
         log.info(
-            "serving %s: %d device(s) on %d node(s), policy %s, interval %g s",
+            "serving %s (mode %o): %d device(s) on %d node(s), policy %s, interval %g s",
             self.socket_path,
+            socket_mode(self.uid, self.config.allow_group),
             self.config.total_devices,
             len(self.config.nodes),
             policy_name(self.policy),
@@ -249,8 +480,7 @@ class Daemon:
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
             self.store.close()
-            if self._lock_file is not None:
-                self._lock_file.close()
+            self._release_lock()
             log.info("stopped")
 
     def request_stop(self) -> None:
@@ -290,54 +520,122 @@ class Daemon:
             policy_name=policy_name(self.policy),
         )
 
+    def _note_refusal(self, peer: Peer, why: str) -> None:
+        """Log a refused connection, at most once a minute per user (a flood stays short)."""
+        now = time.monotonic()
+        if now - self._refusals.get(peer.uid, -120.0) >= 60.0:
+            self._refusals[peer.uid] = now
+            log.warning(
+                "refused a connection of %s (uid %d, pid %d): %s",
+                peer.name,
+                peer.uid,
+                peer.pid,
+                why,
+            )
+
+    @staticmethod
+    async def _send(writer: asyncio.StreamWriter, data: bytes) -> bool:
+        """Write one frame; False (the connection aborted) when the client does not take it
+        within :data:`REPLY_TIMEOUT_S`."""
+        try:
+            writer.write(data)
+            async with asyncio.timeout(REPLY_TIMEOUT_S):
+                await writer.drain()
+            return True
+        except (TimeoutError, ConnectionError, OSError):
+            writer.transport.abort()
+            return False
+
     async def _serve_client(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        """Answer a connection's requests in order until it closes, goes silent for
-        ``IDLE_TIMEOUT_S`` or sends a frame that breaks the framing (answered, then closed)."""
+        """Answer a connection's requests in order until it closes, goes silent, is refused
+        (who it is, too many connections, too many bytes in flight) or sends a frame that
+        breaks the framing: the refusal is answered as one typed error, then it is closed."""
         self._connections += 1
+        uid: int | None = None
         try:
             if self._connections > MAX_CONNECTIONS:
-                writer.write(wire.encode_error(LimitExceeded("too many connections; try again")))
+                await self._send(
+                    writer, wire.encode_error(LimitExceeded("too many connections; try again"))
+                )
                 return
             try:
-                ctx = self.context(peer_credentials(writer.get_extra_info("socket")))
+                peer = peer_credentials(writer.get_extra_info("socket"))
             except OSError:
                 return
+            if not may_connect(peer, self.uid, self.config.allow_group):
+                why = refusal(peer, self.uid, self.config.allow_group)
+                self._note_refusal(peer, why)
+                await self._send(writer, wire.encode_error(PermissionDenied(why)))
+                return
+            if not self.book.open(peer.uid):
+                self._note_refusal(peer, "too many connections")
+                error = LimitExceeded(
+                    f"too many connections from {peer.name} (at most {self.book.per_user} at"
+                    " once); close some and try again"
+                )
+                await self._send(writer, wire.encode_error(error))
+                return
+            uid = peer.uid
+            ctx = self.context(peer)
             while True:
                 try:
-                    body = await wire.read_frame(reader, IDLE_TIMEOUT_S)
+                    header = await read_header(reader, IDLE_TIMEOUT_S, FRAME_DEADLINE_S)
+                    if header is None:
+                        return
+                    length, deadline = header
+                    with self.book.reserve(peer.uid, peer.name, length):
+                        async with asyncio.timeout_at(deadline):
+                            body = await read_body(reader, length)
+                        try:
+                            reply = await answer(ctx, body)
+                        finally:
+                            if isinstance(body, mmap.mmap):
+                                with contextlib.suppress(BufferError):
+                                    body.close()
+                            del body
                 except PolluxError as exc:
-                    writer.write(wire.encode_error(exc))
+                    await self._send(writer, wire.encode_error(exc))
                     return
                 except (TimeoutError, ConnectionError):
                     return
-                if body is None:
+                if not await self._send(writer, reply):
                     return
-                writer.write(await answer(ctx, body))
-                await writer.drain()
         except (ConnectionError, OSError):
             pass
         finally:
             self._connections -= 1
+            if uid is not None:
+                self.book.close(uid)
             with contextlib.suppress(Exception):
                 writer.close()
 
 
 def setup_logging(state_dir: Path, verbose: bool = False) -> None:
+    """Log to stderr and to ``STATE_DIR/daemon.log`` (0600, never through a symlink)."""
     root = logging.getLogger("pollux_local")
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s")
-    for handler in (logging.StreamHandler(), logging.FileHandler(state_dir / "daemon.log")):
+    path = state_dir / "daemon.log"
+    stream = os.fdopen(open_private(path, os.O_WRONLY | os.O_APPEND), "a", encoding="utf-8")
+    handlers: list[logging.Handler] = [logging.StreamHandler(), logging.StreamHandler(stream)]
+    for handler in handlers:
         handler.setFormatter(fmt)
         root.addHandler(handler)
 
 
-def run_daemon(config: DaemonConfig, state_dir: Path, verbose: bool = False) -> int:
+def run_daemon(
+    config: DaemonConfig, state_dir: Path, verbose: bool = False, reset_state: bool = False
+) -> int:
     """Run a daemon in the foreground until SIGTERM/SIGINT (``pollux-local daemon``)."""
     prepare_state_dir(state_dir)
-    setup_logging(state_dir, verbose)
-    daemon = Daemon(config, state_dir)
+    started_umask = os.umask(0o077)
+    try:
+        setup_logging(state_dir, verbose)
+    finally:
+        os.umask(started_umask)
+    daemon = Daemon(config, state_dir, reset_state=reset_state)
 
     async def main() -> None:
         daemon.install_signal_handlers()

@@ -4,25 +4,66 @@ Every acknowledged submit is committed with ``synchronous=FULL`` before the daem
 nothing submitted is lost when the daemon (or the machine) dies.  Other updates use WAL with
 ``synchronous=NORMAL``: safe against the process being killed, at most the last few state
 changes lost on a power cut, which the next scheduling pass repairs.
+
+Opening the database (:class:`StateStore`, :func:`open_state`) checks it before anything uses
+it, each problem refused as one line naming the file and what to do (:class:`StateError`):
+
+* the file is created 0600 before SQLite opens it (its ``-wal`` and ``-shm`` take its mode), it
+  must be a plain file of the daemon's user (not a symlink), and older files are made 0600;
+* ``PRAGMA quick_check`` must pass: a damaged database is never served from;
+* ``meta.schema_version`` says which of :data:`MIGRATIONS` were applied; the missing ones are
+  applied in order, each in one transaction; a database from a newer version is refused;
+* an empty (0-byte) or missing ``state.db`` beside a ``jobs/`` directory that has entries or a
+  ``state.db-wal`` is refused: job history was expected there (:func:`missing_history`).
+
+With ``reset=True`` (``pollux-local daemon --reset-state``) a database refused for any of these
+reasons is moved aside, with its ``-wal``/``-shm`` and ``jobs/``, into
+``STATE_DIR/reset-<time>/`` (nothing is deleted) and the daemon starts with no job history; a
+healthy database is left alone.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sqlite3
+import stat
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from pollux_local.api.errors import PolluxError
 from pollux_local.api.states import ACTIVE_STATES, TERMINAL_STATES, JobState
 
-__all__ = ["ACTIVE_STATES", "STATES", "TERMINAL_STATES", "JobRecord", "JobState", "StateStore"]
+__all__ = [
+    "ACTIVE_STATES",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "STATES",
+    "TERMINAL_STATES",
+    "JobRecord",
+    "JobState",
+    "StateError",
+    "StateStore",
+    "open_state",
+]
 
 #: Every state, in the order of :class:`JobState` (the database stores their string values).
 STATES = tuple(JobState)
+#: The files SQLite keeps beside the database.
+SIDE_FILES = ("-wal", "-shm", "-journal")
 
-_SCHEMA = """
+
+class StateError(PolluxError):
+    """The state database cannot be used as it is (damaged, from a newer version, missing
+    where one is expected, not a plain file); the message is one line naming the file and
+    what to do."""
+
+
+_SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     name TEXT NOT NULL,
@@ -70,6 +111,21 @@ CREATE TABLE IF NOT EXISTS history (
 );
 CREATE INDEX IF NOT EXISTS history_job ON history(job_id, id);
 """
+
+_SCHEMA_V2 = """
+CREATE INDEX IF NOT EXISTS jobs_end_time ON jobs(end_time);
+CREATE INDEX IF NOT EXISTS jobs_owner ON jobs(owner_name);
+"""
+
+#: The schema's migrations, applied in order: (version, what it does, SQL).  A database
+#: records the version it reached in ``meta.schema_version`` (version 1 is the schema of the
+#: daemons that recorded none; its statements create only what is missing).
+MIGRATIONS: tuple[tuple[int, str, str], ...] = (
+    (1, "jobs, decisions, history and meta tables", _SCHEMA_V1),
+    (2, "indexes on jobs' end time and owner (status filters)", _SCHEMA_V2),
+)
+#: The version this daemon writes.
+SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 #: Samples of goodput / noise scale kept per job (older ones are dropped as new ones come).
 HISTORY_LIMIT = 720
@@ -149,16 +205,191 @@ def _column_value(name: str, value: Any) -> Any:
     return value
 
 
+# --- opening: files, integrity, schema versions ----------------------------------------------
+
+_WHAT_TO_DO = (
+    "stop here and restore it from a backup, or start the daemon with --reset-state to move"
+    " it (with jobs/) aside into {dir}/reset-<time>/ and begin with no job history"
+)
+
+
+def _what_to_do(path: Path) -> str:
+    return _WHAT_TO_DO.format(dir=path.parent)
+
+
+def _check_plain_file(path: Path) -> bool:
+    """``path`` is absent (False) or a regular file of the daemon's user, not a symlink
+    (True); :class:`StateError` otherwise."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(info.st_mode):
+        raise StateError(f"{path} is a symlink; the state files must be plain files")
+    if not stat.S_ISREG(info.st_mode):
+        raise StateError(f"{path} is not a regular file")
+    if info.st_uid != os.geteuid():
+        raise StateError(f"{path} belongs to uid {info.st_uid}, not to the daemon's user")
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(path, 0o600)  # written by an older daemon: job environments are private
+    return True
+
+
+def create_private_file(path: Path) -> None:
+    """Create ``path`` empty with mode 0600 from the first byte (never following a symlink),
+    unless it exists; check it and SQLite's files beside it (:func:`_check_plain_file`)."""
+    if not _check_plain_file(path):
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            os.close(os.open(path, flags, 0o600))
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StateError(
+                    f"{path} is a symlink; the state files must be plain files"
+                ) from None
+            raise StateError(f"cannot create {path}: {exc.strerror}") from None
+        _check_plain_file(path)
+    for suffix in SIDE_FILES:
+        _check_plain_file(path.with_name(path.name + suffix))
+
+
+def missing_history(state_dir: Path, name: str = "state.db") -> str | None:
+    """Why the database in ``state_dir`` is missing where one is expected (``None``: it is
+    not): ``state.db`` is absent or empty (0 bytes) while ``jobs/`` has entries or
+    ``state.db-wal`` exists.  Starting afresh there would lose the history without a word and
+    hand new jobs the directories (reports, logs) of old ones."""
+    path = state_dir / name
+    try:
+        size: int | None = os.lstat(path).st_size
+    except FileNotFoundError:
+        size = None
+    if size:
+        return None
+    evidence = []
+    if os.path.lexists(path.with_name(name + "-wal")):
+        evidence.append(f"{name}-wal exists")
+    jobs = state_dir / "jobs"
+    try:
+        entries = sum(1 for _ in os.scandir(jobs)) if jobs.is_dir() else 0
+    except OSError:
+        entries = 0
+    if entries:
+        evidence.append(f"jobs/ holds {entries} entr{'y' if entries == 1 else 'ies'}")
+    if not evidence:
+        return None
+    what = "is missing" if size is None else "is empty (0 bytes)"
+    return (
+        f"the state database {path} {what} but {' and '.join(evidence)}: the job history"
+        f" that belongs there is gone; {_what_to_do(path)}"
+    )
+
+
+def set_aside(state_dir: Path, name: str = "state.db", now: float | None = None) -> Path:
+    """Move the database, its ``-wal``/``-shm`` and ``jobs/`` into a new
+    ``state_dir/reset-<time>/`` (0700; nothing is deleted) and make an empty ``jobs/``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    aside = state_dir / f"reset-{stamp}"
+    suffix = 0
+    while os.path.lexists(aside):
+        suffix += 1
+        aside = state_dir / f"reset-{stamp}-{suffix}"
+    aside.mkdir(mode=0o700)
+    for entry in (name, *(name + side for side in SIDE_FILES), "jobs"):
+        source = state_dir / entry
+        if os.path.lexists(source):
+            os.rename(source, aside / entry)
+    (state_dir / "jobs").mkdir(mode=0o755)
+    os.chmod(state_dir / "jobs", 0o755)
+    return aside
+
+
 class StateStore:
-    """SQLite-backed store; one instance per daemon, used from the event-loop thread only."""
+    """SQLite-backed store; one instance per daemon, used from the event-loop thread only.
+
+    Opening it creates the file 0600 when absent, checks it (``quick_check``) and brings its
+    schema up to :data:`SCHEMA_VERSION`; :class:`StateError` when it cannot be used."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.db = sqlite3.connect(str(path), isolation_level=None, timeout=30.0)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript(_SCHEMA)
+        create_private_file(path)
+        try:
+            self.db = sqlite3.connect(str(path), isolation_level=None, timeout=30.0)
+        except sqlite3.Error as exc:
+            raise StateError(f"cannot open the state database {path}: {exc}") from None
+        try:
+            self.db.row_factory = sqlite3.Row
+            self._check_integrity()
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.version = self._migrate()
+        except StateError:
+            self.db.close()
+            raise
+        except sqlite3.DatabaseError as exc:
+            self.db.close()
+            raise StateError(
+                f"the state database {path} is damaged ({exc}); {_what_to_do(path)}"
+            ) from None
+        create_private_file(path)  # the -wal and -shm SQLite made: checked, and 0600
+        #: where :func:`open_state` moved a refused database (``None``: nothing was moved)
+        self.set_aside_to: Path | None = None
+
+    def _check_integrity(self) -> None:
+        """``PRAGMA quick_check``: :class:`StateError` naming the first problem found."""
+        rows = [str(row[0]) for row in self.db.execute("PRAGMA quick_check").fetchall()]
+        problems = [row for row in rows if row != "ok"]
+        if problems:
+            more = f" and {len(problems) - 1} more problem(s)" if len(problems) > 1 else ""
+            raise StateError(
+                f"the state database {self.path} is damaged ({problems[0][:200]}{more});"
+                f" {_what_to_do(self.path)}"
+            )
+
+    def schema_version(self) -> int:
+        """The version the database reached: ``meta.schema_version``, else 0 (an empty
+        database, or one written before versions were recorded: migration 1 creates only what
+        is missing)."""
+        tables = {
+            str(row[0])
+            for row in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+        if "meta" in tables:
+            row = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if row is not None:
+                try:
+                    return int(row[0])
+                except (TypeError, ValueError):
+                    raise StateError(
+                        f"the state database {self.path} records schema version {row[0]!r},"
+                        f" not a number; {_what_to_do(self.path)}"
+                    ) from None
+        return 0
+
+    def _migrate(self) -> int:
+        """Apply the migrations the database lacks, in order, each in one transaction."""
+        version = self.schema_version()
+        if version > SCHEMA_VERSION:
+            raise StateError(
+                f"the state database {self.path} has schema version {version}, newer than this"
+                f" pollux-local knows ({SCHEMA_VERSION}): run the version that wrote it (or a"
+                f" newer one); starting with --reset-state would set its history aside"
+            )
+        for number, _what, sql in MIGRATIONS:
+            if number <= version:
+                continue
+            try:
+                self.db.executescript(
+                    f"BEGIN IMMEDIATE;\n{sql}\nINSERT OR REPLACE INTO meta (key, value)"
+                    f" VALUES ('schema_version', '{number}');\nCOMMIT;"
+                )
+            except sqlite3.Error:
+                if self.db.in_transaction:
+                    self.db.execute("ROLLBACK")
+                raise
+            version = number
+        return version
 
     def close(self) -> None:
         self.db.close()
@@ -223,6 +454,66 @@ class StateStore:
             ).fetchall()
         return [_row_to_job(row) for row in rows]
 
+    def page_jobs(
+        self,
+        *,
+        states: Iterable[str] | None = None,
+        user: str | None = None,
+        finished_since: float | None = None,
+        before_id: int | None = None,
+        limit: int = 1000,
+    ) -> tuple[list[JobRecord], int, int]:
+        """``(jobs, more, hidden)``: the newest ``limit`` jobs (without environments) that
+        match, newest first; ``more`` counts those that match but are older than the page, and
+        ``hidden`` the finished jobs left out because they ended before ``finished_since``.
+
+        Filters: ``states``; ``user`` (the owner's name); ``finished_since`` (a time: finished
+        jobs only if they ended since; active jobs always); ``before_id`` (ids below it, the
+        next page).  The indexes on state, end time and owner do the work (migration 2)."""
+        where: list[str] = []
+        args: list[Any] = []
+        if states is not None:
+            wanted = sorted({JobState(state).value for state in states})
+            where.append(f"state IN ({','.join('?' * len(wanted))})" if wanted else "0")
+            args.extend(wanted)
+        if user is not None:
+            where.append("owner_name = ?")
+            args.append(user)
+        if before_id is not None:
+            where.append("id < ?")
+            args.append(before_id)
+        matching, matching_args = list(where), list(args)
+        if finished_since is not None:
+            terminal = [state.value for state in TERMINAL_STATES]
+            marks = ",".join("?" * len(terminal))
+            matching.append(f"(state NOT IN ({marks}) OR end_time IS NULL OR end_time >= ?)")
+            matching_args.extend([*terminal, finished_since])
+        clause = f" WHERE {' AND '.join(matching)}" if matching else ""
+        rows = self.db.execute(
+            f"SELECT {_COLUMNS_WITHOUT_ENV} FROM jobs{clause} ORDER BY id DESC LIMIT ?",
+            (*matching_args, limit),
+        ).fetchall()
+        jobs = [_row_to_job(row) for row in rows]
+        more = 0
+        if len(jobs) == limit:
+            more = int(
+                self.db.execute(
+                    f"SELECT COUNT(*) FROM jobs{clause}{' AND' if clause else ' WHERE'} id < ?",
+                    (*matching_args, jobs[-1].id),
+                ).fetchone()[0]
+            )
+        hidden = 0
+        if finished_since is not None:
+            terminal = [state.value for state in TERMINAL_STATES]
+            old = [*where, f"state IN ({','.join('?' * len(terminal))})", "end_time < ?"]
+            hidden = int(
+                self.db.execute(
+                    f"SELECT COUNT(*) FROM jobs WHERE {' AND '.join(old)}",
+                    (*args, *terminal, finished_since),
+                ).fetchone()[0]
+            )
+        return jobs, more, hidden
+
     def update_job(self, job_id: int, **changes: Any) -> None:
         if not changes:
             return
@@ -232,6 +523,17 @@ class StateStore:
         assignments = ", ".join(f"{name} = ?" for name in changes)
         values = [_column_value(name, value) for name, value in changes.items()]
         self.db.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values, job_id))
+
+    def requeue_if_placed(self, job_id: int, reason: str) -> bool:
+        """Queue the job again, without placement or processes, if it is still recorded as
+        running or rescaling (a later record of how it ended is never overwritten)."""
+        placed = [state.value for state in (JobState.RUNNING, JobState.RESCALING)]
+        cursor = self.db.execute(
+            "UPDATE jobs SET state = ?, placement = '{}', pids = '[]', last_start = NULL,"
+            " reason = ? WHERE id = ? AND state IN (?, ?)",
+            (JobState.QUEUED.value, reason, job_id, *placed),
+        )
+        return cursor.rowcount > 0
 
     def count_jobs(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0])
@@ -312,3 +614,22 @@ class StateStore:
         wanted = [JobState(state).value for state in states]
         rows = self.db.execute(f"SELECT id FROM jobs WHERE state IN ({marks})", wanted)
         return [int(row[0]) for row in rows]
+
+
+def open_state(state_dir: Path, reset: bool = False, name: str = "state.db") -> StateStore:
+    """The daemon's store in ``state_dir``, checked (:class:`StateStore`,
+    :func:`missing_history`).  With ``reset``, a database refused for any reason is first moved
+    aside (:func:`set_aside`; ``store.set_aside_to`` says where) and a new one started."""
+    path = state_dir / name
+    try:
+        problem = missing_history(state_dir, name)
+        if problem is not None:
+            raise StateError(problem)
+        store = StateStore(path)
+    except StateError:
+        if not reset:
+            raise
+        aside = set_aside(state_dir, name)
+        store = StateStore(path)
+        store.set_aside_to = aside
+    return store

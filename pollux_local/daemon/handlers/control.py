@@ -1,9 +1,19 @@
 """``cancel``, ``hold``, ``release`` and ``set_priority``: changing jobs (their owner or an
-admin only).  Whatever stops a job runs under the daemon's mutex, never during a pass."""
+admin only).  Whatever stops a job runs under the daemon's mutex, never during a pass.
+
+Stopping a job records its new state first, then stops its processes: when that one write
+fails (``sqlite3.Error``) the request fails with one line and nothing changed (the job still
+runs, recorded as running); once it is written the processes are stopped whatever happens
+next, so no process is left holding a device the store counts as free.  A raised priority
+needs an admin (``Context.require_priority``)."""
 
 from __future__ import annotations
 
-from pollux_local.api.errors import Conflict
+import contextlib
+import logging
+import sqlite3
+
+from pollux_local.api.errors import Conflict, InternalError
 from pollux_local.api.messages import (
     Cancel,
     CancelReply,
@@ -16,6 +26,40 @@ from pollux_local.api.messages import (
 )
 from pollux_local.api.states import TERMINAL_STATES, JobState
 from pollux_local.daemon.context import Context
+from pollux_local.daemon.state import JobRecord
+
+log = logging.getLogger("pollux_local.daemon")
+
+
+def _write_failed(verb: str, job: JobRecord, exc: sqlite3.Error, done: list[str]) -> InternalError:
+    already = f" (already {verb}: {', '.join(done)})" if done else ""
+    return InternalError(
+        f"could not {verb} job {job.id}: the daemon's database write failed ({exc});"
+        f" the job was left as it was{already}"
+    )
+
+
+async def stop_as(ctx: Context, job: JobRecord, state: JobState, verb: str) -> None:
+    """Record ``state`` for the job (durably, first), then stop its processes (checkpoint,
+    bounded wait, kill) and record how that went.  ``sqlite3.Error`` from the first write
+    propagates with nothing changed; later write failures are logged (the processes are
+    stopped all the same; the next pass repairs what was not recorded)."""
+    now = ctx.clock()
+    reason = "cancelled" if state == JobState.CANCELLED else "held"
+    changes: dict[str, object] = {"state": state, "reason": reason}
+    if state == JobState.CANCELLED:
+        changes["end_time"] = now
+    ctx.store.update_job(job.id, **changes)
+    try:
+        await ctx.executor.stop_job(job.id, verb)
+    except sqlite3.Error as exc:
+        log.error("job %s: %s; recording its stop failed (%s)", job.id, reason, exc)
+        with contextlib.suppress(sqlite3.Error):
+            ctx.store.update_job(job.id, placement={}, pids=[], last_start=None)
+    try:
+        ctx.store.record_decision(job.id, now, reason, f"{reason} by {ctx.peer.name}")
+    except sqlite3.Error as exc:
+        log.error("job %s: %s; its decision log line was not written (%s)", job.id, reason, exc)
 
 
 async def cancel(ctx: Context, request: Cancel) -> CancelReply:
@@ -26,28 +70,38 @@ async def cancel(ctx: Context, request: Cancel) -> CancelReply:
         ctx.require_owner(job, "cancel")
     cancelled: list[str] = []
     skipped: list[SkippedJob] = []
-    async with ctx.mutex:
-        for job in jobs:
-            current = ctx.job(job.job_id)
-            if current.state in TERMINAL_STATES:
-                skipped.append(SkippedJob(id=job.job_id, state=current.state))
-                continue
-            await ctx.executor.cancel(job.id)
-            cancelled.append(job.job_id)
-    ctx.wake()
+    try:
+        async with ctx.mutex:
+            for job in jobs:
+                current = ctx.job(job.job_id)
+                if current.state in TERMINAL_STATES:
+                    skipped.append(SkippedJob(id=job.job_id, state=current.state))
+                    continue
+                try:
+                    await stop_as(ctx, current, JobState.CANCELLED, "cancel")
+                except sqlite3.Error as exc:
+                    raise _write_failed("cancel", current, exc, cancelled) from None
+                cancelled.append(job.job_id)
+    finally:
+        ctx.wake()
     return CancelReply(cancelled=cancelled, skipped=skipped)
 
 
 async def hold(ctx: Context, request: Hold) -> JobStateReply:
     """Keep the job from being started; a running job is stopped (it checkpoints)."""
     ctx.require_owner(ctx.job(request.id), "hold")
-    async with ctx.mutex:
-        job = ctx.job(request.id)
-        if job.state in TERMINAL_STATES:
-            raise Conflict(f"job {job.id} has already {job.state}")
-        if job.state != JobState.HELD:
-            await ctx.executor.hold(job.id)
-    ctx.wake()
+    try:
+        async with ctx.mutex:
+            job = ctx.job(request.id)
+            if job.state in TERMINAL_STATES:
+                raise Conflict(f"job {job.id} has already {job.state}")
+            if job.state != JobState.HELD:
+                try:
+                    await stop_as(ctx, job, JobState.HELD, "hold")
+                except sqlite3.Error as exc:
+                    raise _write_failed("hold", job, exc, []) from None
+    finally:
+        ctx.wake()
     return JobStateReply(id=job.job_id, state=JobState.HELD)
 
 
@@ -58,16 +112,27 @@ async def release(ctx: Context, request: Release) -> JobStateReply:
         job = ctx.job(request.id)
         if job.state != JobState.HELD:
             raise Conflict(f"job {job.id} is not held (it is {job.state})")
-        ctx.store.update_job(job.id, state=JobState.QUEUED, reason="released", retry_after=0.0)
-        ctx.store.record_decision(job.id, ctx.clock(), "released", f"by {ctx.peer.name}")
+        try:
+            ctx.store.update_job(job.id, state=JobState.QUEUED, reason="released", retry_after=0.0)
+        except sqlite3.Error as exc:
+            raise _write_failed("release", job, exc, []) from None
+        with contextlib.suppress(sqlite3.Error):
+            ctx.store.record_decision(job.id, ctx.clock(), "released", f"by {ctx.peer.name}")
     ctx.wake()
     return JobStateReply(id=job.job_id, state=JobState.QUEUED)
 
 
 def set_priority(ctx: Context, request: SetPriority) -> PriorityReply:
+    """Change a job's priority (its owner or an admin); raising it above ``[limits]
+    max_priority`` needs an admin."""
     job = ctx.job(request.id)
     ctx.require_owner(job, "change the priority of")
-    ctx.store.update_job(job.id, priority=request.priority)
-    ctx.store.record_decision(job.id, ctx.clock(), "priority", f"set to {request.priority}")
+    ctx.require_priority(request.priority, current=job.priority)
+    try:
+        ctx.store.update_job(job.id, priority=request.priority)
+    except sqlite3.Error as exc:
+        raise _write_failed("re-prioritise", job, exc, []) from None
+    with contextlib.suppress(sqlite3.Error):
+        ctx.store.record_decision(job.id, ctx.clock(), "priority", f"set to {request.priority}")
     ctx.wake()
     return PriorityReply(id=job.job_id, priority=request.priority)

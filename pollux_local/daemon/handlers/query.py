@@ -1,25 +1,46 @@
-"""``status``, ``show`` and ``logs``: reading jobs (everyone may read every job)."""
+"""``status``, ``show`` and ``logs``: reading jobs (everyone who may connect may read every job).
+
+``status`` pages in SQL (``StateStore.page_jobs``): by default the active jobs and those that
+finished in the last :data:`RECENT_S` seconds, newest :data:`DEFAULT_LIMIT` at most.  ``logs``
+reads a rank's log through :mod:`..jobfiles` as the job's owner's plain file: a symlink, FIFO,
+hard link or someone else's file there is refused in one line and never read.
+"""
 
 from __future__ import annotations
 
-import os
-
-from pollux_local.api.errors import NotFound
+from pollux_local.api.errors import NotFound, PermissionDenied
 from pollux_local.api.messages import Logs, LogsReply, Show, ShowReply, Status, StatusReply
-from pollux_local.api.states import ACTIVE_STATES, JobState
+from pollux_local.api.states import JobState
 from pollux_local.daemon.context import Context
+from pollux_local.daemon.jobfiles import UnsafeJobFile, read_job_file
 from pollux_local.daemon.readmodel import decision_records, job_detail, job_summary
 
 #: The most bytes of a log one ``logs`` request returns.
 MAX_LOG_CHUNK = 1 << 20
 #: Decisions ``show`` returns (the newest).
 SHOW_DECISIONS = 100
+#: ``status`` without ``all`` shows the jobs that finished this recently (seconds).
+RECENT_S = 24 * 3600.0
 
 
 def status(ctx: Context, request: Status) -> StatusReply:
-    jobs = ctx.store.jobs() if request.all else ctx.store.jobs(ACTIVE_STATES)
+    """The newest ``limit`` jobs that match, oldest first, and how many more match
+    (``more``: older than the page; ``hidden``: finished before the recent window)."""
     now = ctx.clock()
-    return StatusReply(jobs=[job_summary(job, now, ctx.metrics) for job in jobs])
+    jobs, more, hidden = ctx.store.page_jobs(
+        states=request.states,
+        user=request.user,
+        finished_since=None if request.all else now - RECENT_S,
+        before_id=int(request.before_id) if request.before_id is not None else None,
+        limit=request.limit,
+    )
+    jobs.reverse()
+    return StatusReply(
+        jobs=[job_summary(job, now, ctx.metrics) for job in jobs],
+        more=more,
+        hidden=hidden,
+        next_before_id=jobs[0].job_id if more and jobs else None,
+    )
 
 
 def show(ctx: Context, request: Show) -> ShowReply:
@@ -39,22 +60,28 @@ def show(ctx: Context, request: Show) -> ShowReply:
 def logs(ctx: Context, request: Logs) -> LogsReply:
     """Up to ``max_bytes`` (at most :data:`MAX_LOG_CHUNK`) of a rank's log from ``offset``
     (negative: that many bytes before the end).  A job that has not started yet has an empty
-    rank-0 log; another rank without a log is :class:`NotFound`."""
+    rank-0 log; another rank without a log is :class:`NotFound`; a log that is not the job's
+    owner's plain file (a symlink, a FIFO, a hard link) is :class:`PermissionDenied`."""
     job = ctx.job(request.id)
     rank = request.rank
-    path = ctx.job_dir(job) / f"rank{rank}.log"
+    name = f"rank{rank}.log"
     max_bytes = max(1, min(request.max_bytes, MAX_LOG_CHUNK))
-    offset = request.offset
     try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            start = max(0, size + offset) if offset < 0 else min(offset, size)
-            handle.seek(start)
-            data = handle.read(max_bytes)
+        data, start, size = read_job_file(
+            ctx.job_dir(job), name, job.owner_uid, request.offset, max_bytes
+        )
     except FileNotFoundError:
         if rank != 0 and job.state not in (JobState.QUEUED, JobState.HELD):
             raise NotFound(f"job {job.id} has no log for rank {rank}") from None
         size, start, data = 0, 0, b""
+    except UnsafeJobFile as exc:
+        raise PermissionDenied(
+            f"job {job.id}: refusing to read its rank {rank} log: {exc}"
+        ) from None
+    except OSError as exc:
+        raise PermissionDenied(
+            f"job {job.id}: cannot read its rank {rank} log: {exc.strerror or exc}"
+        ) from None
     return LogsReply(
         data=data.decode(errors="replace"), offset=start + len(data), size=size, state=job.state
     )

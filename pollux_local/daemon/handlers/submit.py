@@ -1,7 +1,9 @@
 """``submit``: check a new job once and commit it to the store before replying.
 
 The request's types and ranges were checked when it was decoded (``api.Submit``); what depends
-on several fields or on this daemon is checked here, in :func:`check_submit`, and nowhere else.
+on several fields or on this daemon is checked here, in :func:`check_submit`, and nowhere else;
+a priority above ``[limits] max_priority`` (default 0) needs an admin
+(``Context.require_priority``).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def check_submit(request: Submit, total_devices: int) -> None:
 
 def submit(ctx: Context, request: Submit) -> SubmitReply:
     check_submit(request, ctx.config.total_devices)
+    ctx.require_priority(request.priority)
     spec = {
         "argv": list(request.argv),
         "workdir": request.workdir,
