@@ -56,13 +56,19 @@ def test_example_config_loads_with_the_documented_defaults() -> None:
     defaults = DaemonConfig(nodes=config.nodes)
     assert config.admin_group == "pollux-admin"
     for key in ("policy", "interval_s", "p", "restart_cost_s", "max_retries", "backoff_s",
-                "stop_grace_s", "pg_timeout_s", "node_retry_s", "checkpoint_root"):  # fmt: skip
+                "stop_grace_s", "pg_timeout_s", "node_retry_s", "checkpoint_root", "allow_group",
+                "max_priority", "max_user_connections", "max_user_bytes"):  # fmt: skip
         assert getattr(config, key) == getattr(defaults, key), key
-    # every key the daemon reads from [scheduler] and [daemon] is shown (some commented out)
+    # every key the daemon reads from [scheduler], [daemon] and [limits] is shown (some
+    # commented out), and in docs/deploy.md's table
     text = CONFIG.read_text()
-    for key in ("policy", "interval_s", "p", "restart_cost_s", "admin_group", "max_retries",
-                "backoff_s", "stop_grace_s", "pg_timeout_s", "node_retry_s", "checkpoint_root"):  # fmt: skip
+    deploy_doc = (REPO_ROOT / "docs" / "deploy.md").read_text()
+    for key in ("policy", "interval_s", "p", "restart_cost_s", "admin_group", "allow_group",
+                "max_retries", "backoff_s", "stop_grace_s", "pg_timeout_s", "node_retry_s",
+                "checkpoint_root", "max_priority", "connections_per_user",
+                "mib_in_flight_per_user"):  # fmt: skip
         assert re.search(rf"^#? ?{key} = ", text, re.MULTILINE), key
+        assert f"`{key}`" in deploy_doc, key
 
 
 def test_units_run_the_lab_install_with_the_documented_paths() -> None:
