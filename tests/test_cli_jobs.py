@@ -166,3 +166,56 @@ def test_second_daemon_on_same_state_dir_is_refused(state_dir: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 2
     assert "another daemon is already running" in result.stderr.strip().splitlines()[-1]
+
+
+def test_status_filters_and_pages(
+    capsys: pytest.CaptureFixture[str],
+    state_dir: Path,
+    script: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sd = ("--state-dir", str(state_dir))
+    mine = []
+    for i in range(3):
+        code, out, _ = run(
+            capsys, "submit", *sd, "--json", "--hold", "--name", f"pg{i}", str(script)
+        )
+        assert code == 0
+        mine.append(json.loads(out)["id"])
+    assert run(capsys, "cancel", *sd, mine[0])[0] == 0
+
+    def listed(*args: str) -> dict:
+        code, out, err = run(capsys, "status", *sd, "--json", *args)
+        assert code == 0, err
+        return dict(json.loads(out))
+
+    newest = listed("--limit", "1")
+    assert [j["id"] for j in newest["jobs"]] == [mine[2]] and newest["more"] >= 2
+    code, out, _ = run(capsys, "status", *sd, "--limit", "1")
+    assert code == 0 and "older job(s) not shown" in out.splitlines()[-1]
+    held = listed("--state", "held")["jobs"]
+    assert {j["state"] for j in held} == {"held"} and {mine[1], mine[2]} <= {j["id"] for j in held}
+    both = listed("--state", "held,cancelled")["jobs"]
+    assert {mine[0], mine[1], mine[2]} <= {j["id"] for j in both}
+    assert mine[0] not in {j["id"] for j in listed("--active")["jobs"]}
+    assert mine[0] in {j["id"] for j in listed()["jobs"]}  # finished in the last 24 h
+    me = listed("--user", "root" if os.geteuid() == 0 else os.environ.get("USER", ""))["jobs"]
+    assert {j["id"] for j in me} >= set(mine)
+    assert listed("--user", "no-such-user-here")["jobs"] == []
+    # --all without --limit fetches every page
+    from pollux_local.cli import query
+
+    every = listed("--all", "--limit", "10000")["jobs"]
+    monkeypatch.setattr(query, "STATUS_PAGE", 2)
+    paged = listed("--all")["jobs"]
+    assert [j["id"] for j in paged] == [j["id"] for j in every] and len(every) >= 3
+    assert "no state 'sleeping'" in one_line_error(capsys, "status", *sd, "--state", "sleeping")
+    assert "expected 1 to 10000" in capsys_error(capsys, "status", *sd, "--limit", "0")
+
+
+def capsys_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """argparse's usage error (exit 2) for bad option values."""
+    with pytest.raises(SystemExit) as exited:
+        main(list(argv))
+    assert exited.value.code == 2
+    return capsys.readouterr().err

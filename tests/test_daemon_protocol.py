@@ -25,12 +25,14 @@ from pollux_local.api.errors import (
     DaemonUnavailable,
     InvalidRequest,
     NotFound,
+    PermissionDenied,
     PolluxError,
     ProtocolError,
 )
 from pollux_local.client import Client
 from pollux_local.core.types import Decision
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
+from pollux_local.daemon.reports import InvalidReport, read_report_file
 from pollux_local.daemon.server import Daemon
 
 pytestmark = pytest.mark.timeout(60)
@@ -351,3 +353,38 @@ def test_no_daemon_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(DaemonUnavailable, match="no daemon is running"):
         Client(tmp_path / "daemon.sock").request("ping")
     assert issubclass(DaemonUnavailable, PolluxError)
+
+
+@pytest.mark.asyncio
+async def test_unsafe_job_files_are_refused_in_one_line_and_never_read(
+    daemon: Daemon, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = Client(daemon.socket_path)
+    job_id = (await asyncio.to_thread(client.request, "submit", argv=["x"], workdir="/"))["id"]
+    job_dir = daemon.state_dir / "jobs" / job_id
+    job_dir.mkdir(parents=True, exist_ok=True)
+    secret = tmp_path / "secret"
+    secret.write_text("TOP-SECRET\n")
+    (job_dir / "rank0.log").symlink_to(secret)
+    os.mkfifo(job_dir / "rank1.log")
+    os.link(secret, job_dir / "rank2.log")
+    for rank, problem in ((0, "symlink"), (1, "not a regular file"), (2, "2 links")):
+        for offset in (0, -100):
+            with pytest.raises(PermissionDenied) as caught:
+                await asyncio.to_thread(client.request, "logs", id=job_id, rank=rank, offset=offset)
+            line = str(caught.value)
+            assert problem in line and f"job {job_id}" in line and "TOP-SECRET" not in line
+            assert "\n" not in line
+    # a FIFO or a symlink as report.json: skipped with one logged line, the pass not blocked
+    os.mkfifo(job_dir / "report.json")
+    with caplog.at_level(logging.WARNING, logger="pollux_local.daemon"):
+        await asyncio.wait_for(daemon.schedule_once(), 5)
+    assert f"job {job_id}: ignoring" in caplog.text
+    (job_dir / "report.json").unlink()
+    (job_dir / "report.json").symlink_to(secret)
+    await asyncio.wait_for(daemon.schedule_once(), 5)
+    with pytest.raises(InvalidReport, match="symlink"):
+        read_report_file(job_dir / "report.json")
+    shown = await asyncio.to_thread(client.request, "show", id=job_id)
+    assert shown["job"]["report"] is None and "TOP-SECRET" not in json.dumps(shown)
+    assert (await _ping(daemon))["pid"] == os.getpid()

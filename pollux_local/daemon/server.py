@@ -23,14 +23,15 @@ Connections (:class:`ConnectionBook`): at most :data:`MAX_CONNECTIONS` in all an
 ``[limits] connections_per_user`` (16) per user (root and the daemon's own user: no per-user
 cap).  A frame may be up to ``wire.MAX_FRAME_BYTES`` (16 MiB: a submit's environment, a long
 report) for anyone, because its type is only known once it is read; what bounds memory is the
-budget of bytes in flight: a frame's declared length is reserved from its user's budget
-(``[limits] mib_in_flight_per_user``, 32 MiB) and from the daemon's (:data:`MAX_BYTES_IN_FLIGHT`)
-before its body is read, and given back once it is answered; a frame that does not fit is
-refused (``LimitExceeded``) and its connection closed.  A frame's first byte must come within
-:data:`IDLE_TIMEOUT_S`, the rest of it within :data:`FRAME_DEADLINE_S`; a reply the client does
-not read within :data:`REPLY_TIMEOUT_S` closes the connection.  Bodies over
-:data:`SMALL_FRAME_BYTES` are read into an anonymous mapping, returned to the system as soon as
-the request is answered.
+budget of bytes in flight: the declared length of a frame over :data:`FREE_FRAME_BYTES` is
+reserved from its user's budget (``[limits] mib_in_flight_per_user``, 32 MiB) and from the
+daemon's (:data:`MAX_BYTES_IN_FLIGHT`) before its body is read, and given back once it is
+answered; a frame that does not fit is refused (``LimitExceeded``) and its connection closed.
+Smaller frames are bounded by the connection caps, so a user whose budget is full may still
+ask.  A frame's first byte must come within :data:`IDLE_TIMEOUT_S`, the rest of it within
+:data:`FRAME_DEADLINE_S`; a reply the client does not read within :data:`REPLY_TIMEOUT_S`
+closes the connection.  Bodies over :data:`SMALL_FRAME_BYTES` are read into an anonymous
+mapping, returned to the system as soon as the request is answered.
 """
 
 from __future__ import annotations
@@ -98,6 +99,9 @@ REPLY_TIMEOUT_S = 30.0
 MAX_CONNECTIONS = 256
 #: Request bytes the daemon buffers at once, all users together.
 MAX_BYTES_IN_FLIGHT = 256 * 1024 * 1024
+#: Frames up to this size are not counted against the byte budgets (their memory is bounded by
+#: the connection caps), so that a user whose budget large frames fill may still ping and ask.
+FREE_FRAME_BYTES = 64 * 1024
 #: Bodies larger than this are read into an anonymous mapping (unmapped once answered).
 SMALL_FRAME_BYTES = 1024 * 1024
 _CHUNK = 256 * 1024
@@ -585,7 +589,8 @@ class Daemon:
                     if header is None:
                         return
                     length, deadline = header
-                    with self.book.reserve(peer.uid, peer.name, length):
+                    counted = length if length > FREE_FRAME_BYTES else 0
+                    with self.book.reserve(peer.uid, peer.name, counted):
                         async with asyncio.timeout_at(deadline):
                             body = await read_body(reader, length)
                         try:

@@ -1,0 +1,155 @@
+"""``status`` in pages, filtered in SQL: by default the active jobs and those finished in the
+last 24 hours; ``all``, ``user``, ``states``, ``limit`` and ``before_id``; ``more`` and
+``hidden`` say what was left out.  10,000 jobs of history cost little."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from pollux_local.api import wire
+from pollux_local.api.errors import InvalidRequest
+from pollux_local.api.messages import Status
+from pollux_local.api.states import JobState
+from pollux_local.daemon.auth import Peer
+from pollux_local.daemon.config import DaemonConfig, NodeConfig
+from pollux_local.daemon.context import Context
+from pollux_local.daemon.handlers import query
+from pollux_local.daemon.readmodel import MetricHistory
+from pollux_local.daemon.scheduler import ModelCache
+from pollux_local.daemon.state import StateStore
+
+NOW = 1_000_000.0
+DAY = 24 * 3600.0
+
+
+def fill(
+    store: StateStore, count: int, finished_every: int = 1, ended_days_ago: float = 2.0
+) -> None:
+    """``count`` jobs alternating between ann and bob; every ``finished_every``-th one
+    succeeded ``ended_days_ago`` days ago, the others queued."""
+    rows = []
+    for i in range(count):
+        done = i % finished_every == 0
+        rows.append(
+            (
+                f"job-{i}",
+                1000 + i % 2,
+                1000 + i % 2,
+                ("ann", "bob")[i % 2],
+                (JobState.SUCCEEDED if done else JobState.QUEUED).value,
+                '{"argv": ["x"], "min_gpus": 1}',
+                NOW - 3 * DAY + i,
+                NOW - ended_days_ago * DAY if done else None,
+            )
+        )
+    store.db.executemany(
+        "INSERT INTO jobs (name, owner_uid, owner_gid, owner_name, state, spec, submit_time,"
+        " end_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        rows,
+    )
+
+
+def context(store: StateStore) -> Context:
+    return Context(
+        peer=Peer(1, 1000, 1000),
+        store=store,
+        executor=None,  # type: ignore[arg-type]  (status reads the store only)
+        config=DaemonConfig(nodes=(NodeConfig("n0", ("cpu:0",)),)),
+        state_dir=store.path.parent,
+        clock=lambda: NOW,
+        models=ModelCache(),
+        metrics=MetricHistory(),
+        mutex=asyncio.Lock(),
+        wake=lambda: None,
+        daemon_uid=0,
+        policy_name="fifo",
+    )
+
+
+def ids(reply: object) -> list[int]:
+    return [int(job.id) for job in reply.jobs]  # type: ignore[attr-defined]
+
+
+def test_default_window_filters_and_pages(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    fill(store, 10, finished_every=2)  # even ids-1 finished two days ago, odd ones queued
+    recent = store.add_job(
+        name="recent", owner_uid=1000, owner_gid=1000, owner_name="ann",
+        spec={"argv": ["x"]}, priority=0, submit_time=NOW - 100,
+    )  # fmt: skip
+    store.update_job(recent.id, state=JobState.FAILED, end_time=NOW - 3600)
+    ctx = context(store)
+
+    default = query.status(ctx, Status())
+    assert ids(default) == [2, 4, 6, 8, 10, 11]  # active, and what finished within 24 h
+    assert default.hidden == 5 and default.more == 0 and default.next_before_id is None
+
+    every = query.status(ctx, Status(all=True))
+    assert ids(every) == list(range(1, 12)) and every.hidden == 0
+
+    annes = query.status(ctx, Status(all=True, user="ann"))
+    assert {j.owner for j in annes.jobs} == {"ann"} and len(annes.jobs) == 6
+    assert ids(query.status(ctx, Status(user="nobody-here"))) == []
+
+    finished = query.status(ctx, Status(all=True, states=[JobState.SUCCEEDED, JobState.FAILED]))
+    assert ids(finished) == [1, 3, 5, 7, 9, 11]
+    recent_failed = query.status(ctx, Status(states=[JobState.FAILED]))
+    assert ids(recent_failed) == [11] and recent_failed.hidden == 0
+
+    # pages: the newest first, each oldest first, a cursor to the next
+    page = query.status(ctx, Status(all=True, limit=4))
+    assert ids(page) == [8, 9, 10, 11] and page.more == 7 and page.next_before_id == "8"
+    page = query.status(ctx, Status(all=True, limit=4, before_id=page.next_before_id))
+    assert ids(page) == [4, 5, 6, 7] and page.more == 3 and page.next_before_id == "4"
+    page = query.status(ctx, Status(all=True, limit=4, before_id="4"))
+    assert ids(page) == [1, 2, 3] and page.more == 0 and page.next_before_id is None
+    store.close()
+
+
+def test_status_fields_are_checked_strictly() -> None:
+    for bad, field in [
+        ({"limit": 0}, "$.limit"),
+        ({"limit": 10_001}, "$.limit"),
+        ({"states": ["sleeping"]}, "$.states"),
+        ({"states": []}, "$.states"),
+        ({"before_id": "x"}, "$.before_id"),
+        ({"user": ""}, "$.user"),
+        ({"all": "yes"}, "$.all"),
+    ]:
+        body = msgspec.json.encode({"v": 1, "type": "status", **bad})
+        with pytest.raises(InvalidRequest, match=field.replace("$", r"\$")):
+            wire.decode_request(body)
+    # replies from daemons before paging decode, the new fields at their defaults
+    reply = wire.decode_reply(b'{"v": 1, "ok": true, "jobs": []}', Status.Reply)
+    assert (reply.more, reply.hidden, reply.next_before_id) == (0, 0, None)  # type: ignore[attr-defined]
+
+
+def test_ten_thousand_jobs_of_history_cost_little(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    fill(store, 10_000, finished_every=1)  # all finished two days ago
+    fill(store, 20, finished_every=1000)  # a few active ones, and one finished
+    ctx = context(store)
+    queries: list[str] = []
+    store.db.set_trace_callback(queries.append)
+    query.status(ctx, Status())
+    query.status(ctx, Status(all=True, user="ann", states=[JobState.QUEUED]))
+    store.db.set_trace_callback(None)
+    for sql in queries:  # the indexes find the rows: no walk through every job
+        plan = [str(row[-1]) for row in store.db.execute("EXPLAIN QUERY PLAN " + sql)]
+        assert not any(step.startswith("SCAN jobs") for step in plan), (sql, plan)
+    query.status(ctx, Status())  # warm
+    took = []
+    for _ in range(5):
+        began = time.perf_counter()
+        reply = query.status(ctx, Status())
+        took.append(time.perf_counter() - began)
+    assert len(reply.jobs) == 19 and reply.hidden == 10_001
+    assert sorted(took)[2] < 0.05, f"status over 10,000 finished jobs took {sorted(took)[2]:.3f} s"
+    page = query.status(ctx, Status(all=True, limit=100))
+    assert len(page.jobs) == 100 and page.more == 10_020 - 100
+    store.close()
