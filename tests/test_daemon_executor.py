@@ -128,6 +128,7 @@ async def test_finishing_while_being_resized_counts_as_success(setup) -> None:  
     launcher.groups[0].exit.set_result(0)  # exits 0 exactly as the resize begins
     resize = Action("resize", job_id, {"far": ["cpu:0"]}, BatchChoice(8, 1, 1), "shrink")
     await executor.apply(Plan(actions=(resize,), decision=Decision(placements={})))
+    await asyncio.sleep(0.05)  # the exit is handled when it arrives, after apply returned
     job = store.get_job(job_id)
     assert job is not None and job.state == "succeeded" and len(launcher.groups) == 1
 

@@ -6,21 +6,47 @@ a remote node -> the node is marked down and the job re-queued to resume elsewhe
 else -> a crash, retried from the checkpoint with exponential back-off until ``max_retries``,
 then ``failed``.  What is known of each node's health is kept in one :class:`NodeStatus` per
 node (:class:`NodeHealthBook`).
+
+Stopping never blocks a scheduling pass or a request: a stop (cancel, hold, preemption,
+resize, a daemon shutdown) moves the group from :attr:`Executor.groups` to
+:attr:`Executor.stopping`, sends the stop as a task of its own (SIGTERM, and SIGKILL after
+``stop_grace_s``, which on this machine the job's supervisor sends) and returns; the group's
+exit is handled when it comes, by what the stop was for (:attr:`Executor.intent`).  Until then
+the group keeps its devices: a start that needs one of them takes another free device of the
+same node when there is one, else waits (the newest plan's waiting starts are launched as
+soon as the devices are released, or re-planned by the next pass).  A resized job restarts at
+its new size once its old incarnation has ended.
+
+The daemon never opens, creates, chmods or chowns anything inside a job's directory: it makes
+``STATE_DIR/jobs/<id>`` itself and gives it to the job's user (``jobfiles.make_owned_dir``);
+logs and the checkpoint directory are made by the job's processes as its user (on this
+machine by the supervisor's children, ``launch/supervisor.py``), and what the daemon reads
+there (the last log line of a failure, the final ``report.json``) goes through
+:mod:`.jobfiles`.
+
+After a restart of the daemon (:meth:`Executor.recover`) the run files of the local
+supervisors (``STATE_DIR/run``) say what became of the jobs that were running: a supervisor
+still running is adopted (its job keeps running), one that ended meanwhile has its recorded
+exit code applied as if the daemon had seen it, and only a job with nothing recorded is
+queued again to resume from its checkpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import logging
 import os
+import pwd
 import signal
+import sqlite3
 import stat
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,10 +54,11 @@ from typing import Any
 import psutil
 
 from pollux_local.api.launch import LaunchEnvironment
-from pollux_local.api.states import ExitCode, JobState
+from pollux_local.api.states import PLACED_STATES, ExitCode, JobState
 from pollux_local.core.types import BatchChoice
-from pollux_local.daemon.config import DaemonConfig, NodeConfig
-from pollux_local.daemon.reports import InvalidReport, read_report_file
+from pollux_local.daemon.config import DaemonConfig, NodeConfig, busy_gpus
+from pollux_local.daemon.jobfiles import make_owned_dir, read_job_file, read_whole_job_file
+from pollux_local.daemon.reports import InvalidReport, parse_report, report_record
 from pollux_local.daemon.scheduler import Action, Allocation, Plan
 from pollux_local.daemon.state import JobRecord, StateStore
 from pollux_local.errors import PolluxError
@@ -43,28 +70,40 @@ from pollux_local.launch.base import (
     ReplicaSlot,
     pick_master_port,
 )
-from pollux_local.launch.local import LocalLauncher
+from pollux_local.launch.local import LocalLauncher, LocalReplicaGroup, RunRecord
 
 log = logging.getLogger("pollux_local.daemon")
 
 #: How often a group with remote replicas is looked at for ranks whose node was lost.
 LOST_NODE_POLL_S = 0.5
+#: At a daemon shutdown, how long past ``stop_grace_s`` the stops are waited for.
+SHUTDOWN_MARGIN_S = 15.0
+#: The intent of a stop found in flight after a daemon restart, by the job's recorded state.
+RECOVERED_INTENT = {
+    JobState.QUEUED: "preempt",
+    JobState.RESCALING: "resize",
+    JobState.HELD: "hold",
+    JobState.CANCELLED: "cancel",
+}
+
+Device = tuple[str, str]  # (node name, device id)
 
 
-def last_log_line(path: Path, limit: int = 4096) -> str:
-    """The last non-empty line of a log file (for a failure's reason)."""
+def last_log_line(directory: Path, name: str, owner_uid: int, limit: int = 4096) -> str:
+    """The last non-empty line of a job's log (for a failure's reason), read through
+    :func:`jobfiles.read_job_file` (never a symlink, a FIFO or another user's file)."""
     try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - limit))
-            lines = handle.read().decode(errors="replace").splitlines()
+        data, _, _ = read_job_file(directory, name, owner_uid, offset=-limit, max_bytes=limit)
     except OSError:
         return ""
-    for line in reversed(lines):
+    for line in reversed(data.decode(errors="replace").splitlines()):
         if line.strip() and not line.startswith("--- "):
             return line.strip()[:200]
     return ""
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    return " ".join(str(text).split())[:limit]
 
 
 @dataclass
@@ -101,7 +140,11 @@ class NodeHealthBook:
 
 
 class Executor:
-    """Starts and stops jobs' replica groups and keeps the store in step with them."""
+    """Starts and stops jobs' replica groups and keeps the store in step with them.
+
+    ``groups``: the running groups; ``stopping``: groups asked to stop whose exit has not come
+    yet (``intent`` says what the stop was for); ``watchers``: the task waiting for each
+    group's exit (a job is in ``watchers`` until that exit has been handled)."""
 
     def __init__(
         self,
@@ -119,14 +162,27 @@ class Executor:
         self.on_change = on_change
         self.clock = clock
         self.groups: dict[int, ReplicaGroup] = {}
+        self.stopping: dict[int, ReplicaGroup] = {}
         self.watchers: dict[int, asyncio.Task[None]] = {}
         self.intent: dict[int, str] = {}
         self.nodes = NodeHealthBook([node.name for node in config.nodes])
         self.last_launch: dict[int, float] = {}
-        self._local = LocalLauncher({n.name: n.devices for n in config.nodes if n.is_local})
+        self.run_dir = state_dir / "run"
+        self._local = LocalLauncher(
+            {n.name: n.devices for n in config.nodes if n.is_local},
+            run_dir=self.run_dir,
+            stop_grace_s=config.stop_grace_s,
+        )
         self._ssh: Launcher | None = None
         self._checking: dict[str, asyncio.Task[None]] = {}
         self._noted_down: set[tuple[int, str]] = set()
+        self._stop_tasks: dict[int, asyncio.Task[None]] = {}
+        #: resizes waiting for the job's old incarnation to end
+        self._resize: dict[int, Action] = {}
+        #: starts of the newest plan waiting for devices still held by stopping groups
+        self._deferred: dict[int, Action] = {}
+        self._starting = asyncio.Lock()
+        self._closing = False
 
     # --- launchers and nodes ----------------------------------------------------------------
 
@@ -208,30 +264,165 @@ class Executor:
     # --- applying a plan ---------------------------------------------------------------------
 
     async def apply(self, plan: Plan) -> None:
-        """Stop what must stop (in parallel), then start on the new allocations."""
+        """Send the plan's stops (without waiting for them), then start on the new
+        allocations: at once where the devices are free, else as soon as they are.  A job
+        whose action fails is failed (or left running) with a one-line reason; the other
+        actions go on."""
         now = self.clock()
-        stopping = [a for a in plan.actions if a.kind in ("stop", "resize")]
-        for action in stopping:
-            if action.kind == "resize":
-                self.store.update_job(action.job_id, state=JobState.RESCALING)
-        codes = await asyncio.gather(*(self.stop_job(a.job_id, "preempt") for a in stopping))
-        for action, code in zip(stopping, codes, strict=True):
-            if code == ExitCode.OK:  # it finished just as it was asked to stop
-                self.store.update_job(
-                    action.job_id,
-                    state=JobState.SUCCEEDED,
-                    end_time=self.clock(),
-                    reason="finished",
-                )
-                self.store.record_decision(action.job_id, now, "finished", "all replicas exited 0")
-            elif action.kind == "stop":
-                self.store.update_job(action.job_id, state=JobState.QUEUED, reason=action.reason)
-                self.store.record_decision(action.job_id, now, "stop", action.reason)
+        self._deferred = {}  # the newest plan decides what waits
         for action in plan.actions:
+            if action.kind in ("stop", "resize"):
+                await self._guarded(action.job_id, "stop", self._stop_for(action, now))
+        claimed = [
+            (action.job_id, device)
+            for action in plan.actions
+            if action.kind in ("start", "resize")
+            for device in _devices(action.allocation)
+        ]
+        for action in plan.actions:
+            if action.kind == "resize" and action.job_id in self._resize:
+                continue  # restarts at its new size once its old incarnation has ended
             if action.kind in ("start", "resize"):
-                job = self.store.get_job(action.job_id)
-                if job is not None and job.state in (JobState.QUEUED, JobState.RESCALING):
-                    await self.start_job(job, action)
+                others = {device for job_id, device in claimed if job_id != action.job_id}
+                await self._guarded(action.job_id, "start", self._start_when_free(action, others))
+
+    async def _stop_for(self, action: Action, now: float) -> None:
+        job_id = action.job_id
+        group = self.groups.get(job_id)
+        if action.kind == "resize":
+            self.store.update_job(job_id, state=JobState.RESCALING)
+            if group is not None:
+                self._resize[job_id] = action
+                self._begin_stop(job_id, group, "resize")
+            return
+        if group is not None:
+            self._begin_stop(job_id, group, "preempt")
+        self.store.update_job(job_id, state=JobState.QUEUED, reason=action.reason)
+        self.store.record_decision(job_id, now, "stop", action.reason)
+
+    async def _guarded(self, job_id: int, what: str, work: Awaitable[Any]) -> None:
+        """Run one job's part of a plan; an error there fails that job (one line), unless it
+        is running, and never stops the rest.  Database errors are the pass's to handle."""
+        try:
+            await work
+        except (asyncio.CancelledError, sqlite3.Error):
+            raise
+        except Exception as exc:
+            log.exception("job %s: %s failed", job_id, what)
+            if job_id in self.groups or job_id in self.stopping:
+                return  # its processes still run; their exit decides
+            self._fail(job_id, f"could not {what}: {type(exc).__name__}: {one_line(exc)}")
+
+    def _fail(self, job_id: int, reason: str) -> None:
+        now = self.clock()
+        log.error("job %s: %s", job_id, reason)
+        self.store.update_job(
+            job_id, state=JobState.FAILED, reason=reason, end_time=now, placement={}, pids=[]
+        )
+        self.store.record_decision(job_id, now, "failed", reason)
+
+    # --- devices held by groups that are running or stopping ---------------------------------
+
+    def _held(self) -> dict[Device, int]:
+        """Devices of running and stopping groups, and those of waiting resizes -> job id."""
+        held: dict[Device, int] = {}
+        for groups in (self.groups, self.stopping):
+            for job_id, group in groups.items():
+                for slot in group.spec.slots:
+                    held[(slot.node, slot.device)] = job_id
+        for job_id, action in self._resize.items():
+            for device in _devices(action.allocation):
+                held.setdefault(device, job_id)
+        return held
+
+    def _place(
+        self, action: Action, held: dict[Device, int], claimed: set[Device]
+    ) -> Action | None:
+        """``action`` on devices nobody holds: a device a stopping group still holds is
+        swapped for a free device of the same node that no other start claims; ``None``
+        when there are not enough."""
+        allocation: Allocation = {}
+        changed = False
+        for node_name, devices in action.allocation.items():
+            keep = [d for d in devices if (node_name, d) not in held]
+            missing = len(devices) - len(keep)
+            if missing:
+                node = self.config.node(node_name)
+                spare = [
+                    d
+                    for d in node.devices
+                    if (node_name, d) not in held
+                    and (node_name, d) not in claimed
+                    and d not in keep
+                ]
+                if node.is_local and any(d.startswith("cuda") for d in spare):
+                    busy = busy_gpus(self._own_pids())
+                    spare = [d for d in spare if d not in busy]
+                if len(spare) < missing:
+                    return None
+                keep += spare[:missing]
+                changed = True
+            allocation[node_name] = keep
+        return dataclasses.replace(action, allocation=allocation) if changed else action
+
+    def _own_pids(self) -> set[int]:
+        own: set[int] = set()
+        for groups in (self.groups, self.stopping):
+            for group in groups.values():
+                for pid in group.pids().values():
+                    own.add(pid)
+                    with contextlib.suppress(psutil.Error):
+                        own.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+        return own
+
+    async def _start_when_free(self, action: Action, claimed: set[Device]) -> bool:
+        """Start ``action`` if its job may start and its devices (or others of the same
+        nodes) are free; else keep it waiting in ``_deferred``.  ``True`` when it was
+        started or is void (the job is no longer waiting)."""
+        async with self._starting:
+            job = self.store.get_job(action.job_id)
+            if (
+                self._closing
+                or job is None
+                or job.state not in (JobState.QUEUED, JobState.RESCALING)
+                or job.id in self.groups
+            ):
+                self._deferred.pop(action.job_id, None)
+                return not self._closing
+            if job.id in self.stopping:  # its previous incarnation has not ended yet
+                self._deferred[job.id] = action
+                return False
+            held = self._held()
+            placed = self._place(action, held, claimed)
+            if placed is None:
+                self._deferred[job.id] = action
+                holders = sorted({held[d] for d in _devices(action.allocation) if d in held})
+                reason = (
+                    "starting once job(s) "
+                    + ", ".join(map(str, holders))
+                    + " release their devices"
+                )
+                if job.reason != reason and job.state == JobState.QUEUED:
+                    self.store.update_job(job.id, reason=reason)
+                return False
+            self._deferred.pop(job.id, None)
+            await self.start_job(job, placed)
+            return True
+
+    async def _launch_waiting(self) -> None:
+        """Start the waiting starts whose devices were released."""
+        for job_id, action in list(self._deferred.items()):
+            if self._deferred.get(job_id) is not action:
+                continue
+            claimed = {
+                device
+                for other, waiting in self._deferred.items()
+                if other != job_id
+                for device in _devices(waiting.allocation)
+            }
+            await self._guarded(job_id, "start", self._start_when_free(action, claimed))
+
+    # --- starting ------------------------------------------------------------------------------
 
     def _job_dir(self, job: JobRecord) -> Path:
         return self.state_dir / "jobs" / job.job_id
@@ -279,8 +470,9 @@ class Executor:
             busiest = max(len(devices) for devices in allocation.values())
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // busiest)))
         run_as = None
+        run_as_uid = None
         if os.geteuid() == 0 and job.owner_uid != 0:
-            run_as = job.owner_name
+            run_as, run_as_uid = job.owner_name, job.owner_uid
         return LaunchSpec(
             job_id=job.job_id,
             argv=list(spec["argv"]),
@@ -289,19 +481,46 @@ class Executor:
             slots=slots,
             log_dir=job_dir,
             run_as=run_as,
+            run_as_uid=run_as_uid,
         )
 
-    def _prepare_dirs(self, job: JobRecord, spec: LaunchSpec) -> None:
-        job_dir = self._job_dir(job)
-        checkpoint_dir = Path(spec.env["POLLUX_CHECKPOINT_DIR"])
-        for path in (job_dir, checkpoint_dir):
-            path.mkdir(parents=True, exist_ok=True)
-            if os.geteuid() == 0 and job.owner_uid != 0:
-                with contextlib.suppress(OSError):
-                    os.chown(path, job.owner_uid, job.owner_gid)
+    async def _prepare_dirs(self, job: JobRecord, spec: LaunchSpec, local: bool) -> None:
+        """Make the job's directory (the daemon's ``jobs/<id>``, given to the job's user) and,
+        under a ``checkpoint_root`` of the daemon's, its checkpoint directory the same way.
+        Nothing inside the job's directory: on this machine the job's supervisor makes the
+        rest as the job's user; for remote nodes the checkpoint directory is made here by a
+        ``mkdir`` run as the job's user."""
+        jobs = self.state_dir / "jobs"
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(jobs, 0o755)  # the server makes it; a bare state dir (tests) may lack it
+        make_owned_dir(jobs, job.job_id, job.owner_uid, job.owner_gid)
+        checkpoint = Path(spec.env["POLLUX_CHECKPOINT_DIR"])
+        if self.config.checkpoint_root:
+            try:
+                make_owned_dir(
+                    Path(self.config.checkpoint_root), job.job_id, job.owner_uid, job.owner_gid
+                )
+            except OSError as exc:  # not a directory of the daemon's: the job's user makes it
+                log.debug("job %s: checkpoint dir left to the job's user: %s", job.id, exc)
+        if not local:
+            await make_user_dir(job, checkpoint)
+
+    def _owner_gone(self, job: JobRecord) -> str | None:
+        """Why the job cannot run as its owner (a deleted Unix user), or ``None``."""
+        if job.owner_uid == os.geteuid():
+            return None
+        try:
+            pwd.getpwuid(job.owner_uid)
+        except KeyError:
+            return f"owner uid {job.owner_uid} no longer exists"
+        return None
 
     async def start_job(self, job: JobRecord, action: Action) -> None:
         now = self.clock()
+        gone = self._owner_gone(job)
+        if gone is not None:
+            self._fail(job.id, gone)
+            return
         nodes = [self.config.node(name) for name in action.allocation]
         launchers = {id(self.launcher_for(node)) for node in nodes}
         try:
@@ -309,15 +528,10 @@ class Executor:
                 raise PolluxError("a job cannot span this machine and remote nodes at once")
             launcher = self.launcher_for(nodes[0])
             spec = self.build_spec(job, action)
-            self._prepare_dirs(job, spec)
+            await self._prepare_dirs(job, spec, local=launcher is self._local)
             group = await launcher.launch(spec)
         except (PolluxError, OSError) as exc:
-            reason = f"could not start: {exc}"
-            log.error("job %s: %s", job.id, reason)
-            self.store.update_job(
-                job.id, state=JobState.FAILED, reason=reason, end_time=now, placement={}
-            )
-            self.store.record_decision(job.id, now, "failed", reason)
+            self._fail(job.id, f"could not start: {one_line(exc)}")
             return
         self.groups[job.id] = group
         self._noted_down = {key for key in self._noted_down if key[0] != job.id}
@@ -369,16 +583,55 @@ class Executor:
         )
         self.watchers[job.id] = asyncio.ensure_future(self._watch(job.id, group))
 
-    def _read_final_report(self, job_id: int) -> None:
-        """Store the report a job wrote last (its final progress) once its replicas exited."""
-        path = self.state_dir / "jobs" / str(job_id) / "report.json"
+    # --- stopping ------------------------------------------------------------------------------
+
+    async def stop_job(self, job_id: int, intent: str) -> None:
+        """Ask a running job's replicas to stop (they checkpoint; SIGKILL after
+        ``stop_grace_s``) and return at once: the exit is handled when it comes.  The caller
+        sets the job's next state.  A job already stopping gets ``intent`` as what its stop
+        is now for; a job waiting to start no longer waits."""
+        self._resize.pop(job_id, None)
+        self._deferred.pop(job_id, None)
+        group = self.groups.get(job_id)
+        if group is not None:
+            self._begin_stop(job_id, group, intent)
+        elif job_id in self.stopping:
+            self.intent[job_id] = intent
+
+    def _begin_stop(self, job_id: int, group: ReplicaGroup, intent: str) -> None:
+        self.groups.pop(job_id, None)
+        self.stopping[job_id] = group
+        self.intent[job_id] = intent
+        if job_id not in self._stop_tasks:
+            self._stop_tasks[job_id] = asyncio.ensure_future(self._send_stop(job_id, group))
+
+    async def _send_stop(self, job_id: int, group: ReplicaGroup) -> None:
         try:
-            report = read_report_file(path)
-        except InvalidReport as exc:
-            log.warning("job %s: ignoring its final report %s: %s", job_id, path, exc)
+            await group.stop(self.config.stop_grace_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("job %s: stopping its replicas failed", job_id)
+
+    # --- exits ---------------------------------------------------------------------------------
+
+    def _read_final_report(self, job: JobRecord) -> None:
+        """Store the report a job wrote last (its final progress) once its replicas exited:
+        ``report.json`` read as the job's owner's plain file (``jobfiles``)."""
+        directory = self._job_dir(job)
+        try:
+            data = read_whole_job_file(directory, "report.json", job.owner_uid)
+        except FileNotFoundError:
             return
-        if report is not None:
-            self.store.update_job(job_id, report=report)
+        except OSError as exc:
+            log.warning("job %s: ignoring its final report: %s", job.id, one_line(exc))
+            return
+        try:
+            report = report_record(parse_report(data))
+        except InvalidReport as exc:
+            log.warning("job %s: ignoring its final report: %s", job.id, exc)
+            return
+        self.store.update_job(job.id, report=report)
 
     def _account(self, job_id: int, now: float) -> None:
         job = self.store.get_job(job_id)
@@ -394,26 +647,6 @@ class Executor:
             pids=[],
         )
 
-    async def stop_job(self, job_id: int, intent: str) -> int | None:
-        """Checkpoint-stop a running job (SIGTERM, bounded wait, SIGKILL); ``None`` if it was
-        not running.  The caller sets the job's next state."""
-        group = self.groups.get(job_id)
-        if group is None:
-            return None
-        self.intent[job_id] = intent
-        try:
-            code = await group.stop(self.config.stop_grace_s)
-        finally:
-            watcher = self.watchers.pop(job_id, None)
-            if watcher is not None:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await watcher
-            self.groups.pop(job_id, None)
-            self.intent.pop(job_id, None)
-            self._account(job_id, self.clock())
-            self._read_final_report(job_id)
-        return code
-
     async def _watch(self, job_id: int, group: ReplicaGroup) -> None:
         remote = any(not self.config.node(slot.node).is_local for slot in group.spec.slots)
         waiting = asyncio.ensure_future(group.wait())
@@ -427,26 +660,75 @@ class Executor:
         finally:
             if not waiting.done():
                 waiting.cancel()
-        code = waiting.result()
-        if job_id in self.intent:
-            return  # stop_job handles it
-        self.groups.pop(job_id, None)
-        self.watchers.pop(job_id, None)
-        now = self.clock()
-        job = self.store.get_job(job_id)
-        self._account(job_id, now)
-        self._read_final_report(job_id)
-        if job is None:
-            return
         try:
-            await self._on_exit(job, group, code, now)
+            await self._ended(job_id, group, waiting.result())
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("job %s: handling the end of its replicas failed", job_id)
         finally:
+            if self.watchers.get(job_id) is asyncio.current_task():
+                del self.watchers[job_id]
             self.on_change()
+
+    async def _ended(self, job_id: int, group: ReplicaGroup, code: int) -> None:
+        """A group ended: account for it, take its last report, and move the job on, by what
+        its stop was for (``intent``) or, when nothing stopped it, by its exit code."""
+        if self.groups.get(job_id) is group:
+            del self.groups[job_id]
+        if self.stopping.get(job_id) is group:
+            del self.stopping[job_id]
+        intent = self.intent.pop(job_id, None)
+        self._stop_tasks.pop(job_id, None)
+        now = self.clock()
+        ended = getattr(group, "ended", None)
+        self._account(job_id, min(now, ended) if isinstance(ended, float) else now)
+        job = self.store.get_job(job_id)
+        if job is not None:
+            self._read_final_report(job)
+            if intent is None:
+                await self._on_exit(job, group, code, now)
+            else:
+                await self._on_stopped(job, intent, code, now)
+        if isinstance(group, LocalReplicaGroup):
+            self._local.forget(group.spec.job_id)  # its result is in the store now
+        await self._launch_waiting()
+
+    def _finished(self, job_id: int, now: float) -> None:
+        self.store.update_job(job_id, state=JobState.SUCCEEDED, end_time=now, reason="finished")
+        self.store.record_decision(job_id, now, "finished", "all replicas exited 0")
+
+    async def _on_stopped(self, job: JobRecord, intent: str, code: int, now: float) -> None:
+        """The end of a group that was asked to stop.  Cancel, hold and the others set the
+        job's state when they asked; a job that exited 0 while being preempted, resized or
+        stopped for a shutdown has finished; a resized job restarts at its new size."""
+        action = self._resize.pop(job.id, None) if intent == "resize" else None
+        if intent in ("preempt", "resize", "shutdown") and code == ExitCode.OK:
+            if job.state in (JobState.QUEUED, *PLACED_STATES):
+                self._finished(job.id, now)
+            return
+        if intent == "shutdown" and job.state in PLACED_STATES:
+            reason = "daemon stopped; will resume from checkpoint"
+            self.store.update_job(job.id, state=JobState.QUEUED, reason=reason)
+            self.store.record_decision(job.id, now, "requeued", reason)
+            return
+        if intent != "resize" or job.state != JobState.RESCALING:
+            return
+        if action is None or self._closing:
+            reason = "checkpointed for a resize; back in the queue"
+            self.store.update_job(job.id, state=JobState.QUEUED, reason=reason)
+            self.store.record_decision(job.id, now, "requeued", reason)
+            return
+        claimed = {d for other in self._deferred.values() for d in _devices(other.allocation)}
+        if not await self._start_when_free(action, claimed):
+            current = self.store.get_job(job.id)
+            if current is not None and current.state == JobState.RESCALING:
+                reason = "resizing: waiting for its new devices to be released"
+                self.store.update_job(job.id, state=JobState.QUEUED, reason=reason)
 
     async def _on_exit(self, job: JobRecord, group: ReplicaGroup, code: int, now: float) -> None:
         if code == ExitCode.OK:
-            self.store.update_job(job.id, state=JobState.SUCCEEDED, end_time=now, reason="finished")
-            self.store.record_decision(job.id, now, "finished", "all replicas exited 0")
+            self._finished(job.id, now)
             return
         if code == ExitCode.RESCALE:
             reason = f"checkpointed and exited ({ExitCode.RESCALE:d}); back in the queue"
@@ -459,11 +741,13 @@ class Executor:
             self.store.update_job(job.id, state=JobState.QUEUED)
             return
         failures = job.failures + 1
-        detail = next(
+        detail = getattr(group, "failure_reason", None) or next(
             (
                 line
                 for slot in group.spec.slots
-                if (line := last_log_line(group.spec.log_dir / f"rank{slot.rank}.log"))
+                if (
+                    line := last_log_line(group.spec.log_dir, f"rank{slot.rank}.log", job.owner_uid)
+                )
             ),
             "",
         )
@@ -505,6 +789,7 @@ class Executor:
         exit_codes = getattr(group, "exit_codes", None)
         codes: dict[int, int] = dict(exit_codes()) if callable(exit_codes) else {}
         lost = {s.node for s in group.spec.slots if codes.get(s.rank) == ExitCode.NODE_LOST}
+        lost = {name for name in lost if not self.config.node(name).is_local}
         failure = getattr(group, "failure_reason", None) or "ssh connection lost"
         for name in lost:
             if self.nodes.is_up(name):
@@ -514,39 +799,127 @@ class Executor:
     # --- cancel / hold ----------------------------------------------------------------------
 
     async def cancel(self, job_id: int) -> None:
+        """Cancel a job: recorded at once, its replicas stopped in the background."""
         now = self.clock()
-        await self.stop_job(job_id, "cancel")
         self.store.update_job(job_id, state=JobState.CANCELLED, end_time=now, reason="cancelled")
         self.store.record_decision(job_id, now, "cancelled", "cancelled by request")
+        await self.stop_job(job_id, "cancel")
 
     async def hold(self, job_id: int) -> None:
+        """Hold a job: recorded at once, its replicas stopped (checkpoint) in the background."""
         now = self.clock()
-        await self.stop_job(job_id, "hold")
         self.store.update_job(job_id, state=JobState.HELD, reason="held")
         self.store.record_decision(job_id, now, "held", "held by request")
+        await self.stop_job(job_id, "hold")
 
     # --- daemon start and stop ----------------------------------------------------------------
 
     async def recover(self) -> list[int]:
-        """After a daemon restart: stop what is left of jobs that were running (SIGTERM, so
-        they checkpoint) and put them back in the queue to resume from their checkpoints."""
+        """After a daemon restart, for every job recorded as running: adopt its supervisor if
+        it still runs (the job keeps running); apply its recorded exit code if it ended
+        meanwhile; queue it again (to resume from its checkpoint) only when nothing is
+        recorded.  Supervisors of jobs recorded as not running (a stop in flight when the
+        daemon died) are adopted as stopping.  Returns the jobs queued again."""
         now = self.clock()
-        jobs = self.store.jobs([JobState.RUNNING, JobState.RESCALING])
-        await asyncio.gather(*(self._stop_orphans(job) for job in jobs))
-        for job in jobs:
-            if job.last_start is not None:
-                elapsed = max(0.0, now - job.last_start)
-                self.store.update_job(
-                    job.id,
-                    attained_gpu_s=job.attained_gpu_s + elapsed * job.replicas,
-                    run_time_s=job.run_time_s + elapsed,
-                )
-            reason = "daemon restarted; resuming from checkpoint"
-            self.store.update_job(
-                job.id, state=JobState.QUEUED, placement={}, pids=[], last_start=None, reason=reason
+        records = self._local.records()
+        requeued: list[int] = []
+        for job in self.store.jobs([JobState.RUNNING, JobState.RESCALING]):
+            record = records.pop(job.job_id, None)
+            try:
+                if await self._recover_job(job, record, now):
+                    continue
+            except sqlite3.Error:
+                raise
+            except Exception:
+                log.exception("job %s: recovering it failed; queueing it again", job.id)
+            self._requeue_recovered(job, now)
+            requeued.append(job.id)
+        for job_id, record in records.items():
+            try:
+                self._recover_stray(job_id, record, now)
+            except sqlite3.Error:
+                raise
+            except Exception:
+                log.exception("job %s: recovering its supervisor failed", job_id)
+        return requeued
+
+    async def _recover_job(self, job: JobRecord, record: RunRecord | None, now: float) -> bool:
+        """Adopt the job's incarnation from its run file; ``False`` when there is nothing to
+        adopt (the caller queues the job again)."""
+        if record is None:
+            # a daemon from before the supervisors ran the replicas as its own children
+            await self._stop_orphans(job)
+            return False
+        group = self._local.adopt(record)
+        if group is None:
+            log.warning(
+                "job %s: its supervisor (pid %s) ended without a result",
+                job.id, record.supervisor_pid,
+            )  # fmt: skip
+            self._local.forget(job.job_id)
+            return False
+        if record.finished:
+            reason = f"daemon restarted; the job ended meanwhile with code {record.exit_code}"
+        else:
+            reason = (
+                f"daemon restarted; the job kept running under its supervisor (pid"
+                f" {record.supervisor_pid})"
             )
-            self.store.record_decision(job.id, now, "recovered", reason)
-        return [job.id for job in jobs]
+        log.info("job %s: %s", job.id, reason)
+        self.store.record_decision(job.id, now, "recovered", reason)
+        if job.state == JobState.RESCALING:
+            self._adopt_stopping(job.id, group, "resize")
+        else:
+            self.groups[job.id] = group
+        self.last_launch[job.id] = job.last_start or now
+        self.watchers[job.id] = asyncio.ensure_future(self._watch(job.id, group))
+        return True
+
+    def _adopt_stopping(self, job_id: int, group: ReplicaGroup, intent: str) -> None:
+        """A group whose stop was asked for before the daemon restarted: asked again (a
+        supervisor takes a second SIGTERM as the first), its exit handled as ``intent``."""
+        self.stopping[job_id] = group
+        self.intent[job_id] = intent
+        if group.poll() is None:
+            self._stop_tasks[job_id] = asyncio.ensure_future(self._send_stop(job_id, group))
+
+    def _recover_stray(self, name: str, record: RunRecord, now: float) -> None:
+        """A run file of a job not recorded as running: a stop that was under way when the
+        daemon died (adopted as stopping, its exit handled by the job's recorded state), or a
+        result not yet taken in (a preempted job that exited 0 has finished)."""
+        if not name.isdigit():
+            return
+        job = self.store.get_job(int(name))
+        if record.finished or not record.supervisor_alive():
+            if not record.finished:
+                record.kill_replicas()
+            elif job is not None and job.state == JobState.QUEUED and record.exit_code == 0:
+                self._finished(job.id, now)
+            self._local.forget(name)
+            return
+        group = self._local.adopt(record)
+        if group is None:
+            self._local.forget(name)
+            return
+        state = JobState(job.state) if job is not None else None
+        intent = RECOVERED_INTENT.get(state, "reconcile") if state is not None else "reconcile"
+        log.info("job %s: its replicas are still stopping (%s); waiting for them", name, intent)
+        self._adopt_stopping(int(name), group, intent)
+        self.watchers[int(name)] = asyncio.ensure_future(self._watch(int(name), group))
+
+    def _requeue_recovered(self, job: JobRecord, now: float) -> None:
+        if job.last_start is not None:
+            elapsed = max(0.0, now - job.last_start)
+            self.store.update_job(
+                job.id,
+                attained_gpu_s=job.attained_gpu_s + elapsed * job.replicas,
+                run_time_s=job.run_time_s + elapsed,
+            )
+        reason = "daemon restarted; resuming from checkpoint"
+        self.store.update_job(
+            job.id, state=JobState.QUEUED, placement={}, pids=[], last_start=None, reason=reason
+        )
+        self.store.record_decision(job.id, now, "recovered", reason)
 
     async def _stop_orphans(self, job: JobRecord) -> None:
         procs: list[psutil.Process] = []
@@ -583,16 +956,53 @@ class Executor:
             os.killpg(procs[0].pid, signal.SIGKILL)
 
     async def shutdown(self) -> None:
-        """Daemon stopping: checkpoint-stop every running job and re-queue it."""
+        """Daemon stopping: checkpoint-stop every running job and queue it again; wait (up to
+        ``stop_grace_s`` and a margin) for those stops and the ones already under way.  What
+        has not ended by then is left to its supervisor and adopted at the next start."""
+        self._closing = True
         for task in list(self._checking.values()):
             task.cancel()
-        job_ids = list(self.groups)
-        await asyncio.gather(*(self.stop_job(job_id, "shutdown") for job_id in job_ids))
-        now = self.clock()
-        for job_id in job_ids:
-            reason = "daemon stopped; will resume from checkpoint"
-            self.store.update_job(job_id, state=JobState.QUEUED, reason=reason)
-            self.store.record_decision(job_id, now, "requeued", reason)
+        self._deferred.clear()
+        for job_id, group in list(self.groups.items()):
+            self._begin_stop(job_id, group, "shutdown")
+        watchers = list(self.watchers.values())
+        if watchers:
+            await asyncio.wait(watchers, timeout=self.config.stop_grace_s + SHUTDOWN_MARGIN_S)
+        left = sorted(self.stopping)
+        if left:
+            log.warning("job(s) %s still stopping at shutdown; left to their supervisors", left)
+
+
+def _devices(allocation: Allocation) -> Iterable[Device]:
+    for node, devices in allocation.items():
+        for device in devices:
+            yield (node, device)
+
+
+async def make_user_dir(job: JobRecord, path: Path) -> None:
+    """``mkdir -p PATH`` as the job's user (as the daemon's own user when that is the job's,
+    or when the daemon is not root)."""
+    if os.geteuid() != 0 or job.owner_uid in (0, os.geteuid()):
+        path.mkdir(parents=True, exist_ok=True)
+        return
+    entry = pwd.getpwuid(job.owner_uid)
+    proc = await asyncio.create_subprocess_exec(
+        "mkdir", "-p", "--", str(path),
+        user=entry.pw_uid, group=entry.pw_gid,
+        extra_groups=os.getgrouplist(entry.pw_name, entry.pw_gid),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE, cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C"},
+    )  # fmt: skip
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        raise PolluxError(f"mkdir {path} as {entry.pw_name} did not finish in 30 s") from None
+    if proc.returncode != 0:
+        raise PolluxError(
+            f"cannot create checkpoint dir {path} as {entry.pw_name}: {one_line(err.decode())}"
+        )
 
 
 def _alive(proc: psutil.Process) -> bool:

@@ -14,7 +14,9 @@ it.  So every read goes through :func:`open_job_file`:
   user (or the daemon's), else :class:`UnsafeJobFile`;
 * reads are capped (``max_bytes``).
 
-The daemon never creates, chmods or chowns anything inside such a directory.
+The daemon never creates, chmods or chowns anything inside such a directory: it only makes
+the directory itself, in a directory of its own, and gives it to the job's user
+(:func:`make_owned_dir`); whatever is inside is made by the job's processes, as its user.
 """
 
 from __future__ import annotations
@@ -118,3 +120,44 @@ def job_file_mtime(directory: Path, name: str, owner_uid: int) -> float | None:
     if not stat.S_ISREG(info.st_mode):
         return None
     return info.st_mtime
+
+
+def make_owned_dir(parent: Path, name: str, uid: int, gid: int, mode: int = 0o755) -> Path:
+    """``parent/name`` as a directory of ``uid``:``gid`` (``jobs/<id>`` for a job): made by
+    the daemon in ``parent``, a directory of the daemon's own user (so no one else can put
+    anything at ``name``), then given to the user through a descriptor opened with
+    ``O_NOFOLLOW | O_DIRECTORY`` (``fchown``: never a path that could have been swapped).  A
+    directory already there is taken as it is if it is the user's or the daemon's (and
+    given to the user); anything else is :class:`UnsafeJobFile`."""
+    if "/" in name or name in ("", ".", ".."):
+        raise UnsafeJobFile(f"bad directory name {name!r}")
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        parent_fd = os.open(parent, flags)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeJobFile(f"{parent} is not a directory (a symlink?)") from None
+        raise
+    try:
+        info = os.fstat(parent_fd)
+        if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            raise UnsafeJobFile(f"{parent} is not a directory only the daemon's user may change")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, mode, dir_fd=parent_fd)
+        try:
+            fd = os.open(name, flags, dir_fd=parent_fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise UnsafeJobFile(f"{parent / name} is not a directory (a symlink?)") from None
+            raise
+        try:
+            info = os.fstat(fd)
+            if not _trusted_owner(info.st_uid, uid):
+                raise UnsafeJobFile(f"{parent / name} belongs to uid {info.st_uid}")
+            if (info.st_uid, info.st_gid) != (uid, gid) and os.geteuid() == 0:
+                os.fchown(fd, uid, gid)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(parent_fd)
+    return parent / name

@@ -2,9 +2,10 @@
 
 A launcher knows nothing of policies or batch sizes; it receives a fully resolved
 :class:`LaunchSpec` (one :class:`ReplicaSlot` per rank, the environment already built) and
-returns a :class:`ReplicaGroup` handle.  ``LocalLauncher`` (``launch/local.py``) runs replicas as
-subprocesses of this machine; ``SshLauncher`` (``launch/ssh.py``) runs them on other nodes
-through the OpenSSH client.  Both must behave identically as seen from the executor.
+returns a :class:`ReplicaGroup` handle.  ``LocalLauncher`` (``launch/local.py``) runs replicas on
+this machine under a per-incarnation supervisor (``launch/supervisor.py``); ``SshLauncher``
+(``launch/ssh.py``) runs them on other nodes through the OpenSSH client.  Both must behave
+identically as seen from the executor.
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ class LaunchSpec:
     ``env`` is the common environment (user env + POLLUX_* + torchrun variables that do not
     depend on the rank); the launcher adds RANK, LOCAL_RANK, NODE_RANK and, for GPU devices,
     CUDA_VISIBLE_DEVICES per replica.  ``run_as`` is a Unix user name to run as (daemon running
-    as root) or ``None`` for the daemon's own user.
+    as root) or ``None`` for the daemon's own user; ``run_as_uid`` is that user's uid as the
+    daemon recorded it (this machine's launcher goes by the uid: a name may have been given to
+    another user since).  ``log_dir`` is the job's directory.
     """
 
     job_id: str
@@ -75,6 +78,7 @@ class LaunchSpec:
     log_dir: Path
     run_as: str | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
+    run_as_uid: int | None = None
 
 
 class ReplicaGroup(Protocol):
@@ -92,9 +96,12 @@ class ReplicaGroup(Protocol):
         """Wait until every replica has exited; return the group's exit code (as ``poll``)."""
         ...
 
-    async def stop(self, grace_s: float) -> int:
-        """SIGTERM every replica, wait up to ``grace_s`` for the checkpoint exit, then SIGKILL.
-        Returns the group's exit code."""
+    async def stop(self, grace_s: float) -> int | None:
+        """SIGTERM every replica, SIGKILL what is left ``grace_s`` later (whoever supervises
+        the replicas sends it), and wait for the group's exit: its code, or ``None`` when the
+        group did not end in time (its exit then still comes through :meth:`wait`).  The
+        executor never awaits this during a scheduling pass: it runs it as a task and takes
+        the exit from :meth:`wait`."""
         ...
 
     def pids(self) -> Mapping[int, int]:

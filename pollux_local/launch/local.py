@@ -1,27 +1,82 @@
-"""Run a job's replicas as processes of this machine.
+"""Run a job's replicas as processes of this machine, each incarnation under its own
+supervisor (``launch/supervisor.py``).
 
-Each incarnation's replicas share one new process group (so a stop reaches any helper
-processes they fork), write stdout+stderr to ``log_dir/rank<rank>.log`` directly (so they
-outlive the daemon), and get the torchrun variables plus ``CUDA_VISIBLE_DEVICES`` for GPUs.
+The daemon never starts a replica itself: :meth:`LocalLauncher.launch` starts a supervisor
+(``python -m pollux_local.launch.supervisor``, in a session of its own, as the daemon's user)
+and hands it the incarnation's spec on stdin.  The supervisor forks the replicas, each of
+which becomes the job's user before it touches anything in the job's directory (its log
+``rank<rank>.log``, the checkpoint directory) or enters the working directory; it forwards a
+stop, kills what is left after the grace period, and writes the incarnation's result to
+``RUN_DIR/<job id>.json`` (``RUN_DIR`` is the daemon's own, ``STATE_DIR/run``).  The daemon
+only signals the supervisor and reads that file.
+
+A :class:`LocalReplicaGroup` watches one supervisor: its own child, or, after a restart of the
+daemon, a supervisor it adopts (:meth:`LocalLauncher.adopt`) through a pidfd (polling
+``/proc`` where there is none).  ``stop(grace_s)`` writes the grace to the supervisor's
+control file and sends it SIGTERM; the SIGKILL after the grace is the supervisor's to send.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
 import os
+import pwd
 import signal
+import stat
+import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import pollux_local
 from pollux_local.api.launch import replica_environ
+from pollux_local.errors import PolluxError
 from pollux_local.launch.base import (
-    RESCALE_EXIT_CODE,
     LaunchSpec,
     NodeHealth,
-    ReplicaGroup,
     ReplicaSlot,
 )
+from pollux_local.launch.supervisor import (
+    EXEC_EXIT_CODE,
+    RUN_FILE_VERSION,
+    SETUP_EXIT_CODE,
+    WORKDIR_EXIT_CODE,
+    boot_id,
+    combine_exit_codes,
+    proc_start_time,
+    write_private_json,
+)
+
+__all__ = [
+    "EXEC_EXIT_CODE",
+    "SETUP_EXIT_CODE",
+    "WORKDIR_EXIT_CODE",
+    "LocalLauncher",
+    "LocalReplicaGroup",
+    "RunRecord",
+    "combine_exit_codes",
+    "read_run_file",
+    "replica_env",
+]
+
+log = logging.getLogger("pollux_local.daemon")
+
+#: How long a supervisor may take to start its replicas (fork, setup, exec) before the
+#: launch is given up.
+START_TIMEOUT_S = 60.0
+#: After a stop's grace, how long the supervisor gets to kill and reap before the daemon
+#: kills the replicas' group and the supervisor itself (it should never come to that).
+STOP_MARGIN_S = 10.0
+#: How often an adopted supervisor is looked at where no pidfd can be had.
+POLL_S = 0.5
+#: Largest run file read.
+MAX_RUN_FILE_BYTES = 1 << 20
 
 
 def replica_env(spec: LaunchSpec, slot: ReplicaSlot) -> dict[str, str]:
@@ -41,134 +96,547 @@ def replica_env(spec: LaunchSpec, slot: ReplicaSlot) -> dict[str, str]:
     )
 
 
-def combine_exit_codes(codes_in_exit_order: Sequence[int]) -> int:
-    """A group's exit code: 0 if all succeeded, the first failure's code if any replica
-    failed (neither 0 nor 75), else 75 (all checkpointed for a rescale)."""
-    for code in codes_in_exit_order:
-        if code not in (0, RESCALE_EXIT_CODE):
-            return code
-    if any(code == RESCALE_EXIT_CODE for code in codes_in_exit_order):
-        return RESCALE_EXIT_CODE
-    return 0
+# --- the daemon's run directory -----------------------------------------------------------------
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """``path`` as a 0700 directory of the daemon's user (created when absent); a symlink,
+    anything not a directory or another user's directory is refused."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise PolluxError(f"{path} is not a directory (a symlink?)")
+    if info.st_uid != os.geteuid():
+        raise PolluxError(f"{path} belongs to uid {info.st_uid}, not to the daemon's user")
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def read_run_file(path: Path) -> dict[str, Any] | None:
+    """A run file as the supervisor wrote it (``None``: absent, unreadable, not a plain file
+    of the daemon's user, or not a version-1 record)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            return None
+        if info.st_size > MAX_RUN_FILE_BYTES:
+            return None
+        data = json.loads(os.pread(fd, info.st_size, 0))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    if not isinstance(data, dict) or data.get("version") != RUN_FILE_VERSION:
+        return None
+    return data
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What a run file says of one incarnation (see ``launch/supervisor.py``)."""
+
+    path: Path
+    job_id: str
+    state: str
+    supervisor_pid: int
+    supervisor_start: int | None
+    boot_id: str
+    pgid: int
+    replicas: tuple[dict[str, Any], ...]
+    exit_code: int | None
+    error: str | None
+    ended: float | None
+    launch: Mapping[str, Any]
+
+    @classmethod
+    def load(cls, path: Path) -> RunRecord | None:
+        data = read_run_file(path)
+        if data is None:
+            return None
+        try:
+            supervisor = data["supervisor"]
+            code = data.get("exit_code")
+            return cls(
+                path=path,
+                job_id=str(data["job_id"]),
+                state=str(data["state"]),
+                supervisor_pid=int(supervisor["pid"]),
+                supervisor_start=(
+                    int(supervisor["start_time"])
+                    if supervisor.get("start_time") is not None
+                    else None
+                ),
+                boot_id=str(supervisor.get("boot_id") or ""),
+                pgid=int(data.get("pgid") or 0),
+                replicas=tuple(dict(r) for r in data.get("replicas") or ()),
+                exit_code=int(code) if code is not None else None,
+                error=str(data["error"]) if data.get("error") else None,
+                ended=float(data["ended"]) if data.get("ended") is not None else None,
+                launch=dict(data.get("launch") or {}),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+    @property
+    def finished(self) -> bool:
+        return self.state == "ended" and self.exit_code is not None
+
+    def supervisor_alive(self) -> bool:
+        """Is the process with the supervisor's pid still that supervisor (same boot, same
+        start time)?"""
+        if self.boot_id and self.boot_id != boot_id():
+            return False
+        start = proc_start_time(self.supervisor_pid)
+        return (
+            start is not None
+            and start == self.supervisor_start
+            and not _is_zombie(self.supervisor_pid)
+        )
+
+    def pids(self) -> dict[int, int]:
+        return {int(r["rank"]): int(r["pid"]) for r in self.replicas}
+
+    def exit_codes(self) -> dict[int, int]:
+        return {
+            int(r["rank"]): int(r["exit_code"])
+            for r in self.replicas
+            if r.get("exit_code") is not None
+        }
+
+    def kill_replicas(self) -> None:
+        """SIGKILL the replicas this record names that are still those processes (a
+        supervisor that died without its result leaves them orphaned)."""
+        if self.boot_id and self.boot_id != boot_id():
+            return
+        for replica in self.replicas:
+            pid, start = int(replica["pid"]), replica.get("start_time")
+            if start is None or proc_start_time(pid) != int(start):
+                continue  # gone, or the pid is another process's now
+            with contextlib.suppress(OSError):
+                if pid == self.pgid:
+                    os.killpg(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+        return data[data.rindex(b")") + 2 : data.rindex(b")") + 3] in (b"Z", b"X")
+    except (OSError, ValueError):
+        return False
+
+
+def spec_from_launch(job_id: str, launch: Mapping[str, Any]) -> LaunchSpec:
+    """A :class:`LaunchSpec` rebuilt from a run file's ``launch`` part (no environment: an
+    adopted group is only watched and stopped)."""
+    slots = [
+        ReplicaSlot(
+            int(s["rank"]),
+            str(s["node"]),
+            str(s["device"]),
+            int(s["local_rank"]),
+            int(s["node_rank"]),
+        )  # fmt: skip
+        for s in launch.get("slots") or ()
+    ]
+    return LaunchSpec(
+        job_id=job_id,
+        argv=[str(a) for a in launch.get("argv") or ()],
+        workdir=Path(str(launch.get("workdir") or "/")),
+        env={},
+        slots=slots,
+        log_dir=Path(str(launch.get("job_dir") or "/")),
+        run_as=launch.get("run_as"),
+    )
+
+
+# --- watching a supervisor ------------------------------------------------------------------------
+
+
+class _Watched:
+    """A supervisor process to signal and wait for: the daemon's child, or an adopted one."""
+
+    def __init__(
+        self,
+        pid: int,
+        start_time: int | None,
+        proc: asyncio.subprocess.Process | None = None,
+        ended: bool = False,
+    ) -> None:
+        self.pid = pid
+        self.start_time = start_time
+        self.proc = proc
+        #: a pidfd of an adopted supervisor; -1 once it is known to have ended
+        self.pidfd: int | None = -1 if ended else None
+        if proc is None and not ended:
+            with contextlib.suppress(OSError, AttributeError):
+                self.pidfd = os.pidfd_open(pid)
+            if self.pidfd is not None and proc_start_time(pid) != start_time:
+                os.close(self.pidfd)  # the pid was reused between the check and the open
+                self.pidfd = -1
+
+    def alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.returncode is None
+        if self.pidfd == -1:
+            return False
+        return proc_start_time(self.pid) == self.start_time and not _is_zombie(self.pid)
+
+    def send(self, signum: int) -> None:
+        """Signal the supervisor (never another process that got its pid)."""
+        with contextlib.suppress(ProcessLookupError, OSError):
+            if self.proc is not None:
+                if self.proc.returncode is None:
+                    self.proc.send_signal(signum)
+            elif self.pidfd is not None and self.pidfd >= 0:
+                signal.pidfd_send_signal(self.pidfd, signum)
+            elif self.alive():
+                os.kill(self.pid, signum)
+
+    async def wait(self) -> None:
+        if self.proc is not None:
+            await self.proc.wait()
+            return
+        if self.pidfd is not None and self.pidfd >= 0:
+            loop = asyncio.get_running_loop()
+            ended = loop.create_future()
+            fd = self.pidfd
+
+            def readable() -> None:
+                if not ended.done():
+                    ended.set_result(None)
+
+            loop.add_reader(fd, readable)
+            try:
+                await ended
+            finally:
+                loop.remove_reader(fd)
+                os.close(fd)
+                self.pidfd = -1
+            return
+        while self.alive():
+            await asyncio.sleep(POLL_S)
 
 
 class LocalReplicaGroup:
-    """The replicas of one incarnation running on this machine."""
+    """The replicas of one incarnation on this machine, seen through their supervisor."""
 
     #: After one replica fails, how long the others get to stop before being killed.
     FAILURE_GRACE_S = 5.0
 
     def __init__(
-        self, spec: LaunchSpec, procs: list[tuple[ReplicaSlot, asyncio.subprocess.Process]]
-    ):
+        self,
+        spec: LaunchSpec,
+        run_file: Path,
+        control_file: Path,
+        supervisor: _Watched,
+        pgid: int,
+        pids: Mapping[int, int],
+    ) -> None:
         self.spec = spec
-        self._procs = procs
-        self.pgid = procs[0][1].pid
+        self.run_file = run_file
+        self.control_file = control_file
+        self.supervisor = supervisor
+        self.pgid = pgid
+        self._pids = dict(pids)
         self.started = time.time()
-        self._codes: list[int] = []
+        self.record: RunRecord | None = None
+        self.failure_reason: str | None = None
+        self._code: int | None = None
         self._done = asyncio.Event()
         self._stopping = False
-        self._watchers = [asyncio.ensure_future(self._watch(proc)) for _, proc in procs]
+        self._watcher = asyncio.ensure_future(self._watch())
 
-    async def _watch(self, proc: asyncio.subprocess.Process) -> None:
-        code = await proc.wait()
-        self._codes.append(code)
-        if code not in (0, RESCALE_EXIT_CODE) and not self._stopping:
-            # A crashed replica leaves its peers blocked in collectives: stop them.
-            asyncio.ensure_future(self.stop(self.FAILURE_GRACE_S))
-        if len(self._codes) == len(self._procs):
-            self._done.set()
+    @property
+    def supervisor_pid(self) -> int:
+        return self.supervisor.pid
+
+    @property
+    def ended(self) -> float | None:
+        """When the last replica ended, as the supervisor recorded it."""
+        return self.record.ended if self.record is not None else None
+
+    async def _watch(self) -> None:
+        try:
+            await self.supervisor.wait()
+        finally:
+            self._finish()
+
+    def _finish(self) -> None:
+        record = RunRecord.load(self.run_file)
+        if record is not None and record.finished and record.exit_code is not None:
+            self.record = record
+            self._code = record.exit_code
+        else:
+            # The supervisor ended without its result (killed): nothing of it may live on.
+            if record is not None:
+                record.kill_replicas()
+            elif self.pgid:
+                with contextlib.suppress(OSError):
+                    os.killpg(self.pgid, signal.SIGKILL)
+            self.failure_reason = (
+                f"the job's supervisor (pid {self.supervisor.pid}) ended without a result"
+            )
+            self._code = -int(signal.SIGKILL)
+        self._done.set()
 
     def poll(self) -> int | None:
-        if not self._done.is_set():
-            return None
-        return combine_exit_codes(self._codes)
+        return self._code if self._done.is_set() else None
 
     async def wait(self) -> int:
         await self._done.wait()
-        return combine_exit_codes(self._codes)
+        assert self._code is not None
+        return self._code
 
-    def _signal_group(self, signum: int) -> None:
-        """Signal the job's process group once (a second SIGTERM could land while a replica
-        is already exiting after its checkpoint); each replica directly only if that fails."""
-        try:
-            os.killpg(self.pgid, signum)
-            return
-        except (ProcessLookupError, PermissionError):
-            pass
-        for _, proc in self._procs:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signum)
+    def exit_codes(self) -> dict[int, int]:
+        return self.record.exit_codes() if self.record is not None else {}
 
-    async def stop(self, grace_s: float) -> int:
+    async def stop(self, grace_s: float) -> int | None:
+        """Ask the supervisor to stop the replicas (SIGTERM now, SIGKILL after ``grace_s``)
+        and wait for that; ``None`` if the group is still there after ``grace_s`` plus
+        :data:`STOP_MARGIN_S` (the supervisor and the replicas' group are then killed, and
+        the exit is seen through :meth:`wait`)."""
         if self._done.is_set():
-            return combine_exit_codes(self._codes)
+            return self._code
         self._stopping = True
-        self._signal_group(signal.SIGTERM)
+        with contextlib.suppress(OSError):
+            write_private_json(str(self.control_file), {"grace_s": max(0.0, grace_s)})
+        self.supervisor.send(signal.SIGTERM)
         try:
-            await asyncio.wait_for(asyncio.shield(self._done.wait()), grace_s)
+            await asyncio.wait_for(asyncio.shield(self._done.wait()), grace_s + STOP_MARGIN_S)
         except TimeoutError:
-            self._signal_group(signal.SIGKILL)
-            await self._done.wait()
-        return combine_exit_codes(self._codes)
+            log.error(
+                "job %s: its supervisor (pid %s) did not end %g s after a stop; killing it",
+                self.spec.job_id, self.supervisor.pid, grace_s + STOP_MARGIN_S,
+            )  # fmt: skip
+            if self.pgid:
+                with contextlib.suppress(OSError):
+                    os.killpg(self.pgid, signal.SIGKILL)
+            self.supervisor.send(signal.SIGKILL)
+            return None
+        return self._code
 
     def pids(self) -> Mapping[int, int]:
-        return {slot.rank: proc.pid for slot, proc in self._procs}
+        return dict(self._pids)
+
+
+# --- the launcher ---------------------------------------------------------------------------------
+
+
+def _identity(spec: LaunchSpec) -> dict[str, Any] | None:
+    """The user the replicas become: only when the daemon is root and the job's owner is
+    not."""
+    if os.geteuid() != 0 or (spec.run_as is None and spec.run_as_uid is None):
+        return None
+    try:
+        if spec.run_as_uid is not None:
+            entry = pwd.getpwuid(spec.run_as_uid)
+        else:
+            assert spec.run_as is not None
+            entry = pwd.getpwnam(spec.run_as)
+    except KeyError:
+        who = f"uid {spec.run_as_uid}" if spec.run_as_uid is not None else spec.run_as
+        raise PolluxError(f"owner {who} no longer exists") from None
+    if entry.pw_uid == 0:
+        return None
+    return {
+        "uid": entry.pw_uid,
+        "gid": entry.pw_gid,
+        "groups": os.getgrouplist(entry.pw_name, entry.pw_gid),
+        "name": entry.pw_name,
+    }
+
+
+def _package_root() -> str:
+    return str(Path(pollux_local.__file__).resolve().parent.parent)
 
 
 class LocalLauncher:
-    """Starts replica groups on this machine."""
+    """Starts replica groups on this machine, one supervisor per incarnation.
 
-    def __init__(self, devices: Mapping[str, Sequence[str]] | None = None) -> None:
+    ``run_dir`` is the daemon's directory for run files (``STATE_DIR/run``; a private
+    temporary directory when not given); ``stop_grace_s`` the grace the supervisor gives a
+    stop it was not told the grace of (a SIGTERM from elsewhere)."""
+
+    def __init__(
+        self,
+        devices: Mapping[str, Sequence[str]] | None = None,
+        run_dir: Path | None = None,
+        stop_grace_s: float = 60.0,
+    ) -> None:
         self.devices = dict(devices or {})
+        self._run_dir = run_dir
+        self.stop_grace_s = stop_grace_s
 
-    async def launch(self, spec: LaunchSpec) -> ReplicaGroup:
-        spec.log_dir.mkdir(parents=True, exist_ok=True)
-        user_kwargs: dict[str, object] = {}
-        if spec.run_as is not None and os.geteuid() == 0:
-            import pwd
+    @property
+    def run_dir(self) -> Path:
+        if self._run_dir is None:
+            self._run_dir = Path(tempfile.mkdtemp(prefix="pollux-run-"))
+        return ensure_private_dir(self._run_dir)
 
-            entry = pwd.getpwnam(spec.run_as)
-            user_kwargs = {
-                "user": entry.pw_uid,
-                "group": entry.pw_gid,
-                "extra_groups": os.getgrouplist(spec.run_as, entry.pw_gid),
-            }
-        procs: list[tuple[ReplicaSlot, asyncio.subprocess.Process]] = []
-        pgid = 0
+    def run_file(self, job_id: str) -> Path:
+        return self.run_dir / f"{job_id}.json"
+
+    def control_file(self, job_id: str) -> Path:
+        return self.run_dir / f"{job_id}.ctl"
+
+    def err_file(self, job_id: str) -> Path:
+        return self.run_dir / f"{job_id}.err"
+
+    def forget(self, job_id: str) -> None:
+        """Remove an incarnation's run and control files (its result was taken in)."""
+        for path in (self.run_file(job_id), self.control_file(job_id), self.err_file(job_id)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    def records(self) -> dict[str, RunRecord]:
+        """Every run file in the run directory, by job id."""
+        found: dict[str, RunRecord] = {}
+        if self._run_dir is None or not self._run_dir.is_dir():
+            return found
+        for path in sorted(self.run_dir.glob("*.json")):
+            record = RunRecord.load(path)
+            if record is not None and path.stem == record.job_id:
+                found[record.job_id] = record
+            else:
+                log.warning("ignoring %s: not a run file of this daemon", path)
+        return found
+
+    def _payload(self, spec: LaunchSpec, identity: dict[str, Any] | None) -> dict[str, Any]:
+        restarts = spec.env.get("POLLUX_RESTARTS", "0")
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        world = len(spec.slots)
+        checkpoint = spec.env.get("POLLUX_CHECKPOINT_DIR")
+        return {
+            "version": RUN_FILE_VERSION,
+            "job_id": spec.job_id,
+            "run_file": str(self.run_file(spec.job_id)),
+            "control_file": str(self.control_file(spec.job_id)),
+            "grace_s": self.stop_grace_s,
+            "failure_grace_s": LocalReplicaGroup.FAILURE_GRACE_S,
+            "user": identity,
+            "job_dir": str(spec.log_dir),
+            "workdir": str(spec.workdir),
+            "checkpoint_dir": checkpoint or None,
+            "replicas": [
+                {
+                    "rank": slot.rank,
+                    "argv": list(spec.argv),
+                    "env": replica_env(spec, slot),
+                    "log": f"rank{slot.rank}.log",
+                    "banner": f"--- {stamp} start #{restarts}: rank {slot.rank}/{world}"
+                    f" on {slot.node} {slot.device}\n",
+                }
+                for slot in sorted(spec.slots, key=lambda s: s.rank)
+            ],
+            "launch": {
+                "slots": [
+                    {
+                        "rank": s.rank,
+                        "node": s.node,
+                        "device": s.device,
+                        "local_rank": s.local_rank,
+                        "node_rank": s.node_rank,
+                    }  # fmt: skip
+                    for s in spec.slots
+                ],
+                "job_dir": str(spec.log_dir),
+                "workdir": str(spec.workdir),
+                "argv": list(spec.argv),
+                "run_as": spec.run_as,
+            },
+        }
+
+    async def launch(self, spec: LaunchSpec) -> LocalReplicaGroup:
+        """Start the incarnation's supervisor and wait until its replicas run (or one of
+        them could not be set up: :class:`PolluxError` with the supervisor's one-line
+        reason)."""
+        identity = _identity(spec)
+        self.forget(spec.job_id)
+        payload = self._payload(spec, identity)
+        err_path = self.err_file(spec.job_id)
+        err_fd = os.open(
+            err_path,
+            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+        )
         try:
-            for slot in sorted(spec.slots, key=lambda s: s.rank):
-                log_path = spec.log_dir / f"rank{slot.rank}.log"
-                with open(log_path, "ab", buffering=0) as log:
-                    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-                    restarts = spec.env.get("POLLUX_RESTARTS", "0")
-                    log.write(
-                        f"--- {stamp} start #{restarts}: rank {slot.rank}/{len(spec.slots)}"
-                        f" on {slot.node} {slot.device}\n".encode()
-                    )
-                    if user_kwargs and "user" in user_kwargs:
-                        with contextlib.suppress(OSError):
-                            os.chown(log_path, int(user_kwargs["user"]), -1)  # type: ignore[call-overload]
-                    proc = await asyncio.create_subprocess_exec(
-                        *spec.argv,
-                        cwd=str(spec.workdir),
-                        env=replica_env(spec, slot),
-                        stdin=asyncio.subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=asyncio.subprocess.STDOUT,
-                        process_group=pgid,
-                        **user_kwargs,  # type: ignore[arg-type]
-                    )
-                if pgid == 0:
-                    pgid = proc.pid
-                procs.append((slot, proc))
-        except BaseException:
-            for _, proc in procs:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-            raise
-        return LocalReplicaGroup(spec, procs)
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "pollux_local.launch.supervisor", "--job", spec.job_id,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err_fd,
+                start_new_session=True, cwd="/",
+                env={
+                    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                    "PYTHONPATH": _package_root(), "LANG": "C.UTF-8",
+                },
+            )  # fmt: skip
+        finally:
+            os.close(err_fd)
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps(payload).encode() + b"\n")
+            await proc.stdin.drain()
+            proc.stdin.close()
+            line = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S)
+        except (TimeoutError, OSError) as exc:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            what = "did not start" if isinstance(exc, TimeoutError) else f"failed ({exc})"
+            raise PolluxError(f"the job's supervisor {what} within {START_TIMEOUT_S:g} s") from None
+        try:
+            answer = json.loads(line) if line else None
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict) or not answer.get("ok"):
+            await proc.wait()
+            if isinstance(answer, dict) and answer.get("error"):
+                reason = str(answer["error"])
+            else:
+                reason = f"the job's supervisor failed (exit {proc.returncode}): " + _tail(err_path)
+            self.forget(spec.job_id)
+            raise PolluxError(reason)
+        watched = _Watched(int(answer["pid"]), answer.get("start_time"), proc)
+        pids = {int(r["rank"]): int(r["pid"]) for r in answer.get("replicas") or ()}
+        return LocalReplicaGroup(
+            spec,
+            self.run_file(spec.job_id),
+            self.control_file(spec.job_id),
+            watched,
+            int(answer.get("pgid") or 0),
+            pids,
+        )
+
+    def adopt(self, record: RunRecord) -> LocalReplicaGroup | None:
+        """The group of an incarnation a previous daemon started: its supervisor still
+        running (watched through a pidfd), or ended with its result recorded (a group that
+        is already done).  ``None`` when neither: the supervisor is gone without a result
+        (its replicas, if any are left, are killed)."""
+        spec = spec_from_launch(record.job_id, record.launch)
+        if record.finished:
+            watched = _Watched(record.supervisor_pid, record.supervisor_start, ended=True)
+        elif record.supervisor_alive():
+            watched = _Watched(record.supervisor_pid, record.supervisor_start)
+            if not watched.alive():
+                record.kill_replicas()
+                return None
+        else:
+            record.kill_replicas()
+            return None
+        return LocalReplicaGroup(
+            spec,
+            record.path,
+            self.control_file(record.job_id),
+            watched,
+            record.pgid,
+            record.pids(),
+        )
 
     async def check_node(self, node: str) -> NodeHealth:
         return NodeHealth(
@@ -177,3 +645,15 @@ class LocalLauncher:
             devices=tuple(self.devices.get(node, ())),
             load=os.getloadavg()[0],
         )
+
+
+def _tail(path: Path, limit: int = 400) -> str:
+    """The end of the supervisor's own output (its ``.err`` file in the run directory), as
+    one line."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - limit))
+            return " ".join(fh.read().decode(errors="replace").split()) or "no output"
+    except OSError:
+        return "no output"

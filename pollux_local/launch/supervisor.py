@@ -1,0 +1,531 @@
+"""The supervisor of one incarnation of a job on this machine, as Slurm's slurmstepd is for a
+job step.
+
+``launch/local.py`` starts one per launch as ``python -m pollux_local.launch.supervisor --job
+ID``, in a session of its own (it outlives a restart of the daemon), running as the daemon's
+user (root in a lab).  It uses the standard library only.  The launch spec comes as one JSON
+line on stdin (so that environments never appear in ``ps``)::
+
+    {"version": 1, "job_id", "run_file", "control_file", "grace_s", "failure_grace_s",
+     "user": {"uid", "gid", "groups", "name"} | null,
+     "job_dir", "workdir", "checkpoint_dir" | null,
+     "replicas": [{"rank", "argv", "env", "log", "banner"}, ...],
+     "launch": {...}}                  # copied into the run file for a restarted daemon
+
+What it does:
+
+* it makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, best effort), so that
+  whatever a replica leaves behind (a ``setsid`` grandchild, say) becomes its child;
+* for each replica it forks a child that first drops privileges to the job's user
+  (``setgroups``, ``setgid``, ``setuid``: only when ``user`` is given), then, as that user,
+  opens (or creates) its log ``JOB_DIR/<log>`` for appending (never through a symlink, never
+  a FIFO), writes the banner, creates the checkpoint directory, enters the working directory
+  and execs the command with exactly the replica's environment.  A child that cannot do one
+  of these writes one line saying why to its log (when it has one) and to the supervisor, and
+  exits with :data:`WORKDIR_EXIT_CODE`, :data:`SETUP_EXIT_CODE` or :data:`EXEC_EXIT_CODE`;
+  then no replica of the incarnation runs (the others are killed);
+* all replicas share one new process group.  SIGTERM to the supervisor is forwarded to that
+  group once; ``grace_s`` later (or the ``grace_s`` of the daemon's control file, read at the
+  SIGTERM) the group and every remaining descendant get SIGKILL.  A replica that fails (an
+  exit code other than 0 and 75) stops the others the same way after ``failure_grace_s``;
+* once every replica has ended it kills any descendant left (found through ``/proc``), then
+  writes the incarnation's result to ``run_file``.
+
+The run file (JSON, 0600, replaced atomically; in a directory of the daemon's) is written
+once the replicas run and again when they have all ended::
+
+    {"version": 1, "job_id", "state": "running" | "ended",
+     "supervisor": {"pid", "start_time", "boot_id"}, "pgid",
+     "replicas": [{"rank", "pid", "start_time", "exit_code", "error"}, ...],
+     "exit_code": null | CODE, "error": null | "one line", "started", "ended",
+     "launch": {...}}
+
+``start_time`` is the process's start time in clock ticks since boot (``/proc/PID/stat``):
+with ``boot_id`` it tells a live supervisor from another process that got its pid.
+``exit_code`` is the group's code (:func:`combine_exit_codes`); a replica killed by signal N
+has code -N.  ``error`` says why nothing ran (a failed setup).
+
+On stdout the supervisor prints one JSON line once every replica has started or failed its
+setup (``{"ok": true, "pid", "start_time", "pgid", "replicas"}`` or ``{"ok": false,
+"error"}``), then closes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import signal
+import stat
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, NoReturn
+
+RUN_FILE_VERSION = 1
+#: Exit code of a replica that checkpointed on SIGTERM (``api.states.ExitCode.RESCALE``).
+RESCALE_EXIT_CODE = 75
+#: A replica's user could not enter the working directory.
+WORKDIR_EXIT_CODE = 252
+#: A replica could not be prepared: privileges, its log file, the checkpoint directory.
+SETUP_EXIT_CODE = 253
+#: A replica's command could not be executed.
+EXEC_EXIT_CODE = 127
+#: Seconds the others get after one replica failed, unless the spec says otherwise.
+FAILURE_GRACE_S = 5.0
+#: ``prctl`` option that makes orphaned descendants children of the caller.
+PR_SET_CHILD_SUBREAPER = 36
+#: The signals the supervisor waits for (blocked, taken with ``sigtimedwait``).
+WAITED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+#: Largest control file read.
+MAX_CONTROL_BYTES = 4096
+
+
+def combine_exit_codes(codes_in_exit_order: Sequence[int]) -> int:
+    """A group's exit code: 0 if all succeeded, the first failure's code if any replica
+    failed (neither 0 nor 75), else 75 (all checkpointed for a rescale)."""
+    for code in codes_in_exit_order:
+        if code not in (0, RESCALE_EXIT_CODE):
+            return code
+    if any(code == RESCALE_EXIT_CODE for code in codes_in_exit_order):
+        return RESCALE_EXIT_CODE
+    return 0
+
+
+def proc_start_time(pid: int) -> int | None:
+    """The start time of process ``pid`` in clock ticks since boot (``None``: no such
+    process)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    try:
+        return int(data[data.rindex(b")") + 2 :].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
+def boot_id() -> str:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``; empty when unknown)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def parent_map() -> dict[int, int]:
+    """pid -> parent pid of every process (from ``/proc``)."""
+    parents: dict[int, int] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return parents
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                data = fh.read()
+            parents[int(name)] = int(data[data.rindex(b")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return parents
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root`` in the process tree (children first)."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent_map().items():
+        children.setdefault(ppid, []).append(pid)
+    found: list[int] = []
+    todo = list(children.get(root, ()))
+    while todo:
+        pid = todo.pop(0)
+        found.append(pid)
+        todo.extend(children.get(pid, ()))
+    return found
+
+
+def make_subreaper() -> bool:
+    """``prctl(PR_SET_CHILD_SUBREAPER, 1)``; ``False`` where it is not available."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def write_private_json(path: str, data: dict[str, Any]) -> None:
+    """Replace ``path`` with ``data`` atomically (a 0600 temporary file, fsync, rename)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, json.dumps(data, separators=(",", ":")).encode() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def one_line(text: str, limit: int = 500) -> str:
+    return " ".join(str(text).split())[:limit]
+
+
+class SetupFailed(Exception):
+    """A replica's child could not be prepared (``code`` is its exit code)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def open_log(path: str) -> int:
+    """The replica's log opened for appending as the job's user: created 0644 when absent;
+    a symlink, FIFO or anything but a plain file is refused."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+    try:
+        fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SetupFailed(SETUP_EXIT_CODE, f"log file {path} is a symlink") from None
+        if exc.errno == errno.ENXIO:
+            raise SetupFailed(SETUP_EXIT_CODE, f"log file {path} is not a regular file") from None
+        raise SetupFailed(SETUP_EXIT_CODE, f"cannot open log file {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SetupFailed(SETUP_EXIT_CODE, f"log file {path} is not a regular file")
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return fd
+
+
+def drop_privileges(user: dict[str, Any] | None) -> None:
+    """Become the job's user (groups, then gid, then uid) when ``user`` is given."""
+    if not user:
+        return
+    uid, gid = int(user["uid"]), int(user["gid"])
+    try:
+        os.setgroups([int(g) for g in user.get("groups") or [gid]])
+        os.setgid(gid)
+        os.setuid(uid)
+    except OSError as exc:
+        raise SetupFailed(SETUP_EXIT_CODE, f"cannot become uid {uid}: {exc.strerror}") from None
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise SetupFailed(SETUP_EXIT_CODE, f"cannot become uid {uid}")
+
+
+def replica_child(
+    spec: dict[str, Any], replica: dict[str, Any], pgid: int, report: int
+) -> NoReturn:
+    """In a forked child: become the replica (see the module's docstring); never returns.  A
+    failure is written to ``report`` (``CODE MESSAGE``) and ends the child with CODE."""
+    log_fd = -1
+    code = SETUP_EXIT_CODE
+    try:
+        os.setpgid(0, pgid)
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        for signum in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_DFL)
+        drop_privileges(spec.get("user"))
+        job_dir = str(spec["job_dir"])
+        try:
+            os.makedirs(job_dir, exist_ok=True)
+        except OSError as exc:
+            raise SetupFailed(
+                SETUP_EXIT_CODE, f"cannot create job directory {job_dir}: {exc.strerror}"
+            ) from None
+        log_fd = open_log(os.path.join(job_dir, str(replica["log"])))
+        os.write(log_fd, str(replica.get("banner", "")).encode())
+        checkpoint = spec.get("checkpoint_dir")
+        if checkpoint:
+            try:
+                os.makedirs(str(checkpoint), exist_ok=True)
+            except OSError as exc:
+                raise SetupFailed(
+                    SETUP_EXIT_CODE, f"cannot create checkpoint dir {checkpoint}: {exc.strerror}"
+                ) from None
+        workdir = str(spec["workdir"])
+        try:
+            os.chdir(workdir)
+        except OSError as exc:
+            raise SetupFailed(
+                WORKDIR_EXIT_CODE, f"cannot enter working directory {workdir}: {exc.strerror}"
+            ) from None
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        argv = [str(arg) for arg in replica["argv"]]
+        env = {str(k): str(v) for k, v in dict(replica["env"]).items()}
+        code = EXEC_EXIT_CODE
+        try:
+            os.execvpe(argv[0], argv, env)
+        except OSError as exc:
+            raise SetupFailed(EXEC_EXIT_CODE, f"cannot execute {argv[0]}: {exc.strerror}") from None
+    except SetupFailed as exc:
+        code, message = exc.code, one_line(str(exc))
+    except BaseException as exc:  # noqa: BLE001 - whatever it is, the child must not return
+        message = one_line(f"cannot start the replica: {exc!r}")
+    with contextlib.suppress(BaseException):
+        if log_fd >= 0:
+            os.write(log_fd, f"pollux-local: {message}\n".encode())
+        os.write(report, f"{code} {message}".encode())
+    os._exit(code)
+
+
+class Supervisor:
+    """The replicas of one incarnation, their process group and their descendants."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.pid = os.getpid()
+        self.start_time = proc_start_time(self.pid)
+        self.boot_id = boot_id()
+        self.started = time.time()
+        self.pgid = 0
+        self.replicas: dict[int, dict[str, Any]] = {}  # pid -> record
+        self.codes: list[int] = []  # in exit order
+        self.error: str | None = None
+        self.kill_at: float | None = None  # monotonic time of the SIGKILL
+        self.terminated = False  # SIGTERM sent to the group
+        self.killed = False
+
+    # --- starting ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Fork every replica (each joins the first one's process group) and learn from each
+        whether it got as far as exec."""
+        reports: list[tuple[int, int]] = []  # (pid, read end)
+        for replica in self.spec["replicas"]:
+            read_end, write_end = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(read_end)
+                replica_child(self.spec, replica, self.pgid, write_end)
+            os.close(write_end)
+            if self.pgid == 0:
+                self.pgid = pid
+            with contextlib.suppress(OSError):
+                os.setpgid(pid, self.pgid)
+            self.replicas[pid] = {
+                "rank": int(replica["rank"]),
+                "pid": pid,
+                "start_time": proc_start_time(pid),
+                "exit_code": None,
+                "error": None,
+            }
+            reports.append((pid, read_end))
+        for pid, read_end in reports:
+            chunks = []
+            while True:
+                try:
+                    chunk = os.read(read_end, 4096)
+                except InterruptedError:
+                    continue
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            os.close(read_end)
+            text = b"".join(chunks).decode(errors="replace")
+            if text:
+                _, _, message = text.partition(" ")
+                self.replicas[pid]["error"] = message
+                if self.error is None:
+                    self.error = f"rank {self.replicas[pid]['rank']}: {message}"
+
+    # --- signals and processes --------------------------------------------------------------
+
+    def live(self) -> list[int]:
+        return [pid for pid, rec in self.replicas.items() if rec["exit_code"] is None]
+
+    def signal_group(self, signum: int) -> None:
+        if self.pgid:
+            with contextlib.suppress(OSError):
+                os.killpg(self.pgid, signum)
+
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM the group (once), SIGKILL everything ``grace_s`` from now (or earlier)."""
+        if not self.terminated:
+            self.terminated = True
+            self.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + max(0.0, grace_s)
+        if self.kill_at is None or deadline < self.kill_at:
+            self.kill_at = deadline
+
+    def kill_all(self) -> None:
+        """SIGKILL the group and every descendant of this process."""
+        self.killed = True
+        self.signal_group(signal.SIGKILL)
+        for pid in descendants(self.pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+    def control_grace(self) -> float:
+        """The grace of the daemon's latest stop request (its control file), else the spec's."""
+        grace = float(self.spec.get("grace_s", 60.0))
+        path = self.spec.get("control_file")
+        if not path:
+            return grace
+        try:
+            fd = os.open(str(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return grace
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                return grace
+            data = json.loads(os.read(fd, MAX_CONTROL_BYTES) or b"{}")
+            value = float(data.get("grace_s", grace))
+            return value if value >= 0 else grace
+        except (OSError, ValueError, AttributeError, TypeError):
+            return grace
+        finally:
+            os.close(fd)
+
+    def reap(self) -> None:
+        """Collect every child that ended: replicas get their exit codes (-N when killed by
+        signal N), anything else (an orphan it adopted) is just reaped."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            except InterruptedError:
+                continue
+            if pid == 0:
+                return
+            record = self.replicas.get(pid)
+            if record is None or record["exit_code"] is not None:
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            record["exit_code"] = code
+            self.codes.append(code)
+            if code not in (0, RESCALE_EXIT_CODE) and not self.terminated:
+                # a crashed replica leaves its peers blocked in collectives: stop them
+                self.stop(float(self.spec.get("failure_grace_s", FAILURE_GRACE_S)))
+
+    def supervise(self) -> None:
+        """Until every replica has ended: take signals, forward stops, escalate on time."""
+        while True:
+            self.reap()
+            if not self.live():
+                return
+            timeout = 3600.0
+            if self.kill_at is not None and not self.killed:
+                timeout = self.kill_at - time.monotonic()
+                if timeout <= 0:
+                    self.kill_all()
+                    continue
+            info = signal.sigtimedwait(WAITED, timeout)
+            if info is None:
+                continue
+            if info.si_signo in (signal.SIGTERM, signal.SIGINT):
+                self.stop(self.control_grace())
+
+    def clean_up(self) -> None:
+        """Kill whatever is left below this process (the group, adopted orphans and their
+        descendants) and reap it, until nothing is left."""
+        for _ in range(200):
+            self.signal_group(signal.SIGKILL)
+            left = descendants(self.pid)
+            for pid in left:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            self.reap()
+            if not left:
+                try:
+                    os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    return
+            time.sleep(0.02)
+
+    # --- the run file -----------------------------------------------------------------------
+
+    def record(self, state: str) -> dict[str, Any]:
+        ended = state == "ended"
+        replicas = sorted(self.replicas.values(), key=lambda r: int(r["rank"]))
+        return {
+            "version": RUN_FILE_VERSION,
+            "job_id": str(self.spec["job_id"]),
+            "state": state,
+            "supervisor": {"pid": self.pid, "start_time": self.start_time, "boot_id": self.boot_id},
+            "pgid": self.pgid,
+            "replicas": replicas,
+            "exit_code": combine_exit_codes(self.codes) if ended else None,
+            "error": self.error,
+            "started": self.started,
+            "ended": time.time() if ended else None,
+            "launch": self.spec.get("launch") or {},
+        }
+
+    def write(self, state: str) -> None:
+        write_private_json(str(self.spec["run_file"]), self.record(state))
+
+
+def say(line: dict[str, Any]) -> None:
+    """The one line on stdout, then stdout closed (nothing more goes to the daemon there)."""
+    with contextlib.suppress(OSError):
+        os.write(1, json.dumps(line, separators=(",", ":")).encode() + b"\n")
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.close(null)
+
+
+def run(spec: dict[str, Any]) -> int:
+    """Supervise one incarnation; the supervisor's own exit status (0 once the result is
+    written)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
+    make_subreaper()
+    supervisor = Supervisor(spec)
+    supervisor.start()
+    if supervisor.error is not None:
+        supervisor.kill_all()
+        supervisor.clean_up()
+        supervisor.write("ended")
+        say({"ok": False, "error": supervisor.error})
+        return 0
+    supervisor.write("running")
+    say(
+        {
+            "ok": True,
+            "pid": supervisor.pid,
+            "start_time": supervisor.start_time,
+            "pgid": supervisor.pgid,
+            "replicas": supervisor.record("running")["replicas"],
+        }
+    )
+    supervisor.supervise()
+    supervisor.clean_up()
+    supervisor.write("ended")
+    return 0
+
+
+def read_spec(lines: Iterable[str]) -> dict[str, Any]:
+    for line in lines:
+        spec = json.loads(line)
+        if not isinstance(spec, dict) or spec.get("version") != RUN_FILE_VERSION:
+            raise ValueError("not a version-1 launch spec")
+        return spec
+    raise ValueError("no launch spec on stdin")
+
+
+def main() -> None:
+    try:
+        spec = read_spec(sys.stdin)
+    except ValueError as exc:
+        say({"ok": False, "error": one_line(f"bad launch spec: {exc}")})
+        sys.exit(2)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.exit(run(spec))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,451 @@
+"""The per-incarnation supervisor of local launches (``launch/supervisor.py``) with real
+processes: its run file, its session, stops it escalates itself, descendants it kills,
+adoption by a later daemon, and the replicas' setup as the job's user (a second Unix user,
+made for the tests, when run as root)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pollux_local.daemon.jobfiles import make_owned_dir
+from pollux_local.errors import PolluxError
+from pollux_local.launch.base import RESCALE_EXIT_CODE, LaunchSpec, ReplicaSlot
+from pollux_local.launch.local import LocalLauncher, RunRecord, read_run_file
+from pollux_local.launch.supervisor import (
+    EXEC_EXIT_CODE,
+    SETUP_EXIT_CODE,
+    WORKDIR_EXIT_CODE,
+    combine_exit_codes,
+    descendants,
+    proc_start_time,
+)
+from tests.labinstall import world_readable_tempdir
+
+pytestmark = pytest.mark.timeout(60)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+#: A shell job (``sh -c ESCAPEE escapee PIDFILE MODE``) that leaves a grandchild in a session of
+#: its own, ignoring SIGTERM and SIGHUP, which writes its pid to PIDFILE; then it waits
+#: (ignoring SIGTERM too when MODE is "stubborn").
+ESCAPEE = """
+setsid sh -c 'trap "" TERM HUP; echo $$ > "$0.tmp"; mv "$0.tmp" "$0"; while :; do sleep 0.2; done' "$1" \\
+    </dev/null >/dev/null 2>&1 &
+[ "$2" = stubborn ] && trap "" TERM
+while :; do sleep 0.2; done
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def wait_until(predicate, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def make_spec(
+    job_dir: Path,
+    argv: list[str],
+    workdir: Path,
+    replicas: int = 1,
+    env: dict[str, str] | None = None,
+    run_as_uid: int | None = None,
+) -> LaunchSpec:
+    slots = [ReplicaSlot(rank, "local", f"cpu:{rank}", rank, 0) for rank in range(replicas)]
+    return LaunchSpec(
+        job_id="7",
+        argv=argv,
+        workdir=workdir,
+        env={
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "POLLUX_JOB_ID": "7",
+            "POLLUX_JOB_DIR": str(job_dir),
+            **(env or {}),
+        },
+        slots=slots,
+        log_dir=job_dir,
+        run_as=pwd.getpwuid(run_as_uid).pw_name if run_as_uid is not None else None,
+        run_as_uid=run_as_uid,
+    )
+
+
+@pytest.fixture()
+def launcher(tmp_path: Path) -> LocalLauncher:
+    return LocalLauncher(run_dir=tmp_path / "run", stop_grace_s=1.0)
+
+
+def test_combine_exit_codes_matches_the_contract() -> None:
+    assert RESCALE_EXIT_CODE == 75
+    assert combine_exit_codes([0, 0]) == 0
+    assert combine_exit_codes([75, 0]) == 75
+    assert combine_exit_codes([75, -9, 3]) == -9
+    assert len({EXEC_EXIT_CODE, SETUP_EXIT_CODE, WORKDIR_EXIT_CODE, 0, 75}) == 5
+
+
+@pytest.mark.asyncio
+async def test_run_file_while_running_and_after(launcher: LocalLauncher, tmp_path: Path) -> None:
+    secret = "SECRET-" + secrets.token_hex(6)
+    go = tmp_path / "go"
+    script = 'trap "" TERM; while [ ! -e "$0" ]; do sleep 0.05; done; exit 3'
+    spec = make_spec(
+        tmp_path / "job", ["sh", "-c", script, str(go)], tmp_path, replicas=2,
+        env={"TOKEN": secret},
+    )  # fmt: skip
+    group = await launcher.launch(spec)
+    run_file = launcher.run_file("7")
+    assert stat.S_IMODE(run_file.stat().st_mode) == 0o600
+    running = read_run_file(run_file)
+    assert running is not None and running["state"] == "running"
+    sup = running["supervisor"]
+    assert sup["pid"] == group.supervisor_pid
+    assert sup["start_time"] == proc_start_time(group.supervisor_pid)
+    assert {r["rank"]: r["pid"] for r in running["replicas"]} == dict(group.pids())
+    assert running["exit_code"] is None
+    # its own session (it outlives the daemon); the replicas share one other process group
+    assert os.getsid(group.supervisor_pid) == group.supervisor_pid != os.getsid(0)
+    pgids = {os.getpgid(pid) for pid in group.pids().values()}
+    assert pgids == {group.pgid} and group.pgid != group.supervisor_pid
+    # the replicas' environment never shows in the supervisor's command line or environment
+    for part in ("cmdline", "environ"):
+        assert secret.encode() not in Path(f"/proc/{group.supervisor_pid}/{part}").read_bytes()
+
+    go.touch()
+    assert await asyncio.wait_for(group.wait(), 20) == 3
+    ended = read_run_file(run_file)
+    assert ended is not None and ended["state"] == "ended" and ended["exit_code"] == 3
+    assert [r["exit_code"] for r in ended["replicas"]] == [3, 3]
+    assert ended["ended"] >= ended["started"]
+    assert not alive(group.supervisor_pid)
+
+
+@pytest.mark.asyncio
+async def test_stop_kills_a_setsid_grandchild_that_ignores_sigterm(
+    launcher: LocalLauncher, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "grandchild"
+    spec = make_spec(tmp_path / "job", ["sh", "-c", ESCAPEE, "escapee", str(pidfile), ""], tmp_path)
+    group = await launcher.launch(spec)
+    grandchild = int(wait_until(lambda: pidfile.exists() and pidfile.read_text(), 10, "pid"))
+    assert alive(grandchild) and os.getsid(grandchild) == grandchild  # it escaped the group
+    started = time.monotonic()
+    code = await group.stop(grace_s=5.0)
+    assert code == -signal.SIGTERM  # the replica took the SIGTERM; no grace was needed
+    assert time.monotonic() - started < 4.0
+    assert not alive(grandchild), "the setsid grandchild outlived its job"
+    assert not alive(group.supervisor_pid)
+
+
+@pytest.mark.asyncio
+async def test_leftovers_are_killed_when_the_replicas_end(
+    launcher: LocalLauncher, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "left"
+    script = f"""(trap "" TERM HUP; exec sleep 60) & echo $! > {pidfile}
+setsid sh -c 'trap "" TERM HUP; while :; do sleep 0.2; done' </dev/null >/dev/null 2>&1 &
+echo $! >> {pidfile}
+exit 0
+"""
+    group = await launcher.launch(make_spec(tmp_path / "job", ["sh", "-c", script], tmp_path))
+    assert await asyncio.wait_for(group.wait(), 20) == 0
+    left = [int(line) for line in pidfile.read_text().split()]
+    assert len(left) == 2
+    wait_until(lambda: not any(alive(pid) for pid in left), 5, "the leftovers to be killed")
+
+
+@pytest.mark.asyncio
+async def test_the_supervisor_escalates_to_sigkill_on_its_own(
+    launcher: LocalLauncher, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "grandchild"
+    spec = make_spec(
+        tmp_path / "job", ["sh", "-c", ESCAPEE, "escapee", str(pidfile), "stubborn"], tmp_path
+    )
+    group = await launcher.launch(spec)
+    grandchild = int(wait_until(lambda: pidfile.exists() and pidfile.read_text(), 10, "pid"))
+    # a SIGTERM from anyone (no control file: the launcher's grace, 1 s) is enough
+    started = time.monotonic()
+    os.kill(group.supervisor_pid, signal.SIGTERM)
+    assert await asyncio.wait_for(group.wait(), 10) == -signal.SIGKILL
+    assert 0.9 < time.monotonic() - started < 5
+    assert not alive(grandchild)
+
+
+@pytest.mark.asyncio
+async def test_stop_waits_only_as_long_as_asked(launcher: LocalLauncher, tmp_path: Path) -> None:
+    spec = make_spec(tmp_path / "job", ["sh", "-c", 'trap "" TERM; while :; do sleep 0.1; done'],
+                     tmp_path)  # fmt: skip
+    group = await launcher.launch(spec)
+    started = time.monotonic()
+    assert await group.stop(grace_s=0.3) == -signal.SIGKILL  # the control file's grace
+    assert time.monotonic() - started < 3
+
+
+HELPER = r"""
+import asyncio, json, sys
+from pathlib import Path
+from pollux_local.launch.base import LaunchSpec, ReplicaSlot
+from pollux_local.launch.local import LocalLauncher
+
+async def main():
+    run_dir, work, script = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    spec = LaunchSpec("7", ["sh", "-c", script], work, {"PATH": "/usr/bin:/bin"},
+                      [ReplicaSlot(0, "local", "cpu:0", 0, 0)], work / "job")
+    group = await LocalLauncher(run_dir=run_dir, stop_grace_s=5).launch(spec)
+    print(json.dumps({"supervisor": group.supervisor_pid, "pids": group.pids()}), flush=True)
+    await asyncio.sleep(120)
+
+asyncio.run(main())
+"""
+
+
+def launch_from_a_daemon_that_dies(tmp_path: Path, script: str) -> dict[str, object]:
+    """Launch from another process (a daemon), then SIGKILL that process."""
+    helper = subprocess.Popen(
+        [sys.executable, "-c", HELPER, str(tmp_path / "run"), str(tmp_path), script],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+    assert helper.stdout is not None
+    line = helper.stdout.readline()
+    helper.kill()
+    helper.wait(10)
+    return dict(json.loads(line))
+
+
+@pytest.mark.asyncio
+async def test_a_later_daemon_adopts_a_running_supervisor(tmp_path: Path) -> None:
+    script = 'trap "exit 75" TERM; while :; do sleep 0.1; done'
+    info = launch_from_a_daemon_that_dies(tmp_path, script)
+    supervisor = int(info["supervisor"])  # type: ignore[call-overload]
+    assert alive(supervisor)  # it outlived the process that started it
+    try:
+        later = LocalLauncher(run_dir=tmp_path / "run", stop_grace_s=5)
+        records = later.records()
+        assert set(records) == {"7"} and records["7"].supervisor_alive()
+        group = later.adopt(records["7"])
+        assert group is not None and group.supervisor_pid == supervisor
+        assert {str(k): v for k, v in group.pids().items()} == info["pids"]
+        await asyncio.sleep(0.2)
+        assert group.poll() is None
+        assert await group.stop(grace_s=5) == RESCALE_EXIT_CODE
+        assert not alive(supervisor)
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(supervisor, signal.SIGKILL)
+
+
+@pytest.mark.asyncio
+async def test_a_result_recorded_while_no_daemon_watched_is_taken_in(tmp_path: Path) -> None:
+    info = launch_from_a_daemon_that_dies(tmp_path, "sleep 0.5; exit 0")
+    supervisor = int(info["supervisor"])  # type: ignore[call-overload]
+    wait_until(lambda: not alive(supervisor), 10, "the supervisor to end")
+    later = LocalLauncher(run_dir=tmp_path / "run")
+    record = later.records()["7"]
+    assert record.finished and record.exit_code == 0 and not record.supervisor_alive()
+    group = later.adopt(record)
+    assert group is not None
+    assert await asyncio.wait_for(group.wait(), 5) == 0
+    later.forget("7")
+    assert later.records() == {}
+
+
+def test_a_dead_supervisor_without_a_result_is_not_adopted(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    (run / "7.json").write_text(
+        json.dumps({"version": 1, "job_id": "7", "state": "running",
+                    "supervisor": {"pid": 2**22 + 5, "start_time": 1, "boot_id": ""},
+                    "pgid": 0, "replicas": [], "launch": {}})
+    )  # fmt: skip
+    (run / "7.json").chmod(0o600)
+    record = RunRecord.load(run / "7.json")
+    assert record is not None and not record.supervisor_alive()
+    assert LocalLauncher(run_dir=run).adopt(record) is None
+
+
+# --- setup failures: one line, a distinct code, nothing run --------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_missing_workdir_fails_the_launch_naming_it(
+    launcher: LocalLauncher, tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-such-dir"
+    spec = make_spec(tmp_path / "job", ["sh", "-c", "touch ran"], missing)
+    with pytest.raises(PolluxError, match=f"cannot enter working directory {missing}"):
+        await launcher.launch(spec)
+    log = (tmp_path / "job" / "rank0.log").read_text()
+    assert f"cannot enter working directory {missing}" in log
+    assert launcher.records() == {}
+
+
+@pytest.mark.asyncio
+async def test_a_command_that_cannot_run_fails_the_launch(
+    launcher: LocalLauncher, tmp_path: Path
+) -> None:
+    spec = make_spec(tmp_path / "job", ["no-such-program-here"], tmp_path, replicas=2)
+    with pytest.raises(PolluxError, match="cannot execute no-such-program-here"):
+        await launcher.launch(spec)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+async def test_a_log_that_is_not_a_plain_file_is_refused(
+    launcher: LocalLauncher, tmp_path: Path, kind: str
+) -> None:
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    target = tmp_path / "precious"
+    target.write_text("keep me\n")
+    target.chmod(0o600)
+    before = target.stat()
+    if kind == "symlink":
+        (job_dir / "rank0.log").symlink_to(target)
+    else:
+        os.mkfifo(job_dir / "rank0.log")
+    spec = make_spec(job_dir, ["sh", "-c", "echo written"], tmp_path)
+    started = time.monotonic()
+    with pytest.raises(PolluxError, match="rank0.log is (a symlink|not a regular file)"):
+        await launcher.launch(spec)
+    assert time.monotonic() - started < 10
+    assert target.read_text() == "keep me\n"
+    assert target.stat().st_mtime_ns == before.st_mtime_ns
+
+
+# --- as the job's user (root only) ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def other_user() -> Iterator[pwd.struct_passwd]:
+    """A second Unix user, made for these tests and deleted after them."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (a second Unix user)")
+    if shutil.which("useradd") is None or shutil.which("userdel") is None:
+        pytest.skip("needs useradd and userdel")
+    name = "pxsv" + secrets.token_hex(3)
+    subprocess.run(["useradd", "-M", "-s", "/bin/sh", name], check=True, capture_output=True)
+    entry = pwd.getpwnam(name)
+    try:
+        yield entry
+    finally:
+        for proc in psutil.process_iter(["uids"]):
+            with contextlib.suppress(psutil.Error):
+                if proc.info["uids"] and entry.pw_uid in (proc.info["uids"].real,):
+                    proc.kill()
+        subprocess.run(["userdel", name], capture_output=True)
+
+
+@pytest.fixture()
+def lab_dir() -> Iterator[Path]:
+    base = world_readable_tempdir("pollux-sup-")
+    (base / "jobs").mkdir(mode=0o755)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.asyncio
+async def test_replicas_run_as_the_user_who_owns_their_files(
+    other_user: pwd.struct_passwd, lab_dir: Path
+) -> None:
+    uid, gid = other_user.pw_uid, other_user.pw_gid
+    job_dir = make_owned_dir(lab_dir / "jobs", "7", uid, gid)
+    checkpoint = job_dir / "checkpoint"
+    script = 'C=$POLLUX_CHECKPOINT_DIR; id -u > "$C/who$RANK"; pwd -P >> "$C/who$RANK"'
+    spec = make_spec(
+        job_dir, ["sh", "-c", script], Path("/tmp"), replicas=2,
+        env={"POLLUX_CHECKPOINT_DIR": str(checkpoint)}, run_as_uid=uid,
+    )  # fmt: skip
+    launcher = LocalLauncher(run_dir=lab_dir / "run")
+    group = await launcher.launch(spec)
+    sup = psutil.Process(group.supervisor_pid)
+    assert sup.uids().real == 0  # the supervisor is the daemon's user's
+    assert await asyncio.wait_for(group.wait(), 20) == 0
+    for path in (job_dir, checkpoint, job_dir / "rank0.log", job_dir / "rank1.log"):
+        info = path.lstat()
+        assert (info.st_uid, info.st_gid) == (uid, gid), path
+    for rank in (0, 1):
+        assert (checkpoint / f"who{rank}").read_text().split() == [str(uid), "/tmp"]
+    run_file = launcher.run_file("7").lstat()
+    assert run_file.st_uid == 0 and stat.S_IMODE(run_file.st_mode) == 0o600
+
+
+@pytest.mark.asyncio
+async def test_a_workdir_the_user_cannot_enter_fails_and_nothing_runs_there(
+    other_user: pwd.struct_passwd, lab_dir: Path
+) -> None:
+    uid = other_user.pw_uid
+    job_dir = make_owned_dir(lab_dir / "jobs", "7", uid, other_user.pw_gid)
+    private = lab_dir / "roots-private"
+    private.mkdir(mode=0o700)
+    spec = make_spec(job_dir, ["sh", "-c", "touch ran; ls > listing"], private, run_as_uid=uid)
+    with pytest.raises(PolluxError, match=f"cannot enter working directory {private}"):
+        await LocalLauncher(run_dir=lab_dir / "run").launch(spec)
+    assert list(private.iterdir()) == []
+    assert f"cannot enter working directory {private}" in (job_dir / "rank0.log").read_text()
+
+
+@pytest.mark.asyncio
+async def test_a_log_symlinked_to_a_root_only_file_is_not_opened_for_the_user(
+    other_user: pwd.struct_passwd, lab_dir: Path
+) -> None:
+    uid = other_user.pw_uid
+    job_dir = make_owned_dir(lab_dir / "jobs", "7", uid, other_user.pw_gid)
+    vault = lab_dir / "vault"
+    vault.mkdir(mode=0o700)
+    secret = vault / "secret"
+    secret.write_text("root only\n")
+    secret.chmod(0o600)
+    before = secret.stat()
+    (job_dir / "rank0.log").symlink_to(secret)
+    os.lchown(job_dir / "rank0.log", uid, other_user.pw_gid)
+    spec = make_spec(job_dir, ["sh", "-c", "echo appended"], Path("/tmp"), run_as_uid=uid)
+    with pytest.raises(PolluxError, match="rank0.log is a symlink"):
+        await LocalLauncher(run_dir=lab_dir / "run").launch(spec)
+    after = secret.stat()
+    assert secret.read_text() == "root only\n"
+    assert (after.st_uid, after.st_mode, after.st_mtime_ns) == (
+        before.st_uid,
+        before.st_mode,
+        before.st_mtime_ns,
+    )
+
+
+def test_descendants_walks_the_process_tree() -> None:
+    child = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
+    try:
+        wait_until(lambda: len(descendants(child.pid)) >= 1, 5, "the grandchild")
+        assert child.pid in descendants(os.getpid())
+    finally:
+        for pid in descendants(child.pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        child.kill()
+        child.wait()
