@@ -1,10 +1,13 @@
-"""Executor fault handling with a stand-in launcher: dead nodes, exits during a stop."""
+"""Executor fault handling with a stand-in launcher: dead nodes, exits during a stop, stops
+that never hold up a pass, starts waiting for devices still being released, one job's error
+never stopping the others."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,9 +23,11 @@ pytestmark = [pytest.mark.timeout(30)]
 
 
 class FakeGroup:
-    def __init__(self, spec: LaunchSpec) -> None:
+    def __init__(self, spec: LaunchSpec, stubborn: bool = False) -> None:
         self.spec = spec
         self.exit = asyncio.get_running_loop().create_future()
+        self.stubborn = stubborn  # a stop is not obeyed: the test ends the group itself
+        self.stops = 0
 
     def poll(self) -> int | None:
         return self.exit.result() if self.exit.done() else None
@@ -31,7 +36,8 @@ class FakeGroup:
         return int(await asyncio.shield(self.exit))
 
     async def stop(self, grace_s: float) -> int:
-        if not self.exit.done():
+        self.stops += 1
+        if not self.exit.done() and not self.stubborn:
             self.exit.set_result(75)
         return await self.wait()
 
@@ -42,10 +48,11 @@ class FakeGroup:
 class FakeLauncher:
     def __init__(self) -> None:
         self.reachable = True
+        self.stubborn = False
         self.groups: list[FakeGroup] = []
 
     async def launch(self, spec: LaunchSpec) -> FakeGroup:
-        self.groups.append(FakeGroup(spec))
+        self.groups.append(FakeGroup(spec, self.stubborn))
         return self.groups[-1]
 
     async def check_node(self, node: str) -> NodeHealth:
@@ -161,3 +168,124 @@ async def test_replica_environment_follows_the_launch_contract(setup) -> None:  
     )
     assert with_batch.env["POLLUX_LOCAL_BATCH"] == "16"
     assert with_batch.env["POLLUX_ACCUM_STEPS"] == "2"
+
+
+def plan(*actions: Action) -> Any:
+    from pollux_local.core.types import Decision
+    from pollux_local.daemon.scheduler import Plan
+
+    return Plan(actions=tuple(actions), decision=Decision(placements={}))
+
+
+def state(store: StateStore, job_id: int) -> str:
+    job = store.get_job(job_id)
+    assert job is not None
+    return str(job.state)
+
+
+@pytest.mark.asyncio
+async def test_a_stop_never_holds_up_the_pass_and_its_devices_wait(setup) -> None:  # type: ignore[no-untyped-def]
+    executor, store, launcher = setup
+    launcher.stubborn = True  # ignores SIGTERM: it ends only when the test says so
+    first, second, third = submit(store), submit(store), submit(store)
+    await start(executor, store, first)  # on both devices
+    # preempt it for the second job, which gets one of its devices
+    await asyncio.wait_for(
+        executor.apply(
+            plan(
+                Action("stop", first, {}, None, "preempted"),
+                Action("start", second, {"far": ["cpu:0"]}, None, "its turn"),
+            )
+        ),
+        1.0,
+    )
+    assert launcher.groups[0].stops == 1 and len(launcher.groups) == 1
+    assert state(store, first) == "queued" and state(store, second) == "queued"
+    assert first in executor.stopping and second in executor._deferred
+    # a cancel of the stubborn job returns at once as well
+    await asyncio.wait_for(executor.cancel(first), 1.0)
+    assert state(store, first) == "cancelled"
+    # the third job's start takes the free device of its node... there is none: it waits too
+    await executor.apply(plan(Action("start", third, {"far": ["cpu:1"]}, None, "")))
+    assert state(store, third) == "queued" and len(launcher.groups) == 1
+    # the newest plan decides what waits: the second job's start was dropped by that plan
+    assert second not in executor._deferred and third in executor._deferred
+    launcher.groups[0].exit.set_result(-9)  # killed at the end of its grace
+    await asyncio.sleep(0.05)
+    assert state(store, first) == "cancelled"  # a stop's exit does not change its outcome
+    assert state(store, third) == "running" and len(launcher.groups) == 2
+    assert launcher.groups[1].spec.slots[0].device == "cpu:1"
+
+
+@pytest.mark.asyncio
+async def test_a_start_on_a_device_still_held_takes_a_free_one(setup) -> None:  # type: ignore[no-untyped-def]
+    executor, store, launcher = setup
+    launcher.stubborn = True
+    first, second = submit(store), submit(store)
+    job = store.get_job(first)
+    assert job is not None
+    await executor.start_job(job, Action("start", first, {"far": ["cpu:0"]}, None, ""))
+    await executor.stop_job(first, "cancel")
+    await executor.apply(plan(Action("start", second, {"far": ["cpu:0"]}, None, "")))
+    assert state(store, second) == "running"
+    assert launcher.groups[1].spec.slots[0].device == "cpu:1"  # cpu:0 is still being released
+    assert store.get_job(second).placement == {"far": ["cpu:1"]}  # type: ignore[union-attr]
+    launcher.groups[0].exit.set_result(-9)
+    await asyncio.sleep(0.05)
+
+
+@pytest.mark.asyncio
+async def test_a_resize_restarts_once_the_old_incarnation_has_ended(setup) -> None:  # type: ignore[no-untyped-def]
+    executor, store, launcher = setup
+    launcher.stubborn = True
+    job_id = submit(store)
+    await start(executor, store, job_id)
+    shrink = Action("resize", job_id, {"far": ["cpu:0"]}, BatchChoice(8, 1, 1), "shrink")
+    await asyncio.wait_for(executor.apply(plan(shrink)), 1.0)
+    assert state(store, job_id) == "rescaling" and len(launcher.groups) == 1
+    assert job_id in executor.watchers  # the loop must not take it for lost
+    kinds = [d["kind"] for d in store.decisions(job_id)]
+    assert "resize" not in kinds  # recorded when it restarts
+    launcher.groups[0].exit.set_result(75)
+    await asyncio.sleep(0.05)
+    job = store.get_job(job_id)
+    assert job is not None and job.state == "running" and job.placement == {"far": ["cpu:0"]}
+    assert len(launcher.groups) == 2 and job.restarts == 2
+    assert "resize" in [d["kind"] for d in store.decisions(job_id)]
+    launcher.groups[1].exit.set_result(0)
+    await asyncio.sleep(0.05)
+    assert state(store, job_id) == "succeeded"
+
+
+@pytest.mark.asyncio
+async def test_one_jobs_error_fails_that_job_and_the_pass_goes_on(setup) -> None:  # type: ignore[no-untyped-def]
+    executor, store, launcher = setup
+    broken = store.add_job(
+        name="broken",
+        owner_uid=0,
+        owner_gid=0,
+        owner_name="root",
+        spec={"workdir": "/", "min_gpus": 1},
+        priority=0,
+        submit_time=0.0,
+    ).id  # fmt: skip  (no argv: building its spec raises KeyError)
+    gone_uid = 2**31 - 7
+    orphan = store.add_job(
+        name="orphan", owner_uid=gone_uid, owner_gid=gone_uid, owner_name="deleted",
+        spec={"argv": ["x"], "workdir": "/", "min_gpus": 1}, priority=0, submit_time=0.0,
+    ).id  # fmt: skip
+    fine = submit(store)
+    await executor.apply(
+        plan(
+            Action("start", broken, {"far": ["cpu:0"]}, None, ""),
+            Action("start", orphan, {"far": ["cpu:1"]}, None, ""),
+            Action("start", fine, {"far": ["cpu:1"]}, None, ""),
+        )
+    )
+    job = store.get_job(broken)
+    assert job is not None and job.state == "failed"
+    assert job.reason.startswith("could not start: KeyError") and "\n" not in job.reason
+    job = store.get_job(orphan)
+    assert job is not None and job.state == "failed"
+    assert job.reason == f"owner uid {gone_uid} no longer exists"
+    assert state(store, fine) == "running" and len(launcher.groups) == 1

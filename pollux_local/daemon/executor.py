@@ -741,7 +741,7 @@ class Executor:
             self.store.update_job(job.id, state=JobState.QUEUED)
             return
         failures = job.failures + 1
-        detail = getattr(group, "failure_reason", None) or next(
+        detail = getattr(group, "supervisor_failure", None) or next(
             (
                 line
                 for slot in group.spec.slots

@@ -70,6 +70,9 @@ log = logging.getLogger("pollux_local.daemon")
 #: How long a supervisor may take to start its replicas (fork, setup, exec) before the
 #: launch is given up.
 START_TIMEOUT_S = 60.0
+#: How long past a stop's grace ``stop`` waits for the group's end (the supervisor's SIGKILL,
+#: its reaping and its result).
+REAP_MARGIN_S = 1.0
 #: After a stop's grace, how long the supervisor gets to kill and reap before the daemon
 #: kills the replicas' group and the supervisor itself (it should never come to that).
 STOP_MARGIN_S = 10.0
@@ -348,10 +351,11 @@ class LocalReplicaGroup:
         self._pids = dict(pids)
         self.started = time.time()
         self.record: RunRecord | None = None
-        self.failure_reason: str | None = None
+        #: why the group ended without a result of its supervisor's (it was killed)
+        self.supervisor_failure: str | None = None
         self._code: int | None = None
         self._done = asyncio.Event()
-        self._stopping = False
+        self._fallback: asyncio.Task[None] | None = None
         self._watcher = asyncio.ensure_future(self._watch())
 
     @property
@@ -381,11 +385,14 @@ class LocalReplicaGroup:
             elif self.pgid:
                 with contextlib.suppress(OSError):
                     os.killpg(self.pgid, signal.SIGKILL)
-            self.failure_reason = (
-                f"the job's supervisor (pid {self.supervisor.pid}) ended without a result"
+            self.supervisor_failure = (
+                f"the job's supervisor (pid {self.supervisor.pid}) ended without a result: "
+                + _tail(self.run_file.with_suffix(".err"))
             )
             self._code = -int(signal.SIGKILL)
         self._done.set()
+        if self._fallback is not None:
+            self._fallback.cancel()
 
     def poll(self) -> int | None:
         return self._code if self._done.is_set() else None
@@ -399,29 +406,37 @@ class LocalReplicaGroup:
         return self.record.exit_codes() if self.record is not None else {}
 
     async def stop(self, grace_s: float) -> int | None:
-        """Ask the supervisor to stop the replicas (SIGTERM now, SIGKILL after ``grace_s``)
-        and wait for that; ``None`` if the group is still there after ``grace_s`` plus
-        :data:`STOP_MARGIN_S` (the supervisor and the replicas' group are then killed, and
-        the exit is seen through :meth:`wait`)."""
+        """Ask the supervisor to stop the replicas: the grace goes to its control file, then
+        SIGTERM (it forwards the SIGTERM and sends the SIGKILL ``grace_s`` later).  Waits
+        ``grace_s`` (and :data:`REAP_MARGIN_S`) at most: the group's code, or ``None`` if it
+        has not ended by then (its exit comes through :meth:`wait`).  Should the supervisor
+        itself still be there :data:`STOP_MARGIN_S` after the grace, the daemon kills it and
+        the replicas' group."""
         if self._done.is_set():
             return self._code
-        self._stopping = True
         with contextlib.suppress(OSError):
             write_private_json(str(self.control_file), {"grace_s": max(0.0, grace_s)})
         self.supervisor.send(signal.SIGTERM)
+        if self._fallback is None:
+            self._fallback = asyncio.ensure_future(self._kill_if_stuck(grace_s + STOP_MARGIN_S))
         try:
-            await asyncio.wait_for(asyncio.shield(self._done.wait()), grace_s + STOP_MARGIN_S)
+            await asyncio.wait_for(asyncio.shield(self._done.wait()), grace_s + REAP_MARGIN_S)
         except TimeoutError:
-            log.error(
-                "job %s: its supervisor (pid %s) did not end %g s after a stop; killing it",
-                self.spec.job_id, self.supervisor.pid, grace_s + STOP_MARGIN_S,
-            )  # fmt: skip
-            if self.pgid:
-                with contextlib.suppress(OSError):
-                    os.killpg(self.pgid, signal.SIGKILL)
-            self.supervisor.send(signal.SIGKILL)
             return None
         return self._code
+
+    async def _kill_if_stuck(self, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        if self._done.is_set():
+            return
+        log.error(
+            "job %s: its supervisor (pid %s) is still there %g s after a stop; killing it",
+            self.spec.job_id, self.supervisor.pid, delay_s,
+        )  # fmt: skip
+        if self.pgid:
+            with contextlib.suppress(OSError):
+                os.killpg(self.pgid, signal.SIGKILL)
+        self.supervisor.send(signal.SIGKILL)
 
     def pids(self) -> Mapping[int, int]:
         return dict(self._pids)
