@@ -83,6 +83,8 @@ def test_units_run_the_lab_install_with_the_documented_paths() -> None:
         "%S/pollux-local",
     ]
     assert "StateDirectory=pollux-local" in SYSTEM_UNIT.read_text()
+    for unit in (SYSTEM_UNIT, USER_UNIT):  # the daemon stops its jobs; supervisors outlive it
+        assert "KillMode=process" in unit.read_text()
     deploy_doc = (REPO_ROOT / "docs" / "deploy.md").read_text()
     for name in ("scripts/lab-install", SYSTEM_UNIT.name, USER_UNIT.name, "config.toml"):
         assert name in deploy_doc, name
