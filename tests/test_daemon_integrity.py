@@ -297,6 +297,12 @@ def context(harness: Harness, uid: int = 1000) -> Context:
     )
 
 
+async def settle(harness: Harness) -> None:
+    """Let the executor's background stops and exit handlers run."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
 @pytest.fixture()
 def harness(tmp_path: Path) -> Iterator[Harness]:
     made = Harness(tmp_path / "state", [1], FifoPolicy())
@@ -333,7 +339,9 @@ async def test_a_failed_state_write_refuses_the_request_and_changes_nothing(
     await handler(ctx, request)  # type: ignore[operator]
     expected = "cancelled" if verb == "cancel" else "held"
     assert harness.job(job_id).state == expected
+    await settle(harness)
     assert group.poll() == 75 and job_id not in harness.executor.groups
+    assert job_id not in harness.executor.stopping and not harness.job(job_id).placement
 
 
 @pytest.mark.asyncio
@@ -349,9 +357,10 @@ async def test_a_write_failing_after_the_stop_still_leaves_no_process_and_no_gho
     failing = FailingWrites(harness.store, lambda changes: "attained_gpu_s" in changes, times=2)
     with failing:
         reply = await control.cancel(ctx, Cancel(ids=[str(first)]))
+        await settle(harness)
     assert reply.cancelled == [str(first)]
     assert harness.job(first).state == "cancelled" and group.poll() == 75
-    assert first not in harness.executor.groups
+    assert first not in harness.executor.groups and first not in harness.executor.stopping
     # the device is free: the next job starts on the next pass
     await harness.tick(1.0)
     assert harness.job(second).state == "running"
@@ -374,8 +383,11 @@ async def test_a_write_failing_in_a_pass_is_logged_and_repaired_next_pass(
 
     with caplog.at_level(logging.WARNING, logger="pollux_local.daemon"):
         await harness.tick(1.0)
+        await settle(harness)
     assert orphan.poll() == 75, "the unrecorded replicas were not stopped"
     assert "does not record" in caplog.text
+    assert job_id not in harness.executor.stopping  # its end was handled: devices released
+    await harness.tick(1.0)
     assert harness.job(job_id).state == "running"
     assert len(harness.launcher.launches[str(job_id)]) == 2
     assert harness.executor.groups[job_id] is harness.launcher.launches[str(job_id)][-1]
@@ -383,6 +395,7 @@ async def test_a_write_failing_in_a_pass_is_logged_and_repaired_next_pass(
     # the other way round: recorded as running, no replicas (a lost record of an exit)
     harness.executor.groups.pop(job_id)
     harness.executor.watchers.pop(job_id).cancel()
+    await settle(harness)
     await harness.tick(1.0)
     assert harness.job(job_id).state == "running"
     assert len(harness.launcher.launches[str(job_id)]) == 3

@@ -161,12 +161,16 @@ class SchedulingLoop:
         runs (a stop or an exit whose record was not written), so that no process holds
         devices the store counts as free, and no record holds devices no process uses."""
         placed = set(self.store.ids_with_state(list(PLACED_STATES)))
-        for job_id in [job_id for job_id in self.executor.groups if job_id not in placed]:
+        for job_id, group in list(self.executor.groups.items()):
+            if job_id in placed:
+                continue
             log.warning("job %s: stopping replicas the database does not record", job_id)
-            try:
-                await self.executor.stop_job(job_id, "reconcile")
-            except sqlite3.Error as exc:
-                log.error("job %s: stopped, but recording it failed (%s)", job_id, exc)
+            if job_id not in self.executor.watchers:
+                # its start failed before its exit was watched: watch it, so that the stop's
+                # end is handled (its devices released) like any other
+                watch = self.executor._watch(job_id, group)
+                self.executor.watchers[job_id] = asyncio.ensure_future(watch)
+            await self.executor.stop_job(job_id, "reconcile")
         live = set(self.executor.groups) | set(self.executor.watchers)
         for job_id in sorted(placed - live):
             reason = "its replicas are gone; back in the queue"

@@ -95,6 +95,9 @@ IDLE_TIMEOUT_S = 30.0
 FRAME_DEADLINE_S = 20.0
 #: A reply the client does not take within this closes its connection.
 REPLY_TIMEOUT_S = 30.0
+#: A refused connection's request is read and dropped, this much and this long at most.
+REFUSED_DRAIN_BYTES = 64 * 1024
+REFUSED_DRAIN_S = 1.0
 #: Connections open at once, all users together.
 MAX_CONNECTIONS = 256
 #: Request bytes the daemon buffers at once, all users together.
@@ -550,6 +553,22 @@ class Daemon:
             writer.transport.abort()
             return False
 
+    async def _refuse(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, error: PolluxError
+    ) -> None:
+        """Refuse a connection before reading its request: the error, then what the client
+        sends is taken and dropped (at most :data:`REFUSED_DRAIN_BYTES`, for at most
+        :data:`REFUSED_DRAIN_S`) so that its request does not meet a closed socket before it
+        reads the error."""
+        if not await self._send(writer, wire.encode_error(error)):
+            return
+        with contextlib.suppress(TimeoutError, ConnectionError, OSError):
+            writer.write_eof()
+            async with asyncio.timeout(REFUSED_DRAIN_S):
+                left = REFUSED_DRAIN_BYTES
+                while left > 0 and (chunk := await reader.read(left)):
+                    left -= len(chunk)
+
     async def _serve_client(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
@@ -560,9 +579,8 @@ class Daemon:
         uid: int | None = None
         try:
             if self._connections > MAX_CONNECTIONS:
-                await self._send(
-                    writer, wire.encode_error(LimitExceeded("too many connections; try again"))
-                )
+                error = LimitExceeded("too many connections; try again")
+                await self._refuse(reader, writer, error)
                 return
             try:
                 peer = peer_credentials(writer.get_extra_info("socket"))
@@ -571,7 +589,7 @@ class Daemon:
             if not may_connect(peer, self.uid, self.config.allow_group):
                 why = refusal(peer, self.uid, self.config.allow_group)
                 self._note_refusal(peer, why)
-                await self._send(writer, wire.encode_error(PermissionDenied(why)))
+                await self._refuse(reader, writer, PermissionDenied(why))
                 return
             if not self.book.open(peer.uid):
                 self._note_refusal(peer, "too many connections")
@@ -579,7 +597,7 @@ class Daemon:
                     f"too many connections from {peer.name} (at most {self.book.per_user} at"
                     " once); close some and try again"
                 )
-                await self._send(writer, wire.encode_error(error))
+                await self._refuse(reader, writer, error)
                 return
             uid = peer.uid
             ctx = self.context(peer)

@@ -1,10 +1,11 @@
 """``cancel``, ``hold``, ``release`` and ``set_priority``: changing jobs (their owner or an
 admin only).  Whatever stops a job runs under the daemon's mutex, never during a pass.
 
-Stopping a job records its new state first, then stops its processes: when that one write
-fails (``sqlite3.Error``) the request fails with one line and nothing changed (the job still
-runs, recorded as running); once it is written the processes are stopped whatever happens
-next, so no process is left holding a device the store counts as free.  A raised priority
+Stopping a job records its new state first, then has its processes stopped: when that one
+write fails (``sqlite3.Error``) the request fails with one line and nothing changed (the job
+still runs, recorded as running); once it is written the processes are stopped whatever
+happens next, so no process is left holding a device the store counts as free (what could not
+be recorded after that is repaired by the next pass, ``SchedulingLoop.reconcile``).  A raised priority
 needs an admin (``Context.require_priority``)."""
 
 from __future__ import annotations
@@ -40,22 +41,17 @@ def _write_failed(verb: str, job: JobRecord, exc: sqlite3.Error, done: list[str]
 
 
 async def stop_as(ctx: Context, job: JobRecord, state: JobState, verb: str) -> None:
-    """Record ``state`` for the job (durably, first), then stop its processes (checkpoint,
-    bounded wait, kill) and record how that went.  ``sqlite3.Error`` from the first write
-    propagates with nothing changed; later write failures are logged (the processes are
-    stopped all the same; the next pass repairs what was not recorded)."""
+    """Record ``state`` for the job (durably, first), then have its processes stopped (they
+    checkpoint; SIGKILL after ``stop_grace_s``; the executor handles their exit when it
+    comes).  ``sqlite3.Error`` from that first write propagates with nothing changed; the
+    decision log's line after it is best effort (logged when it fails)."""
     now = ctx.clock()
     reason = "cancelled" if state == JobState.CANCELLED else "held"
     changes: dict[str, object] = {"state": state, "reason": reason}
     if state == JobState.CANCELLED:
         changes["end_time"] = now
     ctx.store.update_job(job.id, **changes)
-    try:
-        await ctx.executor.stop_job(job.id, verb)
-    except sqlite3.Error as exc:
-        log.error("job %s: %s; recording its stop failed (%s)", job.id, reason, exc)
-        with contextlib.suppress(sqlite3.Error):
-            ctx.store.update_job(job.id, placement={}, pids=[], last_start=None)
+    await ctx.executor.stop_job(job.id, verb)
     try:
         ctx.store.record_decision(job.id, now, reason, f"{reason} by {ctx.peer.name}")
     except sqlite3.Error as exc:
