@@ -153,7 +153,7 @@ async def daemon(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Daemon]:
 
 def _partial(path: Path, length: int, sent: int) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(5)
+    sock.settimeout(10)
     sock.connect(str(path))
     sock.sendall(struct.pack(">I", length) + b'{"v":1,"type":"status"' + b" " * sent)
     return sock
@@ -173,7 +173,8 @@ async def test_bytes_in_flight_are_capped_per_user_and_given_back(daemon: Daemon
     second = await asyncio.to_thread(_partial, path, big, 1000)
     await asyncio.sleep(0.1)
     assert daemon.book.bytes_total == 2 * big  # two 16 MiB frames reserved: the 32 MiB budget
-    third = await asyncio.to_thread(_partial, path, big, 10)
+    # a third, sent whole: refused, its body read and dropped so that the error reaches it
+    third = await asyncio.to_thread(_partial, path, big, big - 22)
     refused = await asyncio.to_thread(_reply, third)
     assert refused["code"] == "limit_exceeded" and "in flight" in refused["error"]
     # a small request of the same user still fits, and others are served meanwhile

@@ -56,9 +56,10 @@ class Context:
             return
         if self.is_admin():
             return
-        admins = f"root, {user_name(self.daemon_uid)}" + (
-            f" or the group {self.config.admin_group}" if self.config.admin_group else ""
-        )
+        names = list(dict.fromkeys(["root", user_name(self.daemon_uid)]))
+        if self.config.admin_group:
+            names.append(f"the group {self.config.admin_group}")
+        admins = ", ".join(names[:-1]) + (" or " if len(names) > 1 else "") + names[-1]
         raise PermissionDenied(
             f"permission denied: priority {priority} is above {limit}, the highest a user who"
             f" is not an admin may give; ask an admin ({admins})"

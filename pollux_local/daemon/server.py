@@ -26,12 +26,13 @@ report) for anyone, because its type is only known once it is read; what bounds 
 budget of bytes in flight: the declared length of a frame over :data:`FREE_FRAME_BYTES` is
 reserved from its user's budget (``[limits] mib_in_flight_per_user``, 32 MiB) and from the
 daemon's (:data:`MAX_BYTES_IN_FLIGHT`) before its body is read, and given back once it is
-answered; a frame that does not fit is refused (``LimitExceeded``) and its connection closed.
-Smaller frames are bounded by the connection caps, so a user whose budget is full may still
-ask.  A frame's first byte must come within :data:`IDLE_TIMEOUT_S`, the rest of it within
-:data:`FRAME_DEADLINE_S`; a reply the client does not read within :data:`REPLY_TIMEOUT_S`
-closes the connection.  Bodies over :data:`SMALL_FRAME_BYTES` are read into an anonymous
-mapping, returned to the system as soon as the request is answered.
+answered; a frame that does not fit is refused (``LimitExceeded``; its body read and
+dropped, never kept) and its connection closed.  Smaller frames are bounded by the connection
+caps, so a user whose budget is full may still ask.  A frame's first byte must come within
+:data:`IDLE_TIMEOUT_S`, the rest of it within :data:`FRAME_DEADLINE_S`; a reply the client
+does not read within :data:`REPLY_TIMEOUT_S` closes the connection.  Bodies over
+:data:`SMALL_FRAME_BYTES` are read into an anonymous mapping, returned to the system as soon
+as the request is answered.
 """
 
 from __future__ import annotations
@@ -255,6 +256,16 @@ async def read_header(
     (length,) = wire.HEADER.unpack(first + rest)
     wire.check_length(length)
     return length, deadline
+
+
+async def discard(reader: asyncio.StreamReader, length: int) -> None:
+    """Read and drop ``length`` bytes (a refused frame's body: the client that sent it whole
+    then reads its error), keeping none of them."""
+    while length > 0:
+        chunk = await reader.read(min(_CHUNK, length))
+        if not chunk:
+            return
+        length -= len(chunk)
 
 
 async def read_body(reader: asyncio.StreamReader, length: int) -> bytes | mmap.mmap:
@@ -618,6 +629,12 @@ class Daemon:
                                 with contextlib.suppress(BufferError):
                                     body.close()
                             del body
+                except LimitExceeded as exc:  # over a byte budget: its body is not kept
+                    if await self._send(writer, wire.encode_error(exc)):
+                        with contextlib.suppress(TimeoutError, ConnectionError, OSError):
+                            async with asyncio.timeout_at(deadline):
+                                await discard(reader, length)
+                    return
                 except PolluxError as exc:
                     await self._send(writer, wire.encode_error(exc))
                     return
