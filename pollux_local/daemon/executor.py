@@ -534,6 +534,8 @@ class Executor:
             self._fail(job.id, f"could not start: {one_line(exc)}")
             return
         self.groups[job.id] = group
+        # watched at once: should recording the start fail, its exit is still handled
+        self.watchers[job.id] = asyncio.ensure_future(self._watch(job.id, group))
         self._noted_down = {key for key in self._noted_down if key[0] != job.id}
         self.last_launch[job.id] = now
         pids = []
@@ -581,7 +583,6 @@ class Executor:
                 if v is not None
             ),
         )
-        self.watchers[job.id] = asyncio.ensure_future(self._watch(job.id, group))
 
     # --- stopping ------------------------------------------------------------------------------
 
