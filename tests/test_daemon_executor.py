@@ -202,6 +202,7 @@ async def test_a_stop_never_holds_up_the_pass_and_its_devices_wait(setup) -> Non
     assert launcher.groups[0].stops == 1 and len(launcher.groups) == 1
     assert state(store, first) == "queued" and state(store, second) == "queued"
     assert first in executor.stopping and second in executor._deferred
+    assert executor.draining_devices() == {"far": {"cpu:0", "cpu:1"}}
     # a cancel of the stubborn job returns at once as well
     await asyncio.wait_for(executor.cancel(first), 1.0)
     assert state(store, first) == "cancelled"

@@ -335,6 +335,15 @@ class Executor:
                 held.setdefault(device, job_id)
         return held
 
+    def draining_devices(self) -> dict[str, set[str]]:
+        """node -> devices still held by groups being stopped (free once their exit comes):
+        for a pass that wants to plan around them."""
+        draining: dict[str, set[str]] = {}
+        for group in self.stopping.values():
+            for slot in group.spec.slots:
+                draining.setdefault(slot.node, set()).add(slot.device)
+        return draining
+
     def _place(
         self, action: Action, held: dict[Device, int], claimed: set[Device]
     ) -> Action | None:
