@@ -105,6 +105,10 @@ FIXED_SOCKET = "/fixed/daemon.sock"
 FIXED_USER = Identity(uid=1000, name="you")
 
 
+#: finished jobs a plain ``status`` still lists (the daemon's default window)
+RECENT_WINDOW_S = 24 * 3600.0
+
+
 class FixedSource:
     """Serves recorded replies (:class:`~pollux_local.tui.recording.Recording`): tests,
     screenshots, benchmarks and ``pollux-local tui --demo``.
@@ -130,6 +134,8 @@ class FixedSource:
         data = recording.shifted(now) if now is not None else recording.copy()
         self.recording = data
         self.status: StatusReply = data.status
+        #: the recording's "now": finished jobs within a day of it are recent, as in the daemon
+        self.now = now if now is not None else data.recorded_at
         self.nodes: NodesReply = data.nodes
         self.shows: dict[str, ShowReply] = data.shows
         self.logs: dict[str, bytes] = {k: v.data.encode() for k, v in data.logs.items()}
@@ -179,8 +185,15 @@ class FixedSource:
                     policy="recorded",
                     you=FIXED_USER,
                 )
-            case Status(all=every):
-                jobs = [j for j in self.status.jobs if every or j.state.active]
+            case Status(all=every, user=user, states=states):
+                recent = self.now - RECENT_WINDOW_S
+                jobs = [
+                    j
+                    for j in self.status.jobs
+                    if (every or j.state.active or (j.end_time or 0.0) >= recent)
+                    and (user is None or j.owner == user)
+                    and (states is None or j.state in states)
+                ]
                 return StatusReply(jobs=jobs)
             case Nodes():
                 return self.nodes
@@ -223,6 +236,8 @@ class FixedSource:
             for node in self.nodes.nodes:
                 node.jobs = {d: j for d, j in node.jobs.items() if j != job.id}
         job.state, job.reason = state, reason
+        if state.terminal:
+            job.end_time = self.now
         job.devices, job.nodes, job.gpus, job.replicas = {}, [], 0, 0
         job.local_batch = job.accum_steps = None
         job.goodput = job.efficiency = job.speedup = job.eta_s = None

@@ -116,6 +116,7 @@ class Daemon:
         base: dict[str, Any] = {}
         if spec is not None:
             base = load_job_spec(spec).submit_fields()
+            base["elastic"] = True  # the spec jobs train with the job library
             base.setdefault("workdir", str(spec.parent))
             script = Path(base.pop("script"))
             if not script.is_absolute():

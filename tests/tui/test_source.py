@@ -28,7 +28,8 @@ def test_fixed_source_answers_typed_copies(source: FixedSource) -> None:
     assert isinstance(status, api.StatusReply) and len(status.jobs) == 7
     status.jobs[0].name = "changed by the caller"
     assert source.call(api.Status()).jobs[0].name != "changed by the caller"
-    assert {j.state for j in source.call(api.Status(all=False)).jobs} == {
+    active = [api.JobState(s) for s in ("queued", "running", "rescaling", "held")]
+    assert {j.state for j in source.call(api.Status(states=active)).jobs} == {
         "running",
         "held",
         "queued",
