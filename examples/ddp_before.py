@@ -34,3 +34,6 @@ for epoch in range(5):
         loss.backward()
         optimizer.step()
     print(f"epoch {epoch} loss {loss.item():.4f}")
+
+if distributed:
+    dist.destroy_process_group()

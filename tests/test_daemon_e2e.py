@@ -260,7 +260,10 @@ def test_daemon_restart_loses_nothing_and_resumes(daemon: Daemon, signum: int) -
     assert final[running]["progress"] == 80
     assert "quick job ran ['q']" in daemon.cli("logs", queued).stdout
     runs = resumes(daemon.cli("logs", running).stdout)
-    assert runs[0][0] == 0 and len(runs) >= 2 and runs[1][0] >= 10, runs
+    # SIGTERM: the daemon stopped the job (checkpoint) and restarted it; SIGKILL: the job's
+    # supervisor outlived the daemon, which adopted it (it may be resized later, or not)
+    assert runs[0][0] == 0 and len(runs) >= (2 if signum == signal.SIGTERM else 1), runs
+    assert len(runs) == 1 or runs[1][0] >= 10, runs
     decisions = json.loads(daemon.cli("show", running, "--json").stdout)["decisions"]
     kinds = [d["kind"] for d in decisions]
     assert ("recovered" if signum == signal.SIGKILL else "requeued") in kinds

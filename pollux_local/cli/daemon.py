@@ -22,7 +22,12 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, interval_s=args.interval)
     if args.policy is not None:
         config = dataclasses.replace(config, policy=canonical_policy(args.policy))
-    return run_daemon(config, resolve_state_dir(args.state_dir), verbose=args.verbose)
+    return run_daemon(
+        config,
+        resolve_state_dir(args.state_dir),
+        verbose=args.verbose,
+        reset_state=args.reset_state,
+    )
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -38,4 +43,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="allocation policy (goodput, the default; pollux is another name for it)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    p.add_argument(
+        "--reset-state",
+        action="store_true",
+        help="start afresh when the state database is damaged or missing: the old database and "
+        "jobs/ are moved aside into reset-<time>/ (nothing is deleted)",
+    )
     p.set_defaults(func=cmd_daemon)
