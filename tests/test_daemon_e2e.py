@@ -356,3 +356,22 @@ def test_sigkill_during_a_burst_of_submits_loses_no_acknowledged_job(tmp_path: P
         assert int(new) > max(int(i) for i in ids)
     finally:
         d.stop()
+
+
+@pytest.mark.parametrize(
+    ("source", "cause"),
+    [
+        ("import torch\ntorch.zeros(1).cuda()\n", "asks for CUDA but this job was given CPU devices"),
+        ("import no_such_module_here\n", "a module is missing from the job's Python environment"),
+        ("import argparse\nargparse.ArgumentParser().parse_args()\n", "refused its arguments"),
+    ],
+)  # fmt: skip
+def test_a_job_that_cannot_start_fails_at_once_naming_the_cause(
+    daemon: Daemon, source: str, cause: str
+) -> None:
+    (daemon.root / "doomed.py").write_text(source)
+    job = daemon.submit("doomed.py", "--unexpected")
+    final = daemon.wait_for(lambda j: j[job]["state"] == "failed", 60)
+    assert cause in final[job]["reason"] and "not retried" in final[job]["reason"]
+    decisions = json.loads(daemon.cli("show", job, "--json").stdout)["decisions"]
+    assert not [d for d in decisions if d["kind"] == "crashed"]  # no back-off, no retry

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from pathlib import Path
 
@@ -114,3 +115,20 @@ def test_remote_nodes_reach_the_ssh_launcher(tmp_path: Path) -> None:
     far = launcher.nodes["far"]  # type: ignore[attr-defined]
     assert (far.host, far.devices, far.gloo_ifname) == ("me@far", ("cpu:0", "cpu:1"), "eth0")
     assert far.ssh_options == ("-p", "2222") and "here" not in launcher.nodes  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[scheduler]\ninterval = 5\n", "unknown key 'interval' in [scheduler] (did you mean 'interval_s'?)"),
+        ("[daemon]\nmax_retry = 5\n", "unknown key 'max_retry' in [daemon] (did you mean 'max_retries'?)"),
+        ("[limits]\nzzz = 1\n", "unknown key 'zzz' in [limits] (known: "),
+    ],
+)  # fmt: skip
+def test_unknown_config_keys_are_refused_with_a_suggestion(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    with pytest.raises(PolluxError, match=re.escape(expected)):
+        load_config(path)

@@ -36,6 +36,7 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
 from __future__ import annotations
 
 import contextlib
+import difflib
 import grp
 import socket
 from collections.abc import Sequence
@@ -165,6 +166,36 @@ def local_node(devices: str | None = None) -> NodeConfig:
     return NodeConfig(name=socket.gethostname() or "localhost", devices=found)
 
 
+#: The keys each table of the config may hold (anything else is refused, with a suggestion).
+KNOWN_KEYS: dict[str, frozenset[str]] = {
+    "scheduler": frozenset({"policy", "interval_s", "p", "restart_cost_s"}),
+    "daemon": frozenset(
+        {
+            "admin_group",
+            "allow_group",
+            "checkpoint_root",
+            "max_retries",
+            "backoff_s",
+            "stop_grace_s",
+            "pg_timeout_s",
+            "node_retry_s",
+        }
+    ),  # fmt: skip
+    "limits": frozenset({"max_priority", "connections_per_user", "mib_in_flight_per_user"}),
+}
+
+
+def check_keys(table: dict[str, Any], known: frozenset[str], section: str, where: str) -> None:
+    """Refuse a key the table does not know, naming the closest known one (a typo is far more
+    likely than a key from a newer version, and silently ignoring it hides the mistake)."""
+    for key in sorted(set(table) - known):
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        hint = (
+            f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(known))})"
+        )
+        raise PolluxError(f"{where}: unknown key {key!r} in [{section}]{hint}")
+
+
 def _number(table: dict[str, Any], key: str, default: float, where: str, minimum: float) -> float:
     value = table.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -219,15 +250,8 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
             raise PolluxError(
                 f"{where}: allow_group {allow_group!r} is not a group on this machine"
             ) from None
-    unknown_limits = set(limits) - {
-        "max_priority",
-        "connections_per_user",
-        "mib_in_flight_per_user",
-    }
-    if unknown_limits:
-        raise PolluxError(
-            f"{where}: unknown key(s) in [limits]: {', '.join(sorted(unknown_limits))}"
-        )
+    for section, table in (("scheduler", sched), ("daemon", daemon), ("limits", limits)):
+        check_keys(table, KNOWN_KEYS[section], section, where)
 
     raw_nodes = data.get("nodes")
     nodes: list[NodeConfig] = []

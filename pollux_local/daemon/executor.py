@@ -57,6 +57,7 @@ from pollux_local.api.launch import LaunchEnvironment
 from pollux_local.api.states import PLACED_STATES, ExitCode, JobState
 from pollux_local.core.types import BatchChoice
 from pollux_local.daemon.config import DaemonConfig, NodeConfig, busy_gpus
+from pollux_local.daemon.failures import permanent_cause
 from pollux_local.daemon.jobfiles import make_owned_dir, read_job_file, read_whole_job_file
 from pollux_local.daemon.reports import InvalidReport, parse_report, report_record
 from pollux_local.daemon.scheduler import Action, Allocation, Plan
@@ -762,6 +763,15 @@ class Executor:
             "",
         )
         what = f"replica exited with code {code}" + (f" ({detail})" if detail else "")
+        on_cpu = all(slot.device.startswith("cpu") for slot in group.spec.slots)
+        cause = permanent_cause(detail, on_cpu)
+        if cause is not None:
+            reason = f"{what}: {cause}; not retried"
+            self.store.update_job(
+                job.id, state=JobState.FAILED, failures=failures, end_time=now, reason=reason
+            )
+            self.store.record_decision(job.id, now, "failed", reason)
+            return
         if failures > self.config.max_retries:
             reason = f"{what}; gave up after {failures - 1} restart(s)"
             self.store.update_job(
