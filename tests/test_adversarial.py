@@ -551,11 +551,6 @@ def test_i_job_names_with_terminal_escapes_are_refused_or_printed_escaped(
             assert not CONTROL & set(out.stdout), f"raw control characters: {out.stdout!r}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not protected yet: `show` prints a job's command line and `show`/`status` a failure's"
-    " reason (the job's last log line) with their control characters raw",
-)
 def test_i_what_a_job_controls_is_printed_escaped(lab: Lab, alice: LabUser, bob: LabUser) -> None:
     # Names are checked at submit, but a command line may hold anything, and a crashed job's
     # reason is its last log line: `show` and `status` print them to other users' terminals.

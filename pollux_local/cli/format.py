@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import datetime
+import re
 from typing import Any
 
 from pollux_local.api.messages import JobSummary
+
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character but the newline shown as an escape (``\\x1b``):
+    what a job controls (its command line, its last log line as a failure reason) must not
+    reach another user's terminal as escape sequences."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def fmt(value: Any, spec: str = "", empty: str = "-") -> str:
@@ -68,6 +78,7 @@ def status_table(jobs: list[JobSummary]) -> str:
                 duration(job.eta_s),
             )
         )
+    rows = [tuple(printable(cell) for cell in row) for row in rows]  # type: ignore[misc]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in rows

@@ -16,7 +16,15 @@ from pollux_local.cli.common import (
     print_json,
     state_dir_parser,
 )
-from pollux_local.cli.format import batch, duration, fmt, status_table, timestamp, where
+from pollux_local.cli.format import (
+    batch,
+    duration,
+    fmt,
+    printable,
+    status_table,
+    timestamp,
+    where,
+)
 
 #: Jobs one ``status`` request asks for (the daemon's default page).
 STATUS_PAGE = 1000
@@ -99,7 +107,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     ]
     for entry in reply.decisions:
         lines.append(f"  {timestamp(entry.time)}  {entry.kind:<10} {entry.reason}")
-    print("\n".join(lines))
+    print(printable("\n".join(lines)))
     return 0
 
 
@@ -130,8 +138,8 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     for node in reply.nodes:
         status = "up" if node.up else f"DOWN ({node.error or 'unreachable'})"
         used = ", ".join(f"{d}→job {j}" for d, j in sorted(node.jobs.items())) or "idle"
-        print(f"{node.name} ({node.host}): {status}, {len(node.devices)} device(s) "
-              f"[{', '.join(node.devices)}], load/cpu {fmt(node.load, '.2f')}; {used}")  # fmt: skip
+        print(printable(f"{node.name} ({node.host}): {status}, {len(node.devices)} device(s) "
+              f"[{', '.join(node.devices)}], load/cpu {fmt(node.load, '.2f')}; {used}"))  # fmt: skip
         if node.busy:
             print(f"  busy outside the scheduler: {', '.join(node.busy)}")
     return 0

@@ -15,6 +15,7 @@ from pollux_local.cli.common import (
     print_json,
     state_dir_parser,
 )
+from pollux_local.cli.format import printable
 
 #: Exit status of ``wait`` when a job ended other than succeeded, or the wait timed out.
 NOT_ALL_SUCCEEDED = 1
@@ -32,9 +33,8 @@ def cmd_wait(args: argparse.Namespace) -> int:
                 ended[ident] = (job.state, job.reason)
                 pending.remove(ident)
                 if not args.json and not args.quiet:
-                    print(
-                        f"job {ident} {job.state.value}" + (f": {job.reason}" if job.reason else "")
-                    )
+                    said = f": {job.reason}" if job.reason else ""
+                    print(printable(f"job {ident} {job.state.value}{said}"))
         if not pending:
             break
         if deadline is not None and time.monotonic() >= deadline:
