@@ -133,7 +133,10 @@ class Harness:
         """Advance the clock, then one scheduling pass."""
         self.now += seconds
         await self.loop.schedule_once()
-        await asyncio.sleep(0)
+        # stops run as tasks of their own and a start waiting for the devices they free
+        # launches when they end: let those settle, as the real loop would before its next pass
+        for _ in range(200):
+            await asyncio.sleep(0)
 
     async def finish(self, job_id: int, code: int = 0) -> None:
         """The job's running replicas exit with ``code``; returns once the executor noticed."""

@@ -25,9 +25,12 @@ import contextlib
 import functools
 import importlib.resources
 import json
+import logging
+import os
 import secrets
 import shlex
 import signal
+import stat
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +47,8 @@ UNREACHABLE_EXIT_CODE = 255
 #: Exit code when the supervisor could not start the replicas (bad work dir, unshared path);
 #: it is ``node_agent.SETUP_FAILED_EXIT_CODE``.
 SETUP_FAILED_EXIT_CODE = node_agent.SETUP_FAILED_EXIT_CODE
+
+log = logging.getLogger("pollux_local.launch.ssh")
 
 
 @functools.cache
@@ -245,11 +250,26 @@ class SshReplicaGroup:
         self._done.set()
 
     def _append_log(self, rank: int, data: bytes) -> None:
+        """Append a remote rank's output to its local log, which lies in a directory the job's
+        user can write: never following a symlink, never blocking on a FIFO, never writing
+        through a hard link (the daemon may be root).  An unsafe log loses the bytes."""
         path = self._log_files.get(rank)
         if path is None:
             return
-        with open(path, "ab") as fh:
-            fh.write(data)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOCTTY, 0o644)
+        except OSError as exc:
+            log.warning("not writing to %s: %s", path, exc.strerror)
+            return
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+                log.warning("not writing to %s: not a plain file", path)
+                return
+            os.write(fd, data)
+        finally:
+            os.close(fd)
 
     def _abandon_sessions(self) -> None:
         """Drop ssh clients that still run (their link is dead or the node hangs)."""
