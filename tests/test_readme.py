@@ -57,7 +57,7 @@ NOT_RUN = {
 #: parsed and ``--help``-checked, not run.  Must be exactly the README's such commands.
 PARSE_ONLY = {
     "pollux-local daemon --devices cpu:2": "runs until stopped; the test starts it itself",
-    "pollux-local daemon --config /etc/pollux-local.toml --state-dir /var/lib/pollux-local": (
+    "pollux-local daemon --config /etc/pollux-local/config.toml --state-dir /var/lib/pollux-local": (
         "runs until stopped, on system paths"
     ),
     "pollux-local logs -f 1": "follows the log until the job ends",
