@@ -120,7 +120,7 @@ def test_limits_and_allow_group_in_the_config(tmp_path: Path) -> None:
         ("[limits]\nconnections_per_user = 0\n", "connections_per_user must be between"),
         ("[limits]\nmib_in_flight_per_user = 8\n", "mib_in_flight_per_user must be between"),
         ("[limits]\nmax_priority = 1.5\n", "max_priority must be a whole number"),
-        ("[limits]\nbogus = 1\n", "unknown key(s) in [limits]: bogus"),
+        ("[limits]\nbogus = 1\n", "unknown key 'bogus' in [limits]"),
     ]:
         path.write_text(text)
         with pytest.raises(PolluxError) as caught:

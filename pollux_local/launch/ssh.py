@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import errno
 import functools
 import importlib.resources
 import json
@@ -592,15 +593,35 @@ class SshLauncher:
 
 
 def _write_probe(directory: Path) -> tuple[Path, str]:
-    """Write a file with a random token into ``directory``; returns (path, token)."""
+    """Write a file with a random token into ``directory``; returns (path, token).
+
+    The directory (the job's checkpoint dir, made beforehand as the job's user) is opened
+    without following a symlink in its last component, and the probe created in it with
+    ``O_EXCL | O_NOFOLLOW``: a job that swapped its checkpoint dir for a link elsewhere gets a
+    one-line error, and the daemon (perhaps root) writes nothing there."""
+    token = secrets.token_hex(16)
+    name = f".pollux-probe-{token[:12]}"
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        token = secrets.token_hex(16)
-        path = directory / f".pollux-probe-{token[:12]}"
-        path.write_text(token)
+        if not os.path.lexists(directory):
+            directory.mkdir(parents=True, exist_ok=True)
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise PolluxError(
+            f"cannot write to checkpoint dir {directory}: {exc.strerror}"
+            + (" (a symlink?)" if exc.errno in (errno.ELOOP, errno.ENOTDIR) else "")
+        ) from None
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(name, flags, 0o644, dir_fd=dir_fd)
+        try:
+            os.write(fd, token.encode())
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise PolluxError(f"cannot write to checkpoint dir {directory}: {exc.strerror}") from None
-    return path, token
+    finally:
+        os.close(dir_fd)
+    return directory / name, token
 
 
 async def _remove_probe_later(group: SshReplicaGroup, path: Path) -> None:
