@@ -41,15 +41,23 @@ def _trusted_owner(st_uid: int, owner_uid: int) -> bool:
     return st_uid in (owner_uid, os.geteuid())
 
 
+def _open_directory(path: Path, name: str | None = None, dir_fd: int | None = None) -> int:
+    """A descriptor of the directory ``path`` (or ``name`` relative to ``dir_fd``), its last
+    component never followed: a symlink or a non-directory there is :class:`UnsafeJobFile`."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path if name is None else name, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            shown = path if name is None else path / name
+            raise UnsafeJobFile(f"{shown} is not a directory (a symlink?)") from None
+        raise
+
+
 @contextlib.contextmanager
 def open_job_dir(path: Path, owner_uid: int) -> Iterator[int]:
     """A descriptor of the job directory ``path`` (not followed if it is a symlink)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise UnsafeJobFile(f"{path} is not a directory (a symlink?)") from None
-        raise
+    fd = _open_directory(path)
     try:
         info = os.fstat(fd)
         if not _trusted_owner(info.st_uid, owner_uid):
@@ -131,25 +139,14 @@ def make_owned_dir(parent: Path, name: str, uid: int, gid: int, mode: int = 0o75
     given to the user); anything else is :class:`UnsafeJobFile`."""
     if "/" in name or name in ("", ".", ".."):
         raise UnsafeJobFile(f"bad directory name {name!r}")
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        parent_fd = os.open(parent, flags)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise UnsafeJobFile(f"{parent} is not a directory (a symlink?)") from None
-        raise
+    parent_fd = _open_directory(parent)
     try:
         info = os.fstat(parent_fd)
         if info.st_uid != os.geteuid() or info.st_mode & 0o022:
             raise UnsafeJobFile(f"{parent} is not a directory only the daemon's user may change")
         with contextlib.suppress(FileExistsError):
             os.mkdir(name, mode, dir_fd=parent_fd)
-        try:
-            fd = os.open(name, flags, dir_fd=parent_fd)
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise UnsafeJobFile(f"{parent / name} is not a directory (a symlink?)") from None
-            raise
+        fd = _open_directory(parent, name, dir_fd=parent_fd)
         try:
             info = os.fstat(fd)
             if not _trusted_owner(info.st_uid, uid):
