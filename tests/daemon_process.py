@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +93,18 @@ def activated_environ(**extra: str) -> dict[str, str]:
         "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", os.defpath)]),
         **extra,
     }
+
+
+@contextlib.contextmanager
+def quick_daemon(root: Path, devices: str, restart_cost_s: float) -> Iterator[DaemonProcess]:
+    """A real daemon on ``devices`` that schedules every second (``root/state``), stopped on
+    exit: what the end-to-end tests of a job's life use."""
+    config = root / "config.toml"
+    config.write_text(f"[scheduler]\ninterval_s = 1\nrestart_cost_s = {restart_cost_s:g}\n")
+    proc = DaemonProcess(
+        root / "state", "--devices", devices, "--config", str(config), "--interval", "1"
+    ).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()

@@ -32,7 +32,7 @@ from pollux_local.daemon.auth import Peer
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers.submit import check_submit, submit
 from pollux_local.daemon.scheduler import Action
-from tests.daemon_process import DaemonProcess, wait_for
+from tests.daemon_process import DaemonProcess, quick_daemon, wait_for
 from tests.scheduler_harness import Harness
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -303,15 +303,8 @@ time.sleep(float(sys.argv[1]))
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    config = tmp_path / "config.toml"
-    config.write_text("[scheduler]\ninterval_s = 1\nrestart_cost_s = 1\n")
-    proc = DaemonProcess(
-        tmp_path / "state", "--devices", "cpu:3", "--config", str(config), "--interval", "1"
-    ).start()
-    try:
+    with quick_daemon(tmp_path, "cpu:3", restart_cost_s=1) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.mark.slow
