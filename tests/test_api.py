@@ -34,6 +34,11 @@ def test_every_request_type_round_trips_through_a_frame() -> None:
         api.SetPriority(id="1", priority=-5),
         api.Nodes(),
         api.Report(job_id="4", report=api.JobReport(progress=3.0, metrics={"loss": 0.5})),
+        api.Restart(id="4"),
+        api.Edit(id="4", min_gpus=2, time_limit_s=None),
+        api.Usage(user="alice", since=0.0),
+        api.Drain(target="box2:cuda:1"),
+        api.Resume(target="box2"),
     ]
     assert {type(r) for r in samples} == set(REQUEST_TYPES.values())
     for request in samples:

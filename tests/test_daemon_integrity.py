@@ -43,7 +43,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 def add(store: StateStore, name: str = "j") -> int:
     return store.add_job(
         name=name, owner_uid=1, owner_gid=1, owner_name="ann",
-        spec={"argv": ["x"]}, priority=0, submit_time=1.0, env={"SECRET": "1"},
+        spec={"argv": ["x"], "workdir": "/tmp"}, priority=0, submit_time=1.0, env={"SECRET": "1"},
     ).id  # fmt: skip
 
 
@@ -156,7 +156,7 @@ def test_a_damaged_page_is_found_by_quick_check(tmp_path: Path) -> None:
 def test_schema_version_and_migrations_in_order(tmp_path: Path) -> None:
     assert [number for number, _, _ in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
     store = StateStore(tmp_path / "new.db")
-    assert store.version == SCHEMA_VERSION == 2
+    assert store.version == SCHEMA_VERSION == 3
     assert store.schema_version() == SCHEMA_VERSION
     store.close()
 
@@ -176,6 +176,9 @@ def test_schema_version_and_migrations_in_order(tmp_path: Path) -> None:
     indexes = {r[0] for r in store.db.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     assert {"jobs_end_time", "jobs_owner", "jobs_state"} <= indexes
     assert [job.name for job in store.jobs()] == ["kept"]
+    # version 3: typed device-seconds, the outbox of job ends, the drained devices
+    assert store.jobs()[0].device_seconds == {}
+    assert store.pending_ends() == [] and store.withheld() == []
     store.close()
 
 

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pollux_local.api.spec import Target
 from pollux_local.core.types import Decision, GradStats, JobView, NodeView, Placement
 from pollux_local.daemon.scheduler import (
     ModelCache,
@@ -367,7 +368,7 @@ def test_eta_from_the_declared_length_and_the_metric_trend() -> None:
     running.report = {"epoch": 0, "epochs": 4}
     assert job_eta(running, 1100.0) is None  # nothing done yet: unknown
     # the target metric's trend, when sooner
-    running.spec["target"] = {"metric": "acc", "value": 0.9, "mode": "max"}
+    running.spec.target = Target(metric="acc", value=0.9, mode="max")
     metrics = MetricHistory()
     for t, acc in ((1000.0, 0.5), (1010.0, 0.6), (1020.0, 0.7)):
         metrics.note(running, {"metrics": {"acc": acc}, "time": t}, t)

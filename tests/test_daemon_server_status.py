@@ -42,7 +42,7 @@ def fill(
                 1000 + i % 2,
                 ("ann", "bob")[i % 2],
                 (JobState.SUCCEEDED if done else JobState.QUEUED).value,
-                '{"argv": ["x"], "min_gpus": 1}',
+                '{"argv": ["x"], "workdir": "/tmp", "min_gpus": 1}',
                 NOW - 3 * DAY + i,
                 NOW - ended_days_ago * DAY if done else None,
             )
@@ -80,7 +80,7 @@ def test_default_window_filters_and_pages(tmp_path: Path) -> None:
     fill(store, 10, finished_every=2)  # even ids-1 finished two days ago, odd ones queued
     recent = store.add_job(
         name="recent", owner_uid=1000, owner_gid=1000, owner_name="ann",
-        spec={"argv": ["x"]}, priority=0, submit_time=NOW - 100,
+        spec={"argv": ["x"], "workdir": "/tmp"}, priority=0, submit_time=NOW - 100,
     )  # fmt: skip
     store.update_job(recent.id, state=JobState.FAILED, end_time=NOW - 3600)
     ctx = context(store)

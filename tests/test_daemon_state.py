@@ -16,7 +16,7 @@ from pollux_local.errors import PolluxError
 def add(store: StateStore, name: str) -> int:
     job = store.add_job(
         name=name, owner_uid=1, owner_gid=1, owner_name="ann",
-        spec={"argv": ["x"]}, priority=0, submit_time=1.0, env={"A": "1"},
+        spec={"argv": ["x"], "workdir": "/tmp"}, priority=0, submit_time=1.0, env={"A": "1"},
     )  # fmt: skip
     return job.id
 

@@ -29,11 +29,14 @@ from pollux_local.core.baselines import FifoPolicy, OptimusPolicy, TiresiasPolic
 from pollux_local.core.policy import GoodputPolicy
 from pollux_local.core.types import BatchChoice, JobView, NodeView, Policy
 from pollux_local.daemon.auth import Peer
+from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers.submit import check_submit, submit
 from pollux_local.daemon.scheduler import Action
 from tests.daemon_process import DaemonProcess, quick_daemon, wait_for
 from tests.scheduler_harness import Harness
+
+FOUR_DEVICES = DaemonConfig(nodes=(NodeConfig("n", tuple(f"cpu:{i}" for i in range(4))),))
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -265,17 +268,17 @@ async def test_submit_stores_elastic_and_preemptible(tmp_path: Path) -> None:
         return msgspec.convert(raw, Submit)
 
     plain = h.job(int(submit(ctx, request(min_gpus=2)).id))  # a raw request: rigid
-    assert (plain.spec["elastic"], plain.spec["preemptible"]) == (False, False)
+    assert (plain.spec.elastic, plain.spec.preemptible) == (False, False)
     resizable = h.job(int(submit(ctx, request(elastic=True, max_gpus=4)).id))
-    assert resizable.spec["elastic"] is True
+    assert resizable.spec.elastic is True
     stoppable = h.job(int(submit(ctx, request(preemptible=True)).id))
-    assert (stoppable.spec["elastic"], stoppable.spec["preemptible"]) == (False, True)
+    assert (stoppable.spec.elastic, stoppable.spec.preemptible) == (False, True)
     held = h.job(int(submit(ctx, request(hold=True)).id))
     assert held.reason == "waiting: held"
     with pytest.raises(InvalidRequest, match="rigid job runs on exactly min_gpus"):
-        check_submit(request(min_gpus=1, max_gpus=3), 4)
-    check_submit(request(min_gpus=2, max_gpus=2), 4)
-    check_submit(request(elastic=True, min_gpus=1, max_gpus=3), 4)
+        check_submit(request(min_gpus=1, max_gpus=3), FOUR_DEVICES)
+    check_submit(request(min_gpus=2, max_gpus=2), FOUR_DEVICES)
+    check_submit(request(elastic=True, min_gpus=1, max_gpus=3), FOUR_DEVICES)
 
 
 # --- end to end ------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ client, the CLI, the TUI and the job library.  It depends on nothing else of the
 * :mod:`~pollux_local.api.wire`: framing and strict (de)coding;
 * :mod:`~pollux_local.api.states`: :class:`JobState` (its docstring is the state machine) and
   :class:`ExitCode`;
+* :mod:`~pollux_local.api.spec`: :class:`JobSpec`, a job as the daemon stores it;
 * :mod:`~pollux_local.api.launch`: the launch environment a replica gets;
 * :mod:`~pollux_local.api.report`: the job report a job sends;
 * :mod:`~pollux_local.api.errors`: the exception tree.
@@ -27,9 +28,14 @@ from pollux_local.api.launch import LaunchEnvironment
 from pollux_local.api.messages import (
     PROTOCOL_VERSION,
     REQUEST_TYPES,
+    ArrayTask,
     Cancel,
     CancelReply,
     DecisionRecord,
+    DeviceUsage,
+    Drain,
+    DrainReply,
+    Edit,
     Hold,
     JobDetail,
     JobStateReply,
@@ -46,6 +52,8 @@ from pollux_local.api.messages import (
     Report,
     ReportReply,
     Request,
+    Restart,
+    Resume,
     SetPriority,
     Show,
     ShowReply,
@@ -53,9 +61,11 @@ from pollux_local.api.messages import (
     StatusReply,
     Submit,
     SubmitReply,
-    Target,
+    Usage,
+    UsageReply,
 )
 from pollux_local.api.report import REPORT_VERSION, JobReport
+from pollux_local.api.spec import Constraint, JobSpec, Target, decode_spec
 from pollux_local.api.states import ACTIVE_STATES, TERMINAL_STATES, ExitCode, JobState
 
 __all__ = [
@@ -64,17 +74,24 @@ __all__ = [
     "REPORT_VERSION",
     "REQUEST_TYPES",
     "TERMINAL_STATES",
+    "ArrayTask",
     "Cancel",
     "CancelReply",
     "Conflict",
+    "Constraint",
     "DaemonUnavailable",
     "DecisionRecord",
+    "DeviceUsage",
+    "Drain",
+    "DrainReply",
+    "Edit",
     "ExitCode",
     "Hold",
     "InternalError",
     "InvalidRequest",
     "JobDetail",
     "JobReport",
+    "JobSpec",
     "JobState",
     "JobStateReply",
     "JobSummary",
@@ -96,6 +113,8 @@ __all__ = [
     "Report",
     "ReportReply",
     "Request",
+    "Restart",
+    "Resume",
     "SetPriority",
     "Show",
     "ShowReply",
@@ -104,4 +123,7 @@ __all__ = [
     "Submit",
     "SubmitReply",
     "Target",
+    "Usage",
+    "UsageReply",
+    "decode_spec",
 ]

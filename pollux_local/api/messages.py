@@ -11,22 +11,28 @@ A reply is ``{"v": 1, "ok": true, ...fields of T.Reply}`` or ``{"v": 1, "ok": fa
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, TypeVar
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from pollux_local.api.report import JobReport
+from pollux_local.api.spec import (
+    BatchSize,
+    Constraint,
+    Count,
+    JobId,
+    NotifyUrl,
+    NotifyWhen,
+    Seconds,
+    Target,
+)
 from pollux_local.api.states import JobState
 
 PROTOCOL_VERSION = 1
 
 # --- field types ---------------------------------------------------------------------------
 
-#: A job id as sent on the wire: decimal digits.
-JobId = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,15}$", description="a job id")]
-#: Device counts and batch sizes: positive, and far below anything that overflows.
-Count = Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]
-BatchSize = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
 Priority = Annotated[int, msgspec.Meta(ge=-1000, le=1000)]
 #: A job name: printable (no control characters or escapes), at most 128 characters.
 JobName = Annotated[
@@ -39,14 +45,6 @@ Argument = Annotated[str, msgspec.Meta(max_length=131072, pattern=r"^[^\x00]*$")
 
 class Message(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Base of every typed message (strict: unknown fields are refused)."""
-
-
-class Target(Message):
-    """The quality a job aims for: ``metric`` reaches ``value`` (``mode`` max: at least it)."""
-
-    metric: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-    value: float
-    mode: Literal["max", "min"] = "max"
 
 
 class Reply(Message):
@@ -82,8 +80,12 @@ class PingReply(Reply):
 
 
 class SubmitReply(Reply):
+    """The new job's id and state; for an array, ``ids`` lists every task's id (``id`` is
+    the first, which is also the array's id)."""
+
     id: str
     state: JobState
+    ids: list[str] = msgspec.field(default_factory=list)
 
 
 class JobSummary(Message, kw_only=True):
@@ -127,6 +129,14 @@ class JobSummary(Message, kw_only=True):
     target: Target | None
     elastic: bool = False
     preemptible: bool = False
+    after: list[str] = msgspec.field(default_factory=list)
+    after_any: bool = False
+    array_id: str | None = None
+    array_index: int | None = None
+    time_limit_s: float | None = None
+    constraint: Constraint | None = None
+    #: the device type of the devices it holds (``None`` when it holds none)
+    device_type: str | None = None
 
 
 class StatusReply(Reply):
@@ -243,6 +253,13 @@ class NodeRow(Message):
     busy: list[str]
     jobs: dict[str, str]
     load: float | None
+    #: the type of its devices (``[nodes.NAME] type``; ``cpu`` for CPU-backed devices)
+    device_type: str = "gpu"
+    #: devices reserved by the admin (``[devices] reserved``) or drained at run time: never
+    #: given to a new job
+    withheld: list[str] = msgspec.field(default_factory=list)
+    #: the whole node is drained (``pollux-local drain NODE``)
+    drained: bool = False
 
 
 class NodesReply(Reply):
@@ -260,6 +277,15 @@ class Ping(Request[PingReply], tag="ping", kw_only=True):
     """Is a daemon there, and who am I to it?"""
 
     Reply = PingReply
+
+
+class ArrayTask(Message):
+    """One task of an array: its index (``POLLUX_ARRAY_INDEX``) and, for a sweep, its own
+    command (the sweep's values substituted; ``None``: the array's command)."""
+
+    index: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
+    argv: Annotated[list[Argument], msgspec.Meta(min_length=1, max_length=4096)] | None = None
+    name: JobName | None = None
 
 
 class Submit(Request[SubmitReply], tag="submit", kw_only=True):
@@ -287,6 +313,22 @@ class Submit(Request[SubmitReply], tag="submit", kw_only=True):
     elastic: bool = False
     #: a rigid job that may be stopped and queued again (it resumes from its own snapshot)
     preemptible: bool = False
+    #: start only after these jobs ended: all succeeded, or (``after_any``) however they ended
+    after: Annotated[list[JobId], msgspec.Meta(max_length=1000)] = msgspec.field(
+        default_factory=list
+    )
+    after_any: bool = False
+    #: an array: one job per task (``None``: a single job); ``max_running`` caps how many of
+    #: them run at once
+    array: Annotated[list[ArrayTask], msgspec.Meta(min_length=1, max_length=10_000)] | None = None
+    max_running: Count | None = None
+    #: the most seconds the job may run (``None``: the daemon's default, if any)
+    time_limit_s: Seconds | None = None
+    notify: Annotated[list[NotifyUrl], msgspec.Meta(max_length=16)] = msgspec.field(
+        default_factory=list
+    )
+    notify_on: NotifyWhen = "end"
+    constraint: Constraint | None = None
 
 
 #: A user name as ``status`` filters by it.
@@ -325,10 +367,16 @@ class Logs(Request[LogsReply], tag="logs", kw_only=True):
 
 
 class Cancel(Request[CancelReply], tag="cancel", kw_only=True):
-    """Cancel jobs (the owner's or, for an admin, anyone's)."""
+    """Cancel jobs (the owner's or, for an admin, anyone's): ``ids``, and every task of the
+    arrays ``arrays`` (an array's id is its first task's id)."""
 
     Reply = CancelReply
-    ids: Annotated[list[JobId], msgspec.Meta(min_length=1, max_length=100_000)]
+    ids: Annotated[list[JobId], msgspec.Meta(max_length=100_000)] = msgspec.field(
+        default_factory=list
+    )
+    arrays: Annotated[list[JobId], msgspec.Meta(max_length=1000)] = msgspec.field(
+        default_factory=list
+    )
 
 
 class Hold(Request[JobStateReply], tag="hold", kw_only=True):
@@ -367,8 +415,105 @@ class Report(Request[ReportReply], tag="report", kw_only=True):
     report: JobReport
 
 
+class Restart(Request[SubmitReply], tag="restart", kw_only=True):
+    """Submit a job that ended again: the same command, environment and options, a new id."""
+
+    Reply = SubmitReply
+    id: JobId
+    hold: bool = False
+
+
+class Edit(Request[JobStateReply], tag="edit", kw_only=True):
+    """Change a queued or held job: only the fields given (``UNSET`` leaves one as it is;
+    ``time_limit_s`` ``None`` removes the limit, ``max_gpus`` ``None`` the upper bound)."""
+
+    Reply = JobStateReply
+    id: JobId
+    argv: Annotated[list[Argument], msgspec.Meta(min_length=1, max_length=4096)] | UnsetType = UNSET
+    min_gpus: Count | UnsetType = UNSET
+    max_gpus: Count | None | UnsetType = UNSET
+    time_limit_s: Seconds | None | UnsetType = UNSET
+    priority: Priority | UnsetType = UNSET
+
+
+class DeviceUsage(Message):
+    """What one user (or everyone, ``user`` ``*``) used: device-hours in all and by device type,
+    and how the jobs that ran ended."""
+
+    user: str
+    device_hours: float
+    by_type: dict[str, float]
+    jobs: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    running: int
+
+
+class UsageReply(Reply):
+    """``usage``: one row per user (most device-hours first) and the total; ``since`` is the
+    start of the period (``None``: all the history)."""
+
+    users: list[DeviceUsage]
+    total: DeviceUsage
+    since: float | None
+
+
+class Usage(Request[UsageReply], tag="usage", kw_only=True):
+    """Accounting from the job history: device-hours and jobs per user, since ``since`` (a
+    Unix time; ``None``: everything), for ``user`` only when given."""
+
+    Reply = UsageReply
+    user: UserName | None = None
+    since: Annotated[float, msgspec.Meta(ge=0)] | None = None
+
+
+class DrainReply(Reply):
+    """The devices and nodes withheld from new jobs after the request (``node`` or
+    ``node:device``)."""
+
+    withheld: list[str]
+
+
+#: A node (``box2``), a device of this machine (``cuda:3``) or a node's device (``box2:cuda:3``).
+DrainTarget = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.:@+-]+$")
+]
+
+
+class Drain(Request[DrainReply], tag="drain", kw_only=True):
+    """Withhold a node or a device from new jobs (an admin's; jobs running there go on)."""
+
+    Reply = DrainReply
+    target: DrainTarget
+
+
+class Resume(Request[DrainReply], tag="resume", kw_only=True):
+    """Give a drained node or device back to the scheduler (an admin's)."""
+
+    Reply = DrainReply
+    target: DrainTarget
+
+
 #: type tag -> request class
 REQUEST_TYPES: dict[str, type[Request[Any]]] = {
     cls.__struct_config__.tag: cls  # type: ignore[misc]
-    for cls in (Ping, Submit, Status, Show, Logs, Cancel, Hold, Release, SetPriority, Nodes, Report)
+    for cls in (
+        Ping,
+        Submit,
+        Status,
+        Show,
+        Logs,
+        Cancel,
+        Hold,
+        Release,
+        SetPriority,
+        Nodes,
+        Report,
+        Restart,
+        Edit,
+        Usage,
+        Drain,
+        Resume,
+    )
 }

@@ -26,11 +26,30 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     host = "box2"             # an ssh destination; "localhost" or none = this machine
     devices = "cuda:0,1"      # or ["cuda:0", "cuda:1"], or "cpu:4"
     workdir = "/shared/runs"  # optional
+    type = "rtx2080ti"        # the devices' type (default: "cpu" for CPU devices, else "gpu")
 
     [limits]
     max_priority = 0          # the highest priority a user who is not an admin may give
     connections_per_user = 16 # open connections per user (root and the daemon's user: any)
     mib_in_flight_per_user = 32  # request bytes one user may have the daemon buffer at once
+    max_devices_per_user = 4  # devices one user's jobs may hold at once (default: no cap)
+    max_running_per_user = 8  # jobs of one user running at once (default: no cap)
+    default_time = "1d"       # the time limit of a job submitted without --time
+    max_time = "7d"           # the longest --time a job may ask for
+
+    [devices]
+    reserved = ["cuda:3", "box2:cuda:0"]  # never given to a job (this machine's, or NODE:DEV)
+
+    [notify]
+    command = "notify-send \"$POLLUX_JOB_NAME $POLLUX_JOB_STATE\""  # run as the job's owner
+    on = "end"                # or "failure": only failed jobs
+    desktop = true            # also a desktop notification where the owner has a session bus
+
+    [metrics]
+    prometheus = "127.0.0.1:9464"  # serve /metrics there (needs the prometheus extra)
+
+``SIGHUP`` makes the daemon read the file again: nodes, limits, reserved devices and
+notifications change without stopping a job (``reload_config``).
 """
 
 from __future__ import annotations
@@ -38,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import grp
+import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from pollux_local.core.names import POLICY_ALIASES
+from pollux_local.durations import DurationError, parse_duration
 from pollux_local.errors import PolluxError
 from pollux_local.tomlfile import read_toml
 
@@ -62,6 +83,13 @@ class NodeConfig:
     host: str | None = None
     workdir: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    #: the devices' type: ``[nodes.NAME] type``, else ``cpu`` for CPU devices, ``gpu`` others
+    device_type: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.device_type:
+            kind = "cpu" if all(d.startswith("cpu") for d in self.devices) else "gpu"
+            object.__setattr__(self, "device_type", kind)
 
     @property
     def is_local(self) -> bool:
@@ -90,6 +118,21 @@ class DaemonConfig:
     max_user_connections: int = 16
     #: request bytes one user may have the daemon buffer at once
     max_user_bytes: int = 32 * 1024 * 1024
+    #: devices one user's jobs may hold at once, and jobs of one user running at once
+    max_devices_per_user: int | None = None
+    max_running_per_user: int | None = None
+    #: the time limit of a job submitted without one, and the longest one a job may ask for
+    default_time_s: float | None = None
+    max_time_s: float | None = None
+    #: devices never given to a job, as ``node:device``
+    reserved: tuple[str, ...] = ()
+    #: a shell command run as a job's owner when it ends (``notify_on`` ``failure``: only when
+    #: it failed), and whether to send a desktop notification too
+    notify_command: str | None = None
+    notify_on: str = "end"
+    notify_desktop: bool = False
+    #: ``host:port`` of the Prometheus endpoint (``None``: none)
+    prometheus: str | None = None
     source: str = "embedded default"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -102,6 +145,13 @@ class DaemonConfig:
             if node.name == name:
                 return node
         raise KeyError(name)
+
+    def device_type_of(self, node_name: str) -> str:
+        """The type of a node's devices (``gpu`` for a node no longer configured)."""
+        try:
+            return self.node(node_name).device_type
+        except KeyError:
+            return "gpu"
 
 
 def discover_gpus() -> list[str]:
@@ -181,8 +231,22 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
             "node_retry_s",
         }
     ),  # fmt: skip
-    "limits": frozenset({"max_priority", "connections_per_user", "mib_in_flight_per_user"}),
+    "limits": frozenset(
+        {
+            "max_priority",
+            "connections_per_user",
+            "mib_in_flight_per_user",
+            "max_devices_per_user",
+            "max_running_per_user",
+            "default_time",
+            "max_time",
+        }
+    ),
+    "devices": frozenset({"reserved"}),
+    "notify": frozenset({"command", "on", "desktop"}),
+    "metrics": frozenset({"prometheus"}),
 }
+SECTIONS = ("scheduler", "daemon", "nodes", "limits", "devices", "notify", "metrics")
 
 
 def check_keys(table: dict[str, Any], known: frozenset[str], section: str, where: str) -> None:
@@ -224,14 +288,21 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
     where = str(path)
     data = read_toml(path, "config file")
 
-    unknown = set(data) - {"scheduler", "daemon", "nodes", "limits"}
+    unknown = set(data) - set(SECTIONS)
     if unknown:
         raise PolluxError(f"{where}: unknown section(s) {', '.join(sorted(unknown))}")
     sched = data.get("scheduler", {})
     daemon = data.get("daemon", {})
     limits = data.get("limits", {})
-    if not all(isinstance(table, dict) for table in (sched, daemon, limits)):
-        raise PolluxError(f"{where}: [scheduler], [daemon] and [limits] must be tables")
+    devices_table = data.get("devices", {})
+    notify = data.get("notify", {})
+    metrics = data.get("metrics", {})
+    tables = (sched, daemon, limits, devices_table, notify, metrics)
+    if not all(isinstance(table, dict) for table in tables):
+        raise PolluxError(
+            f"{where}: [scheduler], [daemon], [limits], [devices], [notify] and [metrics]"
+            " must be tables"
+        )
     policy = sched.get("policy", "goodput")
     if isinstance(policy, str):
         policy = POLICY_ALIASES.get(policy, policy)
@@ -250,7 +321,9 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
             raise PolluxError(
                 f"{where}: allow_group {allow_group!r} is not a group on this machine"
             ) from None
-    for section, table in (("scheduler", sched), ("daemon", daemon), ("limits", limits)):
+    for section, table in zip(
+        ("scheduler", "daemon", "limits", "devices", "notify", "metrics"), tables, strict=True
+    ):
         check_keys(table, KNOWN_KEYS[section], section, where)
 
     raw_nodes = data.get("nodes")
@@ -292,8 +365,23 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
             workdir = raw.get("workdir")
             if workdir is not None and not isinstance(workdir, str):
                 raise PolluxError(f"{node_where}: workdir must be a path")
+            node_type = raw.get("type", "")
+            if not isinstance(node_type, str) or (
+                node_type and not re.fullmatch(r"[A-Za-z0-9_.+-]{1,64}", node_type)
+            ):
+                raise PolluxError(
+                    f"{node_where}: type must be a short name (letters, digits, _.+-),"
+                    f" got {node_type!r}"
+                )
             nodes.append(
-                NodeConfig(name=name, devices=node_devices, host=host, workdir=workdir, raw=raw)
+                NodeConfig(
+                    name=name,
+                    devices=node_devices,
+                    host=host,
+                    workdir=workdir,
+                    raw=raw,
+                    device_type=node_type,
+                )
             )
         names = [node.name for node in nodes]
         if len(set(names)) != len(names):
@@ -307,6 +395,24 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
     max_retries = daemon.get("max_retries", 3)
     if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
         raise PolluxError(f"{where}: max_retries must be a whole number >= 0")
+    default_time = _duration(limits, "default_time", where)
+    max_time = _duration(limits, "max_time", where)
+    if default_time is not None and max_time is not None and default_time > max_time:
+        raise PolluxError(f"{where}: default_time is longer than max_time")
+    notify_command = notify.get("command")
+    if notify_command is not None and (not isinstance(notify_command, str) or not notify_command):
+        raise PolluxError(f"{where}: [notify] command must be a shell command line")
+    notify_on = notify.get("on", "end")
+    if notify_on not in ("end", "failure"):
+        raise PolluxError(f"{where}: [notify] on must be 'end' or 'failure', got {notify_on!r}")
+    desktop = notify.get("desktop", False)
+    if not isinstance(desktop, bool):
+        raise PolluxError(f"{where}: [notify] desktop must be true or false")
+    prometheus = metrics.get("prometheus")
+    if prometheus is not None and (
+        not isinstance(prometheus, str) or not re.fullmatch(r"[^\s:]*:\d{1,5}", prometheus)
+    ):
+        raise PolluxError(f"{where}: [metrics] prometheus must be 'HOST:PORT', got {prometheus!r}")
     return DaemonConfig(
         nodes=tuple(nodes),
         policy=policy,
@@ -324,8 +430,68 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
         max_priority=_whole(limits, "max_priority", 0, where, 0, 1000),
         max_user_connections=_whole(limits, "connections_per_user", 16, where, 1, 256),
         max_user_bytes=_whole(limits, "mib_in_flight_per_user", 32, where, 16, 4096) << 20,
+        max_devices_per_user=_optional_whole(limits, "max_devices_per_user", where),
+        max_running_per_user=_optional_whole(limits, "max_running_per_user", where),
+        default_time_s=default_time,
+        max_time_s=max_time,
+        reserved=reserved_devices(devices_table.get("reserved", []), nodes, where),
+        notify_command=notify_command,
+        notify_on=notify_on,
+        notify_desktop=desktop,
+        prometheus=prometheus,
         source=where,
     )
+
+
+def _optional_whole(table: dict[str, Any], key: str, where: str) -> int | None:
+    if key not in table:
+        return None
+    return _whole(table, key, 0, where, 1, 1_000_000)
+
+
+def _duration(table: dict[str, Any], key: str, where: str) -> float | None:
+    value = table.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise PolluxError(f'{where}: {key} must be a duration such as "2h", got {value!r}')
+    try:
+        return parse_duration(value)
+    except DurationError as exc:
+        raise PolluxError(f"{where}: {key}: {exc}") from None
+
+
+def resolve_target(target: str, nodes: Sequence[NodeConfig]) -> str:
+    """A drain target or reserved device as ``node`` or ``node:device``: a node's name, a
+    device of this machine (``cuda:3``: the first local node's) or ``node:device``;
+    :class:`PolluxError` naming it when it is none of these."""
+    names = {node.name: node for node in nodes}
+    if target in names:
+        return target
+    local = next((node for node in nodes if node.is_local), None)
+    if local is not None and target in local.devices:
+        return f"{local.name}:{target}"
+    node_name, sep, device = target.partition(":")
+    node = names.get(node_name)
+    if sep and node is not None and device in node.devices:
+        return f"{node.name}:{device}"
+    raise PolluxError(f"no node or device {target!r} (nodes: {', '.join(names)})")
+
+
+def reserved_devices(raw: Any, nodes: Sequence[NodeConfig], where: str) -> tuple[str, ...]:
+    """``[devices] reserved`` as ``node:device`` entries (each must name a configured device)."""
+    if not isinstance(raw, list) or not all(isinstance(item, str) for item in raw):
+        raise PolluxError(f"{where}: [devices] reserved must be a list of devices")
+    resolved = []
+    for item in raw:
+        try:
+            target = resolve_target(item, nodes)
+        except PolluxError as exc:
+            raise PolluxError(f"{where}: [devices] reserved: {exc}") from None
+        if ":" not in target:
+            raise PolluxError(f"{where}: [devices] reserved lists devices, not node {item!r}")
+        resolved.append(target)
+    return tuple(dict.fromkeys(resolved))
 
 
 def busy_gpus(own_pids: set[int]) -> set[str]:

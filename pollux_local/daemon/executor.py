@@ -452,7 +452,7 @@ class Executor:
         else:
             checkpoint_dir = str(job_dir / "checkpoint")
         batch: BatchChoice | None = action.batch
-        if not spec.get("elastic", True):
+        if not spec.elastic:
             batch = None  # a rigid job chooses its own batch: no POLLUX_LOCAL_BATCH for it
         on_cpu = all(slot.device.startswith("cpu") for slot in slots)
         launch = LaunchEnvironment(
@@ -485,8 +485,8 @@ class Executor:
             run_as, run_as_uid = job.owner_name, job.owner_uid
         return LaunchSpec(
             job_id=job.job_id,
-            argv=list(spec["argv"]),
-            workdir=Path(spec["workdir"]),
+            argv=list(spec.argv),
+            workdir=Path(spec.workdir),
             env=env,
             slots=slots,
             log_dir=job_dir,

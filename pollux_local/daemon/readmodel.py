@@ -28,7 +28,6 @@ from pollux_local.api.messages import (
     ModelSummary,
     NodeRow,
     ReplicaPid,
-    Target,
 )
 from pollux_local.api.report import JobReport
 from pollux_local.api.states import PLACED_STATES, JobState
@@ -80,7 +79,7 @@ def job_noise_scale(job: JobRecord) -> float | None:
     report = job.report or {}
     stats = report.get("grad_stats")
     bounds = report.get("bounds") or {}
-    base = bounds.get("base_batch") or job.spec.get("batch_size")
+    base = bounds.get("base_batch") or job.spec.batch_size
     if not isinstance(stats, dict) or not base:
         return None
     try:
@@ -116,8 +115,10 @@ class MetricHistory:
 
     def note(self, job: JobRecord, report: Mapping[str, Any], now: float) -> None:
         """Remember the report's value of the job's target metric (at the report's time)."""
-        target = job.spec.get("target") or {}
-        value = _float((report.get("metrics") or {}).get(target.get("metric")))
+        target = job.spec.target
+        if target is None:
+            return
+        value = _float((report.get("metrics") or {}).get(target.metric))
         if value is None or not math.isfinite(value):
             return
         history = self._points.setdefault(job.id, deque(maxlen=self.limit))
@@ -130,9 +131,9 @@ class MetricHistory:
         recent values: t* = t_last + (target - y_last) / slope, when it moves the right way
         (``None`` when it does not, or when t* has passed without the target being reached;
         at most ``scheduler.MAX_ETA_S``)."""
-        target = job.spec.get("target") or {}
+        target = job.spec.target
         history = self._points.get(job.id)
-        goal = _float(target.get("value"))
+        goal = _float(target.value) if target is not None else None
         if not history or len(history) < 3 or goal is None:
             return None
         times = np.array([t for t, _ in history])
@@ -144,7 +145,7 @@ class MetricHistory:
         except (ValueError, np.linalg.LinAlgError):
             return None
         remaining = goal - float(values[-1])
-        maximise = target.get("mode", "max") == "max"
+        maximise = target is None or target.mode == "max"
         if (remaining <= 0) if maximise else (remaining >= 0):
             return 0.0
         if slope == 0 or (slope > 0) != maximise:
@@ -170,7 +171,12 @@ def job_eta(job: JobRecord, now: float, metrics: MetricHistory | None = None) ->
     return sane_eta(min(known)) if known else None
 
 
-def job_summary(job: JobRecord, now: float, metrics: MetricHistory | None = None) -> JobSummary:
+def job_summary(
+    job: JobRecord,
+    now: float,
+    metrics: MetricHistory | None = None,
+    device_type: str | None = None,
+) -> JobSummary:
     """The row of ``status`` for one job (``eta_s``: :func:`job_eta`; goodput, efficiency and
     speed-up: the prediction the scheduler stored for its allocation)."""
     report = job.report or {}
@@ -179,7 +185,7 @@ def job_summary(job: JobRecord, now: float, metrics: MetricHistory | None = None
     placed = job.state in PLACED_STATES
     total_batch = _int(batch.get("total")) if placed else None
     eta = job_eta(job, now, metrics)
-    max_gpus = spec.get("max_gpus")
+    max_gpus = spec.max_gpus
     return JobSummary(
         id=job.job_id,
         name=job.name,
@@ -188,7 +194,7 @@ def job_summary(job: JobRecord, now: float, metrics: MetricHistory | None = None
         gpus=job.replicas,
         devices={node: list(devices) for node, devices in job.placement.items()},
         nodes=sorted(job.placement),
-        batch_size=total_batch if total_batch is not None else _int(spec.get("batch_size")),
+        batch_size=total_batch if total_batch is not None else _int(spec.batch_size),
         local_batch=_int(batch.get("local_batch")) if placed else None,
         accum_steps=_int(batch.get("accum_steps")) if placed else None,
         replicas=job.replicas,
@@ -199,7 +205,7 @@ def job_summary(job: JobRecord, now: float, metrics: MetricHistory | None = None
         epoch=_int(report.get("epoch")),
         metrics=_convert(report.get("metrics"), dict[str, float | None]) or {},
         eta_s=eta,
-        min_gpus=int(spec.get("min_gpus") or 1),
+        min_gpus=int(spec.min_gpus or 1),
         max_gpus=int(max_gpus) if max_gpus else None,
         priority=job.priority,
         restarts=max(0, job.restarts - 1) if job.restarts else 0,
@@ -209,9 +215,16 @@ def job_summary(job: JobRecord, now: float, metrics: MetricHistory | None = None
         end_time=job.end_time,
         run_time_s=job.run_time_s + (now - job.last_start if job.last_start else 0.0),
         reason=job.reason,
-        target=_convert(spec.get("target"), Target),
+        target=spec.target,
         elastic=is_elastic(job),
-        preemptible=bool(spec.get("preemptible", False)),
+        preemptible=spec.preemptible,
+        after=list(spec.after),
+        after_any=spec.after_any,
+        array_id=spec.array_id,
+        array_index=spec.array_index,
+        time_limit_s=spec.time_limit_s,
+        constraint=spec.constraint,
+        device_type=device_type,
     )
 
 
@@ -229,9 +242,9 @@ def job_detail(
     spec = job.spec
     return JobDetail(
         **msgspec.structs.asdict(summary),
-        argv=[str(arg) for arg in spec.get("argv") or []],
-        workdir=str(spec.get("workdir") or ""),
-        batch_bounds=BatchBoundsView(**{key: _int(spec.get(key)) for key in _BOUND_KEYS}),
+        argv=list(spec.argv),
+        workdir=spec.workdir,
+        batch_bounds=BatchBoundsView(**{key: getattr(spec, key) for key in _BOUND_KEYS}),
         job_dir=str(job_dir),
         pids=_convert(job.pids, list[ReplicaPid]) or [],
         report=_convert(job.report, JobReport),

@@ -7,7 +7,7 @@ that is expected to end) and the predicted figures of the jobs left running as t
 
 A job's view is taken as the simulator takes it: attained service and run time include the
 current run (stored + replicas x (now - last start)), restarts count the starts after the
-first.  Rigid jobs (``spec["elastic"]`` false: plain scripts) run on exactly ``min_gpus``
+first.  Rigid jobs (``spec.elastic`` false: plain scripts) run on exactly ``min_gpus``
 devices or wait, get no batch choice, and are never resized or moved; unless ``preemptible``
 they are never stopped either.  A record without ``elastic`` (stored before jobs said) is
 elastic.
@@ -93,16 +93,16 @@ class Plan:
 def _bounds_from(job: JobRecord, report: Mapping[str, Any] | None) -> BatchBounds | None:
     raw = (report or {}).get("bounds") or {}
     spec = job.spec
-    base = raw.get("base_batch", spec.get("batch_size"))
+    base = raw.get("base_batch", spec.batch_size)
     if not base:
         return None
-    max_batch = raw.get("max_batch", spec.get("max_batch_size") or base)
+    max_batch = raw.get("max_batch", spec.max_batch_size or base)
     try:
         return BatchBounds(
             base_batch=int(base),
             max_batch=int(max_batch),
-            min_local=int(raw.get("min_local", spec.get("min_local_batch") or 1)),
-            max_local=raw.get("max_local", spec.get("max_local_batch")),
+            min_local=int(raw.get("min_local", spec.min_local_batch or 1)),
+            max_local=raw.get("max_local", spec.max_local_batch),
             accumulation=bool(raw.get("accumulation", True)),
         )
     except (TypeError, ValueError):
@@ -123,7 +123,7 @@ _KIND_FIELDS = (
 def job_kind(job: JobRecord) -> str:
     """Jobs of one kind run the same command in the same folder with the same batch bounds;
     they share their throughput measurements (:class:`~pollux_local.core.pool.ProfilePool`)."""
-    return json.dumps([job.spec.get(name) for name in _KIND_FIELDS], sort_keys=True)
+    return json.dumps([getattr(job.spec, name) for name in _KIND_FIELDS], sort_keys=True)
 
 
 def _profile_points(profile: Sequence[Any]) -> dict[Point, Times] | None:
@@ -207,17 +207,17 @@ def placement_of(
 def is_elastic(job: JobRecord) -> bool:
     """Whether the scheduler may resize the job (it uses the job library); a record without
     the field was stored before jobs said, when every job was elastic."""
-    return bool(job.spec.get("elastic", True))
+    return job.spec.elastic
 
 
 def is_preemptible(job: JobRecord) -> bool:
     """Whether the scheduler may stop the job and queue it again: every elastic job, and a
     rigid one submitted as preemptible."""
-    return is_elastic(job) or bool(job.spec.get("preemptible", False))
+    return is_elastic(job) or job.spec.preemptible
 
 
 def min_gpus(job: JobRecord) -> int:
-    return int(job.spec.get("min_gpus") or 1)
+    return int(job.spec.min_gpus or 1)
 
 
 def current_run_s(job: JobRecord, now: float) -> float:
@@ -240,10 +240,10 @@ def run_time_s(job: JobRecord, now: float) -> float:
 def static_replicas(job: JobRecord, total_devices: int) -> int:
     """The device count a non-adaptive policy gives: the user's maximum, within the cluster
     (a rigid job: its size)."""
-    low = int(job.spec.get("min_gpus") or 1)
+    low = int(job.spec.min_gpus or 1)
     if not is_elastic(job):
         return low
-    high = job.spec.get("max_gpus")
+    high = job.spec.max_gpus
     wanted = int(high) if high else low
     return max(low, min(wanted, max(total_devices, low)))
 
@@ -256,7 +256,7 @@ def job_view(
     profiled = [
         int(p.get("replicas", 0)) for p in report.get("profile") or [] if isinstance(p, dict)
     ]
-    max_gpus = job.spec.get("max_gpus")
+    max_gpus = job.spec.max_gpus
     elastic = is_elastic(job)
     low = min_gpus(job)
     return JobView(
@@ -273,7 +273,7 @@ def job_view(
         priority=job.priority,
         max_profiled_replicas=max(profiled, default=0),
         static_replicas=static_replicas(job, total),
-        static_batch=job.spec.get("batch_size"),
+        static_batch=job.spec.batch_size,
         attained_gpu_s=attained_gpu_s(job, now),
         run_time_s=run_time_s(job, now),
         progress_fraction=progress_fraction(report),
@@ -338,12 +338,12 @@ def fmt_duration(seconds: float) -> str:
 
 def static_batch(job: JobRecord, replicas: int) -> BatchChoice | None:
     """m = ceil(M0 / K) within the local bounds, s = 1 (jobs without a model)."""
-    base = job.spec.get("batch_size")
+    base = job.spec.batch_size
     if not base or replicas <= 0:
         return None
     local = math.ceil(int(base) / replicas)
-    low = int(job.spec.get("min_local_batch") or 1)
-    high = job.spec.get("max_local_batch")
+    low = int(job.spec.min_local_batch or 1)
+    high = job.spec.max_local_batch
     local = max(low, local if high is None else min(local, int(high)))
     return BatchChoice(local_batch=local, accum_steps=1, replicas=replicas)
 

@@ -64,6 +64,8 @@ from pollux_local.api.errors import (
 )
 from pollux_local.api.messages import (
     Cancel,
+    Drain,
+    Edit,
     Hold,
     Logs,
     Nodes,
@@ -72,17 +74,30 @@ from pollux_local.api.messages import (
     Reply,
     Report,
     Request,
+    Restart,
+    Resume,
     SetPriority,
     Show,
     Status,
     Submit,
+    Usage,
 )
 from pollux_local.core.types import Policy
 from pollux_local.daemon.auth import Peer, may_connect, peer_credentials, refusal, socket_mode
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.executor import Executor
-from pollux_local.daemon.handlers import control, nodes, ping, query, report, submit
+from pollux_local.daemon.handlers import (
+    control,
+    devices,
+    nodes,
+    ping,
+    query,
+    report,
+    resubmit,
+    submit,
+    usage,
+)
 from pollux_local.daemon.loop import SchedulingLoop
 from pollux_local.daemon.readmodel import MetricHistory
 from pollux_local.daemon.scheduler import ModelCache
@@ -319,6 +334,16 @@ async def dispatch(ctx: Context, request: Request) -> Reply:
             return nodes.nodes(ctx, request)
         case Report():
             return report.report(ctx, request)
+        case Restart():
+            return resubmit.restart(ctx, request)
+        case Edit():
+            return resubmit.edit(ctx, request)
+        case Usage():
+            return usage.usage(ctx, request)
+        case Drain():
+            return devices.drain(ctx, request)
+        case Resume():
+            return devices.resume(ctx, request)
     raise InvalidRequest(f"this daemon has no handler for {type(request).__name__} requests")
 
 

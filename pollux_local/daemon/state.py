@@ -35,7 +35,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from pollux_local.api.errors import PolluxError
+from pollux_local.api.spec import JobSpec, decode_spec
 from pollux_local.api.states import ACTIVE_STATES, TERMINAL_STATES, JobState
 
 __all__ = [
@@ -117,12 +120,33 @@ CREATE INDEX IF NOT EXISTS jobs_end_time ON jobs(end_time);
 CREATE INDEX IF NOT EXISTS jobs_owner ON jobs(owner_name);
 """
 
+_SCHEMA_V3 = """
+ALTER TABLE jobs ADD COLUMN device_seconds TEXT NOT NULL DEFAULT '{}';
+CREATE TABLE IF NOT EXISTS job_ends (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id INTEGER NOT NULL,
+    time REAL NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    notified INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS job_ends_pending ON job_ends(notified, id);
+CREATE TABLE IF NOT EXISTS withheld (target TEXT PRIMARY KEY, time REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS jobs_submit_time ON jobs(submit_time);
+"""
+
 #: The schema's migrations, applied in order: (version, what it does, SQL).  A database
 #: records the version it reached in ``meta.schema_version`` (version 1 is the schema of the
 #: daemons that recorded none; its statements create only what is missing).
 MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (1, "jobs, decisions, history and meta tables", _SCHEMA_V1),
     (2, "indexes on jobs' end time and owner (status filters)", _SCHEMA_V2),
+    (
+        3,
+        "device-seconds by device type, the outbox of job ends (notifications) and the"
+        " devices drained at run time",
+        _SCHEMA_V3,
+    ),
 )
 #: The version this daemon writes.
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -130,7 +154,20 @@ SCHEMA_VERSION = MIGRATIONS[-1][0]
 #: Samples of goodput / noise scale kept per job (older ones are dropped as new ones come).
 HISTORY_LIMIT = 720
 
-_JSON_COLUMNS = frozenset({"spec", "env", "placement", "batch", "pids", "report", "prediction"})
+_JSON_COLUMNS = frozenset(
+    {"env", "placement", "batch", "pids", "report", "prediction", "device_seconds"}
+)
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """One entry of the outbox of job ends: job ``job_id`` reached ``state`` at ``time``."""
+
+    seq: int
+    job_id: int
+    time: float
+    state: JobState
+    reason: str
 
 
 @dataclass
@@ -138,7 +175,10 @@ class JobRecord:
     """One job as stored.  ``placement`` maps node name -> device ids; ``batch`` holds the
     current (local_batch, accum_steps, replicas); ``pids`` lists ``{"rank", "pid", "node",
     "create_time"}`` of the running incarnation; ``prediction`` the model's figures
-    (goodput, efficiency, speedup) for the current allocation."""
+    (goodput, efficiency, speedup) for the current allocation; ``device_seconds`` the
+    device-seconds it used by device type (runs that ended; ``attained_gpu_s`` is their sum).
+    ``spec`` is typed (:class:`~pollux_local.api.spec.JobSpec`); a dict given here is
+    converted (strictly)."""
 
     id: int
     name: str
@@ -146,7 +186,7 @@ class JobRecord:
     owner_gid: int
     owner_name: str
     state: JobState
-    spec: dict[str, Any]
+    spec: JobSpec
     priority: int = 0
     submit_time: float = 0.0
     start_time: float | None = None
@@ -165,6 +205,11 @@ class JobRecord:
     prediction: dict[str, Any] = field(default_factory=dict)
     #: the submitter's environment; ``None`` when loaded without it (listing many jobs)
     env: dict[str, str] | None = None
+    device_seconds: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.spec, dict):
+            self.spec = decode_spec(self.spec)
 
     @property
     def job_id(self) -> str:
@@ -190,16 +235,34 @@ def _row_to_job(row: sqlite3.Row) -> JobRecord:
         value = row[name]
         if name in _JSON_COLUMNS and value is not None:
             value = json.loads(value)
+        elif name == "spec":
+            value = _stored_spec(value)
         elif name == "state":
             value = JobState(value)
         values[name] = value
     return JobRecord(**values)
 
 
+def _stored_spec(raw: str) -> JobSpec:
+    """A row's spec.  One without a command or folder (never written by this daemon: a row
+    edited by hand, or a test's) still loads, as ``?`` in ``/``, so that one odd row never
+    keeps the others from being listed; any other malformation is an error."""
+    try:
+        return decode_spec(raw)
+    except msgspec.ValidationError:
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise
+        return decode_spec({"argv": ["?"], "workdir": "/", **data})
+
+
 def _column_value(name: str, value: Any) -> Any:
     """A job field as its column stores it: JSON text, a state's string value, or as is."""
     if name in _JSON_COLUMNS and value is not None:
         return json.dumps(value)
+    if name == "spec":
+        spec = decode_spec(value) if isinstance(value, dict) else value
+        return spec.to_json()
     if name == "state":
         return JobState(value).value
     return value
@@ -403,37 +466,81 @@ class StateStore:
         owner_uid: int,
         owner_gid: int,
         owner_name: str,
-        spec: dict[str, Any],
+        spec: JobSpec | dict[str, Any],
         priority: int,
         submit_time: float,
         held: bool = False,
         env: dict[str, str] | None = None,
     ) -> JobRecord:
         """Insert a job and commit durably (fsync) before returning."""
+        job_spec = decode_spec(spec) if isinstance(spec, dict) else spec
+        return self.add_jobs(
+            name=[name],
+            owner_uid=owner_uid,
+            owner_gid=owner_gid,
+            owner_name=owner_name,
+            specs=[job_spec],
+            priority=priority,
+            submit_time=submit_time,
+            held=held,
+            env=env,
+        )[0]
+
+    def add_jobs(
+        self,
+        *,
+        name: Sequence[str],
+        owner_uid: int,
+        owner_gid: int,
+        owner_name: str,
+        specs: Sequence[JobSpec],
+        priority: int,
+        submit_time: float,
+        held: bool = False,
+        env: dict[str, str] | None = None,
+        array: bool = False,
+    ) -> list[JobRecord]:
+        """Insert jobs (one per spec) in one transaction and commit durably (fsync) before
+        returning.  With ``array``, they are the tasks of one array: each spec's ``array_id``
+        is set to the first job's id."""
         state = JobState.HELD if held else JobState.QUEUED
+        env_json = json.dumps(env or {})
+        ids: list[int] = []
         self.db.execute("PRAGMA synchronous=FULL")
         try:
-            cursor = self.db.execute(
-                "INSERT INTO jobs (name, owner_uid, owner_gid, owner_name, state, spec, env,"
-                " priority, submit_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    name,
-                    owner_uid,
-                    owner_gid,
-                    owner_name,
-                    state.value,
-                    json.dumps(spec),
-                    json.dumps(env or {}),
-                    priority,
-                    submit_time,
-                ),
-            )
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                for job_name, spec in zip(name, specs, strict=True):
+                    cursor = self.db.execute(
+                        "INSERT INTO jobs (name, owner_uid, owner_gid, owner_name, state, spec,"
+                        " env, priority, submit_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            job_name,
+                            owner_uid,
+                            owner_gid,
+                            owner_name,
+                            state.value,
+                            spec.to_json(),
+                            env_json,
+                            priority,
+                            submit_time,
+                        ),
+                    )
+                    ids.append(int(cursor.lastrowid or 0))
+                if array and ids:
+                    for job_id, spec in zip(ids, specs, strict=True):
+                        tagged = msgspec.structs.replace(spec, array_id=str(ids[0]))
+                        self.db.execute(
+                            "UPDATE jobs SET spec = ? WHERE id = ?", (tagged.to_json(), job_id)
+                        )
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
         finally:
             self.db.execute("PRAGMA synchronous=NORMAL")
-        job_id = int(cursor.lastrowid or 0)
-        job = self.get_job(job_id)
-        assert job is not None
-        return job
+        jobs = [self.get_job(job_id) for job_id in ids]
+        return [job for job in jobs if job is not None]
 
     def get_job(self, job_id: int) -> JobRecord | None:
         row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
@@ -525,7 +632,92 @@ class StateStore:
                 raise KeyError(f"no such job column {name!r}")
         assignments = ", ".join(f"{name} = ?" for name in changes)
         values = [_column_value(name, value) for name, value in changes.items()]
-        self.db.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values, job_id))
+        state = changes.get("state")
+        if state is None or JobState(state) not in TERMINAL_STATES:
+            self.db.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values, job_id))
+            return
+        # A job's end and its entry in the outbox of ends (notifications) are one transaction:
+        # an end is never recorded without being announced, nor announced twice.
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            before = self.db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            self.db.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values, job_id))
+            if before is not None and JobState(before[0]) not in TERMINAL_STATES:
+                reason = changes.get("reason")
+                if reason is None:
+                    row = self.db.execute("SELECT reason FROM jobs WHERE id = ?", (job_id,))
+                    reason = row.fetchone()[0]
+                end_time = changes.get("end_time")
+                self.db.execute(
+                    "INSERT INTO job_ends (job_id, time, state, reason) VALUES (?, ?, ?, ?)",
+                    (
+                        job_id,
+                        float(end_time) if end_time is not None else time.time(),
+                        JobState(state).value,
+                        str(reason),
+                    ),
+                )
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    # --- the outbox of job ends -----------------------------------------------------------
+
+    def pending_ends(self, limit: int = 100) -> list[JobEnd]:
+        """Job ends not yet announced, oldest first."""
+        rows = self.db.execute(
+            "SELECT id, job_id, time, state, reason FROM job_ends WHERE notified = 0"
+            " ORDER BY id LIMIT ?",
+            (limit,),
+        ).fetchall()
+        return [
+            JobEnd(
+                seq=int(row[0]),
+                job_id=int(row[1]),
+                time=float(row[2]),
+                state=JobState(row[3]),
+                reason=str(row[4]),
+            )
+            for row in rows
+        ]
+
+    def mark_announced(self, seq: int) -> None:
+        self.db.execute("UPDATE job_ends SET notified = 1 WHERE id = ?", (seq,))
+
+    # --- devices withheld at run time ---------------------------------------------------------
+
+    def withheld(self) -> list[str]:
+        """Nodes and devices drained at run time (``node`` or ``node:device``)."""
+        rows = self.db.execute("SELECT target FROM withheld ORDER BY target").fetchall()
+        return [str(row[0]) for row in rows]
+
+    def set_withheld(self, target: str, withheld: bool, now: float) -> None:
+        if withheld:
+            self.db.execute(
+                "INSERT OR IGNORE INTO withheld (target, time) VALUES (?, ?)", (target, now)
+            )
+        else:
+            self.db.execute("DELETE FROM withheld WHERE target = ?", (target,))
+
+    # --- accounting -------------------------------------------------------------------------
+
+    def usage_rows(self, since: float | None, user: str | None) -> list[JobRecord]:
+        """The jobs that ran (or are running) and were submitted or ended since ``since``,
+        without environments: what ``usage`` counts."""
+        where = ["(attained_gpu_s > 0 OR last_start IS NOT NULL OR start_time IS NOT NULL)"]
+        args: list[Any] = []
+        if since is not None:
+            where.append("(end_time IS NULL OR end_time >= ?)")
+            args.append(since)
+        if user is not None:
+            where.append("owner_name = ?")
+            args.append(user)
+        rows = self.db.execute(
+            f"SELECT {_COLUMNS_WITHOUT_ENV} FROM jobs WHERE {' AND '.join(where)} ORDER BY id",
+            args,
+        ).fetchall()
+        return [_row_to_job(row) for row in rows]
 
     def requeue_if_placed(self, job_id: int, reason: str) -> bool:
         """Queue the job again, without placement or processes, if it is still recorded as

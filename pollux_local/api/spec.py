@@ -1,0 +1,104 @@
+"""What a job is asked to be, as the daemon stores it: :class:`JobSpec`.
+
+A spec is built once, from a checked ``Submit`` (or ``Restart``/``Edit``), stored as JSON in the
+job's row and read back strictly: every part of the daemon (scheduler, executor, read model)
+reads these typed fields, never a dict.  Fields added later have defaults, so the rows of an
+older daemon still decode (a row without ``elastic`` was stored when every job was elastic).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+#: A job id as sent on the wire: decimal digits.
+JobId = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,15}$", description="a job id")]
+#: Device counts: positive, and far below anything that overflows.
+Count = Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]
+BatchSize = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
+#: A time limit in seconds: at least one second, at most a year.
+Seconds = Annotated[float, msgspec.Meta(ge=1.0, le=366 * 86400.0)]
+#: A node name or a device type as a constraint names it.
+Word = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@+-]+$")]
+#: A notification destination: an ``apprise`` URL (``mailto://``, ``ntfy://``, ``json://``...).
+NotifyUrl = Annotated[
+    str, msgspec.Meta(min_length=3, max_length=2048, pattern=r"^[a-z][a-z0-9+.-]*://[^\s\x00]+$")
+]
+#: When a job's notifications are sent: when it ends however it ends, or only when it fails.
+NotifyWhen = Literal["end", "failure"]
+
+
+class Target(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The quality a job aims for: ``metric`` reaches ``value`` (``mode`` max: at least it)."""
+
+    metric: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    value: float
+    mode: Literal["max", "min"] = "max"
+
+
+class Constraint(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Where a job may run: only on ``nodes`` (when given) and only on devices of
+    ``device_type`` (when given)."""
+
+    nodes: Annotated[list[Word], msgspec.Meta(max_length=256)] = msgspec.field(default_factory=list)
+    device_type: Word | None = None
+
+    def allows_node(self, name: str, device_type: str) -> bool:
+        if self.nodes and name not in self.nodes:
+            return False
+        return self.device_type is None or self.device_type == device_type
+
+    def describe(self) -> str:
+        parts = []
+        if self.nodes:
+            parts.append("nodes " + ",".join(self.nodes))
+        if self.device_type:
+            parts.append(f"type {self.device_type}")
+        return " and ".join(parts)
+
+
+class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A stored job's specification.
+
+    ``after``: job ids that must end first; with ``after_any`` false they must all succeed
+    (one that fails or is cancelled fails this job), with ``after_any`` true it is enough that
+    they ended.  ``array_id``/``array_index``: the array this job is a task of (the array's id
+    is its first task's id) and its index in it; ``array_max_running`` caps the array's tasks
+    running at once.  ``time_limit_s``: the most seconds the job may run (its time running,
+    across restarts), then it is stopped and fails.  ``notify``: destinations told when it ends
+    (``notify_on`` ``failure``: only when it fails).
+    """
+
+    argv: list[str]
+    workdir: str
+    min_gpus: int = 1
+    max_gpus: int | None = None
+    batch_size: int | None = None
+    max_batch_size: int | None = None
+    min_local_batch: int | None = None
+    max_local_batch: int | None = None
+    target: Target | None = None
+    #: uses the job library: the scheduler may resize it (default for rows stored before)
+    elastic: bool = True
+    preemptible: bool = False
+    after: list[str] = msgspec.field(default_factory=list)
+    after_any: bool = False
+    array_id: str | None = None
+    array_index: int | None = None
+    array_max_running: int | None = None
+    time_limit_s: float | None = None
+    notify: list[str] = msgspec.field(default_factory=list)
+    notify_on: NotifyWhen = "end"
+    constraint: Constraint | None = None
+
+    def to_json(self) -> str:
+        return msgspec.json.encode(self).decode()
+
+
+def decode_spec(raw: str | bytes | dict[str, object]) -> JobSpec:
+    """A stored spec (JSON text or its dict) as a :class:`JobSpec`; ``msgspec.ValidationError``
+    names the field when it is not one."""
+    if isinstance(raw, dict):
+        return msgspec.convert(raw, JobSpec)
+    return msgspec.json.decode(raw, type=JobSpec)

@@ -1,0 +1,100 @@
+"""``restart`` and ``edit``: a job submitted again, and a waiting job changed.
+
+``restart ID`` queues a copy of a job that ended (succeeded, failed or cancelled): the same
+command, folder, environment, bounds and options under a new id, owned by the caller (who must
+be allowed to change the original).  Dependencies are dropped: they were met, or failed, for
+the original.  ``edit ID`` changes a queued or held job's command, device bounds, time limit or
+priority; the change is checked as a submit would be."""
+
+from __future__ import annotations
+
+import msgspec
+from msgspec import UNSET
+
+from pollux_local.api.errors import Conflict, InvalidRequest
+from pollux_local.api.messages import Edit, JobStateReply, Restart, SubmitReply
+from pollux_local.api.states import TERMINAL_STATES, JobState
+from pollux_local.daemon.context import Context
+from pollux_local.daemon.handlers.submit import check_shape, check_time_limit
+
+
+def restart(ctx: Context, request: Restart) -> SubmitReply:
+    old = ctx.job(request.id)
+    ctx.require_owner(old, "restart")
+    if old.state not in TERMINAL_STATES:
+        raise Conflict(f"job {old.id} is {old.state.value}; only a job that ended can be restarted")
+    full = ctx.store.get_job(old.id)  # with its environment
+    assert full is not None
+    spec = msgspec.structs.replace(
+        old.spec, after=[], after_any=False, array_id=None, array_index=old.spec.array_index
+    )
+    check_shape(
+        argv=spec.argv,
+        workdir=spec.workdir,
+        min_gpus=spec.min_gpus,
+        max_gpus=spec.max_gpus,
+        elastic=spec.elastic,
+        config=ctx.config,
+    )
+    ctx.require_priority(old.priority)
+    job = ctx.store.add_job(
+        name=old.name,
+        owner_uid=old.owner_uid,
+        owner_gid=old.owner_gid,
+        owner_name=old.owner_name,
+        spec=spec,
+        priority=old.priority,
+        submit_time=ctx.clock(),
+        held=request.hold,
+        env=dict(full.env or {}),
+    )
+    ctx.store.record_decision(
+        job.id, job.submit_time, "submitted", f"by {ctx.peer.name}: a restart of job {old.id}"
+    )
+    if request.hold:
+        ctx.store.update_job(job.id, reason="waiting: held")
+    ctx.wake()
+    return SubmitReply(id=job.job_id, state=job.state)
+
+
+def edit(ctx: Context, request: Edit) -> JobStateReply:
+    job = ctx.job(request.id)
+    ctx.require_owner(job, "edit")
+    if job.state not in (JobState.QUEUED, JobState.HELD):
+        raise Conflict(
+            f"job {job.id} is {job.state.value}; only a queued or held job can be edited"
+        )
+    changes: dict[str, object] = {}
+    if request.argv is not UNSET:
+        changes["argv"] = list(request.argv)
+    if request.min_gpus is not UNSET:
+        changes["min_gpus"] = request.min_gpus
+    if request.max_gpus is not UNSET:
+        changes["max_gpus"] = request.max_gpus
+    if request.time_limit_s is not UNSET:
+        check_time_limit(request.time_limit_s, ctx.config)
+        changes["time_limit_s"] = (
+            request.time_limit_s if request.time_limit_s is not None else ctx.config.default_time_s
+        )
+    if not changes and request.priority is UNSET:
+        raise InvalidRequest("edit: nothing to change (give the command, bounds, time or priority)")
+    spec = msgspec.structs.replace(job.spec, **changes)
+    if not spec.elastic and request.min_gpus is not UNSET and request.max_gpus is UNSET:
+        spec = msgspec.structs.replace(spec, max_gpus=None)
+    check_shape(
+        argv=spec.argv,
+        workdir=spec.workdir,
+        min_gpus=spec.min_gpus,
+        max_gpus=spec.max_gpus,
+        elastic=spec.elastic,
+        config=ctx.config,
+    )
+    update: dict[str, object] = {"spec": spec}
+    if request.priority is not UNSET:
+        ctx.require_priority(request.priority, job.priority)
+        update["priority"] = request.priority
+    ctx.store.update_job(job.id, **update)
+    what = ", ".join([*changes, *(["priority"] if "priority" in update else [])])
+    ctx.store.record_decision(job.id, ctx.clock(), "edited", f"{what} by {ctx.peer.name}")
+    ctx.wake()
+    return JobStateReply(id=job.job_id, state=job.state)
