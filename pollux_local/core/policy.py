@@ -168,6 +168,13 @@ def _whole_node_mask(node_sizes: Sequence[int], max_k: int) -> np.ndarray:
     return mask
 
 
+def _allowed_only(job: JobView, free: list[int]) -> list[int]:
+    """``free`` with the nodes the job may not use (``JobView.allowed_nodes``) at zero."""
+    if job.allowed_nodes is None:
+        return free
+    return [f if i in job.allowed_nodes else 0 for i, f in enumerate(free)]
+
+
 def _goodput_on(model: GoodputModelLike, nodes: int, replicas: int) -> float:
     """The model's best goodput for ``replicas`` devices over ``nodes`` nodes (0 if undefined)."""
     goodput, _, _ = model.best_goodput(np.array([nodes]), np.array([replicas]))
@@ -459,18 +466,24 @@ class GoodputPolicy:
         return max(_goodput_on(job.model, spans, k), 1e-12)
 
     def _remaining(self, job: JobView) -> float | None:
-        """Expected remaining run time from the declared length, or None without one.
+        """Expected remaining run time, or None when neither a declared length nor a time
+        limit gives one.
 
         R = (t + interval) * (1 - f) / max(f, f_min): the job keeps its average pace so far
         (t its run time, f the share of its declared length done; f_min = 0.05 keeps the
-        estimate of a job that has barely started finite).
+        estimate of a job that has barely started finite); a time limit with L seconds left
+        bounds it: R = min(R, L) (R = L without a declared length).
         """
+        bound = job.time_left_s
+        if bound is not None:
+            bound = max(float(bound), 0.0) if math.isfinite(bound) else None
         f = job.progress_fraction
         if f is None or not math.isfinite(f):
-            return None
+            return bound
         f = min(max(float(f), 0.0), 1.0)
         run = max(float(job.run_time_s), 0.0) + self.interval_s
-        return run * (1.0 - f) / max(f, _MIN_PROGRESS_FRACTION)
+        estimate = run * (1.0 - f) / max(f, _MIN_PROGRESS_FRACTION)
+        return estimate if bound is None else min(estimate, bound)
 
     def _horizon(self, job: JobView) -> float:
         """Expected lifetime H of a new allocation: min(age / (restarts + 1), R), >= interval.
@@ -738,7 +751,7 @@ class GoodputPolicy:
             if (
                 pl.k == pl.current_k
                 and not pl.consolidate
-                and self._still_fits(old, free, multi_node_on)
+                and self._still_fits(old, _allowed_only(pl.job, free), multi_node_on)
             ):
                 self._take(pl, old, free, multi_node_on)
                 continue
@@ -782,6 +795,7 @@ class GoodputPolicy:
         """
         best: tuple[float, Placement] | None = None
         spread_tries = 0
+        free = _allowed_only(pl.job, free)
         unheld = [max(f - h, 0) for f, h in zip(free, held, strict=True)]
         for k in range(pl.k, pl.min_k - 1, -1):
             fewest = _fewest_nodes(min_nodes, k)

@@ -142,7 +142,9 @@ class JobView:
     ``static_iter_time_s[k - 1]`` is the (oracle or predicted) seconds per iteration at
     ``static_batch`` on k packed replicas (Optimus; empty elsewhere).  ``progress_fraction`` is
     the share of its declared length the job has done (progress / progress at its last declared
-    epoch, in [0, 1]); ``None`` when the job declared no length.
+    epoch, in [0, 1]); ``None`` when the job declared no length.  ``time_left_s`` bounds the
+    remaining run time from above (a declared time limit); ``allowed_nodes`` restricts where
+    it may be placed (a constraint, or the device type chosen for it).
 
     A ``rigid`` job (a script that does not use the job library) runs on exactly
     ``min_replicas`` devices or waits, and once running is never resized or moved; unless it is
@@ -170,6 +172,11 @@ class JobView:
     progress_fraction: float | None = None
     rigid: bool = False
     preemptible: bool = False
+    #: seconds left before the job's time limit (``None``: no limit): an upper bound on its
+    #: remaining run time
+    time_left_s: float | None = None
+    #: indices (into the policy's ``nodes``) of the nodes the job may run on (``None``: any)
+    allowed_nodes: frozenset[int] | None = None
 
     @property
     def replicas(self) -> int:
