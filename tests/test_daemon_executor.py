@@ -266,10 +266,18 @@ async def test_one_jobs_error_fails_that_job_and_the_pass_goes_on(setup) -> None
         owner_uid=0,
         owner_gid=0,
         owner_name="root",
-        spec={"workdir": "/", "min_gpus": 1},
+        spec={"argv": ["x"], "workdir": "/", "min_gpus": 1},
         priority=0,
         submit_time=0.0,
-    ).id  # fmt: skip  (no argv: building its spec raises KeyError)
+    ).id  # fmt: skip
+    build = executor.build_spec
+
+    def build_or_fail(job, action):  # type: ignore[no-untyped-def]
+        if job.id == broken:
+            raise KeyError("argv")  # a launch spec that cannot be built
+        return build(job, action)
+
+    executor.build_spec = build_or_fail
     gone_uid = 2**31 - 7
     orphan = store.add_job(
         name="orphan", owner_uid=gone_uid, owner_gid=gone_uid, owner_name="deleted",

@@ -70,6 +70,8 @@ LAUNCH_VARIABLES = frozenset(
         "TORCHELASTIC_MAX_RESTARTS",
         "TORCHELASTIC_USE_AGENT_STORE",
         "TORCHELASTIC_ERROR_FILE",
+        "SLURM_ARRAY_JOB_ID",
+        "SLURM_ARRAY_TASK_ID",
     }
 )
 #: Prefix of the variables this contract owns.
@@ -84,6 +86,19 @@ def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
         return int(raw)
     except ValueError:
         raise PolluxError(f"environment variable {name} must be an integer, got {raw!r}") from None
+
+
+def _positive(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(name)
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise PolluxError(f"environment variable {name} must be a number, got {raw!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise PolluxError(f"{name} must be a positive number, got {raw!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -112,6 +127,11 @@ class LaunchEnvironment:
     #: ``cpu`` or ``cuda``; ``None`` when not set (the job library then looks for CUDA)
     device: str | None = None
     pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S
+    #: the array this job is a task of (its first task's id) and its index there
+    array_id: str | None = None
+    array_index: int | None = None
+    #: the job's time limit in seconds (``None``: none)
+    time_limit_s: float | None = None
 
     def common_environ(self) -> dict[str, str]:
         """The variables common to every replica of the incarnation (no per-rank ones)."""
@@ -131,6 +151,12 @@ class LaunchEnvironment:
             "POLLUX_LOCAL_BATCH": self.local_batch,
             "POLLUX_ACCUM_STEPS": self.accum_steps,
             "POLLUX_DEVICE": self.device,
+            "POLLUX_ARRAY_ID": self.array_id,
+            "POLLUX_ARRAY_INDEX": self.array_index,
+            # for scripts written for Slurm arrays
+            "SLURM_ARRAY_JOB_ID": self.array_id,
+            "SLURM_ARRAY_TASK_ID": self.array_index,
+            "POLLUX_TIME_LIMIT_S": None if self.time_limit_s is None else f"{self.time_limit_s:g}",
         }
         env.update({name: str(value) for name, value in optional.items() if value is not None})
         return env
@@ -195,6 +221,9 @@ class LaunchEnvironment:
             accum_steps=accum,
             device=device,
             pg_timeout_s=timeout,
+            array_id=env.get("POLLUX_ARRAY_ID") or None,
+            array_index=_int(env, "POLLUX_ARRAY_INDEX", None),
+            time_limit_s=_positive(env, "POLLUX_TIME_LIMIT_S"),
         )
 
 

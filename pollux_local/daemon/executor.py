@@ -194,6 +194,22 @@ class Executor:
             self._ssh = make_ssh_launcher(self.config, self.state_dir)
         return self._ssh
 
+    def reconfigure(self, config: DaemonConfig) -> None:
+        """Use a config read again (``SIGHUP``) from now on: its nodes, devices and settings.
+        The SSH launcher learns the remote nodes it adds and keeps the ones it drops, whose
+        running groups it still watches and stops."""
+        self.config = config
+        self._local.devices = {n.name: n.devices for n in config.nodes if n.is_local}
+        self._local.stop_grace_s = config.stop_grace_s
+        if self._ssh is not None:
+            from pollux_local.launch.ssh import SshLauncher, SshNodeConfig
+
+            if isinstance(self._ssh, SshLauncher):
+                for node in config.nodes:
+                    if not node.is_local:
+                        table = ssh_table(node)
+                        self._ssh.nodes[node.name] = SshNodeConfig.from_mapping(node.name, table)
+
     async def check_nodes(self, force: bool = False, background: bool = False) -> None:
         """Check remote nodes every ``node_retry_s`` (all nodes when ``force``); a node that
         fails is marked down and offers no devices until a later check succeeds.
@@ -469,6 +485,9 @@ class Executor:
             accum_steps=batch.accum_steps if batch is not None else None,
             device="cpu" if on_cpu else "cuda",
             pg_timeout_s=self.config.pg_timeout_s,
+            array_id=spec.array_id,
+            array_index=spec.array_index,
+            time_limit_s=spec.time_limit_s,
         )
         env = dict(job.env or {})
         # without a batch choice the job picks its own: none may leak from the submitter
@@ -649,9 +668,14 @@ class Executor:
         if job is None or job.last_start is None:
             return
         elapsed = max(0.0, now - job.last_start)
+        by_type = dict(job.device_seconds)
+        for node, devices in job.placement.items():
+            kind = self.config.device_type_of(node)
+            by_type[kind] = by_type.get(kind, 0.0) + elapsed * len(devices)
         self.store.update_job(
             job_id,
             attained_gpu_s=job.attained_gpu_s + elapsed * job.replicas,
+            device_seconds=by_type,
             run_time_s=job.run_time_s + elapsed,
             last_start=None,
             placement={},
@@ -824,6 +848,15 @@ class Executor:
         self.store.update_job(job_id, state=JobState.CANCELLED, end_time=now, reason="cancelled")
         self.store.record_decision(job_id, now, "cancelled", "cancelled by request")
         await self.stop_job(job_id, "cancel")
+
+    async def end_at_time_limit(self, job_id: int, reason: str) -> None:
+        """A job reached its time limit: recorded as failed with ``reason`` at once, its
+        replicas stopped in the background (SIGTERM, a checkpoint for an elastic job; SIGKILL
+        after ``stop_grace_s``)."""
+        now = self.clock()
+        self.store.update_job(job_id, state=JobState.FAILED, end_time=now, reason=reason)
+        self.store.record_decision(job_id, now, "failed", reason)
+        await self.stop_job(job_id, "time-limit")
 
     async def hold(self, job_id: int) -> None:
         """Hold a job: recorded at once, its replicas stopped (checkpoint) in the background."""

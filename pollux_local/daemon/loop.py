@@ -23,21 +23,30 @@ import logging
 import math
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import psutil
 
-from pollux_local.api.states import PLACED_STATES, JobState
+from pollux_local.api.states import PLACED_STATES, TERMINAL_STATES, JobState
 from pollux_local.core.types import Policy
 from pollux_local.daemon.config import DaemonConfig, busy_gpus
 from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.jobfiles import job_file_mtime
 from pollux_local.daemon.readmodel import MetricHistory, job_noise_scale
 from pollux_local.daemon.reports import InvalidReport, read_report_file
-from pollux_local.daemon.scheduler import ModelCache, NodeSnapshot, plan_round
+from pollux_local.daemon.scheduler import (
+    Limits,
+    ModelCache,
+    NodeSnapshot,
+    dependency_verdict,
+    plan_round,
+    time_left_s,
+)
 from pollux_local.daemon.state import JobRecord, StateStore
+from pollux_local.durations import format_duration
 
 log = logging.getLogger("pollux_local.daemon")
 
@@ -49,9 +58,16 @@ SCHEDULED_STATES = (JobState.QUEUED, JobState.RUNNING, JobState.RESCALING)
 RETRY_S = 5.0
 
 
-def node_snapshot(config: DaemonConfig, executor: Executor) -> list[NodeSnapshot]:
-    """Every configured node as a pass sees it: up or down, and (this machine's GPUs) which
-    devices processes outside the scheduler are using."""
+def node_snapshot(
+    config: DaemonConfig,
+    executor: Executor,
+    drained: Sequence[str] = (),
+    placed: Sequence[JobRecord] = (),
+) -> list[NodeSnapshot]:
+    """Every configured node as a pass sees it: up or down, its devices' type, (this
+    machine's GPUs) which devices processes outside the scheduler are using, and which are
+    withheld from new jobs: reserved (``[devices] reserved``) or drained (``drained``:
+    ``node`` or ``node:device``), unless a job holds them now (it keeps them)."""
     busy: set[str] = set()
     if any(d.startswith("cuda") for n in config.nodes if n.is_local for d in n.devices):
         own: set[int] = set()
@@ -61,15 +77,30 @@ def node_snapshot(config: DaemonConfig, executor: Executor) -> list[NodeSnapshot
                 with contextlib.suppress(psutil.Error):
                     own.update(c.pid for c in psutil.Process(pid).children(recursive=True))
         busy = busy_gpus(own)
+    closed = set(config.reserved) | set(drained)
+    held = {(node, device) for job in placed for node, ds in job.placement.items() for device in ds}
     return [
         NodeSnapshot(
             name=node.name,
             devices=node.devices,
             up=executor.nodes.is_up(node.name),
             busy=frozenset(busy) if node.is_local else frozenset(),
+            device_type=node.device_type,
+            withheld=frozenset(
+                device
+                for device in node.devices
+                if (node.name in closed or f"{node.name}:{device}" in closed)
+                and (node.name, device) not in held
+            ),
         )
         for node in config.nodes
     ]
+
+
+class Announcer(Protocol):
+    """What announces job ends (``notify.Notifier``)."""
+
+    async def announce_pending(self) -> int: ...
 
 
 class SchedulingLoop:
@@ -106,6 +137,8 @@ class SchedulingLoop:
         self.ticks = 0
         #: database writes that failed in passes (each logged; the pass was retried)
         self.write_failures = 0
+        #: announces job ends after each pass (``notify.Notifier``; ``None``: nobody)
+        self.notifier: Announcer | None = None
 
     def wake(self) -> None:
         self._wake.set()
@@ -130,6 +163,9 @@ class SchedulingLoop:
                 wait_s = min(self.config.interval_s, RETRY_S)
             except Exception:
                 log.exception("scheduling pass failed")
+            deadline = self.next_time_limit()
+            if deadline is not None:
+                wait_s = max(0.05, min(wait_s, deadline - self.clock()))
 
     async def schedule_once(self) -> None:
         """One pass: reports -> models -> policy -> plan -> executor."""
@@ -137,13 +173,21 @@ class SchedulingLoop:
             await self.executor.check_nodes(background=True)
             await self.reconcile()
             now = self.clock()
+            await self.enforce_time_limits(now)
+            states = self.resolve_dependencies(now)
             jobs = self.store.jobs(SCHEDULED_STATES)
             self.refresh_reports(jobs)
-            nodes = node_snapshot(self.config, self.executor)
+            nodes = node_snapshot(self.config, self.executor, self.store.withheld(), jobs)
             if not jobs:
+                await self.announce()
                 return
+            limits = Limits(
+                max_devices_per_user=self.config.max_devices_per_user,
+                max_running_per_user=self.config.max_running_per_user,
+                states=states,
+            )
             plan = await asyncio.to_thread(
-                plan_round, self.policy, jobs, nodes, self.models, now, self.rng
+                plan_round, self.policy, jobs, nodes, self.models, now, self.rng, limits
             )
             self.ticks += 1
             await self.executor.apply(plan)
@@ -153,6 +197,61 @@ class SchedulingLoop:
             for job_id, prediction in plan.predictions.items():
                 self.store.update_job(job_id, prediction=prediction)
             self.sample_history(self.clock())
+            await self.announce()
+
+    async def announce(self) -> None:
+        """Have the notifier announce the job ends recorded since the last pass."""
+        if self.notifier is not None:
+            await self.notifier.announce_pending()
+
+    def resolve_dependencies(self, now: float) -> dict[int, JobState]:
+        """Fail the queued and held jobs whose dependencies failed (``dependency N failed``),
+        and their dependents in turn, in this pass; returns the states of every job depended
+        on (for admission, ``scheduler.Limits.states``)."""
+        waiting = [
+            job for job in self.store.jobs([JobState.QUEUED, JobState.HELD]) if job.spec.after
+        ]
+        if not waiting:
+            return {}
+        states = self.store.states_of(int(dep) for job in waiting for dep in job.spec.after)
+        changed = True
+        while changed:
+            changed = False
+            for job in waiting:
+                if job.state in TERMINAL_STATES:
+                    continue
+                verdict, why = dependency_verdict(job, states)
+                if verdict != "fail":
+                    continue
+                self.store.update_job(job.id, state=JobState.FAILED, end_time=now, reason=why)
+                self.store.record_decision(job.id, now, "failed", why)
+                job.state = JobState.FAILED
+                if job.id in states:
+                    states[job.id] = JobState.FAILED
+                changed = True
+        return states
+
+    def next_time_limit(self) -> float | None:
+        """When the earliest time limit of a running job falls (``None``: none has one)."""
+        deadlines = [
+            self.clock() + left
+            for job in self.store.jobs(PLACED_STATES)
+            if (left := time_left_s(job, self.clock())) is not None
+        ]
+        return min(deadlines, default=None)
+
+    async def enforce_time_limits(self, now: float) -> None:
+        """Stop every running job that reached its time limit: it gets SIGTERM (an elastic job
+        checkpoints), SIGKILL after ``stop_grace_s``, and ends failed with the reason
+        ``time limit 10m reached``."""
+        for job in self.store.jobs(PLACED_STATES):
+            left = time_left_s(job, now)
+            if left is None or left > 0:
+                continue
+            limit = job.spec.time_limit_s or 0.0
+            await self.executor.end_at_time_limit(
+                job.id, f"time limit {format_duration(limit)} reached"
+            )
 
     async def reconcile(self) -> None:
         """Make the executor and the store agree again (the caller holds the mutex): stop the

@@ -268,9 +268,11 @@ def node_rows(
     health: NodeHealthBook,
     snapshot: list[NodeSnapshot],
     placed: list[JobRecord],
+    drained: list[str] | None = None,
 ) -> list[NodeRow]:
-    """``nodes``: each configured node, its health, devices busy outside the scheduler, which
-    job holds each device (``placed``: the jobs holding devices) and its load per core (this
+    """``nodes``: each configured node, its health, its devices' type, devices busy outside
+    the scheduler, devices withheld from new jobs (reserved or ``drained``), which job holds
+    each device (``placed``: the jobs holding devices) and its load per core (this
     machine's now, a remote node's at its last check)."""
     holders: dict[str, dict[str, str]] = {}
     for job in placed:
@@ -278,6 +280,7 @@ def node_rows(
             for device in devices:
                 holders.setdefault(node_name, {})[device] = job.job_id
     busy = {node.name: node.busy for node in snapshot}
+    closed = set(config.reserved) | set(drained or ())
     rows = []
     for node in config.nodes:
         status = health[node.name]
@@ -295,6 +298,13 @@ def node_rows(
                 busy=sorted(busy.get(node.name, ())),
                 jobs=holders.get(node.name, {}),
                 load=None if load is None else round(load, 3),
+                device_type=node.device_type,
+                withheld=[
+                    device
+                    for device in node.devices
+                    if node.name in closed or f"{node.name}:{device}" in closed
+                ],
+                drained=node.name in closed,
             )
         )
     return rows

@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from pollux_local.api.states import PLACED_STATES, TERMINAL_STATES, JobState
 from pollux_local.core.fitting import fit_points, points_from_rows
 from pollux_local.core.pool import Point, ProfilePool, Times
 from pollux_local.core.types import (
@@ -43,16 +44,32 @@ Allocation = dict[str, list[str]]  # node name -> device ids
 
 @dataclass(frozen=True)
 class NodeSnapshot:
-    """A node at decision time: its schedulable devices (in order) and whether it is up."""
+    """A node at decision time: its schedulable devices (in order), whether it is up, their
+    type, which are busy outside the scheduler and which are withheld from new jobs (reserved
+    or drained, and not held by a job now)."""
 
     name: str
     devices: tuple[str, ...]
     up: bool = True
     busy: frozenset[str] = frozenset()  # in use by processes outside the scheduler
+    device_type: str = "gpu"
+    withheld: frozenset[str] = frozenset()
 
     @property
     def free_devices(self) -> tuple[str, ...]:
-        return tuple(d for d in self.devices if d not in self.busy) if self.up else ()
+        if not self.up:
+            return ()
+        return tuple(d for d in self.devices if d not in self.busy and d not in self.withheld)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What besides devices keeps a queued job from starting: per-user caps (``[limits]``)
+    and the states of the jobs others depend on (``job id -> state``, any state)."""
+
+    max_devices_per_user: int | None = None
+    max_running_per_user: int | None = None
+    states: Mapping[int, JobState] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -279,7 +296,166 @@ def job_view(
         progress_fraction=progress_fraction(report),
         rigid=not elastic,
         preemptible=is_preemptible(job),
+        time_left_s=time_left_s(job, now),
+        allowed_nodes=allowed_nodes(job, nodes),
     )
+
+
+def time_left_s(job: JobRecord, now: float) -> float | None:
+    """Seconds the job may still run before its time limit (``None``: no limit)."""
+    limit = job.spec.time_limit_s
+    return None if limit is None else max(0.0, limit - run_time_s(job, now))
+
+
+def allowed_nodes(job: JobRecord, nodes: Sequence[NodeSnapshot]) -> frozenset[int] | None:
+    """Indices of the nodes the job's constraint allows (``None``: no constraint)."""
+    constraint = job.spec.constraint
+    if constraint is None:
+        return None
+    return frozenset(
+        i for i, node in enumerate(nodes) if constraint.allows_node(node.name, node.device_type)
+    )
+
+
+def dependency_verdict(job: JobRecord, states: Mapping[int, JobState]) -> tuple[str, str]:
+    """Whether a job's dependencies let it start: ``("ready", "")``, ``("wait", reason)`` or
+    ``("fail", reason)``.  With ``after_any`` every job named must have ended, however; else
+    every one must have succeeded, and one that failed or was cancelled (or does not exist)
+    fails this job."""
+    for dep in job.spec.after:
+        state = states.get(int(dep))
+        if state is None:
+            return "fail", f"dependency {dep} does not exist"
+        if job.spec.after_any:
+            if state not in TERMINAL_STATES:
+                return "wait", f"waiting: after job {dep} ({state.value})"
+            continue
+        if state == JobState.FAILED:
+            return "fail", f"dependency {dep} failed"
+        if state == JobState.CANCELLED:
+            return "fail", f"dependency {dep} was cancelled"
+        if state != JobState.SUCCEEDED:
+            return "wait", f"waiting: after job {dep} ({state.value})"
+    return "ready", ""
+
+
+def _admit(
+    candidates: Sequence[JobRecord], limits: Limits
+) -> tuple[list[JobRecord], dict[int, str]]:
+    """The candidates the policy may see, and why each other one waits: its dependencies,
+    its array's ``--max-running``, its owner's caps on running jobs and held devices.
+    Running jobs always stay; queued ones are admitted by priority, then submission."""
+    placed = [job for job in candidates if job.state in PLACED_STATES]
+    array_running: dict[str, int] = {}
+    user_running: dict[str, int] = {}
+    user_devices: dict[str, int] = {}
+    for job in placed:
+        if job.spec.array_id is not None:
+            array_running[job.spec.array_id] = array_running.get(job.spec.array_id, 0) + 1
+        user_running[job.owner_name] = user_running.get(job.owner_name, 0) + 1
+        user_devices[job.owner_name] = user_devices.get(job.owner_name, 0) + max(
+            job.replicas, min_gpus(job)
+        )
+    admitted = list(placed)
+    waiting: dict[int, str] = {}
+    queued = [job for job in candidates if job.state not in PLACED_STATES]
+    for job in sorted(queued, key=lambda j: (-j.priority, j.id)):
+        verdict, why = dependency_verdict(job, limits.states)
+        if verdict != "ready":
+            waiting[job.id] = why if verdict == "wait" else f"waiting: {why}"
+            continue
+        array, cap = job.spec.array_id, job.spec.array_max_running
+        if array is not None and cap is not None and array_running.get(array, 0) >= cap:
+            waiting[job.id] = (
+                f"waiting: array {array} has {array_running.get(array, 0)} tasks running,"
+                f" its --max-running is {cap}"
+            )
+            continue
+        user = job.owner_name
+        running_cap = limits.max_running_per_user
+        if running_cap is not None and user_running.get(user, 0) >= running_cap:
+            waiting[job.id] = (
+                f"waiting: {user} has {user_running.get(user, 0)} jobs running, the most a user"
+                f" may ([limits] max_running_per_user = {running_cap})"
+            )
+            continue
+        device_cap = limits.max_devices_per_user
+        needs = min_gpus(job)
+        if device_cap is not None and user_devices.get(user, 0) + needs > device_cap:
+            waiting[job.id] = (
+                f"waiting: {user}'s jobs hold {user_devices.get(user, 0)} devices, this job needs"
+                f" {needs} more, a user may hold {device_cap} ([limits] max_devices_per_user)"
+            )
+            continue
+        if array is not None:
+            array_running[array] = array_running.get(array, 0) + 1
+        user_running[user] = user_running.get(user, 0) + 1
+        user_devices[user] = user_devices.get(user, 0) + needs
+        admitted.append(job)
+    admitted.sort(key=lambda j: j.id)
+    return admitted, waiting
+
+
+def _within_user_caps(
+    order: Sequence[JobRecord],
+    targets: dict[int, Placement],
+    nodes: Sequence[NodeSnapshot],
+    limits: Limits,
+) -> None:
+    """Cut each user's targets to ``max_devices_per_user`` devices (in place): jobs that keep
+    their devices first, then by priority and submission; an elastic job is trimmed to what is
+    left when that is at least its minimum, any other job gets nothing (it waits, or is
+    stopped when preemptible).  A job outside ``allowed_nodes`` gets nothing either."""
+    for job in order:
+        allowed = allowed_nodes(job, nodes)
+        if allowed is not None and any(
+            count > 0 and i not in allowed for i, count in enumerate(targets[job.id])
+        ):
+            targets[job.id] = tuple(0 for _ in nodes)
+    cap = limits.max_devices_per_user
+    if cap is None:
+        return
+    used: dict[str, int] = {}
+    ranked = sorted(
+        order,
+        key=lambda j: (
+            j.state not in PLACED_STATES,
+            not (j.replicas and not is_elastic(j)),
+            -j.priority,
+            j.id,
+        ),
+    )
+    for job in ranked:
+        target = list(targets[job.id])
+        have = used.get(job.owner_name, 0)
+        count = sum(target)
+        if have + count > cap:
+            room = cap - have
+            if is_elastic(job) and room >= min_gpus(job):
+                for i in reversed(range(len(target))):
+                    cut = min(target[i], count - room)
+                    target[i] -= cut
+                    count -= cut
+            elif not (job.state in PLACED_STATES and not is_preemptible(job)):
+                target = [0] * len(target)
+            targets[job.id] = tuple(target)
+        used[job.owner_name] = have + sum(targets[job.id])
+
+
+def _capped_view(
+    job: JobRecord, model: Any | None, nodes: Sequence[NodeSnapshot], now: float, limits: Limits
+) -> JobView:
+    """The job's view with its upper bound cut to what it may ever hold: the devices its
+    constraint allows, and its owner's device cap."""
+    view = job_view(job, model, nodes, now)
+    high = view.max_replicas
+    if view.allowed_nodes is not None:
+        high = min(high, sum(len(nodes[i].free_devices) for i in view.allowed_nodes))
+    if limits.max_devices_per_user is not None:
+        high = min(high, limits.max_devices_per_user)
+    if high == view.max_replicas or view.rigid:
+        return view
+    return replace(view, max_replicas=max(high, view.min_replicas))
 
 
 def progress_fraction(report: dict[str, Any]) -> float | None:
@@ -428,14 +604,20 @@ def plan_round(
     models: ModelCache,
     now: float,
     rng: np.random.Generator,
+    limits: Limits | None = None,
 ) -> Plan:
-    """Snapshot -> models -> ``policy.decide`` -> concrete devices and batch sizes -> Plan.
+    """Snapshot -> admission -> models -> ``policy.decide`` -> concrete devices and batch
+    sizes -> Plan.
 
-    Whatever the policy answers, a rigid job starts only on exactly ``min_gpus`` devices, and
-    running keeps its devices unless it is preemptible (then it may only be stopped)."""
-    candidates = [job for job in jobs if schedulable(job, now)]
+    Admission (:func:`_admit`) leaves waiting the queued jobs whose dependencies have not
+    succeeded, whose array runs its ``--max-running`` already, or whose owner is at a cap.
+    Whatever the policy answers, a rigid job starts only on exactly ``min_gpus`` devices,
+    running keeps its devices unless it is preemptible (then it may only be stopped), no job
+    runs outside its constraint and no user holds more than ``max_devices_per_user``."""
+    limits = limits or Limits()
+    candidates, held_back = _admit([job for job in jobs if schedulable(job, now)], limits)
     job_models = {job.id: models.model_for(job) for job in candidates}
-    views = [job_view(job, job_models[job.id], nodes, now) for job in candidates]
+    views = [_capped_view(job, job_models[job.id], nodes, now, limits) for job in candidates]
     node_views = [NodeView(name=n.name, devices=len(n.free_devices), up=n.up) for n in nodes]
     decision = policy.decide(views, node_views, now, rng)
     empty: Placement = tuple(0 for _ in nodes)
@@ -449,6 +631,7 @@ def plan_round(
                 targets[job.id] = placement_of(job.placement, nodes)
         elif sum(target) not in (0, min_gpus(job)):
             targets[job.id] = empty
+    _within_user_caps(candidates, targets, nodes, limits)
     # rigid jobs first: the devices they keep are theirs before any other job's
     order = sorted(candidates, key=is_elastic)
     assigned = assign_devices(
@@ -508,6 +691,10 @@ def plan_round(
             reason = backoff_reason(job, now)
             if reason != job.reason:
                 reasons[job.id] = reason
+    for job in jobs:  # held back by admission
+        why = held_back.get(job.id)
+        if why is not None and why != job.reason:
+            reasons[job.id] = why
     return Plan(
         actions=tuple(actions),
         decision=decision,

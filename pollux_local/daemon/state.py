@@ -730,6 +730,18 @@ class StateStore:
         )
         return cursor.rowcount > 0
 
+    def states_of(self, ids: Iterable[int]) -> dict[int, JobState]:
+        """The current state of each job that exists among ``ids``."""
+        wanted = sorted(set(ids))
+        found: dict[int, JobState] = {}
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start : start + 500]
+            rows = self.db.execute(
+                f"SELECT id, state FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk
+            ).fetchall()
+            found.update((int(row[0]), JobState(row[1])) for row in rows)
+        return found
+
     def count_jobs(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0])
 

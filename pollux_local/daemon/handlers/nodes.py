@@ -10,10 +10,13 @@ from pollux_local.daemon.readmodel import node_rows
 
 
 def nodes(ctx: Context, request: Nodes) -> NodesReply:
+    placed = ctx.store.jobs(PLACED_STATES)
+    drained = ctx.store.withheld()
     rows = node_rows(
         ctx.config,
         ctx.executor.nodes,
-        node_snapshot(ctx.config, ctx.executor),
-        ctx.store.jobs(PLACED_STATES),
+        node_snapshot(ctx.config, ctx.executor, drained, placed),
+        placed,
+        drained,
     )
     return NodesReply(nodes=rows)

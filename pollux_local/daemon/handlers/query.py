@@ -14,6 +14,7 @@ from pollux_local.api.states import JobState
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.jobfiles import UnsafeJobFile, read_job_file
 from pollux_local.daemon.readmodel import decision_records, job_detail, job_summary
+from pollux_local.daemon.state import JobRecord
 
 #: The most bytes of a log one ``logs`` request returns.
 MAX_LOG_CHUNK = 1 << 20
@@ -36,18 +37,25 @@ def status(ctx: Context, request: Status) -> StatusReply:
     )
     jobs.reverse()
     return StatusReply(
-        jobs=[job_summary(job, now, ctx.metrics) for job in jobs],
+        jobs=[job_summary(job, now, ctx.metrics, held_type(ctx, job)) for job in jobs],
         more=more,
         hidden=hidden,
         next_before_id=jobs[0].job_id if more and jobs else None,
     )
 
 
+def held_type(ctx: Context, job: JobRecord) -> str | None:
+    """The type of the devices the job holds (``None``: none)."""
+    for node in job.placement:
+        return ctx.config.device_type_of(node)
+    return None
+
+
 def show(ctx: Context, request: Show) -> ShowReply:
     job = ctx.job(request.id)
     detail = job_detail(
         job,
-        job_summary(job, ctx.clock(), ctx.metrics),
+        job_summary(job, ctx.clock(), ctx.metrics, held_type(ctx, job)),
         job_dir=ctx.job_dir(job),
         models=ctx.models,
         history=ctx.store.history(job.id),
