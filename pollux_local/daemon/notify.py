@@ -1,0 +1,447 @@
+"""Job-end notifications: the daemon's outbox of job ends (``StateStore.pending_ends``) turned
+into a command hook, a desktop notification and the owner's own destinations.
+
+For every end taken from the outbox, :class:`Notifier` starts, in the background:
+
+* the ``[notify] command`` hook: ``/bin/sh -c COMMAND`` as the job's owner, in the owner's home
+  (``/`` when it has none), with a clean environment (``PATH``, ``HOME``, ``USER``, ``LOGNAME``)
+  and the job's facts (:func:`job_environ`); ``[notify] on = "failure"``: failed jobs only;
+* with ``[notify] desktop = true``: ``notify-send`` as the owner, on the owner's session bus
+  (``/run/user/UID/bus``), only when that socket exists;
+* the sender (:mod:`pollux_local.daemon.notify_send`), as the owner: it reads the owner's
+  ``~/.config/pollux-local/notify.toml`` itself and sends to those URLs and the job's own
+  (``submit --notify URL``), through ``apprise`` when installed.
+
+Security: every process runs as the job's owner (a daemon run by root drops to the owner's uid,
+gid and groups before exec; a daemon not run by root only notifies for its own user's jobs) and
+the daemon never opens, reads or stats anything in a user's home: what a user controls is read
+by a process with only that user's rights.
+
+Delivery is at most once: an end is marked announced right before its processes start, so a
+daemon that dies while sending never sends it again (nor loops resending an end that makes it
+die).  At most :data:`MAX_ENDS_AT_ONCE` ends are sent at once, each process is given
+:data:`SEND_TIMEOUT_S` and then its process group is killed, and at most :data:`MAX_BACKLOG`
+ends wait in memory: the others stay in the outbox for a later pass.  A failure is one line in
+the daemon's log and never touches the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pollux_local.api.states import JobState
+from pollux_local.daemon import notify_send
+from pollux_local.daemon.config import DaemonConfig
+from pollux_local.daemon.state import JobEnd, JobRecord, StateStore
+
+__all__ = ["MAX_BACKLOG", "MAX_ENDS_AT_ONCE", "SEND_TIMEOUT_S", "Notifier", "job_environ"]
+
+log = logging.getLogger("pollux_local.daemon")
+
+#: Ends whose notifications run at the same time (each runs up to three processes).
+MAX_ENDS_AT_ONCE = 4
+#: Ends taken from the outbox and not yet finished, at most; more wait in the outbox.
+MAX_BACKLOG = 64
+#: Seconds one notification process may run before its process group is killed.
+SEND_TIMEOUT_S = 30.0
+#: Seconds :meth:`Notifier.close` waits for running notifications before killing them.
+CLOSE_GRACE_S = 3.0
+#: The PATH the owner's processes get.
+USER_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: Bytes of a process's output kept for the log line.
+OUTPUT_LIMIT = 4096
+#: Seconds a process's output may stay open after it exited (something it left running).
+OUTPUT_GRACE_S = 1.0
+#: Characters of one environment value (a job's reason can be long).
+VALUE_LIMIT = 2000
+#: The interpreter tried when the daemon's own is not one every user may run.
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who a job's notifications run as: uid, gid, supplementary groups (``None``: the
+    daemon's own, no switch) and the login facts of the environment."""
+
+    uid: int
+    gid: int
+    groups: list[int] | None
+    name: str
+    home: str
+
+
+def _value(text: object) -> str:
+    """An environment value: no NUL, at most :data:`VALUE_LIMIT` characters."""
+    return str(text).replace("\x00", "")[:VALUE_LIMIT]
+
+
+def job_environ(job: JobRecord, end: JobEnd, owner: Owner, path: str = USER_PATH) -> dict[str, str]:
+    """The environment of a notification process: the owner's login basics and the job's
+    facts (``POLLUX_JOB_ID``, ``_NAME``, ``_STATE``, ``_REASON``, ``_OWNER``, ``_WORKDIR``,
+    ``_END_TIME``: Unix seconds, ``_RUN_TIME_S``, ``_ARRAY_ID``/``_ARRAY_INDEX`` for a task of
+    an array)."""
+    environ = {
+        "PATH": path,
+        "HOME": owner.home,
+        "USER": owner.name,
+        "LOGNAME": owner.name,
+        "LANG": "C.UTF-8",
+        "POLLUX_JOB_ID": job.job_id,
+        "POLLUX_JOB_NAME": _value(job.name),
+        "POLLUX_JOB_STATE": end.state.value,
+        "POLLUX_JOB_REASON": _value(end.reason),
+        "POLLUX_JOB_OWNER": _value(job.owner_name),
+        "POLLUX_JOB_WORKDIR": _value(job.spec.workdir),
+        "POLLUX_JOB_END_TIME": f"{end.time:.0f}",
+        "POLLUX_JOB_RUN_TIME_S": f"{job.run_time_s:.0f}",
+    }
+    if job.spec.array_id is not None:
+        environ["POLLUX_ARRAY_ID"] = job.spec.array_id
+        environ["POLLUX_ARRAY_INDEX"] = str(job.spec.array_index or 0)
+    return environ
+
+
+def _one_line(text: str, limit: int = 500) -> str:
+    """Output as one log line: control characters as spaces, runs of blanks as one."""
+    cleaned = "".join(ch if ch.isprintable() else " " for ch in text)
+    cleaned = " ".join(cleaned.split())
+    return cleaned if len(cleaned) <= limit else cleaned[: limit - 3] + "..."
+
+
+def _runnable_by_everyone(path: str) -> bool:
+    """Every directory above ``path`` (links resolved) may be entered and the file run by
+    any user (mode bits only)."""
+    real = Path(os.path.realpath(path))
+    try:
+        if not os.stat(real).st_mode & stat.S_IXOTH:
+            return False
+        return all(os.stat(parent).st_mode & stat.S_IXOTH for parent in real.parents)
+    except OSError:
+        return False
+
+
+def _interpreter(switching_user: bool) -> str:
+    """The Python the sender runs with: the daemon's own, unless another user must run it and
+    cannot (a daemon run from root's home), then the system's."""
+    if not switching_user or _runnable_by_everyone(sys.executable):
+        return sys.executable
+    return SYSTEM_PYTHON if os.access(SYSTEM_PYTHON, os.X_OK) else sys.executable
+
+
+def _sender_source() -> str:
+    """The sender's source text, run with ``python -c`` (no import of this package needed by
+    an interpreter the owner runs)."""
+    return Path(notify_send.__file__).read_text(encoding="utf-8")
+
+
+class Notifier:
+    """Announces the job ends of ``store``'s outbox with the notifications of
+    ``config_getter()`` (read at every pass, so a reloaded config applies to the next end).
+    ``daemon_uid``: the daemon's effective uid (0: it may run processes as any job's owner);
+    ``timeout_s``: the most seconds one notification process may run; ``user_path``: the
+    ``PATH`` they get (``notify-send`` is looked up on it)."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        config_getter: Callable[[], DaemonConfig],
+        daemon_uid: int,
+        *,
+        timeout_s: float = SEND_TIMEOUT_S,
+        user_path: str = USER_PATH,
+    ) -> None:
+        self.store = store
+        self.config_getter = config_getter
+        self.daemon_uid = daemon_uid
+        self.timeout_s = timeout_s
+        self.user_path = user_path
+        self._slots = asyncio.Semaphore(MAX_ENDS_AT_ONCE)
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._closing = False
+        self._notify_send_missing_logged = False
+        self._source: str | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Ends taken from the outbox whose notifications have not finished."""
+        return len(self._tasks)
+
+    async def announce_pending(self) -> int:
+        """Take the outbox's pending ends (as many as the backlog allows) and start their
+        notifications in the background; the number taken.  Never raises."""
+        if self._closing:
+            return 0
+        try:
+            room = MAX_BACKLOG - len(self._tasks)
+            if room <= 0:
+                return 0
+            pending = self.store.pending_ends(limit=MAX_BACKLOG)
+            taken = 0
+            for end in pending:
+                if taken >= room:
+                    break
+                if end.seq in self._tasks:
+                    continue
+                task = asyncio.create_task(self._announce(end), name=f"notify-{end.seq}")
+                self._tasks[end.seq] = task
+                task.add_done_callback(functools.partial(self._forget, end.seq))
+                taken += 1
+            return taken
+        except Exception:
+            log.exception("notify: cannot read the outbox of job ends")
+            return 0
+
+    def _forget(self, seq: int, _task: asyncio.Task[None]) -> None:
+        self._tasks.pop(seq, None)
+
+    async def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Wait until every notification taken has finished (tests, shutdown); whether they
+        all did within ``timeout_s``."""
+        tasks = list(self._tasks.values())
+        if not tasks:
+            return True
+        _, still = await asyncio.wait(tasks, timeout=timeout_s)
+        return not still
+
+    async def close(self, grace_s: float = CLOSE_GRACE_S) -> None:
+        """At daemon stop: take no more ends, give the running notifications ``grace_s``,
+        then kill what is left (ends not started yet stay in the outbox, sent at the next
+        start)."""
+        self._closing = True
+        if not await self.wait_idle(grace_s):
+            left = list(self._tasks.values())
+            for task in left:
+                task.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
+
+    # --- one end ------------------------------------------------------------------------------
+
+    async def _announce(self, end: JobEnd) -> None:
+        """Send one end's notifications (in a slot); marked announced right before its
+        processes start.  Logs, never raises."""
+        try:
+            async with self._slots:
+                if self._closing:
+                    return
+                self.store.mark_announced(end.seq)
+                await self._send(end)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a notification never affects anything else
+            log.warning("notify: job %s: %s", end.job_id, _one_line(repr(error)))
+
+    def _owner(self, job: JobRecord) -> Owner | None:
+        """Who runs ``job``'s notifications, or ``None`` (logged) when nobody may."""
+        if self.daemon_uid != 0 and job.owner_uid != self.daemon_uid:
+            log.info(
+                "notify: job %s belongs to %s; a daemon not run by root notifies only for"
+                " its own user's jobs",
+                job.id,
+                job.owner_name,
+            )
+            return None
+        try:
+            entry = pwd.getpwuid(job.owner_uid)
+        except KeyError:
+            if job.owner_uid == self.daemon_uid:
+                home = os.environ.get("HOME", "/")
+                return Owner(job.owner_uid, job.owner_gid, None, job.owner_name, home)
+            log.warning("notify: job %s: its owner uid %s no longer exists", job.id, job.owner_uid)
+            return None
+        switching = self.daemon_uid == 0 and entry.pw_uid != os.geteuid()
+        groups = os.getgrouplist(entry.pw_name, entry.pw_gid) if switching else None
+        return Owner(entry.pw_uid, entry.pw_gid, groups, entry.pw_name, entry.pw_dir or "/")
+
+    async def _send(self, end: JobEnd) -> None:
+        job = self.store.get_job(end.job_id)
+        if job is None:
+            log.warning("notify: job %s of end %s is not in the store", end.job_id, end.seq)
+            return
+        owner = self._owner(job)
+        if owner is None:
+            return
+        config = self.config_getter()
+        failed = end.state is JobState.FAILED
+        environ = job_environ(job, end, owner, self.user_path)
+        sends = []
+        if config.notify_command and (config.notify_on == "end" or failed):
+            # the owner's shell enters the home itself: the daemon never looks into it
+            script = 'cd -- "$HOME" 2>/dev/null || cd /\n' + config.notify_command
+            sends.append(self._run("command", job, owner, ["/bin/sh", "-c", script], environ))
+        if config.notify_desktop and (config.notify_on == "end" or failed):
+            desktop = self._desktop_argv(job, end, owner)
+            if desktop is not None:
+                bus_environ = {
+                    **environ,
+                    "DBUS_SESSION_BUS_ADDRESS": f"unix:path=/run/user/{owner.uid}/bus",
+                    "XDG_RUNTIME_DIR": f"/run/user/{owner.uid}",
+                }
+                sends.append(self._run("desktop", job, owner, desktop, bus_environ))
+        sends.append(self._run_sender(job, end, owner, environ))
+        await asyncio.gather(*sends)
+
+    def _title_and_body(self, job: JobRecord, end: JobEnd) -> tuple[str, str]:
+        title = f"pollux-local: job {job.id} ({_one_line(job.name, 80)}) {end.state.value}"
+        return title, _one_line(end.reason, 1000) or end.state.value
+
+    def _desktop_argv(self, job: JobRecord, end: JobEnd, owner: Owner) -> list[str] | None:
+        """``notify-send`` for this end, or ``None`` when the owner has no session bus (or
+        this machine has no ``notify-send``: logged once)."""
+        try:
+            bus = os.stat(f"/run/user/{owner.uid}/bus", follow_symlinks=False)
+        except OSError:
+            return None
+        if not stat.S_ISSOCK(bus.st_mode) or bus.st_uid != owner.uid:
+            return None
+        program = shutil.which("notify-send", path=self.user_path)
+        if program is None:
+            if not self._notify_send_missing_logged:
+                log.warning("notify: [notify] desktop is on but notify-send is not installed")
+                self._notify_send_missing_logged = True
+            return None
+        title, body = self._title_and_body(job, end)
+        urgency = "critical" if end.state is JobState.FAILED else "normal"
+        return [program, "--app-name=pollux-local", f"--urgency={urgency}", "--", title, body]
+
+    async def _run_sender(
+        self, job: JobRecord, end: JobEnd, owner: Owner, environ: dict[str, str]
+    ) -> None:
+        """The owner's destinations: the job's ``--notify`` URLs and the per-user file, read
+        and sent by :mod:`notify_send` running as the owner."""
+        if self._source is None:
+            self._source = _sender_source()
+        title, body = self._title_and_body(job, end)
+        payload = {
+            "title": title,
+            "body": body,
+            "failed": end.state is JobState.FAILED,
+            "state": end.state.value,
+            "urls": list(job.spec.notify),
+            "on": job.spec.notify_on,
+            "job": {
+                key[len("POLLUX_JOB_") :].lower(): value
+                for key, value in environ.items()
+                if key.startswith("POLLUX_JOB_")
+            },
+        }
+        python = _interpreter(owner.groups is not None)
+        argv = [python, "-c", self._source]
+        await self._run("sender", job, owner, argv, environ, json.dumps(payload).encode())
+
+    async def _run(
+        self,
+        what: str,
+        job: JobRecord,
+        owner: Owner,
+        argv: list[str],
+        environ: dict[str, str],
+        stdin: bytes | None = None,
+    ) -> None:
+        """Run ``argv`` as ``owner`` in a session of its own, at most :data:`SEND_TIMEOUT_S`
+        (then its process group is killed, as it is when something it left behind still holds
+        its output after it exited); a failure is one log line."""
+        switch: dict[str, Any] = {}
+        if owner.groups is not None:
+            switch = {"user": owner.uid, "group": owner.gid, "extra_groups": owner.groups}
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                cwd="/",
+                env=environ,
+                start_new_session=True,
+                **switch,
+            )
+        except (OSError, ValueError, subprocess.SubprocessError) as error:
+            log.warning(
+                "notify: job %s: %s as %s cannot start: %s", job.id, what, owner.name, error
+            )
+            return
+        assert proc.stdout is not None
+        output = bytearray()
+        reader = asyncio.create_task(_read_tail(proc.stdout, output))
+        try:
+            await self._wait(what, job, owner, proc, stdin, reader, output)
+        finally:
+            reader.cancel()
+
+    async def _wait(
+        self,
+        what: str,
+        job: JobRecord,
+        owner: Owner,
+        proc: asyncio.subprocess.Process,
+        stdin: bytes | None,
+        reader: asyncio.Task[None],
+        output: bytearray,
+    ) -> None:
+        """Feed ``stdin``, wait for the exit (killing the group on time-out or cancellation),
+        then log a failure with the tail of its output."""
+        try:
+            await asyncio.wait_for(_feed_and_wait(proc, stdin), self.timeout_s)
+        except (TimeoutError, asyncio.CancelledError) as error:
+            _kill_group(proc)
+            with contextlib.suppress(Exception):
+                await asyncio.shield(proc.wait())
+            if isinstance(error, asyncio.CancelledError):
+                raise
+            log.warning(
+                "notify: job %s: %s as %s did not finish in %.0f s; killed",
+                job.id,
+                what,
+                owner.name,
+                self.timeout_s,
+            )
+            return
+        _, holding = await asyncio.wait({reader}, timeout=OUTPUT_GRACE_S)
+        if holding:  # something it started still holds its output: not kept
+            _kill_group(proc)
+            await asyncio.wait({reader}, timeout=OUTPUT_GRACE_S)
+        if proc.returncode != 0:
+            log.warning(
+                "notify: job %s: %s as %s failed (exit %s): %s",
+                job.id,
+                what,
+                owner.name,
+                proc.returncode,
+                _one_line(output.decode("utf-8", "replace")) or "no output",
+            )
+
+
+async def _feed_and_wait(proc: asyncio.subprocess.Process, stdin: bytes | None) -> None:
+    if proc.stdin is not None:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            proc.stdin.write(stdin or b"")
+            await proc.stdin.drain()
+        proc.stdin.close()
+    await proc.wait()
+
+
+async def _read_tail(stream: asyncio.StreamReader, kept: bytearray) -> None:
+    """Read ``stream`` to its end, keeping its last :data:`OUTPUT_LIMIT` bytes in ``kept``."""
+    while chunk := await stream.read(65536):
+        kept.extend(chunk)
+        del kept[:-OUTPUT_LIMIT]
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL the process group a notification process leads (its own session)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
