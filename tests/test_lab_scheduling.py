@@ -258,3 +258,40 @@ def test_usage_counts_each_users_device_hours_and_jobs(daemon: DaemonProcess, ro
     assert later.users == [] and later.total.jobs == 0
     raw = json.loads(json.dumps(daemon.client.request("usage")))
     assert raw["users"][0]["user"] == me.user and raw["users"][0]["jobs"] == 2
+
+
+def test_a_notify_command_records_each_jobs_end(root: Path) -> None:
+    record = root / "ends.txt"
+    proc = start_daemon(
+        root,
+        "cpu:2",
+        "\n[notify]\ncommand = 'echo \"$POLLUX_JOB_ID $POLLUX_JOB_STATE $POLLUX_JOB_OWNER"
+        f" $POLLUX_JOB_REASON\" >> {record}'\n",
+    )
+    try:
+        ok = script(root, "ok.sh", "exit 0\n")
+        bad = script(root, "bad.sh", "exit 4\n")
+        first = submit(proc, [ok], root)
+        second = submit(proc, [bad], root)
+        third = submit(proc, [ok], root, hold=True)
+        proc.client.call(api.Cancel(ids=[third]))
+        for job_id, state in ((first, "succeeded"), (second, "failed")):
+            wait_state(proc, job_id, state)
+
+        def lines() -> list[str] | None:
+            found = record.read_text().splitlines() if record.exists() else []
+            return found if len(found) >= 3 else None
+
+        ends = sorted(wait_for(lines, 20, "three notifications"))
+        owner = show(proc, first).owner
+        assert ends == sorted(
+            [
+                f"{first} succeeded {owner} finished",
+                f"{second} failed {owner} {show(proc, second).reason}",
+                f"{third} cancelled {owner} cancelled",
+            ]
+        )
+        time.sleep(1.0)  # and never twice
+        assert len(record.read_text().splitlines()) == 3
+    finally:
+        proc.stop()
