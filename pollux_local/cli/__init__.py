@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "pollux_local.cli.jobs",
     "pollux_local.cli.simulate",
     "pollux_local.cli.tui",
+    "pollux_local.cli.service",
     "pollux_local.cli.completion",
 )
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
+from typing import Any
 
 from pollux_local.api.errors import PolluxError
 from pollux_local.cli.common import state_dir_parser
@@ -16,17 +18,22 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     from pollux_local.daemon.server import run_daemon
 
     config = load_config(args.config, args.devices)
+    overrides: dict[str, Any] = {}  # the command line's settings, kept over a reload's
     if args.interval is not None:
         if args.interval <= 0:
             raise PolluxError(f"--interval must be positive, got {args.interval}")
-        config = dataclasses.replace(config, interval_s=args.interval)
+        overrides["interval_s"] = args.interval
     if args.policy is not None:
-        config = dataclasses.replace(config, policy=canonical_policy(args.policy))
+        overrides["policy"] = canonical_policy(args.policy)
+    config = dataclasses.replace(config, **overrides)
     return run_daemon(
         config,
         resolve_state_dir(args.state_dir),
         verbose=args.verbose,
         reset_state=args.reset_state,
+        config_path=Path(args.config).absolute() if args.config else None,
+        devices=args.devices,
+        overrides=overrides,
     )
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import grp
 import logging
@@ -47,9 +48,9 @@ import os
 import signal
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, Any, cast
 
 import numpy as np
 
@@ -84,7 +85,7 @@ from pollux_local.api.messages import (
 )
 from pollux_local.core.types import Policy
 from pollux_local.daemon.auth import Peer, may_connect, peer_credentials, refusal, socket_mode
-from pollux_local.daemon.config import DaemonConfig
+from pollux_local.daemon.config import DaemonConfig, load_config
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.handlers import (
@@ -99,7 +100,14 @@ from pollux_local.daemon.handlers import (
     usage,
 )
 from pollux_local.daemon.loop import SchedulingLoop
+from pollux_local.daemon.metrics import DaemonSnapshot, PrometheusEndpoint, snapshot_of
 from pollux_local.daemon.readmodel import MetricHistory
+from pollux_local.daemon.reload import (
+    POLICY_SETTINGS,
+    config_changes,
+    effective_config,
+    held_devices,
+)
 from pollux_local.daemon.scheduler import ModelCache
 from pollux_local.daemon.state import StateStore, open_state
 
@@ -378,8 +386,21 @@ class Daemon:
         clock: Callable[[], float] = time.time,
         seed: int = 0,
         reset_state: bool = False,
+        config_path: Path | None = None,
+        devices: str | None = None,
+        overrides: Mapping[str, Any] | None = None,
     ) -> None:
         self.config = config
+        # what SIGHUP reads again (reload_config): the file, --devices, and the command line's
+        # settings (--interval, --policy), which keep winning over the file's
+        self.config_path = config_path
+        self.devices = devices
+        self.overrides = dict(overrides or {})
+        self.loaded_config = config
+        self._policy_from_config = policy is None
+        self._retiring: asyncio.Task[None] | None = None
+        self._reload_tasks: set[asyncio.Task[bool]] = set()
+        self.prometheus: PrometheusEndpoint | None = None
         self.state_dir = state_dir
         self.socket_path = state_dir / "daemon.sock"
         self.policy = policy if policy is not None else make_policy(config)
@@ -509,12 +530,14 @@ class Daemon:
             self.config.interval_s,
         )
         loop_task = asyncio.ensure_future(self.scheduler.run())
+        await self._serve_prometheus()
         if ready is not None:
             ready()
         try:
             await self._stop.wait()
         finally:
             server.close()
+            await self._stop_reload_work()
             async with self._mutex:  # let a pass in progress finish its launches and stops
                 loop_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -530,9 +553,134 @@ class Daemon:
         self._stop.set()
 
     def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT stop the daemon; SIGHUP reads the config again."""
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, self.request_reload)
+
+    # --- reading the config again (SIGHUP) -----------------------------------------------
+
+    def request_reload(self) -> None:
+        """Read the config again soon (:meth:`reload_config`; SIGHUP)."""
+        if self.store is not None and not self._stop.is_set():
+            task = asyncio.ensure_future(self.reload_config())
+            self._reload_tasks.add(task)
+            task.add_done_callback(self._reload_tasks.discard)
+
+    async def reload_config(self) -> bool:
+        """Read the config file (and ``--devices``) again and use it without stopping a job:
+        nodes and devices, limits, reserved devices, notifications, the metrics endpoint, the
+        policy's settings; the command line's ``--interval`` and ``--policy`` still win.  A
+        job keeps the devices the new config drops until it ends (``reload.effective_config``).
+        A config that cannot be read or used is logged in one line and the one in use kept
+        (``False``)."""
+        where = self.config_path or "the embedded default"
+        try:
+            loaded = dataclasses.replace(
+                load_config(self.config_path, self.devices), **self.overrides
+            )
+        except Exception as exc:  # whatever is wrong with the file, the daemon runs on
+            text = " ".join(str(exc).split())
+            log.error("reload: %s is not usable, keeping the config in use: %s", where, text)
+            return False
+        async with self._mutex:
+            try:
+                changes = await self._use_config(loaded)
+            except PolluxError as exc:
+                log.error("reload: %s, keeping the config in use", " ".join(str(exc).split()))
+                return False
+        log.info("reloaded %s: %s", where, "; ".join(changes) or "nothing changed")
+        self.wake()
+        return True
+
+    async def _use_config(self, loaded: DaemonConfig) -> list[str]:
+        """Make every part of the daemon use ``loaded`` (the caller holds the mutex); the
+        changes, one phrase each."""
+        assert self.executor is not None and self.scheduler is not None and self.store
+        old = self.config
+        config, kept = effective_config(loaded, held_devices(self.executor, self.store), old)
+        if config.allow_group != old.allow_group:
+            self._give_socket_to(config.allow_group)
+        changes = config_changes(old, config)
+        self.loaded_config = loaded
+        self._set_config(config)
+        self.book.per_user = config.max_user_connections
+        self.book.per_user_bytes = config.max_user_bytes
+        if self._policy_from_config and any(
+            getattr(old, name) != getattr(config, name) for name in POLICY_SETTINGS
+        ):
+            self.policy = make_policy(config)
+            self.scheduler.policy = self.policy
+        if config.prometheus != old.prometheus:
+            if self.prometheus is not None:
+                await self.prometheus.close()
+                self.prometheus = None
+            await self._serve_prometheus()
+        if kept:
+            devices = ", ".join(f"{node}:{d}" for node, ds in kept.items() for d in ds)
+            changes.append(f"kept until their jobs end: {devices}")
+            if self._retiring is None or self._retiring.done():
+                self._retiring = asyncio.ensure_future(self._drop_released())
+        await self.executor.check_nodes(force=True, background=True)
+        return changes
+
+    def _set_config(self, config: DaemonConfig) -> None:
+        """The config every part uses from now on (new connections' ``Context`` included)."""
+        assert self.executor is not None and self.scheduler is not None
+        self.config = config
+        self.executor.reconfigure(config)
+        self.scheduler.config = config
+
+    async def _drop_released(self, poll_s: float = 1.0) -> None:
+        """While the config in use keeps devices the file dropped, drop each once no job
+        holds it any longer."""
+        while self.config is not self.loaded_config:
+            await asyncio.sleep(poll_s)
+            assert self.executor is not None and self.store is not None
+            async with self._mutex:
+                held = held_devices(self.executor, self.store)
+                config, _ = effective_config(self.loaded_config, held, self.config)
+                if config != self.config:
+                    changes = config_changes(self.config, config)
+                    log.info("reload: no job holds them any more: %s", "; ".join(changes))
+                    self._set_config(config)
+                    self.wake()
+
+    def _give_socket_to(self, group: str | None) -> None:
+        """Open the socket to ``group`` (``[daemon] allow_group``; ``None``: to no group),
+        as at the start."""
+        try:
+            if group is not None:
+                os.chown(self.socket_path, -1, grp.getgrnam(group).gr_gid)
+            os.chmod(self.socket_path, socket_mode(self.uid, group))
+        except (KeyError, OSError) as exc:
+            raise PolluxError(
+                f"cannot give the socket {self.socket_path} to the group {group}"
+                f" (allow_group): {getattr(exc, 'strerror', None) or exc}"
+            ) from None
+
+    async def _serve_prometheus(self) -> None:
+        """Serve ``/metrics`` at ``[metrics] prometheus`` when the config names an address."""
+        if self.config.prometheus is not None:
+            self.prometheus = await PrometheusEndpoint.start(
+                self.config.prometheus, self._metrics_snapshot
+            )
+
+    def _metrics_snapshot(self) -> DaemonSnapshot:
+        assert self.store is not None and self.scheduler is not None
+        return snapshot_of(self.config, self.store, self.scheduler.ticks)
+
+    async def _stop_reload_work(self) -> None:
+        """Stop the reloads in flight, the wait for kept devices and the metrics endpoint."""
+        for task in [*self._reload_tasks, self._retiring]:
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self.prometheus is not None:
+            await self.prometheus.close()
+            self.prometheus = None
 
     def wake(self) -> None:
         """Ask for a scheduling pass soon (submit, finish, node change)."""
@@ -677,30 +825,74 @@ class Daemon:
                 writer.close()
 
 
+class JournalFormatter(logging.Formatter):
+    """Lines for journald: each line of a record starts with its syslog priority (``<3>``
+    error, ``<4>`` warning, ``<6>`` info, ``<7>`` debug) and has no time (the journal adds
+    it), so that a traceback's lines keep the priority of their record."""
+
+    #: lowest level -> syslog priority, most severe first; below INFO: 7 (debug)
+    PRIORITIES = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6}
+
+    def format(self, record: logging.LogRecord) -> str:
+        priority = next((p for level, p in self.PRIORITIES.items() if record.levelno >= level), 7)
+        text = super().format(record)
+        return "\n".join(f"<{priority}>{line}" for line in text.splitlines() or [""])
+
+
+def stderr_is_journal() -> bool:
+    """Whether stderr is the journal stream systemd gave us: ``$JOURNAL_STREAM`` is
+    ``DEVICE:INODE`` of that stream, and stderr is still it (not redirected since)."""
+    device, _, inode = os.environ.get("JOURNAL_STREAM", "").partition(":")
+    try:
+        info = os.fstat(2)
+        return (info.st_dev, info.st_ino) == (int(device), int(inode))
+    except (OSError, ValueError):
+        return False
+
+
 def setup_logging(state_dir: Path, verbose: bool = False) -> None:
-    """Log to stderr and to ``STATE_DIR/daemon.log`` (0600, never through a symlink)."""
+    """Log to stderr and to ``STATE_DIR/daemon.log`` (0600, never through a symlink); on a
+    stderr that is the journal (:func:`stderr_is_journal`), in :class:`JournalFormatter`'s
+    lines."""
     root = logging.getLogger("pollux_local")
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s")
     path = state_dir / "daemon.log"
     stream = os.fdopen(open_private(path, os.O_WRONLY | os.O_APPEND), "a", encoding="utf-8")
-    handlers: list[logging.Handler] = [logging.StreamHandler(), logging.StreamHandler(stream)]
-    for handler in handlers:
-        handler.setFormatter(fmt)
-        root.addHandler(handler)
+    stderr = logging.StreamHandler()
+    stderr.setFormatter(JournalFormatter("%(message)s") if stderr_is_journal() else fmt)
+    logfile = logging.StreamHandler(stream)
+    logfile.setFormatter(fmt)
+    root.addHandler(stderr)
+    root.addHandler(logfile)
 
 
 def run_daemon(
-    config: DaemonConfig, state_dir: Path, verbose: bool = False, reset_state: bool = False
+    config: DaemonConfig,
+    state_dir: Path,
+    verbose: bool = False,
+    reset_state: bool = False,
+    config_path: Path | None = None,
+    devices: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> int:
-    """Run a daemon in the foreground until SIGTERM/SIGINT (``pollux-local daemon``)."""
+    """Run a daemon in the foreground until SIGTERM/SIGINT (``pollux-local daemon``);
+    SIGHUP reads ``config_path`` (with ``devices`` and ``overrides``, as at the start)
+    again."""
     prepare_state_dir(state_dir)
     started_umask = os.umask(0o077)
     try:
         setup_logging(state_dir, verbose)
     finally:
         os.umask(started_umask)
-    daemon = Daemon(config, state_dir, reset_state=reset_state)
+    daemon = Daemon(
+        config,
+        state_dir,
+        reset_state=reset_state,
+        config_path=config_path,
+        devices=devices,
+        overrides=overrides,
+    )
 
     async def main() -> None:
         daemon.install_signal_handlers()
