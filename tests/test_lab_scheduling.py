@@ -295,3 +295,42 @@ def test_a_notify_command_records_each_jobs_end(root: Path) -> None:
         assert len(record.read_text().splitlines()) == 3
     finally:
         proc.stop()
+
+
+def test_default_and_longest_time_limits_restart_and_edit(root: Path) -> None:
+    proc = start_daemon(root, "cpu:2", '\n[limits]\ndefault_time = "10m"\nmax_time = "1h"\n')
+    try:
+        ok = script(root, "ok.sh", "exit 0\n")
+        held = submit(proc, [ok], root, hold=True)
+        assert show(proc, held).time_limit_s == 600.0  # the daemon's default
+        with pytest.raises(api.InvalidRequest, match=r"time limit 2h is longer than .* 1h"):
+            submit(proc, [ok], root, time_limit_s=7200.0)
+        # edit: a waiting job's command, size, time limit and priority
+        proc.client.call(
+            api.Edit(id=held, argv=[ok, "--fast"], min_gpus=2, time_limit_s=1800.0, priority=-3)
+        )
+        edited = show(proc, held)
+        assert (edited.argv, edited.min_gpus, edited.time_limit_s, edited.priority) == (
+            [ok, "--fast"],
+            2,
+            1800.0,
+            -3,
+        )
+        with pytest.raises(api.InvalidRequest, match="longer than"):
+            proc.client.call(api.Edit(id=held, time_limit_s=7200.0))
+        with pytest.raises(api.InvalidRequest, match="needs at least 3 device"):
+            proc.client.call(api.Edit(id=held, min_gpus=3))
+        proc.client.call(api.Release(id=held))
+        wait_state(proc, held, "succeeded")
+        with pytest.raises(api.Conflict, match="only a queued or held job can be edited"):
+            proc.client.call(api.Edit(id=held, priority=1))
+        # restart: the same command, size and limit under a new id
+        again = proc.client.call(api.Restart(id=held)).id
+        assert again != held
+        copy = show(proc, again)
+        assert (copy.argv, copy.min_gpus, copy.time_limit_s) == ([ok, "--fast"], 2, 1800.0)
+        wait_state(proc, again, "succeeded")
+        with pytest.raises(api.Conflict, match="only a job that ended"):
+            proc.client.call(api.Restart(id=submit(proc, [ok], root, hold=True)))
+    finally:
+        proc.stop()
