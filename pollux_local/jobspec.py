@@ -16,21 +16,39 @@ Shape::
     max_local_batch = 256
     priority = 0
     env = { OMP_NUM_THREADS = "1" }
+    time = "2h"                  # time limit (30s, 10m, 2h, 1-00:00)
+    after = [12, 13]             # start once these jobs succeeded (after_any: once they ended)
+    after_any = false
+    notify = ["ntfy://my-topic"] # told when the job ends
+    notify_on = "end"            # or "failure"
+    constraint = { nodes = ["box1"], type = "a100" }   # or "nodes=box1;type=a100"
+    array = "0-9"                # an array of tasks (not with [sweep])
+    max_running = 4              # at most 4 tasks of the array or sweep at once
 
     [target]                     # optional for submit; a job's train.py may require it
     metric = "test_accuracy"
     value = 0.97
     mode = "max"                 # or "min"
 
-Every problem is one ``PolluxError`` line naming the file and the key.
+    [sweep]                      # a grid: one array task per combination, keys in order
+    lr = [0.1, 0.01]
+    seed = [1, 2, 3]             # with args = ["--lr", "{lr}", "--seed", "{seed}"]
+
+Every problem is one ``PolluxError`` line naming the file and the key.  With a ``[sweep]``,
+every ``{word}`` in the args must name a sweep key and every key must be used.
 """
 
 from __future__ import annotations
 
+import itertools
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pollux_local.api.spec import Constraint
+from pollux_local.durations import DurationError, parse_duration
 from pollux_local.errors import PolluxError
 from pollux_local.tomlfile import read_toml
 
@@ -48,9 +66,23 @@ JOB_KEYS: dict[str, type] = {
     "max_local_batch": int,
     "priority": int,
     "env": dict,
+    "time": str,
+    "after": list,
+    "after_any": bool,
+    "notify": list,
+    "notify_on": str,
+    "constraint": object,
+    "array": str,
+    "max_running": int,
 }
 _POSITIVE = ("min_gpus", "max_gpus", "batch_size", "max_batch_size", "min_local_batch",
-             "max_local_batch")  # fmt: skip
+             "max_local_batch", "max_running")  # fmt: skip
+#: The most tasks a sweep may make (``api.Submit.array``).
+MAX_SWEEP_TASKS = 10_000
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: A sweep placeholder in an argument: ``{name}``.
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_WORD = re.compile(r"^[A-Za-z0-9_.:@+-]{1,128}$")
 
 
 @dataclass(frozen=True)
@@ -118,6 +150,16 @@ class JobSpec:
     min_local: int | None = None
     max_local: int | None = None
     target: Target | None = None
+    time_limit_s: float | None = None
+    after: tuple[str, ...] = ()
+    after_any: bool = False
+    notify: tuple[str, ...] = ()
+    notify_on: str | None = None
+    constraint: Constraint | None = None
+    array: str | None = None
+    max_running: int | None = None
+    #: ``[sweep]``: each key with its values (as text), in the order the file gives them
+    sweep: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def for_training(self) -> TrainingSpec:
         """The training view; ``batch_size`` and ``[target]`` are then required."""
@@ -148,14 +190,69 @@ class JobSpec:
             ("max_batch_size", self.max_batch),
             ("min_local_batch", self.min_local),
             ("max_local_batch", self.max_local),
+            ("time_limit_s", self.time_limit_s),
+            ("notify_on", self.notify_on),
+            ("constraint", self.constraint),
+            ("array", self.array),
+            ("max_running", self.max_running),
         ):
             if value is not None:
                 fields[key] = value
+        if self.after:
+            fields["after"] = list(self.after)
+            fields["after_any"] = self.after_any
+        if self.notify:
+            fields["notify"] = list(self.notify)
+        if self.sweep:
+            fields["sweep"] = {key: list(values) for key, values in self.sweep}
         fields["target"] = self.target.as_dict() if self.target else None
         return fields
 
 
-_TYPE_NAMES = {str: "a string", list: "a list", int: "an integer", dict: "a table"}
+def sweep_grid(sweep: Sequence[tuple[str, Sequence[str]]]) -> list[dict[str, str]]:
+    """Every combination of a sweep's values: the cartesian product with the first key
+    varying slowest (``lr = [a, b]``, ``seed = [1, 2]`` -> a1, a2, b1, b2)."""
+    keys = [key for key, _ in sweep]
+    return [
+        dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(v for _, v in sweep))
+    ]
+
+
+def placeholders(args: Sequence[str]) -> list[str]:
+    """The ``{name}`` placeholders in ``args``, in order of first use."""
+    return list(dict.fromkeys(name for arg in args for name in PLACEHOLDER.findall(arg)))
+
+
+def check_sweep_args(args: Sequence[str], keys: Sequence[str], where: str) -> None:
+    """Every placeholder in ``args`` names a sweep key and every key is used (else two tasks
+    would run the same command)."""
+    used = placeholders(args)
+    unknown = [name for name in used if name not in keys]
+    if unknown:
+        raise PolluxError(
+            f"{where}: the args use {{{unknown[0]}}}, which [sweep] does not define"
+            f" (sweep keys: {', '.join(keys)})"
+        )
+    unused = [key for key in keys if key not in used]
+    if unused:
+        raise PolluxError(
+            f"{where}: [sweep] {unused[0]} is not used in the args (put {{{unused[0]}}} in one)"
+        )
+
+
+def substitute(args: Sequence[str], values: dict[str, str]) -> list[str]:
+    """``args`` with each ``{name}`` replaced by ``values[name]`` (every name must be there)."""
+    return [PLACEHOLDER.sub(lambda m: values[m.group(1)], arg) for arg in args]
+
+
+_TYPE_NAMES = {
+    str: "a string",
+    list: "a list",
+    int: "an integer",
+    dict: "a table",
+    bool: "true or false",
+    object: "a value",
+}
 
 
 def _check_types(job: dict[str, Any], where: Path) -> None:
@@ -187,6 +284,138 @@ def _read_target(data: dict[str, Any], where: Path) -> Target | None:
     return Target(metric, float(value), mode)
 
 
+def _read_time(job: dict[str, Any], where: Path) -> float | None:
+    text = job.get("time")
+    if text is None:
+        return None
+    try:
+        seconds = parse_duration(text)
+    except DurationError as exc:
+        raise PolluxError(f"{where}: job.time: {exc}") from None
+    if not 1.0 <= seconds <= 366 * 86400.0:
+        raise PolluxError(f"{where}: job.time {text!r} must be from 1s to 366 days")
+    return seconds
+
+
+def _read_after(job: dict[str, Any], where: Path) -> tuple[str, ...]:
+    ids = []
+    for item in job.get("after", []):
+        text = str(item) if isinstance(item, int | str) and not isinstance(item, bool) else ""
+        if not text.isdigit() or len(text) > 15:
+            raise PolluxError(f"{where}: job.after must list job ids, got {item!r}")
+        ids.append(str(int(text)))
+    if job.get("after_any") and not ids:
+        raise PolluxError(f"{where}: job.after_any needs job.after")
+    return tuple(dict.fromkeys(ids))
+
+
+def _read_notify(job: dict[str, Any], where: Path) -> tuple[tuple[str, ...], str | None]:
+    urls = job.get("notify", [])
+    if not all(isinstance(url, str) and "://" in url for url in urls):
+        raise PolluxError(f'{where}: job.notify must list URLs such as "ntfy://topic"')
+    when = job.get("notify_on")
+    if when is not None and when not in ("end", "failure"):
+        raise PolluxError(f"{where}: job.notify_on must be 'end' or 'failure', got {when!r}")
+    return tuple(urls), when
+
+
+def parse_constraint(values: Iterable[str], option: str) -> Constraint | None:
+    """Constraints as text (``option`` names them in errors): ``KEY=VALUE`` pairs joined by
+    ``;``, keys ``nodes`` (a comma-separated list of node names) and ``type`` (a device type):
+    ``nodes=box1,box2``, ``type=a100``, ``nodes=box1;type=a100``.  ``None`` when nothing is
+    given."""
+    nodes: list[str] = []
+    device_type: str | None = None
+    given = False
+    for value in values:
+        for pair in filter(None, (p.strip() for p in value.split(";"))):
+            key, sep, raw = pair.partition("=")
+            key, raw = key.strip().lower(), raw.strip()
+            if not sep or not raw:
+                raise PolluxError(
+                    f"{option} {pair!r}: expected KEY=VALUE (nodes=NAME[,NAME...] or type=TYPE)"
+                )
+            if key in ("nodes", "node"):
+                for name in (n.strip() for n in raw.split(",")):
+                    _check_word(name, "a node name", pair, option)
+                    nodes.append(name)
+            elif key in ("type", "device_type"):
+                _check_word(raw, "a device type", pair, option)
+                if device_type is not None and device_type != raw:
+                    raise PolluxError(
+                        f"{option}: two device types ({device_type}, {raw}); a job runs on one"
+                    )
+                device_type = raw
+            else:
+                raise PolluxError(
+                    f"{option}: unknown key {key!r} (use nodes=NAME[,NAME...] or type=TYPE)"
+                )
+            given = True
+    if not given:
+        return None
+    return Constraint(nodes=list(dict.fromkeys(nodes)), device_type=device_type)
+
+
+def _check_word(word: str, what: str, pair: str, option: str) -> None:
+    if not _WORD.match(word):
+        raise PolluxError(f"{option} {pair!r}: {word!r} is not {what}")
+
+
+def _read_constraint(job: dict[str, Any], where: Path) -> Constraint | None:
+    raw = job.get("constraint")
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        return parse_constraint([raw], f"{where}: job.constraint")
+    if not isinstance(raw, dict):
+        raise PolluxError(f"{where}: job.constraint must be a table or a string")
+    unknown = sorted(set(raw) - {"nodes", "type"})
+    if unknown:
+        raise PolluxError(f"{where}: unknown key job.constraint.{unknown[0]} (nodes, type)")
+    nodes, device_type = raw.get("nodes", []), raw.get("type")
+    if isinstance(nodes, str):
+        nodes = [nodes]
+    if not isinstance(nodes, list) or not all(isinstance(n, str) and n for n in nodes):
+        raise PolluxError(f"{where}: job.constraint.nodes must list node names")
+    if device_type is not None and (not isinstance(device_type, str) or not device_type):
+        raise PolluxError(f"{where}: job.constraint.type must be a device type")
+    parts = [f"nodes={name}" for name in nodes]
+    if device_type is not None:
+        parts.append(f"type={device_type}")
+    return parse_constraint(parts, f"{where}: job.constraint")
+
+
+def _sweep_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _read_sweep(data: dict[str, Any], where: Path) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    sweep = data.get("sweep")
+    if sweep is None:
+        return ()
+    if not isinstance(sweep, dict) or not sweep:
+        raise PolluxError(f"{where}: [sweep] must be a table of value lists")
+    out = []
+    size = 1
+    for key, values in sweep.items():
+        if not _KEY.match(key):
+            raise PolluxError(f"{where}: [sweep] key {key!r} must be a name (letters, digits, _)")
+        if not isinstance(values, list) or not values:
+            raise PolluxError(f"{where}: sweep.{key} must be a non-empty list of values")
+        if not all(isinstance(v, str | int | float | bool) for v in values):
+            raise PolluxError(f"{where}: sweep.{key} must list strings or numbers")
+        texts = tuple(_sweep_value(v) for v in values)
+        if len(set(texts)) != len(texts):
+            raise PolluxError(f"{where}: sweep.{key} lists a value twice")
+        size *= len(texts)
+        if size > MAX_SWEEP_TASKS:
+            raise PolluxError(f"{where}: [sweep] makes more than {MAX_SWEEP_TASKS} tasks")
+        out.append((key, texts))
+    return tuple(out)
+
+
 def load_job_spec(path: str | Path) -> JobSpec:
     """Read and check ``path``: ``[job]`` (required) and ``[target]`` (optional)."""
     where = Path(path)
@@ -209,6 +438,14 @@ def load_job_spec(path: str | Path) -> JobSpec:
     min_gpus, max_gpus = job.get("min_gpus"), job.get("max_gpus")
     if min_gpus is not None and max_gpus is not None and max_gpus < min_gpus:
         raise PolluxError(f"{where}: max_gpus {max_gpus} is below min_gpus {min_gpus}")
+    sweep = _read_sweep(data, where)
+    if sweep and "array" in job:
+        raise PolluxError(f"{where}: job.array and [sweep] both make an array: keep one")
+    if sweep:
+        check_sweep_args(
+            [str(arg) for arg in job.get("args", [])], [k for k, _ in sweep], str(where)
+        )
+    notify, notify_on = _read_notify(job, where)
     folder = where.resolve().parent
     return JobSpec(
         path=where,
@@ -225,6 +462,15 @@ def load_job_spec(path: str | Path) -> JobSpec:
         min_local=min_local,
         max_local=max_local,
         target=_read_target(data, where),
+        time_limit_s=_read_time(job, where),
+        after=_read_after(job, where),
+        after_any=bool(job.get("after_any", False)),
+        notify=notify,
+        notify_on=notify_on,
+        constraint=_read_constraint(job, where),
+        array=job.get("array"),
+        max_running=job.get("max_running"),
+        sweep=sweep,
     )
 
 

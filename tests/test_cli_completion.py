@@ -37,8 +37,14 @@ def test_completion_code_for_each_shell(shell: str) -> None:
 def test_commands_and_options_complete(tmp_path: Path) -> None:
     assert complete("pollux-local sub", tmp_path) == ["submit"]
     assert set(complete("pollux-local submit --max-", tmp_path)) == {
-        "--max-gpus", "--max-batch-size", "--max-local-batch",
+        "--max-gpus", "--max-batch-size", "--max-local-batch", "--max-running",
     }  # fmt: skip
+    assert set(complete("pollux-local submit --after", tmp_path)) == {"--after", "--after-any"}
+    assert set(complete("pollux-local submit --notify", tmp_path)) == {"--notify", "--notify-on"}
+    assert complete("pollux-local submit --notify-on ", tmp_path) == ["end", "failure"]
+    assert {"usage", "drain", "restart"} <= set(complete("pollux-local ", tmp_path))
+    assert "--no-time" in complete("pollux-local edit --no", tmp_path)
+    assert "--since" in complete("pollux-local usage --s", tmp_path)
 
 
 def test_job_ids_complete_from_the_daemon(tmp_path: Path) -> None:

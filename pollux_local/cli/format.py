@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import datetime
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from pollux_local.api.messages import JobSummary
+from pollux_local.api.messages import JobSummary, NodeRow
+from pollux_local.api.states import JobState
+from pollux_local.cli.parsing import compress_indices
+from pollux_local.durations import format_duration
 
 _CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 
@@ -58,11 +63,119 @@ def timestamp(stamp: float | None) -> str:
     return datetime.datetime.fromtimestamp(stamp).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def status_table(jobs: list[JobSummary]) -> str:
-    header = ("ID", "NAME", "OWNER", "STATE", "GPUS", "WHERE", "BATCH m×s×K", "GOODPUT", "EFF",
-              "PROGRESS", "ETA")  # fmt: skip
-    rows = [header]
+def table(rows: Sequence[Sequence[str]], numeric_from: int | None = None) -> str:
+    """Rows as aligned columns (two spaces apart); columns from ``numeric_from`` on are
+    right-aligned.  Control characters are escaped (:func:`printable`)."""
+    cells = [[printable(cell) for cell in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+
+    def align(i: int, cell: str) -> str:
+        right = numeric_from is not None and i >= numeric_from
+        return cell.rjust(widths[i]) if right else cell.ljust(widths[i])
+
+    return "\n".join("  ".join(align(i, c) for i, c in enumerate(row)).rstrip() for row in cells)
+
+
+#: The order states are counted in on an array's line.
+STATE_ORDER = (JobState.RUNNING, JobState.RESCALING, JobState.QUEUED, JobState.HELD,
+               JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)  # fmt: skip
+_INDEX_SUFFIX = re.compile(r"\[[^\[\]]*\]$")
+#: The widest a NOTE cell gets.
+NOTE_WIDTH = 60
+
+
+@dataclass(frozen=True)
+class ArrayGroup:
+    """The tasks of one array that a status page lists (``array_id`` is its first task's id)."""
+
+    array_id: str
+    tasks: tuple[JobSummary, ...]
+
+    @property
+    def label(self) -> str:
+        """``12[0-5]``: the array's id and the indices of the tasks listed."""
+        indices = [t.array_index for t in self.tasks if t.array_index is not None]
+        return f"{self.array_id}[{compress_indices(indices)}]"
+
+    @property
+    def name(self) -> str:
+        """The tasks' name without its ``[index]`` (or sweep values) suffix."""
+        return _INDEX_SUFFIX.sub("", self.tasks[0].name) or self.tasks[0].name
+
+    def counts(self) -> str:
+        """``2 running, 3 queued, 1 succeeded``."""
+        states = [task.state for task in self.tasks]
+        return ", ".join(f"{states.count(s)} {s.value}" for s in STATE_ORDER if s in states)
+
+
+def group_arrays(jobs: Sequence[JobSummary]) -> list[JobSummary | ArrayGroup]:
+    """The jobs with each array's tasks gathered into one :class:`ArrayGroup`, placed where
+    its first listed task is."""
+    tasks: dict[str, list[JobSummary]] = {}
     for job in jobs:
+        if job.array_id is not None:
+            tasks.setdefault(job.array_id, []).append(job)
+    out: list[JobSummary | ArrayGroup] = []
+    for job in jobs:
+        if job.array_id is None:
+            out.append(job)
+        elif tasks[job.array_id][0] is job:
+            out.append(ArrayGroup(job.array_id, tuple(tasks[job.array_id])))
+    return out
+
+
+def note(job: JobSummary) -> str:
+    """What a status line says beside the figures: why a job waits or ended, or a running
+    job's time limit."""
+    if job.state in (JobState.RUNNING, JobState.RESCALING):
+        text = f"limit {format_duration(job.time_limit_s)}" if job.time_limit_s else ""
+    elif job.state in (JobState.SUCCEEDED, JobState.CANCELLED):
+        text = ""
+    else:
+        text = job.reason
+    return text if len(text) <= NOTE_WIDTH else text[: NOTE_WIDTH - 1] + "…"
+
+
+def _merged_devices(tasks: Sequence[JobSummary]) -> dict[str, list[str]]:
+    merged: dict[str, list[str]] = {}
+    for task in tasks:
+        for node, devices in task.devices.items():
+            merged.setdefault(node, []).extend(devices)
+    return merged
+
+
+def status_table(jobs: list[JobSummary], expand: bool = False) -> str:
+    """The ``status`` table; each array on one line (its tasks counted by state) unless
+    ``expand``."""
+    header = ("ID", "NAME", "OWNER", "STATE", "GPUS", "WHERE", "BATCH m×s×K", "GOODPUT", "EFF",
+              "PROGRESS", "ETA", "NOTE")  # fmt: skip
+    rows: list[tuple[str, ...]] = [header]
+    for item in jobs if expand else group_arrays(jobs):
+        if isinstance(item, ArrayGroup):
+            goodputs = [t.goodput for t in item.tasks if t.goodput is not None]
+            etas = [t.eta_s for t in item.tasks if t.eta_s is not None and t.state.active]
+            waiting = next(
+                (t for t in item.tasks if t.state in (JobState.QUEUED, JobState.HELD) and t.reason),
+                None,
+            )
+            rows.append(
+                (
+                    item.label,
+                    item.name[:24],
+                    item.tasks[0].owner,
+                    item.counts(),
+                    str(sum(t.gpus for t in item.tasks)),
+                    where(_merged_devices(item.tasks)),
+                    "-",
+                    fmt(sum(goodputs) if goodputs else None, ".1f"),
+                    "-",
+                    "-",
+                    duration(max(etas) if etas else None),
+                    note(waiting) if waiting is not None else "",
+                )
+            )
+            continue
+        job = item
         rows.append(
             (
                 job.id,
@@ -76,10 +189,27 @@ def status_table(jobs: list[JobSummary]) -> str:
                 fmt(job.efficiency, ".2f"),
                 fmt(job.progress, ".0f"),
                 duration(job.eta_s),
+                note(job),
             )
         )
-    rows = [tuple(printable(cell) for cell in row) for row in rows]  # type: ignore[misc]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in rows
+    return table(rows)
+
+
+def dependency(job: JobSummary) -> str:
+    """``after 12, 13 (all succeeded)`` or ``after any end of 12``; ``-`` without any."""
+    if not job.after:
+        return "-"
+    ids = ", ".join(job.after)
+    return f"after any end of {ids}" if job.after_any else f"after {ids} (all succeeded)"
+
+
+def node_line(node: NodeRow) -> str:
+    """One node of ``nodes``: health, type, devices, load and who holds what."""
+    status = "up" if node.up else f"DOWN ({node.error or 'unreachable'})"
+    if node.drained:
+        status += ", drained"
+    used = ", ".join(f"{d}→job {j}" for d, j in sorted(node.jobs.items())) or "idle"
+    return (
+        f"{node.name} ({node.host}): {status}, {len(node.devices)} {node.device_type} device(s)"
+        f" [{', '.join(node.devices)}], load/cpu {fmt(node.load, '.2f')}; {used}"
     )

@@ -1,13 +1,14 @@
 """The daemon and job commands: ``daemon | submit | status (ls) | show | logs | nodes | cancel |
-hold | release | priority | wait``, each group in its own module."""
+hold | release | priority | restart | edit | wait | usage | drain | resume``, each group in its own
+module."""
 
 from __future__ import annotations
 
 import argparse
 
-from pollux_local.cli import control, daemon, query, submit, wait
+from pollux_local.cli import admin, control, daemon, query, submit, usage, wait
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    for module in (daemon, submit, query, wait, control):
+    for module in (daemon, submit, query, wait, control, usage, admin):
         module.register(subparsers)

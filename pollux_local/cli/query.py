@@ -18,13 +18,16 @@ from pollux_local.cli.common import (
 )
 from pollux_local.cli.format import (
     batch,
+    dependency,
     duration,
     fmt,
+    node_line,
     printable,
     status_table,
     timestamp,
     where,
 )
+from pollux_local.durations import format_duration
 
 #: Jobs one ``status`` request asks for (the daemon's default page).
 STATUS_PAGE = 1000
@@ -67,7 +70,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"jobs": jobs, "more": reply.more, "hidden": reply.hidden})
         return 0
-    print(status_table(jobs) if jobs else "no jobs")
+    print(status_table(jobs, expand=args.expand) if jobs else "no jobs")
     notes = []
     if reply.more:
         notes.append(f"{reply.more} older job(s) not shown (--limit N, --all)")
@@ -90,8 +93,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         f"  state       {job.state.value}" + (f"  — {job.reason}" if job.reason else ""),
         f"  command     {' '.join(job.argv)}",
         f"  workdir     {job.workdir}",
-        f"  devices     {job.gpus} ({where(job.devices)}), min {job.min_gpus}, "
-        f"max {fmt(job.max_gpus, empty='any')}",
+        f"  devices     {job.gpus} ({where(job.devices)}"
+        + (f", {job.device_type}" if job.device_type else "")
+        + f"), min {job.min_gpus}, max {fmt(job.max_gpus, empty='any')}",
         f"  batch       {batch(job)}  (base {fmt(bounds.batch_size)}, max "
         f"{fmt(bounds.max_batch_size, empty='any')}, local {fmt(bounds.min_local_batch)}.."
         f"{fmt(bounds.max_local_batch)})",
@@ -100,11 +104,17 @@ def cmd_show(args: argparse.Namespace) -> int:
         f"  progress    {fmt(job.progress, '.1f')}  epoch {fmt(job.epoch)}  "
         f"metrics {job.metrics}  eta {duration(job.eta_s)}",
         f"  restarts    {job.restarts}  failures {job.failures}",
+        f"  time limit  {format_duration(job.time_limit_s) if job.time_limit_s else 'none'}"
+        + (f"  (ran {duration(job.run_time_s)})" if job.run_time_s else ""),
+        f"  depends     {dependency(job)}",
+        f"  constraint  {job.constraint.describe() if job.constraint else 'none'}",
         f"  submitted   {timestamp(job.submit_time)}  started {timestamp(job.start_time)}  "
         f"ended {timestamp(job.end_time)}",
         f"  job dir     {job.job_dir}",
-        "decisions:",
     ]
+    if job.array_id is not None:
+        lines.insert(2, f"  array       {job.array_id}, task {fmt(job.array_index)}")
+    lines.append("decisions:")
     for entry in reply.decisions:
         lines.append(f"  {timestamp(entry.time)}  {entry.kind:<10} {entry.reason}")
     print(printable("\n".join(lines)))
@@ -136,12 +146,11 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         print_json(reply)
         return 0
     for node in reply.nodes:
-        status = "up" if node.up else f"DOWN ({node.error or 'unreachable'})"
-        used = ", ".join(f"{d}→job {j}" for d, j in sorted(node.jobs.items())) or "idle"
-        print(printable(f"{node.name} ({node.host}): {status}, {len(node.devices)} device(s) "
-              f"[{', '.join(node.devices)}], load/cpu {fmt(node.load, '.2f')}; {used}"))  # fmt: skip
+        print(printable(node_line(node)))
         if node.busy:
-            print(f"  busy outside the scheduler: {', '.join(node.busy)}")
+            print(printable(f"  busy outside the scheduler: {', '.join(node.busy)}"))
+        if node.withheld:
+            print(printable(f"  withheld from new jobs: {', '.join(node.withheld)}"))
     return 0
 
 
@@ -174,6 +183,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=_positive,
         metavar="N",
         help=f"the newest N jobs (default {STATUS_PAGE}; --all alone: every job)",
+    )
+    p.add_argument(
+        "--expand",
+        "-e",
+        action="store_true",
+        help="list each task of an array (default: one line per array)",
     )
     p.set_defaults(func=cmd_status)
 

@@ -11,6 +11,14 @@ by checkpoint-restart.  Any other command is *rigid*: it runs on exactly ``--gpu
 (default 1) with torchrun's environment, and is never stopped unless ``--preemptible``.
 ``--elastic`` / ``--rigid`` override the detection.
 
+``--after ID[,ID...]`` starts the job once those jobs succeeded (``--after-any``: once they
+ended, however); ``--array 0-9`` (or ``0-9:2``, ``1,4,7``, ``0-3,8``) makes one task per index
+(``$POLLUX_ARRAY_INDEX``, ``$SLURM_ARRAY_TASK_ID``), at most ``--max-running N`` at once; a
+job.toml's ``[sweep]`` makes one task per combination of its values; ``--time 2h`` stops the job
+at that limit; ``--notify URL`` tells a destination when it ends (``--notify-on failure``: only
+when it fails); ``--constraint nodes=box1,box2;type=a100`` keeps it to those nodes and that
+device type.
+
 The request is an ``api.Submit``; the daemon checks it again.
 """
 
@@ -26,10 +34,18 @@ from typing import Any
 
 from pollux_local.api.errors import PolluxError
 from pollux_local.api.launch import LAUNCH_VARIABLES, POLLUX_PREFIX
-from pollux_local.api.messages import Submit
+from pollux_local.api.messages import ArrayTask, Submit, SubmitReply
 from pollux_local.cli.common import client_for, json_parser, print_json, state_dir_parser
+from pollux_local.cli.parsing import (
+    check_notify_url,
+    compress_indices,
+    parse_array,
+    parse_constraint,
+    parse_job_ids,
+    parse_time_limit,
+)
 from pollux_local.client import build_request
-from pollux_local.jobspec import load_job_spec
+from pollux_local.jobspec import check_sweep_args, load_job_spec, substitute, sweep_grid
 
 #: Submit fields that ``--spec`` or an option may set, besides the command.
 _OPTIONAL_INTS = ("max_gpus", "batch_size", "max_batch_size", "min_local_batch", "max_local_batch")
@@ -38,6 +54,9 @@ _USES_JOB_LIBRARY = re.compile(rb"pollux_local\.torch|\bElasticTrainer\b")
 _SCAN_BYTES = 1 << 20
 #: Program names that are a Python interpreter (``submit python train.py``).
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
+#: The longest job name the daemon takes (``api.messages.JobName``).
+_MAX_NAME = 128
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def load_spec(path: str) -> dict[str, Any]:
@@ -227,17 +246,139 @@ def build_submit_request(args: argparse.Namespace) -> Submit:
         fields["target"] = spec["target"]
     if args.hold:
         fields["hold"] = True
+    fields.update(scheduling_fields(args, spec))
+    fields.update(array_fields(args, spec, argv, len(command) - 1, fields.get("name")))
     request = build_request("submit", **fields)
     assert isinstance(request, Submit)
     return request
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
-    reply = client_for(args).call(build_submit_request(args))
-    if args.json:
-        print_json(reply)
+def scheduling_fields(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
+    """Dependencies, time limit, notifications and constraint: the options, else the spec's."""
+    fields: dict[str, Any] = {}
+    after, after_any = getattr(args, "after", None), getattr(args, "after_any", None)
+    if after:
+        fields["after"] = parse_job_ids(after, "--after")
+    elif after_any:
+        fields["after"], fields["after_any"] = parse_job_ids(after_any, "--after-any"), True
+    elif spec.get("after"):
+        fields["after"], fields["after_any"] = list(spec["after"]), bool(spec.get("after_any"))
+    time_text = getattr(args, "time", None)
+    if time_text is not None:
+        fields["time_limit_s"] = parse_time_limit(time_text)
+    elif spec.get("time_limit_s") is not None:
+        fields["time_limit_s"] = float(spec["time_limit_s"])
+    notify = getattr(args, "notify", None)
+    if notify:
+        fields["notify"] = [check_notify_url(url) for url in notify]
+    elif spec.get("notify"):
+        fields["notify"] = list(spec["notify"])
+    notify_on = getattr(args, "notify_on", None) or spec.get("notify_on")
+    if notify_on is not None:
+        fields["notify_on"] = notify_on
+    constraint = parse_constraint(getattr(args, "constraint", None) or [])
+    if constraint is None:
+        constraint = spec.get("constraint")
+    if constraint is not None:
+        fields["constraint"] = constraint
+    return fields
+
+
+def array_fields(
+    args: argparse.Namespace,
+    spec: dict[str, Any],
+    argv: list[str],
+    own_args: int,
+    name: str | None,
+) -> dict[str, Any]:
+    """``array`` (from ``--array`` or the spec's ``array``, or the spec's ``[sweep]``: the grid
+    of its values substituted into the last ``own_args`` arguments of ``argv``, the command's
+    own) and ``max_running``."""
+    array_text, option = getattr(args, "array", None), "--array"
+    if array_text is None and spec.get("array") is not None:
+        array_text, option = spec["array"], "job.array"
+    sweep: dict[str, list[str]] = spec.get("sweep") or {}
+    if array_text is not None and sweep:
+        raise PolluxError(f"{option} and the spec's [sweep] both make an array: keep one")
+    cap: int | None = None
+    tasks: list[ArrayTask] | None = None
+    if array_text is not None:
+        indices, cap = parse_array(array_text, option)
+        tasks = [ArrayTask(index=index) for index in indices]
+    elif sweep:
+        tasks = sweep_tasks(sweep, argv, own_args, name, args.spec)
+    max_running = getattr(args, "max_running", None)
+    if max_running is not None and cap is not None:
+        raise PolluxError(f"{option} {array_text!r} already caps the tasks running (%N)")
+    if max_running is None:
+        max_running = cap if cap is not None else spec.get("max_running")
+    if max_running is not None and tasks is None:
+        raise PolluxError("--max-running is for arrays: give --array SPEC or a [sweep]")
+    fields: dict[str, Any] = {}
+    if tasks is not None:
+        fields["array"] = tasks
+    if max_running is not None:
+        if max_running < 1:
+            raise PolluxError(f"--max-running must be at least 1, got {max_running}")
+        fields["max_running"] = int(max_running)
+    return fields
+
+
+def sweep_tasks(
+    sweep: dict[str, list[str]],
+    argv: list[str],
+    own_args: int,
+    name: str | None,
+    where: str,
+) -> list[ArrayTask]:
+    """One task per combination of the sweep's values (the first key varying slowest), its
+    ``{key}`` placeholders substituted in the command's own arguments and its values in its
+    name (``train.py[lr=0.1,seed=1]``)."""
+    head, rest = argv[: len(argv) - own_args], argv[len(argv) - own_args :]
+    check_sweep_args(rest, list(sweep), where)
+    base = name or default_name(argv)
+    tasks = []
+    for index, values in enumerate(sweep_grid(list(sweep.items()))):
+        label = ",".join(f"{key}={value}" for key, value in values.items())
+        task_name: str | None = f"{base}[{label}]"
+        if len(task_name or "") > _MAX_NAME or _CONTROL.search(task_name or ""):
+            task_name = None  # the daemon names it base[index]
+        tasks.append(
+            ArrayTask(index=index, argv=[*head, *substitute(rest, values)], name=task_name)
+        )
+    return tasks
+
+
+def default_name(argv: list[str]) -> str:
+    """The name the daemon gives a job without one: its script's file name, else its program's."""
+    program = os.path.basename(argv[0])
+    if program.startswith("python"):
+        for arg in argv[1:]:
+            if not arg.startswith("-"):
+                return os.path.basename(arg)
+    return program
+
+
+def print_submitted(reply: SubmitReply, as_json: bool) -> None:
+    """``{"id": ..., "state": ...}`` for a job, ``{"id": ..., "ids": [...], "state": ...}``
+    for an array (``id`` is the array's), or a line saying the same."""
+    if as_json:
+        out: dict[str, Any] = {"id": reply.id, "state": reply.state.value}
+        if reply.ids:
+            out["ids"] = list(reply.ids)
+        print_json(out)
+    elif reply.ids:
+        span = compress_indices(int(i) for i in reply.ids)
+        print(
+            f"submitted array {reply.id}: {len(reply.ids)} tasks, jobs {span} ({reply.state.value})"
+        )
     else:
         print(f"submitted job {reply.id} ({reply.state.value})")
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    reply = client_for(args).call(build_submit_request(args))
+    print_submitted(reply, args.json)
     return 0
 
 
@@ -253,7 +394,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "  pollux-local submit train.py --lr 0.1\n"
         "  pollux-local submit --gpus 2 ddp_train.py --epochs 5\n"
         "  pollux-local submit --max-gpus 8 --batch-size 128 elastic_train.py\n"
-        "  pollux-local submit --spec jobs/digits_cnn/job.toml",
+        "  pollux-local submit --spec jobs/digits_cnn/job.toml\n"
+        "  pollux-local submit --after 12 --time 2h evaluate.py\n"
+        "  pollux-local submit --array 0-9 --max-running 2 train.py --fold-from-env\n"
+        "  pollux-local submit --constraint type=a100 --notify ntfy://lab-runs train.py",
     )
     p.add_argument(
         "program", nargs="?", metavar="COMMAND", help="train.py, python ..., or a program"
@@ -307,4 +451,60 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--workdir", help="working directory (default: the current one)")
     p.add_argument("--env", action="append", metavar="K=V", help="extra environment variable")
     p.add_argument("--hold", action="store_true", help="submit held (start with `release`)")
+    add_scheduling_options(p)
     p.set_defaults(func=cmd_submit)
+
+
+def add_scheduling_options(p: argparse.ArgumentParser) -> None:
+    """Dependencies, arrays, time limit, notifications, constraints."""
+    after = p.add_mutually_exclusive_group()
+    after.add_argument(
+        "--after",
+        action="append",
+        metavar="ID[,ID...]",
+        help="start only after these jobs succeeded (one failing fails this job)",
+    )
+    after.add_argument(
+        "--after-any",
+        dest="after_any",
+        action="append",
+        metavar="ID[,ID...]",
+        help="start only after these jobs ended, however they ended",
+    )
+    p.add_argument(
+        "--array",
+        metavar="SPEC",
+        help="one task per index: 0-9, 0-9:2 (step), 1,4,7, 0-3,8; %%N: at most N at once"
+        " (each task gets $POLLUX_ARRAY_INDEX and $SLURM_ARRAY_TASK_ID)",
+    )
+    p.add_argument(
+        "--max-running",
+        dest="max_running",
+        type=int,
+        metavar="N",
+        help="an array or sweep: at most N of its tasks run at once",
+    )
+    p.add_argument(
+        "--time",
+        metavar="DURATION",
+        help="time limit: 30s, 10m, 2h, 1h30m, 1-00:00 (then SIGTERM, SIGKILL, failed)",
+    )
+    p.add_argument(
+        "--notify",
+        action="append",
+        metavar="URL",
+        help="tell this destination when the job ends (ntfy://topic, mailto://you@host,"
+        " json://host/path...; repeatable)",
+    )
+    p.add_argument(
+        "--notify-on",
+        dest="notify_on",
+        choices=("end", "failure"),
+        help="notify when the job ends (default) or only when it fails",
+    )
+    p.add_argument(
+        "--constraint",
+        action="append",
+        metavar="KEY=VALUE",
+        help="where it may run: nodes=box1,box2 and/or type=a100 (repeat, or join with ';')",
+    )

@@ -1,0 +1,76 @@
+"""``pollux-local usage [--user U] [--since DATE] [--json]``: accounting from the job history.
+
+Device-hours (in all and by device type), jobs run, succeeded, failed and cancelled, per user
+(most device-hours first) and in total.  A job counts when it ran and is still active or ended
+in the period; ``--since`` takes a date (``2026-11-01``), an ISO date and time, or a time ago
+(``7d``, ``30d``, ``12h``)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from pollux_local.api.messages import DeviceUsage, Usage, UsageReply
+from pollux_local.cli.common import client_for, json_parser, print_json, state_dir_parser
+from pollux_local.cli.format import printable, table, timestamp
+from pollux_local.cli.parsing import parse_since
+
+
+def hours(value: float) -> str:
+    """Device-hours with two decimals (``0.00`` stays visible as used-but-little)."""
+    return f"{value:.2f}"
+
+
+def usage_table(reply: UsageReply) -> str:
+    """One row per user and the total: device-hours, then by type, then the job counts."""
+    types = sorted({kind for row in [*reply.users, reply.total] for kind in row.by_type})
+    header = ("USER", "DEVICE-HOURS", *(f"{t} h" for t in types), "JOBS", "SUCCEEDED", "FAILED",
+              "CANCELLED", "RUNNING")  # fmt: skip
+
+    def line(row: DeviceUsage, name: str) -> tuple[str, ...]:
+        return (
+            name,
+            hours(row.device_hours),
+            *(hours(row.by_type.get(t, 0.0)) for t in types),
+            str(row.jobs),
+            str(row.succeeded),
+            str(row.failed),
+            str(row.cancelled),
+            str(row.running),
+        )
+
+    rows = [header, *(line(row, row.user) for row in reply.users), line(reply.total, "total")]
+    return table(rows, numeric_from=1)
+
+
+def cmd_usage(args: argparse.Namespace) -> int:
+    since = parse_since(args.since, time.time()) if args.since else None
+    reply = client_for(args).call(Usage(user=args.user, since=since))
+    if args.json:
+        print_json(reply)
+        return 0
+    period = f"since {timestamp(reply.since)}" if reply.since is not None else "all history"
+    who = f"user {args.user}, " if args.user else ""
+    print(printable(f"usage ({who}{period})"))
+    if not reply.users:
+        print("no job ran in this period")
+        return 0
+    print(printable(usage_table(reply)))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "usage",
+        parents=[state_dir_parser(), json_parser()],
+        help="device-hours and jobs per user, from the job history",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+    )
+    p.add_argument("--user", metavar="NAME", help="only this user")
+    p.add_argument(
+        "--since",
+        metavar="DATE",
+        help="the start of the period: 2026-11-01, 2026-11-01T08:30, or a time ago (7d, 12h);"
+        " default: all history",
+    )
+    p.set_defaults(func=cmd_usage)
