@@ -14,7 +14,7 @@ import contextlib
 import logging
 import sqlite3
 
-from pollux_local.api.errors import Conflict, InternalError
+from pollux_local.api.errors import Conflict, InternalError, NotFound
 from pollux_local.api.messages import (
     Cancel,
     CancelReply,
@@ -58,10 +58,28 @@ async def stop_as(ctx: Context, job: JobRecord, state: JobState, verb: str) -> N
         log.error("job %s: %s; its decision log line was not written (%s)", job.id, reason, exc)
 
 
+def array_tasks(ctx: Context, array_id: str) -> list[JobRecord]:
+    """Every task of an array: the job ``array_id`` (its first task) and the jobs after it
+    tagged with it (an array's tasks are inserted together, so their ids follow each other)."""
+    first = ctx.job(array_id)
+    if first.spec.array_id != first.job_id:
+        raise NotFound(f"job {array_id} is not an array (cancel it by its id)")
+    tasks = [first]
+    while True:
+        task = ctx.store.get_job(tasks[-1].id + 1)
+        if task is None or task.spec.array_id != first.job_id:
+            return tasks
+        tasks.append(task)
+
+
 async def cancel(ctx: Context, request: Cancel) -> CancelReply:
     """Cancel every job named, or none: an unknown id or a job the caller may not change
     refuses the whole request.  Jobs already finished are listed as skipped."""
     jobs = [ctx.job(job_id) for job_id in request.ids]
+    listed = {job.id for job in jobs}
+    for array_id in request.arrays:
+        jobs.extend(task for task in array_tasks(ctx, array_id) if task.id not in listed)
+        listed.update(job.id for job in jobs)
     for job in jobs:
         ctx.require_owner(job, "cancel")
     cancelled: list[str] = []
