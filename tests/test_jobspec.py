@@ -81,6 +81,24 @@ def test_minimal_spec_states_only_what_it_says(tmp_path: Path) -> None:
         ('[job]\n[target]\nmetric = "a"\n', "needs a metric name and a numeric value"),
         ("[job]\ntarget = 1\n", "unknown key job.target"),
         ("[job\n", "not valid TOML"),
+        ("[job]\ntime = 30\n", "job.time must be a string"),
+        ('[job]\ntime = "soon"\n', "job.time: not a duration: 'soon'"),
+        ('[job]\ntime = "400d"\n', "must be from 1s to 366 days"),
+        ('[job]\nafter = ["x"]\n', "job.after must list job ids, got 'x'"),
+        ("[job]\nafter = 3\n", "job.after must be a list"),
+        ("[job]\nafter_any = true\n", "job.after_any needs job.after"),
+        ('[job]\nnotify = ["lab"]\n', "job.notify must list URLs"),
+        ('[job]\nnotify = ["ntfy://x"]\nnotify_on = "never"\n', "notify_on must be 'end' or"),
+        ('[job]\nconstraint = { gpu = "a100" }\n', "unknown key job.constraint.gpu"),
+        ('[job]\nconstraint = "gpu=a100"\n', "job.constraint: unknown key 'gpu'"),
+        ("[job]\nconstraint = 3\n", "job.constraint must be a table or a string"),
+        ("[job]\nmax_running = 0\n", "job.max_running must be a positive integer"),
+        ('[job]\nargs = ["{lr}"]\n[sweep]\n"learning rate" = [1]\n', "must be a name"),
+        ('[job]\nargs = ["{lr}"]\n[sweep]\nlr = []\n', "sweep.lr must be a non-empty list"),
+        ('[job]\nargs = ["{lr}"]\n[sweep]\nlr = [[1]]\n', "sweep.lr must list strings or"),
+        ('[job]\nargs = ["{lr}", "{x}"]\n[sweep]\nlr = [1]\n', r"use \{x\}, which \[sweep\] does"),
+        ('[job]\nargs = ["--lr"]\n[sweep]\nlr = [1]\n', r"\[sweep\] lr is not used"),
+        ("[job]\n[sweep]\n", r"\[sweep\] must be a table of value lists"),
     ],
 )
 def test_bad_specs_are_one_line_naming_the_file(tmp_path: Path, text: str, message: str) -> None:
@@ -98,3 +116,34 @@ def test_submit_names_a_spec_without_a_script(capsys, tmp_path: Path) -> None:  
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0
     assert f"{path}: job.script is missing" in err
+
+
+def test_scheduling_keys_and_the_sweep_table(tmp_path: Path) -> None:
+    from pollux_local.api.spec import Constraint
+    from pollux_local.jobspec import sweep_grid
+
+    path = write(
+        tmp_path,
+        FULL.replace('priority = 2\n', 'priority = 2\ntime = "1h30m"\nafter = [4, "5", 4]\n'
+                     'notify = ["ntfy://runs"]\nnotify_on = "failure"\n'
+                     'constraint = { nodes = "box1", type = "a100" }\nmax_running = 3\n')
+        .replace('args = ["--epochs", 3]', 'args = ["--epochs", 3, "--lr", "{lr}", "--aug={aug}"]')
+        + '\n[sweep]\nlr = [0.1, 1e-3]\naug = [true, false, "mixup"]\n',
+    )  # fmt: skip
+    spec = load_job_spec(path)
+    assert spec.time_limit_s == 5400.0 and spec.after == ("4", "5")
+    assert (spec.notify, spec.notify_on, spec.max_running) == (("ntfy://runs",), "failure", 3)
+    assert spec.constraint == Constraint(nodes=["box1"], device_type="a100")
+    assert spec.sweep == (("lr", ("0.1", "0.001")), ("aug", ("true", "false", "mixup")))
+    fields = spec.submit_fields()
+    assert fields["sweep"] == {"lr": ["0.1", "0.001"], "aug": ["true", "false", "mixup"]}
+    assert (fields["time_limit_s"], fields["after"], fields["after_any"]) == (
+        5400.0,
+        ["4", "5"],
+        False,
+    )
+    grid = sweep_grid(spec.sweep)
+    assert len(grid) == 6 and grid[0] == {"lr": "0.1", "aug": "true"}
+    assert grid[3] == {"lr": "0.001", "aug": "true"}  # the first key varies slowest
+    # a train.py reading the same file is not bothered by any of it
+    assert load_training_spec(path).base_batch == 32
