@@ -101,6 +101,7 @@ from pollux_local.daemon.handlers import (
 )
 from pollux_local.daemon.loop import SchedulingLoop
 from pollux_local.daemon.metrics import DaemonSnapshot, PrometheusEndpoint, snapshot_of
+from pollux_local.daemon.notify import Notifier
 from pollux_local.daemon.readmodel import MetricHistory
 from pollux_local.daemon.reload import (
     POLICY_SETTINGS,
@@ -508,6 +509,10 @@ class Daemon:
                 clock=self.clock,
                 rng=self.rng,
             )
+            # job ends are announced after each pass (the first one too: ends the last run
+            # left in the outbox go out then)
+            self.notifier = Notifier(self.store, lambda: self.config, os.geteuid())
+            self.scheduler.notifier = self.notifier
             try:
                 recovered = await self.executor.recover()
                 if recovered:
@@ -543,6 +548,7 @@ class Daemon:
                 with contextlib.suppress(asyncio.CancelledError):
                     await loop_task
                 await self.executor.shutdown()
+            await self.notifier.close()
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
             self.store.close()
