@@ -337,17 +337,16 @@ def test_a_broken_config_on_sighup_keeps_the_one_in_use(root: Path) -> None:
 # --- journald -----------------------------------------------------------------------------------
 
 
-def test_stderr_lines_carry_syslog_priorities_when_it_is_the_journal(root: Path) -> None:
+def test_stderr_lines_carry_syslog_priorities_when_it_is_the_journal(
+    root: Path, monkeypatch: Any
+) -> None:
     config = root / "config.toml"
     write_config(config, '"cpu:1"')
     stderr_file = root / "state.out"  # where DaemonProcess sends the daemon's stderr
     stderr_file.touch()
     info = stderr_file.stat()
-    os.environ["JOURNAL_STREAM"] = f"{info.st_dev}:{info.st_ino}"
-    try:
-        daemon = start_daemon(root, config)
-    finally:
-        del os.environ["JOURNAL_STREAM"]
+    monkeypatch.setenv("JOURNAL_STREAM", f"{info.st_dev}:{info.st_ino}")  # as systemd sets it
+    daemon = start_daemon(root, config)
     try:
         config.write_text("not toml [")
         reload(daemon, "reload:")
@@ -412,12 +411,13 @@ def test_prometheus_endpoint_shows_devices_jobs_and_the_queue(root: Path) -> Non
     port = free_port()
     config = root / "config.toml"
     metrics = f'\n[metrics]\nprometheus = "127.0.0.1:{port}"\n'
-    write_config(config, '"cpu:2"', metrics)
+    reserved = f'\n[devices]\nreserved = ["{NODE}:cpu:2"]\n'
+    write_config(config, '"cpu:3"', metrics + reserved)
     daemon = start_daemon(root, config)
     try:
         running = sleeper(daemon)
         sleeper(daemon, hold=True)
-        sleeper(daemon, min_gpus=2)  # queued behind the running one
+        sleeper(daemon, min_gpus=2)  # queued: one device is free, the other reserved
         wait_for(lambda: running_pids(daemon, running), 30, "a running job")
         samples = wait_for(
             lambda: (s := scrape(port)).get(("pollux_local_scheduling_passes_total", ())) and s,
@@ -425,9 +425,9 @@ def test_prometheus_endpoint_shows_devices_jobs_and_the_queue(root: Path) -> Non
             "a scheduling pass",
         )
         node = (("device_type", "cpu"), ("node", NODE))
-        assert samples[("pollux_local_devices", node)] == 2
+        assert samples[("pollux_local_devices", node)] == 3
         assert samples[("pollux_local_devices_in_use", node)] == 1
-        assert samples[("pollux_local_devices_withheld", node)] == 0
+        assert samples[("pollux_local_devices_withheld", node)] == 1
         jobs = {
             labels[0][1]: v for (name, labels), v in samples.items() if name == "pollux_local_jobs"
         }
@@ -449,9 +449,11 @@ def test_prometheus_endpoint_shows_devices_jobs_and_the_queue(root: Path) -> Non
 
         # a reload moves it
         moved = free_port()
-        write_config(config, '"cpu:2"', f'\n[metrics]\nprometheus = "127.0.0.1:{moved}"\n')
+        write_config(config, '"cpu:3"', f'\n[metrics]\nprometheus = "127.0.0.1:{moved}"\n')
         reload(daemon, "reloaded")
-        assert scrape(moved)[("pollux_local_devices", node)] == 2
+        moved_samples = scrape(moved)
+        assert moved_samples[("pollux_local_devices", node)] == 3
+        assert moved_samples[("pollux_local_devices_withheld", node)] == 0  # reserved no more
         with pytest.raises(urllib.error.URLError):
             scrape(port)
     finally:
@@ -471,3 +473,54 @@ def test_without_prometheus_client_the_endpoint_is_one_log_line(
     assert endpoint is None
     (record,) = caplog.records
     assert "pip install 'pollux-local[prometheus]'" in record.getMessage()
+
+
+def test_the_guide_lists_every_metric_served() -> None:
+    pytest.importorskip("prometheus_client")
+    from pollux_local.daemon.metrics import DaemonCollector, NodeDevices, RunningJob
+
+    snapshot = DaemonSnapshot(
+        nodes=(NodeDevices(node="ws", device_type="gpu", total=4, in_use=2, withheld=1),),
+        jobs_by_state={"running": 1, "queued": 3},
+        running=(RunningJob(job="7", name="bert", user="alice", devices=2, goodput=812.5),),
+        passes=9,
+    )
+    families = list(DaemonCollector(lambda: snapshot).collect())
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in families
+        for sample in family.samples
+    }
+    job = (("job", "7"), ("name", "bert"), ("user", "alice"))
+    assert samples[("pollux_local_job_goodput", job)] == 812.5
+    assert samples[("pollux_local_queue_length", ())] == 3
+    assert samples[("pollux_local_scheduling_passes_total", ())] == 9
+    guide = (REPO_ROOT / "docs" / "guide" / "operations.md").read_text()
+    documented = set(re.findall(r"^\| `(pollux_local_[a-z_]+)`", guide, re.MULTILINE))
+    assert documented == {name for name, _ in samples}
+
+
+def test_effective_config_keeps_held_devices_reserved_until_released() -> None:
+    from pollux_local.daemon.config import DaemonConfig, NodeConfig
+    from pollux_local.daemon.reload import config_changes, effective_config
+
+    old = DaemonConfig(
+        nodes=(
+            NodeConfig(name="ws", devices=("cuda:0", "cuda:1")),
+            NodeConfig(name="box", devices=("cuda:0",), host="box"),
+        )
+    )
+    renamed = DaemonConfig(nodes=(NodeConfig(name="ws2", devices=("cuda:0", "cuda:1")),))
+    held = {"ws": {"cuda:1"}, "box": {"cuda:0"}}
+    config, kept = effective_config(renamed, held, old)
+    assert kept == {"ws": ["cuda:1"], "box": ["cuda:0"]}
+    assert [(n.name, n.devices) for n in config.nodes] == [
+        ("ws2", ("cuda:0", "cuda:1")), ("ws", ("cuda:1",)), ("box", ("cuda:0",)),
+    ]  # fmt: skip
+    assert config.node("box").host == "box"  # the node as it was
+    # withheld from new jobs: the kept devices, and the same GPU under the local node's new name
+    assert set(config.reserved) == {"ws:cuda:1", "box:cuda:0", "ws2:cuda:1"}
+    assert "node box removed" in config_changes(old, renamed)
+    # once released, the config is the file's
+    assert effective_config(renamed, {}, config) == (renamed, {})
+    assert effective_config(renamed, {"ws2": {"cuda:0"}}, config)[0] is renamed

@@ -85,7 +85,17 @@ def effective_config(
         kept[name] = missing
     if not kept:
         return loaded, kept
-    extra = tuple(f"{name}:{device}" for name, devices in kept.items() for device in devices)
+    extra = [f"{name}:{device}" for name, devices in kept.items() for device in devices]
+    # a local node renamed: the same physical device under its new name waits for the job too
+    for name, devices in kept.items():
+        if name not in {node.name for node in loaded.nodes} and nodes[name].is_local:
+            extra += [
+                f"{other.name}:{device}"
+                for other in loaded.nodes
+                if other.is_local
+                for device in devices
+                if device in other.devices
+            ]
     config = dataclasses.replace(
         loaded,
         nodes=tuple(nodes.values()),
