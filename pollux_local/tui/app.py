@@ -35,6 +35,8 @@ from pollux_local.api.messages import (
     StatusReply,
     Submit,
     SubmitReply,
+    Usage,
+    UsageReply,
 )
 from pollux_local.tui.screens.confirm import ConfirmScreen
 from pollux_local.tui.screens.help import HelpScreen
@@ -55,6 +57,8 @@ from pollux_local.tui.view import (
 
 #: Samples of cluster-wide figures kept for the cluster plot.
 HISTORY_SAMPLES = 720
+#: Seconds between two ``usage`` requests (the accounting reads the whole job history).
+USAGE_REFRESH_S = 30.0
 
 #: What each action that asks first asks.
 QUESTIONS = {
@@ -102,6 +106,9 @@ class PolluxApp(App[None]):
         self.workdir = workdir
         self.status = StatusReply(jobs=[])
         self.nodes = NodesReply(nodes=[])
+        #: the accounting shown in the cluster panel (``None``: not known)
+        self.usage: UsageReply | None = None
+        self._usage_at: float | None = None
         self.rows: list[JobRow] = []
         self.cells: list[NodeCells] = []
         self.samples: deque[ClusterSample] = deque(maxlen=HISTORY_SAMPLES)
@@ -167,11 +174,27 @@ class PolluxApp(App[None]):
     def _load(self) -> tuple[StatusReply, NodesReply | None, str | None]:
         status = self.source.call(Status())
         try:
-            return status, self.source.call(Nodes()), None
+            nodes = self.source.call(Nodes())
         except DaemonUnavailable:
             raise
         except PolluxError as exc:
             return status, None, f"nodes: {exc}"
+        self._load_usage()
+        return status, nodes, None
+
+    def _load_usage(self) -> None:
+        """Ask for the accounting at most every :data:`USAGE_REFRESH_S`; a daemon that does not
+        give it leaves the panel's usage unknown (not an error of the view)."""
+        now = self.clock()
+        if self._usage_at is not None and now - self._usage_at < USAGE_REFRESH_S:
+            return
+        self._usage_at = now
+        try:
+            self.usage = self.source.call(Usage())
+        except DaemonUnavailable:
+            raise
+        except PolluxError:
+            self.usage = None
 
     def _loaded(
         self, result: tuple[StatusReply, NodesReply | None, str | None] | BaseException

@@ -4,11 +4,12 @@ A recording is a JSON file (``tests/tui/fixtures/daemon_replies.json``, made by
 ``tests/tui/record_replies.py`` from a real daemon)::
 
     {"version": 1, "recorded_at": 1732320000.0, "daemon": "...", "jobs": {role: id},
-     "replies": {"status": REPLY, "nodes": REPLY,
+     "replies": {"status": REPLY, "nodes": REPLY, "usage": REPLY,
                  "show": {job id: REPLY}, "logs": {job id: REPLY}}}
 
 where each ``REPLY`` is a reply frame's JSON object exactly as the daemon sent it
-(``{"v": 1, "ok": true, ...}``).  :func:`load_recording` decodes every one of them with
+(``{"v": 1, "ok": true, ...}``); ``usage`` may be missing (a recording made before the daemon
+had it).  :func:`load_recording` decodes every one of them with
 :func:`pollux_local.api.wire.decode_reply` into its api reply type, as the client does: a
 recording with a field the daemon does not send, or without one it does, is refused
 (:class:`~pollux_local.api.ProtocolError`).  No textual import.
@@ -32,6 +33,7 @@ from pollux_local.api.messages import (
     Reply,
     ShowReply,
     StatusReply,
+    UsageReply,
 )
 
 RECORDING_VERSION = 1
@@ -41,7 +43,8 @@ R = TypeVar("R", bound=Reply)
 
 @dataclass
 class Recording:
-    """Typed replies: one ``status`` and ``nodes``, and ``show``/``logs`` per job id.
+    """Typed replies: one ``status``, ``nodes`` and (when recorded) ``usage``, and
+    ``show``/``logs`` per job id.
 
     ``recorded_at`` is when the replies were taken (the ``now`` their times are relative to);
     ``roles`` names some jobs by what they show (``"running-a"`` -> id).
@@ -53,6 +56,7 @@ class Recording:
     shows: dict[str, ShowReply] = field(default_factory=dict)
     logs: dict[str, LogsReply] = field(default_factory=dict)
     roles: dict[str, str] = field(default_factory=dict)
+    usage: UsageReply | None = None
 
     def copy(self) -> Recording:
         """A deep copy (the structs are mutable)."""
@@ -63,6 +67,7 @@ class Recording:
             shows={k: _copy(v) for k, v in self.shows.items()},
             logs={k: _copy(v) for k, v in self.logs.items()},
             roles=dict(self.roles),
+            usage=_copy(self.usage) if self.usage is not None else None,
         )
 
     def shifted(self, now: float) -> Recording:
@@ -73,6 +78,8 @@ class Recording:
         delta = now - self.recorded_at
         out = self.copy()
         out.recorded_at = now
+        if out.usage is not None and out.usage.since is not None:
+            out.usage.since += delta
         for job in out.status.jobs:
             _shift_job(job, delta)
         for shown in out.shows.values():
@@ -122,6 +129,7 @@ def recording_from_data(data: Any, where: str = "recording") -> Recording:
         raise ProtocolError(f"{where}: no replies")
     shows = replies.get("show") or {}
     logs = replies.get("logs") or {}
+    usage = replies.get("usage")
     recorded_at = data.get("recorded_at")
     if not isinstance(recorded_at, int | float):
         raise ProtocolError(f"{where}: recorded_at must be a time")
@@ -132,6 +140,7 @@ def recording_from_data(data: Any, where: str = "recording") -> Recording:
         shows={str(k): decode(v, ShowReply, f"{where}: show {k}") for k, v in shows.items()},
         logs={str(k): decode(v, LogsReply, f"{where}: logs {k}") for k, v in logs.items()},
         roles={str(k): str(v) for k, v in (data.get("jobs") or {}).items()},
+        usage=decode(usage, UsageReply, f"{where}: usage") if usage is not None else None,
     )
 
 

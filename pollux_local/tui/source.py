@@ -54,6 +54,8 @@ from pollux_local.api.messages import (
     StatusReply,
     Submit,
     SubmitReply,
+    Usage,
+    UsageReply,
 )
 from pollux_local.api.states import PLACED_STATES, JobState
 from pollux_local.client import Client
@@ -119,7 +121,9 @@ class FixedSource:
     through :func:`~pollux_local.api.wire.decode_reply` as the client's does.  Actions
     (``cancel``, ``hold``, ``release``, ``set_priority``, ``submit``) change the served data as
     the daemon would, so that the next refresh shows them; ``logs`` serves byte ranges of the
-    recorded log (:meth:`append_log` adds to it).  ``down`` makes every request raise
+    recorded log (:meth:`append_log` adds to it); ``usage`` serves the recorded accounting (its
+    period whatever the request asks, only the user asked for when one is).  ``down`` makes
+    every request raise
     :class:`~pollux_local.api.DaemonUnavailable`; ``fail`` maps a request class to the error it
     is refused with.  With ``now``, the recording's times are shifted so it was taken ``now``.
     """
@@ -137,6 +141,7 @@ class FixedSource:
         #: the recording's "now": finished jobs within a day of it are recent, as in the daemon
         self.now = now if now is not None else data.recorded_at
         self.nodes: NodesReply = data.nodes
+        self.usage: UsageReply | None = data.usage
         self.shows: dict[str, ShowReply] = data.shows
         self.logs: dict[str, bytes] = {k: v.data.encode() for k, v in data.logs.items()}
         self.description = description
@@ -228,7 +233,22 @@ class FixedSource:
                 return PriorityReply(id=job_id, priority=priority)
             case Submit():
                 return self._submit(request)
+            case Usage(user=user):
+                return self._usage(user)
         raise InvalidRequest(f"fixed data does not answer {type(request).__name__} requests")
+
+    def _usage(self, user: str | None) -> UsageReply:
+        if self.usage is None:
+            raise InvalidRequest("this recording has no usage reply")
+        if user is None:
+            return self.usage
+        rows = [row for row in self.usage.users if row.user == user]
+        total = rows[0] if rows else msgspec.structs.replace(
+            self.usage.total, device_hours=0.0, by_type={}, jobs=0, succeeded=0, failed=0,
+            cancelled=0, running=0,
+        )  # fmt: skip
+        return UsageReply(users=rows, total=msgspec.structs.replace(total, user="*"),
+                          since=self.usage.since)  # fmt: skip
 
     def _stop(self, job: JobSummary, state: JobState, reason: str) -> None:
         """``job`` leaves its devices and becomes ``state``."""

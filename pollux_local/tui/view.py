@@ -12,7 +12,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pollux_local.api.messages import JobSummary, Logs, LogsReply, NodeRow, StatusReply
+from pollux_local.api.messages import (
+    JobSummary,
+    Logs,
+    LogsReply,
+    NodeRow,
+    StatusReply,
+    UsageReply,
+)
 from pollux_local.api.states import PLACED_STATES, JobState
 
 #: Job states in their sort order.
@@ -348,6 +355,23 @@ def cluster_sample(rows: Sequence[JobRow], cells: Sequence[NodeCells], now: floa
         devices_up=devices_up,
         devices_busy=busy,
     )
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def usage_lines(usage: UsageReply | None, width: int) -> list[str]:
+    """The cluster panel's accounting: device-hours in all (by device type) and jobs run, then
+    each user's device-hours, most first; ``-`` when the daemon gave none."""
+    if usage is None:
+        return [_clip("device-hours -", width)]
+    total = usage.total
+    types = ", ".join(f"{kind} {hours:.2f}" for kind, hours in total.by_type.items())
+    head = f"device-hours {total.device_hours:.2f}" + (f" ({types})" if types else "")
+    head += f" · {total.jobs} job{'s' if total.jobs != 1 else ''} run"
+    users = " · ".join(f"{row.user} {row.device_hours:.2f}" for row in usage.users)
+    return [_clip(head, width), _clip(f"by user: {users or 'none yet'}", width)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 Starts ``pollux-local daemon --devices cpu:2 --interval 1`` on a fresh state directory, runs a
 few jobs to the states the TUI shows (one succeeded, one failed, two running with fitted
 models and reports, one queued, one held, one cancelled), then records the frames the daemon
-answers to ``status``, ``nodes``, and ``show`` and ``logs`` for every job, exactly as they
-came over the socket (``{"v": 1, "ok": true, ...}``).  Paths are rewritten to neutral ones;
+answers to ``status``, ``nodes``, ``usage``, and ``show`` and ``logs`` for every job, exactly as
+they came over the socket (``{"v": 1, "ok": true, ...}``).  Paths are rewritten to neutral ones;
 nothing else is touched.  The TUI's :class:`~pollux_local.tui.source.FixedSource` serves them
 decoded through the api reply types (:mod:`pollux_local.tui.recording`), and
 ``test_recording.py`` re-records and compares the wire shape (:func:`wire_shape`).
@@ -184,6 +184,7 @@ def record(tmp: Path) -> dict[str, Any]:
         replies: dict[str, Any] = {
             "status": raw_reply(sock, api.Status()),
             "nodes": raw_reply(sock, api.Nodes()),
+            "usage": raw_reply(sock, api.Usage()),
             "show": {},
             "logs": {},
         }
@@ -272,6 +273,8 @@ def recording_shape(data: dict[str, Any]) -> set[str]:
     replies = data["replies"]
     shape = wire_shape(body(replies["status"]), api.StatusReply, "status")
     shape |= wire_shape(body(replies["nodes"]), api.NodesReply, "nodes")
+    if "usage" in replies:
+        shape |= wire_shape(body(replies["usage"]), api.UsageReply, "usage")
     for frame in replies["show"].values():
         shape |= wire_shape(body(frame), api.ShowReply, "show")
     for frame in replies["logs"].values():

@@ -20,6 +20,7 @@ from pollux_local.tui.view import (
     filter_rows,
     fmt_number,
     sort_rows,
+    usage_lines,
 )
 from pollux_local.tui.widgets.device_grid import DeviceGrid
 from pollux_local.tui.widgets.job_table import JobTable
@@ -28,6 +29,10 @@ from pollux_local.tui.widgets.status_line import StatusLine
 
 if TYPE_CHECKING:
     from pollux_local.tui.app import PolluxApp
+
+
+#: The cluster panel's text width before it is laid out (its CSS width less the border).
+USAGE_WIDTH = 54
 
 
 class MainScreen(Screen[None]):
@@ -96,8 +101,11 @@ class MainScreen(Screen[None]):
             eff = "-" if last.efficiency is None else f"{last.efficiency:.2f}"
             figures.append(f"utilisation {util} ({last.devices_busy}/{last.devices_up} devices)\n")
             figures.append(f"efficiency {eff} · goodput {fmt_number(last.goodput)} ex/s\n")
-            figures.append(f"running {last.running} · queue {last.queued}")
-        self.query_one("#cluster-figures", Static).update(figures)
+            figures.append(f"running {last.running} · queue {last.queued}\n")
+        box = self.query_one("#cluster-figures", Static)
+        width = box.size.width or USAGE_WIDTH
+        figures.append("\n".join(usage_lines(self.pollux.usage, width)), style="dim")
+        box.update(figures)
         self.query_one("#cluster-plot", PlotView).show(
             plots.cluster_plot(
                 [s.time for s in samples],
