@@ -238,8 +238,12 @@ async def test_every_request_type_has_a_handler(daemon: Daemon) -> None:
         "set_priority": api.SetPriority(id=job.id, priority=3),
         "nodes": api.Nodes(),
         "report": api.Report(job_id=job.id, report=api.JobReport(progress=1.0)),
+        "edit": api.Edit(id=job.id, priority=-1),
+        "usage": api.Usage(),
+        "drain": api.Drain(target=daemon.config.nodes[0].name),
+        "resume": api.Resume(target=daemon.config.nodes[0].name),
     }
-    assert set(requests) == set(api.REQUEST_TYPES)
+    assert set(requests) | {"restart"} == set(api.REQUEST_TYPES)
     for kind, request in requests.items():
         if kind == "cancel":
             continue  # last: it ends the job
@@ -247,6 +251,9 @@ async def test_every_request_type_has_a_handler(daemon: Daemon) -> None:
         assert isinstance(reply, type(request).Reply), kind
     reply = await asyncio.to_thread(client.call, requests["cancel"])
     assert reply == api.CancelReply(cancelled=[job.id], skipped=[])
+    # restart: only once the job ended
+    again = await asyncio.to_thread(client.call, api.Restart(id=job.id, hold=True))
+    assert isinstance(again, api.SubmitReply) and again.id != job.id
 
 
 @pytest.mark.asyncio

@@ -22,6 +22,7 @@ from pollux_local.api.spec import (
     Constraint,
     Count,
     JobId,
+    MemoryBytes,
     NotifyUrl,
     NotifyWhen,
     Seconds,
@@ -137,6 +138,8 @@ class JobSummary(Message, kw_only=True):
     constraint: Constraint | None = None
     #: the device type of the devices it holds (``None`` when it holds none)
     device_type: str | None = None
+    gpu_memory: int | None = None
+    shared: bool = False
 
 
 class StatusReply(Reply):
@@ -260,6 +263,8 @@ class NodeRow(Message):
     withheld: list[str] = msgspec.field(default_factory=list)
     #: the whole node is drained (``pollux-local drain NODE``)
     drained: bool = False
+    #: memory of each of its devices in bytes (``None``: not known)
+    memory: int | None = None
 
 
 class NodesReply(Reply):
@@ -329,6 +334,10 @@ class Submit(Request[SubmitReply], tag="submit", kw_only=True):
     )
     notify_on: NotifyWhen = "end"
     constraint: Constraint | None = None
+    #: the device memory the job uses (bytes); with ``shared``, the job (rigid, one device)
+    #: may be packed onto a device with other shared jobs while their memory fits
+    gpu_memory: MemoryBytes | None = None
+    shared: bool = False
 
 
 #: A user name as ``status`` filters by it.

@@ -19,6 +19,8 @@ Count = Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]
 BatchSize = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
 #: A time limit in seconds: at least one second, at most a year.
 Seconds = Annotated[float, msgspec.Meta(ge=1.0, le=366 * 86400.0)]
+#: Bytes of device memory a job declares it uses.
+MemoryBytes = Annotated[int, msgspec.Meta(ge=1, le=2**50)]
 #: A node name or a device type as a constraint names it.
 Word = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@+-]+$")]
 #: A notification destination: an ``apprise`` URL (``mailto://``, ``ntfy://``, ``json://``...).
@@ -67,7 +69,9 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     is its first task's id) and its index in it; ``array_max_running`` caps the array's tasks
     running at once.  ``time_limit_s``: the most seconds the job may run (its time running,
     across restarts), then it is stopped and fails.  ``notify``: destinations told when it ends
-    (``notify_on`` ``failure``: only when it fails).
+    (``notify_on`` ``failure``: only when it fails).  ``shared``: a small rigid job on one
+    device that may be packed onto a device with other shared jobs while their declared
+    ``gpu_memory`` fits the device's.
     """
 
     argv: list[str]
@@ -91,6 +95,10 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     notify: list[str] = msgspec.field(default_factory=list)
     notify_on: NotifyWhen = "end"
     constraint: Constraint | None = None
+    #: device memory the job declares it uses (bytes), and whether it may share its device
+    #: with other such jobs (a rigid one-device job only)
+    gpu_memory: int | None = None
+    shared: bool = False
 
     def to_json(self) -> str:
         return msgspec.json.encode(self).decode()

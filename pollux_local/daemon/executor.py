@@ -296,11 +296,19 @@ class Executor:
             if action.kind in ("start", "resize")
             for device in _devices(action.allocation)
         ]
+        shared = {job_id for job_id, _ in claimed if self._is_shared(job_id)}
         for action in plan.actions:
             if action.kind == "resize" and action.job_id in self._resize:
                 continue  # restarts at its new size once its old incarnation has ended
             if action.kind in ("start", "resize"):
-                others = {device for job_id, device in claimed if job_id != action.job_id}
+                # shared jobs packed onto one device in this plan do not claim it from
+                # each other
+                sharing = action.job_id in shared
+                others = {
+                    device
+                    for job_id, device in claimed
+                    if job_id != action.job_id and not (sharing and job_id in shared)
+                }
                 await self._guarded(action.job_id, "start", self._start_when_free(action, others))
 
     async def _stop_for(self, action: Action, now: float) -> None:
@@ -351,6 +359,27 @@ class Executor:
             for device in _devices(action.allocation):
                 held.setdefault(device, job_id)
         return held
+
+    def _is_shared(self, job_id: int) -> bool:
+        job = self.store.get_job(job_id)
+        return job is not None and job.spec.shared
+
+    def _shared_only(self, held: dict[Device, int]) -> set[Device]:
+        """The held devices whose every holder is a shared job (another shared job may
+        join them)."""
+        holders: dict[Device, set[int]] = {}
+        for groups in (self.groups, self.stopping):
+            for job_id, group in groups.items():
+                for slot in group.spec.slots:
+                    holders.setdefault((slot.node, slot.device), set()).add(job_id)
+        for job_id, action in self._resize.items():
+            for device in _devices(action.allocation):
+                holders.setdefault(device, set()).add(job_id)
+        return {
+            device
+            for device, ids in holders.items()
+            if device in held and all(self._is_shared(job_id) for job_id in ids)
+        }
 
     def draining_devices(self) -> dict[str, set[str]]:
         """node -> devices still held by groups being stopped (free once their exit comes):
@@ -419,6 +448,9 @@ class Executor:
                 self._deferred[job.id] = action
                 return False
             held = self._held()
+            if job.spec.shared:
+                for device in self._shared_only(held):
+                    del held[device]
             placed = self._place(action, held, claimed)
             if placed is None:
                 self._deferred[job.id] = action

@@ -86,6 +86,7 @@ def node_snapshot(
             up=executor.nodes.is_up(node.name),
             busy=frozenset(busy) if node.is_local else frozenset(),
             device_type=node.device_type,
+            memory=node.device_memory,
             withheld=frozenset(
                 device
                 for device in node.devices
@@ -185,6 +186,7 @@ class SchedulingLoop:
                 max_devices_per_user=self.config.max_devices_per_user,
                 max_running_per_user=self.config.max_running_per_user,
                 states=states,
+                share_slowdown=self.config.share_slowdown,
             )
             plan = await asyncio.to_thread(
                 plan_round, self.policy, jobs, nodes, self.models, now, self.rng, limits

@@ -225,6 +225,8 @@ def job_summary(
         time_limit_s=spec.time_limit_s,
         constraint=spec.constraint,
         device_type=device_type,
+        gpu_memory=spec.gpu_memory,
+        shared=spec.shared,
     )
 
 
@@ -305,6 +307,7 @@ def node_rows(
                     if node.name in closed or f"{node.name}:{device}" in closed
                 ],
                 drained=node.name in closed,
+                memory=node.device_memory,
             )
         )
     return rows

@@ -26,6 +26,7 @@ import numpy as np
 from pollux_local.api.states import PLACED_STATES, TERMINAL_STATES, JobState
 from pollux_local.core.fitting import fit_points, points_from_rows
 from pollux_local.core.pool import Point, ProfilePool, Times
+from pollux_local.core.sharing import SharedDevice, choose_shared_device, shared_speed
 from pollux_local.core.types import (
     BatchBounds,
     BatchChoice,
@@ -38,6 +39,7 @@ from pollux_local.core.types import (
     Waiting,
 )
 from pollux_local.daemon.state import JobRecord
+from pollux_local.sizes import format_size
 
 Allocation = dict[str, list[str]]  # node name -> device ids
 
@@ -54,6 +56,10 @@ class NodeSnapshot:
     busy: frozenset[str] = frozenset()  # in use by processes outside the scheduler
     device_type: str = "gpu"
     withheld: frozenset[str] = frozenset()
+    #: each device's memory (bytes; ``None``: unknown) and, on GPUs that report it, the
+    #: memory free on each device now
+    memory: int | None = None
+    free_memory: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def free_devices(self) -> tuple[str, ...]:
@@ -70,6 +76,8 @@ class Limits:
     max_devices_per_user: int | None = None
     max_running_per_user: int | None = None
     states: Mapping[int, JobState] = field(default_factory=dict)
+    #: the slowdown beta of jobs sharing a device (``core.sharing``)
+    share_slowdown: float = 0.25
 
 
 @dataclass(frozen=True)
@@ -442,6 +450,126 @@ def _within_user_caps(
         used[job.owner_name] = have + sum(targets[job.id])
 
 
+@dataclass(frozen=True)
+class _Sharing:
+    """Shared jobs handled outside the policy: ``starts`` (queued ones packed onto devices
+    that run shared jobs), ``kept`` (running ones, left as they are), and the nodes the policy
+    sees (``policy_nodes``: those devices withheld, so that no other job is placed there)."""
+
+    starts: tuple[Action, ...]
+    kept: tuple[int, ...]
+    policy_nodes: list[NodeSnapshot]
+
+    @property
+    def handled(self) -> set[int]:
+        return {action.job_id for action in self.starts} | set(self.kept)
+
+
+def _pack_shared(
+    candidates: Sequence[JobRecord], nodes: Sequence[NodeSnapshot], slowdown: float
+) -> _Sharing:
+    """Pack queued shared jobs onto the devices that already run shared jobs while the memory
+    they declared fits and sharing still pays (``core.sharing.choose_shared_device``); a
+    shared job that fits nowhere goes to the policy as a one-device rigid job (its device then
+    takes the next ones).  Devices running shared jobs are never offered to the policy: no
+    elastic job ever shares a device."""
+    hosts: dict[tuple[str, str], list[JobRecord]] = {}
+    for job in candidates:
+        if job.spec.shared and job.state in PLACED_STATES:
+            for node_name, held in job.placement.items():
+                for device in held:
+                    hosts.setdefault((node_name, device), []).append(job)
+    by_name = {node.name: node for node in nodes}
+    offered: list[SharedDevice] = []
+    for (node_name, device), jobs in sorted(hosts.items()):
+        node = by_name.get(node_name)
+        if node is None or node.memory is None or device not in node.free_devices:
+            continue  # unknown memory, node down, drained or busy: nobody joins
+        offered.append(
+            SharedDevice(
+                key=(node_name, device),
+                jobs=len(jobs),
+                used=sum(job.spec.gpu_memory or 0 for job in jobs),
+                total=node.memory,
+                free=node.free_memory.get(device),
+            )
+        )
+    starts: list[Action] = []
+    queued = [job for job in candidates if job.spec.shared and job.state not in PLACED_STATES]
+    for job in sorted(queued, key=lambda j: (-j.priority, j.id)):
+        allowed = allowed_nodes(job, nodes)
+        usable = [
+            d
+            for d in offered
+            if allowed is None
+            or any(i in allowed for i, node in enumerate(nodes) if node.name == d.key[0])
+        ]
+        memory = job.spec.gpu_memory or 0
+        chosen = choose_shared_device(usable, memory, slowdown)
+        if chosen is None:
+            continue
+        offered[offered.index(chosen)] = replace(
+            chosen, jobs=chosen.jobs + 1, used=chosen.used + memory
+        )
+        node_name, device = chosen.key
+        others = ", ".join(str(j.id) for j in hosts[chosen.key])
+        speed = shared_speed(chosen.jobs + 1, slowdown)
+        reason = (
+            f"1 device(s) on {node_name}[{device}]; sharing it with job(s) {others}"
+            f" ({chosen.jobs + 1} jobs, {format_size(chosen.used + memory)} of"
+            f" {format_size(chosen.total)} declared); predicted speed {speed:.2f} of a device each"
+        )
+        starts.append(Action("start", job.id, {node_name: [device]}, None, reason))
+        hosts[chosen.key].append(job)
+    policy_nodes = [
+        replace(
+            node,
+            withheld=node.withheld
+            | frozenset(device for (name, device) in hosts if name == node.name),
+        )
+        for node in nodes
+    ]
+    kept = tuple(job.id for job in candidates if job.spec.shared and job.state in PLACED_STATES)
+    return _Sharing(starts=tuple(starts), kept=kept, policy_nodes=policy_nodes)
+
+
+def _pack_onto_new_hosts(
+    candidates: Sequence[JobRecord],
+    allocations: dict[int, Allocation],
+    nodes: Sequence[NodeSnapshot],
+    slowdown: float,
+) -> None:
+    """Shared jobs the policy started (or left waiting) in this pass, packed together (in
+    place): in priority then submission order, each joins a device another one just started
+    on when it fits there (``choose_shared_device``), else keeps what the policy gave it (its
+    device then takes the next ones).  Devices the policy gave but nobody uses stay free for
+    the next pass."""
+    memory = {node.name: node.memory for node in nodes}
+    hosts: list[SharedDevice] = []
+    queued = [job for job in candidates if job.spec.shared and job.state not in PLACED_STATES]
+    for job in sorted(queued, key=lambda j: (-j.priority, j.id)):
+        need = job.spec.gpu_memory or 0
+        allowed = allowed_nodes(job, nodes)
+        usable = [
+            h
+            for h in hosts
+            if allowed is None
+            or any(i in allowed for i, node in enumerate(nodes) if node.name == h.key[0])
+        ]
+        chosen = choose_shared_device(usable, need, slowdown)
+        if chosen is not None:
+            hosts[hosts.index(chosen)] = replace(
+                chosen, jobs=chosen.jobs + 1, used=chosen.used + need
+            )
+            allocations[job.id] = {chosen.key[0]: [chosen.key[1]]}
+            continue
+        allocation = allocations.get(job.id) or {}
+        for node_name, devices in allocation.items():
+            total = memory.get(node_name)
+            if total is not None and devices:
+                hosts.append(SharedDevice((node_name, devices[0]), jobs=1, used=need, total=total))
+
+
 def _capped_view(
     job: JobRecord, model: Any | None, nodes: Sequence[NodeSnapshot], now: float, limits: Limits
 ) -> JobView:
@@ -616,6 +744,9 @@ def plan_round(
     runs outside its constraint and no user holds more than ``max_devices_per_user``."""
     limits = limits or Limits()
     candidates, held_back = _admit([job for job in jobs if schedulable(job, now)], limits)
+    sharing = _pack_shared(candidates, nodes, limits.share_slowdown)
+    nodes = sharing.policy_nodes
+    candidates = [job for job in candidates if job.id not in sharing.handled]
     job_models = {job.id: models.model_for(job) for job in candidates}
     views = [_capped_view(job, job_models[job.id], nodes, now, limits) for job in candidates]
     node_views = [NodeView(name=n.name, devices=len(n.free_devices), up=n.up) for n in nodes]
@@ -645,6 +776,7 @@ def plan_round(
         if 0 < sum(len(v) for v in allocation.values()) < min_gpus(job):
             allocation = {}
         allocations[job.id] = allocation
+    _pack_onto_new_hosts(candidates, allocations, nodes, limits.share_slowdown)
     waits = _WaitingWords(decision, candidates, views, allocations, nodes, now)
     actions: list[Action] = []
     unchanged: list[int] = []
@@ -695,6 +827,8 @@ def plan_round(
         why = held_back.get(job.id)
         if why is not None and why != job.reason:
             reasons[job.id] = why
+    actions.extend(sharing.starts)
+    unchanged.extend(sharing.kept)
     return Plan(
         actions=tuple(actions),
         decision=decision,

@@ -18,6 +18,7 @@ from pollux_local.api.spec import Constraint, JobSpec
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.context import Context
 from pollux_local.durations import format_duration
+from pollux_local.sizes import format_size
 
 
 def default_job_name(argv: list[str]) -> str:
@@ -49,6 +50,7 @@ def check_submit(request: Submit, config: DaemonConfig) -> None:
     if min_local is not None and max_local is not None and max_local < min_local:
         raise InvalidRequest(f"max_local_batch {max_local} is below min_local_batch {min_local}")
     check_time_limit(request.time_limit_s, config)
+    check_sharing(request, config)
     if request.constraint is not None:
         check_constraint(request.constraint, request.min_gpus, config)
     if request.array is not None:
@@ -93,6 +95,29 @@ def check_shape(
         raise InvalidRequest(
             f"the job needs at least {min_gpus} device(s) but a user may hold at most {cap}"
             " ([limits] max_devices_per_user)"
+        )
+
+
+def check_sharing(request: Submit, config: DaemonConfig) -> None:
+    """A shared job is rigid, on one device, declares its memory, and some node's devices
+    are known to have that much."""
+    if not request.shared:
+        return
+    if request.elastic:
+        raise InvalidRequest("submit: --shared is for rigid jobs; an elastic job never shares")
+    if request.min_gpus != 1 or (request.max_gpus or 1) != 1:
+        raise InvalidRequest("submit: a shared job runs on one device (--gpus 1)")
+    if request.gpu_memory is None:
+        raise InvalidRequest("submit: --shared needs --gpu-memory (the memory the job uses)")
+    sizes = [node.device_memory for node in config.nodes if node.device_memory is not None]
+    if not sizes:
+        raise InvalidRequest(
+            "submit: --shared: no node declares its devices' memory ([nodes.NAME] memory)"
+        )
+    if request.gpu_memory > max(sizes):
+        raise InvalidRequest(
+            f"submit: --gpu-memory {format_size(request.gpu_memory)} is more than any device"
+            f" has (at most {format_size(max(sizes))})"
         )
 
 
@@ -162,6 +187,8 @@ def spec_of(request: Submit, config: DaemonConfig) -> JobSpec:
         notify_on=request.notify_on,
         constraint=request.constraint,
         array_max_running=request.max_running,
+        gpu_memory=request.gpu_memory,
+        shared=request.shared,
     )
 
 

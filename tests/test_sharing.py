@@ -1,0 +1,148 @@
+"""Small jobs sharing a device: the pure packing rule, the pass, and a real daemon packing
+rigid jobs by the memory they declared on CPU devices that declare theirs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pollux_local import api
+from pollux_local.api.states import JobState
+from pollux_local.core.baselines import FifoPolicy
+from pollux_local.core.sharing import (
+    SharedDevice,
+    choose_shared_device,
+    shared_speed,
+    sharing_gain,
+)
+from pollux_local.daemon.scheduler import Limits, ModelCache, NodeSnapshot, plan_round
+from pollux_local.daemon.state import JobRecord
+from pollux_local.sizes import SizeError, format_size, parse_size
+from tests.daemon_process import DaemonProcess, wait_for
+
+GIB = 1 << 30
+RNG = np.random.default_rng(0)
+
+
+def test_sizes() -> None:
+    assert parse_size("6G") == 6 * GIB == parse_size("6GiB") == parse_size("6gb")
+    assert parse_size("512M") == 512 << 20 and parse_size(4096) == 4096
+    assert format_size(6 * GIB) == "6.0G"
+    for bad in ("", "6X", "-1G", "0"):
+        with pytest.raises(SizeError):
+            parse_size(bad)
+
+
+def test_the_slowdown_model_and_the_gain_of_one_more_job() -> None:
+    assert shared_speed(1, 0.25) == 1.0
+    assert shared_speed(2, 0.25) == pytest.approx(0.8)
+    # two jobs do 1.6 jobs' worth: the second adds 0.6; a third adds 3/1.5 - 1.6 = 0.4
+    assert sharing_gain(1, 0.25) == pytest.approx(0.6)
+    assert sharing_gain(2, 0.25) == pytest.approx(0.4)
+    assert sharing_gain(5, 0.0) == pytest.approx(1.0)  # no interference: always worth it
+
+
+def test_a_job_joins_the_fullest_device_it_fits_while_sharing_pays() -> None:
+    a = SharedDevice(("n", "cuda:0"), jobs=1, used=10 * GIB, total=16 * GIB)
+    b = SharedDevice(("n", "cuda:1"), jobs=1, used=4 * GIB, total=16 * GIB)
+    assert choose_shared_device([a, b], 6 * GIB, 0.25) == a  # fits a exactly: best fit
+    assert choose_shared_device([a, b], 7 * GIB, 0.25) == b
+    assert choose_shared_device([a, b], 13 * GIB, 0.25) is None
+    # the device reports less free than declared: the report wins
+    tight = SharedDevice(("n", "cuda:2"), jobs=1, used=2 * GIB, total=16 * GIB, free=3 * GIB)
+    assert choose_shared_device([tight], 4 * GIB, 0.25) is None
+    # a third job on a device adds too little at this slowdown
+    two = SharedDevice(("n", "cuda:3"), jobs=2, used=2 * GIB, total=16 * GIB)
+    assert choose_shared_device([two], GIB, 0.25) is None
+    assert choose_shared_device([two], GIB, 0.1) == two
+
+
+def record(job_id: int, state: str = "queued", elastic: bool = False, **spec: object) -> JobRecord:
+    placement = spec.pop("placement", {})
+    return JobRecord(
+        id=job_id, name=f"j{job_id}", owner_uid=1000, owner_gid=1000, owner_name="ann",
+        state=JobState(state), placement=placement,  # type: ignore[arg-type]
+        spec={"argv": ["x"], "workdir": "/", "elastic": elastic, "batch_size": 8, **spec},
+        last_start=0.0 if placement else None,
+    )  # fmt: skip
+
+
+def test_the_pass_packs_shared_jobs_and_keeps_others_off_their_device() -> None:
+    nodes = [NodeSnapshot("n", ("cpu:0", "cpu:1"), memory=16 * GIB)]
+    running = record(1, "running", shared=True, gpu_memory=6 * GIB, placement={"n": ["cpu:0"]})
+    joiner = record(2, shared=True, gpu_memory=6 * GIB)
+    too_big = record(3, shared=True, gpu_memory=12 * GIB)
+    elastic = record(4, elastic=True, max_gpus=2)
+    plan = plan_round(
+        FifoPolicy(), [running, joiner, too_big, elastic], nodes, ModelCache(), 1.0, RNG, Limits()
+    )
+    starts = {a.job_id: a for a in plan.actions if a.kind == "start"}
+    assert starts[2].allocation == {"n": ["cpu:0"]}  # packed beside job 1
+    assert "sharing it with job(s) 1" in starts[2].reason and "0.80" in starts[2].reason
+    # job 3 does not fit beside them: it gets a device of its own, and the elastic job no
+    # device that a shared job runs on
+    assert starts[3].allocation == {"n": ["cpu:1"]}
+    assert 4 not in starts
+    assert 1 in plan.unchanged
+
+
+@pytest.fixture()
+def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
+    config = tmp_path / "config.toml"
+    config.write_text(
+        '[scheduler]\npolicy = "fifo"\ninterval_s = 0.3\n\n'
+        '[nodes.box]\ndevices = "cpu:2"\nmemory = "16G"\n'
+    )
+    proc = DaemonProcess(tmp_path / "state", "--config", str(config)).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_a_real_daemon_packs_small_jobs_by_their_declared_memory(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    sleeper = tmp_path / "sleep.sh"
+    sleeper.write_text("#!/bin/sh\nsleep 4\n")
+    sleeper.chmod(0o755)
+
+    def submit(memory: str, shared: bool = True) -> str:
+        request = api.Submit(
+            argv=[str(sleeper)], workdir=str(tmp_path), gpu_memory=parse_size(memory), shared=shared
+        )
+        return daemon.client.call(request).id
+
+    first, second, third = submit("6G"), submit("6G"), submit("8G")
+
+    def placed() -> dict[str, dict[str, list[str]]] | None:
+        jobs = {j: daemon.client.call(api.Show(id=j)).job for j in (first, second, third)}
+        if all(job.state.value == "running" for job in jobs.values()):
+            return {j: job.devices for j, job in jobs.items()}
+        return None
+
+    devices = wait_for(placed, 30, "three shared jobs running")
+    assert devices[first] == devices[second]  # 6G + 6G on one 16G device
+    assert devices[third] != devices[first]  # 8G more would not fit there
+    nodes = daemon.client.call(api.Nodes()).nodes
+    assert nodes[0].memory == 16 * GIB
+    # a job that does not share waits for a device no shared job runs on
+    alone = daemon.client.call(api.Submit(argv=[str(sleeper)], workdir=str(tmp_path))).id
+    for job_id in (first, second, third):
+        wait_for(
+            lambda job_id=job_id: (
+                daemon.client.call(api.Show(id=job_id)).job.state.value == "succeeded"
+            ),
+            30,
+            f"job {job_id} to end",
+        )
+    wait_for(
+        lambda: daemon.client.call(api.Show(id=alone)).job.state.value == "running", 30, "alone"
+    )
+    with pytest.raises(api.InvalidRequest, match="more than any device has"):
+        submit("40G")
+    with pytest.raises(api.InvalidRequest, match="needs --gpu-memory"):
+        daemon.client.call(api.Submit(argv=["x"], workdir=str(tmp_path), shared=True))
