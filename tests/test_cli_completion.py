@@ -57,6 +57,15 @@ def test_job_ids_complete_from_the_daemon(tmp_path: Path) -> None:
             "1", "10", "11", "12",
         ]  # fmt: skip
         assert complete("pollux-local cancel 3 ", tmp_path, POLLUX_LOCAL_STATE_DIR=state)
+        assert complete("pollux-local cancel --array 1", tmp_path, POLLUX_LOCAL_STATE_DIR=state)[
+            :2
+        ] == ["1", "10"]
+        assert complete("pollux-local restart 1", tmp_path, POLLUX_LOCAL_STATE_DIR=state)[:2] == [
+            "1", "10",
+        ]  # fmt: skip
+        assert complete("pollux-local edit 1", tmp_path, POLLUX_LOCAL_STATE_DIR=state)[:2] == [
+            "1", "10",
+        ]  # fmt: skip
     finally:
         daemon.stop()
     # no daemon: no ids, and no error either

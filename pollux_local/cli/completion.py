@@ -63,6 +63,6 @@ def _id_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 found.extend(_id_actions(sub))
-        elif action.dest in ("id", "ids"):
+        elif action.dest in ("id", "ids", "arrays"):
             found.append(action)
     return found
