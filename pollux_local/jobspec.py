@@ -50,6 +50,7 @@ from typing import Any
 from pollux_local.api.spec import Constraint
 from pollux_local.durations import DurationError, parse_duration
 from pollux_local.errors import PolluxError
+from pollux_local.sizes import SizeError, parse_size
 from pollux_local.tomlfile import read_toml
 
 #: The keys ``[job]`` may hold and their TOML types.
@@ -72,6 +73,8 @@ JOB_KEYS: dict[str, type] = {
     "notify": list,
     "notify_on": str,
     "constraint": object,
+    "gpu_memory": object,
+    "shared": bool,
     "array": str,
     "max_running": int,
 }
@@ -158,6 +161,9 @@ class JobSpec:
     constraint: Constraint | None = None
     array: str | None = None
     max_running: int | None = None
+    #: the device memory the job uses (bytes) and whether it may share its device
+    gpu_memory: int | None = None
+    shared: bool = False
     #: ``[sweep]``: each key with its values (as text), in the order the file gives them
     sweep: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
@@ -195,9 +201,12 @@ class JobSpec:
             ("constraint", self.constraint),
             ("array", self.array),
             ("max_running", self.max_running),
+            ("gpu_memory", self.gpu_memory),
         ):
             if value is not None:
                 fields[key] = value
+        if self.shared:
+            fields["shared"] = True
         if self.after:
             fields["after"] = list(self.after)
             fields["after_any"] = self.after_any
@@ -470,8 +479,20 @@ def load_job_spec(path: str | Path) -> JobSpec:
         constraint=_read_constraint(job, where),
         array=job.get("array"),
         max_running=job.get("max_running"),
+        gpu_memory=_read_memory(job, where),
+        shared=bool(job.get("shared", False)),
         sweep=sweep,
     )
+
+
+def _read_memory(job: dict[str, Any], where: Path) -> int | None:
+    value = job.get("gpu_memory")
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except SizeError as exc:
+        raise PolluxError(f"{where}: job.gpu_memory: {exc}") from None
 
 
 def load_training_spec(path: str | Path) -> TrainingSpec:

@@ -146,3 +146,23 @@ def test_a_real_daemon_packs_small_jobs_by_their_declared_memory(
         submit("40G")
     with pytest.raises(api.InvalidRequest, match="needs --gpu-memory"):
         daemon.client.call(api.Submit(argv=["x"], workdir=str(tmp_path), shared=True))
+
+
+def test_the_cli_and_job_toml_ask_to_share(tmp_path: Path) -> None:
+    from pollux_local.cli import build_parser
+    from pollux_local.cli.submit import build_submit_request
+    from pollux_local.errors import PolluxError
+
+    def request(*argv: str) -> api.Submit:
+        return build_submit_request(build_parser().parse_args(["submit", *argv]))
+
+    made = request("--gpu-memory", "6G", "--shared", "--workdir", str(tmp_path), "/bin/true")
+    assert (made.gpu_memory, made.shared, made.elastic) == (6 * GIB, True, False)
+    with pytest.raises(PolluxError, match="--gpu-memory: not a size"):
+        request("--gpu-memory", "lots", "/bin/true")
+    spec = tmp_path / "job.toml"
+    spec.write_text('[job]\nscript = "run.sh"\ngpu_memory = "512M"\nshared = true\n')
+    (tmp_path / "run.sh").write_text("#!/bin/sh\n")
+    (tmp_path / "run.sh").chmod(0o755)
+    from_file = request("--spec", str(spec))
+    assert (from_file.gpu_memory, from_file.shared) == (512 << 20, True)

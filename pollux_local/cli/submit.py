@@ -46,6 +46,7 @@ from pollux_local.cli.parsing import (
 )
 from pollux_local.client import build_request
 from pollux_local.jobspec import check_sweep_args, load_job_spec, substitute, sweep_grid
+from pollux_local.sizes import SizeError, parse_size
 
 #: Submit fields that ``--spec`` or an option may set, besides the command.
 _OPTIONAL_INTS = ("max_gpus", "batch_size", "max_batch_size", "min_local_batch", "max_local_batch")
@@ -281,6 +282,16 @@ def scheduling_fields(args: argparse.Namespace, spec: dict[str, Any]) -> dict[st
         constraint = spec.get("constraint")
     if constraint is not None:
         fields["constraint"] = constraint
+    memory = getattr(args, "gpu_memory", None)
+    if memory is not None:
+        try:
+            fields["gpu_memory"] = parse_size(memory)
+        except SizeError as exc:
+            raise PolluxError(f"--gpu-memory: {exc}") from None
+    elif spec.get("gpu_memory") is not None:
+        fields["gpu_memory"] = int(spec["gpu_memory"])
+    if getattr(args, "shared", False) or spec.get("shared"):
+        fields["shared"] = True
     return fields
 
 
@@ -501,6 +512,17 @@ def add_scheduling_options(p: argparse.ArgumentParser) -> None:
         dest="notify_on",
         choices=("end", "failure"),
         help="notify when the job ends (default) or only when it fails",
+    )
+    p.add_argument(
+        "--gpu-memory",
+        dest="gpu_memory",
+        metavar="SIZE",
+        help="the device memory the job uses (6G, 512M); with --shared it is packed by it",
+    )
+    p.add_argument(
+        "--shared",
+        action="store_true",
+        help="a small rigid one-device job that may share its device with other shared jobs",
     )
     p.add_argument(
         "--constraint",

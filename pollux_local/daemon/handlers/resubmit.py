@@ -1,9 +1,10 @@
 """``restart`` and ``edit``: a job submitted again, and a waiting job changed.
 
 ``restart ID`` queues a copy of a job that ended (succeeded, failed or cancelled): the same
-command, folder, environment, bounds and options under a new id, owned by the caller (who must
-be allowed to change the original).  Dependencies are dropped: they were met, or failed, for
-the original.  ``edit ID`` changes a queued or held job's command, device bounds, time limit or
+command, folder, environment, bounds and options under a new id, owned by the original job's
+owner (it runs as them, whoever asks: its owner or an admin).  Dependencies are dropped: they
+were met, or failed, for the original; an array task stays a task of its array (its index,
+and the array's ``max_running``).  ``edit ID`` changes a queued or held job's command, device bounds, time limit or
 priority; the change is checked as a submit would be."""
 
 from __future__ import annotations
@@ -25,9 +26,7 @@ def restart(ctx: Context, request: Restart) -> SubmitReply:
         raise Conflict(f"job {old.id} is {old.state.value}; only a job that ended can be restarted")
     full = ctx.store.get_job(old.id)  # with its environment
     assert full is not None
-    spec = msgspec.structs.replace(
-        old.spec, after=[], after_any=False, array_id=None, array_index=old.spec.array_index
-    )
+    spec = msgspec.structs.replace(old.spec, after=[], after_any=False)
     check_shape(
         argv=spec.argv,
         workdir=spec.workdir,
