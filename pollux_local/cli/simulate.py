@@ -7,23 +7,30 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from pollux_local.core.names import canonical_policy
 from pollux_local.core.types import Policy
 from pollux_local.errors import PolluxError
 
-POLICIES = ("goodput", "tiresias", "optimus", "fifo")
+if TYPE_CHECKING:
+    from pollux_local.sim.hetero import NodeGroup
+
+POLICIES = ("goodput", "tiresias", "optimus", "fifo", "sia", "goodput-unaware")
+#: Policies that run on a cluster of several device types (``--cluster``).
+TYPED_POLICIES = ("goodput", "sia", "goodput-unaware")
 #: Other names accepted for a policy: the goodput policy is Pollux's.
 DEFAULT_MODELS = Path("..") / "shared" / "data" / "pollux-artifact" / "models"
+#: Profiles per device type (``placements-<type>.csv``), the default with ``--cluster``.
+DEFAULT_TYPED_MODELS = Path("..") / "shared" / "data" / "sia-artifact" / "models"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def default_models_dir() -> Path | None:
-    """``../shared/data/pollux-artifact/models`` relative to the current directory or, failing
-    that, to the repository root; ``None`` when neither exists."""
+def default_models_dir(relative: Path = DEFAULT_MODELS) -> Path | None:
+    """``../shared/data/pollux-artifact/models`` (or ``relative``) from the current directory
+    or, failing that, from the repository root; ``None`` when neither exists."""
     for base in (Path.cwd(), REPO_ROOT):
-        candidate = (base / DEFAULT_MODELS).resolve()
+        candidate = (base / relative).resolve()
         if candidate.is_dir():
             return candidate
     return None
@@ -32,6 +39,14 @@ def default_models_dir() -> Path | None:
 def make_policy(name: str, interval_s: float = 60.0, restart_cost_s: float = 30.0) -> Policy:
     """A fresh policy object by name (or alias)."""
     name = canonical_policy(name)
+    if name == "sia":
+        from pollux_local.core.sia import SiaPolicy
+
+        return SiaPolicy()
+    if name == "goodput-unaware":
+        from pollux_local.core.policy import GoodputPolicy
+
+        return GoodputPolicy(restart_cost_s=restart_cost_s, interval_s=interval_s, type_aware=False)
     if name == "fifo":
         from pollux_local.core.baselines import FifoPolicy
 
@@ -73,6 +88,15 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _cluster(text: str) -> tuple[NodeGroup, ...]:
+    from pollux_local.sim.hetero import parse_cluster
+
+    try:
+        return parse_cluster(text)
+    except PolluxError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "simulate",
@@ -96,6 +120,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--gpus-per-node", type=int, default=4)
+    parser.add_argument(
+        "--cluster",
+        type=_cluster,
+        default=None,
+        metavar="TYPE:NxK,...",
+        help="nodes of several device types, e.g. aws:6x4,dgx-ext:2x8,rtx:3x8 (N nodes of K"
+        " devices each; profiles from placements-TYPE.csv; replaces --nodes/--gpus-per-node)",
+    )
     parser.add_argument("--interval", type=_non_negative_float, default=60.0, help="seconds")
     parser.add_argument("--restart-cost", type=_non_negative_float, default=30.0, help="seconds")
     parser.add_argument("--seed", type=int, default=0)
@@ -161,7 +193,61 @@ def _format_summary(summary: dict[str, float | int | str | None], workload: Path
     return "\n".join(lines)
 
 
+def _run_typed(args: argparse.Namespace) -> int:
+    """``--cluster``: the heterogeneous simulator."""
+    from pollux_local.sim.hetero import HeteroConfig, HeteroSimulator, format_cluster
+    from pollux_local.sim.profiles import load_typed_profiles
+    from pollux_local.sim.workload import read_workload
+
+    if args.policy not in TYPED_POLICIES:
+        raise PolluxError(
+            f"policy {args.policy} does not run on typed devices (--cluster):"
+            f" choose from {', '.join(TYPED_POLICIES)}"
+        )
+    config = HeteroConfig(
+        cluster=args.cluster,
+        interval_s=args.interval,
+        seed=args.seed,
+        share_profiles=None if args.share_profiles else False,
+        correct_times=args.correct_times,
+    )
+    config.validate()
+    models = args.models
+    if models is None:
+        models = default_models_dir(DEFAULT_TYPED_MODELS)
+        if models is None:
+            raise PolluxError(
+                f"models folder not found: {DEFAULT_TYPED_MODELS} (give --models DIR)"
+            )
+    workload = read_workload(args.workload)
+    types = [g.device_type for g in args.cluster]
+    profiles = load_typed_profiles(models, types, {job.application for job in workload})
+    policy = make_policy(args.policy, interval_s=args.interval, restart_cost_s=args.restart_cost)
+    simulator = HeteroSimulator(workload, profiles, policy, config)
+    bar = None if args.json or not sys.stderr.isatty() else _ProgressBar(sys.stderr)
+    try:
+        result = simulator.run(on_round=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    summary: dict[str, float | int | str | None] = {
+        **result.summary(),
+        "cluster": format_cluster(args.cluster),
+    }
+    hours = simulator.device_hours_by_type()
+    if args.json:
+        print(json.dumps({**summary, "device_hours_by_type": hours}, sort_keys=False))
+    else:
+        print(_format_summary(summary, args.workload))
+        print(f"cluster             {summary['cluster']}")
+        shown = ", ".join(f"{t} {h:.1f}" for t, h in hours.items())
+        print(f"device-hours        {shown}")
+    return 0
+
+
 def run_simulate(args: argparse.Namespace) -> int:
+    if args.cluster is not None:
+        return _run_typed(args)
     from pollux_local.sim.profiles import load_profiles
     from pollux_local.sim.simulator import SimConfig, Simulator
     from pollux_local.sim.workload import read_workload

@@ -276,7 +276,9 @@ class GoodputPolicy:
     have received than a waiting one before the waiting one takes its place;
     ``local_search_steps`` bounds the move search (per job); ``rank_exponent`` (gamma) how
     strongly jobs expected to finish sooner are favoured (0: plain p-mean); ``payback_margin``
-    (m) how many times over a change must earn back its restart cost.
+    (m) how many times over a change must earn back its restart cost; ``type_aware`` whether
+    it chooses a device type per job on a cluster of several types (off: every device counts
+    alike, a job's single model serves all types).
     """
 
     name = "goodput"
@@ -290,6 +292,7 @@ class GoodputPolicy:
         local_search_steps: int = 2,
         rank_exponent: float = 2.0,
         payback_margin: float = 6.0,
+        type_aware: bool = True,
     ) -> None:
         if not math.isfinite(p):
             raise ValueError(f"p must be finite, got {p}")
@@ -310,6 +313,10 @@ class GoodputPolicy:
         self.local_search_steps = int(local_search_steps)
         self.rank_exponent = float(rank_exponent)
         self.payback_margin = float(payback_margin)
+        #: choose each job's device type on a cluster of several types (else: all one pool)
+        self.type_aware = bool(type_aware)
+        if not self.type_aware:
+            self.name = "goodput-unaware"
 
     # ------------------------------------------------------------------ entry point
     def decide(

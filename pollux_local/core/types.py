@@ -122,11 +122,13 @@ def split_batch(total_batch: float, replicas: int, bounds: BatchBounds) -> Batch
 
 @dataclass(frozen=True)
 class NodeView:
-    """A node as a policy sees it: how many devices it offers to the scheduler right now."""
+    """A node as a policy sees it: how many devices it offers to the scheduler right now, and
+    their type (``""``: untyped; a node's devices are all of one type)."""
 
     name: str
     devices: int
     up: bool = True
+    device_type: str = ""
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,14 @@ class JobView:
     epoch, in [0, 1]); ``None`` when the job declared no length.  ``time_left_s`` bounds the
     remaining run time from above (a declared time limit); ``allowed_nodes`` restricts where
     it may be placed (a constraint, or the device type chosen for it).
+
+    On a cluster with several device types (``NodeView.device_type``), ``models_by_type`` holds
+    the job's model per type, fitted to what was measured on that type (a type absent has none
+    yet) and ``model`` the one of the type it runs on; ``type_rates`` are its kind's examples/s
+    on one device of each type (a short single-device profile: the speed ratio between types);
+    ``restart_cost_s`` is what a restart costs this job (``None``: the policy's default) and
+    ``restoring`` says it is still restoring from its last start.  A job's replicas are all of
+    one type.
 
     A ``rigid`` job (a script that does not use the job library) runs on exactly
     ``min_replicas`` devices or waits, and once running is never resized or moved; unless it is
@@ -177,6 +187,14 @@ class JobView:
     time_left_s: float | None = None
     #: indices (into the policy's ``nodes``) of the nodes the job may run on (``None``: any)
     allowed_nodes: frozenset[int] | None = None
+    #: the job's model per device type (``None``: no per-type models; ``model`` serves all)
+    models_by_type: Mapping[str, GoodputModelLike] | None = None
+    #: examples/s of the job's kind on one device of each type (``None``: not profiled)
+    type_rates: Mapping[str, float] | None = None
+    #: seconds of progress a restart costs this job (``None``: the policy's default)
+    restart_cost_s: float | None = None
+    #: still restoring from its last (re)start
+    restoring: bool = False
 
     @property
     def replicas(self) -> int:

@@ -16,11 +16,16 @@ Interpolation rules:
 * gradient statistics at batch M and epoch e: linear in M between the two nearest validated
   batch sizes (M clamped to the validated range), row e;
 * epoch e (1-based) ends when progress reaches the smallest row-e progress over all files.
+
+Profiles of several device types (a heterogeneous cluster) sit side by side in one folder as
+``placements-<type>.csv`` and ``scalability-<type>.csv``, sharing the validation files
+(:func:`load_typed_profiles`).
 """
 
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -92,15 +97,31 @@ def ring_key(counts: tuple[int, ...]) -> tuple[int, ...]:
 class AppProfile:
     """One application's measured behaviour, with the interpolations the simulator needs."""
 
-    def __init__(self, name: str, folder: Path, defaults: AppDefaults | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        folder: Path,
+        defaults: AppDefaults | None = None,
+        device_type: str | None = None,
+    ) -> None:
         self.name = name
         self.folder = folder
-        defaults = defaults or KNOWN_APPS.get(name, AppDefaults())
+        #: the device type whose ``placements-<type>.csv`` this reads (``None``: untyped files)
+        self.device_type = device_type
+        suffix = f"-{device_type}" if device_type else ""
+        if defaults is None:
+            known = KNOWN_APPS.get(name, AppDefaults())
+            # typed profiles carry their own memory limits (largest micro-batch measured)
+            defaults = (
+                AppDefaults(epochs=known.epochs, fixed_batch=known.fixed_batch)
+                if device_type
+                else known
+            )
         placements = _read_csv(
-            folder / "placements.csv", ("placement", "local_bsz", "step_time", "sync_time")
+            folder / f"placements{suffix}.csv", ("placement", "local_bsz", "step_time", "sync_time")
         )
         self._scalability = _read_csv(
-            folder / "scalability.csv",
+            folder / f"scalability{suffix}.csv",
             ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"),
         )
         self._by_ring: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -150,6 +171,38 @@ class AppProfile:
         )
         self._time_cache: dict[tuple[tuple[int, ...], int], tuple[float, float]] = {}
         self._grad_cache: dict[tuple[int, int], tuple[float, float]] = {}
+
+    def max_local_for(self, counts: tuple[int, ...]) -> int:
+        """The largest micro-batch that fits on a placement (memory): the largest measured on
+        that placement, else on any larger measured shape (at least as many nodes and
+        replicas), else the application's largest."""
+        key = ring_key(counts)
+        measured = self._by_ring.get(key)
+        if measured is not None:
+            return int(measured[0].max())
+        scal = self._scalability
+        wider = (scal["num_nodes"] >= len(key)) & (scal["num_replicas"] >= sum(key))
+        if wider.any():
+            return int(scal["local_bsz"][wider].max())
+        return self.max_local
+
+    def max_local_for_replicas(self, replicas: int) -> int | None:
+        """The largest micro-batch measured on any placement of ``replicas`` devices (``None``
+        when no placement of that size was measured)."""
+        keys, rows = self._placement_rows
+        sizes = np.array([sum(k) for k in keys])
+        mask = sizes == replicas
+        return int(rows["local_bsz"][mask].max()) if mask.any() else None
+
+    @cached_property
+    def single_device_rate(self) -> float:
+        """Examples/s on one device at the largest measured micro-batch: largest local batch /
+        largest step time over the one-device rows (a short single-device profile)."""
+        keys, rows = self._placement_rows
+        mask = np.array([sum(k) == 1 for k in keys])
+        if not mask.any():
+            raise PolluxError(f"{self.folder}: no single-device measurement")
+        return float(rows["local_bsz"][mask].max() / rows["step_time"][mask].max())
 
     @property
     def bounds(self) -> BatchBounds:
@@ -287,3 +340,31 @@ def load_profiles(models_dir: Path, names: set[str] | None = None) -> dict[str, 
             f" (known: {', '.join(sorted(available)) or 'none'})"
         )
     return {name: AppProfile(name, available[name]) for name in sorted(wanted)}
+
+
+def load_typed_profiles(
+    models_dir: Path, device_types: Sequence[str], names: set[str]
+) -> dict[str, dict[str, AppProfile]]:
+    """Each application's profile per device type (``placements-<type>.csv`` and
+    ``scalability-<type>.csv`` in ``models_dir/<app>/``): ``{app: {type: profile}}``."""
+    if not models_dir.is_dir():
+        raise PolluxError(f"models folder not found: {models_dir}")
+    profiles: dict[str, dict[str, AppProfile]] = {}
+    for name in sorted(names):
+        folder = models_dir / name
+        if not folder.is_dir():
+            raise PolluxError(f"unknown application {name}: no folder {folder}")
+        per_type: dict[str, AppProfile] = {}
+        for device_type in device_types:
+            if not (folder / f"placements-{device_type}.csv").is_file():
+                have = sorted(
+                    p.name[len("placements-") : -len(".csv")]
+                    for p in folder.glob("placements-*.csv")
+                )
+                raise PolluxError(
+                    f"no profile of {name} on device type {device_type!r} in {folder}"
+                    f" (types there: {', '.join(have) or 'none'})"
+                )
+            per_type[device_type] = AppProfile(name, folder, device_type=device_type)
+        profiles[name] = per_type
+    return profiles
