@@ -69,6 +69,20 @@ class ReportBatch(_Strict):
     replicas: Count = 1
 
 
+class MemoryPoint(_Strict):
+    """The peak memory one replica allocated (``torch.cuda.max_memory_allocated``) while
+    training at local batch ``local_batch`` on a device of type ``device_type`` with
+    ``total_bytes`` of memory (from which the scheduler bounds the local batch per type:
+    ``core.memory.largest_local_batch``)."""
+
+    device_type: Annotated[
+        str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@+-]+$")
+    ]
+    local_batch: Count
+    peak_bytes: Annotated[int, msgspec.Meta(ge=0, le=2**50)]
+    total_bytes: Annotated[int, msgspec.Meta(ge=1, le=2**50)]
+
+
 class JobReport(_Strict):
     """One report.  ``progress`` counts examples trained (scaled by efficiency, as the job
     measures it), ``epoch`` the current epoch and ``epochs`` the declared length (``None``:
@@ -87,3 +101,5 @@ class JobReport(_Strict):
     metrics: dict[str, float | None] = msgspec.field(default_factory=dict)
     #: seconds to the end, when the job can tell better than the scheduler
     eta_s: NonNegative | None = None
+    #: peak memory per local batch on CUDA (``None``: not measured, e.g. on CPU devices)
+    memory: Annotated[list[MemoryPoint], msgspec.Meta(max_length=1024)] | None = None

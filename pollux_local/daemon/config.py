@@ -8,6 +8,7 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     interval_s = 60
     p = -1.0                  # fairness exponent of the goodput policy
     restart_cost_s = 30
+    share_slowdown = 0.25     # jobs sharing a device: each of n runs at 1 / (1 + 0.25 (n - 1))
 
     [daemon]
     admin_group = "wheel"     # members may cancel/hold any job and raise priorities
@@ -27,6 +28,7 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     devices = "cuda:0,1"      # or ["cuda:0", "cuda:1"], or "cpu:4"
     workdir = "/shared/runs"  # optional
     type = "rtx2080ti"        # the devices' type (default: "cpu" for CPU devices, else "gpu")
+    memory = "11G"            # each device's memory (shared small jobs are packed by it)
 
     [limits]
     max_priority = 0          # the highest priority a user who is not an admin may give
@@ -54,7 +56,7 @@ notifications change without stopping a job (``reload_config``).
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import difflib
 import grp
 import re
@@ -65,8 +67,10 @@ from pathlib import Path
 from typing import Any
 
 from pollux_local.core.names import POLICY_ALIASES
+from pollux_local.daemon import gpus
 from pollux_local.durations import DurationError, parse_duration
 from pollux_local.errors import PolluxError
+from pollux_local.sizes import SizeError, parse_size
 from pollux_local.tomlfile import read_toml
 
 LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
@@ -85,6 +89,8 @@ class NodeConfig:
     raw: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     #: the devices' type: ``[nodes.NAME] type``, else ``cpu`` for CPU devices, ``gpu`` others
     device_type: str = ""
+    #: memory of each device in bytes: ``[nodes.NAME] memory`` (``None``: not known)
+    device_memory: int | None = None
 
     def __post_init__(self) -> None:
         if not self.device_type:
@@ -133,6 +139,8 @@ class DaemonConfig:
     notify_desktop: bool = False
     #: ``host:port`` of the Prometheus endpoint (``None``: none)
     prometheus: str | None = None
+    #: the slowdown beta of jobs sharing a device: each of n runs at 1 / (1 + beta (n - 1))
+    share_slowdown: float = 0.25
     source: str = "embedded default"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -156,21 +164,7 @@ class DaemonConfig:
 
 def discover_gpus() -> list[str]:
     """This machine's NVIDIA GPUs as ``cuda:i``; no driver or library means no GPUs."""
-    try:
-        import pynvml
-    except ImportError:
-        return []
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # NVMLError_LibraryNotFound, driver not loaded, ...
-        return []
-    try:
-        return [f"cuda:{i}" for i in range(pynvml.nvmlDeviceGetCount())]
-    except Exception:
-        return []
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
+    return [gpu.device for gpu in gpus.discover()]
 
 
 def parse_devices(spec: str | Sequence[str] | int, where: str = "--devices") -> tuple[str, ...]:
@@ -208,17 +202,53 @@ def parse_devices(spec: str | Sequence[str] | int, where: str = "--devices") -> 
 
 
 def local_node(devices: str | None = None) -> NodeConfig:
-    """This machine as a node: ``devices`` if given, else its GPUs, else two CPU devices."""
+    """This machine as one node: the first of :func:`local_nodes`."""
+    return local_nodes(devices)[0]
+
+
+def local_nodes(devices: str | None = None) -> tuple[NodeConfig, ...]:
+    """This machine as nodes: ``devices`` if given, else its GPUs, else two CPU devices; GPUs
+    of several types are one node per type (:func:`split_by_gpu_type`)."""
     if devices is not None:
         found = parse_devices(devices)
     else:
         found = tuple(discover_gpus()) or parse_devices("cpu:2")
-    return NodeConfig(name=socket.gethostname() or "localhost", devices=found)
+    return split_by_gpu_type(NodeConfig(name=socket.gethostname() or "localhost", devices=found))
+
+
+def split_by_gpu_type(node: NodeConfig) -> tuple[NodeConfig, ...]:
+    """A local node whose type was not declared, typed by its GPUs (NVML's names, as
+    :mod:`pollux_local.daemon.gpus` normalises them).  A node's devices share one type, so a box
+    with GPUs of several types becomes one node per type: the type of its first device keeps
+    the node's name, each other type is ``<name>-<type>`` (2x A100 + 4x T4 on ``box``: ``box``
+    with ``cuda:0,1`` typed ``a100-40gb`` and ``box-t4`` with ``cuda:2-5``).  Devices keep
+    their physical ``cuda:<index>``; CPU devices and GPUs NVML does not describe keep the
+    node's default type.  A node's memory, unless declared, is its smallest GPU's."""
+    if not any(device.startswith("cuda:") for device in node.devices):
+        return (node,)
+    described = {gpu.device: gpu for gpu in gpus.discover()}
+    groups: dict[str, list[str]] = {}
+    for device in node.devices:
+        gpu = described.get(device)
+        groups.setdefault(gpu.device_type if gpu else node.device_type, []).append(device)
+    split = []
+    for rank, (device_type, members) in enumerate(groups.items()):
+        totals = [described[d].total_bytes for d in members if d in described]
+        split.append(
+            dataclasses.replace(
+                node,
+                name=node.name if rank == 0 else f"{node.name}-{device_type}",
+                devices=tuple(members),
+                device_type=device_type,
+                device_memory=node.device_memory or (min(totals) if totals else None),
+            )
+        )
+    return tuple(split)
 
 
 #: The keys each table of the config may hold (anything else is refused, with a suggestion).
 KNOWN_KEYS: dict[str, frozenset[str]] = {
-    "scheduler": frozenset({"policy", "interval_s", "p", "restart_cost_s"}),
+    "scheduler": frozenset({"policy", "interval_s", "p", "restart_cost_s", "share_slowdown"}),
     "daemon": frozenset(
         {
             "admin_group",
@@ -284,7 +314,7 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
     """Read the TOML config at ``path`` (or use the embedded default); ``devices`` (the
     ``--devices`` option) replaces the local node's devices."""
     if path is None:
-        return DaemonConfig(nodes=(local_node(devices),))
+        return DaemonConfig(nodes=local_nodes(devices))
     where = str(path)
     data = read_toml(path, "config file")
 
@@ -329,7 +359,7 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
     raw_nodes = data.get("nodes")
     nodes: list[NodeConfig] = []
     if raw_nodes is None:
-        nodes.append(local_node(devices))
+        nodes.extend(local_nodes(devices))
     else:
         if isinstance(raw_nodes, dict):  # [nodes.NAME] tables
             raw_nodes = [
@@ -359,7 +389,7 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
             elif "devices" in raw:
                 node_devices = parse_devices(raw["devices"], f"{node_where}.devices")
             elif is_local:
-                node_devices = local_node().devices
+                node_devices = tuple(discover_gpus()) or parse_devices("cpu:2")
             else:
                 raise PolluxError(f"{node_where}: a remote node needs 'devices'")
             workdir = raw.get("workdir")
@@ -373,16 +403,22 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
                     f"{node_where}: type must be a short name (letters, digits, _.+-),"
                     f" got {node_type!r}"
                 )
-            nodes.append(
-                NodeConfig(
-                    name=name,
-                    devices=node_devices,
-                    host=host,
-                    workdir=workdir,
-                    raw=raw,
-                    device_type=node_type,
-                )
+            memory = raw.get("memory")
+            if memory is not None:
+                try:
+                    memory = parse_size(memory)
+                except SizeError as exc:
+                    raise PolluxError(f"{node_where}: memory: {exc}") from None
+            node = NodeConfig(
+                name=name,
+                devices=node_devices,
+                host=host,
+                workdir=workdir,
+                raw=raw,
+                device_type=node_type,
+                device_memory=memory,
             )
+            nodes.extend(split_by_gpu_type(node) if is_local and not node_type else (node,))
         names = [node.name for node in nodes]
         if len(set(names)) != len(names):
             raise PolluxError(f"{where}: node names must be unique, got {names}")
@@ -419,6 +455,7 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
         interval_s=_number(sched, "interval_s", 60.0, where, 0.05),
         p=_number(sched, "p", -1.0, where, -1e9),
         restart_cost_s=_number(sched, "restart_cost_s", 30.0, where, 0.0),
+        share_slowdown=_number(sched, "share_slowdown", 0.25, where, 0.0),
         admin_group=admin_group,
         max_retries=max_retries,
         backoff_s=_number(daemon, "backoff_s", 5.0, where, 0.0),
@@ -468,8 +505,8 @@ def resolve_target(target: str, nodes: Sequence[NodeConfig]) -> str:
     names = {node.name: node for node in nodes}
     if target in names:
         return target
-    local = next((node for node in nodes if node.is_local), None)
-    if local is not None and target in local.devices:
+    local = next((node for node in nodes if node.is_local and target in node.devices), None)
+    if local is not None:
         return f"{local.name}:{target}"
     node_name, sep, device = target.partition(":")
     node = names.get(node_name)
@@ -496,22 +533,4 @@ def reserved_devices(raw: Any, nodes: Sequence[NodeConfig], where: str) -> tuple
 
 def busy_gpus(own_pids: set[int]) -> set[str]:
     """GPUs of this machine running compute processes that are not the scheduler's."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return set()
-    busy: set[str] = set()
-    try:
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            if any(proc.pid not in own_pids for proc in procs):
-                busy.add(f"cuda:{index}")
-    except Exception:
-        return busy
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
-    return busy
+    return {f"cuda:{index}" for index in gpus.processes_outside(own_pids)}

@@ -84,7 +84,7 @@ def node_snapshot(
             name=node.name,
             devices=node.devices,
             up=executor.nodes.is_up(node.name),
-            busy=frozenset(busy) if node.is_local else frozenset(),
+            busy=frozenset(busy.intersection(node.devices)) if node.is_local else frozenset(),
             device_type=node.device_type,
             memory=node.device_memory,
             withheld=frozenset(

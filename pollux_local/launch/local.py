@@ -84,10 +84,15 @@ MAX_RUN_FILE_BYTES = 1 << 20
 
 def replica_env(spec: LaunchSpec, slot: ReplicaSlot) -> dict[str, str]:
     """The environment of one replica: the spec's common env plus the per-rank variables
-    (``api.launch.replica_environ``: torchrun's whole contract)."""
+    (``api.launch.replica_environ``: torchrun's whole contract).  A ``cuda:<i>`` device is
+    NVML's index ``i`` (PCI bus order): ``CUDA_VISIBLE_DEVICES=i`` with
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, without which CUDA would number a mixed box's GPUs
+    fastest first."""
     same_node = [other for other in spec.slots if other.node == slot.node]
     kind, _, index = slot.device.partition(":")
     common = {**spec.env, "WORLD_SIZE": str(len(spec.slots))}
+    if kind == "cuda":
+        common["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     return replica_environ(
         common,
         rank=slot.rank,

@@ -64,6 +64,7 @@ from pollux_local.torch.env import JobEnv, init_distributed
 from pollux_local.torch.gradstats import MIN_SAMPLES, GradNoiseEstimator, squared_norm
 from pollux_local.torch.loader import ElasticLoader
 from pollux_local.torch.measuring import MeasuringSchedule
+from pollux_local.torch.memory import PeakMemory
 from pollux_local.torch.profile import ProfileRecorder
 from pollux_local.torch.report import Reporter
 from pollux_local.torch.sampler import ElasticSampler, StepPlan
@@ -159,6 +160,8 @@ class ElasticTrainer:
         self.replicas = self.env.world_size
         self.device = self.env.torch_device()
         self.module = model.to(self.device)
+        #: peak memory per local batch (CUDA only), for the report
+        self.peak_memory = PeakMemory.for_device(self.device)
 
         self.progress = 0.0
         self.steps = 0
@@ -396,6 +399,8 @@ class ElasticTrainer:
             else:
                 self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.peak_memory is not None:
+            self.peak_memory.after_step(plan, self.rank)
         self.progress += gain
         self.steps += 1
         self._warmup_left = max(self._warmup_left - 1, 0)
@@ -567,6 +572,7 @@ class ElasticTrainer:
                 local_batch=self.local_batch, accum_steps=self.accum_steps, replicas=self.replicas
             ),
             metrics=dict(self.metrics),
+            memory=(self.peak_memory.points() or None) if self.peak_memory is not None else None,
         )
 
     def _report(self, force: bool = False) -> None:
