@@ -132,6 +132,11 @@ class LaunchEnvironment:
     array_index: int | None = None
     #: the job's time limit in seconds (``None``: none)
     time_limit_s: float | None = None
+    #: the type of the devices this incarnation runs on (``None``: untyped)
+    device_type: str | None = None
+    #: CPU-backed test devices only: how many times slower than plain CPU they are declared
+    #: to be (``[nodes.NAME] slowdown``); the job library stretches each micro-batch by it
+    device_slowdown: float | None = None
 
     def common_environ(self) -> dict[str, str]:
         """The variables common to every replica of the incarnation (no per-rank ones)."""
@@ -157,6 +162,10 @@ class LaunchEnvironment:
             "SLURM_ARRAY_JOB_ID": self.array_id,
             "SLURM_ARRAY_TASK_ID": self.array_index,
             "POLLUX_TIME_LIMIT_S": None if self.time_limit_s is None else f"{self.time_limit_s:g}",
+            "POLLUX_DEVICE_TYPE": self.device_type,
+            "POLLUX_DEVICE_SLOWDOWN": (
+                None if self.device_slowdown is None else f"{self.device_slowdown:g}"
+            ),
         }
         env.update({name: str(value) for name, value in optional.items() if value is not None})
         return env
@@ -224,6 +233,8 @@ class LaunchEnvironment:
             array_id=env.get("POLLUX_ARRAY_ID") or None,
             array_index=_int(env, "POLLUX_ARRAY_INDEX", None),
             time_limit_s=_positive(env, "POLLUX_TIME_LIMIT_S"),
+            device_type=env.get("POLLUX_DEVICE_TYPE") or None,
+            device_slowdown=_positive(env, "POLLUX_DEVICE_SLOWDOWN"),
         )
 
 

@@ -52,6 +52,10 @@ class ProfileRow(_Strict):
     compute_s: Seconds
     step_s: Seconds
     count: Annotated[int, msgspec.Meta(ge=0, le=2**62)] = 0
+    #: the type of the devices it was measured on (``None``: untyped)
+    device_type: (
+        Annotated[str, msgspec.Meta(max_length=64, pattern=r"^[A-Za-z0-9_.+-]+$")] | None
+    ) = None
 
 
 class ReportGradStats(_Strict):

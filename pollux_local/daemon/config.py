@@ -91,6 +91,9 @@ class NodeConfig:
     device_type: str = ""
     #: memory of each device in bytes: ``[nodes.NAME] memory`` (``None``: not known)
     device_memory: int | None = None
+    #: CPU-backed test devices: how many times slower than plain CPU they are
+    #: (``[nodes.NAME] slowdown``; jobs stretch their steps by it): a second device type
+    slowdown: float | None = None
 
     def __post_init__(self) -> None:
         if not self.device_type:
@@ -403,6 +406,11 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
                     f"{node_where}: type must be a short name (letters, digits, _.+-),"
                     f" got {node_type!r}"
                 )
+            slowdown = raw.get("slowdown")
+            if slowdown is not None:
+                if any(not d.startswith("cpu") for d in node_devices):
+                    raise PolluxError(f"{node_where}: slowdown is for CPU-backed devices only")
+                slowdown = _number(raw, "slowdown", 1.0, node_where, 1.0)
             memory = raw.get("memory")
             if memory is not None:
                 try:
@@ -417,6 +425,7 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
                 raw=raw,
                 device_type=node_type,
                 device_memory=memory,
+                slowdown=slowdown,
             )
             nodes.extend(split_by_gpu_type(node) if is_local and not node_type else (node,))
         names = [node.name for node in nodes]

@@ -520,6 +520,8 @@ class Executor:
             array_id=spec.array_id,
             array_index=spec.array_index,
             time_limit_s=spec.time_limit_s,
+            device_type=order[0].device_type if order else None,
+            device_slowdown=order[0].slowdown if order else None,
         )
         env = dict(job.env or {})
         # without a batch choice the job picks its own: none may leak from the submitter

@@ -87,6 +87,7 @@ def node_snapshot(
             busy=frozenset(busy.intersection(node.devices)) if node.is_local else frozenset(),
             device_type=node.device_type,
             memory=node.device_memory,
+            slowdown=node.slowdown,
             withheld=frozenset(
                 device
                 for device in node.devices

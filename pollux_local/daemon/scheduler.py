@@ -60,6 +60,8 @@ class NodeSnapshot:
     #: memory free on each device now
     memory: int | None = None
     free_memory: Mapping[str, int] = field(default_factory=dict)
+    #: CPU-backed test devices: their declared slowdown (``[nodes.NAME] slowdown``)
+    slowdown: float | None = None
 
     @property
     def free_devices(self) -> tuple[str, ...]:
@@ -166,19 +168,80 @@ class ModelCache:
     reported in a first epoch."""
 
     def __init__(self) -> None:
-        self._fits: dict[int, tuple[str, Any, Any]] = {}
+        self._fits: dict[int | tuple[int, str], tuple[str, Any, Any]] = {}
         self.pool = ProfilePool()
         self.fit_count = 0
 
     def forget(self, job_id: int) -> None:
         self._fits.pop(job_id, None)
+        for key in [key for key in self._fits if isinstance(key, tuple) and key[0] == job_id]:
+            del self._fits[key]
 
-    def model_for(self, job: JobRecord) -> Any | None:
-        """The job's ``GoodputModel``, or ``None`` while neither it nor its kind has reported a
-        profile and gradient statistics."""
+    def models_by_type(self, job: JobRecord, types: Sequence[str]) -> dict[str, Any]:
+        """On a cluster of several device ``types``: the job's model per type, each fitted to
+        the points its kind measured on that type (profile rows tagged ``device_type``); a type
+        nothing was measured on has none."""
         report = job.report or {}
+        rows = [row for row in report.get("profile") or [] if isinstance(row, dict)]
+        models: dict[str, Any] = {}
+        for device_type in types:
+            mine = [row for row in rows if row.get("device_type") == device_type]
+            model = self.model_for(job, device_type, mine)
+            if model is not None:
+                models[device_type] = model
+        return models
+
+    def type_rates(
+        self, job: JobRecord, types: Sequence[str], slowdowns: Mapping[str, float]
+    ) -> dict[str, float]:
+        """Examples/s of the job's kind on one device of each type: measured (the best
+        single-device point of the kind on that type, local batch / step time); for a type not
+        measured, from a measured one by the median ratio between the two types over every
+        kind that measured both, else by the types' declared slowdowns (CPU-backed devices)."""
         kind = job_kind(job)
-        own = _profile_points(report.get("profile") or [])
+        measured = {t: r for t in types if (r := self._single_rate(f"{kind}@{t}")) is not None}
+        rates = dict(measured)
+        for device_type in types:
+            if device_type in rates or not measured:
+                continue
+            known, rate = next(iter(sorted(measured.items())))
+            ratio = self._learned_ratio(device_type, known)
+            if ratio is None and device_type in slowdowns and known in slowdowns:
+                ratio = slowdowns[known] / slowdowns[device_type]
+            if ratio is not None:
+                rates[device_type] = rate * ratio
+        return rates
+
+    def _single_rate(self, key: str) -> float | None:
+        points = self.pool.points_for(key, {})
+        rates = [m / times[1] for (n, k, m), times in points.items() if n == 1 and k == 1]
+        return max(rates) if rates else None
+
+    def _learned_ratio(self, wanted: str, known: str) -> float | None:
+        """Median over kinds of rate(wanted) / rate(known)."""
+        ratios = []
+        for key in self.pool.kinds():
+            kind, sep, device_type = key.rpartition("@")
+            if not sep or device_type != known:
+                continue
+            base = self._single_rate(key)
+            other = self._single_rate(f"{kind}@{wanted}")
+            if base and other:
+                ratios.append(other / base)
+        return float(np.median(ratios)) if ratios else None
+
+    def model_for(
+        self,
+        job: JobRecord,
+        device_type: str | None = None,
+        rows: Sequence[Any] | None = None,
+    ) -> Any | None:
+        """The job's ``GoodputModel``, or ``None`` while neither it nor its kind has reported a
+        profile and gradient statistics.  With ``device_type``, the model of that type, fitted
+        to ``rows`` (the job's rows measured there) and its kind's points on that type."""
+        report = job.report or {}
+        kind = job_kind(job) if device_type is None else f"{job_kind(job)}@{device_type}"
+        own = _profile_points(report.get("profile") or [] if rows is None else rows)
         if own is None:
             return None
         grad = _grad_stats(report.get("grad_stats"))
@@ -191,7 +254,8 @@ class ModelCache:
         if not points or bounds is None or grad is None:
             return None
         key = json.dumps(sorted(points.items()))
-        cached = self._fits.get(job.id)
+        slot: int | tuple[int, str] = job.id if device_type is None else (job.id, device_type)
+        cached = self._fits.get(slot)
         if cached is not None and cached[0] == key:
             params, correction = cached[1], cached[2]
         else:
@@ -200,7 +264,7 @@ class ModelCache:
             except ValueError:
                 return None
             params, correction = fitted.params, fitted.correction
-            self._fits[job.id] = (key, params, correction)
+            self._fits[slot] = (key, params, correction)
             self.fit_count += 1
         from pollux_local.core.goodput import GoodputModel
 
@@ -747,9 +811,41 @@ def plan_round(
     sharing = _pack_shared(candidates, nodes, limits.share_slowdown)
     nodes = sharing.policy_nodes
     candidates = [job for job in candidates if job.id not in sharing.handled]
+    types = sorted({node.device_type for node in nodes})
+    typed = len(types) > 1
+    type_of = {node.name: node.device_type for node in nodes}
     job_models = {job.id: models.model_for(job) for job in candidates}
+    by_type: dict[int, dict[str, Any]] = {}
+    if typed:
+        # CPU-backed devices are as fast as the CPU unless declared slower
+        slowdowns = {
+            n.device_type: n.slowdown or 1.0
+            for n in nodes
+            if n.devices and all(d.startswith("cpu") for d in n.devices)
+        }
+        for job in candidates:
+            by_type[job.id] = models.models_by_type(job, types)
+            where = {type_of.get(name, "") for name in job.placement}
+            job_models[job.id] = by_type[job.id].get(where.pop()) if len(where) == 1 else None
     views = [_capped_view(job, job_models[job.id], nodes, now, limits) for job in candidates]
-    node_views = [NodeView(name=n.name, devices=len(n.free_devices), up=n.up) for n in nodes]
+    if typed:
+        views = [
+            replace(
+                view,
+                models_by_type=by_type[job.id],
+                type_rates=models.type_rates(job, types, slowdowns) or None,
+            )
+            for job, view in zip(candidates, views, strict=True)
+        ]
+    node_views = [
+        NodeView(
+            name=n.name,
+            devices=len(n.free_devices),
+            up=n.up,
+            device_type=n.device_type if typed else "",
+        )
+        for n in nodes
+    ]
     decision = policy.decide(views, node_views, now, rng)
     empty: Placement = tuple(0 for _ in nodes)
     targets = {job.id: tuple(decision.placements.get(job.job_id, empty)) for job in candidates}
@@ -798,6 +894,9 @@ def plan_round(
             continue
         num_nodes = len(allocation)
         model = job_models[job.id]
+        if typed:  # the model of the type it is placed on
+            placed_types = {type_of.get(name, "") for name in allocation}
+            model = by_type[job.id].get(placed_types.pop()) if len(placed_types) == 1 else None
         choice = choose_batch(job, model, num_nodes, replicas) if is_elastic(job) else None
         try:
             prediction = predict(model, num_nodes, choice)

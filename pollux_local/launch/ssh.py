@@ -112,7 +112,9 @@ class SshNodeConfig:
     def from_mapping(cls, name: str, raw: Mapping[str, Any]) -> SshNodeConfig:
         """Build from a config table; raises PolluxError naming the problem."""
         known = {"host", "devices", "address", "workdir", "gloo_ifname", "ssh_options", "python"}
-        unknown = sorted(set(raw) - known - {"name", "device_type"})
+        # the scheduler's own keys of a node (its devices' type, memory, declared slowdown)
+        scheduler_keys = {"name", "device_type", "type", "memory", "slowdown"}
+        unknown = sorted(set(raw) - known - scheduler_keys)
         if unknown:
             raise PolluxError(f"node {name}: unknown setting(s) {', '.join(unknown)}")
         host = raw.get("host")

@@ -42,6 +42,8 @@ class JobEnv:
     accum_steps: int | None = None
     device: str = "cpu"
     pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S
+    device_type: str | None = None
+    device_slowdown: float | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> JobEnv:
@@ -68,6 +70,8 @@ class JobEnv:
             accum_steps=launch.accum_steps,
             device=device,
             pg_timeout_s=launch.pg_timeout_s,
+            device_type=launch.device_type,
+            device_slowdown=launch.device_slowdown if device == "cpu" else None,
         )
 
     @property

@@ -13,16 +13,20 @@ from __future__ import annotations
 from typing import Any
 
 Key = tuple[int, int, int]
+#: A key with the device type the time was measured on ("" when untyped).
+TypedKey = tuple[str, int, int, int]
 
 
 class ProfileRecorder:
-    """Running sums of micro-batch times, keyed by (nodes, replicas, local_batch)."""
+    """Running sums of micro-batch times, keyed by (device type, nodes, replicas,
+    local_batch); ``device_type`` is the type the next times are measured on."""
 
-    def __init__(self) -> None:
-        self._data: dict[Key, list[float]] = {}
+    def __init__(self, device_type: str | None = None) -> None:
+        self._data: dict[TypedKey, list[float]] = {}
+        self.device_type = device_type or ""
 
     def _entry(self, key: Key) -> list[float]:
-        return self._data.setdefault(key, [0.0, 0.0, 0.0, 0.0])
+        return self._data.setdefault((self.device_type, *key), [0.0, 0.0, 0.0, 0.0])
 
     def add_compute(self, key: Key, seconds: float) -> None:
         if seconds > 0:
@@ -36,22 +40,24 @@ class ProfileRecorder:
             entry[2] += seconds
             entry[3] += 1
 
-    def observations(self) -> list[dict[str, Any]]:
-        """Rows of the report's ``profile`` list (configurations with both kinds of timing)."""
+    def observations(self, device_type: str | None = None) -> list[dict[str, Any]]:
+        """Rows of the report's ``profile`` list (configurations with both kinds of timing);
+        with ``device_type``, only those measured on that type."""
         rows = []
-        for (nodes, replicas, local), (c_sum, c_n, s_sum, s_n) in sorted(self._data.items()):
-            if c_n == 0 or s_n == 0:
+        for (kind, nodes, replicas, local), (c_sum, c_n, s_sum, s_n) in sorted(self._data.items()):
+            if c_n == 0 or s_n == 0 or (device_type is not None and kind != device_type):
                 continue
-            rows.append(
-                {
-                    "nodes": nodes,
-                    "replicas": replicas,
-                    "local_batch": local,
-                    "compute_s": c_sum / c_n,
-                    "step_s": max(s_sum / s_n, c_sum / c_n),
-                    "count": int(s_n),
-                }
-            )
+            row: dict[str, Any] = {
+                "nodes": nodes,
+                "replicas": replicas,
+                "local_batch": local,
+                "compute_s": c_sum / c_n,
+                "step_s": max(s_sum / s_n, c_sum / c_n),
+                "count": int(s_n),
+            }
+            if kind:
+                row["device_type"] = kind
+            rows.append(row)
         return rows
 
     def state_dict(self) -> dict[str, Any]:
@@ -60,5 +66,7 @@ class ProfileRecorder:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._data = {}
         for key, values in state.get("entries", []):
-            k = (int(key[0]), int(key[1]), int(key[2]))
+            # entries saved before types were recorded have no type
+            typed = key if len(key) == 4 else ["", *key]
+            k = (str(typed[0]), int(typed[1]), int(typed[2]), int(typed[3]))
             self._data[k] = [float(v) for v in values]

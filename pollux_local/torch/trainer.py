@@ -167,7 +167,7 @@ class ElasticTrainer:
         self.steps = 0
         self.max_epochs: int | None = None
         self.estimator = GradNoiseEstimator(base_batch, min_samples=min_stats_samples)
-        self.profile = ProfileRecorder()
+        self.profile = ProfileRecorder(self.env.device_type)
         self._sampler: ElasticSampler | None = None
         self._sampler_state: dict[str, Any] | None = None
         self._preconditioner = Preconditioner(optimizer)
@@ -352,6 +352,11 @@ class ElasticTrainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - self._t0
+        slowdown = self.env.device_slowdown
+        if slowdown is not None and slowdown > 1.0:
+            # a CPU-backed test device declared this many times slower: it takes that long
+            time.sleep((slowdown - 1.0) * elapsed)
+            elapsed *= slowdown
         last = index == len(plan.micro) - 1
         self._record_time(plan, index, elapsed, last)
         if not last:
@@ -477,7 +482,7 @@ class ElasticTrainer:
 
     def _best_choice(self) -> BatchChoice | None:
         return best_choice(
-            self.profile.observations(),
+            self.profile.observations(self.env.device_type),
             self.estimator.stats,
             self.bounds,
             self.env.num_nodes,
