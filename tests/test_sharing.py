@@ -166,3 +166,41 @@ def test_the_cli_and_job_toml_ask_to_share(tmp_path: Path) -> None:
     (tmp_path / "run.sh").chmod(0o755)
     from_file = request("--spec", str(spec))
     assert (from_file.gpu_memory, from_file.shared) == (512 << 20, True)
+
+
+def test_on_gpus_a_job_joins_only_while_nvml_reports_its_memory_free(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+    import types
+
+    from pollux_local.daemon import config
+    from pollux_local.daemon.loop import node_snapshot
+    from tests.fake_nvml import A100_40GB, FakeBox, FakeProcess, fake_module
+
+    box = FakeBox.of(A100_40GB, A100_40GB)
+    # the running shared job (ours: pid 4242) declared 8G but uses 30G
+    box.gpus[0].processes.append(FakeProcess(4242, 30 * GIB))
+    monkeypatch.setitem(sys.modules, "pynvml", fake_module(box))
+    nodes = config.local_nodes()
+    (node,) = nodes
+    assert node.device_memory == 40960 << 20 and node.device_type == "a100-40gb"
+    group = types.SimpleNamespace(pids=lambda: {0: 4242})
+    executor = types.SimpleNamespace(
+        groups={1: group}, nodes=types.SimpleNamespace(is_up=lambda _: True)
+    )
+    running = record(
+        1, "running", shared=True, gpu_memory=8 * GIB, placement={node.name: ["cuda:0"]}
+    )
+    (snap,) = node_snapshot(config.DaemonConfig(nodes=nodes), executor, (), [running])  # type: ignore[arg-type]
+    assert snap.busy == frozenset()  # its process is the scheduler's own
+    assert snap.free_memory["cuda:0"] == 40960 * (1 << 20) - 30 * GIB
+    big, small = (
+        record(2, shared=True, gpu_memory=12 * GIB),
+        record(3, shared=True, gpu_memory=8 * GIB),
+    )
+    plan = plan_round(FifoPolicy(), [running, big, small], [snap], ModelCache(), 1.0, RNG, Limits())
+    starts = {a.job_id: a.allocation for a in plan.actions}
+    # declared, 12G would fit beside 8G on 40G; NVML says only 10G is free: not there
+    assert starts[2] == {node.name: ["cuda:1"]}
+    assert starts[3] == {node.name: ["cuda:0"]}

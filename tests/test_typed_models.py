@@ -109,3 +109,24 @@ def test_the_job_side_tags_its_rows_and_reads_its_type_and_slowdown() -> None:
     assert env["POLLUX_DEVICE_TYPE"] == "slow" and env["POLLUX_DEVICE_SLOWDOWN"] == "3"
     back = LaunchEnvironment.from_environ(env)
     assert (back.device_type, back.device_slowdown) == ("slow", 3.0)
+
+
+def test_the_local_batch_is_bounded_by_what_fits_each_types_memory() -> None:
+    gib = 1 << 30
+    record = job(1, rows("big", 0.1) + rows("small", 0.2))
+    assert record.report is not None
+    # measured peaks: 1 GiB + 0.25 GiB per example of local batch
+    record.report["memory"] = [
+        {"device_type": "big", "local_batch": m, "peak_bytes": gib + m * gib // 4,
+         "total_bytes": 80 * gib}
+        for m in (8, 16)
+    ]  # fmt: skip
+    cache = ModelCache()
+    models = cache.models_by_type(record, ["big", "small"], {"big": 80 * gib, "small": 4 * gib})
+    assert models["big"].bounds.max_local == 64  # the job's own bound: memory is no limit
+    small = models["small"].bounds.max_local
+    assert 1 <= small < 16  # at most what 4 GiB holds, with a safety margin
+    assert 1 * gib + small * gib // 4 <= 4 * gib
+    # a device where not even the smallest local batch (8) fits: no model of that type
+    tiny = cache.models_by_type(record, ["big", "small"], {"big": 80 * gib, "small": 2 * gib})
+    assert "small" not in tiny and "big" in tiny

@@ -32,6 +32,7 @@ import psutil
 
 from pollux_local.api.states import PLACED_STATES, TERMINAL_STATES, JobState
 from pollux_local.core.types import Policy
+from pollux_local.daemon import gpus
 from pollux_local.daemon.config import DaemonConfig, busy_gpus
 from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.jobfiles import job_file_mtime
@@ -67,7 +68,8 @@ def node_snapshot(
     """Every configured node as a pass sees it: up or down, its devices' type, (this
     machine's GPUs) which devices processes outside the scheduler are using, and which are
     withheld from new jobs: reserved (``[devices] reserved``) or drained (``drained``:
-    ``node`` or ``node:device``), unless a job holds them now (it keeps them)."""
+    ``node`` or ``node:device``), unless a job holds them now (it keeps them); while shared
+    jobs run, the memory NVML reports free on this machine's GPUs."""
     busy: set[str] = set()
     if any(d.startswith("cuda") for n in config.nodes if n.is_local for d in n.devices):
         own: set[int] = set()
@@ -77,6 +79,14 @@ def node_snapshot(
                 with contextlib.suppress(psutil.Error):
                     own.update(c.pid for c in psutil.Process(pid).children(recursive=True))
         busy = busy_gpus(own)
+    free_memory: dict[str, int] = {}
+    if any(job.spec.shared for job in placed):  # shared devices: what NVML says is free
+        for node in config.nodes:
+            if node.is_local:
+                for device in node.devices:
+                    kind, _, index = device.partition(":")
+                    if kind == "cuda" and (free := gpus.free_memory(int(index))) is not None:
+                        free_memory[device] = free
     closed = set(config.reserved) | set(drained)
     held = {(node, device) for job in placed for node, ds in job.placement.items() for device in ds}
     return [
@@ -88,6 +98,11 @@ def node_snapshot(
             device_type=node.device_type,
             memory=node.device_memory,
             slowdown=node.slowdown,
+            free_memory=(
+                {d: free_memory[d] for d in node.devices if d in free_memory}
+                if node.is_local
+                else {}
+            ),
             withheld=frozenset(
                 device
                 for device in node.devices

@@ -25,6 +25,7 @@ import numpy as np
 
 from pollux_local.api.states import PLACED_STATES, TERMINAL_STATES, JobState
 from pollux_local.core.fitting import fit_points, points_from_rows
+from pollux_local.core.memory import largest_local_batch
 from pollux_local.core.pool import Point, ProfilePool, Times
 from pollux_local.core.sharing import SharedDevice, choose_shared_device, shared_speed
 from pollux_local.core.types import (
@@ -177,16 +178,22 @@ class ModelCache:
         for key in [key for key in self._fits if isinstance(key, tuple) and key[0] == job_id]:
             del self._fits[key]
 
-    def models_by_type(self, job: JobRecord, types: Sequence[str]) -> dict[str, Any]:
+    def models_by_type(
+        self,
+        job: JobRecord,
+        types: Sequence[str],
+        memory: Mapping[str, int] | None = None,
+    ) -> dict[str, Any]:
         """On a cluster of several device ``types``: the job's model per type, each fitted to
-        the points its kind measured on that type (profile rows tagged ``device_type``); a type
-        nothing was measured on has none."""
+        the points its kind measured on that type (profile rows tagged ``device_type``) and
+        with its local batch bounded by the type's ``memory``; a type nothing was measured on,
+        or on which not even one example fits, has none."""
         report = job.report or {}
         rows = [row for row in report.get("profile") or [] if isinstance(row, dict)]
         models: dict[str, Any] = {}
         for device_type in types:
             mine = [row for row in rows if row.get("device_type") == device_type]
-            model = self.model_for(job, device_type, mine)
+            model = self.model_for(job, device_type, mine, (memory or {}).get(device_type))
             if model is not None:
                 models[device_type] = model
         return models
@@ -235,10 +242,14 @@ class ModelCache:
         job: JobRecord,
         device_type: str | None = None,
         rows: Sequence[Any] | None = None,
+        memory_bytes: int | None = None,
     ) -> Any | None:
         """The job's ``GoodputModel``, or ``None`` while neither it nor its kind has reported a
         profile and gradient statistics.  With ``device_type``, the model of that type, fitted
-        to ``rows`` (the job's rows measured there) and its kind's points on that type."""
+        to ``rows`` (the job's rows measured there) and its kind's points on that type.  With
+        ``memory_bytes`` (a device's memory) and peak-memory points in the job's report, the
+        local batch is bounded by what fits (``core.memory.largest_local_batch``); ``None``
+        when not even one example fits."""
         report = job.report or {}
         kind = job_kind(job) if device_type is None else f"{job_kind(job)}@{device_type}"
         own = _profile_points(report.get("profile") or [] if rows is None else rows)
@@ -250,6 +261,10 @@ class ModelCache:
         if grad is None:
             grad = self.pool.start_stats(kind)
         bounds = _bounds_from(job, report)
+        if bounds is not None and memory_bytes is not None:
+            bounds = _fitting_bounds(bounds, report, memory_bytes)
+            if bounds is None:
+                return None
         points = self.pool.points_for(kind, own)
         if not points or bounds is None or grad is None:
             return None
@@ -269,6 +284,27 @@ class ModelCache:
         from pollux_local.core.goodput import GoodputModel
 
         return GoodputModel(params=params, stats=grad, bounds=bounds, correction=correction)
+
+
+def _fitting_bounds(
+    bounds: BatchBounds, report: Mapping[str, Any], memory_bytes: int
+) -> BatchBounds | None:
+    """``bounds`` with the local batch at most what fits a device of ``memory_bytes``, from
+    the peak memory the job measured (``report["memory"]``); unchanged without such points,
+    ``None`` when not even the smallest local batch fits."""
+    points = []
+    for point in report.get("memory") or []:
+        if isinstance(point, dict):
+            try:
+                points.append((int(point["local_batch"]), float(point["peak_bytes"])))
+            except (KeyError, TypeError, ValueError):
+                continue
+    limit = largest_local_batch(points, memory_bytes) if points else None
+    if limit is None:
+        return bounds
+    if limit < bounds.min_local:
+        return None
+    return replace(bounds, max_local=min(bounds.largest_local, limit))
 
 
 def _grad_stats(raw: Any) -> GradStats | None:
@@ -814,7 +850,14 @@ def plan_round(
     types = sorted({node.device_type for node in nodes})
     typed = len(types) > 1
     type_of = {node.name: node.device_type for node in nodes}
-    job_models = {job.id: models.model_for(job) for job in candidates}
+    memory_of: dict[str, int] = {}
+    for node in nodes:
+        if node.memory is not None:
+            memory_of[node.device_type] = min(
+                node.memory, memory_of.get(node.device_type, node.memory)
+            )
+    smallest = min(memory_of.values(), default=None)
+    job_models = {job.id: models.model_for(job, memory_bytes=smallest) for job in candidates}
     by_type: dict[int, dict[str, Any]] = {}
     if typed:
         # CPU-backed devices are as fast as the CPU unless declared slower
@@ -824,7 +867,7 @@ def plan_round(
             if n.devices and all(d.startswith("cpu") for d in n.devices)
         }
         for job in candidates:
-            by_type[job.id] = models.models_by_type(job, types)
+            by_type[job.id] = models.models_by_type(job, types, memory_of)
             where = {type_of.get(name, "") for name in job.placement}
             job_models[job.id] = by_type[job.id].get(where.pop()) if len(where) == 1 else None
     views = [_capped_view(job, job_models[job.id], nodes, now, limits) for job in candidates]
