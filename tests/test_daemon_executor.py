@@ -156,7 +156,9 @@ async def test_replica_environment_follows_the_launch_contract(setup) -> None:  
     assert pollux == {
         "POLLUX_JOB_ID", "POLLUX_RESTARTS", "POLLUX_JOB_DIR", "POLLUX_CHECKPOINT_DIR",
         "POLLUX_DAEMON_SOCKET", "POLLUX_NUM_NODES", "POLLUX_PG_TIMEOUT_S", "POLLUX_DEVICE",
+        "POLLUX_DEVICE_TYPE",
     }  # fmt: skip
+    assert env["POLLUX_DEVICE_TYPE"] == "cpu"  # the node's devices' type
     assert env["A"] == "1" and env["POLLUX_JOB_ID"] == str(job_id)
     assert env["WORLD_SIZE"] == "2" and env["MASTER_ADDR"] == "127.0.0.1"
     assert env["POLLUX_DEVICE"] == "cpu" and env["POLLUX_PG_TIMEOUT_S"] == "60"

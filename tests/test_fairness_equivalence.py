@@ -82,7 +82,7 @@ class SimModels(ModelCache):
         self.sim = sim
         self.by_id = by_id
 
-    def model_for(self, job: JobRecord) -> Any | None:
+    def model_for(self, job: JobRecord, memory_bytes: int | None = None) -> Any | None:
         return self.sim._model(self.by_id[job.id])
 
 
