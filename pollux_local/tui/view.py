@@ -285,6 +285,8 @@ class NodeCells:
     name: str
     up: bool
     devices: tuple[DeviceCell, ...] = field(default_factory=tuple)
+    #: its devices' type (``cpu``, ``a100-40gb``...)
+    device_type: str = ""
 
 
 def node_cells(nodes: Sequence[NodeRow]) -> list[NodeCells]:
@@ -305,7 +307,7 @@ def node_cells(nodes: Sequence[NodeRow]) -> list[NodeCells]:
             else:
                 cell = DeviceCell(node.name, device, "free")
             cells.append(cell)
-        out.append(NodeCells(node.name, node.up, tuple(cells)))
+        out.append(NodeCells(node.name, node.up, tuple(cells), node.device_type))
     return out
 
 

@@ -33,18 +33,21 @@ def _cell_text(cell: DeviceCell, names: dict[str, str]) -> tuple[str, str]:
 
 
 def grid_text(nodes: Sequence[NodeCells], names: dict[str, str], width: int) -> Text:
-    """The device grid as rich text: one block of cells per node, wrapped to ``width``."""
+    """The device grid as rich text: one block of cells per node (its name and its devices'
+    type), wrapped to ``width``."""
     text = Text(no_wrap=True, overflow="ellipsis")
     if not nodes:
         text.append("no nodes reported", style="italic")
         return text
-    label_width = max(len(n.name) for n in nodes) + 1
+    labels = [f"{n.name} {n.device_type}".strip() for n in nodes]
+    label_width = max(len(label) for label in labels) + 1
     per_line = max(1, (width - label_width - 1) // (_CELL_WIDTH + 1))
     for index, node in enumerate(nodes):
         if index:
             text.append("\n")
         style = "bold" if node.up else "bold red"
-        text.append(node.name.ljust(label_width), style=style)
+        text.append(node.name, style=style)
+        text.append(f" {node.device_type}".ljust(label_width - len(node.name)), style="dim")
         if not node.devices:
             text.append(" (no devices)" if node.up else " down", style="italic")
         for i, cell in enumerate(node.devices):
