@@ -675,10 +675,15 @@ def test_the_guide_commands_parse_and_its_job_tomls_load(
         if argv[1] == "edit":
             edit_request(args)
     assert {"submit", "restart", "edit", "usage", "drain", "resume"} <= seen
+    from pollux_local.daemon.config import load_config
+
     tomls = fenced("toml")
-    assert len(tomls) >= 2
+    assert len(tomls) >= 3
     for index, lines in enumerate(tomls):
         path = tmp_path / f"job{index}.toml"
         path.write_text("\n".join(lines) + "\n")
+        if "[job]" not in lines:  # a daemon config
+            assert load_config(path).nodes
+            continue
         spec = load_job_spec(path)
-        assert spec.script is not None and spec.sweep
+        assert spec.script is not None and bool(spec.sweep) == ("[sweep]" in lines)
