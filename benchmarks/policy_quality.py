@@ -11,6 +11,16 @@ so the policy sees each job's share of it done.
     python benchmarks/policy_quality.py [--data DIR] [--workloads 1 2 3 4] [--loads 1x 2x]
                                         [--held-out 11 12 13] [--extra TRACE.csv ...]
                                         [--p 0] [--by-app] [--json]
+
+Several device types (``--cluster``): every workload (``--workloads`` takes folders of
+``workload-*.csv`` or CSV files; ``--held-out`` seeds draw traces with
+``make_hetero_trace.py``) is simulated with the goodput policy, the Sia baseline and the
+heterogeneity-unaware goodput policy, and each row shows average JCT and restarts per job; the
+goodput policy's ratio to Sia (target <= 0.9, restarts no higher than Sia's) and, for the
+philly workloads, Sia's JCT and restarts as Sia's own simulator gives them:
+
+    python benchmarks/policy_quality.py --cluster aws:6x4,dgx-ext:2x8,rtx:3x8 \
+        --workloads ../shared/data/sia-artifact/workloads/philly [--held-out 101 102] [--json]
 """
 
 from __future__ import annotations
@@ -34,6 +44,145 @@ TARGET_RESTARTS = 3.0
 
 
 Task = tuple[str, str, str, float | None, bool, bool]
+#: Sia's own simulator on the default heterogeneous cluster (p = -0.5, lambda_n = 1.1, 60 s
+#: rounds, projection and shared max replicas, CBC): average JCT (s) and restarts per job of
+#: the philly workloads 1-4.
+SIA_PUBLISHED = {
+    "workload-1": (1950.0, 4.26),
+    "workload-2": (2691.0, 4.54),
+    "workload-3": (2070.0, 4.13),
+    "workload-4": (2485.0, 4.22),
+}
+TYPED_POLICIES = ("goodput", "sia", "goodput-unaware")
+DEFAULT_TYPED_MODELS = Path(__file__).resolve().parents[2] / "shared/data/sia-artifact/models"
+#: (label, policy, trace path, models dir, cluster text)
+TypedTask = tuple[str, str, str, str, str]
+
+
+def run_typed(task: TypedTask) -> dict[str, object]:
+    """Simulate one trace on a cluster of several device types with one policy."""
+    from pollux_local.cli.simulate import make_policy
+    from pollux_local.sim.hetero import HeteroConfig, HeteroSimulator, parse_cluster
+    from pollux_local.sim.profiles import load_typed_profiles
+    from pollux_local.sim.workload import read_workload
+
+    label, policy_name, trace, models, cluster_text = task
+    cluster = parse_cluster(cluster_text)
+    workload = read_workload(Path(trace))
+    profiles = load_typed_profiles(
+        Path(models), [g.device_type for g in cluster], {job.application for job in workload}
+    )
+    simulator = HeteroSimulator(
+        workload, profiles, make_policy(policy_name), HeteroConfig(cluster=cluster)
+    )
+    result = simulator.run()
+    return {
+        "run": label,
+        **result.summary(),
+        "device_hours_by_type": simulator.device_hours_by_type(),
+    }
+
+
+def typed_traces(args: argparse.Namespace, scratch: Path) -> list[tuple[str, Path]]:
+    """(label, path) of every trace: workload folders or files, then held-out seeds."""
+    traces: list[tuple[str, Path]] = []
+    for entry in args.workloads:
+        path = Path(entry)
+        if path.is_dir():
+            files = sorted(path.glob("workload-*.csv"))
+            if not files:
+                raise SystemExit(f"no workload-*.csv in {path}")
+            traces.extend((f.stem, f) for f in files)
+        elif path.is_file():
+            traces.append((path.stem, path))
+        else:
+            raise SystemExit(f"--workloads {entry}: neither a folder nor a file")
+    if args.held_out:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import csv
+
+        from make_hetero_trace import DEFAULT_SIA, make_hetero_trace
+
+        for seed in args.held_out:
+            rows = make_hetero_trace(args.data, DEFAULT_SIA, 160, seed)
+            path = scratch / f"held-out-seed{seed}.csv"
+            with path.open("w", newline="") as handle:
+                writer = csv.writer(handle)
+                writer.writerow(["name", "time", "application", "num_replicas", "batch_size"])
+                writer.writerows(rows)
+            traces.append((f"held-out seed {seed}", path))
+    return traces
+
+
+def main_typed(args: argparse.Namespace) -> int:
+    """``--cluster``: goodput, Sia and the unaware goodput policy on every trace."""
+    models = str(args.models or DEFAULT_TYPED_MODELS)
+    scratch = tempfile.TemporaryDirectory(prefix="pollux-typed-")
+    traces = typed_traces(args, Path(scratch.name))
+    tasks: list[TypedTask] = [
+        (label, policy, str(path), models, args.cluster)
+        for label, path in traces
+        for policy in TYPED_POLICIES
+    ]
+    processes = max(1, min(args.processes, 2, len(tasks)))
+    with multiprocessing.Pool(processes) as pool:
+        results = pool.map(run_typed, tasks, chunksize=1)
+    scratch.cleanup()
+    rows: list[dict[str, object]] = []
+    for index, (label, _) in enumerate(traces):
+        by_policy = {str(r["policy"]): r for r in results[index * 3 : index * 3 + 3]}
+        ours, sia, unaware = (by_policy[p] for p in TYPED_POLICIES)
+        ratio = float(ours["avg_jct_s"]) / float(sia["avg_jct_s"])  # type: ignore[arg-type]
+        met = ratio <= TARGET_RATIO and float(ours["restarts_per_job"]) <= float(  # type: ignore[arg-type]
+            sia["restarts_per_job"]  # type: ignore[arg-type]
+        )
+        row: dict[str, object] = {
+            "workload": label,
+            "goodput": ours,
+            "sia": sia,
+            "goodput-unaware": unaware,
+            "ratio_to_sia": ratio,
+            "target_met": met,
+        }
+        if label in SIA_PUBLISHED:
+            jct, restarts = SIA_PUBLISHED[label]
+            row["sia_published"] = {"avg_jct_s": jct, "restarts_per_job": restarts}
+            row["ratio_to_published_sia"] = float(ours["avg_jct_s"]) / jct  # type: ignore[arg-type]
+        rows.append(row)
+    if args.json:
+        print(json.dumps({"cluster": args.cluster, "rows": rows}, indent=2))
+        return 0
+    print(f"cluster {args.cluster}; average JCT in s, restarts per job")
+    print(
+        f"{'workload':22s} {'goodput':>15s} {'Sia':>15s} {'unaware':>15s} {'ours/Sia':>8s}"
+        f" {'Sia (own sim)':>15s} {'decide ms':>10s}"
+    )
+
+    def num(value: object) -> float:
+        assert isinstance(value, int | float)
+        return float(value)
+
+    def cell(r: object) -> str:
+        assert isinstance(r, dict)
+        return f"{num(r['avg_jct_s']):7.0f} / {num(r['restarts_per_job']):5.2f}"
+
+    for row in rows:
+        mine, theirs = row["goodput"], row["sia"]
+        assert isinstance(mine, dict) and isinstance(theirs, dict)
+        published = row.get("sia_published")
+        shown = (
+            f"{published['avg_jct_s']:7.0f} / {published['restarts_per_job']:5.2f}"
+            if isinstance(published, dict)
+            else "-"
+        )
+        ms = f"{num(mine['decision_ms_median']):4.1f}/{num(theirs['decision_ms_median']):4.1f}"
+        print(
+            f"{row['workload']!s:22s} {cell(mine):>15s} {cell(theirs):>15s}"
+            f" {cell(row['goodput-unaware']):>15s} {num(row['ratio_to_sia']):8.3f}"
+            f" {shown:>15s} {ms:>10s}  {'met' if row['target_met'] else 'MISSED'}"
+        )
+    print("decide ms: median decision time, goodput / Sia")
+    return 0
 
 
 def run_one(task: Task) -> dict[str, object]:
@@ -75,7 +224,19 @@ def run_one(task: Task) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    parser.add_argument("--workloads", type=int, nargs="*", default=[1, 2, 3, 4])
+    parser.add_argument(
+        "--workloads",
+        nargs="*",
+        default=None,
+        help="workload numbers (default 1 2 3 4); with --cluster: folders or CSV files",
+    )
+    parser.add_argument(
+        "--cluster",
+        default=None,
+        metavar="TYPE:NxK,...",
+        help="nodes of several device types: compare goodput, Sia and unaware goodput",
+    )
+    parser.add_argument("--models", type=Path, default=None, help="typed profiles (with --cluster)")
     parser.add_argument("--loads", nargs="*", default=["1x", "2x"], choices=["1x", "2x"])
     parser.add_argument("--extra", type=Path, nargs="*", default=[])
     parser.add_argument("--held-out", type=int, nargs="*", default=[], metavar="SEED")
@@ -100,6 +261,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.cluster is not None:
+        if not args.workloads and not args.held_out:
+            parser.error("--cluster needs --workloads FOLDER/FILE ... or --held-out SEED ...")
+        return main_typed(args)
+    try:
+        args.workloads = [int(w) for w in (args.workloads or [1, 2, 3, 4])]
+    except ValueError:
+        parser.error("--workloads takes workload numbers (folders and files need --cluster)")
 
     tasks: list[Task] = []
     reference: dict[str, float] = {}
