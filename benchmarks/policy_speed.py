@@ -7,7 +7,12 @@ statistics taken at a random epoch.
 Each timed decision starts from the previous decision's placements (as in a real run), with
 ages and attained service advanced by one interval.
 
-    python benchmarks/policy_speed.py [--models DIR] [--rounds 30] [--json]
+On a cluster of several device types (the Sia artifact's aws:6x4,dgx-ext:2x8,rtx:3x8 and the
+same 16 times over, 1,024 GPUs) the jobs get a fitted model on one or two of the types they
+have run on (the others predicted by the policy), and the goodput policy is timed next to the
+Sia baseline (its configurations capped at the node counts its profiles cover).
+
+    python benchmarks/policy_speed.py [--models DIR] [--typed-models DIR] [--rounds 30] [--json]
 """
 
 from __future__ import annotations
@@ -27,10 +32,15 @@ from pollux_local.core.goodput import GoodputModel
 from pollux_local.core.policy import GoodputPolicy
 from pollux_local.core.pool import Point, Times
 from pollux_local.core.throughput import fit_throughput
-from pollux_local.core.types import GradStats, JobView, NodeView
+from pollux_local.core.types import GradStats, JobView, NodeView, Policy
 from pollux_local.sim.profiles import AppProfile, load_profiles, packed_counts
 
 DEFAULT_MODELS = Path(__file__).resolve().parents[2] / "shared/data/pollux-artifact/models"
+DEFAULT_TYPED_MODELS = Path(__file__).resolve().parents[2] / "shared/data/sia-artifact/models"
+#: Application mix of Sia's philly workloads (jobs per 160).
+TYPED_MIX = {"cifar10": 126, "deepspeech2": 15, "bert": 9, "yolov3": 7, "imagenet": 3}
+#: Nodes each type's profiles cover (Sia caps its configurations there).
+PROFILED_NODES = {"aws": 16, "dgx-ext": 2, "rtx": 3}
 #: Application mix of the published workloads (jobs per 160).
 APP_MIX = {"cifar10": 66, "ncf": 68, "deepspeech2": 12, "bert": 7, "imagenet": 4, "yolov3": 3}
 
@@ -95,10 +105,14 @@ def make_jobs(
 
 
 def time_decisions(
-    jobs: list[JobView], nodes: list[NodeView], rounds: int, seed: int
+    jobs: list[JobView],
+    nodes: list[NodeView],
+    rounds: int,
+    seed: int,
+    policy: Policy | None = None,
 ) -> tuple[list[float], float]:
     """Milliseconds per decision over ``rounds`` consecutive rounds; restarts per round."""
-    policy = GoodputPolicy()
+    policy = policy or GoodputPolicy()
     rng = np.random.default_rng(seed)
     times: list[float] = []
     changes = 0
@@ -123,6 +137,88 @@ def time_decisions(
             for j in jobs
         ]
     return times, changes / max(rounds, 1)
+
+
+def make_typed_jobs(
+    profiles: dict[str, dict[str, AppProfile]],
+    groups: list[tuple[str, int, int]],
+    count: int,
+    rng: np.random.Generator,
+) -> list[JobView]:
+    """Jobs with a fitted model on one or two device types (where they have run)."""
+    names = list(TYPED_MIX)
+    weights = np.array([TYPED_MIX[n] for n in names], dtype=float)
+    weights /= weights.sum()
+    types = [t for t, _, _ in groups]
+    per_node = {t: k for t, _, k in groups}
+    jobs: list[JobView] = []
+    for i in range(count):
+        app = names[int(rng.choice(len(names), p=weights))]
+        ran = list(rng.choice(types, size=int(rng.integers(1, 3)), replace=False))
+        max_profiled = int(rng.choice([1, 2, 4, 8, 16]))
+        by_type = {}
+        for device_type in ran:
+            profile = profiles[app][device_type]
+            points = profile_points(profile, max_profiled, per_node[device_type], rng)
+            fitted = fit_points(points)
+            epoch = int(rng.integers(0, profile.epochs))
+            sqr, var = profile.grad_stats(profile.base_batch, epoch)
+            by_type[device_type] = GoodputModel(
+                params=fitted.params,
+                stats=GradStats(sqr=sqr, var=var),
+                bounds=profile.bounds,
+                correction=fitted.correction,
+            )
+        jobs.append(
+            JobView(
+                id=f"{app}-{i}",
+                owner=f"user{i % max(1, count // 6)}",
+                model=None,
+                age_s=float(rng.uniform(60, 20000)),
+                max_profiled_replicas=max_profiled,
+                attained_gpu_s=float(rng.uniform(0, 50000)),
+                static_batch=profiles[app][types[0]].max_batch // 4,
+                max_replicas=profiles[app][types[0]].max_batch // profiles[app][types[0]].min_local,
+                models_by_type=by_type,
+                type_rates={t: profiles[app][t].single_device_rate for t in types},
+                progress_fraction=float(rng.uniform(0.01, 0.9)),
+                run_time_s=float(rng.uniform(60, 10000)),
+            )
+        )
+    return jobs
+
+
+def typed_nodes(groups: list[tuple[str, int, int]]) -> list[NodeView]:
+    return [NodeView(f"{t}-{i}", k, device_type=t) for t, n, k in groups for i in range(n)]
+
+
+def time_typed(typed_models: Path, rounds: int, seed: int) -> dict[str, dict[str, float | int]]:
+    """Decision times of the goodput policy and of Sia on typed clusters (64, 1,024 GPUs)."""
+    from pollux_local.core.sia import SiaPolicy
+    from pollux_local.sim.profiles import load_typed_profiles
+
+    base = [("aws", 6, 4), ("dgx-ext", 2, 8), ("rtx", 3, 8)]
+    profiles = load_typed_profiles(typed_models, [t for t, _, _ in base], set(TYPED_MIX))
+    rng = np.random.default_rng(seed)
+    out: dict[str, dict[str, float | int]] = {}
+    for label, scale, n_jobs, n_rounds in (
+        ("typed 64 GPUs (aws 6x4, dgx-ext 2x8, rtx 3x8), 30 jobs", 1, 30, rounds),
+        ("typed 1024 GPUs (the same x16), 300 jobs", 16, 300, max(5, rounds // 3)),
+    ):
+        groups = [(t, n * scale, k) for t, n, k in base]
+        nodes = typed_nodes(groups)
+        jobs = make_typed_jobs(profiles, groups, n_jobs, rng)
+        for name, policy in (
+            ("goodput", GoodputPolicy()),
+            ("sia", SiaPolicy(max_nodes_by_type=PROFILED_NODES)),
+        ):
+            times, changes = time_decisions(jobs, nodes, n_rounds, seed, policy)
+            out[f"{label}: {name}"] = {
+                **summary(times),
+                "rounds": n_rounds,
+                "changes_per_round": changes,
+            }
+    return out
 
 
 def time_fit(profile: AppProfile, repeats: int, rng: np.random.Generator) -> list[float]:
@@ -158,6 +254,10 @@ def summary(values: list[float]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=Path, default=DEFAULT_MODELS)
+    parser.add_argument("--typed-models", type=Path, default=DEFAULT_TYPED_MODELS)
+    parser.add_argument(
+        "--no-typed", dest="typed", action="store_false", help="skip the typed clusters"
+    )
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
@@ -173,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         jobs = make_jobs(profiles, n_jobs, 4, rng)
         times, restarts = time_decisions(jobs, nodes, rounds, args.seed)
         results[label] = {**summary(times), "rounds": rounds, "changes_per_round": restarts}
+    if args.typed:
+        results.update(time_typed(args.typed_models, args.rounds, args.seed))
     results["fit_throughput, 15 points (cifar10)"] = summary(time_fit(profiles["cifar10"], 30, rng))
     if args.json:
         print(json.dumps(results, indent=2))
@@ -185,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                 else ""
             )
             print(
-                f"{label:38s} median {row['median_ms']:8.2f} ms  p95 {row['p95_ms']:8.2f} ms"
+                f"{label:62s} median {row['median_ms']:8.2f} ms  p95 {row['p95_ms']:8.2f} ms"
                 f"  max {row['max_ms']:8.2f} ms{extra}"
             )
     return 0
