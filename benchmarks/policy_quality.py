@@ -86,7 +86,7 @@ def run_typed(task: TypedTask) -> dict[str, object]:
 def typed_traces(args: argparse.Namespace, scratch: Path) -> list[tuple[str, Path]]:
     """(label, path) of every trace: workload folders or files, then held-out seeds."""
     traces: list[tuple[str, Path]] = []
-    for entry in args.workloads:
+    for entry in args.workloads or []:
         path = Path(entry)
         if path.is_dir():
             files = sorted(path.glob("workload-*.csv"))
