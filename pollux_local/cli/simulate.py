@@ -109,7 +109,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--models",
         type=Path,
         default=None,
-        help=f"profiles folder (default: {DEFAULT_MODELS} when it exists)",
+        help=f"profiles folder (default: {DEFAULT_MODELS} when it exists; with --cluster"
+        f" {DEFAULT_TYPED_MODELS})",
     )
     parser.add_argument(
         "--policy",

@@ -2,7 +2,9 @@
 
 * :mod:`~pollux_local.sim.profiles` — measured model profiles and their interpolation;
 * :mod:`~pollux_local.sim.workload` — workload traces;
-* :mod:`~pollux_local.sim.simulator` — the loop that calls any ``Policy`` and the metrics.
+* :mod:`~pollux_local.sim.simulator` — the loop that calls any ``Policy`` and the metrics;
+* :mod:`~pollux_local.sim.hetero` — the same on nodes of several device types, each with its
+  own profiles (``simulate --cluster``; ``docs/heterogeneous.md``).
 
 Metrics of a run (:meth:`SimResult.summary`):
 
