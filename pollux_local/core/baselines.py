@@ -68,13 +68,6 @@ def pack(replicas: int, free: Sequence[int]) -> Placement | None:
     return tuple(counts)
 
 
-def allowed_free(job: JobView, free: Sequence[int]) -> list[int]:
-    """``free`` with the nodes the job may not use (``JobView.allowed_nodes``) at zero."""
-    if job.allowed_nodes is None:
-        return list(free)
-    return [room if i in job.allowed_nodes else 0 for i, room in enumerate(free)]
-
-
 def _static_need(job: JobView, total: int) -> int:
     """The device count a static-configuration job asks for, within its bounds and the cluster
     (a rigid job: exactly its size, even beyond the cluster, where it waits)."""
@@ -139,7 +132,7 @@ class FifoPolicy:
         for job in ordered:
             if job.id in placed:
                 continue
-            spot = None if blocked else pack(_static_need(job, total), allowed_free(job, free))
+            spot = None if blocked else pack(_static_need(job, total), job.usable(free))
             if spot is None:
                 blocked = True
                 reasons[job.id] = "queued behind an earlier job"
@@ -209,7 +202,7 @@ class TiresiasPolicy:
         for job in admitted:
             if job.id in placed:
                 continue
-            spot = pack(_static_need(job, total), allowed_free(job, free))
+            spot = pack(_static_need(job, total), job.usable(free))
             if spot is None:  # cannot happen: admission counted the devices
                 reasons[job.id] = "no room"
                 continue
@@ -291,7 +284,7 @@ class OptimusPolicy:
         for job in sorted(ordered, key=lambda j: (counts[j.id], j.submit_time, j.id)):
             if job.id in placed or counts[job.id] == 0:
                 continue
-            spot = pack(counts[job.id], allowed_free(job, free))
+            spot = pack(counts[job.id], job.usable(free))
             if spot is None:
                 reasons[job.id] = "no room"
                 continue

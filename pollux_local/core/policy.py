@@ -175,13 +175,6 @@ def _whole_node_mask(node_sizes: Sequence[int], max_k: int) -> np.ndarray:
     return mask
 
 
-def _allowed_only(job: JobView, free: list[int]) -> list[int]:
-    """``free`` with the nodes the job may not use (``JobView.allowed_nodes``) at zero."""
-    if job.allowed_nodes is None:
-        return free
-    return [f if i in job.allowed_nodes else 0 for i, f in enumerate(free)]
-
-
 def _goodput_on(model: GoodputModelLike, nodes: int, replicas: int) -> float:
     """The model's best goodput for ``replicas`` devices over ``nodes`` nodes (0 if undefined)."""
     goodput, _, _ = model.best_goodput(np.array([nodes]), np.array([replicas]))
@@ -1082,7 +1075,7 @@ class GoodputPolicy:
             if (
                 pl.k == pl.current_k
                 and not pl.consolidate
-                and self._still_fits(old, _allowed_only(pl.job, free), multi_node_on)
+                and self._still_fits(old, pl.job.usable(free), multi_node_on)
             ):
                 self._take(pl, old, free, multi_node_on)
                 continue
@@ -1126,7 +1119,7 @@ class GoodputPolicy:
         """
         best: tuple[float, Placement] | None = None
         spread_tries = 0
-        free = _allowed_only(pl.job, free)
+        free = pl.job.usable(free)
         unheld = [max(f - h, 0) for f, h in zip(free, held, strict=True)]
         for k in range(pl.k, pl.min_k - 1, -1):
             fewest = _fewest_nodes(min_nodes, k)

@@ -200,6 +200,13 @@ class JobView:
     def replicas(self) -> int:
         return int(sum(self.placement))
 
+    def usable(self, free: Sequence[int]) -> list[int]:
+        """``free`` (devices per node) with the nodes the job may not use
+        (``allowed_nodes``) at zero."""
+        if self.allowed_nodes is None:
+            return list(free)
+        return [room if i in self.allowed_nodes else 0 for i, room in enumerate(free)]
+
     @property
     def pinned(self) -> bool:
         """A running rigid job that may not be preempted: it keeps its devices."""
