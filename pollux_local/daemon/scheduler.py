@@ -597,15 +597,8 @@ def _pack_shared(
     starts: list[Action] = []
     queued = [job for job in candidates if job.spec.shared and job.state not in PLACED_STATES]
     for job in sorted(queued, key=lambda j: (-j.priority, j.id)):
-        allowed = allowed_nodes(job, nodes)
-        usable = [
-            d
-            for d in offered
-            if allowed is None
-            or any(i in allowed for i, node in enumerate(nodes) if node.name == d.key[0])
-        ]
         memory = job.spec.gpu_memory or 0
-        chosen = choose_shared_device(usable, memory, slowdown)
+        chosen = choose_shared_device(_allowed_devices(job, offered, nodes), memory, slowdown)
         if chosen is None:
             continue
         offered[offered.index(chosen)] = replace(
@@ -633,6 +626,17 @@ def _pack_shared(
     return _Sharing(starts=tuple(starts), kept=kept, policy_nodes=policy_nodes)
 
 
+def _allowed_devices(
+    job: JobRecord, devices: Sequence[SharedDevice], nodes: Sequence[NodeSnapshot]
+) -> list[SharedDevice]:
+    """The shared devices on nodes the job's constraint allows."""
+    allowed = allowed_nodes(job, nodes)
+    if allowed is None:
+        return list(devices)
+    names = {nodes[i].name for i in allowed}
+    return [device for device in devices if device.key[0] in names]
+
+
 def _pack_onto_new_hosts(
     candidates: Sequence[JobRecord],
     allocations: dict[int, Allocation],
@@ -649,14 +653,7 @@ def _pack_onto_new_hosts(
     queued = [job for job in candidates if job.spec.shared and job.state not in PLACED_STATES]
     for job in sorted(queued, key=lambda j: (-j.priority, j.id)):
         need = job.spec.gpu_memory or 0
-        allowed = allowed_nodes(job, nodes)
-        usable = [
-            h
-            for h in hosts
-            if allowed is None
-            or any(i in allowed for i, node in enumerate(nodes) if node.name == h.key[0])
-        ]
-        chosen = choose_shared_device(usable, need, slowdown)
+        chosen = choose_shared_device(_allowed_devices(job, hosts, nodes), need, slowdown)
         if chosen is not None:
             hosts[hosts.index(chosen)] = replace(
                 chosen, jobs=chosen.jobs + 1, used=chosen.used + need
