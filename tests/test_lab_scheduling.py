@@ -334,3 +334,21 @@ def test_default_and_longest_time_limits_restart_and_edit(root: Path) -> None:
             proc.client.call(api.Restart(id=submit(proc, [ok], root, hold=True)))
     finally:
         proc.stop()
+
+
+def test_cancel_array_reaches_restarted_tasks_and_an_empty_cancel_is_refused(
+    daemon: DaemonProcess, root: Path
+) -> None:
+    quick = script(root, "quick.sh", "exit 0\n")
+    ids = daemon.client.call(
+        api.Submit(argv=[quick], workdir=str(root), array=[api.ArrayTask(index=i) for i in (0, 1)])
+    ).ids
+    for job_id in ids:
+        wait_state(daemon, job_id, "succeeded")
+    again = daemon.client.call(api.Restart(id=ids[1], hold=True)).id
+    assert show(daemon, again).array_id == ids[0]  # still a task of its array
+    reply = daemon.client.call(api.Cancel(arrays=[ids[0]]))
+    assert reply.cancelled == [again]
+    assert sorted(s.id for s in reply.skipped) == sorted(ids)
+    with pytest.raises(api.InvalidRequest, match="name at least one job or array"):
+        daemon.client.call(api.Cancel())

@@ -730,6 +730,16 @@ class StateStore:
         )
         return cursor.rowcount > 0
 
+    def array_tasks(self, array_id: int) -> list[JobRecord]:
+        """Every task of the array whose first task is job ``array_id`` (restarted tasks
+        included), in id order, without environments."""
+        rows = self.db.execute(
+            f"SELECT {_COLUMNS_WITHOUT_ENV} FROM jobs WHERE id >= ?"
+            " AND json_extract(spec, '$.array_id') = ? ORDER BY id",
+            (array_id, str(array_id)),
+        ).fetchall()
+        return [_row_to_job(row) for row in rows]
+
     def states_of(self, ids: Iterable[int]) -> dict[int, JobState]:
         """The current state of each job that exists among ``ids``."""
         wanted = sorted(set(ids))

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import sqlite3
 
-from pollux_local.api.errors import Conflict, InternalError, NotFound
+from pollux_local.api.errors import Conflict, InternalError, InvalidRequest, NotFound
 from pollux_local.api.messages import (
     Cancel,
     CancelReply,
@@ -59,22 +59,19 @@ async def stop_as(ctx: Context, job: JobRecord, state: JobState, verb: str) -> N
 
 
 def array_tasks(ctx: Context, array_id: str) -> list[JobRecord]:
-    """Every task of an array: the job ``array_id`` (its first task) and the jobs after it
-    tagged with it (an array's tasks are inserted together, so their ids follow each other)."""
+    """Every task of an array: the job ``array_id`` (its first task) and every job tagged
+    with it (restarted tasks too)."""
     first = ctx.job(array_id)
     if first.spec.array_id != first.job_id:
         raise NotFound(f"job {array_id} is not an array (cancel it by its id)")
-    tasks = [first]
-    while True:
-        task = ctx.store.get_job(tasks[-1].id + 1)
-        if task is None or task.spec.array_id != first.job_id:
-            return tasks
-        tasks.append(task)
+    return ctx.store.array_tasks(first.id)
 
 
 async def cancel(ctx: Context, request: Cancel) -> CancelReply:
     """Cancel every job named, or none: an unknown id or a job the caller may not change
     refuses the whole request.  Jobs already finished are listed as skipped."""
+    if not request.ids and not request.arrays:
+        raise InvalidRequest("cancel: name at least one job or array")
     jobs = [ctx.job(job_id) for job_id in request.ids]
     listed = {job.id for job in jobs}
     for array_id in request.arrays:
