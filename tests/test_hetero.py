@@ -187,6 +187,28 @@ def test_a_running_job_moves_to_a_faster_type_only_when_it_pays(age_s: float, mo
     assert types_used(decision.placements["a"], nodes) == expected
 
 
+@pytest.mark.parametrize(("payback_margin", "grows"), [(6.0, True), (24.0, False)])
+def test_a_resize_within_its_type_pays_back_by_the_untyped_margin(
+    payback_margin: float, grows: bool
+) -> None:
+    """Growing from 2 to 8 devices on the type it runs on is weighed with ``payback_margin``
+    (not ``type_payback_margin``, kept at 24): at this age it pays back 6 times, not 24."""
+    nodes = typed_nodes([("a", 1, 8), ("b", 1, 8)])
+    job = JobView(
+        id="x",
+        models_by_type={"a": model(), "b": model()},
+        type_rates={"a": 1.0, "b": 1.0},
+        max_profiled_replicas=2,
+        placement=(2, 0),
+        age_s=300.0,
+        run_time_s=300.0,
+        restart_cost_s=30.0,
+    )
+    policy = GoodputPolicy(payback_margin=payback_margin, type_payback_margin=24.0)
+    decision = policy.decide([job], nodes, 0.0, np.random.default_rng(0))
+    assert decision.placements["x"] == ((8, 0) if grows else (2, 0))
+
+
 def test_one_device_type_decides_exactly_as_untyped() -> None:
     rng = np.random.default_rng(5)
     jobs = [

@@ -112,7 +112,7 @@ _MAX_SPREAD_TRIES = 8
 
 #: Per-job quantities shared by the device types of a cluster (owner weights, fair shares in
 #: devices, service weights, whether the job runs on another type, in the jobs' order) and the
-#: payback margin there.
+#: payback margin of a change within a type (a move between types uses ``type_margin``).
 _Shares = tuple[np.ndarray, np.ndarray, np.ndarray, Sequence[bool], float]
 
 
@@ -278,8 +278,10 @@ class GoodputPolicy:
     strongly jobs expected to finish sooner are favoured (0: plain p-mean); ``payback_margin``
     (m) how many times over a change must earn back its restart cost; ``type_aware`` whether
     it chooses a device type per job on a cluster of several types (off: every device counts
-    alike, a job's single model serves all types); ``type_payback_margin`` is m there (24:
-    restarts there lose more, and the value was chosen on held-out heterogeneous traces).
+    alike, a job's single model serves all types); ``type_payback_margin`` is m for a move to
+    another device type (24: such a move is a restart on a model predicted from another type,
+    and the value was chosen on held-out heterogeneous traces); a change of count within a
+    type keeps ``payback_margin``.
     """
 
     name = "goodput"
@@ -319,7 +321,7 @@ class GoodputPolicy:
             raise ValueError(f"payback margin must be at least 1, got {type_payback_margin}")
         #: choose each job's device type on a cluster of several types (else: all one pool)
         self.type_aware = bool(type_aware)
-        #: the payback margin on a cluster of several device types
+        #: the payback margin of a move to another device type
         self.type_margin = float(type_payback_margin)
         if not self.type_aware:
             self.name = "goodput-unaware"
@@ -447,7 +449,7 @@ class GoodputPolicy:
                 for j, job in enumerate(shared)
             ]
             moving = [0 <= current[j] != ti for j in range(len(shared))]
-            shares = (weights, np.minimum(fair, capacity[ti]), ones, moving, self.type_margin)
+            shares = (weights, np.minimum(fair, capacity[ti]), ones, moving, self.payback_margin)
             plans = self._build_plans(views, sizes, capacity[ti], min_nodes_t, shares)
             for view, pl in zip(views, plans, strict=True):
                 if view.allowed_nodes is not None and not view.allowed_nodes:
@@ -733,7 +735,10 @@ class GoodputPolicy:
             goodput = self._goodput_table(job, min_nodes, table_len)
             fair_goodput = self._fair_goodput(goodput, float(fair[index]))
             foreign = moving is not None and moving[index]  # runs on another device type
-            discount = self._discount(job, margin) if current_k > 0 or foreign else 1.0
+            if foreign:  # a move to another device type
+                discount = self._discount(job, self.type_margin)
+            else:
+                discount = self._discount(job, margin) if current_k > 0 else 1.0
             speedup = goodput[: cap + 1] / fair_goodput
             weight = float(weights[index] * service[index])
             utility = weight * _utility(speedup, self.p)
