@@ -309,6 +309,13 @@ def test_edit_requests() -> None:
     command = edit("12", "--priority", "1", "--", SLEEP, "--flag", "7")
     assert command.argv == [SLEEP, "--flag", "7"] and command.priority == 1
 
+    # the common options after the id too, as before it
+    args = build_parser().parse_args(
+        ["edit", "12", "--priority", "1", "--state-dir", "/s", "--json"]
+    )
+    late = edit_request(args)
+    assert (late.priority, args.state_dir, args.json) == (1, "/s", True)
+
 
 def test_edit_mistakes_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert "nothing to change" in one_line(capsys, "edit", "12")

@@ -123,7 +123,13 @@ def edit_request(args: argparse.Namespace) -> Edit:
         cut = rest.index("--")
         rest, command = rest[:cut], rest[cut + 1 :]
     if rest:
-        late = argparse.ArgumentParser(prog="pollux-local edit", usage=EDIT_USAGE, add_help=False)
+        # the same options as before the id, the common ones (--state-dir, --json) included
+        late = argparse.ArgumentParser(
+            prog="pollux-local edit",
+            usage=EDIT_USAGE,
+            add_help=False,
+            parents=[state_dir_parser(), json_parser()],
+        )
         add_edit_options(late)
         for action in late._actions:
             action.default = argparse.SUPPRESS  # only what is given here is set
