@@ -105,3 +105,43 @@ def test_a_user_at_the_cap_waits_while_another_users_jobs_start(
         wait_until(lambda: job(daemon, str(waiting["id"]))["state"] == "running", 30, "the third")
     finally:
         daemon.stop()
+
+
+def test_another_user_cannot_edit_restart_cancel_an_array_or_drain(
+    lab_install: LabInstall, pair: tuple[LabUser, LabUser], base: Path
+) -> None:
+    owner, other = pair
+    daemon = start(lab_install, base, "max_priority = 0")
+    try:
+        quick = base / "quick.sh"
+        quick.write_text("#!/bin/sh\nexit 0\n")
+        quick.chmod(0o755)
+        held = submit(owner, daemon, base, "--hold", str(quick))
+        ran = submit(owner, daemon, base, str(quick))
+        tasks = submit(owner, daemon, base, "--hold", "--array", "0-1", str(quick))
+        wait_until(lambda: job(daemon, ran)["state"] == "succeeded", 30, "the job to end")
+        state = ["--state-dir", str(daemon.state_dir)]
+        attempts = {
+            "edit": other.cli("edit", held, "--priority", "-1", *state),
+            "edit command": other.cli("edit", held, *state, "--", "/bin/sh", "-c", "id"),
+            "restart": other.cli("restart", ran, *state),
+            "cancel --array": other.cli("cancel", "--array", tasks, *state),
+            "drain": other.cli("drain", "cpu:0", *state),
+        }
+        for what, done in attempts.items():
+            assert done.returncode != 0, what
+            assert "permission denied" in done.stderr, (what, done.stderr)
+            assert len(done.stderr.strip().splitlines()) == 1, (what, done.stderr)
+        # nothing changed: the held job keeps its command and priority, no copy was made, the
+        # array is still held and no device is drained
+        shown = job(daemon, held)
+        assert shown["argv"] == [str(quick)] and shown["priority"] == 0
+        assert len(daemon.client.request("status")["jobs"]) == 4
+        assert job(daemon, tasks)["state"] == "held"
+        assert daemon.client.request("nodes")["nodes"][0]["withheld"] == []
+        # the owner may
+        done = owner.cli("edit", held, "--priority", "-1", *state)
+        assert done.returncode == 0, done.stderr
+        assert job(daemon, held)["priority"] == -1
+    finally:
+        daemon.stop()
