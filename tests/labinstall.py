@@ -16,7 +16,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -184,6 +184,20 @@ class LabUser:
         self.kill_processes()
         subprocess.run(["userdel", "-r", self.name], capture_output=True, timeout=30)
         self.removed = True
+
+
+@contextlib.contextmanager
+def two_users(lab: LabInstall, first: str, second: str) -> Iterator[tuple[LabUser, LabUser]]:
+    """Two users made for a test module (``first``/``second``: name stems), both removed at
+    the end, even when making the second one failed."""
+    made: list[LabUser] = []
+    try:
+        made.append(LabUser(lab, first))
+        made.append(LabUser(lab, second))
+        yield made[0], made[1]
+    finally:
+        for user in made:
+            user.remove()
 
 
 # --- the daemon ------------------------------------------------------------------------------

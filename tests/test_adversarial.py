@@ -45,6 +45,7 @@ from tests.labinstall import (
     LabUser,
     frame,
     one_line,
+    two_users,
     user_pids,
     wait_until,
     world_readable_tempdir,
@@ -81,14 +82,8 @@ sys.stdout.write(recv(int.from_bytes(recv(4), "big")).decode())
 
 @pytest.fixture(scope="module")
 def users(lab_install: LabInstall) -> Iterator[tuple[LabUser, LabUser]]:
-    made: list[LabUser] = []
-    try:
-        made.append(LabUser(lab_install, "pxalice"))
-        made.append(LabUser(lab_install, "pxbob"))
-        yield made[0], made[1]
-    finally:
-        for user in made:
-            user.remove()
+    with two_users(lab_install, "pxalice", "pxbob") as made:
+        yield made
 
 
 @pytest.fixture()

@@ -13,21 +13,22 @@ from pathlib import Path
 
 import pytest
 
-from tests.labinstall import LabDaemon, LabInstall, LabUser, wait_until, world_readable_tempdir
+from tests.labinstall import (
+    LabDaemon,
+    LabInstall,
+    LabUser,
+    two_users,
+    wait_until,
+    world_readable_tempdir,
+)
 
 pytestmark = [pytest.mark.timeout(120)]
 
 
 @pytest.fixture(scope="module")
 def pair(lab_install: LabInstall) -> Iterator[tuple[LabUser, LabUser]]:
-    made: list[LabUser] = []
-    try:
-        made.append(LabUser(lab_install, "pxcap"))
-        made.append(LabUser(lab_install, "pxfree"))
-        yield made[0], made[1]
-    finally:
-        for user in made:
-            user.remove()
+    with two_users(lab_install, "pxcap", "pxfree") as made:
+        yield made
 
 
 @pytest.fixture()
