@@ -12,15 +12,7 @@ from pollux_local.api.messages import JobSummary, NodeRow
 from pollux_local.api.states import JobState
 from pollux_local.cli.parsing import compress_indices
 from pollux_local.durations import format_duration
-
-_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """``text`` with every control character but the newline shown as an escape (``\\x1b``):
-    what a job controls (its command line, its last log line as a failure reason) must not
-    reach another user's terminal as escape sequences."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+from pollux_local.untrusted import printable
 
 
 def fmt(value: Any, spec: str = "", empty: str = "-") -> str:
