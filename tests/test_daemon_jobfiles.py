@@ -76,6 +76,18 @@ def test_names_cannot_leave_the_directory(job_dir: Path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own files as another uid")
 def test_a_file_of_another_user_is_refused(job_dir: Path) -> None:
+    os.chown(job_dir, 54321, 54321)
     os.chown(job_dir / "rank0.log", 12345, 12345)
     with pytest.raises(UnsafeJobFile, match="uid 12345"):
         read_job_file(job_dir, "rank0.log", 54321)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own files as another uid")
+def test_a_file_of_the_root_daemon_in_a_users_job_directory_is_refused(job_dir: Path) -> None:
+    # the job runs as 54321: a root-owned file there was put there, not written by the job
+    os.chown(job_dir, 54321, 54321)
+    assert (job_dir / "rank0.log").stat().st_uid == 0
+    with pytest.raises(UnsafeJobFile, match="uid 0"):
+        read_job_file(job_dir, "rank0.log", 54321)
+    with pytest.raises(UnsafeJobFile, match="uid 0"):
+        read_job_file(job_dir.parent, "7", 54321)  # nor a directory the job's user does not own

@@ -5,13 +5,14 @@ A job's directory (``STATE_DIR/jobs/<id>``) belongs to the job's user: anything 
 delivers, a hard link, a device or a 10 GB file by the time the daemon (possibly root) reads
 it.  So every read goes through :func:`open_job_file`:
 
-* the directory is opened with ``O_DIRECTORY | O_NOFOLLOW`` and must be a directory whose
-  owner is the job's user or the daemon's own user (``jobs/`` itself is the daemon's, so the
-  user cannot swap the directory);
+* the directory is opened with ``O_DIRECTORY | O_NOFOLLOW`` and must be a directory of the
+  user the job runs as (:func:`runs_as`; ``jobs/`` itself is the daemon's, so the user cannot
+  swap the directory);
 * the file is opened relative to it (``openat``) with ``O_NOFOLLOW | O_NONBLOCK | O_NOCTTY``
   (a symlink fails, a FIFO does not block);
-* ``fstat`` of the open descriptor must show a regular file with one link, owned by the job's
-  user (or the daemon's), else :class:`UnsafeJobFile`;
+* ``fstat`` of the open descriptor must show a regular file with one link, owned by the user
+  the job runs as, and by no one else (under a root daemon not root: a root-only file moved
+  into the directory is not the job's), else :class:`UnsafeJobFile`;
 * reads are capped (``max_bytes``).
 
 The daemon never creates, chmods or chowns anything inside such a directory: it only makes
@@ -38,7 +39,17 @@ class UnsafeJobFile(OSError):
 
 
 def _trusted_owner(st_uid: int, owner_uid: int) -> bool:
+    """Whether a job directory found in place may be taken (:func:`make_owned_dir`): the
+    user's, or the daemon's own (made by it, not yet given away)."""
     return st_uid in (owner_uid, os.geteuid())
+
+
+def runs_as(owner_uid: int) -> int:
+    """The uid a job's processes run as, so the only owner of what they write: its owner's
+    under a root daemon, the daemon's own otherwise (a personal daemon runs every job as
+    itself).  A file of any other owner in a job's directory, the daemon's own under root
+    included, was put there, not written by the job."""
+    return owner_uid if os.geteuid() == 0 else os.geteuid()
 
 
 def _open_directory(path: Path, name: str | None = None, dir_fd: int | None = None) -> int:
@@ -60,7 +71,7 @@ def open_job_dir(path: Path, owner_uid: int) -> Iterator[int]:
     fd = _open_directory(path)
     try:
         info = os.fstat(fd)
-        if not _trusted_owner(info.st_uid, owner_uid):
+        if info.st_uid != runs_as(owner_uid):
             raise UnsafeJobFile(f"{path} belongs to uid {info.st_uid}, not to the job's user")
         yield fd
     finally:
@@ -88,7 +99,7 @@ def open_job_file(directory: Path, name: str, owner_uid: int) -> Iterator[tuple[
                 raise UnsafeJobFile(f"{directory / name} is not a regular file")
             if info.st_nlink != 1:
                 raise UnsafeJobFile(f"{directory / name} has {info.st_nlink} links")
-            if not _trusted_owner(info.st_uid, owner_uid):
+            if info.st_uid != runs_as(owner_uid):
                 raise UnsafeJobFile(
                     f"{directory / name} belongs to uid {info.st_uid}, not to the job's user"
                 )

@@ -255,13 +255,23 @@ class SshReplicaGroup:
     def _append_log(self, rank: int, data: bytes) -> None:
         """Append a remote rank's output to its local log, which lies in a directory the job's
         user can write: never following a symlink, never blocking on a FIFO, never writing
-        through a hard link (the daemon may be root).  An unsafe log loses the bytes."""
+        through a hard link or into a file the job's user does not own (the daemon may be
+        root).  A log the daemon makes is given to the job's user, as a local replica's own
+        log is theirs.  An unsafe log loses the bytes."""
         path = self._log_files.get(rank)
         if path is None:
             return
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+        flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        flags |= os.O_NOCTTY
+        owner = os.geteuid() if self.spec.run_as_uid is None else self.spec.run_as_uid
+        if os.geteuid() != 0:
+            owner = os.geteuid()  # a daemon that is not root runs every job as itself
         try:
-            fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOCTTY, 0o644)
+            try:
+                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+                created = True
+            except FileExistsError:
+                fd, created = os.open(path, flags), False
         except OSError as exc:
             log.warning("not writing to %s: %s", path, exc.strerror)
             return
@@ -269,6 +279,12 @@ class SshReplicaGroup:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
                 log.warning("not writing to %s: not a plain file", path)
+                return
+            if created and info.st_uid != owner:
+                folder = os.stat(path.parent, follow_symlinks=False)
+                os.fchown(fd, owner, folder.st_gid)
+            elif info.st_uid != owner:
+                log.warning("not writing to %s: it belongs to uid %d", path, info.st_uid)
                 return
             os.write(fd, data)
         finally:

@@ -1,0 +1,95 @@
+"""Files in a job's directory that the job did not write: the root daemon reads (``logs``, a
+failure's last line) and writes (an SSH job's local log) only files of the user the job runs as.
+
+* A root-only 0600 file that the job's owner moves into the job's directory (a file root left
+  in the owner's home, say) is not shown by ``logs``, to its owner or anyone.
+* The local log of a rank on an SSH node is created by the daemon and given to the job's user;
+  an existing file of another owner in its place (root's) is never appended to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from pathlib import Path
+
+import pytest
+
+from pollux_local.launch.base import LaunchSpec, ReplicaSlot
+from pollux_local.launch.ssh import SshReplicaGroup
+from tests.abuse.lab import TERMINAL, Lab, cli, submit, wait_state
+from tests.labinstall import LabUser, one_line
+
+pytestmark = [pytest.mark.timeout(90)]
+
+
+def test_logs_refuses_a_root_only_file_moved_into_the_job_directory(
+    lab: Lab, alice: LabUser, bob: LabUser
+) -> None:
+    daemon = lab.daemon()
+    job_id = submit(alice, daemon, lab, "--name", "mover", "/bin/sh", "-c", "echo hello")
+    wait_state(daemon, job_id, TERMINAL, 30)
+    log = daemon.state_dir / "jobs" / job_id / "rank0.log"
+    assert "hello" in cli(alice, daemon, "logs", job_id).stdout
+
+    # root leaves a 0600 file in alice's home; alice, who owns the home, may rename it
+    secret = "ROOTONLY-" + secrets.token_hex(8)
+    left = alice.home / "root-left-this"
+    left.write_text(secret + "\n")
+    left.chmod(0o600)
+    assert left.stat().st_uid == 0
+    moved = alice.run("mv", "-f", str(left), str(log))
+    assert moved.returncode == 0, moved.stderr
+    assert log.stat().st_uid == 0 and log.read_text().startswith(secret)
+
+    for user in (alice, bob):
+        done = cli(user, daemon, "logs", job_id)
+        assert secret not in done.stdout + done.stderr, "a root-only file was shown"
+        assert done.returncode != 0, f"logs of a root-owned file was not refused: {done.stdout!r}"
+        line = one_line(done.stderr)
+        assert "belongs to uid 0" in line and "rank 0 log" in line, line
+    # root's own request is refused the same way: the daemon reads only the job's files
+    with pytest.raises(Exception, match="belongs to uid 0") as refused:
+        daemon.client.request("logs", id=job_id)
+    assert secret not in str(refused.value)
+
+
+def _ssh_group(log_dir: Path, uid: int) -> SshReplicaGroup:
+    spec = LaunchSpec(
+        job_id="7",
+        argv=["/bin/true"],
+        workdir=log_dir,
+        env={},
+        slots=[ReplicaSlot(rank=0, node="n1", device="cpu:0", local_rank=0, node_rank=0)],
+        log_dir=log_dir,
+        run_as="someone",
+        run_as_uid=uid,
+    )
+    return SshReplicaGroup(spec, [], {0: log_dir / "rank0.log"}, failure_grace_s=1.0)
+
+
+def test_an_ssh_ranks_local_log_is_the_jobs_users_and_never_root_file(
+    lab: Lab, alice: LabUser
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the daemon writes the log of another user's job")
+    job_dir = lab.base / "ssh-job"
+    job_dir.mkdir()
+    os.chown(job_dir, alice.uid, alice.gid)
+
+    async def write(data: bytes) -> None:
+        _ssh_group(job_dir, alice.uid)._append_log(0, data)
+
+    asyncio.run(write(b"first line\n"))
+    log = job_dir / "rank0.log"
+    info = log.stat()
+    assert (info.st_uid, info.st_gid) == (alice.uid, alice.gid), "the log is not the job user's"
+    assert log.read_bytes() == b"first line\n"
+
+    # a root-owned file put in its place is left alone, not appended to
+    log.unlink()
+    log.write_text("root's\n")
+    os.chown(log, 0, 0)
+    asyncio.run(write(b"more output\n"))
+    assert log.read_text() == "root's\n"
