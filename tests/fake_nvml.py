@@ -63,7 +63,8 @@ class NVMLError(Exception):
 @dataclass
 class FakeProcess:
     pid: int
-    used_bytes: int
+    #: ``None``: NVML cannot tell (pynvml gives ``None`` for its 'not available' value)
+    used_bytes: int | None
 
 
 @dataclass
@@ -77,7 +78,7 @@ class FakeGpu:
 
     @property
     def used_bytes(self) -> int:
-        return sum(proc.used_bytes for proc in self.processes)
+        return sum(proc.used_bytes or 0 for proc in self.processes)
 
 
 @dataclass
@@ -146,7 +147,7 @@ class _Memory:
 @dataclass(frozen=True)
 class _Process:
     pid: int
-    usedGpuMemory: int  # noqa: N815 - pynvml's name
+    usedGpuMemory: int | None  # noqa: N815 - pynvml's name
 
 
 def fake_module(box: FakeBox | None = None, load: Any = None) -> types.ModuleType:

@@ -119,6 +119,34 @@ def test_processes_outside_the_scheduler_make_their_gpu_busy(box: FakeBox) -> No
     assert box.calls["init"] == box.calls["shutdown"]
 
 
+def test_an_idle_cuda_context_alone_does_not_make_a_gpu_busy(box: FakeBox) -> None:
+    # any process that merely initialised CUDA there (a notebook, a monitoring tool) holds a
+    # few hundred MiB: below [devices] busy_memory (1 GiB) the GPU stays the scheduler's
+    box.gpus[0].processes.append(FakeProcess(9, 300 * MIB))
+    assert gpus.processes_outside(set()) == {3: [4242]}
+    assert config.busy_gpus(set()) == {"cuda:3"}
+    # two small ones that add up to the threshold do make it busy; so does a lower threshold
+    box.gpus[0].processes.append(FakeProcess(10, GIB - 300 * MIB))
+    assert gpus.processes_outside(set()) == {0: [9, 10], 3: [4242]}
+    assert config.busy_gpus({10}, min_bytes=256 * MIB) == {"cuda:0", "cuda:3"}
+    assert config.busy_gpus({10}) == {"cuda:3"}
+
+
+def test_a_process_whose_memory_nvml_cannot_tell_makes_its_gpu_busy(box: FakeBox) -> None:
+    box.gpus[1].processes.append(FakeProcess(11, None))
+    assert gpus.processes_outside(set()) == {1: [11], 3: [4242]}
+
+
+def test_busy_memory_is_read_from_the_config(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('[devices]\nbusy_memory = "512M"\n')
+    assert config.load_config(path, devices="cpu:1").busy_memory == 512 * MIB
+    assert config.load_config(None, devices="cpu:1").busy_memory == GIB
+    path.write_text('[devices]\nbusy_memory = "lots"\n')
+    with pytest.raises(PolluxError, match=r"\[devices\] busy_memory: not a size"):
+        config.load_config(path, devices="cpu:1")
+
+
 def test_free_memory_of_one_gpu(box: FakeBox) -> None:
     assert gpus.free_memory(3) == 15360 * MIB - 2 * GIB
     assert gpus.free_memory(0) == 40960 * MIB
@@ -298,7 +326,9 @@ class FakeGpuDaemon(DaemonProcess):
 @pytest.fixture(scope="module")
 def gpu_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGpuDaemon]:
     root = tmp_path_factory.mktemp("fakegpu")
-    box_file = FakeBox.mixed().write(root / "box.json")
+    box = FakeBox.mixed()
+    box.gpus[0].processes.append(FakeProcess(4343, 300 * MIB))  # an idle CUDA context
+    box_file = box.write(root / "box.json")
     config_file = root / "config.toml"
     config_file.write_text(
         '[scheduler]\npolicy = "fifo"\ninterval_s = 0.3\n\n[daemon]\nstop_grace_s = 2\n'
@@ -326,6 +356,7 @@ def test_a_real_daemon_shows_the_mixed_box_as_typed_nodes(gpu_daemon: FakeGpuDae
     rows = {row["name"]: row for row in json.loads(done.stdout)["nodes"]}
     assert set(rows) == {HOST, f"{HOST}-t4"}
     assert rows[HOST]["device_type"] == "a100-40gb"
+    # the idle context on cuda:0 (300 MiB, below [devices] busy_memory) leaves it free
     assert rows[HOST]["devices"] == ["cuda:0", "cuda:1"] and rows[HOST]["busy"] == []
     assert rows[f"{HOST}-t4"]["device_type"] == "t4"
     assert rows[f"{HOST}-t4"]["devices"] == ["cuda:2", "cuda:3", "cuda:4", "cuda:5"]

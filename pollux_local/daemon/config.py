@@ -41,6 +41,7 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
 
     [devices]
     reserved = ["cuda:3", "box2:cuda:0"]  # never given to a job (this machine's, or NODE:DEV)
+    busy_memory = "1G"   # outside processes using this much of a GPU's memory make it busy
 
     [notify]
     command = "notify-send \"$POLLUX_JOB_NAME $POLLUX_JOB_STATE\""  # run as the job's owner
@@ -135,6 +136,8 @@ class DaemonConfig:
     max_time_s: float | None = None
     #: devices never given to a job, as ``node:device``
     reserved: tuple[str, ...] = ()
+    #: a GPU counts as busy when processes outside the scheduler use this much of its memory
+    busy_memory: int = gpus.DEFAULT_BUSY_BYTES
     #: a shell command run as a job's owner when it ends (``notify_on`` ``failure``: only when
     #: it failed), and whether to send a desktop notification too
     notify_command: str | None = None
@@ -275,7 +278,7 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
             "max_time",
         }
     ),
-    "devices": frozenset({"reserved"}),
+    "devices": frozenset({"reserved", "busy_memory"}),
     "notify": frozenset({"command", "on", "desktop"}),
     "metrics": frozenset({"prometheus"}),
 }
@@ -481,12 +484,24 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
         default_time_s=default_time,
         max_time_s=max_time,
         reserved=reserved_devices(devices_table.get("reserved", []), nodes, where),
+        busy_memory=_size(devices_table, "busy_memory", gpus.DEFAULT_BUSY_BYTES, where),
         notify_command=notify_command,
         notify_on=notify_on,
         notify_desktop=desktop,
         prometheus=prometheus,
         source=where,
     )
+
+
+def _size(table: dict[str, Any], key: str, default: int, where: str) -> int:
+    """A size in bytes written as people do (``"1G"``, ``"512M"``, or a number of bytes)."""
+    raw = table.get(key)
+    if raw is None:
+        return default
+    try:
+        return parse_size(raw)
+    except SizeError as exc:
+        raise PolluxError(f"{where}: [devices] {key}: {exc}") from None
 
 
 def _optional_whole(table: dict[str, Any], key: str, where: str) -> int | None:
@@ -540,6 +555,7 @@ def reserved_devices(raw: Any, nodes: Sequence[NodeConfig], where: str) -> tuple
     return tuple(dict.fromkeys(resolved))
 
 
-def busy_gpus(own_pids: set[int]) -> set[str]:
-    """GPUs of this machine running compute processes that are not the scheduler's."""
-    return {f"cuda:{index}" for index in gpus.processes_outside(own_pids)}
+def busy_gpus(own_pids: set[int], min_bytes: int = gpus.DEFAULT_BUSY_BYTES) -> set[str]:
+    """GPUs of this machine where compute processes that are not the scheduler's use at least
+    ``min_bytes`` (``[devices] busy_memory``) of memory together."""
+    return {f"cuda:{index}" for index in gpus.processes_outside(own_pids, min_bytes)}

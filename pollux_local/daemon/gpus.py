@@ -3,7 +3,8 @@
 Three questions, each answered in one NVML session (``nvmlInit`` ... ``nvmlShutdown``):
 
 * :func:`discover`: which GPUs there are (index, name, UUID, memory, device type);
-* :func:`processes_outside`: which run compute processes the scheduler did not start;
+* :func:`processes_outside`: which are kept busy by compute processes the scheduler did not
+  start (by the memory those use: an idle CUDA context alone does not make a GPU busy);
 * :func:`free_memory`: how much memory one of them has free now.
 
 ``pynvml`` is imported when a question is asked (``importlib.import_module``, so a test can put
@@ -115,8 +116,27 @@ def discover() -> list[GpuInfo]:
     return found
 
 
-def processes_outside(own_pids: Collection[int]) -> dict[int, list[int]]:
-    """The GPUs (by index) running compute processes not in ``own_pids``, with those pids."""
+#: Memory that processes outside the scheduler must use on a GPU, together, before it counts
+#: as busy (``[devices] busy_memory``): an idle CUDA context holds a few hundred MiB, a
+#: process that computes there holds more.
+DEFAULT_BUSY_BYTES = 1 << 30
+
+
+def _used_bytes(proc: Any) -> int | None:
+    """A process's memory on a GPU, or ``None`` where NVML cannot tell (it then gives
+    ``None`` or its 'not available' value)."""
+    used = getattr(proc, "usedGpuMemory", None)
+    if not isinstance(used, int) or used < 0 or used >= (1 << 63):
+        return None
+    return used
+
+
+def processes_outside(
+    own_pids: Collection[int], min_bytes: int = DEFAULT_BUSY_BYTES
+) -> dict[int, list[int]]:
+    """The GPUs (by index) that compute processes not in ``own_pids`` keep busy, with those
+    pids: busy when their memory there adds up to at least ``min_bytes`` (a process whose
+    memory NVML cannot tell counts as ``min_bytes``: busy, since it may be computing)."""
     own = set(own_pids)
     outside: dict[int, list[int]] = {}
     with _session() as nvml:
@@ -125,13 +145,17 @@ def processes_outside(own_pids: Collection[int]) -> dict[int, list[int]]:
         for index in range(_count(nvml)):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                pids = sorted({int(proc.pid) for proc in procs} - own)
+                procs = [
+                    p for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                    if int(p.pid) not in own
+                ]  # fmt: skip
             except Exception as exc:  # no information: not counted busy
                 log.debug("NVML cannot list the processes of GPU %d: %s", index, exc)
                 continue
-            if pids:
-                outside[index] = pids
+            used = [_used_bytes(p) for p in procs]
+            total = sum(min_bytes if u is None else u for u in used)
+            if procs and total >= min_bytes:
+                outside[index] = sorted({int(p.pid) for p in procs})
     return outside
 
 
