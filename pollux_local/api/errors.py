@@ -11,6 +11,7 @@
     ├── Conflict                     the job is in a state that does not allow it
     ├── LimitExceeded                a cap was reached (connections, bytes in flight, ...)
     └── InternalError                the daemon failed on a request (a bug: see its log)
+        └── StateDiskFull            the daemon's state disk is full: nothing could be stored
 
 The daemon replies ``{"v": 1, "ok": false, "code": CODE, "error": "one line"}``; the client
 raises the class whose ``code`` matches (:func:`error_for_code`).
@@ -77,6 +78,14 @@ class InternalError(PolluxError):
     code = "internal"
 
 
+class StateDiskFull(InternalError):
+    """The filesystem of the daemon's state is full: the request could not be stored (nothing
+    of it was); reads still work, and the daemon records what it could not once there is
+    room again."""
+
+    code = "state_disk_full"
+
+
 _BY_CODE: dict[str, type[PolluxError]] = {
     cls.code: cls
     for cls in (
@@ -89,6 +98,7 @@ _BY_CODE: dict[str, type[PolluxError]] = {
         Conflict,
         LimitExceeded,
         InternalError,
+        StateDiskFull,
     )
 }
 

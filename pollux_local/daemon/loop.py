@@ -10,9 +10,11 @@ jobs take the daemon's one mutex in turn.
 A job's ``report.json`` is read through :mod:`.jobfiles` as the job's owner's plain file (a
 symlink, FIFO or hard link there is skipped with one logged line, never read or waited on).  A
 database write that fails during a pass (``sqlite3.Error``: a full disk, say) is logged and the
-pass retried after :data:`RETRY_S`; replica groups the store no longer records as placed are
-stopped first (:meth:`SchedulingLoop.reconcile`), so that no process holds a device the store
-thinks is free.
+pass retried after a back-off that doubles from :data:`RETRY_FIRST_S` up to :data:`RETRY_S`
+(wake-ups and time limits do not shorten it, so a full disk costs one pass and one log line
+every few seconds); replica groups the store no longer records as placed are stopped first
+(:meth:`SchedulingLoop.reconcile`), so that no process holds a device the store thinks is
+free.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ log = logging.getLogger("pollux_local.daemon")
 COALESCE_S = 0.02
 #: The states whose jobs a pass looks at (held and finished jobs are left alone).
 SCHEDULED_STATES = (JobState.QUEUED, JobState.RUNNING, JobState.RESCALING)
-#: After a pass failed to write the database, the next one comes this soon (at the latest).
+#: After a pass failed to write the database, the next one waits this long at first, twice as
+#: long after each further failure, at most :data:`RETRY_S`.
+RETRY_FIRST_S = 0.5
 RETRY_S = 5.0
 
 
@@ -114,6 +118,12 @@ def node_snapshot(
     ]
 
 
+def _error_line(exc: sqlite3.Error) -> str:
+    """A failed write as one log line (a full disk says so itself)."""
+    text = " ".join(str(exc).split())
+    return text if text.startswith("state disk full") else f"database error ({text})"
+
+
 class Announcer(Protocol):
     """What announces job ends (``notify.Notifier``)."""
 
@@ -154,6 +164,8 @@ class SchedulingLoop:
         self.ticks = 0
         #: database writes that failed in passes (each logged; the pass was retried)
         self.write_failures = 0
+        #: the current back-off after failed writes (0: the last pass wrote)
+        self.retry_s = 0.0
         #: announces job ends after each pass (``notify.Notifier``; ``None``: nobody)
         self.notifier: Announcer | None = None
 
@@ -165,19 +177,25 @@ class SchedulingLoop:
         and the next one runs as usual."""
         wait_s = self.config.interval_s
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait_s)
+            if self.retry_s > 0:  # backing off: no wake-up shortens it
+                await asyncio.sleep(wait_s)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait_s)
             await asyncio.sleep(COALESCE_S)
             self._wake.clear()
             wait_s = self.config.interval_s
             try:
                 await self.schedule_once()
+                self.retry_s = 0.0
             except asyncio.CancelledError:
                 raise
             except sqlite3.Error as exc:
                 self.write_failures += 1
-                log.error("scheduling pass: database error (%s); retrying in %g s", exc, RETRY_S)
-                wait_s = min(self.config.interval_s, RETRY_S)
+                self.retry_s = min(RETRY_S, max(RETRY_FIRST_S, 2 * self.retry_s))
+                log.error("scheduling pass: %s; retrying in %g s", _error_line(exc), self.retry_s)
+                wait_s = self.retry_s
+                continue
             except Exception:
                 log.exception("scheduling pass failed")
             deadline = self.next_time_limit()

@@ -24,19 +24,21 @@ healthy database is left alone.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import sqlite3
 import stat
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from pollux_local.api import errors as api_errors
 from pollux_local.api.errors import PolluxError
 from pollux_local.api.spec import JobSpec, decode_spec
 from pollux_local.api.states import ACTIVE_STATES, TERMINAL_STATES, JobState
@@ -49,6 +51,7 @@ __all__ = [
     "TERMINAL_STATES",
     "JobRecord",
     "JobState",
+    "StateDiskFull",
     "StateError",
     "StateStore",
     "open_state",
@@ -64,6 +67,53 @@ class StateError(PolluxError):
     """The state database cannot be used as it is (damaged, from a newer version, missing
     where one is expected, not a plain file); the message is one line naming the file and
     what to do."""
+
+
+#: SQLite's primary result code for a full disk (``SQLITE_FULL``).
+SQLITE_FULL = 13
+
+
+class StateDiskFull(api_errors.StateDiskFull, sqlite3.OperationalError):
+    """A write refused because the state database's filesystem is full.  Still an
+    ``sqlite3.Error`` (every path that handles a failed write handles it) and an
+    ``InternalError`` the client gets as ``state disk full: ...`` (one line)."""
+
+
+def disk_full_error(exc: sqlite3.Error, path: Path) -> sqlite3.Error:
+    """The one classification of SQLite's errors: a full disk (``SQLITE_FULL``, "database or
+    disk is full") becomes :class:`StateDiskFull` naming the state directory and its free
+    space; any other error is returned as it is."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    full = (isinstance(code, int) and code & 0xFF == SQLITE_FULL) or "disk is full" in str(exc)
+    if not full or isinstance(exc, StateDiskFull):
+        return exc
+    try:
+        fs = os.statvfs(path.parent)
+        left = f"{fs.f_bavail * fs.f_frsize // 1024} KiB left"
+    except OSError:
+        left = "free space unknown"
+    return StateDiskFull(
+        f"state disk full: the filesystem of {path.parent} ({left}) cannot take the write;"
+        " nothing of this request was stored; free space there and try again"
+    )
+
+
+class _Connection(sqlite3.Connection):
+    """A connection whose statements raise :class:`StateDiskFull` for a full disk."""
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        try:
+            return super().execute(sql, parameters)
+        except sqlite3.Error as exc:
+            raise disk_full_error(exc, Path(self._state_path)) from exc
+
+    def executescript(self, sql_script: str, /) -> sqlite3.Cursor:
+        try:
+            return super().executescript(sql_script)
+        except sqlite3.Error as exc:
+            raise disk_full_error(exc, Path(self._state_path)) from exc
+
+    _state_path = "."
 
 
 _SCHEMA_V1 = """
@@ -378,7 +428,10 @@ class StateStore:
         self.path = path
         create_private_file(path)
         try:
-            self.db = sqlite3.connect(str(path), isolation_level=None, timeout=30.0)
+            self.db = sqlite3.connect(
+                str(path), isolation_level=None, timeout=30.0, factory=_Connection
+            )
+            self.db._state_path = str(path)
         except sqlite3.Error as exc:
             raise StateError(f"cannot open the state database {path}: {exc}") from None
         try:
@@ -457,6 +510,21 @@ class StateStore:
     def close(self) -> None:
         self.db.close()
 
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``; on any failure the transaction is rolled back
+        if it is still open (a ``COMMIT`` refused for a full disk has already ended it) and
+        the original error is raised, never one of the rollback's."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self.db.execute("COMMIT")
+        except BaseException:
+            if self.db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    self.db.execute("ROLLBACK")
+            raise
+
     # --- jobs ---------------------------------------------------------------------------
 
     def add_job(
@@ -508,8 +576,7 @@ class StateStore:
         ids: list[int] = []
         self.db.execute("PRAGMA synchronous=FULL")
         try:
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
+            with self.transaction():
                 for job_name, spec in zip(name, specs, strict=True):
                     cursor = self.db.execute(
                         "INSERT INTO jobs (name, owner_uid, owner_gid, owner_name, state, spec,"
@@ -533,10 +600,6 @@ class StateStore:
                         self.db.execute(
                             "UPDATE jobs SET spec = ? WHERE id = ?", (tagged.to_json(), job_id)
                         )
-                self.db.execute("COMMIT")
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
         finally:
             self.db.execute("PRAGMA synchronous=NORMAL")
         jobs = [self.get_job(job_id) for job_id in ids]
@@ -638,8 +701,7 @@ class StateStore:
             return
         # A job's end and its entry in the outbox of ends (notifications) are one transaction:
         # an end is never recorded without being announced, nor announced twice.
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
+        with self.transaction():
             before = self.db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
             self.db.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values, job_id))
             if before is not None and JobState(before[0]) not in TERMINAL_STATES:
@@ -657,10 +719,6 @@ class StateStore:
                         str(reason),
                     ),
                 )
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
 
     # --- the outbox of job ends -----------------------------------------------------------
 
@@ -682,8 +740,39 @@ class StateStore:
             for row in rows
         ]
 
-    def mark_announced(self, seq: int) -> None:
-        self.db.execute("UPDATE job_ends SET notified = 1 WHERE id = ?", (seq,))
+    def pending_ends_by_owner(self, per_owner: int) -> dict[int, tuple[int, list[JobEnd]]]:
+        """Job ends not yet announced, by the uid of the job's owner: ``(how many are
+        pending, the oldest per_owner of them)``, so that one owner's many ends never hide
+        another's."""
+        rows = self.db.execute(
+            "SELECT id, job_id, time, state, reason, owner_uid, rank, pending FROM ("
+            " SELECT e.id, e.job_id, e.time, e.state, e.reason, j.owner_uid,"
+            "  ROW_NUMBER() OVER (PARTITION BY j.owner_uid ORDER BY e.id) AS rank,"
+            "  COUNT(*) OVER (PARTITION BY j.owner_uid) AS pending"
+            " FROM job_ends e JOIN jobs j ON j.id = e.job_id WHERE e.notified = 0"
+            ") WHERE rank <= ? ORDER BY id",
+            (per_owner,),
+        ).fetchall()
+        by_owner: dict[int, tuple[int, list[JobEnd]]] = {}
+        for row in rows:
+            end = JobEnd(
+                seq=int(row[0]),
+                job_id=int(row[1]),
+                time=float(row[2]),
+                state=JobState(row[3]),
+                reason=str(row[4]),
+            )
+            by_owner.setdefault(int(row[5]), (int(row[7]), []))[1].append(end)
+        return by_owner
+
+    def mark_announced(self, *seqs: int) -> None:
+        """Mark the ends ``seqs`` announced (500 to a statement)."""
+        for start in range(0, len(seqs), 500):
+            chunk = seqs[start : start + 500]
+            self.db.execute(
+                f"UPDATE job_ends SET notified = 1 WHERE id IN ({','.join('?' * len(chunk))})",
+                chunk,
+            )
 
     # --- devices withheld at run time ---------------------------------------------------------
 
