@@ -300,3 +300,59 @@ async def test_one_jobs_error_fails_that_job_and_the_pass_goes_on(setup) -> None
     assert job is not None and job.state == "failed"
     assert job.reason == f"owner uid {gone_uid} no longer exists"
     assert state(store, fine) == "running" and len(launcher.groups) == 1
+
+
+@pytest.mark.asyncio
+async def test_an_exit_75_nobody_asked_for_is_a_crash_with_its_back_off(setup) -> None:  # type: ignore[no-untyped-def]
+    executor, store, launcher = setup
+    job_id = submit(store)
+    await start(executor, store, job_id)
+    launcher.groups[0].exit.set_result(75)  # the rescale code, but no resize was asked
+    await asyncio.sleep(0.05)
+    job = store.get_job(job_id)
+    assert job is not None and job.state == "queued" and job.failures == 1
+    assert job.retry_after == 101.0  # backoff_s * 2^0 after the clock's 100
+    assert job.reason.startswith("exited 75 (the rescale code) but no rescale was asked")
+    await start(executor, store, job_id)
+    launcher.groups[1].exit.set_result(75)
+    await asyncio.sleep(0.05)
+    job = store.get_job(job_id)
+    assert job is not None and job.state == "failed" and job.failures == 2
+    assert job.reason == (
+        "exited 75 (the rescale code) but no rescale was asked; counted as a crash;"
+        " gave up after 1 restart(s)"
+    )
+
+
+@pytest.mark.asyncio
+async def test_an_exit_75_asked_for_by_a_resize_restarts_at_the_new_size(setup) -> None:  # type: ignore[no-untyped-def]
+    from pollux_local.api.states import StopIntent
+    from pollux_local.core.types import Decision
+    from pollux_local.daemon.scheduler import Plan
+
+    executor, store, launcher = setup
+    job_id = submit(store)
+    await start(executor, store, job_id)
+    resize = Action("resize", job_id, {"far": ["cpu:0"]}, BatchChoice(8, 1, 1), "shrink")
+    await executor.apply(Plan(actions=(resize,), decision=Decision(placements={})))
+    assert executor.intent[job_id] is StopIntent.RESIZE
+    await asyncio.sleep(0.05)  # the fake group obeys the stop with 75
+    job = store.get_job(job_id)
+    assert job is not None and job.state == "running" and job.failures == 0
+    assert len(launcher.groups) == 2 and job.placement == {"far": ["cpu:0"]}
+
+
+@pytest.mark.asyncio
+async def test_a_stopping_group_holds_its_devices_until_it_is_gone(setup) -> None:  # type: ignore[no-untyped-def]
+    executor, store, launcher = setup
+    launcher.stubborn = True  # ignores SIGTERM
+    job_id = submit(store)
+    await start(executor, store, job_id)
+    assert executor.still_stopping() == {}
+    await executor.cancel(job_id)
+    job = store.get_job(job_id)
+    assert job is not None and job.state == "cancelled"
+    assert executor.still_stopping() == {job_id: {"far": ["cpu:0", "cpu:1"]}}
+    launcher.groups[0].exit.set_result(-9)
+    await asyncio.sleep(0.05)
+    assert executor.still_stopping() == {}

@@ -265,6 +265,9 @@ class NodeRow(Message):
     drained: bool = False
     #: memory of each of its devices in bytes (``None``: not known)
     memory: int | None = None
+    #: devices still held by a job asked to stop whose processes are not yet gone (their
+    #: holder is in ``jobs``): free only once those processes are
+    stopping: list[str] = msgspec.field(default_factory=list)
 
 
 class NodesReply(Reply):

@@ -64,3 +64,26 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130
     #: a replica's node became unreachable (the ssh client's own code for a lost link)
     NODE_LOST = 255
+
+
+class StopIntent(StrEnum):
+    """Why the daemon asked an incarnation of a job to stop: its exit is read by this.
+
+    Only an incarnation of an elastic job asked to stop for :attr:`RESIZE` may end with
+    :attr:`ExitCode.RESCALE` as a rescale; an exit 75 nobody asked for is a crash."""
+
+    #: ``cancel``: the job ends cancelled
+    CANCEL = "cancel"
+    #: ``hold``: the job waits, held, until released
+    HOLD = "hold"
+    #: the policy took its devices: back in the queue
+    PREEMPT = "preempt"
+    #: the policy gave it other devices (a resize or a move): restarted there from its
+    #: checkpoint
+    RESIZE = "resize"
+    #: its time limit was reached: it ends failed
+    TIME_LIMIT = "time-limit"
+    #: the daemon is stopping: back in the queue at its next start
+    SHUTDOWN = "shutdown"
+    #: replicas the database does not record as running
+    RECONCILE = "reconcile"

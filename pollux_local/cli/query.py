@@ -151,6 +151,9 @@ def cmd_nodes(args: argparse.Namespace) -> int:
             print(printable(f"  busy outside the scheduler: {', '.join(node.busy)}"))
         if node.withheld:
             print(printable(f"  withheld from new jobs: {', '.join(node.withheld)}"))
+        if node.stopping:
+            held = ", ".join(f"{d}→job {node.jobs.get(d, '?')}" for d in node.stopping)
+            print(printable(f"  stopping, held until their processes are gone: {held}"))
     return 0
 
 

@@ -1,11 +1,13 @@
 """Applying plans: launch, resize (checkpoint-restart), stop, and react to replicas exiting.
 
 The executor owns the running replica groups.  A group that exits on its own is classified
-(``api.states.ExitCode``): 0 -> succeeded; 75 -> back to the queue (it checkpointed); 255 from
-a remote node -> the node is marked down and the job re-queued to resume elsewhere; anything
-else -> a crash, retried from the checkpoint with exponential back-off until ``max_retries``,
-then ``failed``.  What is known of each node's health is kept in one :class:`NodeStatus` per
-node (:class:`NodeHealthBook`).
+(``api.states.ExitCode``): 0 -> succeeded; 255 from a remote node -> the node is marked down
+and the job re-queued to resume elsewhere; anything else -> a crash, retried from the
+checkpoint with exponential back-off until ``max_retries``, then ``failed``.  That includes 75
+(``ExitCode.RESCALE``): it is a rescale only from an incarnation the daemon asked to stop for
+a resize or a move (a :class:`api.states.StopIntent`, recorded when the stop is sent), so a job
+cannot have itself relaunched by exiting 75.  What is known of each node's health is kept in
+one :class:`NodeStatus` per node (:class:`NodeHealthBook`).
 
 Stopping never blocks a scheduling pass or a request: a stop (cancel, hold, preemption,
 resize, a daemon shutdown) moves the group from :attr:`Executor.groups` to
@@ -54,7 +56,7 @@ from typing import Any
 import psutil
 
 from pollux_local.api.launch import LaunchEnvironment
-from pollux_local.api.states import PLACED_STATES, ExitCode, JobState
+from pollux_local.api.states import PLACED_STATES, ExitCode, JobState, StopIntent
 from pollux_local.core.types import BatchChoice
 from pollux_local.daemon.config import DaemonConfig, NodeConfig, busy_gpus
 from pollux_local.daemon.failures import permanent_cause
@@ -81,11 +83,15 @@ LOST_NODE_POLL_S = 0.5
 SHUTDOWN_MARGIN_S = 15.0
 #: The intent of a stop found in flight after a daemon restart, by the job's recorded state.
 RECOVERED_INTENT = {
-    JobState.QUEUED: "preempt",
-    JobState.RESCALING: "resize",
-    JobState.HELD: "hold",
-    JobState.CANCELLED: "cancel",
+    JobState.QUEUED: StopIntent.PREEMPT,
+    JobState.RESCALING: StopIntent.RESIZE,
+    JobState.HELD: StopIntent.HOLD,
+    JobState.CANCELLED: StopIntent.CANCEL,
 }
+#: Why an exit 75 that no resize asked for is not a rescale.
+UNASKED_RESCALE = (
+    f"exited {ExitCode.RESCALE:d} (the rescale code) but no rescale was asked; counted as a crash"
+)
 
 Device = tuple[str, str]  # (node name, device id)
 
@@ -165,7 +171,7 @@ class Executor:
         self.groups: dict[int, ReplicaGroup] = {}
         self.stopping: dict[int, ReplicaGroup] = {}
         self.watchers: dict[int, asyncio.Task[None]] = {}
-        self.intent: dict[int, str] = {}
+        self.intent: dict[int, StopIntent] = {}
         self.nodes = NodeHealthBook([node.name for node in config.nodes])
         self.last_launch: dict[int, float] = {}
         self.run_dir = state_dir / "run"
@@ -318,10 +324,10 @@ class Executor:
             self.store.update_job(job_id, state=JobState.RESCALING)
             if group is not None:
                 self._resize[job_id] = action
-                self._begin_stop(job_id, group, "resize")
+                self._begin_stop(job_id, group, StopIntent.RESIZE)
             return
         if group is not None:
-            self._begin_stop(job_id, group, "preempt")
+            self._begin_stop(job_id, group, StopIntent.PREEMPT)
         self.store.update_job(job_id, state=JobState.QUEUED, reason=action.reason)
         self.store.record_decision(job_id, now, "stop", action.reason)
 
@@ -381,6 +387,15 @@ class Executor:
             if device in held and all(self._is_shared(job_id) for job_id in ids)
         }
 
+    def still_stopping(self) -> dict[int, Allocation]:
+        """job id -> the devices (node -> device ids) of each group asked to stop whose
+        processes are not yet gone: they stay held until its exit comes."""
+        holds: dict[int, Allocation] = {}
+        for job_id, group in self.stopping.items():
+            for slot in group.spec.slots:
+                holds.setdefault(job_id, {}).setdefault(slot.node, []).append(slot.device)
+        return holds
+
     def draining_devices(self) -> dict[str, set[str]]:
         """node -> devices still held by groups being stopped (free once their exit comes):
         for a pass that wants to plan around them."""
@@ -411,7 +426,7 @@ class Executor:
                     and d not in keep
                 ]
                 if node.is_local and any(d.startswith("cuda") for d in spare):
-                    busy = busy_gpus(self._own_pids())
+                    busy = busy_gpus(self.own_pids(), self.config.busy_memory)
                     spare = [d for d in spare if d not in busy]
                 if len(spare) < missing:
                     return None
@@ -420,7 +435,8 @@ class Executor:
             allocation[node_name] = keep
         return dataclasses.replace(action, allocation=allocation) if changed else action
 
-    def _own_pids(self) -> set[int]:
+    def own_pids(self) -> set[int]:
+        """The pids of every replica of a running or stopping group, and their children."""
         own: set[int] = set()
         for groups in (self.groups, self.stopping):
             for group in groups.values():
@@ -649,11 +665,12 @@ class Executor:
 
     # --- stopping ------------------------------------------------------------------------------
 
-    async def stop_job(self, job_id: int, intent: str) -> None:
+    async def stop_job(self, job_id: int, intent: StopIntent | str) -> None:
         """Ask a running job's replicas to stop (they checkpoint; SIGKILL after
         ``stop_grace_s``) and return at once: the exit is handled when it comes.  The caller
         sets the job's next state.  A job already stopping gets ``intent`` as what its stop
         is now for; a job waiting to start no longer waits."""
+        intent = StopIntent(intent)
         self._resize.pop(job_id, None)
         self._deferred.pop(job_id, None)
         group = self.groups.get(job_id)
@@ -662,7 +679,7 @@ class Executor:
         elif job_id in self.stopping:
             self.intent[job_id] = intent
 
-    def _begin_stop(self, job_id: int, group: ReplicaGroup, intent: str) -> None:
+    def _begin_stop(self, job_id: int, group: ReplicaGroup, intent: StopIntent) -> None:
         self.groups.pop(job_id, None)
         self.stopping[job_id] = group
         self.intent[job_id] = intent
@@ -767,21 +784,24 @@ class Executor:
         self.store.update_job(job_id, state=JobState.SUCCEEDED, end_time=now, reason="finished")
         self.store.record_decision(job_id, now, "finished", "all replicas exited 0")
 
-    async def _on_stopped(self, job: JobRecord, intent: str, code: int, now: float) -> None:
+    async def _on_stopped(self, job: JobRecord, intent: StopIntent, code: int, now: float) -> None:
         """The end of a group that was asked to stop.  Cancel, hold and the others set the
         job's state when they asked; a job that exited 0 while being preempted, resized or
         stopped for a shutdown has finished; a resized job restarts at its new size."""
-        action = self._resize.pop(job.id, None) if intent == "resize" else None
-        if intent in ("preempt", "resize", "shutdown") and code == ExitCode.OK:
+        action = self._resize.pop(job.id, None) if intent is StopIntent.RESIZE else None
+        if (
+            intent in (StopIntent.PREEMPT, StopIntent.RESIZE, StopIntent.SHUTDOWN)
+            and code == ExitCode.OK
+        ):
             if job.state in (JobState.QUEUED, *PLACED_STATES):
                 self._finished(job.id, now)
             return
-        if intent == "shutdown" and job.state in PLACED_STATES:
+        if intent is StopIntent.SHUTDOWN and job.state in PLACED_STATES:
             reason = "daemon stopped; will resume from checkpoint"
             self.store.update_job(job.id, state=JobState.QUEUED, reason=reason)
             self.store.record_decision(job.id, now, "requeued", reason)
             return
-        if intent != "resize" or job.state != JobState.RESCALING:
+        if intent is not StopIntent.RESIZE or job.state != JobState.RESCALING:
             return
         if action is None or self._closing:
             reason = "checkpointed for a resize; back in the queue"
@@ -796,33 +816,40 @@ class Executor:
                 self.store.update_job(job.id, state=JobState.QUEUED, reason=reason)
 
     async def _on_exit(self, job: JobRecord, group: ReplicaGroup, code: int, now: float) -> None:
+        """The end of a group nobody asked to stop: 0 has finished; a lost node re-queues it;
+        anything else is a crash, 75 included (a rescale is a stop the daemon asked for,
+        :meth:`_on_stopped`: a job cannot have itself relaunched by exiting 75)."""
         if code == ExitCode.OK:
             self._finished(job.id, now)
             return
+        cause: str | None = None
         if code == ExitCode.RESCALE:
-            reason = f"checkpointed and exited ({ExitCode.RESCALE:d}); back in the queue"
-            self.store.update_job(job.id, state=JobState.QUEUED, reason=reason)
-            self.store.record_decision(job.id, now, "requeued", reason)
-            return
-        down = await self._lost_nodes(group, code)
-        if down:
-            self._note_node_down(job.id, down, now)
-            self.store.update_job(job.id, state=JobState.QUEUED)
-            return
+            what = UNASKED_RESCALE
+        else:
+            down = await self._lost_nodes(group, code)
+            if down:
+                self._note_node_down(job.id, down, now)
+                self.store.update_job(job.id, state=JobState.QUEUED)
+                return
+            detail = getattr(group, "supervisor_failure", None) or next(
+                (
+                    line
+                    for slot in group.spec.slots
+                    if (line := last_log_line(group.spec.log_dir, f"rank{slot.rank}.log",
+                                              job.owner_uid))
+                ),
+                "",
+            )  # fmt: skip
+            what = f"replica exited with code {code}" + (f" ({detail})" if detail else "")
+            on_cpu = all(slot.device.startswith("cpu") for slot in group.spec.slots)
+            cause = permanent_cause(detail, on_cpu)
+        self._crashed(job, what, cause, now)
+
+    def _crashed(self, job: JobRecord, what: str, cause: str | None, now: float) -> None:
+        """One crash of ``job`` (``what`` happened): failed at once when ``cause`` says a
+        retry cannot help or its ``max_retries`` are spent, else queued again after an
+        exponential back-off, ``backoff_s * 2^(failures - 1)``."""
         failures = job.failures + 1
-        detail = getattr(group, "supervisor_failure", None) or next(
-            (
-                line
-                for slot in group.spec.slots
-                if (
-                    line := last_log_line(group.spec.log_dir, f"rank{slot.rank}.log", job.owner_uid)
-                )
-            ),
-            "",
-        )
-        what = f"replica exited with code {code}" + (f" ({detail})" if detail else "")
-        on_cpu = all(slot.device.startswith("cpu") for slot in group.spec.slots)
-        cause = permanent_cause(detail, on_cpu)
         if cause is not None:
             reason = f"{what}: {cause}; not retried"
             self.store.update_job(
@@ -881,7 +908,7 @@ class Executor:
         now = self.clock()
         self.store.update_job(job_id, state=JobState.CANCELLED, end_time=now, reason="cancelled")
         self.store.record_decision(job_id, now, "cancelled", "cancelled by request")
-        await self.stop_job(job_id, "cancel")
+        await self.stop_job(job_id, StopIntent.CANCEL)
 
     async def end_at_time_limit(self, job_id: int, reason: str) -> None:
         """A job reached its time limit: recorded as failed with ``reason`` at once, its
@@ -890,14 +917,14 @@ class Executor:
         now = self.clock()
         self.store.update_job(job_id, state=JobState.FAILED, end_time=now, reason=reason)
         self.store.record_decision(job_id, now, "failed", reason)
-        await self.stop_job(job_id, "time-limit")
+        await self.stop_job(job_id, StopIntent.TIME_LIMIT)
 
     async def hold(self, job_id: int) -> None:
         """Hold a job: recorded at once, its replicas stopped (checkpoint) in the background."""
         now = self.clock()
         self.store.update_job(job_id, state=JobState.HELD, reason="held")
         self.store.record_decision(job_id, now, "held", "held by request")
-        await self.stop_job(job_id, "hold")
+        await self.stop_job(job_id, StopIntent.HOLD)
 
     # --- daemon start and stop ----------------------------------------------------------------
 
@@ -955,14 +982,14 @@ class Executor:
         log.info("job %s: %s", job.id, reason)
         self.store.record_decision(job.id, now, "recovered", reason)
         if job.state == JobState.RESCALING:
-            self._adopt_stopping(job.id, group, "resize")
+            self._adopt_stopping(job.id, group, StopIntent.RESIZE)
         else:
             self.groups[job.id] = group
         self.last_launch[job.id] = job.last_start or now
         self.watchers[job.id] = asyncio.ensure_future(self._watch(job.id, group))
         return True
 
-    def _adopt_stopping(self, job_id: int, group: ReplicaGroup, intent: str) -> None:
+    def _adopt_stopping(self, job_id: int, group: ReplicaGroup, intent: StopIntent) -> None:
         """A group whose stop was asked for before the daemon restarted: asked again (a
         supervisor takes a second SIGTERM as the first), its exit handled as ``intent``."""
         self.stopping[job_id] = group
@@ -989,7 +1016,11 @@ class Executor:
             self._local.forget(name)
             return
         state = JobState(job.state) if job is not None else None
-        intent = RECOVERED_INTENT.get(state, "reconcile") if state is not None else "reconcile"
+        intent = (
+            StopIntent.RECONCILE
+            if state is None
+            else RECOVERED_INTENT.get(state, StopIntent.RECONCILE)
+        )
         log.info("job %s: its replicas are still stopping (%s); waiting for them", name, intent)
         self._adopt_stopping(int(name), group, intent)
         self.watchers[int(name)] = asyncio.ensure_future(self._watch(int(name), group))
@@ -1051,7 +1082,7 @@ class Executor:
             task.cancel()
         self._deferred.clear()
         for job_id, group in list(self.groups.items()):
-            self._begin_stop(job_id, group, "shutdown")
+            self._begin_stop(job_id, group, StopIntent.SHUTDOWN)
         watchers = list(self.watchers.values())
         if watchers:
             await asyncio.wait(watchers, timeout=self.config.stop_grace_s + SHUTDOWN_MARGIN_S)

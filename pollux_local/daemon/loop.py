@@ -44,6 +44,7 @@ from pollux_local.daemon.scheduler import (
     Limits,
     ModelCache,
     NodeSnapshot,
+    Stopping,
     dependency_verdict,
     plan_round,
     time_left_s,
@@ -68,12 +69,14 @@ def node_snapshot(
     executor: Executor,
     drained: Sequence[str] = (),
     placed: Sequence[JobRecord] = (),
+    stopping: Sequence[Stopping] = (),
 ) -> list[NodeSnapshot]:
     """Every configured node as a pass sees it: up or down, its devices' type, (this
-    machine's GPUs) which devices processes outside the scheduler are using, and which are
+    machine's GPUs) which devices processes outside the scheduler are using, which are
     withheld from new jobs: reserved (``[devices] reserved``) or drained (``drained``:
-    ``node`` or ``node:device``), unless a job holds them now (it keeps them); while shared
-    jobs run, the memory NVML reports free on this machine's GPUs."""
+    ``node`` or ``node:device``), unless a job holds them now (it keeps them), and which are
+    still held by jobs whose processes are stopping (``stopping``, :func:`stopping_jobs`);
+    while shared jobs run, the memory NVML reports free on this machine's GPUs."""
     busy: set[str] = set()
     if any(d.startswith("cuda") for n in config.nodes if n.is_local for d in n.devices):
         own: set[int] = set()
@@ -82,7 +85,7 @@ def node_snapshot(
                 own.add(pid)
                 with contextlib.suppress(psutil.Error):
                     own.update(c.pid for c in psutil.Process(pid).children(recursive=True))
-        busy = busy_gpus(own)
+        busy = busy_gpus(own, config.busy_memory)
     free_memory: dict[str, int] = {}
     if any(job.spec.shared for job in placed):  # shared devices: what NVML says is free
         for node in config.nodes:
@@ -113,9 +116,30 @@ def node_snapshot(
                 if (node.name in closed or f"{node.name}:{device}" in closed)
                 and (node.name, device) not in held
             ),
+            stopping={
+                device: stop.job_id
+                for stop in stopping
+                for device in stop.devices.get(node.name, ())
+            },
         )
         for node in config.nodes
     ]
+
+
+def stopping_jobs(store: StateStore, executor: Executor) -> list[Stopping]:
+    """The jobs whose processes still hold devices though the store no longer counts them as
+    placed (cancelled, held, preempted, at their time limit: the stop was sent, the exit has
+    not come): the one account of what they hold, read by admission's per-user caps, the
+    policy's node views and ``nodes`` alike.  A job being resized is counted by its
+    placement, as before."""
+    found: list[Stopping] = []
+    for job_id, devices in sorted(executor.still_stopping().items()):
+        job = store.get_job(job_id)
+        if job is not None and job.state in PLACED_STATES:
+            continue
+        owner = job.owner_name if job is not None else ""
+        found.append(Stopping(job_id=job_id, owner=owner, devices=devices))
+    return found
 
 
 def _error_line(exc: sqlite3.Error) -> str:
@@ -212,7 +236,8 @@ class SchedulingLoop:
             states = self.resolve_dependencies(now)
             jobs = self.store.jobs(SCHEDULED_STATES)
             self.refresh_reports(jobs)
-            nodes = node_snapshot(self.config, self.executor, self.store.withheld(), jobs)
+            stopping = stopping_jobs(self.store, self.executor)
+            nodes = node_snapshot(self.config, self.executor, self.store.withheld(), jobs, stopping)
             if not jobs:
                 await self.announce()
                 return
@@ -221,6 +246,7 @@ class SchedulingLoop:
                 max_running_per_user=self.config.max_running_per_user,
                 states=states,
                 share_slowdown=self.config.share_slowdown,
+                stopping=stopping,
             )
             plan = await asyncio.to_thread(
                 plan_round, self.policy, jobs, nodes, self.models, now, self.rng, limits

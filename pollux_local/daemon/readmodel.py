@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,6 +38,7 @@ from pollux_local.daemon.executor import NodeHealthBook
 from pollux_local.daemon.scheduler import (
     ModelCache,
     NodeSnapshot,
+    Stopping,
     is_elastic,
     job_kind,
     progress_eta,
@@ -271,16 +272,24 @@ def node_rows(
     snapshot: list[NodeSnapshot],
     placed: list[JobRecord],
     drained: list[str] | None = None,
+    stopping: Sequence[Stopping] = (),
 ) -> list[NodeRow]:
     """``nodes``: each configured node, its health, its devices' type, devices busy outside
     the scheduler, devices withheld from new jobs (reserved or ``drained``), which job holds
-    each device (``placed``: the jobs holding devices) and its load per core (this
-    machine's now, a remote node's at its last check)."""
+    each device (``placed``: the jobs holding devices; ``stopping``: the jobs whose
+    processes, asked to stop, still hold theirs) and its load per core (this machine's now, a
+    remote node's at its last check)."""
     holders: dict[str, dict[str, str]] = {}
     for job in placed:
         for node_name, devices in job.placement.items():
             for device in devices:
                 holders.setdefault(node_name, {})[device] = job.job_id
+    draining: dict[str, list[str]] = {}
+    for stop in stopping:
+        for node_name, held in stop.devices.items():
+            for device in held:
+                holders.setdefault(node_name, {})[device] = str(stop.job_id)
+                draining.setdefault(node_name, []).append(device)
     busy = {node.name: node.busy for node in snapshot}
     closed = set(config.reserved) | set(drained or ())
     rows = []
@@ -308,6 +317,7 @@ def node_rows(
                 ],
                 drained=node.name in closed,
                 memory=node.device_memory,
+                stopping=sorted(draining.get(node.name, ())),
             )
         )
     return rows

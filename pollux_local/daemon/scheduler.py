@@ -63,12 +63,34 @@ class NodeSnapshot:
     free_memory: Mapping[str, int] = field(default_factory=dict)
     #: CPU-backed test devices: their declared slowdown (``[nodes.NAME] slowdown``)
     slowdown: float | None = None
+    #: devices still held by jobs asked to stop whose processes are not yet gone
+    #: (device -> job id): no other job is placed there until they are
+    stopping: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def free_devices(self) -> tuple[str, ...]:
         if not self.up:
             return ()
-        return tuple(d for d in self.devices if d not in self.busy and d not in self.withheld)
+        return tuple(
+            d
+            for d in self.devices
+            if d not in self.busy and d not in self.withheld and d not in self.stopping
+        )
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """A job asked to stop (cancelled, held, preempted, at its time limit) whose processes
+    are not yet gone: its owner still holds its ``devices`` (node -> device ids), in every
+    cap and on every node view, until the executor reports them gone."""
+
+    job_id: int
+    owner: str
+    devices: Mapping[str, Sequence[str]]
+
+    @property
+    def count(self) -> int:
+        return sum(len(devices) for devices in self.devices.values())
 
 
 @dataclass(frozen=True)
@@ -81,6 +103,9 @@ class Limits:
     states: Mapping[int, JobState] = field(default_factory=dict)
     #: the slowdown beta of jobs sharing a device (``core.sharing``)
     share_slowdown: float = 0.25
+    #: jobs whose processes still hold devices though they no longer run (:class:`Stopping`):
+    #: each counts as a running job of its owner, with its devices
+    stopping: Sequence[Stopping] = ()
 
 
 @dataclass(frozen=True)
@@ -451,12 +476,18 @@ def _admit(
     candidates: Sequence[JobRecord], limits: Limits
 ) -> tuple[list[JobRecord], dict[int, str]]:
     """The candidates the policy may see, and why each other one waits: its dependencies,
-    its array's ``--max-running``, its owner's caps on running jobs and held devices.
-    Running jobs always stay; queued ones are admitted by priority, then submission."""
+    its array's ``--max-running``, its owner's caps on running jobs and held devices (a job
+    still stopping counts with its devices until its processes are gone).  Running jobs
+    always stay; queued ones are admitted by priority, then submission."""
     placed = [job for job in candidates if job.state in PLACED_STATES]
     array_running: dict[str, int] = {}
     user_running: dict[str, int] = {}
     user_devices: dict[str, int] = {}
+    user_stopping: dict[str, list[int]] = {}
+    for stop in limits.stopping:
+        user_running[stop.owner] = user_running.get(stop.owner, 0) + 1
+        user_devices[stop.owner] = user_devices.get(stop.owner, 0) + stop.count
+        user_stopping.setdefault(stop.owner, []).append(stop.job_id)
     for job in placed:
         if job.spec.array_id is not None:
             array_running[job.spec.array_id] = array_running.get(job.spec.array_id, 0) + 1
@@ -480,19 +511,22 @@ def _admit(
             )
             continue
         user = job.owner_name
+        stopping = user_stopping.get(user)
+        still = f" (job(s) {', '.join(map(str, stopping))} still stopping)" if stopping else ""
         running_cap = limits.max_running_per_user
         if running_cap is not None and user_running.get(user, 0) >= running_cap:
             waiting[job.id] = (
-                f"waiting: {user} has {user_running.get(user, 0)} jobs running, the most a user"
-                f" may ([limits] max_running_per_user = {running_cap})"
+                f"waiting: {user} has {user_running.get(user, 0)} jobs running{still}, the most"
+                f" a user may ([limits] max_running_per_user = {running_cap})"
             )
             continue
         device_cap = limits.max_devices_per_user
         needs = min_gpus(job)
         if device_cap is not None and user_devices.get(user, 0) + needs > device_cap:
             waiting[job.id] = (
-                f"waiting: {user}'s jobs hold {user_devices.get(user, 0)} devices, this job needs"
-                f" {needs} more, a user may hold {device_cap} ([limits] max_devices_per_user)"
+                f"waiting: {user}'s jobs hold {user_devices.get(user, 0)} devices{still}, this job"
+                f" needs {needs} more, a user may hold {device_cap} ([limits]"
+                " max_devices_per_user)"
             )
             continue
         if array is not None:
@@ -524,6 +558,8 @@ def _within_user_caps(
     if cap is None:
         return
     used: dict[str, int] = {}
+    for stop in limits.stopping:  # devices its stopping jobs still hold
+        used[stop.owner] = used.get(stop.owner, 0) + stop.count
     ranked = sorted(
         order,
         key=lambda j: (
