@@ -6,10 +6,12 @@ import re
 import sqlite3
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from pollux_local.api.spec import decode_spec
 from pollux_local.daemon.config import load_config, parse_devices
-from pollux_local.daemon.state import StateStore
+from pollux_local.daemon.state import MIGRATIONS, StateStore
 from pollux_local.errors import PolluxError
 
 
@@ -132,3 +134,87 @@ def test_unknown_config_keys_are_refused_with_a_suggestion(
     path.write_text(text)
     with pytest.raises(PolluxError, match=re.escape(expected)):
         load_config(path)
+
+
+# --- environments and commands stored once (migration 4) -------------------------------------
+
+
+def _db_bytes(store: StateStore) -> int:
+    """The database's pages after a checkpoint (what its tables and indexes take)."""
+    store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    pages = store.db.execute("PRAGMA page_count").fetchone()[0]
+    return int(pages) * int(store.db.execute("PRAGMA page_size").fetchone()[0])
+
+
+def test_an_arrays_environment_and_command_are_stored_once(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "s.db")
+    env = {f"BIG{i}": str(i) * 100_000 for i in range(10)}  # ~1 MB
+    argv = ["/bin/echo", "y" * 100_000]
+    before = _db_bytes(store)
+    spec = decode_spec({"argv": argv, "workdir": "/tmp"})
+    tasks = [msgspec.structs.replace(spec, array_index=i) for i in range(100)]
+    jobs = store.add_jobs(
+        name=[f"t[{i}]" for i in range(100)], owner_uid=1, owner_gid=1, owner_name="ann",
+        specs=tasks, priority=0, submit_time=1.0, env=env, array=True,
+    )  # fmt: skip
+    assert _db_bytes(store) - before < 2_000_000  # not 100 copies of 1.1 MB
+    assert all(job.env is None for job in jobs)  # the reply's records leave it out
+    listed = store.jobs(["queued"])
+    assert [job.spec.argv for job in listed] == [argv] * 100
+    assert [job.spec.array_id for job in listed] == [str(jobs[0].id)] * 100
+    assert all(job.env is None for job in listed)  # a pass never reads the environment
+    full = store.get_job(jobs[57].id)
+    assert full is not None and full.env == env and full.spec.array_index == 57
+    # a hundred restarts share the original's environment and command
+    before = _db_bytes(store)
+    for _ in range(100):
+        store.add_job(
+            name="again", owner_uid=1, owner_gid=1, owner_name="ann", spec=full.spec,
+            priority=0, submit_time=2.0, held=True, env_of=full.id,
+        )  # fmt: skip
+    assert _db_bytes(store) - before < 500_000
+    assert store.count_active(1) == 200 and store.count_active(2) == 0
+    # an edited command is stored as its own blob; the others keep theirs
+    store.update_job(jobs[0].id, spec=msgspec.structs.replace(full.spec, argv=["/bin/true"]))
+    reopened = StateStore(tmp_path / "s.db")
+    assert [job.spec.argv for job in reopened.jobs()[:2]] == [["/bin/true"], argv]
+    assert reopened.get_job(jobs[1].id).env == env  # type: ignore[union-attr]
+
+
+def test_migration_4_keeps_the_jobs_of_an_older_database(tmp_path: Path) -> None:
+    """A version-3 database (environments and commands inline in each row) is migrated in
+    place: its jobs read as before, and a restart of one moves its environment into a blob."""
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    for _number, _what, sql in MIGRATIONS[:3]:
+        db.executescript(sql)
+    db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', '3')")
+    old_spec = '{"argv": ["python", "train.py", "--lr", "0.1"], "workdir": "/w", "min_gpus": 2}'
+    db.execute(
+        "INSERT INTO jobs (name, owner_uid, owner_gid, owner_name, state, spec, env, submit_time,"
+        " end_time) VALUES ('kept', 7, 7, 'ann', 'succeeded', ?, '{\"SEED\": \"42\"}', 1.0, 2.0)",
+        (old_spec,),
+    )
+    db.execute(
+        "INSERT INTO decisions (time, job_id, kind, reason) VALUES (1.0, 1, 'submitted', 'by ann')"
+    )
+    db.commit()
+    db.close()
+    path.chmod(0o600)
+
+    store = StateStore(path)
+    assert store.version == 4
+    [kept] = store.jobs()
+    assert kept.name == "kept" and kept.state.value == "succeeded"
+    assert kept.spec.argv == ["python", "train.py", "--lr", "0.1"] and kept.spec.min_gpus == 2
+    loaded = store.get_job(kept.id)
+    assert loaded is not None and loaded.env == {"SEED": "42"}
+    assert store.decisions(kept.id)[0]["reason"] == "by ann"
+    again = store.add_job(
+        name="kept", owner_uid=7, owner_gid=7, owner_name="ann", spec=loaded.spec,
+        priority=0, submit_time=3.0, env_of=kept.id,
+    )  # fmt: skip
+    assert store.get_job(again.id).env == {"SEED": "42"}  # type: ignore[union-attr]
+    assert store.get_job(kept.id).env == {"SEED": "42"}  # type: ignore[union-attr]
+    refs = store.db.execute("SELECT env_ref FROM jobs ORDER BY id").fetchall()
+    assert refs[0][0] is not None and refs[0][0] == refs[1][0]  # one blob, both reference it

@@ -38,6 +38,9 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     max_running_per_user = 8  # jobs of one user running at once (default: no cap)
     default_time = "1d"       # the time limit of a job submitted without --time
     max_time = "7d"           # the longest --time a job may ask for
+    max_queued_per_user = 1000  # jobs one user may have queued, held or running (default 1000)
+    max_array_size = 1000     # tasks one array may have (default 1000)
+    max_command_size = "4M"   # a job's command line and environment together (default 4M)
 
     [devices]
     reserved = ["cuda:3", "box2:cuda:0"]  # never given to a job (this machine's, or NODE:DEV)
@@ -134,6 +137,12 @@ class DaemonConfig:
     #: the time limit of a job submitted without one, and the longest one a job may ask for
     default_time_s: float | None = None
     max_time_s: float | None = None
+    #: jobs one user may have queued, held or running at once; tasks one array may have; the
+    #: bytes of one job's command line and environment (each string and its NUL, as exec
+    #: counts them)
+    max_queued_per_user: int = 1000
+    max_array_size: int = 1000
+    max_command_bytes: int = 4 * 1024 * 1024
     #: devices never given to a job, as ``node:device``
     reserved: tuple[str, ...] = ()
     #: a GPU counts as busy when processes outside the scheduler use this much of its memory
@@ -276,6 +285,9 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
             "max_running_per_user",
             "default_time",
             "max_time",
+            "max_queued_per_user",
+            "max_array_size",
+            "max_command_size",
         }
     ),
     "devices": frozenset({"reserved", "busy_memory"}),
@@ -483,6 +495,9 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
         max_running_per_user=_optional_whole(limits, "max_running_per_user", where),
         default_time_s=default_time,
         max_time_s=max_time,
+        max_queued_per_user=_whole(limits, "max_queued_per_user", 1000, where, 1, 10_000_000),
+        max_array_size=_whole(limits, "max_array_size", 1000, where, 1, 10_000),
+        max_command_bytes=_command_size(limits, where),
         reserved=reserved_devices(devices_table.get("reserved", []), nodes, where),
         busy_memory=_size(devices_table, "busy_memory", gpus.DEFAULT_BUSY_BYTES, where),
         notify_command=notify_command,
@@ -502,6 +517,15 @@ def _size(table: dict[str, Any], key: str, default: int, where: str) -> int:
         return parse_size(raw)
     except SizeError as exc:
         raise PolluxError(f"{where}: [devices] {key}: {exc}") from None
+
+
+def _command_size(limits: dict[str, Any], where: str) -> int:
+    """``[limits] max_command_size`` in bytes (default 4 MiB: above the 2 MiB that exec takes
+    with Linux's usual 8 MiB stack, so that no job that could run is refused)."""
+    try:
+        return parse_size(limits.get("max_command_size", "4M"))
+    except SizeError as exc:
+        raise PolluxError(f"{where}: [limits] max_command_size: {exc}") from None
 
 
 def _optional_whole(table: dict[str, Any], key: str, where: str) -> int | None:

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import sqlite3
 import stat
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -185,6 +187,13 @@ CREATE TABLE IF NOT EXISTS withheld (target TEXT PRIMARY KEY, time REAL NOT NULL
 CREATE INDEX IF NOT EXISTS jobs_submit_time ON jobs(submit_time);
 """
 
+_SCHEMA_V4 = """
+CREATE TABLE IF NOT EXISTS blobs (digest TEXT PRIMARY KEY, data TEXT NOT NULL);
+ALTER TABLE jobs ADD COLUMN env_ref TEXT;
+ALTER TABLE jobs ADD COLUMN argv_ref TEXT;
+CREATE INDEX IF NOT EXISTS jobs_owner_state ON jobs(owner_uid, state);
+"""
+
 #: The schema's migrations, applied in order: (version, what it does, SQL).  A database
 #: records the version it reached in ``meta.schema_version`` (version 1 is the schema of the
 #: daemons that recorded none; its statements create only what is missing).
@@ -196,6 +205,13 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         "device-seconds by device type, the outbox of job ends (notifications) and the"
         " devices drained at run time",
         _SCHEMA_V3,
+    ),
+    (
+        4,
+        "environments and commands stored once, by content (blobs), and referenced by the"
+        " jobs that share them (an array's tasks, a job's restarts); rows written before keep"
+        " theirs inline",
+        _SCHEMA_V4,
     ),
 )
 #: The version this daemon writes.
@@ -273,7 +289,12 @@ class JobRecord:
 _JOB_COLUMNS = tuple(f.name for f in fields(JobRecord))
 
 
-_COLUMNS_WITHOUT_ENV = ", ".join(name for name in _JOB_COLUMNS if name != "env")
+#: What a listing reads: every column but the environment (``argv_ref``: the command's blob).
+_COLUMNS_WITHOUT_ENV = ", ".join([*(name for name in _JOB_COLUMNS if name != "env"), "argv_ref"])
+
+#: Decoded blobs kept in memory (bytes of their JSON text, in all): a pass reads every queued
+#: job's command, and an array's tasks share one.
+BLOB_CACHE_BYTES = 64 * 1024 * 1024
 
 
 def _row_to_job(row: sqlite3.Row) -> JobRecord:
@@ -426,6 +447,9 @@ class StateStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        #: decoded blobs by digest (value, bytes of text), least recently used first
+        self._blobs: OrderedDict[str, tuple[Any, int]] = OrderedDict()
+        self._blob_bytes = 0
         create_private_file(path)
         try:
             self.db = sqlite3.connect(
@@ -539,6 +563,7 @@ class StateStore:
         submit_time: float,
         held: bool = False,
         env: dict[str, str] | None = None,
+        env_of: int | None = None,
     ) -> JobRecord:
         """Insert a job and commit durably (fsync) before returning."""
         job_spec = decode_spec(spec) if isinstance(spec, dict) else spec
@@ -552,6 +577,7 @@ class StateStore:
             submit_time=submit_time,
             held=held,
             env=env,
+            env_of=env_of,
         )[0]
 
     def add_jobs(
@@ -566,48 +592,142 @@ class StateStore:
         submit_time: float,
         held: bool = False,
         env: dict[str, str] | None = None,
+        env_of: int | None = None,
         array: bool = False,
     ) -> list[JobRecord]:
         """Insert jobs (one per spec) in one transaction and commit durably (fsync) before
-        returning.  With ``array``, they are the tasks of one array: each spec's ``array_id``
-        is set to the first job's id."""
+        returning them (without their environment).  With ``array``, they are the tasks of
+        one array: each spec's ``array_id`` is set to the first job's id.
+
+        The environment (``env``, or with ``env_of`` the one job ``env_of`` has) and each
+        command are stored once, as blobs named by their content: an array's tasks, and a
+        job restarted a hundred times, reference one copy (:meth:`_put_blob`)."""
         state = JobState.HELD if held else JobState.QUEUED
-        env_json = json.dumps(env or {})
         ids: list[int] = []
         self.db.execute("PRAGMA synchronous=FULL")
         try:
             with self.transaction():
+                env_ref = self._env_ref(env_of) if env_of is not None else self._put_blob(env or {})
+                argv_refs: dict[int, str] = {}  # id(argv) -> digest: tasks sharing one list
+                bare: list[JobSpec] = []
                 for job_name, spec in zip(name, specs, strict=True):
+                    argv_ref = argv_refs.get(id(spec.argv))
+                    if argv_ref is None:
+                        argv_ref = argv_refs[id(spec.argv)] = self._put_blob(spec.argv)
+                    bare.append(msgspec.structs.replace(spec, argv=[]))
                     cursor = self.db.execute(
                         "INSERT INTO jobs (name, owner_uid, owner_gid, owner_name, state, spec,"
-                        " env, priority, submit_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        " env, env_ref, argv_ref, priority, submit_time)"
+                        " VALUES (?, ?, ?, ?, ?, ?, '{}', ?, ?, ?, ?)",
                         (
                             job_name,
                             owner_uid,
                             owner_gid,
                             owner_name,
                             state.value,
-                            spec.to_json(),
-                            env_json,
+                            bare[-1].to_json(),
+                            env_ref,
+                            argv_ref,
                             priority,
                             submit_time,
                         ),
                     )
                     ids.append(int(cursor.lastrowid or 0))
                 if array and ids:
-                    for job_id, spec in zip(ids, specs, strict=True):
+                    for job_id, spec in zip(ids, bare, strict=True):
                         tagged = msgspec.structs.replace(spec, array_id=str(ids[0]))
                         self.db.execute(
                             "UPDATE jobs SET spec = ? WHERE id = ?", (tagged.to_json(), job_id)
                         )
         finally:
             self.db.execute("PRAGMA synchronous=NORMAL")
-        jobs = [self.get_job(job_id) for job_id in ids]
-        return [job for job in jobs if job is not None]
+        return self._jobs_by_id(ids)
+
+    def _jobs_by_id(self, ids: Sequence[int]) -> list[JobRecord]:
+        """The jobs among ``ids`` that exist, in id order, without environments."""
+        found: list[JobRecord] = []
+        for start in range(0, len(ids), 500):
+            chunk = list(ids[start : start + 500])
+            rows = self.db.execute(
+                f"SELECT {_COLUMNS_WITHOUT_ENV} FROM jobs"
+                f" WHERE id IN ({','.join('?' * len(chunk))}) ORDER BY id",
+                chunk,
+            ).fetchall()
+            found.extend(self._job(row) for row in rows)
+        return found
 
     def get_job(self, job_id: int) -> JobRecord | None:
+        """One job, with its environment."""
         row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return _row_to_job(row) if row is not None else None
+        return self._job(row) if row is not None else None
+
+    def count_active(self, owner_uid: int) -> int:
+        """The jobs ``owner_uid`` has queued, held or running: what ``[limits]
+        max_queued_per_user`` bounds (the one count of what a user holds in the queue)."""
+        wanted = sorted(state.value for state in ACTIVE_STATES)
+        row = self.db.execute(
+            "SELECT COUNT(*) FROM jobs WHERE owner_uid = ?"
+            f" AND state IN ({','.join('?' * len(wanted))})",
+            (owner_uid, *wanted),
+        ).fetchone()
+        return int(row[0])
+
+    # --- blobs: environments and commands stored once -----------------------------------
+
+    def _put_blob(self, value: list[str] | dict[str, str]) -> str:
+        """Store ``value`` (JSON) under the SHA-256 of its text, once; its digest."""
+        text = msgspec.json.encode(value, order="sorted")
+        digest = hashlib.sha256(text).hexdigest()
+        self.db.execute(
+            "INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, ?)", (digest, text.decode())
+        )
+        return digest
+
+    def _env_ref(self, job_id: int) -> str:
+        """The blob of job ``job_id``'s environment; a row written before blobs has its inline
+        environment moved into one (and then references it)."""
+        row = self.db.execute("SELECT env_ref, env FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            return self._put_blob({})
+        if row[0] is not None:
+            return str(row[0])
+        digest = self._put_blob(json.loads(row[1] or "{}"))
+        self.db.execute("UPDATE jobs SET env_ref = ?, env = '{}' WHERE id = ?", (digest, job_id))
+        return digest
+
+    def _blob(self, digest: str) -> Any:
+        """A blob's decoded value, from the in-memory cache when there (``None``: no such
+        blob).  Callers copy what they keep."""
+        cached = self._blobs.get(digest)
+        if cached is not None:
+            self._blobs.move_to_end(digest)
+            return cached[0]
+        row = self.db.execute("SELECT data FROM blobs WHERE digest = ?", (digest,)).fetchone()
+        if row is None:
+            return None
+        text = str(row[0])
+        value = msgspec.json.decode(text)
+        self._blobs[digest] = (value, len(text))
+        self._blob_bytes += len(text)
+        while self._blob_bytes > BLOB_CACHE_BYTES and len(self._blobs) > 1:
+            _, (_, size) = self._blobs.popitem(last=False)
+            self._blob_bytes -= size
+        return value
+
+    def _job(self, row: sqlite3.Row) -> JobRecord:
+        """A row as a :class:`JobRecord`, its command (and environment, when the row has the
+        column) read from their blobs."""
+        job = _row_to_job(row)
+        present = set(row.keys())
+        if "argv_ref" in present and row["argv_ref"] is not None:
+            argv = self._blob(row["argv_ref"])
+            job.spec = msgspec.structs.replace(
+                job.spec, argv=list(argv) if isinstance(argv, list) else ["?"]
+            )
+        if "env_ref" in present and row["env_ref"] is not None:
+            env = self._blob(row["env_ref"])
+            job.env = dict(env) if isinstance(env, dict) else {}
+        return job
 
     def jobs(self, states: Iterable[str] | None = None) -> list[JobRecord]:
         """Jobs (without their environments), in submission order."""
@@ -622,7 +742,7 @@ class StateStore:
                 f"SELECT {_COLUMNS_WITHOUT_ENV} FROM jobs WHERE state IN ({marks}) ORDER BY id",
                 wanted,
             ).fetchall()
-        return [_row_to_job(row) for row in rows]
+        return [self._job(row) for row in rows]
 
     def page_jobs(
         self,
@@ -666,7 +786,7 @@ class StateStore:
             f"SELECT {_COLUMNS_WITHOUT_ENV} FROM jobs{clause} ORDER BY {order} DESC LIMIT ?",
             (*matching_args, limit),
         ).fetchall()
-        jobs = [_row_to_job(row) for row in rows]
+        jobs = [self._job(row) for row in rows]
         more = 0
         if len(jobs) == limit:
             more = int(
@@ -693,8 +813,16 @@ class StateStore:
         for name in changes:
             if name not in _JOB_COLUMNS or name == "id":
                 raise KeyError(f"no such job column {name!r}")
-        assignments = ", ".join(f"{name} = ?" for name in changes)
-        values = [_column_value(name, value) for name, value in changes.items()]
+        columns = {name: _column_value(name, value) for name, value in changes.items()}
+        if "spec" in changes:  # the command is stored as a blob (shared with equal ones)
+            spec = changes["spec"]
+            spec = decode_spec(spec) if isinstance(spec, dict) else spec
+            columns["spec"] = msgspec.structs.replace(spec, argv=[]).to_json()
+            columns["argv_ref"] = self._put_blob(spec.argv)
+        if "env" in changes:
+            columns["env"], columns["env_ref"] = "{}", self._put_blob(changes["env"] or {})
+        assignments = ", ".join(f"{name} = ?" for name in columns)
+        values = list(columns.values())
         state = changes.get("state")
         if state is None or JobState(state) not in TERMINAL_STATES:
             self.db.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values, job_id))
@@ -743,13 +871,14 @@ class StateStore:
     def pending_ends_by_owner(self, per_owner: int) -> dict[int, tuple[int, list[JobEnd]]]:
         """Job ends not yet announced, by the uid of the job's owner: ``(how many are
         pending, the oldest per_owner of them)``, so that one owner's many ends never hide
-        another's."""
+        another's (the ends of a job no longer stored come under uid -1)."""
         rows = self.db.execute(
             "SELECT id, job_id, time, state, reason, owner_uid, rank, pending FROM ("
-            " SELECT e.id, e.job_id, e.time, e.state, e.reason, j.owner_uid,"
-            "  ROW_NUMBER() OVER (PARTITION BY j.owner_uid ORDER BY e.id) AS rank,"
-            "  COUNT(*) OVER (PARTITION BY j.owner_uid) AS pending"
-            " FROM job_ends e JOIN jobs j ON j.id = e.job_id WHERE e.notified = 0"
+            " SELECT e.id, e.job_id, e.time, e.state, e.reason,"
+            "  COALESCE(j.owner_uid, -1) AS owner_uid,"
+            "  ROW_NUMBER() OVER (PARTITION BY COALESCE(j.owner_uid, -1) ORDER BY e.id) AS rank,"
+            "  COUNT(*) OVER (PARTITION BY COALESCE(j.owner_uid, -1)) AS pending"
+            " FROM job_ends e LEFT JOIN jobs j ON j.id = e.job_id WHERE e.notified = 0"
             ") WHERE rank <= ? ORDER BY id",
             (per_owner,),
         ).fetchall()
@@ -764,6 +893,17 @@ class StateStore:
             )
             by_owner.setdefault(int(row[5]), (int(row[7]), []))[1].append(end)
         return by_owner
+
+    def drop_oldest_ends(self, owner_uid: int, keep: int) -> int:
+        """Mark announced (never to be sent) the pending ends of ``owner_uid``'s jobs but the
+        newest ``keep``; how many."""
+        cursor = self.db.execute(
+            "UPDATE job_ends SET notified = 1 WHERE id IN ("
+            " SELECT e.id FROM job_ends e JOIN jobs j ON j.id = e.job_id"
+            " WHERE e.notified = 0 AND j.owner_uid = ? ORDER BY e.id DESC LIMIT -1 OFFSET ?)",
+            (owner_uid, keep),
+        )
+        return int(cursor.rowcount)
 
     def mark_announced(self, *seqs: int) -> None:
         """Mark the ends ``seqs`` announced (500 to a statement)."""
@@ -806,7 +946,7 @@ class StateStore:
             f"SELECT {_COLUMNS_WITHOUT_ENV} FROM jobs WHERE {' AND '.join(where)} ORDER BY id",
             args,
         ).fetchall()
-        return [_row_to_job(row) for row in rows]
+        return [self._job(row) for row in rows]
 
     def requeue_if_placed(self, job_id: int, reason: str) -> bool:
         """Queue the job again, without placement or processes, if it is still recorded as
@@ -827,7 +967,7 @@ class StateStore:
             " AND json_extract(spec, '$.array_id') = ? ORDER BY id",
             (array_id, str(array_id)),
         ).fetchall()
-        return [_row_to_job(row) for row in rows]
+        return [self._job(row) for row in rows]
 
     def states_of(self, ids: Iterable[int]) -> dict[int, JobState]:
         """The current state of each job that exists among ``ids``."""

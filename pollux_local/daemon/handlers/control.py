@@ -27,6 +27,7 @@ from pollux_local.api.messages import (
 )
 from pollux_local.api.states import TERMINAL_STATES, JobState
 from pollux_local.daemon.context import Context
+from pollux_local.daemon.handlers.submit import validate_jobs
 from pollux_local.daemon.state import JobRecord
 
 log = logging.getLogger("pollux_local.daemon")
@@ -117,14 +118,23 @@ async def hold(ctx: Context, request: Hold) -> JobStateReply:
 
 
 async def release(ctx: Context, request: Release) -> JobStateReply:
-    """Queue a held job again (:class:`Conflict` for a job that is not held)."""
+    """Queue a held job again (:class:`Conflict` for a job that is not held), once it passes
+    submit's checks under the config as it is now (``submit.validate_jobs``: a time limit
+    lowered by a reload since, an option no longer allowed, is refused in one line)."""
     ctx.require_owner(ctx.job(request.id), "release")
     async with ctx.mutex:
         job = ctx.job(request.id)
         if job.state != JobState.HELD:
             raise Conflict(f"job {job.id} is not held (it is {job.state})")
+        [spec] = validate_jobs(
+            ctx, [job.spec], owner_uid=job.owner_uid, owner_name=job.owner_name,
+            env=job.env or {}, adding=0,
+        )  # fmt: skip
+        changes: dict[str, object] = {} if spec == job.spec else {"spec": spec}
         try:
-            ctx.store.update_job(job.id, state=JobState.QUEUED, reason="released", retry_after=0.0)
+            ctx.store.update_job(
+                job.id, state=JobState.QUEUED, reason="released", retry_after=0.0, **changes
+            )
         except sqlite3.Error as exc:
             raise _write_failed("release", job, exc, []) from None
         with contextlib.suppress(sqlite3.Error):

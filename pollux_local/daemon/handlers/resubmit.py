@@ -4,8 +4,11 @@
 command, folder, environment, bounds and options under a new id, owned by the original job's
 owner (it runs as them, whoever asks: its owner or an admin).  Dependencies are dropped: they
 were met, or failed, for the original; an array task stays a task of its array (its index,
-and the array's ``max_running``).  ``edit ID`` changes a queued or held job's command, device bounds, time limit or
-priority; the change is checked as a submit would be."""
+and the array's ``max_running``).  The copy shares the original's stored environment and
+command (nothing is copied).  ``edit ID`` changes a queued or held job's command, device
+bounds, time limit or priority.  Both check the job that results as a submit does, with the
+daemon's config as it is now (``submit.validate_jobs``): a restart counts against its owner's
+``[limits] max_queued_per_user``."""
 
 from __future__ import annotations
 
@@ -16,25 +19,19 @@ from pollux_local.api.errors import Conflict, InvalidRequest
 from pollux_local.api.messages import Edit, JobStateReply, Restart, SubmitReply
 from pollux_local.api.states import TERMINAL_STATES, JobState
 from pollux_local.daemon.context import Context
-from pollux_local.daemon.handlers.submit import check_shape, check_time_limit
+from pollux_local.daemon.handlers.submit import validate_jobs
 
 
 def restart(ctx: Context, request: Restart) -> SubmitReply:
-    old = ctx.job(request.id)
+    old = ctx.job(request.id)  # with its environment
     ctx.require_owner(old, "restart")
     if old.state not in TERMINAL_STATES:
         raise Conflict(f"job {old.id} is {old.state.value}; only a job that ended can be restarted")
-    full = ctx.store.get_job(old.id)  # with its environment
-    assert full is not None
     spec = msgspec.structs.replace(old.spec, after=[], after_any=False)
-    check_shape(
-        argv=spec.argv,
-        workdir=spec.workdir,
-        min_gpus=spec.min_gpus,
-        max_gpus=spec.max_gpus,
-        elastic=spec.elastic,
-        config=ctx.config,
-    )
+    [spec] = validate_jobs(
+        ctx, [spec], owner_uid=old.owner_uid, owner_name=old.owner_name, env=old.env or {},
+        adding=1,
+    )  # fmt: skip
     ctx.require_priority(old.priority)
     job = ctx.store.add_job(
         name=old.name,
@@ -45,7 +42,7 @@ def restart(ctx: Context, request: Restart) -> SubmitReply:
         priority=old.priority,
         submit_time=ctx.clock(),
         held=request.hold,
-        env=dict(full.env or {}),
+        env_of=old.id,
     )
     ctx.store.record_decision(
         job.id, job.submit_time, "submitted", f"by {ctx.peer.name}: a restart of job {old.id}"
@@ -71,23 +68,16 @@ def edit(ctx: Context, request: Edit) -> JobStateReply:
     if request.max_gpus is not UNSET:
         changes["max_gpus"] = request.max_gpus
     if request.time_limit_s is not UNSET:
-        check_time_limit(request.time_limit_s, ctx.config)
-        changes["time_limit_s"] = (
-            request.time_limit_s if request.time_limit_s is not None else ctx.config.default_time_s
-        )
+        changes["time_limit_s"] = request.time_limit_s
     if not changes and request.priority is UNSET:
         raise InvalidRequest("edit: nothing to change (give the command, bounds, time or priority)")
     spec = msgspec.structs.replace(job.spec, **changes)
     if not spec.elastic and request.min_gpus is not UNSET and request.max_gpus is UNSET:
         spec = msgspec.structs.replace(spec, max_gpus=None)
-    check_shape(
-        argv=spec.argv,
-        workdir=spec.workdir,
-        min_gpus=spec.min_gpus,
-        max_gpus=spec.max_gpus,
-        elastic=spec.elastic,
-        config=ctx.config,
-    )
+    [spec] = validate_jobs(
+        ctx, [spec], owner_uid=job.owner_uid, owner_name=job.owner_name, env=job.env or {},
+        adding=0,
+    )  # fmt: skip
     update: dict[str, object] = {"spec": spec}
     if request.priority is not UNSET:
         ctx.require_priority(request.priority, job.priority)

@@ -1,18 +1,25 @@
 """``submit``: check a new job once and commit it to the store before replying.
 
-The request's types and ranges were checked when it was decoded (``api.Submit``); what depends
-on several fields or on this daemon is checked here, in :func:`check_submit`, and nowhere else;
-a priority above ``[limits] max_priority`` (default 0) needs an admin
-(``Context.require_priority``).
+The request's types and ranges were checked when it was decoded (``api.Submit``); what only a
+request has (an array's indices and task commands) is checked by :func:`check_request`; the
+jobs it makes are checked by :func:`validate_jobs`, the one validation of a resulting job that
+``submit``, ``restart``, ``edit`` and ``release`` all call: the stored :class:`JobSpec` against
+this daemon's config and ``[limits]`` (shape, batch bounds, time limit, sharing, constraint,
+the size of its command and environment) and what its owner already holds in the queue.  A
+job without a time limit gets ``[limits] default_time``, else ``max_time`` (none when neither
+is set).  A priority above ``[limits] max_priority`` (default 0) needs an admin
+(``Context.require_priority``).  The limits hold for everyone, admins too: they protect the
+daemon, and an admin who needs more raises them in the config.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from pollux_local.api.errors import InvalidRequest
+from pollux_local.api.errors import InvalidRequest, LimitExceeded
 from pollux_local.api.messages import Submit, SubmitReply
 from pollux_local.api.spec import Constraint, JobSpec
 from pollux_local.daemon.config import DaemonConfig
@@ -31,28 +38,82 @@ def default_job_name(argv: list[str]) -> str:
     return program
 
 
-def check_submit(request: Submit, config: DaemonConfig) -> None:
-    """The checks across fields, and against the daemon's devices (:class:`InvalidRequest`)."""
+def validate_jobs(
+    ctx: Context,
+    specs: Sequence[JobSpec],
+    *,
+    owner_uid: int,
+    owner_name: str,
+    env: Mapping[str, str],
+    adding: int,
+) -> list[JobSpec]:
+    """The one validation of the jobs a request results in (``specs``: what the store would
+    hold, all with environment ``env``), owned by ``owner_uid``: ``adding`` of them are new to
+    the queue (a submit's jobs, a restart's copy; 0 for an edit or a release).  Returns the
+    specs to store (time limits settled, :func:`check_job`); :class:`LimitExceeded` or
+    :class:`InvalidRequest`, one line, when one may not be."""
+    config = ctx.config
+    if len(specs) > config.max_array_size:
+        raise LimitExceeded(
+            f"limit exceeded: an array of {len(specs)} tasks is more than {config.max_array_size},"
+            " the most an array may have ([limits] max_array_size)"
+        )
+    if adding:
+        held, most = ctx.store.count_active(owner_uid), config.max_queued_per_user
+        if held + adding > most:
+            what = (
+                f"{held} jobs queued or running, the most a user may have"
+                if held >= most
+                else f"{held} jobs queued or running and this adds {adding}, more than {most},"
+                " the most a user may have"
+            )
+            raise LimitExceeded(
+                f"limit exceeded: {owner_name} has {what} ([limits] max_queued_per_user)"
+            )
+    env_bytes = environment_size(env)
+    return [check_job(spec, config, env_bytes=env_bytes) for spec in specs]
+
+
+def environment_size(env: Mapping[str, str]) -> int:
+    """Bytes of an environment as exec counts them: ``NAME=value`` and its NUL, each."""
+    return sum(len(name.encode()) + len(value.encode()) + 2 for name, value in env.items())
+
+
+def check_job(spec: JobSpec, config: DaemonConfig, *, env_bytes: int = 0) -> JobSpec:
+    """One job as it would be stored, against this daemon's config (:class:`InvalidRequest`,
+    or :class:`LimitExceeded` for its size); the spec with its time limit settled."""
     check_shape(
-        argv=request.argv,
-        workdir=request.workdir,
-        min_gpus=request.min_gpus,
-        max_gpus=request.max_gpus,
-        elastic=request.elastic,
+        argv=spec.argv,
+        workdir=spec.workdir,
+        min_gpus=spec.min_gpus,
+        max_gpus=spec.max_gpus,
+        elastic=spec.elastic,
         config=config,
     )
-    batch, max_batch = request.batch_size, request.max_batch_size
+    size = env_bytes + sum(len(arg.encode()) + 1 for arg in spec.argv)
+    if size > config.max_command_bytes:
+        raise LimitExceeded(
+            f"limit exceeded: the job's command line and environment take {format_size(size)},"
+            f" more than {format_size(config.max_command_bytes)}, the most a job may have"
+            " ([limits] max_command_size)"
+        )
+    batch, max_batch = spec.batch_size, spec.max_batch_size
     if max_batch is not None and batch is None:
         raise InvalidRequest("max_batch_size needs batch_size")
     if max_batch is not None and batch is not None and max_batch < batch:
         raise InvalidRequest(f"max_batch_size {max_batch} is below batch_size {batch}")
-    min_local, max_local = request.min_local_batch, request.max_local_batch
+    min_local, max_local = spec.min_local_batch, spec.max_local_batch
     if min_local is not None and max_local is not None and max_local < min_local:
         raise InvalidRequest(f"max_local_batch {max_local} is below min_local_batch {min_local}")
-    check_time_limit(request.time_limit_s, config)
-    check_sharing(request, config)
-    if request.constraint is not None:
-        check_constraint(request.constraint, request.min_gpus, config)
+    check_sharing(spec, config)
+    if spec.constraint is not None:
+        check_constraint(spec.constraint, spec.min_gpus, config)
+    limit = settle_time_limit(spec.time_limit_s, config)
+    return spec if limit == spec.time_limit_s else msgspec.structs.replace(spec, time_limit_s=limit)
+
+
+def check_request(request: Submit, config: DaemonConfig) -> None:
+    """What only a submit request has: its array's indices and task commands."""
     if request.array is not None:
         indices = [task.index for task in request.array]
         if len(set(indices)) != len(indices):
@@ -62,6 +123,13 @@ def check_submit(request: Submit, config: DaemonConfig) -> None:
                 raise InvalidRequest(f"submit: array task {task.index}: the command is empty")
     elif request.max_running is not None:
         raise InvalidRequest("submit: max_running is for arrays (give array tasks)")
+
+
+def check_submit(request: Submit, config: DaemonConfig) -> JobSpec:
+    """A request's checks that need no store: :func:`check_request`, then :func:`check_job`
+    of the job it describes (its spec, time limit settled)."""
+    check_request(request, config)
+    return check_job(spec_of(request), config, env_bytes=environment_size(request.env))
 
 
 def check_shape(
@@ -98,36 +166,42 @@ def check_shape(
         )
 
 
-def check_sharing(request: Submit, config: DaemonConfig) -> None:
+def check_sharing(spec: JobSpec, config: DaemonConfig) -> None:
     """A shared job is rigid, on one device, declares its memory, and some node's devices
     are known to have that much."""
-    if not request.shared:
+    if not spec.shared:
         return
-    if request.elastic:
-        raise InvalidRequest("submit: --shared is for rigid jobs; an elastic job never shares")
-    if request.min_gpus != 1 or (request.max_gpus or 1) != 1:
-        raise InvalidRequest("submit: a shared job runs on one device (--gpus 1)")
-    if request.gpu_memory is None:
-        raise InvalidRequest("submit: --shared needs --gpu-memory (the memory the job uses)")
+    if spec.elastic:
+        raise InvalidRequest("--shared is for rigid jobs; an elastic job never shares")
+    if spec.min_gpus != 1 or (spec.max_gpus or 1) != 1:
+        raise InvalidRequest(
+            f"a shared job runs on one device (--gpus 1), not {spec.min_gpus}"
+            + (f"-{spec.max_gpus}" if spec.max_gpus not in (None, spec.min_gpus) else "")
+        )
+    if spec.gpu_memory is None:
+        raise InvalidRequest("--shared needs --gpu-memory (the memory the job uses)")
     sizes = [node.device_memory for node in config.nodes if node.device_memory is not None]
     if not sizes:
+        raise InvalidRequest("--shared: no node declares its devices' memory ([nodes.NAME] memory)")
+    if spec.gpu_memory > max(sizes):
         raise InvalidRequest(
-            "submit: --shared: no node declares its devices' memory ([nodes.NAME] memory)"
-        )
-    if request.gpu_memory > max(sizes):
-        raise InvalidRequest(
-            f"submit: --gpu-memory {format_size(request.gpu_memory)} is more than any device"
+            f"--gpu-memory {format_size(spec.gpu_memory)} is more than any device"
             f" has (at most {format_size(max(sizes))})"
         )
 
 
-def check_time_limit(limit: float | None, config: DaemonConfig) -> None:
+def settle_time_limit(limit: float | None, config: DaemonConfig) -> float | None:
+    """A job's time limit under this daemon: none given is ``[limits] default_time``, else
+    ``max_time``; one longer than ``max_time`` is refused."""
     longest = config.max_time_s
-    if limit is not None and longest is not None and limit > longest:
+    if limit is None:
+        return config.default_time_s if config.default_time_s is not None else longest
+    if longest is not None and limit > longest:
         raise InvalidRequest(
-            f"submit: time limit {format_duration(limit)} is longer than this daemon's maximum"
+            f"time limit {format_duration(limit)} is longer than this daemon's maximum"
             f" {format_duration(longest)} ([limits] max_time)"
         )
+    return limit
 
 
 def check_constraint(constraint: Constraint, min_gpus: int, config: DaemonConfig) -> None:
@@ -136,13 +210,11 @@ def check_constraint(constraint: Constraint, min_gpus: int, config: DaemonConfig
     names = [node.name for node in config.nodes]
     for name in constraint.nodes:
         if name not in names:
-            raise InvalidRequest(
-                f"submit: --constraint names no node {name!r} (nodes: {', '.join(names)})"
-            )
+            raise InvalidRequest(f"--constraint names no node {name!r} (nodes: {', '.join(names)})")
     types = sorted({node.device_type for node in config.nodes})
     if constraint.device_type is not None and constraint.device_type not in types:
         raise InvalidRequest(
-            f"submit: --constraint asks for device type {constraint.device_type!r}; this"
+            f"--constraint asks for device type {constraint.device_type!r}; this"
             f" daemon has {', '.join(types)}"
         )
     allowed = sum(
@@ -152,8 +224,7 @@ def check_constraint(constraint: Constraint, min_gpus: int, config: DaemonConfig
     )
     if min_gpus > allowed:
         raise InvalidRequest(
-            f"submit: the job needs {min_gpus} device(s) but {constraint.describe()} offer"
-            f" {allowed}"
+            f"the job needs {min_gpus} device(s) but {constraint.describe()} offer {allowed}"
         )
 
 
@@ -163,9 +234,9 @@ def check_dependencies(ctx: Context, after: list[str]) -> None:
             raise InvalidRequest(f"submit: --after names job {job_id}, which does not exist")
 
 
-def spec_of(request: Submit, config: DaemonConfig) -> JobSpec:
-    """The stored spec of a checked request (an array's tasks get theirs from it)."""
-    limit = request.time_limit_s if request.time_limit_s is not None else config.default_time_s
+def spec_of(request: Submit) -> JobSpec:
+    """The spec a request describes, as given (:func:`check_job` settles its time limit; an
+    array's tasks get theirs from it)."""
     return JobSpec(
         argv=list(request.argv),
         workdir=request.workdir,
@@ -182,7 +253,7 @@ def spec_of(request: Submit, config: DaemonConfig) -> JobSpec:
         preemptible=request.preemptible,
         after=list(dict.fromkeys(request.after)),
         after_any=request.after_any,
-        time_limit_s=limit,
+        time_limit_s=request.time_limit_s,
         notify=list(request.notify),
         notify_on=request.notify_on,
         constraint=request.constraint,
@@ -193,19 +264,26 @@ def spec_of(request: Submit, config: DaemonConfig) -> JobSpec:
 
 
 def submit(ctx: Context, request: Submit) -> SubmitReply:
-    check_submit(request, ctx.config)
+    check_request(request, ctx.config)
     check_dependencies(ctx, request.after)
     ctx.require_priority(request.priority)
-    spec = spec_of(request, ctx.config)
+    spec = spec_of(request)
     name = request.name or default_job_name(request.argv)
     if request.array is None:
         names, specs = [name], [spec]
     else:
         names = [task.name or f"{name}[{task.index}]" for task in request.array]
+        # tasks that keep the array's command share its list: the store keeps it once
         specs = [
-            msgspec.structs.replace(spec, argv=list(task.argv or spec.argv), array_index=task.index)
+            msgspec.structs.replace(
+                spec, argv=list(task.argv) if task.argv else spec.argv, array_index=task.index
+            )
             for task in request.array
         ]
+    specs = validate_jobs(
+        ctx, specs, owner_uid=ctx.peer.uid, owner_name=ctx.peer.name, env=request.env,
+        adding=len(specs),
+    )  # fmt: skip
     jobs = ctx.store.add_jobs(
         name=names,
         owner_uid=ctx.peer.uid,
