@@ -274,24 +274,57 @@ async def test_a_failing_or_hanging_hook_is_logged_and_holds_back_no_other(
 
 
 @pytest.mark.asyncio
-async def test_a_pass_takes_at_most_the_backlog_the_rest_waits_in_the_outbox(
+async def test_a_pass_takes_at_most_the_per_owner_queue_the_rest_waits_in_the_outbox(
     store: StateStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(notify, "MAX_BACKLOG", 3)
-    record = tmp_path / "ends.txt"
+    monkeypatch.setattr(notify, "QUEUED_PER_OWNER", 3)
+    monkeypatch.setattr(notify, "SENDERS_PER_OWNER", 1)
+    record, gate = tmp_path / "ends.txt", tmp_path / "gate"
     ids = [add_job(store, f"j{i}") for i in range(5)]
     for job_id in ids:
         end_job(store, job_id, "succeeded")
-    notifier = Notifier(
-        store, lambda: daemon_config(notify_command=RECORD + str(record)), os.geteuid()
-    )
+    command = f"while [ ! -e {gate} ]; do sleep 0.05; done; " + RECORD + str(record)
+    notifier = Notifier(store, lambda: daemon_config(notify_command=command), os.geteuid())
 
     assert await notifier.announce_pending() == 3
-    assert await notifier.announce_pending() == 0  # the backlog is full
-    assert await notifier.wait_idle(60)
-    assert [end.job_id for end in store.pending_ends()] == ids[3:]
-    assert await announce_all(notifier) == 2
+    assert await notifier.announce_pending() == 0  # the owner's queue is full
+    await asyncio.sleep(0.5)
+    assert [end.job_id for end in store.pending_ends()] == ids[1:]  # one started, marked
+    gate.touch()
+    assert await notifier.wait_idle(60)  # as each finishes, the owner's next ones follow
     assert sorted(int(line.split()[0]) for line in lines(record)) == ids
+    assert store.pending_ends() == []
+
+
+@needs_root
+@pytest.mark.asyncio
+async def test_one_owners_hanging_hooks_and_many_ends_do_not_delay_anothers(
+    store: StateStore, tmp_path: Path
+) -> None:
+    record = tmp_path / "ends.txt"
+    command = f'case "$POLLUX_JOB_NAME" in hang*) sleep 60;; esac; {RECORD}{record}'
+    other = pwd.getpwnam("nobody")
+    hanging = [
+        add_job(store, f"hang{i}", uid=other.pw_uid, gid=other.pw_gid, owner=other.pw_name)
+        for i in range(40)
+    ]
+    mine = add_job(store, "mine")
+    for job_id in hanging:
+        end_job(store, job_id, "cancelled")
+    end_job(store, mine, "succeeded")
+    config = dataclasses.replace(daemon_config(notify_command=command), notify_backlog_per_user=30)
+    notifier = Notifier(store, lambda: config, 0, timeout_s=20.0)
+    started = time.monotonic()
+    await notifier.announce_pending()
+    while not lines(record) and time.monotonic() - started < 15:
+        await asyncio.sleep(0.05)
+    took = time.monotonic() - started
+    assert lines(record) == [f"{mine} succeeded "]
+    assert took < 3.0  # not behind the other owner's 40 ends, each hanging for 20 s
+    # the other owner: 2 at a time, 16 in memory, and the 10 oldest beyond 30 dropped
+    assert notifier._sending[other.pw_uid] == 2
+    assert len(store.pending_ends(limit=1000)) == 28
+    await notifier.close(grace_s=0.1)
 
 
 @pytest.mark.asyncio
@@ -533,7 +566,7 @@ async def test_as_root_a_desktop_notification_goes_to_the_owners_session_bus(
         bus = socket.socket(socket.AF_UNIX)
         bus.bind(str(runtime / "bus"))
         os.chown(runtime / "bus", unix_user.uid, unix_user.gid)
-        end_job(store, with_bus, "failed", "out of memory")
+        end_job(store, with_bus, "failed", 'out of <a href="http://x">memory</a>\x1b[2J')
         assert await announce_all(notifier) == 1
     finally:
         if bus is not None:
@@ -551,5 +584,5 @@ async def test_as_root_a_desktop_notification_goes_to_the_owners_session_bus(
         "--urgency=critical",
         "--",
         f"pollux-local: job {with_bus} (bus) failed",
-        "out of memory",
+        'out of &lt;a href="http://x"&gt;memory&lt;/a&gt;\\x1b[2J',  # markup and escapes inert
     ]

@@ -36,6 +36,8 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     mib_in_flight_per_user = 32  # request bytes one user may have the daemon buffer at once
     max_devices_per_user = 4  # devices one user's jobs may hold at once (default: no cap)
     max_running_per_user = 8  # jobs of one user running at once (default: no cap)
+    max_log_size = "100M"     # each replica's log; output beyond it is discarded (a note says so)
+    notify_backlog_per_user = 100  # job ends of one user waiting to be announced; older dropped
     default_time = "1d"       # the time limit of a job submitted without --time
     max_time = "7d"           # the longest --time a job may ask for
     max_queued_per_user = 1000  # jobs one user may have queued, held or running (default 1000)
@@ -134,6 +136,10 @@ class DaemonConfig:
     #: devices one user's jobs may hold at once, and jobs of one user running at once
     max_devices_per_user: int | None = None
     max_running_per_user: int | None = None
+    #: bytes of one replica's log (``[limits] max_log_size``): more output is discarded
+    max_log_bytes: int = 100 * 1024 * 1024
+    #: job ends of one user waiting to be announced (``[limits] notify_backlog_per_user``)
+    notify_backlog_per_user: int = 100
     #: the time limit of a job submitted without one, and the longest one a job may ask for
     default_time_s: float | None = None
     max_time_s: float | None = None
@@ -283,6 +289,8 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
             "mib_in_flight_per_user",
             "max_devices_per_user",
             "max_running_per_user",
+            "max_log_size",
+            "notify_backlog_per_user",
             "default_time",
             "max_time",
             "max_queued_per_user",
@@ -493,6 +501,8 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
         max_user_bytes=_whole(limits, "mib_in_flight_per_user", 32, where, 16, 4096) << 20,
         max_devices_per_user=_optional_whole(limits, "max_devices_per_user", where),
         max_running_per_user=_optional_whole(limits, "max_running_per_user", where),
+        max_log_bytes=_log_size(limits, where),
+        notify_backlog_per_user=_whole(limits, "notify_backlog_per_user", 100, where, 1, 1_000_000),
         default_time_s=default_time,
         max_time_s=max_time,
         max_queued_per_user=_whole(limits, "max_queued_per_user", 1000, where, 1, 10_000_000),
@@ -526,6 +536,17 @@ def _command_size(limits: dict[str, Any], where: str) -> int:
         return parse_size(limits.get("max_command_size", "4M"))
     except SizeError as exc:
         raise PolluxError(f"{where}: [limits] max_command_size: {exc}") from None
+
+
+def _log_size(limits: dict[str, Any], where: str) -> int:
+    """``[limits] max_log_size`` in bytes (default 100 MiB; at least 4 KiB)."""
+    try:
+        size = parse_size(limits.get("max_log_size", "100M"))
+    except SizeError as exc:
+        raise PolluxError(f"{where}: [limits] max_log_size: {exc}") from None
+    if size < 4096:
+        raise PolluxError(f"{where}: [limits] max_log_size must be at least 4K, got {size} bytes")
+    return size
 
 
 def _optional_whole(table: dict[str, Any], key: str, where: str) -> int | None:

@@ -19,10 +19,21 @@ by a process with only that user's rights.
 
 Delivery is at most once: an end is marked announced right before its processes start, so a
 daemon that dies while sending never sends it again (nor loops resending an end that makes it
-die).  At most :data:`MAX_ENDS_AT_ONCE` ends are sent at once, each process is given
-:data:`SEND_TIMEOUT_S` and then its process group is killed, and at most :data:`MAX_BACKLOG`
-ends wait in memory: the others stay in the outbox for a later pass.  A failure is one line in
-the daemon's log and never touches the job.
+die); an end not started stays in the outbox, sent after a restart.
+
+Fair between users, whatever one of them does: every owner has a queue of its own (at most
+:data:`QUEUED_PER_OWNER` ends in memory; the rest wait in the outbox), the queues are served
+round robin, an owner has at most :data:`SENDERS_PER_OWNER` ends being sent at once (all
+owners together :data:`MAX_ENDS_AT_ONCE`), and each process is given :data:`SEND_TIMEOUT_S`,
+then its process group is killed.  So one user's hooks that hang, or thousands of ends of a
+cancelled array, delay only that user's notifications: another's starts as soon as its end is
+recorded.  An owner with more than ``[limits] notify_backlog_per_user`` ends waiting in the
+outbox has the oldest beyond it dropped (marked announced, never sent), logged once until its
+backlog has drained.  A failure is one line in the daemon's log and never touches the job.
+
+The text a job controls (its name, its reason) is made printable
+(:func:`pollux_local.untrusted.printable`) in every notification, and escaped as markup for the
+desktop, whose notification daemons read ``<b>`` and ``<a href>`` in a body.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import html
 import json
 import logging
 import os
@@ -39,6 +51,7 @@ import signal
 import stat
 import subprocess
 import sys
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,17 +61,28 @@ from pollux_local.api.states import JobState
 from pollux_local.daemon import notify_send
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.state import JobEnd, JobRecord, StateStore
+from pollux_local.untrusted import printable
 
-__all__ = ["MAX_BACKLOG", "MAX_ENDS_AT_ONCE", "SEND_TIMEOUT_S", "Notifier", "job_environ"]
+__all__ = [
+    "MAX_ENDS_AT_ONCE",
+    "QUEUED_PER_OWNER",
+    "SENDERS_PER_OWNER",
+    "SEND_TIMEOUT_S",
+    "Notifier",
+    "job_environ",
+]
 
 log = logging.getLogger("pollux_local.daemon")
 
-#: Ends whose notifications run at the same time (each runs up to three processes).
-MAX_ENDS_AT_ONCE = 4
-#: Ends taken from the outbox and not yet finished, at most; more wait in the outbox.
-MAX_BACKLOG = 64
+#: Ends whose notifications run at the same time, all owners together (each end runs up to
+#: three processes).
+MAX_ENDS_AT_ONCE = 16
+#: Ends of one owner whose notifications run at the same time.
+SENDERS_PER_OWNER = 2
+#: Ends of one owner taken from the outbox into memory, at most; more wait in the outbox.
+QUEUED_PER_OWNER = 16
 #: Seconds one notification process may run before its process group is killed.
-SEND_TIMEOUT_S = 30.0
+SEND_TIMEOUT_S = 10.0
 #: Seconds :meth:`Notifier.close` waits for running notifications before killing them.
 CLOSE_GRACE_S = 3.0
 #: The PATH the owner's processes get.
@@ -123,6 +147,13 @@ def _one_line(text: str, limit: int = 500) -> str:
     return cleaned if len(cleaned) <= limit else cleaned[: limit - 3] + "..."
 
 
+def _shown(text: str, limit: int) -> str:
+    """Text a job controls as one line of a notification: blanks collapsed, every control
+    character an escape (``untrusted.printable``), at most ``limit`` characters."""
+    shown = printable(" ".join(text.split()), newline=False)
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+
+
 def _runnable_by_everyone(path: str) -> bool:
     """Every directory above ``path`` (links resolved) may be entered and the file run by
     any user (mode bits only)."""
@@ -170,76 +201,159 @@ class Notifier:
         self.daemon_uid = daemon_uid
         self.timeout_s = timeout_s
         self.user_path = user_path
-        self._slots = asyncio.Semaphore(MAX_ENDS_AT_ONCE)
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        #: each owner's ends taken from the outbox and not started, oldest first
+        self._queues: dict[int, deque[JobEnd]] = {}
+        #: the owners in the order they are served (round robin)
+        self._turns: deque[int] = deque()
+        #: ends being sent, by owner
+        self._sending: dict[int, int] = {}
+        #: the owner of each end taken (queued or being sent)
+        self._owner_of: dict[int, int] = {}
+        #: owners whose backlog went over the bound (logged once until it drains)
+        self._over: set[int] = set()
         self._closing = False
+        self._store_failed = False
         self._notify_send_missing_logged = False
         self._source: str | None = None
 
     @property
     def in_flight(self) -> int:
         """Ends taken from the outbox whose notifications have not finished."""
-        return len(self._tasks)
+        return len(self._owner_of)
 
     async def announce_pending(self) -> int:
-        """Take the outbox's pending ends (as many as the backlog allows) and start their
-        notifications in the background; the number taken.  Never raises."""
+        """Take the outbox's pending ends into their owners' queues (at most
+        :data:`QUEUED_PER_OWNER` each) and start as many as the bounds allow, in the
+        background; the number taken.  Never raises."""
         if self._closing:
             return 0
+        self._store_failed = False
         try:
-            room = MAX_BACKLOG - len(self._tasks)
-            if room <= 0:
-                return 0
-            pending = self.store.pending_ends(limit=MAX_BACKLOG)
-            taken = 0
-            for end in pending:
-                if taken >= room:
-                    break
-                if end.seq in self._tasks:
-                    continue
-                task = asyncio.create_task(self._announce(end), name=f"notify-{end.seq}")
-                self._tasks[end.seq] = task
-                task.add_done_callback(functools.partial(self._forget, end.seq))
-                taken += 1
-            return taken
+            taken = self._take()
         except Exception:
             log.exception("notify: cannot read the outbox of job ends")
             return 0
+        self._start_next()
+        return taken
 
-    def _forget(self, seq: int, _task: asyncio.Task[None]) -> None:
+    def _backlog_bound(self) -> int:
+        try:
+            return max(1, int(self.config_getter().notify_backlog_per_user))
+        except Exception:  # noqa: BLE001 - a broken config must not stop notifications
+            return DaemonConfig.notify_backlog_per_user
+
+    def _take(self) -> int:
+        """Fill every owner's queue from the outbox; an owner over the backlog bound first has
+        its oldest pending ends beyond it dropped (logged once)."""
+        bound = self._backlog_bound()
+        pending = self.store.pending_ends_by_owner(QUEUED_PER_OWNER)
+        over = {uid for uid, (count, _) in pending.items() if count > bound}
+        for uid in over:
+            dropped = self.store.drop_oldest_ends(uid, keep=bound)
+            queue = self._queues.get(uid)
+            if queue:
+                for end in queue:
+                    self._owner_of.pop(end.seq, None)
+                queue.clear()
+            if uid not in self._over:
+                self._over.add(uid)
+                log.warning(
+                    "notify: uid %s has more than %d job ends waiting to be announced"
+                    " ([limits] notify_backlog_per_user); the %d oldest are dropped, and"
+                    " further drops are not logged until its backlog has drained",
+                    uid,
+                    bound,
+                    dropped,
+                )
+        if over:
+            pending = self.store.pending_ends_by_owner(QUEUED_PER_OWNER)
+        self._over &= set(pending)
+        taken = 0
+        for uid, (_, ends) in pending.items():
+            queue = self._queues.setdefault(uid, deque())
+            if uid not in self._turns:
+                self._turns.append(uid)
+            for end in ends:
+                if end.seq in self._owner_of or len(queue) >= QUEUED_PER_OWNER:
+                    continue
+                queue.append(end)
+                self._owner_of[end.seq] = uid
+                taken += 1
+        return taken
+
+    def _start_next(self) -> None:
+        """Start queued ends, owner after owner (round robin), while the bounds allow."""
+        while not self._closing and len(self._tasks) < MAX_ENDS_AT_ONCE:
+            for _ in range(len(self._turns)):
+                uid = self._turns[0]
+                self._turns.rotate(-1)
+                queue = self._queues.get(uid)
+                if queue and self._sending.get(uid, 0) < SENDERS_PER_OWNER:
+                    end = queue.popleft()
+                    self._sending[uid] = self._sending.get(uid, 0) + 1
+                    task = asyncio.create_task(self._announce(end), name=f"notify-{end.seq}")
+                    self._tasks[end.seq] = task
+                    task.add_done_callback(functools.partial(self._forget, end.seq, uid))
+                    break
+            else:
+                break
+        for uid in [uid for uid in self._turns if not self._queues.get(uid)]:
+            if not self._sending.get(uid):  # idle owners leave the round
+                self._turns.remove(uid)
+                self._queues.pop(uid, None)
+
+    def _forget(self, seq: int, uid: int, _task: asyncio.Task[None]) -> None:
         self._tasks.pop(seq, None)
+        self._owner_of.pop(seq, None)
+        self._sending[uid] = max(0, self._sending.get(uid, 0) - 1)
+        if self._closing:
+            return
+        if not self._queues.get(uid) and not self._store_failed:
+            with contextlib.suppress(Exception):
+                self._take()  # the owner's next ends, without waiting for a pass
+        self._start_next()
 
     async def wait_idle(self, timeout_s: float | None = None) -> bool:
         """Wait until every notification taken has finished (tests, shutdown); whether they
         all did within ``timeout_s``."""
-        tasks = list(self._tasks.values())
-        if not tasks:
-            return True
-        _, still = await asyncio.wait(tasks, timeout=timeout_s)
-        return not still
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while self._tasks:
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return False
+            await asyncio.wait(list(self._tasks.values()), timeout=left)
+        return not self._owner_of or self._closing
 
     async def close(self, grace_s: float = CLOSE_GRACE_S) -> None:
         """At daemon stop: take no more ends, give the running notifications ``grace_s``,
         then kill what is left (ends not started yet stay in the outbox, sent at the next
         start)."""
         self._closing = True
+        self._queues.clear()
+        self._owner_of = {seq: uid for seq, uid in self._owner_of.items() if seq in self._tasks}
         if not await self.wait_idle(grace_s):
             left = list(self._tasks.values())
             for task in left:
                 task.cancel()
             await asyncio.gather(*left, return_exceptions=True)
+        self._owner_of.clear()
 
     # --- one end ------------------------------------------------------------------------------
 
     async def _announce(self, end: JobEnd) -> None:
-        """Send one end's notifications (in a slot); marked announced right before its
-        processes start.  Logs, never raises."""
+        """Send one end's notifications; marked announced right before its processes start.
+        Logs, never raises."""
         try:
-            async with self._slots:
-                if self._closing:
-                    return
+            if self._closing:
+                return
+            try:
                 self.store.mark_announced(end.seq)
-                await self._send(end)
+            except Exception:
+                self._store_failed = True  # left in the outbox; taken again at a later pass
+                raise
+            await self._send(end)
         except asyncio.CancelledError:
             raise
         except Exception as error:  # noqa: BLE001 - a notification never affects anything else
@@ -296,8 +410,10 @@ class Notifier:
         await asyncio.gather(*sends)
 
     def _title_and_body(self, job: JobRecord, end: JobEnd) -> tuple[str, str]:
-        title = f"pollux-local: job {job.id} ({_one_line(job.name, 80)}) {end.state.value}"
-        return title, _one_line(end.reason, 1000) or end.state.value
+        """The notification's title and body as plain text, what the job controls (its name,
+        its reason) made printable."""
+        title = f"pollux-local: job {job.id} ({_shown(job.name, 80)}) {end.state.value}"
+        return title, _shown(end.reason, 1000) or end.state.value
 
     def _desktop_argv(self, job: JobRecord, end: JobEnd, owner: Owner) -> list[str] | None:
         """``notify-send`` for this end, or ``None`` when the owner has no session bus (or
@@ -316,6 +432,8 @@ class Notifier:
             return None
         title, body = self._title_and_body(job, end)
         urgency = "critical" if end.state is JobState.FAILED else "normal"
+        # the body is read as markup by notification daemons: ``<a href>`` would be a link
+        body = html.escape(body, quote=False)
         return [program, "--app-name=pollux-local", f"--urgency={urgency}", "--", title, body]
 
     async def _run_sender(

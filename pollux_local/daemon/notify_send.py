@@ -39,8 +39,9 @@ from typing import Any
 USER_FILE = os.path.join(".config", "pollux-local", "notify.toml")
 #: The most bytes of the per-user file read.
 USER_FILE_LIMIT = 64 * 1024
-#: Seconds one destination may take.
-SEND_TIMEOUT_S = 20.0
+#: Seconds one destination may take (the daemon kills the whole sender after its own
+#: ``notify.SEND_TIMEOUT_S``).
+SEND_TIMEOUT_S = 8.0
 #: URL schemes posted with urllib when apprise is not installed: scheme -> the HTTP scheme used.
 WEBHOOK_SCHEMES = {"json": "http", "jsons": "https", "http": "http", "https": "https"}
 
