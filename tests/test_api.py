@@ -167,3 +167,88 @@ def test_job_report_schema_is_strict_but_every_field_is_optional() -> None:
     for bad in ({"version": 99}, {"profile": [{"nodes": 0}]}, {"progress": -1}, {"x": 1}):
         with pytest.raises(msgspec.ValidationError):
             msgspec.convert(bad, api.JobReport, strict=True)
+
+
+def _row(local_batch: int, count: int = 1) -> dict[str, object]:
+    return {"nodes": 1, "replicas": 1, "local_batch": local_batch, "compute_s": 0.1,
+            "step_s": 0.1, "count": count}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("report", "field"),
+    [
+        ({"profile": [_row(m) for m in range(1, 258)]}, "$.report.profile"),
+        ({"memory": [{"device_type": "t4", "local_batch": m, "peak_bytes": 1,
+                      "total_bytes": 2} for m in range(1, 258)]}, "$.report.memory"),
+        ({"metrics": {f"m{i}": 1.0 for i in range(65)}}, "$.report.metrics"),
+        ({"metrics": {"x" * 65: 1.0}}, "$.report.metrics"),
+        ({"metrics": {"loss": 1e301}}, "$.report.metrics"),
+        ({"grad_stats": {"sqr": 1e301, "var": 1.0}}, "$.report.grad_stats.sqr"),
+        ({"grad_stats": {"sqr": 1.0, "var": -1.0}}, "$.report.grad_stats.var"),
+        ({"progress": 1e19}, "$.report.progress"),
+        ({"time": -5.0}, "$.report.time"),
+        ({"eta_s": 1e300}, "$.report.eta_s"),
+        ({"job_id": "7" * 33}, "$.report.job_id"),
+        ({"profile": [{**_row(8), "step_s": 1e10}]}, "$.report.profile[0].step_s"),
+    ],
+)  # fmt: skip
+def test_a_report_over_its_bounds_is_refused_in_one_line_naming_the_field(
+    report: dict[str, object], field: str
+) -> None:
+    with pytest.raises(api.InvalidRequest) as info:
+        wire.decode_request(body(v=1, type="report", job_id="1", report=report))
+    text = str(info.value)
+    assert field in text and "\n" not in text
+
+
+def test_a_report_with_a_number_that_is_not_finite_is_refused() -> None:
+    # JSON has no NaN or infinity: a number too large for a float is refused with the frame
+    with pytest.raises(api.ProtocolError, match="out of range"):
+        wire.decode_request(b'{"v": 1, "type": "report", "job_id": "1",'
+                            b' "report": {"metrics": {"loss": 1e999}}}')  # fmt: skip
+    # and a report made in Python with them is refused by the ranges, naming the field
+    for bad, field in (
+        ({"metrics": {"loss": float("nan")}}, "$.metrics"),
+        ({"grad_stats": {"sqr": float("inf"), "var": 1.0}}, "$.grad_stats.sqr"),
+        ({"eta_s": float("nan")}, "$.eta_s"),
+    ):
+        with pytest.raises(msgspec.ValidationError, match=field.replace("$", r"\$")):
+            msgspec.convert(bad, api.JobReport, strict=True)
+
+
+def test_a_report_at_its_bounds_is_taken() -> None:
+    from pollux_local.api.report import MAX_METRICS, MAX_NAME_CHARS, MAX_PROFILE_ROWS
+
+    report = {
+        "profile": [_row(m) for m in range(1, MAX_PROFILE_ROWS + 1)],
+        "metrics": {f"{i:0{MAX_NAME_CHARS}d}": float(i) for i in range(MAX_METRICS)},
+        "grad_stats": {"sqr": 1e300, "var": 0.0},
+    }
+    request = wire.decode_request(body(v=1, type="report", job_id="1", report=report))
+    assert isinstance(request, api.Report) and len(request.report.profile) == MAX_PROFILE_ROWS
+
+
+def test_the_job_side_cuts_a_report_to_its_bounds() -> None:
+    """The job library sends the most-timed rows and finite metrics, so that an honest job
+    with more measurements than a report holds is never refused."""
+    from pollux_local.api.report import (
+        MAX_METRICS,
+        MAX_PROFILE_ROWS,
+        JobReport,
+        ProfileRow,
+        bounded_report,
+    )
+
+    rows = [ProfileRow(nodes=1, replicas=1, local_batch=m, compute_s=0.1, step_s=0.1, count=m)
+            for m in range(1, MAX_PROFILE_ROWS + 51)]  # fmt: skip
+    metrics = {f"m{i}": float(i) for i in range(MAX_METRICS + 5)}
+    metrics |= {"m0": float("nan"), "m1": float("inf"), "y" * 80: 1.0}
+    cut = bounded_report(JobReport(profile=rows, metrics=metrics))
+    assert [row.local_batch for row in cut.profile] == list(range(51, MAX_PROFILE_ROWS + 51))
+    assert len(cut.metrics) == MAX_METRICS and cut.metrics["m0"] is None
+    assert cut.metrics["m1"] is None and "y" * 80 not in cut.metrics
+    # what it sends passes the daemon's decoding
+    framed = wire.encode_request(api.Report(job_id="1", report=cut))
+    assert wire.decode_request(framed[4:]) == api.Report(job_id="1", report=cut)
+    within = JobReport(profile=rows[:3], metrics={"loss": 0.5})
+    assert bounded_report(within) is within

@@ -60,8 +60,8 @@ from pollux_local.api.states import PLACED_STATES, ExitCode, JobState, StopInten
 from pollux_local.core.types import BatchChoice
 from pollux_local.daemon.config import DaemonConfig, NodeConfig, busy_gpus
 from pollux_local.daemon.failures import permanent_cause
-from pollux_local.daemon.jobfiles import make_owned_dir, read_job_file, read_whole_job_file
-from pollux_local.daemon.reports import InvalidReport, parse_report, report_record
+from pollux_local.daemon.jobfiles import make_owned_dir, read_job_file
+from pollux_local.daemon.reports import InvalidReport, read_job_report
 from pollux_local.daemon.scheduler import Action, Allocation, Plan
 from pollux_local.daemon.state import JobRecord, StateStore
 from pollux_local.errors import PolluxError
@@ -698,21 +698,15 @@ class Executor:
 
     def _read_final_report(self, job: JobRecord) -> None:
         """Store the report a job wrote last (its final progress) once its replicas exited:
-        ``report.json`` read as the job's owner's plain file (``jobfiles``)."""
-        directory = self._job_dir(job)
+        ``report.json`` taken as every report is (``reports.read_job_report``: the job's
+        owner's plain file, for a job that has not ended)."""
         try:
-            data = read_whole_job_file(directory, "report.json", job.owner_uid)
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            log.warning("job %s: ignoring its final report: %s", job.id, one_line(exc))
-            return
-        try:
-            report = report_record(parse_report(data))
+            report = read_job_report(self._job_dir(job), job)
         except InvalidReport as exc:
             log.warning("job %s: ignoring its final report: %s", job.id, exc)
             return
-        self.store.update_job(job.id, report=report)
+        if report is not None:
+            self.store.update_job(job.id, report=report)
 
     def _account(self, job_id: int, now: float) -> None:
         job = self.store.get_job(job_id)

@@ -39,7 +39,7 @@ from pollux_local.daemon.config import DaemonConfig, busy_gpus
 from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.jobfiles import job_file_mtime
 from pollux_local.daemon.readmodel import MetricHistory, job_noise_scale
-from pollux_local.daemon.reports import InvalidReport, read_report_file
+from pollux_local.daemon.reports import InvalidReport, read_job_report
 from pollux_local.daemon.scheduler import (
     Limits,
     ModelCache,
@@ -357,7 +357,7 @@ class SchedulingLoop:
             if self._report_mtimes.get(job.id) == mtime:
                 continue
             try:
-                report = read_report_file(path, job.owner_uid)
+                report = read_job_report(directory, job)
             except InvalidReport as exc:
                 self._report_mtimes[job.id] = mtime
                 log.warning("job %s: ignoring its report %s: %s", job.id, path, exc)

@@ -40,7 +40,6 @@ from pollux_local.daemon.scheduler import (
     NodeSnapshot,
     Stopping,
     is_elastic,
-    job_kind,
     progress_eta,
     sane_eta,
 )
@@ -101,8 +100,8 @@ def model_summary(models: ModelCache, job: JobRecord) -> ModelSummary | None:
     return ModelSummary(
         params={name: float(value) for name, value in model.params.to_dict().items()},
         profile_points=len(profile),
-        # the points the model was fitted to, its kind's included
-        fitted_points=len(models.pool.points_for(job_kind(job), {})),
+        # the points the model was fitted to: its own and its owner's jobs' of its kind
+        fitted_points=models.fitted_points(job),
         base_batch=int(model.bounds.base_batch),
     )
 

@@ -3,11 +3,16 @@ plain data.
 
 A report arrives two ways, a ``report`` request (already decoded as a ``JobReport``) and the
 ``report.json`` file rank 0 writes in its job directory.  Both end up in the job's row as
-:func:`report_record` makes it.  A report that does not follow the schema is refused as a
-whole with a one-line reason (:class:`InvalidReport`); the job's previous report stays.  The
-file is read through :mod:`.jobfiles` (no symlink followed, a FIFO never waited on, the job's
-owner's plain file, at most ``jobfiles.MAX_REPORT_BYTES``): an unsafe one is refused the same
-way, its content never read.
+:func:`report_record` makes it.  A report that does not follow the schema (bounds included:
+rows, metrics, finite numbers) is refused as a whole with a one-line reason
+(:class:`InvalidReport`); the job's previous report stays.  The file is read through
+:mod:`.jobfiles` (no symlink followed, a FIFO never waited on, the job's owner's plain file, at
+most ``jobfiles.MAX_REPORT_BYTES``): an unsafe one is refused the same way, its content never
+read.
+
+Who may report for a job is one rule, :func:`check_reporter`, applied to both ways: the
+sender (the peer of a request, the owner of a file) must be the job's user, root or the
+daemon's own user, and the job must not have ended.
 """
 
 from __future__ import annotations
@@ -18,14 +23,31 @@ from typing import Any
 
 import msgspec
 
+from pollux_local.api.errors import PermissionDenied
 from pollux_local.api.report import JobReport
-from pollux_local.daemon.jobfiles import UnsafeJobFile, read_whole_job_file
+from pollux_local.api.states import TERMINAL_STATES
+from pollux_local.daemon.jobfiles import UnsafeJobFile, read_whole_job_file, runs_as
+from pollux_local.daemon.state import JobRecord
 
 _decoder = msgspec.json.Decoder(JobReport)
 
 
 class InvalidReport(ValueError):
     """A report that is not JSON or does not follow the schema (the message is one line)."""
+
+
+def check_reporter(job: JobRecord, sender_uid: int, daemon_uid: int) -> bool:
+    """May ``sender_uid`` report for ``job`` now?  Only the job's own user (whom its processes
+    run as), root and the daemon's own user report for a job; anyone else is refused with
+    :class:`PermissionDenied` (one line; an admin group does not widen this: a report is the
+    job's word about itself, not an administrative act).  ``False`` (nothing refused, nothing
+    taken) when the job has ended."""
+    if sender_uid not in (job.owner_uid, 0, daemon_uid):
+        raise PermissionDenied(
+            f"permission denied: job {job.id} belongs to {job.owner_name}; only its own"
+            " processes may report for it"
+        )
+    return job.state not in TERMINAL_STATES
 
 
 def report_record(report: JobReport) -> dict[str, Any]:
@@ -74,3 +96,13 @@ def read_report_file(path: Path, owner_uid: int | None = None) -> dict[str, Any]
     except OSError:
         return None
     return report_record(parse_report(data))
+
+
+def read_job_report(directory: Path, job: JobRecord) -> dict[str, Any] | None:
+    """``job``'s ``report.json`` in ``directory`` as :func:`report_record` makes it, taken
+    under :func:`check_reporter` like a request (the sender is the file's owner, whom
+    :mod:`.jobfiles` requires to be the job's user); ``None`` when there is none, it cannot be
+    read or the job has ended.  :class:`InvalidReport` as :func:`read_report_file`."""
+    if not check_reporter(job, runs_as(job.owner_uid), os.geteuid()):
+        return None
+    return read_report_file(directory / "report.json", job.owner_uid)

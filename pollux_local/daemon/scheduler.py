@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -175,7 +176,8 @@ _KIND_FIELDS = (
 
 def job_kind(job: JobRecord) -> str:
     """Jobs of one kind run the same command in the same folder with the same batch bounds;
-    they share their throughput measurements (:class:`~pollux_local.core.pool.ProfilePool`)."""
+    the jobs of one kind *and one owner* share their throughput measurements
+    (:class:`ModelCache`, one :class:`~pollux_local.core.pool.ProfilePool` per owner)."""
     return json.dumps([getattr(job.spec, name) for name in _KIND_FIELDS], sort_keys=True)
 
 
@@ -187,21 +189,59 @@ def _profile_points(profile: Sequence[Any]) -> dict[Point, Times] | None:
         return None
 
 
+#: Configurations pooled per kind (and device type) of one owner: more than a job measures
+#: (``api.report.MAX_PROFILE_ROWS`` per report).
+POOL_POINTS = 256
+#: Kinds (with their device types) pooled per owner; the least recently reported is dropped.
+POOL_KINDS = 64
+#: Fitted models kept (one per job, and per job and device type); least recently used dropped.
+FITS_KEPT = 4096
+
+
+@dataclass
+class _Fit:
+    """One job's model inputs and fit: its profile rows as last seen (the report's list), its
+    points, the version of its kind's pool the fit used, and the fit."""
+
+    rows: Sequence[Any]
+    own: dict[Point, Times]
+    version: int = -1
+    params: Any = None
+    correction: Any = None
+
+
 class ModelCache:
-    """Fitted goodput models per job.  A job's throughput model is fitted to the points every
-    job of its kind reported (its own win where both have one) and refitted only when those
-    changed; before a job has reported gradient statistics it uses the first ones its kind
-    reported in a first epoch."""
+    """Fitted goodput models per job.  A job's throughput model is fitted to the points its
+    owner's jobs of its kind reported (its own win where both have one): one user's reports
+    never reach another user's model.  Its points are taken in when its report's profile
+    changed and it is refitted only when they or its kind's pooled points changed (the pool's
+    version), so a pass costs O(jobs) whatever the jobs reported: a report holds at most
+    ``api.report.MAX_PROFILE_ROWS`` rows, a pool ``POOL_POINTS`` per kind and ``POOL_KINDS``
+    kinds per owner.  Before a job has reported gradient statistics it uses the first ones its
+    owner's jobs of its kind reported in a first epoch."""
 
     def __init__(self) -> None:
-        self._fits: dict[int | tuple[int, str], tuple[str, Any, Any]] = {}
-        self.pool = ProfilePool()
+        self._fits: OrderedDict[int | tuple[int, str], _Fit] = OrderedDict()
+        self._pools: dict[int, ProfilePool] = {}
         self.fit_count = 0
+
+    def pool(self, owner_uid: int) -> ProfilePool:
+        """The pool of one owner's jobs (made on first use)."""
+        pool = self._pools.get(owner_uid)
+        if pool is None:
+            pool = self._pools[owner_uid] = ProfilePool(POOL_POINTS, POOL_KINDS)
+        return pool
 
     def forget(self, job_id: int) -> None:
         self._fits.pop(job_id, None)
         for key in [key for key in self._fits if isinstance(key, tuple) and key[0] == job_id]:
             del self._fits[key]
+
+    def fitted_points(self, job: JobRecord) -> int:
+        """How many points the job's (untyped) model is fitted to: its own and its kind's."""
+        slot = self._fits.get(job.id)
+        own = slot.own if slot is not None else {}
+        return len(self.pool(job.owner_uid).points_for(job_kind(job), own))
 
     def models_by_type(
         self,
@@ -229,38 +269,22 @@ class ModelCache:
         """Examples/s of the job's kind on one device of each type: measured (the best
         single-device point of the kind on that type, local batch / step time); for a type not
         measured, from a measured one by the median ratio between the two types over every
-        kind that measured both, else by the types' declared slowdowns (CPU-backed devices)."""
+        kind of the same owner that measured both, else by the types' declared slowdowns
+        (CPU-backed devices)."""
+        pool = self.pool(job.owner_uid)
         kind = job_kind(job)
-        measured = {t: r for t in types if (r := self._single_rate(f"{kind}@{t}")) is not None}
+        measured = {t: r for t in types if (r := _single_rate(pool, f"{kind}@{t}")) is not None}
         rates = dict(measured)
         for device_type in types:
             if device_type in rates or not measured:
                 continue
             known, rate = next(iter(sorted(measured.items())))
-            ratio = self._learned_ratio(device_type, known)
+            ratio = _learned_ratio(pool, device_type, known)
             if ratio is None and device_type in slowdowns and known in slowdowns:
                 ratio = slowdowns[known] / slowdowns[device_type]
             if ratio is not None:
                 rates[device_type] = rate * ratio
         return rates
-
-    def _single_rate(self, key: str) -> float | None:
-        points = self.pool.points_for(key, {})
-        rates = [m / times[1] for (n, k, m), times in points.items() if n == 1 and k == 1]
-        return max(rates) if rates else None
-
-    def _learned_ratio(self, wanted: str, known: str) -> float | None:
-        """Median over kinds of rate(wanted) / rate(known)."""
-        ratios = []
-        for key in self.pool.kinds():
-            kind, sep, device_type = key.rpartition("@")
-            if not sep or device_type != known:
-                continue
-            base = self._single_rate(key)
-            other = self._single_rate(f"{kind}@{wanted}")
-            if base and other:
-                ratios.append(other / base)
-        return float(np.median(ratios)) if ratios else None
 
     def model_for(
         self,
@@ -277,38 +301,70 @@ class ModelCache:
         when not even one example fits."""
         report = job.report or {}
         kind = job_kind(job) if device_type is None else f"{job_kind(job)}@{device_type}"
-        own = _profile_points(report.get("profile") or [] if rows is None else rows)
-        if own is None:
-            return None
+        pool = self.pool(job.owner_uid)
+        raw = report.get("profile") or [] if rows is None else rows
+        slot_key: int | tuple[int, str] = job.id if device_type is None else (job.id, device_type)
+        slot = self._fits.get(slot_key)
+        if slot is not None and slot.rows == raw:
+            self._fits.move_to_end(slot_key)
+        else:
+            own = _profile_points(raw)
+            if own is None:
+                return None
+            pool.add(kind, own)
+            slot = _Fit(rows=list(raw), own=own)
+            self._fits[slot_key] = slot
+            while len(self._fits) > FITS_KEPT:
+                self._fits.popitem(last=False)
         grad = _grad_stats(report.get("grad_stats"))
         epoch = report.get("epoch")
-        self.pool.add(kind, own, grad, first_epoch=isinstance(epoch, int | float) and epoch < 1)
+        pool.add(kind, {}, grad, first_epoch=isinstance(epoch, int | float) and epoch < 1)
         if grad is None:
-            grad = self.pool.start_stats(kind)
+            grad = pool.start_stats(kind)
         bounds = _bounds_from(job, report)
         if bounds is not None and memory_bytes is not None:
             bounds = _fitting_bounds(bounds, report, memory_bytes)
             if bounds is None:
                 return None
-        points = self.pool.points_for(kind, own)
-        if not points or bounds is None or grad is None:
+        if bounds is None or grad is None:
             return None
-        key = json.dumps(sorted(points.items()))
-        slot: int | tuple[int, str] = job.id if device_type is None else (job.id, device_type)
-        cached = self._fits.get(slot)
-        if cached is not None and cached[0] == key:
-            params, correction = cached[1], cached[2]
-        else:
+        version = pool.version(kind)
+        if slot.version != version:  # first use, or the kind's points changed: (re)fit
+            slot.version, slot.params, slot.correction = version, None, None
+            points = pool.points_for(kind, slot.own)
             try:
                 fitted = fit_points(dict(sorted(points.items())))
-            except ValueError:
+            except ValueError:  # none, or hopeless: tried again when the points change
                 return None
-            params, correction = fitted.params, fitted.correction
-            self._fits[slot] = (key, params, correction)
+            slot.params, slot.correction = fitted.params, fitted.correction
             self.fit_count += 1
+        if slot.params is None:
+            return None
         from pollux_local.core.goodput import GoodputModel
 
-        return GoodputModel(params=params, stats=grad, bounds=bounds, correction=correction)
+        return GoodputModel(
+            params=slot.params, stats=grad, bounds=bounds, correction=slot.correction
+        )
+
+
+def _single_rate(pool: ProfilePool, key: str) -> float | None:
+    points = pool.points_for(key, {})
+    rates = [m / times[1] for (n, k, m), times in points.items() if n == 1 and k == 1]
+    return max(rates) if rates else None
+
+
+def _learned_ratio(pool: ProfilePool, wanted: str, known: str) -> float | None:
+    """Median over the kinds of one owner's pool of rate(wanted) / rate(known)."""
+    ratios = []
+    for key in pool.kinds():
+        kind, sep, device_type = key.rpartition("@")
+        if not sep or device_type != known:
+            continue
+        base = _single_rate(pool, key)
+        other = _single_rate(pool, f"{kind}@{wanted}")
+        if base and other:
+            ratios.append(other / base)
+    return float(np.median(ratios)) if ratios else None
 
 
 def _fitting_bounds(

@@ -3,7 +3,8 @@
 Rank 0 writes ``$POLLUX_JOB_DIR/report.json`` atomically (temporary file + rename) and, when
 ``POLLUX_DAEMON_SOCKET`` is set, sends the same object over the daemon's socket from a
 background thread with a short timeout.  Nothing here ever raises into training: failures are
-logged once and the next report tries again.
+logged once and the next report tries again.  A report is cut to the bounds the daemon accepts
+(``api.report.bounded_report``: the most-timed profile rows, finite metrics) before it goes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import msgspec
 
 from pollux_local.api.messages import Report
-from pollux_local.api.report import REPORT_VERSION, JobReport
+from pollux_local.api.report import REPORT_VERSION, JobReport, bounded_report
 
 log = logging.getLogger("pollux_local.torch")
 
@@ -51,6 +52,7 @@ class Reporter:
         self.sent = 0
 
     def submit(self, report: JobReport) -> None:
+        report = bounded_report(report)
         if self.job_dir is not None:
             try:
                 self.job_dir.mkdir(parents=True, exist_ok=True)

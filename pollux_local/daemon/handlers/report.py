@@ -1,21 +1,21 @@
-"""``report``: a job's report, sent by its rank 0 (only the job's owner may send it).
+"""``report``: a job's report, sent by its rank 0.
 
-The report was checked against ``api.JobReport`` when the request was decoded; it is stored as
-``reports.report_record`` makes it, exactly as a ``report.json`` file read by the loop."""
+The report was checked against ``api.JobReport`` (its bounds included) when the request was
+decoded.  Who may send it is ``reports.check_reporter``, the rule a ``report.json`` file is
+read under too: the job's own user, root or the daemon's user, for a job that has not ended.
+It is stored as ``reports.report_record`` makes it, exactly as a file read by the loop."""
 
 from __future__ import annotations
 
 from pollux_local.api.messages import Report, ReportReply
-from pollux_local.api.states import TERMINAL_STATES
 from pollux_local.daemon.context import Context
-from pollux_local.daemon.reports import report_record
+from pollux_local.daemon.reports import check_reporter, report_record
 
 
 def report(ctx: Context, request: Report) -> ReportReply:
     """Store the report; a finished job's is not taken (``accepted`` false)."""
     job = ctx.job(request.job_id)
-    ctx.require_owner(job, "report for")
-    if job.state in TERMINAL_STATES:
+    if not check_reporter(job, ctx.peer.uid, ctx.daemon_uid):
         return ReportReply(accepted=False)
     record = report_record(request.report)
     ctx.store.update_job(job.id, report=record)

@@ -1,0 +1,120 @@
+"""Reports and the models fitted from them, without a daemon: one owner's reports never reach
+another owner's model, a model is refitted only when its points change, the pools stay
+bounded whatever is reported, and one rule says who may report for a job."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pollux_local.api.errors import PermissionDenied
+from pollux_local.core.pool import ProfilePool
+from pollux_local.daemon.reports import check_reporter
+from pollux_local.daemon.scheduler import POOL_KINDS, POOL_POINTS, ModelCache
+from pollux_local.daemon.state import JobRecord
+
+
+def job(job_id: int, owner: int, state: str = "running", **spec: object) -> JobRecord:
+    base = {"argv": ["python", "train.py"], "workdir": "/lab", "batch_size": 64, **spec}
+    return JobRecord(
+        id=job_id, name=f"j{job_id}", owner_uid=owner, owner_gid=owner,
+        owner_name=f"u{owner}", state=state, spec=base, submit_time=0.0,
+    )  # fmt: skip
+
+
+def report(points: list[tuple[int, int, int, float]], epoch: int = 3) -> dict:
+    return {
+        "version": 1,
+        "bounds": {"base_batch": 64, "max_batch": 1024, "min_local": 8, "max_local": 256},
+        "profile": [
+            {
+                "nodes": n,
+                "replicas": k,
+                "local_batch": m,
+                "compute_s": t,
+                "step_s": t * 1.2,
+                "count": 10,
+            }
+            for n, k, m, t in points
+        ],  # fmt: skip
+        "grad_stats": {"sqr": 1.0, "var": 4.0},
+        "epoch": epoch,
+    }
+
+
+HONEST = [(1, 1, 32, 0.05), (1, 1, 64, 0.09), (1, 2, 32, 0.05)]
+
+
+def test_another_owners_reports_of_the_same_kind_never_change_a_jobs_model() -> None:
+    cache = ModelCache()
+    bobs = job(1, owner=2001)
+    bobs.report = report(HONEST, epoch=0)  # its first epoch: the kind's starting statistics
+    before = cache.model_for(bobs)
+    assert before is not None and cache.fitted_points(bobs) == 3
+    # the same command, folder and batch, another owner, invented throughput elsewhere
+    alices = job(2, owner=2002)
+    alices.report = report([(1, 4, m, 1e-4) for m in (8, 16, 128, 256)], epoch=0)
+    assert cache.model_for(alices) is not None
+    after = cache.model_for(bobs)
+    assert after is not None and after.params == before.params
+    assert cache.fitted_points(bobs) == 3 and cache.fitted_points(alices) == 4
+    # the owner's own jobs of the kind still pool their points (and starting statistics)
+    bobs_second = job(3, owner=2001)
+    pooled = cache.model_for(bobs_second)
+    assert pooled is not None and pooled.params == before.params
+    assert cache.fitted_points(bobs_second) == 3
+
+
+def test_a_model_is_refitted_only_when_its_points_change() -> None:
+    cache = ModelCache()
+    first, second = job(1, owner=2001), job(2, owner=2001)
+    first.report, second.report = report(HONEST), report([(1, 1, 32, 0.06)])
+    for _ in range(20):  # passes with nothing new: no fit after the first pass or two
+        assert cache.model_for(first) is not None and cache.model_for(second) is not None
+        first.report = {**first.report}  # a pass reads every report from the store anew
+    # first, second (pooling a new point), first again (its kind's pool changed)
+    assert cache.fit_count == 3
+    second.report = report([(1, 1, 32, 0.06), (1, 4, 32, 0.07)])
+    cache.model_for(second)
+    cache.model_for(first)  # its kind's pool changed: refitted once
+    cache.model_for(first)
+    assert cache.fit_count == 5
+
+
+def test_pools_stay_bounded_whatever_is_reported() -> None:
+    cache = ModelCache()
+    flooder = job(1, owner=2002)
+    for start in range(0, 20 * 200, 200):  # 4,000 distinct configurations over 20 reports
+        flooder.report = report([(1, 1, m, 0.01 * m) for m in range(start + 1, start + 201)])
+        cache.model_for(flooder)
+    assert cache.fitted_points(flooder) <= POOL_POINTS + 200
+    pool = cache.pool(2002)
+    for kind in range(POOL_KINDS + 30):
+        other = job(100 + kind, owner=2002, argv=["python", f"t{kind}.py"])
+        other.report = report(HONEST)
+        cache.model_for(other)
+    assert len(pool.kinds()) == POOL_KINDS
+    assert cache.pool(2001).kinds() == []  # another owner's pool untouched
+
+
+def test_a_bounded_pool_keeps_its_first_points_and_versions_change_with_them() -> None:
+    pool = ProfilePool(max_points=2, max_kinds=1)
+    assert pool.add("k", {(1, 1, 8): (0.1, 0.1), (1, 1, 16): (0.2, 0.2), (1, 1, 32): (0.4, 0.4)})
+    assert set(pool.points_for("k", {})) == {(1, 1, 8), (1, 1, 16)}
+    version = pool.version("k")
+    assert not pool.add("k", {(1, 1, 8): (0.1, 0.1)}) and pool.version("k") == version
+    assert pool.add("k", {(1, 1, 8): (0.3, 0.3)}) and pool.version("k") != version
+    pool.add("other", {(1, 1, 8): (0.1, 0.1)})
+    assert pool.kinds() == ["other"] and pool.version("k") == 0
+
+
+def test_only_the_jobs_user_root_or_the_daemon_may_report_for_it() -> None:
+    daemon_uid = os.geteuid()
+    running = job(7, owner=2001)
+    assert check_reporter(running, 2001, daemon_uid)
+    assert check_reporter(running, 0, daemon_uid)
+    with pytest.raises(PermissionDenied, match="job 7 belongs to u2001; only its own"):
+        check_reporter(running, 2002, 12345)
+    assert check_reporter(job(8, owner=2001, state="queued"), 2001, daemon_uid)
+    assert not check_reporter(job(9, owner=2001, state="cancelled"), 2001, daemon_uid)
