@@ -141,3 +141,38 @@ def test_term_signals_the_replicas_and_a_closed_stdin_kills_what_is_left(
     proc.stdin.close()  # the daemon is gone: SIGTERM (ignored here), then SIGKILL
     assert next_line(proc, "EXIT") == ["EXIT", "1", "137"]
     assert proc.wait(timeout=30) == 0
+
+
+def test_the_exit_record_outlives_the_daemon_and_says_how_each_replica_ended(
+    tmp_path: Path,
+) -> None:
+    record = tmp_path / "run" / "key" / "7.json"
+    spec = spec_for(
+        tmp_path,
+        [
+            {"argv": ["/bin/sh", "-c", "exit 0"], "env": {}},
+            {"argv": ["/bin/sh", "-c", "trap '' TERM; echo ready; sleep 1; exit 0"], "env": {}},
+        ],
+        record={"path": str(record), "token": "7:0"},
+        orphan_grace_s=10,
+    )
+    proc = start_agent(spec)
+    assert proc.stdin is not None and proc.stdout is not None
+    seen: list[list[str]] = []
+    while ["EXIT", "0", "0"] not in seen or ["LOG", "1", "ready"] not in seen:
+        parts = proc.stdout.readline().rstrip("\n").split(" ", 2)
+        assert parts != [""], f"the agent ended after {seen}"
+        if parts[0] == "LOG":
+            parts[2] = base64.b64decode(parts[2]).decode().strip()
+        seen.append(parts)
+    running = json.loads(record.read_text())
+    assert running["state"] == "running" and running["token"] == "7:0"
+    proc.stdin.close()  # the daemon is gone; so is whoever read stdout
+    proc.stdout.close()
+    assert proc.wait(timeout=30) == 0
+    ended = json.loads(record.read_text())
+    assert ended["state"] == "ended" and ended["orphaned"] is True
+    assert [(r["rank"], r["exit_code"]) for r in ended["replicas"]] == [(0, 0), (1, 0)]
+    assert ended["exits"] == [0, 1]
+    assert record.stat().st_mode & 0o777 == 0o600
+    assert record.parent.stat().st_mode & 0o777 == 0o700

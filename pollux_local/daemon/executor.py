@@ -171,6 +171,9 @@ class Executor:
         self.groups: dict[int, ReplicaGroup] = {}
         self.stopping: dict[int, ReplicaGroup] = {}
         self.watchers: dict[int, asyncio.Task[None]] = {}
+        #: ends of groups whose records failed (a full disk): (group, code, stop intent),
+        #: recorded by :meth:`record_unrecorded` at the next passes
+        self.unrecorded: dict[int, tuple[ReplicaGroup, int, Any]] = {}
         self.intent: dict[int, StopIntent] = {}
         self.nodes = NodeHealthBook([node.name for node in config.nodes])
         self.last_launch: dict[int, float] = {}
@@ -179,6 +182,7 @@ class Executor:
             {n.name: n.devices for n in config.nodes if n.is_local},
             run_dir=self.run_dir,
             stop_grace_s=config.stop_grace_s,
+            max_log_bytes=config.max_log_bytes,
         )
         self._ssh: Launcher | None = None
         self._checking: dict[str, asyncio.Task[None]] = {}
@@ -190,6 +194,8 @@ class Executor:
         self._deferred: dict[int, Action] = {}
         self._starting = asyncio.Lock()
         self._closing = False
+        #: removals of SSH nodes' exit records under way
+        self._forgetting: set[asyncio.Task[None]] = set()
 
     # --- launchers and nodes ----------------------------------------------------------------
 
@@ -207,6 +213,7 @@ class Executor:
         self.config = config
         self._local.devices = {n.name: n.devices for n in config.nodes if n.is_local}
         self._local.stop_grace_s = config.stop_grace_s
+        self._local.max_log_bytes = config.max_log_bytes
         if self._ssh is not None:
             from pollux_local.launch.ssh import SshLauncher, SshNodeConfig
 
@@ -740,8 +747,14 @@ class Executor:
         finally:
             if not waiting.done():
                 waiting.cancel()
+        intent = self.intent.get(job_id)
         try:
-            await self._ended(job_id, group, waiting.result())
+            code = waiting.result()
+            try:
+                await self._ended(job_id, group, code)
+            except sqlite3.Error as exc:  # kept, and recorded once the store takes writes
+                self.unrecorded[job_id] = (group, code, intent)
+                log.error("job %s: its end (exit %s) is not recorded yet: %s", job_id, code, exc)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -750,6 +763,16 @@ class Executor:
             if self.watchers.get(job_id) is asyncio.current_task():
                 del self.watchers[job_id]
             self.on_change()
+
+    async def record_unrecorded(self) -> None:
+        """Record the group ends whose first record failed, each once (``sqlite3.Error`` when
+        the store still refuses: they stay kept)."""
+        for job_id, (group, code, intent) in list(self.unrecorded.items()):
+            if intent is not None:
+                self.intent[job_id] = intent
+            await self._ended(job_id, group, code)
+            del self.unrecorded[job_id]
+            log.info("job %s: its end (exit %s) is recorded", job_id, code)
 
     async def _ended(self, job_id: int, group: ReplicaGroup, code: int) -> None:
         """A group ended: account for it, take its last report, and move the job on, by what
@@ -766,12 +789,23 @@ class Executor:
         job = self.store.get_job(job_id)
         if job is not None:
             self._read_final_report(job)
-            if intent is None:
+            if intent is None and getattr(group, "orphaned", False) and code != ExitCode.OK:
+                reason = (
+                    "daemon restarted; its nodes stopped the job when the daemon went away;"
+                    " resuming from checkpoint"
+                )
+                self.store.update_job(job.id, state=JobState.QUEUED, reason=reason)
+                self.store.record_decision(job.id, now, "requeued", reason)
+            elif intent is None:
                 await self._on_exit(job, group, code, now)
             else:
                 await self._on_stopped(job, intent, code, now)
         if isinstance(group, LocalReplicaGroup):
             self._local.forget(group.spec.job_id)  # its result is in the store now
+        elif callable(forget := getattr(group, "forget", None)):
+            task = asyncio.ensure_future(forget())  # the nodes' exit records, likewise
+            self._forgetting.add(task)
+            task.add_done_callback(self._forgetting.discard)
         await self._launch_waiting()
 
     def _finished(self, job_id: int, now: float) -> None:
@@ -952,8 +986,12 @@ class Executor:
         return requeued
 
     async def _recover_job(self, job: JobRecord, record: RunRecord | None, now: float) -> bool:
-        """Adopt the job's incarnation from its run file; ``False`` when there is nothing to
-        adopt (the caller queues the job again)."""
+        """Adopt the job's incarnation from its run file (on SSH nodes: from the exit
+        records there); ``False`` when there is nothing to adopt (the caller queues the job
+        again)."""
+        remote = await self._recover_remote(job, now)
+        if remote is not None:
+            return remote
         if record is None:
             # a daemon from before the supervisors ran the replicas as its own children
             await self._stop_orphans(job)
@@ -973,6 +1011,46 @@ class Executor:
                 f"daemon restarted; the job kept running under its supervisor (pid"
                 f" {record.supervisor_pid})"
             )
+        log.info("job %s: %s", job.id, reason)
+        self.store.record_decision(job.id, now, "recovered", reason)
+        if job.state == JobState.RESCALING:
+            self._adopt_stopping(job.id, group, StopIntent.RESIZE)
+        else:
+            self.groups[job.id] = group
+        self.last_launch[job.id] = job.last_start or now
+        self.watchers[job.id] = asyncio.ensure_future(self._watch(job.id, group))
+        return True
+
+    async def _recover_remote(self, job: JobRecord, now: float) -> bool | None:
+        """A job placed on SSH nodes: its incarnation from the exit records its nodes keep
+        (``SshLauncher.recover``), adopted like a local supervisor: a recorded exit is applied
+        as if the daemon had seen it, replicas still running are waited for (their node
+        stops them once the daemon is gone).  ``None`` for a job not on SSH nodes; ``False``
+        when nothing is recorded there."""
+        try:
+            nodes = [self.config.node(name) for name in job.placement if job.placement[name]]
+        except KeyError:
+            return False
+        if not nodes or any(node.is_local for node in nodes):
+            return None
+        launcher = self.launcher_for(nodes[0])
+        recover = getattr(launcher, "recover", None)
+        if recover is None:
+            return False
+        from pollux_local.launch.ssh import record_token
+
+        spec = self.build_spec(job, Action("start", job.id, job.placement, None, ""))
+        group = await recover(spec, record_token(job.job_id, max(0, job.restarts - 1)))
+        if group is None:
+            log.warning("job %s: no exit record of it on its nodes", job.id)
+            return False
+        code = group.poll()
+        if code is not None:
+            reason = (
+                f"daemon restarted; the job ended meanwhile with code {code} (its nodes' record)"
+            )
+        else:
+            reason = "daemon restarted; its replicas still run on its nodes: waiting for their end"
         log.info("job %s: %s", job.id, reason)
         self.store.record_decision(job.id, now, "recovered", reason)
         if job.state == JobState.RESCALING:

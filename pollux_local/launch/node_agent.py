@@ -23,6 +23,18 @@ file.  Lines on stdout, one per event::
 Later stdin lines ``TERM``/``KILL`` signal every replica's process group.  When stdin closes
 (the daemon is gone, or the link was lost and the node's sshd noticed) the replicas get
 SIGTERM, then SIGKILL after ``orphan_grace_s``, so that no orphan keeps running.
+
+With ``"record": {"path", "token"}`` in the spec the agent keeps an exit record on the node
+(JSON, 0600, in a 0700 directory, replaced atomically), written once the replicas run, after
+each exit and once all have ended, so that a daemon that restarts reads what became of them
+(``ssh.SshRecordedGroup``) instead of running a finished job again::
+
+    {"version": 1, "token", "state": "running" | "ended", "agent_pid", "orphaned",
+     "replicas": [{"rank", "pid", "exit_code"}, ...], "exits": [rank, ...], "ended"}
+
+``orphaned`` says that the agent stopped replicas itself because its stdin closed (the
+daemon was gone); ``exits`` lists the ranks in the order they ended.  Once stdout is gone the
+agent goes on without it: the record is what a restarted daemon reads.
 """
 
 from __future__ import annotations
@@ -50,17 +62,24 @@ TAIL_INTERVAL_S = 0.25
 
 
 class Lines:
-    """Protocol lines on ``stream``, whole and flushed, whichever thread writes them."""
+    """Protocol lines on ``stream``, whole and flushed, whichever thread writes them; a
+    stream that is gone (the daemon died) is given up, silently."""
 
     def __init__(self, stream: IO[str]) -> None:
         self._stream = stream
         self._lock = threading.Lock()
+        self.gone = False
 
     def say(self, *parts: object) -> None:
         """Write ``parts`` joined by spaces as one line."""
         with self._lock:
-            self._stream.write(" ".join(str(p) for p in parts) + "\n")
-            self._stream.flush()
+            if self.gone:
+                return
+            try:
+                self._stream.write(" ".join(str(p) for p in parts) + "\n")
+                self._stream.flush()
+            except (OSError, ValueError):
+                self.gone = True
 
     def fail(self, message: str) -> NoReturn:
         """Report that nothing was started (``FAIL``) and exit with 254."""
@@ -124,6 +143,46 @@ def exit_code(status: int) -> int:
     return int(to_code(status)) if to_code is not None else status >> 8
 
 
+class ExitRecord:
+    """The exit record a restarted daemon reads (``spec["record"]``; none without it)."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        record = spec.get("record") or {}
+        self.path = os.path.expanduser(str(record["path"])) if record.get("path") else None
+        self.token = str(record.get("token", ""))
+        self._lock = threading.Lock()
+
+    def write(self, supervisor: Supervisor, state: str) -> None:
+        """Replace the record with ``supervisor``'s replicas as they are now (best effort:
+        a node that cannot keep it only loses what a restarted daemon could learn)."""
+        if self.path is None:
+            return
+        replicas = [
+            {"rank": rank, "pid": pid, "exit_code": supervisor.codes.get(rank)}
+            for rank, pid in sorted(supervisor.pids.items())
+        ]
+        data = {
+            "version": 1,
+            "token": self.token,
+            "state": state,
+            "agent_pid": os.getpid(),
+            "orphaned": supervisor.orphaned,
+            "replicas": replicas,
+            "exits": list(supervisor.exits),
+            "ended": time.time() if state == "ended" else None,
+        }
+        with self._lock:
+            try:
+                os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+                tmp = f"{self.path}.{os.getpid()}.tmp"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+                with os.fdopen(fd, "w") as fh:
+                    json.dump(data, fh)
+                os.replace(tmp, self.path)
+            except OSError:
+                pass
+
+
 class Supervisor:
     """The replicas of one job on this node, their logs and their process groups."""
 
@@ -133,6 +192,19 @@ class Supervisor:
         self.procs: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}  # pid -> (rank, proc)
         self.logs: dict[int, list[Any]] = {}  # rank -> [path, bytes already sent]
         self._pump_lock = threading.Lock()
+        self.record = ExitRecord(spec)
+        self.pids: dict[int, int] = {}  # rank -> pid (0: could not be started)
+        self.codes: dict[int, int] = {}  # rank -> exit code
+        self.exits: list[int] = []  # ranks in the order they ended
+        #: replicas were stopped by the agent itself because its stdin closed
+        self.orphaned = False
+
+    def ended(self, rank: int, code: int) -> None:
+        """``rank`` ended with ``code``: recorded, then ``EXIT`` said."""
+        self.codes[rank] = code
+        self.exits.append(rank)
+        self.record.write(self, "running")
+        self.lines.say("EXIT", rank, code)
 
     def start(self, cwd: str, run_as: dict[str, Any]) -> None:
         """Start every replica, each appending to its log (after its banner); ``PID`` for each
@@ -160,10 +232,12 @@ class Supervisor:
             except OSError as e:
                 fh.write(f"cannot start {r['argv'][0]}: {e}\n".encode())
                 fh.close()
-                self.lines.say("EXIT", r["rank"], NOT_STARTED_EXIT_CODE)
+                self.pids[r["rank"]] = 0
+                self.ended(r["rank"], NOT_STARTED_EXIT_CODE)
                 continue
             fh.close()
             self.procs[p.pid] = (r["rank"], p)
+            self.pids[r["rank"]] = p.pid
             self.logs[r["rank"]] = [path, start]
             self.lines.say("PID", r["rank"], p.pid)
 
@@ -206,6 +280,9 @@ class Supervisor:
                 self.signal_all(signal.SIGTERM)
             elif cmd == "KILL":
                 self.signal_all(signal.SIGKILL)
+        if any(p.returncode is None for _, p in self.procs.values()):
+            self.orphaned = True
+            self.record.write(self, "running")
         self.signal_all(signal.SIGTERM)
         deadline = time.time() + float(self.spec.get("orphan_grace_s", 10))
         while time.time() < deadline and any(p.returncode is None for _, p in self.procs.values()):
@@ -228,7 +305,8 @@ class Supervisor:
             code = p.returncode if p.returncode >= 0 else 128 - p.returncode
             if stream:
                 self.pump(rank)
-            self.lines.say("EXIT", rank, code)
+            self.ended(rank, code)
+        self.record.write(self, "ended")
 
 
 def main() -> None:
@@ -240,6 +318,7 @@ def main() -> None:
     run_as = identity(spec, lines)
     supervisor = Supervisor(spec, lines)
     supervisor.start(cwd, run_as)
+    supervisor.record.write(supervisor, "running")
     stream = spec.get("stream_logs", True)
     threading.Thread(target=supervisor.control, args=(sys.stdin,), daemon=True).start()
     if stream:

@@ -11,6 +11,11 @@ daemon sends on the same stdin (``TERM``/``KILL``) signal the replicas' process 
 stdin closes (daemon gone, link lost and noticed by the node's sshd) the supervisor stops its
 replicas itself, so no orphan keeps running.
 
+Each node's supervisor keeps an exit record there (``WORKDIR/run/<key>/<job id>.json``, the
+key naming this daemon's state): a restarted daemon reads it over ssh
+(:meth:`SshLauncher.recover`) and applies the recorded exit of a job that ended while it was
+down, or waits for the replicas still stopping, rather than running a finished job again.
+
 Connections are shared (``ControlMaster``/``ControlPersist``) under the daemon's state dir, so
 that only the first contact with a node pays for a login.  ``ServerAliveInterval`` x
 ``ServerAliveCountMax`` bounds the time to notice a dead link: every session of that node then
@@ -24,6 +29,7 @@ import base64
 import contextlib
 import errno
 import functools
+import hashlib
 import importlib.resources
 import json
 import logging
@@ -48,6 +54,22 @@ UNREACHABLE_EXIT_CODE = 255
 #: Exit code when the supervisor could not start the replicas (bad work dir, unshared path);
 #: it is ``node_agent.SETUP_FAILED_EXIT_CODE``.
 SETUP_FAILED_EXIT_CODE = node_agent.SETUP_FAILED_EXIT_CODE
+#: How often a recovered group's exit records are read again while its replicas run.
+RECORD_POLL_S = 1.0
+#: How long a recovered group's node may stay unanswering before its ranks count as lost.
+RECORD_LOST_S = 60.0
+
+#: Reads (``cat``) or removes (``rm``) an exit record on a node, its path as the argument.
+_RECORD_SCRIPT = (
+    "import os,sys\n"
+    "p=os.path.expanduser(sys.argv[2])\n"
+    "if sys.argv[1]=='rm':\n"
+    "  try: os.unlink(p)\n"
+    "  except OSError: pass\n"
+    "else:\n"
+    "  try: sys.stdout.write(open(p).read())\n"
+    "  except OSError: sys.exit(3)\n"
+)
 
 log = logging.getLogger("pollux_local.launch.ssh")
 
@@ -187,6 +209,8 @@ class SshReplicaGroup:
         self._reaper: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self.started_at = time.monotonic()
+        #: the launcher that started it (removes its exit records once its end is stored)
+        self._launcher: SshLauncher | None = None
 
     # -- bookkeeping -------------------------------------------------------------------
     def _record_exit(self, session: _NodeSession, rank: int, code: int) -> None:
@@ -364,6 +388,123 @@ class SshReplicaGroup:
     def nodes(self) -> list[str]:
         return [s.node.name for s in self._sessions]
 
+    async def forget(self) -> None:
+        """Remove the exit records of this incarnation from its nodes (its end is in the
+        daemon's store now)."""
+        if self._launcher is not None:
+            await self._launcher.forget_records(self.spec.job_id, self.nodes())
+
+
+class SshRecordedGroup:
+    """An incarnation found on its SSH nodes by a restarted daemon, through the exit records
+    their supervisors keep (see :class:`ReplicaGroup`): its end is read from them, polled
+    over ssh, and a stop is sent to its replicas' process groups.  ``orphaned``: a
+    supervisor stopped replicas itself because the daemon was gone (the job did not end on
+    its own)."""
+
+    def __init__(
+        self, launcher: SshLauncher, spec: LaunchSpec, records: Mapping[str, Mapping[str, Any]]
+    ) -> None:
+        self.spec = spec
+        self._launcher = launcher
+        self.records = dict(records)
+        self.ended: float | None = None
+        self.failure_reason: str | None = None
+        self._lost: dict[str, float] = {}
+        self._note_end()
+
+    @property
+    def orphaned(self) -> bool:
+        return any(record.get("orphaned") for record in self.records.values())
+
+    def _note_end(self) -> None:
+        if all(r.get("state") == "ended" for r in self.records.values()):
+            ends = [float(r.get("ended") or time.time()) for r in self.records.values()]
+            self.ended = max(ends, default=time.time())
+
+    def exit_codes(self) -> dict[int, int]:
+        codes: dict[int, int] = {}
+        for name, record in self.records.items():
+            for replica in record.get("replicas", ()):
+                if replica.get("exit_code") is not None:
+                    codes[int(replica["rank"])] = int(replica["exit_code"])
+            if name in self._lost:
+                for slot in self.spec.slots:
+                    if slot.node == name:
+                        codes.setdefault(slot.rank, UNREACHABLE_EXIT_CODE)
+        return codes
+
+    def poll(self) -> int | None:
+        """As :meth:`SshReplicaGroup.poll`: the first failure in the order the ranks ended,
+        else 0 when all succeeded, else 75."""
+        if self.ended is None:
+            return None
+        codes = self.exit_codes()
+        order = [int(rank) for r in self.records.values() for rank in r.get("exits", ())]
+        for rank in [*order, *sorted(codes)]:
+            if codes.get(rank, 0) not in (0, RESCALE_EXIT_CODE):
+                return codes[rank]
+        return 0 if set(codes.values()) <= {0} else RESCALE_EXIT_CODE
+
+    async def _refresh(self) -> None:
+        """Read again the records of the nodes whose replicas had not all ended.  A node
+        unanswering for :data:`RECORD_LOST_S`, or whose record is gone or replaced, ends its
+        part: its ranks without an exit code count as lost (255)."""
+        for name in list(self.records):
+            if self.records[name].get("state") == "ended":
+                continue
+            record = await self._launcher.read_record(name, self.spec.job_id)
+            if record is not None and record.get("token") == self.records[name].get("token"):
+                self.records[name] = record
+                self._lost.pop(name, None)
+                continue
+            since = self._lost.setdefault(name, time.monotonic())
+            if time.monotonic() - since > RECORD_LOST_S:
+                self.records[name] = {**self.records[name], "state": "ended"}
+                self.failure_reason = f"node {name}: the job's exit record could not be read"
+        self._note_end()
+
+    async def wait(self) -> int:
+        while self.ended is None:
+            await self._refresh()
+            if self.ended is None:
+                await asyncio.sleep(RECORD_POLL_S)
+        code = self.poll()
+        assert code is not None
+        return code
+
+    async def _signal(self, sig: str) -> None:
+        for name, record in self.records.items():
+            pids = [
+                int(r["pid"])
+                for r in record.get("replicas", ())
+                if r.get("exit_code") is None and int(r.get("pid") or 0) > 1
+            ]
+            if pids and record.get("state") != "ended":
+                groups = " ".join(f"-{pid}" for pid in pids)
+                await self._launcher.run(name, f"kill -{sig} -- {groups} 2>/dev/null; true")
+
+    async def stop(self, grace_s: float) -> int | None:
+        """SIGTERM every replica still running (its process group), SIGKILL after
+        ``grace_s``; the exit as :meth:`wait` reads it."""
+        await self._signal("TERM")
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.wait()), max(grace_s, 0.0))
+        except TimeoutError:
+            await self._signal("KILL")
+        return await self.wait()
+
+    def pids(self) -> Mapping[int, int]:
+        return {
+            int(r["rank"]): int(r["pid"])
+            for record in self.records.values()
+            for r in record.get("replicas", ())
+            if r.get("pid")
+        }
+
+    async def forget(self) -> None:
+        await self._launcher.forget_records(self.spec.job_id, list(self.records))
+
 
 class SshLauncher:
     """Starts replica groups on SSH nodes (implements the ``Launcher`` interface)."""
@@ -397,6 +538,51 @@ class SshLauncher:
                 "use a shorter state dir"
             )
         self._masters: dict[str, asyncio.Lock] = {}
+        #: names this daemon's exit records on the nodes (its state, by its control dir)
+        self.record_key = hashlib.sha1(str(self.control_dir).encode()).hexdigest()[:12]
+
+    def record_path(self, node: SshNodeConfig, job_id: str) -> str:
+        """Where ``node``'s supervisor keeps the exit record of ``job_id`` (``~`` unexpanded)."""
+        return f"{node.workdir.rstrip('/')}/run/{self.record_key}/{job_id}.json"
+
+    async def _record_command(self, name: str, action: str, job_id: str) -> tuple[int, str]:
+        node = self._node(name)
+        command = " ".join(
+            shlex.quote(part)
+            for part in (node.python, "-c", _RECORD_SCRIPT, action, self.record_path(node, job_id))
+        )
+        rc, out, _ = await self.run(name, command, timeout_s=self.connect_timeout_s + 10)
+        return rc, out
+
+    async def read_record(self, name: str, job_id: str) -> dict[str, Any] | None:
+        """The exit record of ``job_id`` on node ``name``; ``None`` when there is none, it
+        cannot be read or the node does not answer."""
+        rc, out = await self._record_command(name, "cat", job_id)
+        if rc != 0:
+            return None
+        try:
+            record = json.loads(out)
+        except ValueError:
+            return None
+        return record if isinstance(record, dict) and record.get("version") == 1 else None
+
+    async def forget_records(self, job_id: str, names: Sequence[str]) -> None:
+        """Remove the exit records of ``job_id`` from ``names`` (best effort)."""
+        for name in names:
+            with contextlib.suppress(PolluxError, OSError):
+                await self._record_command(name, "rm", job_id)
+
+    async def recover(self, spec: LaunchSpec, token: str) -> SshRecordedGroup | None:
+        """The incarnation ``token`` of a job recorded as running when the daemon stopped,
+        from the exit records on its nodes: ``None`` when a node has no record of it (then
+        nothing is known, and the caller queues the job again)."""
+        records: dict[str, dict[str, Any]] = {}
+        for name in dict.fromkeys(slot.node for slot in spec.slots):
+            record = await self.read_record(name, spec.job_id)
+            if record is None or record.get("token") != token:
+                return None
+            records[name] = record
+        return SshRecordedGroup(self, spec, records)
 
     @property
     def detect_dead_link_s(self) -> int:
@@ -557,6 +743,10 @@ class SshLauncher:
                 "cwd_required": True,
                 "user": spec.run_as,
                 "orphan_grace_s": self.orphan_grace_s,
+                "record": {
+                    "path": self.record_path(node, spec.job_id),
+                    "token": record_token(spec.job_id, spec.env.get("POLLUX_RESTARTS", "0")),
+                },
                 "replicas": [
                     {
                         "rank": slot.rank,
@@ -590,6 +780,7 @@ class SshLauncher:
 
         sessions = list(await asyncio.gather(*(start(n, s) for n, s in by_node.items())))
         group = SshReplicaGroup(spec, sessions, log_files, self.failure_grace_s)
+        group._launcher = self
         for session in sessions:
             session.reader = asyncio.ensure_future(group._read_session(session))
         group._watcher = asyncio.ensure_future(group._watch())
@@ -608,6 +799,12 @@ class SshLauncher:
             )  # fmt: skip
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(proc.wait(), 5)
+
+
+def record_token(job_id: str, restarts: object) -> str:
+    """Names one incarnation in its exit records: the job and how often it was started
+    before (``POLLUX_RESTARTS``)."""
+    return f"{job_id}:{restarts}"
 
 
 def _write_probe(directory: Path) -> tuple[Path, str]:

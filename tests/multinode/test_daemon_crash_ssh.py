@@ -1,0 +1,137 @@
+"""A daemon SIGKILLed while a job runs on an SSH node of the namespace test bed, then restarted:
+nothing finished runs twice, nothing runs doubled.
+
+(a) the job finishes on its node while the daemon is down (it ignores the SIGTERM the node's
+supervisor sends once the daemon is gone, and ends within that supervisor's grace): the
+restarted daemon reads the node's exit record, records the job as succeeded and never runs it
+again; (b) the job is still running when the daemon restarts: the restarted daemon waits for
+its end (its node stops it) before running it again, never two at once.  Runs are counted in
+a marker file the job appends to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.daemon_process import DaemonProcess, wait_for
+
+from .testbed import Testbed
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def one_node_config(bed: Testbed, root: Path) -> str:
+    host = bed.hosts[0]
+    options = ", ".join(json.dumps(o) for o in bed.ssh_options())
+    return (
+        "\n".join(
+            [
+                "[scheduler]",
+                'policy = "fifo"',
+                "interval_s = 0.5",
+                "[daemon]",
+                f'checkpoint_root = "{root / "ckpt"}"',
+                "node_retry_s = 3",
+                "backoff_s = 0.5",
+                f'[nodes."{host.name}"]',
+                f'host = "{host.name}"',
+                'devices = "cpu:1"',
+                f'address = "{host.address}"',
+                f"ssh_options = [{options}]",
+                'python = "/usr/bin/python3"',
+                f'workdir = "{root / ("work-" + host.name)}"',
+            ]
+        )
+        + "\n"
+    )
+
+
+@pytest.fixture()
+def config(testbed: Testbed, tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "config.toml"
+    path.write_text(one_node_config(testbed, tmp_path))
+    yield path
+
+
+def start(tmp_path: Path, config: Path) -> DaemonProcess:
+    return DaemonProcess(tmp_path / "state", "--config", str(config)).start(timeout_s=60)
+
+
+def submit(daemon: DaemonProcess, workdir: Path, script: str) -> str:
+    reply = daemon.client.request(
+        "submit",
+        argv=["/bin/sh", "-c", script],
+        workdir=str(workdir),
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/root"},
+        min_gpus=1,
+        max_gpus=1,
+        name="marker",
+        elastic=False,
+    )
+    return str(reply["id"])
+
+
+def job(daemon: DaemonProcess, job_id: str) -> dict[str, Any]:
+    return dict(daemon.client.request("show", id=job_id)["job"])
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().split("\n")[:-1] if path.exists() else []
+
+
+def test_a_job_that_finished_while_the_daemon_was_down_is_not_run_again(
+    tmp_path: Path, config: Path
+) -> None:
+    marker, done = tmp_path / "runs", tmp_path / "done"
+    daemon = start(tmp_path, config)
+    try:
+        job_id = submit(
+            daemon, tmp_path, f"trap '' TERM; echo run >> {marker}; sleep 4; echo x >> {done}"
+        )
+        wait_for(lambda: job(daemon, job_id)["state"] == "running" and lines(marker), 60, "a run")
+        daemon.kill()
+        wait_for(lambda: lines(done), 30, "the job to finish on its node")
+        time.sleep(1.0)
+        daemon = start(tmp_path, config)
+        shown = wait_for(
+            lambda: (j := job(daemon, job_id))["state"] in ("succeeded", "failed") and j,
+            60,
+            "the job's end",
+        )
+        assert shown["state"] == "succeeded", shown["reason"]
+        time.sleep(3.0)  # a second run would have begun by now
+        assert lines(marker) == ["run"]
+        assert job(daemon, job_id)["state"] == "succeeded"
+        kinds = [d["kind"] for d in daemon.client.request("show", id=job_id)["decisions"]]
+        assert "recovered" in kinds
+    finally:
+        daemon.stop()
+
+
+def test_a_job_still_running_at_the_restart_is_not_run_twice_at_once(
+    testbed: Testbed, tmp_path: Path, config: Path
+) -> None:
+    marker = tmp_path / "runs"
+    daemon = start(tmp_path, config)
+    try:
+        job_id = submit(daemon, tmp_path, f"trap '' TERM; echo $$ >> {marker}; sleep 300")
+        wait_for(lambda: job(daemon, job_id)["state"] == "running" and lines(marker), 60, "a run")
+        daemon.kill()
+        daemon = start(tmp_path, config)  # at once: the node still runs the first one
+        first = int(lines(marker)[0])
+        host = testbed.hosts[0]
+        # its node stops it (SIGKILL after its grace: it ignores SIGTERM); only then may the
+        # restarted daemon run the job again
+        wait_for(lambda: len(lines(marker)) >= 2, 90, "the job to run again")
+        assert testbed.ssh(host, f"kill -0 {first}").returncode != 0, "the job runs twice at once"
+        assert len(lines(marker)) == 2
+        daemon.client.request("cancel", ids=[job_id])
+    finally:
+        daemon.stop()
