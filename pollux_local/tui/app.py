@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.css.query import NoMatches
+from textual.notifications import SeverityLevel
 
 from pollux_local.api.errors import DaemonUnavailable, PolluxError
 from pollux_local.api.messages import (
@@ -38,6 +39,7 @@ from pollux_local.api.messages import (
     Usage,
     UsageReply,
 )
+from pollux_local.tui.literal import literal, plain
 from pollux_local.tui.screens.confirm import ConfirmScreen
 from pollux_local.tui.screens.help import HelpScreen
 from pollux_local.tui.screens.job_detail import JobScreen, job_actions_bindings
@@ -122,6 +124,21 @@ class PolluxApp(App[None]):
         screen = self.screen_stack[0] if self.screen_stack else self.screen
         assert isinstance(screen, MainScreen)
         return screen
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        """A notification, always shown literally (``markup`` is ignored): what it says may
+        quote a job's name or the daemon's error about it."""
+        super().notify(
+            plain(message), title=plain(title), severity=severity, timeout=timeout, markup=False
+        )
 
     # ---------------------------------------------------------------- requests
 
@@ -307,14 +324,14 @@ class PolluxApp(App[None]):
             if yes:
                 self.act(request, f"{action} {job_id}")
 
-        self.push_screen(ConfirmScreen(QUESTIONS[action].format(label)), answered)
+        self.push_screen(ConfirmScreen(literal(QUESTIONS[action].format(label))), answered)
 
     def ask_priority(self, job_id: str, label: str, current: int | None) -> None:
         def answered(value: int | None) -> None:
             if value is not None:
                 self.act(SetPriority(id=job_id, priority=value), f"set priority {job_id}")
 
-        self.push_screen(PriorityScreen(label, current), answered)
+        self.push_screen(PriorityScreen(literal(label), current), answered)
 
     def act(self, request: Request[Any], what: str) -> None:
         """Send an action request; say how it went (the daemon's error if it refused) and

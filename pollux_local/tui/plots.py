@@ -13,7 +13,7 @@ import math
 import re
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -23,6 +23,7 @@ from pollux_local.api.messages import JobDetail
 from pollux_local.api.report import ProfileRow
 from pollux_local.core.throughput import ThroughputParams
 from pollux_local.core.types import BatchBounds, GradStats
+from pollux_local.untrusted import printable
 
 _PLOT_LOCK = threading.Lock()
 
@@ -53,7 +54,9 @@ class PlotSpec:
 
 
 def render(spec: PlotSpec, width: int, height: int) -> str:
-    """Draw ``spec`` in ``width`` x ``height`` cells; ANSI-coloured text."""
+    """Draw ``spec`` in ``width`` x ``height`` cells; ANSI-coloured text.  Its title, labels
+    and note are made printable first (the result is read back as ANSI)."""
+    spec = _printable_spec(spec)
     width = max(width, 16)
     height = max(height, 6)
     drawable = [s for s in spec.series if len(s.x) and len(s.x) == len(s.y)]
@@ -96,6 +99,21 @@ def render(spec: PlotSpec, width: int, height: int) -> str:
             fig.label(spec.xlabel)
         plot = str(fig.build()).rstrip("\n")
     return f"{plot}\n{legend}" if legend else plot
+
+
+def _printable_spec(spec: PlotSpec) -> PlotSpec:
+    """``spec`` with no control character in the text it shows."""
+    series = tuple(
+        replace(s, label=printable(s.label, newline=False)) if s.label else s for s in spec.series
+    )
+    return replace(
+        spec,
+        title=printable(spec.title, newline=False),
+        xlabel=printable(spec.xlabel, newline=False),
+        ylabel=printable(spec.ylabel, newline=False),
+        note=None if spec.note is None else printable(spec.note),
+        series=series,
+    )
 
 
 #: Foreground colours (xterm-256 codes) plotext's "simple" theme gives successive signals.

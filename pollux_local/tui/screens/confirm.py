@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -13,7 +14,8 @@ from textual.widgets import Button, Label
 
 
 class ConfirmScreen(ModalScreen[bool]):
-    """Yes/no question before a destructive action."""
+    """Yes/no question before a destructive action; the question is :class:`Text` (made with
+    ``tui.literal``), so a job's name in it is shown as it is."""
 
     CSS_PATH = "confirm.tcss"
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -21,7 +23,7 @@ class ConfirmScreen(ModalScreen[bool]):
         Binding("n,escape", "answer(False)", "No"),
     ]
 
-    def __init__(self, question: str) -> None:
+    def __init__(self, question: Text) -> None:
         super().__init__()
         self.question = question
 

@@ -16,8 +16,10 @@ from textual.widgets import Footer, Log, Static
 from pollux_local.api.errors import DaemonUnavailable, PolluxError
 from pollux_local.api.messages import DecisionRecord, Release, Show, ShowReply
 from pollux_local.tui import plots
+from pollux_local.tui.literal import Part, literal, literal_parts, plain_lines
 from pollux_local.tui.view import (
     LOG_TAIL_LINES,
+    JobRow,
     fmt_duration,
     fmt_number,
     fmt_placement,
@@ -46,22 +48,35 @@ def job_actions_bindings() -> list[BindingType]:
 
 
 def decisions_text(decisions: Sequence[DecisionRecord]) -> Text:
-    """Recent decisions, newest first: time, what was decided, where, and the reason."""
-    text = Text()
+    """Recent decisions, newest first: time, what was decided, where, and the reason (a
+    decision's reason may quote a job's last log line: shown literally)."""
     if not decisions:
-        text.append("no decisions recorded yet", style="italic")
-        return text
+        return literal("no decisions recorded yet", "italic")
+    parts: list[Part] = []
     for item in sorted(decisions, key=lambda d: d.time, reverse=True)[:30]:
-        text.append(time.strftime("%H:%M:%S ", time.localtime(item.time)), style="dim")
-        text.append(f"{item.kind} ", style="bold")
+        parts.append((time.strftime("%H:%M:%S ", time.localtime(item.time)), "dim"))
+        parts.append((f"{item.kind} ", "bold"))
         if item.placement:
-            text.append(fmt_placement(item.placement) + " ")
-        parts = [item.batch.get(k) for k in ("local_batch", "accum_steps", "replicas")]
-        if all(p is not None for p in parts):
-            text.append("batch {}×{}×{} ".format(*parts))
-        text.append(item.reason, style="italic")
-        text.append("\n")
-    return text
+            parts.append(fmt_placement(item.placement) + " ")
+        batch = [item.batch.get(k) for k in ("local_batch", "accum_steps", "replicas")]
+        if all(p is not None for p in batch):
+            parts.append("batch {}×{}×{} ".format(*batch))
+        parts += [(item.reason, "italic"), "\n"]
+    return literal_parts(*parts)
+
+
+def summary_text(row: JobRow, noise: float | None) -> Text:
+    """The job's name, id, owner and state, then its figures (the name shown literally)."""
+    return literal_parts(
+        (f"{row.name} ", f"bold {job_colour(row.id)}"),
+        f"({row.id}, {row.owner}) {row.state}   ",
+        f"devices {row.gpus} {row.where}   batch {row.batch_text}\n",
+        f"goodput {fmt_number(row.goodput)} ex/s   efficiency "
+        f"{'-' if row.efficiency is None else f'{row.efficiency:.2f}'}   speedup "
+        f"{'-' if row.speedup is None else f'{row.speedup:.2f}x'}   noise scale "
+        f"{fmt_number(noise)}   progress {fmt_progress(row.progress)}   ETA "
+        f"{fmt_duration(row.eta_s)}   restarts {row.restarts}",
+    )
 
 
 class JobScreen(Screen[None]):
@@ -99,7 +114,7 @@ class JobScreen(Screen[None]):
     def on_mount(self) -> None:
         self.query_one("#decisions-box").border_title = "scheduler decisions"
         self.query_one("#log-tail").border_title = "log tail"
-        self.query_one("#job-status", StatusLine).update(f"job {self.job_id}")
+        self.query_one("#job-status", StatusLine).update(literal(f"job {self.job_id}"))
         self.fetch()
         self.set_interval(self.pollux.refresh_s, self.fetch)
 
@@ -123,7 +138,10 @@ class JobScreen(Screen[None]):
             down = isinstance(result, DaemonUnavailable)
             status.set_class(down, "down")
             status.update(
-                f"job {self.job_id} · {'daemon down, retrying: ' if down else 'error: '}{result}"
+                literal(
+                    f"job {self.job_id} · {'daemon down, retrying: ' if down else 'error: '}"
+                    f"{result}"
+                )
             )
             return
         status.remove_class("down")
@@ -136,20 +154,8 @@ class JobScreen(Screen[None]):
         detail = self.shown.job
         row = job_row(detail)
         status = self.query_one("#job-status", StatusLine)
-        status.update(f"job {row.id} · {row.name} · {row.owner} · {row.state}")
-        noise = detail.noise_scale
-        summary = Text()
-        summary.append(f"{row.name} ", style=f"bold {job_colour(row.id)}")
-        summary.append(f"({row.id}, {row.owner}) {row.state}   ")
-        summary.append(f"devices {row.gpus} {row.where}   batch {row.batch_text}\n")
-        summary.append(
-            f"goodput {fmt_number(row.goodput)} ex/s   efficiency "
-            f"{'-' if row.efficiency is None else f'{row.efficiency:.2f}'}   speedup "
-            f"{'-' if row.speedup is None else f'{row.speedup:.2f}x'}   noise scale "
-            f"{fmt_number(noise)}   progress {fmt_progress(row.progress)}   ETA "
-            f"{fmt_duration(row.eta_s)}   restarts {row.restarts}"
-        )
-        self.query_one("#summary", Static).update(summary)
+        status.update(literal(f"job {row.id} · {row.name} · {row.owner} · {row.state}"))
+        self.query_one("#summary", Static).update(summary_text(row, detail.noise_scale))
         max_devices, per_node = self.pollux.device_counts()
         self.query_one("#plot-throughput", PlotView).show(
             plots.throughput_plot(detail, max_devices, per_node)
@@ -161,20 +167,24 @@ class JobScreen(Screen[None]):
             self.log_lines = lines
             log = self.query_one("#log-tail", Log)
             log.clear()
-            log.write_lines(lines)
+            log.write_lines(plain_lines(lines))
+
+    def label(self) -> str:
+        """``12 (name)``: the job as the questions about it name it."""
+        return f"{self.job_id} ({self.shown.job.name})" if self.shown is not None else self.job_id
 
     def action_cancel_job(self) -> None:
-        self.pollux.confirm_and_act("cancel", self.job_id, self.job_id)
+        self.pollux.confirm_and_act("cancel", self.job_id, self.label())
 
     def action_hold_job(self) -> None:
-        self.pollux.confirm_and_act("hold", self.job_id, self.job_id)
+        self.pollux.confirm_and_act("hold", self.job_id, self.label())
 
     def action_release_job(self) -> None:
         self.pollux.act(Release(id=self.job_id), f"release {self.job_id}")
 
     def action_priority_job(self) -> None:
         priority = self.shown.job.priority if self.shown is not None else None
-        self.pollux.ask_priority(self.job_id, self.job_id, priority)
+        self.pollux.ask_priority(self.job_id, self.label(), priority)
 
     def action_follow_logs(self) -> None:
         self.pollux.show_logs(self.job_id)

@@ -10,6 +10,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Log
 
 from pollux_local.api.errors import DaemonUnavailable
+from pollux_local.tui.literal import literal, plain_lines
 from pollux_local.tui.view import LOG_FOLLOW_LINES, log_lines, tail_request
 from pollux_local.tui.widgets.status_line import StatusLine
 
@@ -36,7 +37,7 @@ class LogScreen(Screen[None]):
         return cast("PolluxApp", self.app)
 
     def compose(self) -> ComposeResult:
-        yield StatusLine(f"log of job {self.job_id} · following", id="log-status")
+        yield StatusLine(literal(f"log of job {self.job_id} · following"), id="log-status")
         yield Log(id="log", auto_scroll=True)
         yield Footer()
 
@@ -56,24 +57,27 @@ class LogScreen(Screen[None]):
         status = self.query_one("#log-status", StatusLine)
         if isinstance(result, BaseException):
             status.set_class(isinstance(result, DaemonUnavailable), "down")
-            status.update(f"log of job {self.job_id} · {result}")
+            status.update(literal(f"log of job {self.job_id} · {result}"))
             return
         status.remove_class("down")
-        status.update(f"log of job {self.job_id} · {'following' if self.following else 'paused'}")
+        status.update(literal(f"log of job {self.job_id} · {self.mode()}"))
         if result == self.lines:
             return
         log = self.query_one("#log", Log)
         common = len(self.lines)
         if self.lines and result[: len(self.lines)] == self.lines:
-            log.write_lines(result[common:])
+            log.write_lines(plain_lines(result[common:]))
         else:
             log.clear()
-            log.write_lines(result)
+            log.write_lines(plain_lines(result))
         self.lines = result
+
+    def mode(self) -> str:
+        return "following" if self.following else "paused"
 
     def action_toggle_follow(self) -> None:
         self.following = not self.following
         self.query_one("#log-status", StatusLine).update(
-            f"log of job {self.job_id} · {'following' if self.following else 'paused'}"
+            literal(f"log of job {self.job_id} · {self.mode()}")
         )
         self.fetch()

@@ -12,9 +12,12 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
+from pollux_local.api.messages import UsageReply
 from pollux_local.tui import plots
+from pollux_local.tui.literal import literal, literal_parts
 from pollux_local.tui.view import (
     SORT_KEYS,
+    ClusterSample,
     JobFilter,
     JobRow,
     filter_rows,
@@ -33,6 +36,22 @@ if TYPE_CHECKING:
 
 #: The cluster panel's text width before it is laid out (its CSS width less the border).
 USAGE_WIDTH = 54
+
+
+def cluster_figures(last: ClusterSample | None, usage: UsageReply | None, width: int) -> Text:
+    """The cluster panel's text: the last sample's figures, then the accounting (user names
+    shown literally)."""
+    lines = []
+    if last is not None:
+        util = "-" if last.utilisation is None else f"{100 * last.utilisation:.0f}%"
+        eff = "-" if last.efficiency is None else f"{last.efficiency:.2f}"
+        lines += [
+            f"utilisation {util} ({last.devices_busy}/{last.devices_up} devices)",
+            f"efficiency {eff} · goodput {fmt_number(last.goodput)} ex/s",
+            f"running {last.running} · queue {last.queued}",
+        ]
+    return literal_parts("".join(line + "\n" for line in lines),
+                         ("\n".join(usage_lines(usage, width)), "dim"))  # fmt: skip
 
 
 class MainScreen(Screen[None]):
@@ -94,18 +113,9 @@ class MainScreen(Screen[None]):
 
     def update_cluster_panel(self) -> None:
         samples = list(self.pollux.samples)
-        last = samples[-1] if samples else None
-        figures = Text()
-        if last is not None:
-            util = "-" if last.utilisation is None else f"{100 * last.utilisation:.0f}%"
-            eff = "-" if last.efficiency is None else f"{last.efficiency:.2f}"
-            figures.append(f"utilisation {util} ({last.devices_busy}/{last.devices_up} devices)\n")
-            figures.append(f"efficiency {eff} · goodput {fmt_number(last.goodput)} ex/s\n")
-            figures.append(f"running {last.running} · queue {last.queued}\n")
         box = self.query_one("#cluster-figures", Static)
-        width = box.size.width or USAGE_WIDTH
-        figures.append("\n".join(usage_lines(self.pollux.usage, width)), style="dim")
-        box.update(figures)
+        box.update(cluster_figures(samples[-1] if samples else None, self.pollux.usage,
+                                   box.size.width or USAGE_WIDTH))  # fmt: skip
         self.query_one("#cluster-plot", PlotView).show(
             plots.cluster_plot(
                 [s.time for s in samples],
@@ -134,7 +144,7 @@ class MainScreen(Screen[None]):
             parts.append(f"sort {self.sort_key}{' ↓' if self.sort_reverse else ''}")
             if app.last_error:
                 parts.append(f"error: {app.last_error}")
-        line.update(" · ".join(parts))
+        line.update(literal(" · ".join(parts)))
 
     # ---------------------------------------------------------------- selection
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -11,21 +12,26 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label
 
+from pollux_local.tui.literal import literal
+
 
 class PriorityScreen(ModalScreen[int | None]):
-    """Asks for a job's new priority (an integer); dismisses with it, or ``None``."""
+    """Asks for a job's new priority (an integer); dismisses with it, or ``None``.  The job's
+    label is :class:`Text` (made with ``tui.literal``)."""
 
     CSS_PATH = "priority.tcss"
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, job_label: str, current: int | None) -> None:
+    def __init__(self, job_label: Text, current: int | None) -> None:
         super().__init__()
         self.job_label = job_label
         self.current = current
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(f"Priority of {self.job_label} (integer, higher runs first):")
+            yield Label(
+                Text.assemble("Priority of ", self.job_label, " (integer, higher runs first):")
+            )
             yield Input(value="" if self.current is None else str(self.current), id="priority")
             yield Label("", id="error")
 
@@ -34,7 +40,7 @@ class PriorityScreen(ModalScreen[int | None]):
         try:
             value = int(event.value.strip())
         except ValueError:
-            self.query_one("#error", Label).update(f"not an integer: {event.value!r}")
+            self.query_one("#error", Label).update(literal(f"not an integer: {event.value!r}"))
             return
         self.dismiss(value)
 

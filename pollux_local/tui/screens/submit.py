@@ -18,6 +18,7 @@ from textual.widgets import Button, Input, Label
 from pollux_local.api.errors import PolluxError
 from pollux_local.api.messages import Submit
 from pollux_local.cli.submit import build_submit_request, uses_job_library
+from pollux_local.tui.literal import literal
 
 
 class SubmitScreen(ModalScreen[Submit | None]):
@@ -126,7 +127,7 @@ class SubmitScreen(ModalScreen[Submit | None]):
         try:
             request = self.collect()
         except ValueError as exc:
-            self.query_one("#error", Label).update(str(exc))
+            self.query_one("#error", Label).update(literal(str(exc)))
             return
         self.dismiss(request)
 

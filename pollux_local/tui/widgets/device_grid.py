@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from rich.text import Text
 from textual.widget import Widget
 
+from pollux_local.tui.literal import plain
 from pollux_local.tui.view import (
     DOWN_COLOUR,
     EXTERNAL_COLOUR,
@@ -20,10 +21,10 @@ _CELL_WIDTH = 12
 
 
 def _cell_text(cell: DeviceCell, names: dict[str, str]) -> tuple[str, str]:
-    """(label, style) of one device cell."""
-    short = cell.device.split(":")[-1]
+    """(label, style) of one device cell; the job's name as :func:`plain` makes it."""
+    short = plain(cell.device.split(":")[-1])
     if cell.status == "job" and cell.job is not None:
-        label = names.get(cell.job, cell.job)
+        label = plain(names.get(cell.job, cell.job))
         return f"{short}:{label}", f"bold white on {job_colour(cell.job)}"
     if cell.status == "external":
         return f"{short}:external", f"white on {EXTERNAL_COLOUR}"
@@ -39,15 +40,16 @@ def grid_text(nodes: Sequence[NodeCells], names: dict[str, str], width: int) -> 
     if not nodes:
         text.append("no nodes reported", style="italic")
         return text
-    labels = [f"{n.name} {n.device_type}".strip() for n in nodes]
+    labels = [plain(f"{n.name} {n.device_type}".strip()) for n in nodes]
     label_width = max(len(label) for label in labels) + 1
     per_line = max(1, (width - label_width - 1) // (_CELL_WIDTH + 1))
     for index, node in enumerate(nodes):
         if index:
             text.append("\n")
         style = "bold" if node.up else "bold red"
-        text.append(node.name, style=style)
-        text.append(f" {node.device_type}".ljust(label_width - len(node.name)), style="dim")
+        name = plain(node.name)
+        text.append(name, style=style)
+        text.append(plain(f" {node.device_type}").ljust(label_width - len(name)), style="dim")
         if not node.devices:
             text.append(" (no devices)" if node.up else " down", style="italic")
         for i, cell in enumerate(node.devices):

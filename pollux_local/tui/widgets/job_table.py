@@ -14,6 +14,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from pollux_local.tui.literal import plain
 from pollux_local.tui.view import COLUMNS, JobRow, job_colour
 
 #: Width of each jobs-table column (the name column takes what is left).
@@ -48,6 +49,8 @@ _STATE_COLOURS = {
 class JobTable(ScrollView, can_focus=True):
     """The jobs table: a header line and one line per job, drawn straight into segments so that
     a refresh of hundreds of jobs costs only the lines on screen (each cached until it changes).
+    Segments are never read as markup; each cell goes through :func:`~pollux_local.tui.literal.
+    plain` (control characters escaped).
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -126,7 +129,8 @@ class JobTable(ScrollView, can_focus=True):
             segments = [Segment(" ", _HEADER_STYLE)]
             for (col, w), (_, title) in zip(self._widths(width), COLUMNS, strict=True):
                 mark = ("▼" if self.sort_reverse else "▲") if col == self.sort_key else ""
-                segments.append(Segment(set_cell_size(title + mark, w) + " ", _HEADER_STYLE))
+                segments.append(Segment(set_cell_size(title + mark, w), _HEADER_STYLE))
+                segments.append(Segment(" ", _HEADER_STYLE))
             strip = Strip(segments).adjust_cell_length(width, _HEADER_STYLE)
             self._cache[key] = strip
         return strip
@@ -145,7 +149,7 @@ class JobTable(ScrollView, can_focus=True):
                     style = base + Style(color=job_colour(row.id), bold=True)
                 elif col == "state" and not cursor and row.state in _STATE_COLOURS:
                     style = base + Style(color=_STATE_COLOURS[row.state])
-                segments.append(Segment(set_cell_size(text, w), style))
+                segments.append(Segment(set_cell_size(plain(text), w), style))
                 segments.append(Segment(" ", base))
             strip = Strip(segments).adjust_cell_length(width, base)
             self._cache[key] = strip
