@@ -230,6 +230,7 @@ class SchedulingLoop:
         """One pass: reports -> models -> policy -> plan -> executor."""
         async with self.mutex:
             await self.executor.check_nodes(background=True)
+            await self.executor.record_unrecorded()  # ends a full disk kept from the store
             await self.reconcile()
             now = self.clock()
             await self.enforce_time_limits(now)
@@ -332,7 +333,9 @@ class SchedulingLoop:
                 watch = self.executor._watch(job_id, group)
                 self.executor.watchers[job_id] = asyncio.ensure_future(watch)
             await self.executor.stop_job(job_id, "reconcile")
-        live = set(self.executor.groups) | set(self.executor.watchers)
+        live = (
+            set(self.executor.groups) | set(self.executor.watchers) | set(self.executor.unrecorded)
+        )
         for job_id in sorted(placed - live):
             reason = "its replicas are gone; back in the queue"
             if self.store.requeue_if_placed(job_id, reason):

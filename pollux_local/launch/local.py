@@ -490,10 +490,13 @@ class LocalLauncher:
         devices: Mapping[str, Sequence[str]] | None = None,
         run_dir: Path | None = None,
         stop_grace_s: float = 60.0,
+        max_log_bytes: int | None = None,
     ) -> None:
         self.devices = dict(devices or {})
         self._run_dir = run_dir
         self.stop_grace_s = stop_grace_s
+        #: each replica's log is cut at this many bytes (``None``: no limit)
+        self.max_log_bytes = max_log_bytes
 
     @property
     def run_dir(self) -> Path:
@@ -545,6 +548,7 @@ class LocalLauncher:
             "job_dir": str(spec.log_dir),
             "workdir": str(spec.workdir),
             "checkpoint_dir": checkpoint or None,
+            "max_log_bytes": self.max_log_bytes,
             "replicas": [
                 {
                     "rank": slot.rank,

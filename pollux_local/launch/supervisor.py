@@ -65,6 +65,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
+from pollux_local.launch import logcap
+
 RUN_FILE_VERSION = 1
 #: Exit code of a replica that checkpointed on SIGTERM (``api.states.ExitCode.RESCALE``).
 RESCALE_EXIT_CODE = 75
@@ -82,6 +84,8 @@ PR_SET_CHILD_SUBREAPER = 36
 WAITED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 #: Largest control file read.
 MAX_CONTROL_BYTES = 4096
+#: Seconds the log copiers (``logcap``) get to finish once the replicas have ended.
+LOG_DRAIN_S = 1.0
 
 
 def combine_exit_codes(codes_in_exit_order: Sequence[int]) -> int:
@@ -242,6 +246,8 @@ def replica_child(
             ) from None
         log_fd = open_log(os.path.join(job_dir, str(replica["log"])))
         os.write(log_fd, str(replica.get("banner", "")).encode())
+        if spec.get("max_log_bytes"):  # output through a copier that stops at the limit
+            log_fd = logcap.capped_log(log_fd, int(spec["max_log_bytes"]))
         checkpoint = spec.get("checkpoint_dir")
         if checkpoint:
             try:
@@ -430,7 +436,12 @@ class Supervisor:
 
     def clean_up(self) -> None:
         """Kill whatever is left below this process (the group, adopted orphans and their
-        descendants) and reap it, until nothing is left."""
+        descendants) and reap it, until nothing is left.  The log copiers are given
+        :data:`LOG_DRAIN_S` first to write out what the replicas printed last."""
+        drain_until = time.monotonic() + LOG_DRAIN_S
+        while logcap.live_copiers(descendants(self.pid)) and time.monotonic() < drain_until:
+            self.reap()
+            time.sleep(0.02)
         for _ in range(200):
             self.signal_group(signal.SIGKILL)
             left = descendants(self.pid)
@@ -465,7 +476,18 @@ class Supervisor:
         }
 
     def write(self, state: str) -> None:
-        write_private_json(str(self.spec["run_file"]), self.record(state))
+        """Write the run file; on a full disk, again with a back-off (up to 5 s) until there is
+        room: the daemon takes the result in once this process has ended."""
+        delay = 0.5
+        while True:
+            try:
+                write_private_json(str(self.spec["run_file"]), self.record(state))
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+            time.sleep(delay)
+            delay = min(5.0, 2 * delay)
 
 
 def say(line: dict[str, Any]) -> None:
