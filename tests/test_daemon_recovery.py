@@ -173,8 +173,9 @@ def test_cancelling_a_job_that_ignores_sigterm_stalls_nobody(
 
 @pytest.mark.parametrize(
     ("code", "outcome", "runs", "decision"),
+    # 75 nobody asked for (no resize was under way) is a crash like 3
     [(0, "succeeded", 1, "finished"), (3, "succeeded", 2, "crashed"),
-     (75, "succeeded", 2, "requeued")],
+     (75, "succeeded", 2, "crashed")],
 )  # fmt: skip
 def test_a_job_that_ended_while_the_daemon_was_down_is_taken_as_it_ended(
     tmp_path: Path, daemons: list[DaemonProcess], code: int, outcome: str, runs: int,
@@ -200,7 +201,7 @@ def test_a_job_that_ended_while_the_daemon_was_down_is_taken_as_it_ended(
     assert (tmp_path / "runs").read_text().count("run") == runs
     assert starts(daemon, job_id) == runs
     assert "recovered" in kinds(daemon, job_id) and decision in kinds(daemon, job_id)
-    assert job["failures"] == (1 if code == 3 else 0)
+    assert job["failures"] == (0 if code == 0 else 1)
 
 
 def test_a_job_still_running_at_the_restart_is_adopted_not_restarted(
