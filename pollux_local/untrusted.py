@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["printable"]
+__all__ = ["PartialEscape", "printable", "printable_log"]
 
 #: C0 and C1 control characters, the newline aside, and the Unicode controls that reorder or
 #: hide text (bidirectional embeddings, overrides and isolates).
@@ -28,3 +28,35 @@ def printable(text: str, *, newline: bool = True) -> str:
     reach another user's terminal as escape sequences.  The newline is kept unless
     ``newline=False`` (text shown on one line: a table cell, a status line)."""
     return (_CONTROL if newline else _CONTROL_OR_NEWLINE).sub(_escape, text)
+
+
+#: In a job's log: a colour (SGR) sequence, kept, or any other control character but the
+#: newline and the tab, escaped.
+_LOG = re.compile(r"(\x1b\[[0-9;:]{0,64}m)|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+#: The end of a chunk that may be the start of a colour sequence cut by the chunk's end.
+_PARTIAL_SGR = re.compile(r"\x1b(\[[0-9;:]{0,64})?$")
+
+
+def printable_log(text: str) -> str:
+    """A job's log as ``logs --safe`` prints it: colours (``ESC [ ... m``) kept, as ``less -R``
+    keeps them; every other control character (window titles, cursor moves, clear screen,
+    ``\\r``) shown as an escape; newlines and tabs kept."""
+    return _LOG.sub(lambda m: m.group(1) or _escape(m), text)
+
+
+class PartialEscape:
+    """:func:`printable_log` over a stream of chunks: a colour sequence cut by a chunk's end
+    is held back until the next chunk completes it."""
+
+    def __init__(self) -> None:
+        self._held = ""
+
+    def feed(self, chunk: str) -> str:
+        text = self._held + chunk
+        cut = _PARTIAL_SGR.search(text)
+        self._held = text[cut.start() :] if cut else ""
+        return printable_log(text[: cut.start()] if cut else text)
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return printable_log(held)

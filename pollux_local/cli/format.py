@@ -57,8 +57,8 @@ def timestamp(stamp: float | None) -> str:
 
 def table(rows: Sequence[Sequence[str]], numeric_from: int | None = None) -> str:
     """Rows as aligned columns (two spaces apart); columns from ``numeric_from`` on are
-    right-aligned.  Control characters are escaped (:func:`printable`)."""
-    cells = [[printable(cell) for cell in row] for row in rows]
+    right-aligned.  Control characters, newlines included, are escaped (:func:`printable`)."""
+    cells = [[printable(cell, newline=False) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
 
     def align(i: int, cell: str) -> str:

@@ -28,6 +28,7 @@ from pollux_local.cli.format import (
     where,
 )
 from pollux_local.durations import format_duration
+from pollux_local.untrusted import PartialEscape
 
 #: Jobs one ``status`` request asks for (the daemon's default page).
 STATUS_PAGE = 1000
@@ -117,21 +118,30 @@ def cmd_show(args: argparse.Namespace) -> int:
     lines.append("decisions:")
     for entry in reply.decisions:
         lines.append(f"  {timestamp(entry.time)}  {entry.kind:<10} {entry.reason}")
-    print(printable("\n".join(lines)))
+    # each line is one line: a newline in what a job controls is shown as an escape too
+    print("\n".join(printable(line, newline=False) for line in lines))
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    """A job's output.  On a terminal (or with ``--safe``) every control character but colours,
+    newlines and tabs is shown as an escape (``untrusted.printable_log``): a job's output must
+    not retitle, clear or move the cursor of the reader's terminal; piped (or with ``--raw``)
+    it is written as the job wrote it, like ``cat``."""
     client = client_for(args)
+    safe = sys.stdout.isatty() if args.safe is None else args.safe
+    stream = PartialEscape() if safe else None
     offset = -abs(args.tail) if args.tail else 0
     while True:
         reply = client.call(Logs(id=job_id(args.id), rank=args.rank, offset=offset))
         if reply.data:
-            sys.stdout.write(reply.data)
+            sys.stdout.write(stream.feed(reply.data) if stream else reply.data)
             sys.stdout.flush()
         offset = reply.offset
         if reply.offset < reply.size:
             continue
+        if stream:
+            sys.stdout.write(stream.flush())
         if not args.follow:
             return 0
         if reply.state.terminal:
@@ -146,11 +156,11 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         print_json(reply)
         return 0
     for node in reply.nodes:
-        print(printable(node_line(node)))
+        print(printable(node_line(node), newline=False))
         if node.busy:
-            print(printable(f"  busy outside the scheduler: {', '.join(node.busy)}"))
+            print(printable(f"  busy outside the scheduler: {', '.join(node.busy)}", newline=False))
         if node.withheld:
-            print(printable(f"  withheld from new jobs: {', '.join(node.withheld)}"))
+            print(printable(f"  withheld from new jobs: {', '.join(node.withheld)}", newline=False))
         if node.stopping:
             held = ", ".join(f"{d}→job {node.jobs.get(d, '?')}" for d in node.stopping)
             print(printable(f"  stopping, held until their processes are gone: {held}"))
@@ -209,6 +219,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--rank", type=int, default=0, help="which replica (default 0)")
     p.add_argument("--tail", type=int, metavar="BYTES", help="start this many bytes from the end")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--safe",
+        action="store_true",
+        default=None,
+        help="show control characters as escapes (\\x1b), colours aside"
+        " (the default when the output is a terminal)",
+    )
+    shown.add_argument(
+        "--raw",
+        dest="safe",
+        action="store_false",
+        help="write the output as the job wrote it (the default when piped)",
+    )
     p.set_defaults(func=cmd_logs)
 
     p = subparsers.add_parser("nodes", parents=[common, as_json], help="nodes and devices")

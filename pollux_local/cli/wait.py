@@ -34,7 +34,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
                 pending.remove(ident)
                 if not args.json and not args.quiet:
                     said = f": {job.reason}" if job.reason else ""
-                    print(printable(f"job {ident} {job.state.value}{said}"))
+                    print(printable(f"job {ident} {job.state.value}{said}", newline=False))
         if not pending:
             break
         if deadline is not None and time.monotonic() >= deadline:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -119,13 +119,13 @@ async def walk(
     jobs: dict[str, str],
     witness: Path,
     log_word: str | None = None,
-    reason_word: str | None = None,
+    reasons: Mapping[str, str] | None = None,
 ) -> None:
     """Walk every screen for each of ``jobs`` (id -> its hostile name): main screen, priority
     and cancel dialogs, detail (decisions, log tail), log view, notifications.
 
     ``log_word`` is what the log tail and the log view must show (literally: escaped);
-    ``reason_word`` what the decisions must.  ``witness`` is the directory a ``[@click]`` name
+    ``reasons`` what the decisions of some jobs must (id -> text).  ``witness`` is the directory a ``[@click]`` name
     would write to."""
     app = pilot.app
     for name in jobs.values():
@@ -149,8 +149,8 @@ async def walk(
         await pilot.press("enter")
         await wait_for(pilot, f"job {job_id} · {name}", "detail: status line")
         await wait_for(pilot, name, "detail: summary")
-        if reason_word is not None:
-            await wait_for(pilot, reason_word, "detail: decisions")
+        if reasons and job_id in reasons:
+            await wait_for(pilot, reasons[job_id], "detail: decisions")
         if log_word is not None:
             await wait_for(pilot, log_word, "detail: log tail")
         assert_clean(app, "detail screen")

@@ -64,7 +64,7 @@ async def test_every_screen_shows_hostile_job_text_literally(make_app: Any) -> N
         recording, names = hostile_recording(witness)
         app = make_app(FixedSource(recording, now=FIXED_NOW), sync=True, refresh_s=3600)
         async with app.run_test(size=SIZE, notifications=True) as pilot:
-            await walk(pilot, names, witness, log_word=EVIL_LINE, reason_word=EVIL_LINE)
+            await walk(pilot, names, witness, EVIL_LINE, dict.fromkeys(names, EVIL_LINE))
         assert not list(witness.iterdir())
 
 
