@@ -10,7 +10,7 @@ import pytest
 
 from pollux_local.api.errors import PermissionDenied
 from pollux_local.core.pool import ProfilePool
-from pollux_local.daemon.reports import check_reporter
+from pollux_local.daemon.reports import ReportPace, check_reporter, pace_of
 from pollux_local.daemon.scheduler import POOL_KINDS, POOL_POINTS, ModelCache
 from pollux_local.daemon.state import JobRecord
 
@@ -118,3 +118,19 @@ def test_only_the_jobs_user_root_or_the_daemon_may_report_for_it() -> None:
         check_reporter(running, 2002, 12345)
     assert check_reporter(job(8, owner=2001, state="queued"), 2001, daemon_uid)
     assert not check_reporter(job(9, owner=2001, state="cancelled"), 2001, daemon_uid)
+
+
+def test_a_jobs_reports_are_taken_at_most_every_half_second_per_daemon() -> None:
+    pace = ReportPace(interval_s=0.5)
+    assert pace.take(1, now=10.0) and pace.take(2, now=10.1)
+    assert not pace.take(1, now=10.4) and not pace.take(1, now=10.45)
+    assert pace.take(1, now=10.5)
+    for job_id in range(3, 2000):  # old entries are dropped as it grows
+        pace.take(job_id, now=100.0 + job_id)
+    assert len(pace._taken) <= 1025
+
+    class Store:  # what the daemon keys its pace by: its store
+        pass
+
+    one, other = Store(), Store()
+    assert pace_of(one) is pace_of(one) and pace_of(one) is not pace_of(other)

@@ -12,12 +12,16 @@ read.
 
 Who may report for a job is one rule, :func:`check_reporter`, applied to both ways: the
 sender (the peer of a request, the owner of a file) must be the job's user, root or the
-daemon's own user, and the job must not have ended.
+daemon's own user, and the job must not have ended.  Requests for one job are taken at most
+every :data:`MIN_REPORT_INTERVAL_S` (:class:`ReportPace`); one sooner is answered, not taken,
+so that a job sending reports back to back costs the daemon little more than reading them.
 """
 
 from __future__ import annotations
 
 import os
+import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,41 @@ from pollux_local.daemon.jobfiles import UnsafeJobFile, read_whole_job_file, run
 from pollux_local.daemon.state import JobRecord
 
 _decoder = msgspec.json.Decoder(JobReport)
+
+#: The shortest time between two reports of one job the daemon takes over the socket (the job
+#: library reports every 10 s by default; its probe every second).
+MIN_REPORT_INTERVAL_S = 0.5
+
+
+class ReportPace:
+    """When each job's last report over the socket was taken (monotonic seconds), per daemon
+    (:func:`pace_of` its store); entries older than the interval are dropped as it grows."""
+
+    def __init__(self, interval_s: float = MIN_REPORT_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self._taken: dict[int, float] = {}
+
+    def take(self, job_id: int, now: float | None = None) -> bool:
+        """Whether a report of ``job_id`` arriving now is taken (then it is noted)."""
+        now = time.monotonic() if now is None else now
+        last = self._taken.get(job_id)
+        if last is not None and now - last < self.interval_s:
+            return False
+        self._taken[job_id] = now
+        if len(self._taken) > 1024:
+            self._taken = {k: t for k, t in self._taken.items() if now - t < self.interval_s}
+        return True
+
+
+_paces: weakref.WeakKeyDictionary[object, ReportPace] = weakref.WeakKeyDictionary()
+
+
+def pace_of(owner: object) -> ReportPace:
+    """The :class:`ReportPace` of one daemon, keyed by an object it holds (its store)."""
+    pace = _paces.get(owner)
+    if pace is None:
+        pace = _paces[owner] = ReportPace()
+    return pace
 
 
 class InvalidReport(ValueError):
