@@ -144,3 +144,67 @@ def test_tui_in_a_real_terminal(daemon: Path, tmp_path: Path) -> None:
         _wait(lambda: "tmux-alpha" not in _capture(), 10, "the app to quit")
     finally:
         subprocess.run([*TMUX, "kill-server"], capture_output=True, timeout=10)
+
+
+HOSTILE_SCRIPT = """\
+import time
+print("step 1", flush=True)
+print("\\x1b]2;PWNED-TITLE\\x1b\\\\\\x1b[2Jboom [/bold] [@click=app.quit]x[/]", flush=True)
+time.sleep(600)
+"""
+
+
+def _pane_title() -> str:
+    out = subprocess.run(
+        [*TMUX, "display", "-p", "-t", SESSION, "#{pane_title}"],
+        capture_output=True, text=True, timeout=10,
+    )  # fmt: skip
+    return out.stdout.strip()
+
+
+def test_a_hostile_job_in_a_real_terminal(daemon: Path, tmp_path: Path) -> None:
+    """Jobs named with markup whose log sets the window title and clears the screen: the TUI
+    shows their names and log lines as text (escapes as ``\\x1b``), the cancel question with
+    ``[/bold]`` in it does not crash it, and the pane's title stays tmux's own."""
+    script = tmp_path / "hostile.py"
+    script.write_text(HOSTILE_SCRIPT)
+    for name in ("[/bold]oops", "[@click=app.quit]quitme[/]"):
+        done = _cli("submit", "--state-dir", str(daemon), "--name", name, str(script))
+        assert done.returncode == 0, done.stderr
+    _wait(
+        lambda: _cli("status", "--state-dir", str(daemon)).stdout.count("running") >= 2,
+        30,
+        "both jobs running",
+    )
+    command = (
+        f"cd {REPO} && PYTHONPATH={REPO} {sys.executable} -m pollux_local tui "
+        f"--state-dir {daemon} --refresh 0.5"
+    )
+    subprocess.run(
+        [*TMUX, "new-session", "-d", "-s", SESSION, "-x", "160", "-y", "40", command],
+        env=_env(),
+        check=True,
+        timeout=10,
+    )
+    try:
+        before = _pane_title()
+        _wait(lambda: "[@click=app.quit]quitme[/]" in _capture(), 30, "the jobs table")
+        assert "[/bold]oops" in _capture()
+        _keys("c")  # the first job: [/bold]oops
+        _wait(lambda: "Cancel job 1 ([/bold]oops)?" in _capture(), 20, "the cancel question")
+        _keys("n")
+        _wait(lambda: "Cancel job" not in _capture(), 10, "the question to close")
+        _keys("Enter")
+        _wait(lambda: "scheduler decisions" in _capture(), 20, "the job detail screen")
+        _wait(lambda: "\\x1b]2;PWNED-TITLE" in _capture(), 20, "the log tail, escaped")
+        screen = _capture()
+        assert "boom [/bold] [@click=app.quit]x[/]" in screen
+        assert "job 1 · [/bold]oops" in screen
+        time.sleep(1.0)  # a few refreshes: the title would have been set by now
+        assert "PWNED" not in _pane_title(), f"pane title set by a job: {_pane_title()!r}"
+        assert _pane_title() == before
+        _keys("Escape")
+        _keys("q")
+        _wait(lambda: "quitme" not in _capture(), 10, "the app to quit")
+    finally:
+        subprocess.run([*TMUX, "kill-server"], capture_output=True, timeout=10)
