@@ -218,6 +218,7 @@ class Executor:
             from pollux_local.launch.ssh import SshLauncher, SshNodeConfig
 
             if isinstance(self._ssh, SshLauncher):
+                self._ssh.max_log_bytes = config.max_log_bytes
                 for node in config.nodes:
                     if not node.is_local:
                         table = ssh_table(node)
@@ -1213,7 +1214,7 @@ def make_ssh_launcher(config: DaemonConfig, state_dir: Path) -> Launcher:
         for node in config.nodes
         if not node.is_local
     ]
-    return SshLauncher(nodes, ssh_control_dir(state_dir))
+    return SshLauncher(nodes, ssh_control_dir(state_dir), max_log_bytes=config.max_log_bytes)
 
 
 def ssh_control_dir(state_dir: Path) -> Path:

@@ -48,6 +48,7 @@ from pollux_local.errors import PolluxError
 from pollux_local.launch import node_agent
 from pollux_local.launch.base import RESCALE_EXIT_CODE, LaunchSpec, NodeHealth, ReplicaSlot
 from pollux_local.launch.local import replica_env
+from pollux_local.launch.logcap import truncation_note
 
 #: Exit code of a replica whose node could not be reached (ssh's own failure code).
 UNREACHABLE_EXIT_CODE = 255
@@ -194,8 +195,11 @@ class SshReplicaGroup:
         sessions: list[_NodeSession],
         log_files: Mapping[int, Path],
         failure_grace_s: float,
+        max_log_bytes: int | None = None,
     ) -> None:
         self.spec = spec
+        #: a rank's local log ends, with one note, at this size (``[limits] max_log_size``)
+        self._max_log_bytes = max_log_bytes
         self._sessions = sessions
         self._log_files = dict(log_files)
         self._failure_grace_s = failure_grace_s
@@ -310,6 +314,11 @@ class SshReplicaGroup:
             elif info.st_uid != owner:
                 log.warning("not writing to %s: it belongs to uid %d", path, info.st_uid)
                 return
+            limit = self._max_log_bytes
+            if limit is not None and info.st_size + len(data) > limit:
+                if info.st_size > limit:
+                    return  # cut already (the note is past the limit): the rest is discarded
+                data = data[: limit - info.st_size] + truncation_note(limit)
             os.write(fd, data)
         finally:
             os.close(fd)
@@ -520,8 +529,11 @@ class SshLauncher:
         control_persist_s: int = 300,
         failure_grace_s: float = 5.0,
         orphan_grace_s: float = 10.0,
+        max_log_bytes: int | None = None,
     ) -> None:
         self.nodes = {node.name: node for node in nodes}
+        #: the size at which a rank's local log is cut (``[limits] max_log_size``)
+        self.max_log_bytes = max_log_bytes
         if len(self.nodes) != len(nodes):
             raise PolluxError("node names must be unique")
         self.control_dir = Path(control_dir)
@@ -779,7 +791,7 @@ class SshLauncher:
             return _NodeSession(node=node, ranks=[s.rank for s in slots], proc=proc)
 
         sessions = list(await asyncio.gather(*(start(n, s) for n, s in by_node.items())))
-        group = SshReplicaGroup(spec, sessions, log_files, self.failure_grace_s)
+        group = SshReplicaGroup(spec, sessions, log_files, self.failure_grace_s, self.max_log_bytes)
         group._launcher = self
         for session in sessions:
             session.reader = asyncio.ensure_future(group._read_session(session))

@@ -4,7 +4,8 @@ failure's last line) and writes (an SSH job's local log) only files of the user 
 * A root-only 0600 file that the job's owner moves into the job's directory (a file root left
   in the owner's home, say) is not shown by ``logs``, to its owner or anyone.
 * The local log of a rank on an SSH node is created by the daemon and given to the job's user;
-  an existing file of another owner in its place (root's) is never appended to.
+  an existing file of another owner in its place (root's) is never appended to, and the log is
+  cut at ``[limits] max_log_size`` with one note, as a local replica's log is.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from pollux_local.launch.base import LaunchSpec, ReplicaSlot
+from pollux_local.launch.logcap import truncation_note
 from pollux_local.launch.ssh import SshReplicaGroup
 from tests.abuse.lab import TERMINAL, Lab, cli, submit, wait_state
 from tests.labinstall import LabUser, one_line
@@ -55,7 +57,7 @@ def test_logs_refuses_a_root_only_file_moved_into_the_job_directory(
     assert secret not in str(refused.value)
 
 
-def _ssh_group(log_dir: Path, uid: int) -> SshReplicaGroup:
+def _ssh_group(log_dir: Path, uid: int, max_log_bytes: int | None = None) -> SshReplicaGroup:
     spec = LaunchSpec(
         job_id="7",
         argv=["/bin/true"],
@@ -66,7 +68,7 @@ def _ssh_group(log_dir: Path, uid: int) -> SshReplicaGroup:
         run_as="someone",
         run_as_uid=uid,
     )
-    return SshReplicaGroup(spec, [], {0: log_dir / "rank0.log"}, failure_grace_s=1.0)
+    return SshReplicaGroup(spec, [], {0: log_dir / "rank0.log"}, 1.0, max_log_bytes)
 
 
 def test_an_ssh_ranks_local_log_is_the_jobs_users_and_never_root_file(
@@ -93,3 +95,22 @@ def test_an_ssh_ranks_local_log_is_the_jobs_users_and_never_root_file(
     os.chown(log, 0, 0)
     asyncio.run(write(b"more output\n"))
     assert log.read_text() == "root's\n"
+
+
+def test_an_ssh_ranks_local_log_is_cut_at_the_log_limit(lab: Lab, alice: LabUser) -> None:
+    # the daemon itself writes a remote rank's output into the state disk: the same
+    # [limits] max_log_size holds there as for a local replica's log
+    job_dir = lab.base / "ssh-capped"
+    job_dir.mkdir()
+    os.chown(job_dir, alice.uid, alice.gid)
+
+    async def flood() -> None:
+        group = _ssh_group(job_dir, alice.uid, max_log_bytes=1000)
+        for _ in range(50):
+            group._append_log(0, b"x" * 99 + b"\n")
+
+    asyncio.run(flood())
+    data = (job_dir / "rank0.log").read_bytes()
+    assert data.startswith(b"x" * 99 + b"\n")
+    assert data.endswith(truncation_note(1000)), data[-120:]
+    assert len(data) == 1000 + len(truncation_note(1000))
