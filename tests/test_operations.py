@@ -524,3 +524,14 @@ def test_effective_config_keeps_held_devices_reserved_until_released() -> None:
     # once released, the config is the file's
     assert effective_config(renamed, {}, config) == (renamed, {})
     assert effective_config(renamed, {"ws2": {"cuda:0"}}, config)[0] is renamed
+
+
+def test_a_reload_names_every_setting_of_the_config() -> None:
+    # a key added to DaemonConfig and forgotten here would change silently on SIGHUP
+    from dataclasses import fields
+
+    from pollux_local.daemon.config import DaemonConfig
+    from pollux_local.daemon.reload import NOT_SETTINGS, SETTINGS
+
+    names = {f.name for f in fields(DaemonConfig)} - set(NOT_SETTINGS)
+    assert names == set(SETTINGS), names.symmetric_difference(SETTINGS)

@@ -43,6 +43,7 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     max_queued_per_user = 1000  # jobs one user may have queued, held or running (default 1000)
     max_array_size = 1000     # tasks one array may have (default 1000)
     max_command_size = "4M"   # a job's command line and environment together (default 4M)
+    max_stored_per_user = "64M"  # commands and environments of one user's jobs, all in all
 
     [devices]
     reserved = ["cuda:3", "box2:cuda:0"]  # never given to a job (this machine's, or NODE:DEV)
@@ -76,7 +77,7 @@ from pollux_local.core.names import POLICY_ALIASES
 from pollux_local.daemon import gpus
 from pollux_local.durations import DurationError, parse_duration
 from pollux_local.errors import PolluxError
-from pollux_local.sizes import SizeError, parse_size
+from pollux_local.sizes import SizeError, format_size, parse_size
 from pollux_local.tomlfile import read_toml
 
 LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
@@ -149,6 +150,9 @@ class DaemonConfig:
     max_queued_per_user: int = 1000
     max_array_size: int = 1000
     max_command_bytes: int = 4 * 1024 * 1024
+    #: bytes of commands and environments one user's queued, held and running jobs keep in
+    #: the state (each stored once: an array's tasks share theirs)
+    max_stored_per_user: int = 64 * 1024 * 1024
     #: devices never given to a job, as ``node:device``
     reserved: tuple[str, ...] = ()
     #: a GPU counts as busy when processes outside the scheduler use this much of its memory
@@ -163,7 +167,6 @@ class DaemonConfig:
     #: the slowdown beta of jobs sharing a device: each of n runs at 1 / (1 + beta (n - 1))
     share_slowdown: float = 0.25
     source: str = "embedded default"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def total_devices(self) -> int:
@@ -296,6 +299,7 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
             "max_queued_per_user",
             "max_array_size",
             "max_command_size",
+            "max_stored_per_user",
         }
     ),
     "devices": frozenset({"reserved", "busy_memory"}),
@@ -501,15 +505,18 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
         max_user_bytes=_whole(limits, "mib_in_flight_per_user", 32, where, 16, 4096) << 20,
         max_devices_per_user=_optional_whole(limits, "max_devices_per_user", where),
         max_running_per_user=_optional_whole(limits, "max_running_per_user", where),
-        max_log_bytes=_log_size(limits, where),
+        max_log_bytes=_size(limits, "limits", "max_log_size", "100M", where, least=4096),
         notify_backlog_per_user=_whole(limits, "notify_backlog_per_user", 100, where, 1, 1_000_000),
         default_time_s=default_time,
         max_time_s=max_time,
         max_queued_per_user=_whole(limits, "max_queued_per_user", 1000, where, 1, 10_000_000),
         max_array_size=_whole(limits, "max_array_size", 1000, where, 1, 10_000),
-        max_command_bytes=_command_size(limits, where),
+        # above the 2 MiB that exec takes with Linux's usual 8 MiB stack: no job that could
+        # run is refused
+        max_command_bytes=_size(limits, "limits", "max_command_size", "4M", where),
+        max_stored_per_user=_size(limits, "limits", "max_stored_per_user", "64M", where),
         reserved=reserved_devices(devices_table.get("reserved", []), nodes, where),
-        busy_memory=_size(devices_table, "busy_memory", gpus.DEFAULT_BUSY_BYTES, where),
+        busy_memory=_size(devices_table, "devices", "busy_memory", "1G", where),
         notify_command=notify_command,
         notify_on=notify_on,
         notify_desktop=desktop,
@@ -518,34 +525,19 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
     )
 
 
-def _size(table: dict[str, Any], key: str, default: int, where: str) -> int:
-    """A size in bytes written as people do (``"1G"``, ``"512M"``, or a number of bytes)."""
-    raw = table.get(key)
-    if raw is None:
-        return default
+def _size(
+    table: dict[str, Any], section: str, key: str, default: str, where: str, least: int = 1
+) -> int:
+    """``[section] key``, a size written as people do (``"1G"``, ``"512M"``, or a number of
+    bytes), in bytes; at least ``least``."""
     try:
-        return parse_size(raw)
+        size = parse_size(table.get(key, default))
     except SizeError as exc:
-        raise PolluxError(f"{where}: [devices] {key}: {exc}") from None
-
-
-def _command_size(limits: dict[str, Any], where: str) -> int:
-    """``[limits] max_command_size`` in bytes (default 4 MiB: above the 2 MiB that exec takes
-    with Linux's usual 8 MiB stack, so that no job that could run is refused)."""
-    try:
-        return parse_size(limits.get("max_command_size", "4M"))
-    except SizeError as exc:
-        raise PolluxError(f"{where}: [limits] max_command_size: {exc}") from None
-
-
-def _log_size(limits: dict[str, Any], where: str) -> int:
-    """``[limits] max_log_size`` in bytes (default 100 MiB; at least 4 KiB)."""
-    try:
-        size = parse_size(limits.get("max_log_size", "100M"))
-    except SizeError as exc:
-        raise PolluxError(f"{where}: [limits] max_log_size: {exc}") from None
-    if size < 4096:
-        raise PolluxError(f"{where}: [limits] max_log_size must be at least 4K, got {size} bytes")
+        raise PolluxError(f"{where}: [{section}] {key}: {exc}") from None
+    if size < least:
+        raise PolluxError(
+            f"{where}: [{section}] {key} must be at least {format_size(least)}, got {size} bytes"
+        )
     return size
 
 

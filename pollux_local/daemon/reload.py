@@ -42,7 +42,18 @@ SETTINGS = {
     "notify_on": "[notify] on",
     "notify_desktop": "[notify] desktop",
     "prometheus": "[metrics] prometheus",
+    "share_slowdown": "share_slowdown",
+    "max_log_bytes": "max_log_size (bytes)",
+    "notify_backlog_per_user": "notify_backlog_per_user",
+    "max_queued_per_user": "max_queued_per_user",
+    "max_array_size": "max_array_size",
+    "max_command_bytes": "max_command_size (bytes)",
+    "max_stored_per_user": "max_stored_per_user (bytes)",
+    "busy_memory": "[devices] busy_memory (bytes)",
 }
+#: What a reload does not name among the settings: the nodes (said apart) and where the
+#: config came from.
+NOT_SETTINGS = ("nodes", "source")
 #: The settings the policy object is built from (a change rebuilds it).
 POLICY_SETTINGS = ("policy", "interval_s", "p", "restart_cost_s")
 

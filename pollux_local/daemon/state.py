@@ -188,7 +188,11 @@ CREATE INDEX IF NOT EXISTS jobs_submit_time ON jobs(submit_time);
 """
 
 _SCHEMA_V4 = """
-CREATE TABLE IF NOT EXISTS blobs (digest TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS blobs (
+    digest TEXT PRIMARY KEY,
+    data TEXT NOT NULL,
+    size INTEGER NOT NULL DEFAULT 0
+);
 ALTER TABLE jobs ADD COLUMN env_ref TEXT;
 ALTER TABLE jobs ADD COLUMN argv_ref TEXT;
 CREATE INDEX IF NOT EXISTS jobs_owner_state ON jobs(owner_uid, state);
@@ -295,6 +299,12 @@ _COLUMNS_WITHOUT_ENV = ", ".join([*(name for name in _JOB_COLUMNS if name != "en
 #: Decoded blobs kept in memory (bytes of their JSON text, in all): a pass reads every queued
 #: job's command, and an array's tasks share one.
 BLOB_CACHE_BYTES = 64 * 1024 * 1024
+
+
+def _blob_text(value: list[str] | dict[str, str]) -> tuple[str, bytes]:
+    """A blob's digest (SHA-256 of its text) and its text: ``value`` as JSON, keys sorted."""
+    text = msgspec.json.encode(value, order="sorted")
+    return hashlib.sha256(text).hexdigest(), text
 
 
 def _row_to_job(row: sqlite3.Row) -> JobRecord:
@@ -674,12 +684,40 @@ class StateStore:
 
     # --- blobs: environments and commands stored once -----------------------------------
 
+    def stored_bytes(
+        self, owner_uid: int, adding: Sequence[list[str] | dict[str, str]] = ()
+    ) -> tuple[int, int]:
+        """``(held, new)``: bytes of the commands and environments that ``owner_uid``'s queued,
+        held and running jobs keep in the state (each blob once, however many jobs share it),
+        and bytes of those among ``adding`` that are not kept yet: what ``[limits]
+        max_stored_per_user`` bounds."""
+        wanted = sorted(state.value for state in ACTIVE_STATES)
+        marks = ",".join("?" * len(wanted))
+        mine = f"owner_uid = ? AND state IN ({marks})"
+        rows = self.db.execute(
+            "SELECT digest, size FROM blobs WHERE digest IN ("
+            f" SELECT env_ref FROM jobs WHERE {mine}"
+            f" UNION SELECT argv_ref FROM jobs WHERE {mine})",
+            (owner_uid, *wanted, owner_uid, *wanted),
+        ).fetchall()
+        kept = {str(digest): int(size) for digest, size in rows}
+        (inline,) = self.db.execute(  # rows written before blobs keep their environment inline
+            f"SELECT COALESCE(SUM(LENGTH(env)), 0) FROM jobs WHERE {mine} AND env_ref IS NULL",
+            (owner_uid, *wanted),
+        ).fetchone()
+        new: dict[str, int] = {}
+        for value in adding:
+            digest, text = _blob_text(value)
+            if digest not in kept:
+                new[digest] = len(text)
+        return sum(kept.values()) + int(inline), sum(new.values())
+
     def _put_blob(self, value: list[str] | dict[str, str]) -> str:
         """Store ``value`` (JSON) under the SHA-256 of its text, once; its digest."""
-        text = msgspec.json.encode(value, order="sorted")
-        digest = hashlib.sha256(text).hexdigest()
+        digest, text = _blob_text(value)
         self.db.execute(
-            "INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, ?)", (digest, text.decode())
+            "INSERT OR IGNORE INTO blobs (digest, data, size) VALUES (?, ?, ?)",
+            (digest, text.decode(), len(text)),
         )
         return digest
 

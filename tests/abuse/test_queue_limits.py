@@ -9,6 +9,8 @@ As in ``test_adversarial``: a root daemon from the lab install, two ordinary Uni
 * 100 ``restart --hold`` of one large cancelled job share its environment;
 * an array over ``[limits] max_array_size`` and a user over ``max_queued_per_user`` are refused
   in one line naming the key (a restart too); another user still submits;
+* the commands and environments a user's jobs keep are bounded (``max_stored_per_user``),
+  an array's shared environment counted once;
 * under ``[limits] max_time``: a submit without ``--time`` and ``edit --no-time`` get a bounded
   limit; ``edit --gpus 3`` of a shared job is refused with submit's message; after a reload
   lowers ``max_time``, ``release`` and ``restart`` of a job that asks for more are refused.
@@ -155,6 +157,34 @@ def test_arrays_and_queues_are_bounded_per_user_in_one_line(
     # the count goes down as alice's jobs end
     assert cli(alice, daemon, "cancel", "--array", first).returncode == 0
     assert cli(alice, daemon, "restart", "--hold", ended).returncode == 0
+
+
+def test_what_a_users_jobs_keep_in_the_state_is_bounded(
+    lab: Lab, alice: LabUser, bob: LabUser
+) -> None:
+    # 1,000 jobs of 4 MB each would be 4 GB of state: the bytes of commands and environments
+    # a user's queued jobs keep are bounded too, each blob counted once
+    daemon = lab.daemon(extra_toml='[limits]\nmax_stored_per_user = "1M"\n')
+
+    def held(user: LabUser, variables: int, **extra: Any) -> Any:
+        request = {"argv": ["/bin/true"], "workdir": str(lab.work), "hold": True, **extra}
+        return client_call(user, daemon, request, variables, BIG_SIZE)
+
+    assert "error" not in held(alice, 3)  # 300 kB
+    five = held(alice, 5)  # 500 kB, another environment
+    assert "error" not in five, five
+    refused = held(alice, 4)["error"]
+    assert "[limits] max_stored_per_user" in refused and "\n" not in refused, refused
+    assert alice.name in refused, refused
+    assert len(daemon.client.request("status")["jobs"]) == 2  # nothing of it was kept
+    # an array's tasks share the environment: 50 tasks of 100 kB count 100 kB, not 5 MB
+    tasks = held(alice, 1, array=[{"index": i} for i in range(50)])
+    assert "error" not in tasks and len(tasks["ids"]) == 50, tasks
+    # another user's budget is their own
+    assert "error" not in held(bob, 5)
+    # what alice's ended jobs kept no longer counts
+    assert cli(alice, daemon, "cancel", five["id"]).returncode == 0
+    assert "error" not in held(alice, 4)
 
 
 def test_edit_restart_and_release_are_checked_as_submit_is(lab: Lab, alice: LabUser) -> None:

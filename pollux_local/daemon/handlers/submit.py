@@ -71,7 +71,17 @@ def validate_jobs(
                 f"limit exceeded: {owner_name} has {what} ([limits] max_queued_per_user)"
             )
     env_bytes = environment_size(env)
-    return [check_job(spec, config, env_bytes=env_bytes) for spec in specs]
+    checked = [check_job(spec, config, env_bytes=env_bytes) for spec in specs]
+    commands = list({id(spec.argv): spec.argv for spec in specs}.values())
+    kept, new = ctx.store.stored_bytes(owner_uid, [dict(env), *commands])
+    if new and kept + new > config.max_stored_per_user:
+        raise LimitExceeded(
+            f"limit exceeded: {owner_name}'s jobs keep {format_size(kept)} of commands and"
+            f" environments and this adds {format_size(new)}, more than"
+            f" {format_size(config.max_stored_per_user)}, the most a user's jobs may keep"
+            " ([limits] max_stored_per_user)"
+        )
+    return checked
 
 
 def environment_size(env: Mapping[str, str]) -> int:
