@@ -37,6 +37,7 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     max_devices_per_user = 4  # devices one user's jobs may hold at once (default: no cap)
     max_running_per_user = 8  # jobs of one user running at once (default: no cap)
     max_log_size = "100M"     # each replica's log; output beyond it is discarded (a note says so)
+    log_keep_free = "1G"      # logs pause while their disk has less free (at most 1/10 of it)
     notify_backlog_per_user = 100  # job ends of one user waiting to be announced; older dropped
     default_time = "1d"       # the time limit of a job submitted without --time
     max_time = "7d"           # the longest --time a job may ask for
@@ -137,6 +138,9 @@ class DaemonConfig:
     #: devices one user's jobs may hold at once, and jobs of one user running at once
     max_devices_per_user: int | None = None
     max_running_per_user: int | None = None
+    #: a job's log is not written while its disk has less than this free (at most a tenth of
+    #: the disk): what the logs leave to the state database (``[limits] log_keep_free``)
+    log_keep_free: int = 1 << 30
     #: bytes of one replica's log (``[limits] max_log_size``): more output is discarded
     max_log_bytes: int = 100 * 1024 * 1024
     #: job ends of one user waiting to be announced (``[limits] notify_backlog_per_user``)
@@ -300,6 +304,7 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
             "max_array_size",
             "max_command_size",
             "max_stored_per_user",
+            "log_keep_free",
         }
     ),
     "devices": frozenset({"reserved", "busy_memory"}),
@@ -506,6 +511,7 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
         max_devices_per_user=_optional_whole(limits, "max_devices_per_user", where),
         max_running_per_user=_optional_whole(limits, "max_running_per_user", where),
         max_log_bytes=_size(limits, "limits", "max_log_size", "100M", where, least=4096),
+        log_keep_free=_size(limits, "limits", "log_keep_free", "1G", where),
         notify_backlog_per_user=_whole(limits, "notify_backlog_per_user", 100, where, 1, 1_000_000),
         default_time_s=default_time,
         max_time_s=max_time,

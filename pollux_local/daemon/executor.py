@@ -183,6 +183,7 @@ class Executor:
             run_dir=self.run_dir,
             stop_grace_s=config.stop_grace_s,
             max_log_bytes=config.max_log_bytes,
+            log_keep_free=config.log_keep_free,
         )
         self._ssh: Launcher | None = None
         self._checking: dict[str, asyncio.Task[None]] = {}
@@ -214,11 +215,13 @@ class Executor:
         self._local.devices = {n.name: n.devices for n in config.nodes if n.is_local}
         self._local.stop_grace_s = config.stop_grace_s
         self._local.max_log_bytes = config.max_log_bytes
+        self._local.log_keep_free = config.log_keep_free
         if self._ssh is not None:
             from pollux_local.launch.ssh import SshLauncher, SshNodeConfig
 
             if isinstance(self._ssh, SshLauncher):
                 self._ssh.max_log_bytes = config.max_log_bytes
+                self._ssh.log_keep_free = config.log_keep_free
                 for node in config.nodes:
                     if not node.is_local:
                         table = ssh_table(node)
@@ -1214,7 +1217,12 @@ def make_ssh_launcher(config: DaemonConfig, state_dir: Path) -> Launcher:
         for node in config.nodes
         if not node.is_local
     ]
-    return SshLauncher(nodes, ssh_control_dir(state_dir), max_log_bytes=config.max_log_bytes)
+    return SshLauncher(
+        nodes,
+        ssh_control_dir(state_dir),
+        max_log_bytes=config.max_log_bytes,
+        log_keep_free=config.log_keep_free,
+    )
 
 
 def ssh_control_dir(state_dir: Path) -> Path:

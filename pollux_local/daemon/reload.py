@@ -44,6 +44,7 @@ SETTINGS = {
     "prometheus": "[metrics] prometheus",
     "share_slowdown": "share_slowdown",
     "max_log_bytes": "max_log_size (bytes)",
+    "log_keep_free": "log_keep_free (bytes)",
     "notify_backlog_per_user": "notify_backlog_per_user",
     "max_queued_per_user": "max_queued_per_user",
     "max_array_size": "max_array_size",

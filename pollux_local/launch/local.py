@@ -491,12 +491,16 @@ class LocalLauncher:
         run_dir: Path | None = None,
         stop_grace_s: float = 60.0,
         max_log_bytes: int | None = None,
+        log_keep_free: int = 0,
     ) -> None:
         self.devices = dict(devices or {})
         self._run_dir = run_dir
         self.stop_grace_s = stop_grace_s
         #: each replica's log is cut at this many bytes (``None``: no limit)
         self.max_log_bytes = max_log_bytes
+        #: a log is not written while its disk has less than this free (``[limits]
+        #: log_keep_free``, see :func:`logcap.floor_of`)
+        self.log_keep_free = log_keep_free
 
     @property
     def run_dir(self) -> Path:
@@ -549,6 +553,7 @@ class LocalLauncher:
             "workdir": str(spec.workdir),
             "checkpoint_dir": checkpoint or None,
             "max_log_bytes": self.max_log_bytes,
+            "log_keep_free": self.log_keep_free,
             "replicas": [
                 {
                     "rank": slot.rank,

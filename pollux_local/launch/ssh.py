@@ -48,7 +48,13 @@ from pollux_local.errors import PolluxError
 from pollux_local.launch import node_agent
 from pollux_local.launch.base import RESCALE_EXIT_CODE, LaunchSpec, NodeHealth, ReplicaSlot
 from pollux_local.launch.local import replica_env
-from pollux_local.launch.logcap import truncation_note
+from pollux_local.launch.logcap import (
+    disk_note,
+    floor_of,
+    free_bytes,
+    resumed_note,
+    truncation_note,
+)
 
 #: Exit code of a replica whose node could not be reached (ssh's own failure code).
 UNREACHABLE_EXIT_CODE = 255
@@ -196,10 +202,15 @@ class SshReplicaGroup:
         log_files: Mapping[int, Path],
         failure_grace_s: float,
         max_log_bytes: int | None = None,
+        log_keep_free: int = 0,
     ) -> None:
         self.spec = spec
         #: a rank's local log ends, with one note, at this size (``[limits] max_log_size``)
         self._max_log_bytes = max_log_bytes
+        #: and is not written while its disk has less than this free (``log_keep_free``)
+        self._log_keep_free = log_keep_free
+        #: ranks whose output is discarded for lack of room, with the bytes dropped so far
+        self._dropping: dict[int, int] = {}
         self._sessions = sessions
         self._log_files = dict(log_files)
         self._failure_grace_s = failure_grace_s
@@ -314,6 +325,8 @@ class SshReplicaGroup:
             elif info.st_uid != owner:
                 log.warning("not writing to %s: it belongs to uid %d", path, info.st_uid)
                 return
+            if self._log_keep_free and not self._room_for(rank, fd, len(data)):
+                return
             limit = self._max_log_bytes
             if limit is not None and info.st_size + len(data) > limit:
                 if info.st_size > limit:
@@ -322,6 +335,27 @@ class SshReplicaGroup:
             os.write(fd, data)
         finally:
             os.close(fd)
+
+    def _room_for(self, rank: int, fd: int, size: int) -> bool:
+        """Whether ``size`` more bytes of rank ``rank``'s output may go to its log ``fd`` and
+        leave its disk ``log_keep_free`` free; the first refusal writes one note, and a log
+        written again after it says how much was dropped (as :func:`logcap.copy_capped`)."""
+        floor = floor_of(fd, self._log_keep_free)
+        free = free_bytes(fd)
+        dropped = self._dropping.get(rank)
+        if dropped is None and free is not None and free - size < floor:
+            with contextlib.suppress(OSError):
+                os.write(fd, disk_note(floor))
+            dropped = 0
+        elif dropped is not None and (free is None or free >= 2 * floor + size):
+            with contextlib.suppress(OSError):
+                os.write(fd, resumed_note(dropped))
+            del self._dropping[rank]
+            return True
+        if dropped is None:
+            return True
+        self._dropping[rank] = dropped + size
+        return False
 
     def _abandon_sessions(self) -> None:
         """Drop ssh clients that still run (their link is dead or the node hangs)."""
@@ -530,10 +564,13 @@ class SshLauncher:
         failure_grace_s: float = 5.0,
         orphan_grace_s: float = 10.0,
         max_log_bytes: int | None = None,
+        log_keep_free: int = 0,
     ) -> None:
         self.nodes = {node.name: node for node in nodes}
         #: the size at which a rank's local log is cut (``[limits] max_log_size``)
         self.max_log_bytes = max_log_bytes
+        #: the free room a rank's local log leaves on its disk (``[limits] log_keep_free``)
+        self.log_keep_free = log_keep_free
         if len(self.nodes) != len(nodes):
             raise PolluxError("node names must be unique")
         self.control_dir = Path(control_dir)
@@ -791,7 +828,10 @@ class SshLauncher:
             return _NodeSession(node=node, ranks=[s.rank for s in slots], proc=proc)
 
         sessions = list(await asyncio.gather(*(start(n, s) for n, s in by_node.items())))
-        group = SshReplicaGroup(spec, sessions, log_files, self.failure_grace_s, self.max_log_bytes)
+        group = SshReplicaGroup(
+            spec, sessions, log_files, self.failure_grace_s, self.max_log_bytes,
+            self.log_keep_free,
+        )  # fmt: skip
         group._launcher = self
         for session in sessions:
             session.reader = asyncio.ensure_future(group._read_session(session))

@@ -247,7 +247,9 @@ def replica_child(
         log_fd = open_log(os.path.join(job_dir, str(replica["log"])))
         os.write(log_fd, str(replica.get("banner", "")).encode())
         if spec.get("max_log_bytes"):  # output through a copier that stops at the limit
-            log_fd = logcap.capped_log(log_fd, int(spec["max_log_bytes"]))
+            log_fd = logcap.capped_log(
+                log_fd, int(spec["max_log_bytes"]), keep_free=int(spec.get("log_keep_free") or 0)
+            )
         checkpoint = spec.get("checkpoint_dir")
         if checkpoint:
             try:

@@ -229,3 +229,30 @@ def test_a_job_cannot_fill_the_state_disk_and_a_full_disk_is_survived(
             assert kinds.count(final) == 1, kinds
             assert "requeued" not in kinds and kinds.count("start") == 1, kinds
         assert job(daemon, ends)["state"] == "succeeded"
+
+
+def test_job_logs_leave_the_state_database_its_room(lab: Lab, alice: LabUser, bob: LabUser) -> None:
+    # a log limit bigger than the disk: the per-log cap alone would let one job fill it; logs
+    # pause while the disk has under [limits] log_keep_free (here a tenth of 64 MB) free
+    with small_filesystem(lab.base / "state") as state:
+        daemon = lab.daemon(devices="cpu:2", extra_toml='[limits]\nmax_log_size = "1G"\n')
+        flood = lab.script("flood.sh", "exec yes 'pollux flood pollux flood pollux flood'\n")
+        flooding = submit(alice, daemon, lab, str(flood))
+        wait_state(daemon, flooding, ("running",), 60)
+
+        def paused() -> bool:
+            shown = cli(alice, daemon, "logs", flooding, "--tail", "4096")
+            return "free; output discarded until it has room" in shown.stdout
+
+        wait_until(paused, 90, "the note that alice's log pauses")
+        time.sleep(2.0)  # the flood goes on: the disk keeps its room
+        free = shutil.disk_usage(state).free
+        assert free >= 6 << 20, f"only {free} bytes left on the state disk"
+        # the database still takes bob's submit, runs his job and records its end
+        quick = lab.script("quick.sh", "echo done\n")
+        ends = submit(bob, daemon, lab, str(quick))
+        finished = wait_state(daemon, ends, ("succeeded", "failed"), 60)
+        assert finished["state"] == "succeeded", finished
+        assert cli(alice, daemon, "cancel", flooding).returncode == 0
+        wait_state(daemon, flooding, ("cancelled",), 60)
+        assert "state disk full" not in full_log(daemon)
