@@ -5,6 +5,7 @@ daemon on CPU devices."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import os
@@ -535,3 +536,33 @@ def test_a_reload_names_every_setting_of_the_config() -> None:
 
     names = {f.name for f in fields(DaemonConfig)} - set(NOT_SETTINGS)
     assert names == set(SETTINGS), names.symmetric_difference(SETTINGS)
+
+
+def test_a_full_disk_under_the_daemon_log_is_one_line_on_stderr(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import errno
+
+    from pollux_local.daemon.server import LogFileHandler
+
+    class FullDisk(io.StringIO):
+        full = True
+
+        def write(self, text: str) -> int:
+            if self.full:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return super().write(text)
+
+    stream = FullDisk()
+    handler = LogFileHandler(stream)
+    record = logging.LogRecord("pollux_local", logging.INFO, __file__, 1, "a pass", None, None)
+    for _ in range(5):
+        handler.emit(record)
+    err = capsys.readouterr().err
+    assert err == "daemon.log: cannot write (No space left on device); lines go to stderr only\n"
+    stream.full = False  # room again: lines are written, and a new failure is said again
+    handler.emit(record)
+    assert stream.getvalue() == "a pass\n"
+    stream.full = True
+    handler.emit(record)
+    assert capsys.readouterr().err.count("cannot write") == 1

@@ -47,6 +47,7 @@ import mmap
 import os
 import signal
 import stat
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -856,6 +857,27 @@ def stderr_is_journal() -> bool:
         return False
 
 
+class LogFileHandler(logging.StreamHandler):
+    """``daemon.log``: a line it cannot write (a full disk) is lost from the file alone (every
+    line goes to stderr too), said once on stderr in one line instead of a traceback a line."""
+
+    failing = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.stream.write(self.format(record) + self.terminator)
+            self.flush()
+        except RecursionError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the file refuses, the daemon goes on
+            if not self.failing:
+                reason = getattr(exc, "strerror", None) or exc
+                sys.stderr.write(f"daemon.log: cannot write ({reason}); lines go to stderr only\n")
+            self.failing = True
+            return
+        self.failing = False
+
+
 def setup_logging(state_dir: Path, verbose: bool = False) -> None:
     """Log to stderr and to ``STATE_DIR/daemon.log`` (0600, never through a symlink); on a
     stderr that is the journal (:func:`stderr_is_journal`), in :class:`JournalFormatter`'s
@@ -867,7 +889,7 @@ def setup_logging(state_dir: Path, verbose: bool = False) -> None:
     stream = os.fdopen(open_private(path, os.O_WRONLY | os.O_APPEND), "a", encoding="utf-8")
     stderr = logging.StreamHandler()
     stderr.setFormatter(JournalFormatter("%(message)s") if stderr_is_journal() else fmt)
-    logfile = logging.StreamHandler(stream)
+    logfile = LogFileHandler(stream)
     logfile.setFormatter(fmt)
     root.addHandler(stderr)
     root.addHandler(logfile)
