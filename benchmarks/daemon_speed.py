@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,9 @@ import psutil
 from pollux_local.client import Client
 from pollux_local.daemon.config import POLICIES, POLICY_ALIASES
 from pollux_local.daemon.state import StateStore
-from pollux_local.errors import PolluxError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from daemon_runner import percentile, start_daemon, stop_daemon  # noqa: E402
 
 #: 200 connections, each announcing a 16 MiB frame and sending 1 MiB of it, then silence.
 FLOOD = r"""
@@ -69,11 +70,6 @@ print(f"first step at {time.time():.6f}", flush=True)
 """
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 def summary(values: list[float]) -> dict[str, float]:
     return {
         "median_ms": round(statistics.median(values) * 1e3, 2),
@@ -81,32 +77,6 @@ def summary(values: list[float]) -> dict[str, float]:
         "max_ms": round(max(values) * 1e3, 2),
         "n": len(values),
     }
-
-
-def start_daemon(state: Path, policy: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "pollux_local", "daemon", "--state-dir", str(state),
-         "--devices", "cpu:2", "--interval", "2", "--policy", policy],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    client = Client(state / "daemon.sock")
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            client.request("ping")
-            return daemon
-        except PolluxError:
-            if time.monotonic() > deadline or daemon.poll() is not None:
-                raise
-            time.sleep(0.1)
-
-
-def stop_daemon(daemon: subprocess.Popen[bytes]) -> None:
-    daemon.send_signal(signal.SIGTERM)
-    try:
-        daemon.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        daemon.kill()
 
 
 def timed(call: Any, count: int) -> list[float]:
@@ -207,7 +177,7 @@ def main() -> int:
 
     # 1. --jobs queued jobs
     state = root / "queued"
-    daemon = start_daemon(state, args.policy, env)
+    daemon = start_daemon(state, policy=args.policy, interval_s=2, env=env)
     client = Client(state / "daemon.sock")
     try:
         submit_times = timed(lambda: client.request("submit", **submit), args.jobs)
@@ -265,7 +235,7 @@ def main() -> int:
     # 2. --history finished jobs (ended two days ago) in the database
     state = root / "history"
     write_history(state, args.history, time.time())
-    daemon = start_daemon(state, args.policy, env)
+    daemon = start_daemon(state, policy=args.policy, interval_s=2, env=env)
     client = Client(state / "daemon.sock", timeout_s=60)
     try:
         submit_times = timed(lambda: client.request("submit", **submit), 100)

@@ -38,7 +38,9 @@ from typing import Any
 import psutil
 
 from pollux_local.client import Client
-from pollux_local.errors import PolluxError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from daemon_runner import percentile, start_daemon  # noqa: E402
 
 #: The flooding user's side (stdlib only): submit a job, wait for a line on stdin, flood.
 FLOODER = r"""
@@ -99,30 +101,6 @@ for line in sys.stdin:
         accepted += bool(reply.get("ok") and reply.get("accepted"))
     print(json.dumps({"sent": sent, "accepted": accepted}), flush=True)
 """
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-def start_daemon(state: Path, policy: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "pollux_local", "daemon", "--state-dir", str(state),
-         "--devices", "cpu:2", "--interval", "0.5", "--policy", policy],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    client = Client(state / "daemon.sock")
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            client.request("ping")
-            return daemon
-        except PolluxError:
-            if time.monotonic() > deadline or daemon.poll() is not None:
-                raise
-            time.sleep(0.1)
 
 
 def wait_running(client: Client, job_id: str) -> None:
@@ -198,7 +176,7 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="plx-flood-"))
     root.chmod(0o755)
     state = root / "state"
-    daemon = start_daemon(state, args.policy)
+    daemon = start_daemon(state, policy=args.policy, interval_s=0.5)
     client = Client(state / "daemon.sock", timeout_s=60)
     process = psutil.Process(daemon.pid)
     as_nobody: dict[str, Any] = {}

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import pwd
-import signal
 import sqlite3
 import statistics
 import subprocess
@@ -34,7 +33,9 @@ from typing import Any
 import psutil
 
 from pollux_local.client import Client
-from pollux_local.errors import PolluxError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from daemon_runner import percentile, start_daemon, stop_daemon  # noqa: E402
 
 #: Another user's status loop: round trips (seconds) until a line arrives on stdin.
 PROBER = r"""
@@ -52,11 +53,6 @@ print(json.dumps(times), flush=True)
 """
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 def state_bytes(state: Path) -> int:
     """The database's pages after a checkpoint."""
     db = sqlite3.connect(state / "state.db", timeout=30)
@@ -66,33 +62,6 @@ def state_bytes(state: Path) -> int:
         return pages * int(db.execute("PRAGMA page_size").fetchone()[0])
     finally:
         db.close()
-
-
-def start_daemon(state: Path) -> subprocess.Popen[bytes]:
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "pollux_local", "daemon", "--state-dir", str(state),
-         "--devices", "cpu:2", "--interval", "1", "--policy", "fifo"],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    client = Client(state / "daemon.sock")
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            client.request("ping")
-            return daemon
-        except PolluxError:
-            if time.monotonic() > deadline or daemon.poll() is not None:
-                raise
-            time.sleep(0.1)
-
-
-def stop_daemon(daemon: subprocess.Popen[bytes]) -> None:
-    daemon.send_signal(signal.SIGTERM)
-    try:
-        daemon.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        daemon.kill()
 
 
 def prober(sock: Path, python: str) -> subprocess.Popen[str]:
@@ -128,7 +97,7 @@ def prober_as_self(sock: Path, python: str) -> subprocess.Popen[str]:
 
 def one_run(root: Path, tasks: int, env_bytes: int, python: str) -> dict[str, float]:
     state = root / f"state-{time.monotonic_ns()}"
-    daemon = start_daemon(state)
+    daemon = start_daemon(state, policy="fifo", interval_s=1)
     client = Client(state / "daemon.sock", timeout_s=120)
     rss = psutil.Process(daemon.pid)
     try:
