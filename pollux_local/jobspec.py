@@ -34,7 +34,11 @@ Shape::
     lr = [0.1, 0.01]
     seed = [1, 2, 3]             # with args = ["--lr", "{lr}", "--seed", "{seed}"]
 
-Every problem is one ``PolluxError`` line naming the file and the key.  With a ``[sweep]``,
+The file is decoded strictly (msgspec) into :class:`JobTable`, whose fields are named as
+``api.messages.Submit``'s (``time`` is the one spelled for people: ``time_limit_s`` once
+parsed); the result, :class:`JobSpec`, uses the api's names and ``api.spec.Target``.  Every
+problem is one ``PolluxError`` line naming the file and the key; an unknown key names the
+closest known one, as the daemon config does (``tomlfile.check_keys``).  With a ``[sweep]``,
 every ``{word}`` in the args must name a sweep key and every key must be used.
 """
 
@@ -43,79 +47,92 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pollux_local.api.spec import Constraint
+import msgspec
+
+from pollux_local.api.spec import Constraint, Target
 from pollux_local.durations import DurationError, parse_duration
 from pollux_local.errors import PolluxError
 from pollux_local.sizes import SizeError, parse_size
-from pollux_local.tomlfile import read_toml
+from pollux_local.tomlfile import check_keys, read_toml
 
-#: The keys ``[job]`` may hold and their TOML types.
-JOB_KEYS: dict[str, type] = {
-    "name": str,
-    "script": str,
-    "args": list,
-    "workdir": str,
-    "min_gpus": int,
-    "max_gpus": int,
-    "batch_size": int,
-    "max_batch_size": int,
-    "min_local_batch": int,
-    "max_local_batch": int,
-    "priority": int,
-    "env": dict,
-    "time": str,
-    "after": list,
-    "after_any": bool,
-    "notify": list,
-    "notify_on": str,
-    "constraint": object,
-    "gpu_memory": object,
-    "shared": bool,
-    "array": str,
-    "max_running": int,
-}
-_POSITIVE = ("min_gpus", "max_gpus", "batch_size", "max_batch_size", "min_local_batch",
-             "max_local_batch", "max_running")  # fmt: skip
+__all__ = [
+    "JobSpec",
+    "JobTable",
+    "Target",
+    "TrainingSpec",
+    "load_job_spec",
+    "load_training_spec",
+    "parse_constraint",
+    "sweep_grid",
+]
+
 #: The most tasks a sweep may make (``api.Submit.array``).
 MAX_SWEEP_TASKS = 10_000
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: A sweep placeholder in an argument: ``{name}``.
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _WORD = re.compile(r"^[A-Za-z0-9_.:@+-]{1,128}$")
+_POSITIVE = Annotated[int, msgspec.Meta(ge=1)]
+_SCALAR = str | int | float
 
 
-@dataclass(frozen=True)
-class Target:
-    """The quality a job promises to reach: ``metric`` at least (``max``) or at most (``min``)
-    ``value``."""
+class JobTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``[job]`` as written, decoded strictly; names as in ``api.messages.Submit``."""
 
-    metric: str
-    value: float
-    mode: str = "max"
+    name: str | None = None
+    script: str | None = None
+    args: list[_SCALAR] = msgspec.field(default_factory=list)
+    workdir: str | None = None
+    min_gpus: _POSITIVE | None = None
+    max_gpus: _POSITIVE | None = None
+    batch_size: _POSITIVE | None = None
+    max_batch_size: _POSITIVE | None = None
+    min_local_batch: _POSITIVE | None = None
+    max_local_batch: _POSITIVE | None = None
+    priority: int | None = None
+    env: dict[str, _SCALAR | bool] = msgspec.field(default_factory=dict)
+    #: the time limit as people write it (``2h``); ``JobSpec.time_limit_s`` once parsed
+    time: str | None = None
+    after: list[int | str] = msgspec.field(default_factory=list)
+    after_any: bool = False
+    notify: list[str] = msgspec.field(default_factory=list)
+    notify_on: str | None = None
+    constraint: str | dict[str, Any] | None = None
+    gpu_memory: str | int | None = None
+    shared: bool = False
+    array: str | None = None
+    max_running: _POSITIVE | None = None
 
-    def reached(self, measured: float) -> bool:
-        return measured >= self.value if self.mode == "max" else measured <= self.value
 
-    def final_line(self, measured: float) -> str:
-        """``TARGET REACHED metric=… value=…`` or ``TARGET MISSED metric=… value=… target=…``."""
-        if self.reached(measured):
-            return f"TARGET REACHED metric={self.metric} value={measured:.4f}"
-        sign = ">=" if self.mode == "max" else "<="
-        return (
-            f"TARGET MISSED metric={self.metric} value={measured:.4f} target={sign}{self.value:g}"
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"metric": self.metric, "value": self.value, "mode": self.mode}
+#: The keys ``[job]`` may hold.
+JOB_KEYS = frozenset(JobTable.__struct_fields__)
+#: What each key of ``[job]`` must be, for the one-line error a wrong value gets.
+_EXPECTED = {
+    "args": "a list of strings",
+    "env": "a table",
+    "after": "a list",
+    "after_any": "true or false",
+    "shared": "true or false",
+    "notify": "a list",
+    "priority": "an integer",
+    "constraint": "a table or a string",
+    "gpu_memory": "a size (6G, 512M) or a number of bytes",
+    **{key: "a positive integer" for key in (
+        "min_gpus", "max_gpus", "batch_size", "max_batch_size", "min_local_batch",
+        "max_local_batch", "max_running")},
+}  # fmt: skip
+_TARGET_KEYS = frozenset({"metric", "value", "mode"})
+_CONSTRAINT_KEYS = frozenset({"nodes", "type"})
 
 
 @dataclass(frozen=True)
 class TrainingSpec:
-    """What a training script needs from its spec: batch bounds and the target it reports."""
+    """What a training script needs from its spec: batch bounds (named as ``ElasticTrainer``'s
+    arguments) and the target it reports."""
 
     name: str
     base_batch: int
@@ -136,8 +153,8 @@ class TrainingSpec:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A checked ``job.toml``; paths are absolute, resolved against the file's folder; ``None``
-    where the file says nothing."""
+    """A checked ``job.toml`` in the api's names; paths are absolute, resolved against the
+    file's folder; ``None`` where the file says nothing."""
 
     path: Path
     name: str | None = None
@@ -148,10 +165,10 @@ class JobSpec:
     min_gpus: int | None = None
     max_gpus: int | None = None
     priority: int | None = None
-    base_batch: int | None = None
-    max_batch: int | None = None
-    min_local: int | None = None
-    max_local: int | None = None
+    batch_size: int | None = None
+    max_batch_size: int | None = None
+    min_local_batch: int | None = None
+    max_local_batch: int | None = None
     target: Target | None = None
     time_limit_s: float | None = None
     after: tuple[str, ...] = ()
@@ -159,6 +176,7 @@ class JobSpec:
     notify: tuple[str, ...] = ()
     notify_on: str | None = None
     constraint: Constraint | None = None
+    #: the array spec as text (``0-9%2``)
     array: str | None = None
     max_running: int | None = None
     #: the device memory the job uses (bytes) and whether it may share its device
@@ -169,53 +187,43 @@ class JobSpec:
 
     def for_training(self) -> TrainingSpec:
         """The training view; ``batch_size`` and ``[target]`` are then required."""
-        if self.base_batch is None:
+        if self.batch_size is None:
             raise PolluxError(f"{self.path}: job.batch_size is required")
         if self.target is None:
             raise PolluxError(f"{self.path}: needs a [target] table")
         return TrainingSpec(
             name=self.name or self.path.resolve().parent.name,
-            base_batch=self.base_batch,
-            max_batch=self.max_batch or self.base_batch,
-            min_local=self.min_local or 1,
-            max_local=self.max_local,
+            base_batch=self.batch_size,
+            max_batch=self.max_batch_size or self.batch_size,
+            min_local=self.min_local_batch or 1,
+            max_local=self.max_local_batch,
             target=self.target,
         )
 
     def submit_fields(self) -> dict[str, Any]:
-        """The spec as ``submit`` request fields (only what the file states)."""
-        fields: dict[str, Any] = {"args": list(self.args), "env": dict(self.env)}
-        for key, value in (
-            ("name", self.name),
-            ("script", self.script),
-            ("workdir", self.workdir),
-            ("min_gpus", self.min_gpus),
-            ("max_gpus", self.max_gpus),
-            ("priority", self.priority),
-            ("batch_size", self.base_batch),
-            ("max_batch_size", self.max_batch),
-            ("min_local_batch", self.min_local),
-            ("max_local_batch", self.max_local),
-            ("time_limit_s", self.time_limit_s),
-            ("notify_on", self.notify_on),
-            ("constraint", self.constraint),
-            ("array", self.array),
-            ("max_running", self.max_running),
-            ("gpu_memory", self.gpu_memory),
-        ):
-            if value is not None:
-                fields[key] = value
-        if self.shared:
-            fields["shared"] = True
+        """The spec as ``submit`` request fields (only what the file states; ``script`` and
+        ``sweep`` too, which the CLI turns into the command and the array)."""
+        out: dict[str, Any] = {"args": list(self.args), "env": dict(self.env)}
+        for spec_field in fields(self):
+            key = spec_field.name
+            value = getattr(self, key)
+            if key in ("path", "args", "env", "after", "after_any", "notify", "sweep"):
+                continue
+            if key == "target":
+                out[key] = msgspec.to_builtins(value) if value is not None else None
+            elif key == "shared":
+                if value:
+                    out[key] = True
+            elif value is not None:
+                out[key] = value
         if self.after:
-            fields["after"] = list(self.after)
-            fields["after_any"] = self.after_any
+            out["after"] = list(self.after)
+            out["after_any"] = self.after_any
         if self.notify:
-            fields["notify"] = list(self.notify)
+            out["notify"] = list(self.notify)
         if self.sweep:
-            fields["sweep"] = {key: list(values) for key, values in self.sweep}
-        fields["target"] = self.target.as_dict() if self.target else None
-        return fields
+            out["sweep"] = {key: list(values) for key, values in self.sweep}
+        return out
 
 
 def sweep_grid(sweep: Sequence[tuple[str, Sequence[str]]]) -> list[dict[str, str]]:
@@ -254,28 +262,19 @@ def substitute(args: Sequence[str], values: dict[str, str]) -> list[str]:
     return [PLACEHOLDER.sub(lambda m: values[m.group(1)], arg) for arg in args]
 
 
-_TYPE_NAMES = {
-    str: "a string",
-    list: "a list",
-    int: "an integer",
-    dict: "a table",
-    bool: "true or false",
-    object: "a value",
-}
-
-
-def _check_types(job: dict[str, Any], where: Path) -> None:
-    for key, value in job.items():
-        expected = JOB_KEYS.get(key)
-        if expected is None:
-            raise PolluxError(f"{where}: unknown key job.{key}")
-        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-            raise PolluxError(f"{where}: job.{key} must be {_TYPE_NAMES[expected]}")
-    for key in _POSITIVE:
-        if key in job and job[key] <= 0:
-            raise PolluxError(f"{where}: job.{key} must be a positive integer, got {job[key]}")
-    if not all(isinstance(arg, str | int | float) for arg in job.get("args", [])):
-        raise PolluxError(f"{where}: job.args must be a list of strings")
+def _decode_job(job: dict[str, Any], where: Path) -> JobTable:
+    """``[job]`` as a :class:`JobTable`: an unknown key names the closest known one, a wrong
+    value names its key and what it must be."""
+    check_keys(job, JOB_KEYS, "job", where=str(where))
+    try:
+        return msgspec.convert(job, JobTable, strict=True)
+    except msgspec.ValidationError as exc:
+        match = re.search(r"at `\$\.([A-Za-z_]+)", str(exc))
+        key = match.group(1) if match else "?"
+        value = job.get(key)
+        expected = _EXPECTED.get(key) or ("a string" if key in JOB_KEYS else "valid")
+        got = f", got {value!r}" if isinstance(value, int | float) else ""
+        raise PolluxError(f"{where}: job.{key} must be {expected}{got}") from None
 
 
 def _read_target(data: dict[str, Any], where: Path) -> Target | None:
@@ -284,48 +283,50 @@ def _read_target(data: dict[str, Any], where: Path) -> Target | None:
         return None
     if not isinstance(target, dict):
         raise PolluxError(f"{where}: [target] must be a table")
+    check_keys(target, _TARGET_KEYS, "target", where=str(where))
     mode = target.get("mode", "max")
     if mode not in ("max", "min"):
         raise PolluxError(f"{where}: [target] mode must be 'max' or 'min', got {mode!r}")
     metric, value = target.get("metric"), target.get("value")
     if not isinstance(metric, str) or not isinstance(value, int | float) or isinstance(value, bool):
         raise PolluxError(f"{where}: [target] needs a metric name and a numeric value")
-    return Target(metric, float(value), mode)
+    try:
+        return Target(metric=metric, value=float(value), mode=mode)
+    except msgspec.ValidationError as exc:
+        raise PolluxError(f"{where}: [target]: {exc}") from None
 
 
-def _read_time(job: dict[str, Any], where: Path) -> float | None:
-    text = job.get("time")
-    if text is None:
+def _read_time(job: JobTable, where: Path) -> float | None:
+    if job.time is None:
         return None
     try:
-        seconds = parse_duration(text)
+        seconds = parse_duration(job.time)
     except DurationError as exc:
         raise PolluxError(f"{where}: job.time: {exc}") from None
     if not 1.0 <= seconds <= 366 * 86400.0:
-        raise PolluxError(f"{where}: job.time {text!r} must be from 1s to 366 days")
+        raise PolluxError(f"{where}: job.time {job.time!r} must be from 1s to 366 days")
     return seconds
 
 
-def _read_after(job: dict[str, Any], where: Path) -> tuple[str, ...]:
+def _read_after(job: JobTable, where: Path) -> tuple[str, ...]:
     ids = []
-    for item in job.get("after", []):
-        text = str(item) if isinstance(item, int | str) and not isinstance(item, bool) else ""
+    for item in job.after:
+        text = str(item)
         if not text.isdigit() or len(text) > 15:
             raise PolluxError(f"{where}: job.after must list job ids, got {item!r}")
         ids.append(str(int(text)))
-    if job.get("after_any") and not ids:
+    if job.after_any and not ids:
         raise PolluxError(f"{where}: job.after_any needs job.after")
     return tuple(dict.fromkeys(ids))
 
 
-def _read_notify(job: dict[str, Any], where: Path) -> tuple[tuple[str, ...], str | None]:
-    urls = job.get("notify", [])
-    if not all(isinstance(url, str) and "://" in url for url in urls):
+def _read_notify(job: JobTable, where: Path) -> tuple[tuple[str, ...], str | None]:
+    if not all("://" in url for url in job.notify):
         raise PolluxError(f'{where}: job.notify must list URLs such as "ntfy://topic"')
-    when = job.get("notify_on")
+    when = job.notify_on
     if when is not None and when not in ("end", "failure"):
         raise PolluxError(f"{where}: job.notify_on must be 'end' or 'failure', got {when!r}")
-    return tuple(urls), when
+    return tuple(job.notify), when
 
 
 def parse_constraint(values: Iterable[str], option: str) -> Constraint | None:
@@ -370,17 +371,13 @@ def _check_word(word: str, what: str, pair: str, option: str) -> None:
         raise PolluxError(f"{option} {pair!r}: {word!r} is not {what}")
 
 
-def _read_constraint(job: dict[str, Any], where: Path) -> Constraint | None:
-    raw = job.get("constraint")
+def _read_constraint(job: JobTable, where: Path) -> Constraint | None:
+    raw = job.constraint
     if raw is None:
         return None
     if isinstance(raw, str):
         return parse_constraint([raw], f"{where}: job.constraint")
-    if not isinstance(raw, dict):
-        raise PolluxError(f"{where}: job.constraint must be a table or a string")
-    unknown = sorted(set(raw) - {"nodes", "type"})
-    if unknown:
-        raise PolluxError(f"{where}: unknown key job.constraint.{unknown[0]} (nodes, type)")
+    check_keys(raw, _CONSTRAINT_KEYS, "job.constraint", where=str(where))
     nodes, device_type = raw.get("nodes", []), raw.get("type")
     if isinstance(nodes, str):
         nodes = [nodes]
@@ -392,6 +389,15 @@ def _read_constraint(job: dict[str, Any], where: Path) -> Constraint | None:
     if device_type is not None:
         parts.append(f"type={device_type}")
     return parse_constraint(parts, f"{where}: job.constraint")
+
+
+def _read_memory(job: JobTable, where: Path) -> int | None:
+    if job.gpu_memory is None:
+        return None
+    try:
+        return parse_size(job.gpu_memory)
+    except SizeError as exc:
+        raise PolluxError(f"{where}: job.gpu_memory: {exc}") from None
 
 
 def _sweep_value(value: Any) -> str:
@@ -425,74 +431,66 @@ def _read_sweep(data: dict[str, Any], where: Path) -> tuple[tuple[str, tuple[str
     return tuple(out)
 
 
+def _check_bounds(job: JobTable, where: Path) -> None:
+    """Each upper bound at least its lower bound; ``max_batch_size`` only with ``batch_size``."""
+    base, top = job.batch_size, job.max_batch_size
+    if base is not None and top is not None and top < base:
+        raise PolluxError(f"{where}: max_batch_size {top} is below batch_size {base}")
+    if top is not None and base is None:
+        raise PolluxError(f"{where}: max_batch_size needs batch_size")
+    low, high = job.min_local_batch, job.max_local_batch
+    if low is not None and high is not None and high < low:
+        raise PolluxError(f"{where}: max_local_batch {high} is below min_local_batch {low}")
+    low, high = job.min_gpus, job.max_gpus
+    if low is not None and high is not None and high < low:
+        raise PolluxError(f"{where}: max_gpus {high} is below min_gpus {low}")
+
+
 def load_job_spec(path: str | Path) -> JobSpec:
-    """Read and check ``path``: ``[job]`` (required) and ``[target]`` (optional)."""
+    """Read and check ``path``: ``[job]`` (required), ``[target]`` and ``[sweep]``."""
     where = Path(path)
     data = read_toml(where, "job spec")
-    job = data.get("job")
-    if not isinstance(job, dict):
+    raw = data.get("job")
+    if not isinstance(raw, dict):
         raise PolluxError(f"{where}: has no [job] table")
-    _check_types(job, where)
-    base = job.get("batch_size")
-    max_batch = job.get("max_batch_size")
-    if base is not None and max_batch is not None and max_batch < base:
-        raise PolluxError(f"{where}: max_batch_size {max_batch} is below batch_size {base}")
-    if max_batch is not None and base is None:
-        raise PolluxError(f"{where}: max_batch_size needs batch_size")
-    min_local, max_local = job.get("min_local_batch"), job.get("max_local_batch")
-    if min_local is not None and max_local is not None and max_local < min_local:
-        raise PolluxError(
-            f"{where}: max_local_batch {max_local} is below min_local_batch {min_local}"
-        )
-    min_gpus, max_gpus = job.get("min_gpus"), job.get("max_gpus")
-    if min_gpus is not None and max_gpus is not None and max_gpus < min_gpus:
-        raise PolluxError(f"{where}: max_gpus {max_gpus} is below min_gpus {min_gpus}")
+    check_keys(data, ("job", "target", "sweep"), "", where=str(where))
+    job = _decode_job(raw, where)
+    _check_bounds(job, where)
     sweep = _read_sweep(data, where)
-    if sweep and "array" in job:
+    if sweep and job.array is not None:
         raise PolluxError(f"{where}: job.array and [sweep] both make an array: keep one")
+    args = tuple(str(arg) for arg in job.args)
     if sweep:
-        check_sweep_args(
-            [str(arg) for arg in job.get("args", [])], [k for k, _ in sweep], str(where)
-        )
+        check_sweep_args(args, [k for k, _ in sweep], str(where))
     notify, notify_on = _read_notify(job, where)
     folder = where.resolve().parent
     return JobSpec(
         path=where,
-        name=job.get("name"),
-        script=str(folder / job["script"]) if "script" in job else None,
-        args=tuple(str(arg) for arg in job.get("args", [])),
-        workdir=str(folder / job["workdir"]) if "workdir" in job else None,
-        env={str(k): str(v) for k, v in job.get("env", {}).items()},
-        min_gpus=min_gpus,
-        max_gpus=max_gpus,
-        priority=job.get("priority"),
-        base_batch=base,
-        max_batch=max_batch,
-        min_local=min_local,
-        max_local=max_local,
+        name=job.name,
+        script=str(folder / job.script) if job.script is not None else None,
+        args=args,
+        workdir=str(folder / job.workdir) if job.workdir is not None else None,
+        env={str(k): str(v) for k, v in job.env.items()},
+        min_gpus=job.min_gpus,
+        max_gpus=job.max_gpus,
+        priority=job.priority,
+        batch_size=job.batch_size,
+        max_batch_size=job.max_batch_size,
+        min_local_batch=job.min_local_batch,
+        max_local_batch=job.max_local_batch,
         target=_read_target(data, where),
         time_limit_s=_read_time(job, where),
         after=_read_after(job, where),
-        after_any=bool(job.get("after_any", False)),
+        after_any=job.after_any,
         notify=notify,
         notify_on=notify_on,
         constraint=_read_constraint(job, where),
-        array=job.get("array"),
-        max_running=job.get("max_running"),
+        array=job.array,
+        max_running=job.max_running,
         gpu_memory=_read_memory(job, where),
-        shared=bool(job.get("shared", False)),
+        shared=job.shared,
         sweep=sweep,
     )
-
-
-def _read_memory(job: dict[str, Any], where: Path) -> int | None:
-    value = job.get("gpu_memory")
-    if value is None:
-        return None
-    try:
-        return parse_size(value)
-    except SizeError as exc:
-        raise PolluxError(f"{where}: job.gpu_memory: {exc}") from None
 
 
 def load_training_spec(path: str | Path) -> TrainingSpec:

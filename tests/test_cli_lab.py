@@ -27,7 +27,7 @@ from pollux_local.api.states import JobState
 from pollux_local.cli import build_parser, main
 from pollux_local.cli.control import edit_request
 from pollux_local.cli.format import group_arrays, node_line, status_table
-from pollux_local.cli.parsing import (
+from pollux_local.parsing import (
     compress_indices,
     parse_array,
     parse_constraint,

@@ -11,7 +11,8 @@ import pytest
 
 from pollux_local.api.errors import PolluxError
 from pollux_local.cli import build_parser
-from pollux_local.cli.submit import build_submit_request, submitter_python
+from pollux_local.cli.submit import build_submit_request
+from pollux_local.submission import submitter_python
 
 
 def request(*argv: str):  # type: ignore[no-untyped-def]

@@ -50,7 +50,9 @@ def test_full_spec_gives_submit_fields_and_training_view(tmp_path: Path) -> None
     assert training.trainer_kwargs() == {
         "base_batch": 32, "max_batch": 512, "min_local": 8, "max_local": 128,
     }  # fmt: skip
-    assert training.target == Target("loss", 1.5, "min") and training.target.reached(1.4)
+    assert training.target == Target(
+        metric="loss", value=1.5, mode="min"
+    ) and training.target.reached(1.4)
 
 
 def test_minimal_spec_states_only_what_it_says(tmp_path: Path) -> None:
@@ -68,9 +70,16 @@ def test_minimal_spec_states_only_what_it_says(tmp_path: Path) -> None:
     ("text", "message"),
     [
         ("[jbo]\n", r"has no \[job\] table"),
-        ('[job]\nscirpt = "x"\n', "unknown key job.scirpt"),
-        ('[job]\nmin_gpus = "two"\n', "job.min_gpus must be an integer"),
-        ("[job]\nmin_gpus = true\n", "job.min_gpus must be an integer"),
+        ('[job]\nscirpt = "x"\n', r"unknown key 'scirpt' in \[job\] \(did you mean 'script'\?\)"),
+        (
+            "[job]\nbatchsize = 8\n",
+            r"unknown key 'batchsize' in \[job\] \(did you mean 'batch_size'",
+        ),
+        ('[job]\n[traget]\nmetric = "a"\n', r"unknown table \[traget\] \(did you mean \[target\]"),
+        ('[job]\n[target]\nmetric = "a"\nvalue = 1\nmod = "max"\n', r"'mod' in \[target\]"),
+        ('[job]\nmin_gpus = "two"\n', "job.min_gpus must be a positive integer"),
+        ("[job]\nmin_gpus = true\n", "job.min_gpus must be a positive integer"),
+        ('[job]\npriority = "high"\n', "job.priority must be an integer"),
         ("[job]\nmax_gpus = 0\n", "job.max_gpus must be a positive integer"),
         ("[job]\nmin_gpus = 3\nmax_gpus = 2\n", "max_gpus 2 is below min_gpus 3"),
         ("[job]\nbatch_size = 64\nmax_batch_size = 8\n", "max_batch_size 8 is below"),
@@ -79,7 +88,7 @@ def test_minimal_spec_states_only_what_it_says(tmp_path: Path) -> None:
         ("[job]\nargs = [[1]]\n", "job.args must be a list of strings"),
         ('[job]\n[target]\nmetric = "a"\nvalue = 1\nmode = "up"\n', "mode must be 'max' or 'min'"),
         ('[job]\n[target]\nmetric = "a"\n', "needs a metric name and a numeric value"),
-        ("[job]\ntarget = 1\n", "unknown key job.target"),
+        ("[job]\ntarget = 1\n", r"unknown key 'target' in \[job\]"),
         ("[job\n", "not valid TOML"),
         ("[job]\ntime = 30\n", "job.time must be a string"),
         ('[job]\ntime = "soon"\n', "job.time: not a duration: 'soon'"),
@@ -89,7 +98,7 @@ def test_minimal_spec_states_only_what_it_says(tmp_path: Path) -> None:
         ("[job]\nafter_any = true\n", "job.after_any needs job.after"),
         ('[job]\nnotify = ["lab"]\n', "job.notify must list URLs"),
         ('[job]\nnotify = ["ntfy://x"]\nnotify_on = "never"\n', "notify_on must be 'end' or"),
-        ('[job]\nconstraint = { gpu = "a100" }\n', "unknown key job.constraint.gpu"),
+        ('[job]\nconstraint = { gpu = "a100" }\n', r"unknown key 'gpu' in \[job.constraint\]"),
         ('[job]\nconstraint = "gpu=a100"\n', "job.constraint: unknown key 'gpu'"),
         ("[job]\nconstraint = 3\n", "job.constraint must be a table or a string"),
         ("[job]\nmax_running = 0\n", "job.max_running must be a positive integer"),
@@ -147,3 +156,40 @@ def test_scheduling_keys_and_the_sweep_table(tmp_path: Path) -> None:
     assert grid[3] == {"lr": "0.001", "aug": "true"}  # the first key varies slowest
     # a train.py reading the same file is not bothered by any of it
     assert load_training_spec(path).base_batch == 32
+
+
+def test_a_typo_reads_the_same_in_a_job_file_and_the_daemon_config(tmp_path: Path) -> None:
+    """One check of keys for every TOML file: the same line, naming the closest key."""
+    from pollux_local.daemon.config import load_config
+
+    job = write(tmp_path, '[job]\nscript = "t.py"\nmax_gpu = 2\n')
+    config = tmp_path / "config.toml"
+    config.write_text('[scheduler]\npolcy = "fifo"\n')
+    with pytest.raises(PolluxError) as from_job:
+        load_job_spec(job)
+    with pytest.raises(PolluxError) as from_config:
+        load_config(config)
+    assert (
+        str(from_job.value) == f"{job}: unknown key 'max_gpu' in [job] (did you mean 'max_gpus'?)"
+    )
+    assert str(from_config.value).endswith(
+        "unknown key 'polcy' in [scheduler] (did you mean 'policy'?)"
+    )
+
+
+def test_the_decoded_spec_speaks_the_api_names(tmp_path: Path) -> None:
+    """Every batch and device field of a job file is the ``api.Submit`` field of that name."""
+    import msgspec
+
+    from pollux_local.api.messages import Submit
+
+    spec = load_job_spec(write(tmp_path, FULL))
+    fields = spec.submit_fields()
+    request_fields = set(Submit.__struct_fields__)
+    assert set(fields) - {"script", "args", "sweep"} <= request_fields
+    request = msgspec.convert(
+        {k: v for k, v in fields.items() if k in request_fields} | {"argv": ["x"]}, Submit
+    )
+    assert (request.batch_size, request.max_batch_size) == (spec.batch_size, 512)
+    assert (request.min_local_batch, request.max_local_batch) == (8, 128)
+    assert request.target == spec.target

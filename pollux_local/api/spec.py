@@ -38,6 +38,20 @@ class Target(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     value: float
     mode: Literal["max", "min"] = "max"
 
+    def reached(self, measured: float) -> bool:
+        """``measured >= value`` (mode max) or ``measured <= value`` (mode min)."""
+        return measured >= self.value if self.mode == "max" else measured <= self.value
+
+    def final_line(self, measured: float) -> str:
+        """``TARGET REACHED metric=… value=…`` or ``TARGET MISSED metric=… value=… target=…``
+        (the line a job prints last)."""
+        if self.reached(measured):
+            return f"TARGET REACHED metric={self.metric} value={measured:.4f}"
+        sign = ">=" if self.mode == "max" else "<="
+        return (
+            f"TARGET MISSED metric={self.metric} value={measured:.4f} target={sign}{self.value:g}"
+        )
+
 
 class Constraint(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Where a job may run: only on ``nodes`` (when given) and only on devices of

@@ -17,8 +17,9 @@ from pollux_local.cli.common import (
     print_json,
     state_dir_parser,
 )
-from pollux_local.cli.parsing import parse_job_ids, parse_time_limit
-from pollux_local.cli.submit import command_argv, print_submitted
+from pollux_local.cli.submit import print_submitted
+from pollux_local.parsing import parse_job_ids, parse_time_limit
+from pollux_local.submission import command_argv
 
 EDIT_USAGE = (
     "edit ID [--time D | --no-time] [--gpus N | --min-gpus N --max-gpus N] [--priority P]"

@@ -10,7 +10,7 @@ from typing import Any
 
 from pollux_local.api.messages import JobSummary, NodeRow
 from pollux_local.api.states import JobState
-from pollux_local.cli.parsing import compress_indices
+from pollux_local.parsing import compress_indices
 from pollux_local.durations import format_duration
 from pollux_local.untrusted import printable
 

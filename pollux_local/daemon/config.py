@@ -65,7 +65,6 @@ notifications change without stopping a job (``reload_config``).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import grp
 import re
 import socket
@@ -79,7 +78,7 @@ from pollux_local.daemon import gpus
 from pollux_local.durations import DurationError, parse_duration
 from pollux_local.errors import PolluxError
 from pollux_local.sizes import SizeError, format_size, parse_size
-from pollux_local.tomlfile import read_toml
+from pollux_local.tomlfile import check_keys, read_toml
 
 LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
 POLICIES = ("goodput", "fifo")
@@ -312,17 +311,6 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
     "metrics": frozenset({"prometheus"}),
 }
 SECTIONS = ("scheduler", "daemon", "nodes", "limits", "devices", "notify", "metrics")
-
-
-def check_keys(table: dict[str, Any], known: frozenset[str], section: str, where: str) -> None:
-    """Refuse a key the table does not know, naming the closest known one (a typo is far more
-    likely than a key from a newer version, and silently ignoring it hides the mistake)."""
-    for key in sorted(set(table) - known):
-        close = difflib.get_close_matches(key, sorted(known), n=1)
-        hint = (
-            f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(known))})"
-        )
-        raise PolluxError(f"{where}: unknown key {key!r} in [{section}]{hint}")
 
 
 def _number(table: dict[str, Any], key: str, default: float, where: str, minimum: float) -> float:

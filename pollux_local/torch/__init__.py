@@ -15,7 +15,8 @@ See ``trainer.py`` for what happens underneath, ``docs/architecture.md`` for the
 environment and the job report.
 """
 
-from pollux_local.jobspec import Target, TrainingSpec, load_training_spec
+from pollux_local.api.spec import Target
+from pollux_local.jobspec import TrainingSpec, load_training_spec
 from pollux_local.launch.base import RESCALE_EXIT_CODE
 from pollux_local.torch.checkpoint import CheckpointStore
 from pollux_local.torch.env import JobEnv, init_distributed

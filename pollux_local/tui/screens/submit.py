@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 from pathlib import Path
@@ -17,7 +16,7 @@ from textual.widgets import Button, Input, Label
 
 from pollux_local.api.errors import PolluxError
 from pollux_local.api.messages import Submit
-from pollux_local.cli.submit import build_submit_request, uses_job_library
+from pollux_local.submission import SubmitOptions, build_submit, uses_job_library
 from pollux_local.tui.literal import literal
 
 
@@ -59,7 +58,7 @@ class SubmitScreen(ModalScreen[Submit | None]):
 
     def collect(self) -> Submit:
         """The ``submit`` request exactly as ``pollux-local submit`` builds it from the same
-        values, in this user's environment (``cli.submit.build_submit_request``: the user's
+        values, in this user's environment (``submission.build_submit``: the user's
         Python for a ``.py`` script, rigid or elastic by what the script imports, paths made
         absolute); ``ValueError`` naming the field that is wrong.  Nothing is sent here."""
         values: dict[str, Any] = {}
@@ -98,28 +97,20 @@ class SubmitScreen(ModalScreen[Submit | None]):
         elastic = uses_job_library(Path(script)) if script.endswith(".py") else False
         # a rigid job runs at one size: the form's min devices (or max) is that size
         fixed = None if elastic else (low if low is not None else high)
-        options = argparse.Namespace(
-            spec=None,
-            program=script,
-            args=values.get("args", []),
+        options = SubmitOptions(
+            command=[script, *values.get("args", [])],
             name=values.get("name"),
             gpus=fixed,
             min_gpus=low if elastic else None,
             max_gpus=high if elastic else None,
             elastic=elastic,
-            preemptible=False,
-            python=None,
             batch_size=values.get("batch_size"),
             max_batch_size=values.get("max_batch_size"),
-            min_local_batch=None,
-            max_local_batch=None,
             priority=values.get("priority"),
             workdir=workdir,
-            env=[],
-            hold=False,
         )
         try:
-            return build_submit_request(options)
+            return build_submit(options)
         except PolluxError as exc:
             raise ValueError(str(exc)) from None
 
