@@ -1,0 +1,384 @@
+"""Applying plans: stops sent without waiting, starts on free devices (or as soon as they
+are), and the requests that stop a job (cancel, hold, a time limit, a daemon shutdown)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import sqlite3
+from collections.abc import Awaitable
+from typing import Any
+
+import psutil
+
+from pollux_local.api.states import JobState, StopIntent
+from pollux_local.daemon.config import busy_gpus
+from pollux_local.daemon.executor.base import Device, allocation_devices, log
+from pollux_local.daemon.executor.exits import Exits
+from pollux_local.daemon.executor.launchspec import one_line, owner_gone, prepare_dirs
+from pollux_local.daemon.scheduler import Action, Allocation, Plan
+from pollux_local.daemon.state import JobRecord
+from pollux_local.errors import PolluxError
+from pollux_local.launch.base import (
+    ReplicaGroup,
+)
+
+#: At a daemon shutdown, how long past ``stop_grace_s`` the stops are waited for.
+SHUTDOWN_MARGIN_S = 15.0
+
+
+class Applying(Exits):
+    """A plan's actions, and stops asked for by requests."""
+
+    # --- applying a plan ---------------------------------------------------------------------
+
+    async def apply(self, plan: Plan) -> None:
+        """Send the plan's stops (without waiting for them), then start on the new
+        allocations: at once where the devices are free, else as soon as they are.  A job
+        whose action fails is failed (or left running) with a one-line reason; the other
+        actions go on."""
+        now = self.clock()
+        self._deferred = {}  # the newest plan decides what waits
+        for action in plan.actions:
+            if action.kind in ("stop", "resize"):
+                await self._guarded(action.job_id, "stop", self._stop_for(action, now))
+        claimed = [
+            (action.job_id, device)
+            for action in plan.actions
+            if action.kind in ("start", "resize")
+            for device in allocation_devices(action.allocation)
+        ]
+        shared = {job_id for job_id, _ in claimed if self._is_shared(job_id)}
+        for action in plan.actions:
+            if action.kind == "resize" and action.job_id in self._resize:
+                continue  # restarts at its new size once its old incarnation has ended
+            if action.kind in ("start", "resize"):
+                # shared jobs packed onto one device in this plan do not claim it from
+                # each other
+                sharing = action.job_id in shared
+                others = {
+                    device
+                    for job_id, device in claimed
+                    if job_id != action.job_id and not (sharing and job_id in shared)
+                }
+                await self._guarded(action.job_id, "start", self._start_when_free(action, others))
+
+    async def _stop_for(self, action: Action, now: float) -> None:
+        job_id = action.job_id
+        group = self.groups.get(job_id)
+        if action.kind == "resize":
+            self.store.update_job(job_id, state=JobState.RESCALING)
+            if group is not None:
+                self._resize[job_id] = action
+                self._begin_stop(job_id, group, StopIntent.RESIZE)
+            return
+        if group is not None:
+            self._begin_stop(job_id, group, StopIntent.PREEMPT)
+        self.store.update_job(job_id, state=JobState.QUEUED, reason=action.reason)
+        self.store.record_decision(job_id, now, "stop", action.reason)
+
+    async def _guarded(self, job_id: int, what: str, work: Awaitable[Any]) -> None:
+        """Run one job's part of a plan; an error there fails that job (one line), unless it
+        is running, and never stops the rest.  Database errors are the pass's to handle."""
+        try:
+            await work
+        except (asyncio.CancelledError, sqlite3.Error):
+            raise
+        except Exception as exc:
+            log.exception("job %s: %s failed", job_id, what)
+            if job_id in self.groups or job_id in self.stopping:
+                return  # its processes still run; their exit decides
+            self._fail(job_id, f"could not {what}: {type(exc).__name__}: {one_line(exc)}")
+
+    # --- devices held by groups that are running or stopping ---------------------------------
+
+    def _held(self) -> dict[Device, int]:
+        """Devices of running and stopping groups, and those of waiting resizes -> job id."""
+        held: dict[Device, int] = {}
+        for groups in (self.groups, self.stopping):
+            for job_id, group in groups.items():
+                for slot in group.spec.slots:
+                    held[(slot.node, slot.device)] = job_id
+        for job_id, action in self._resize.items():
+            for device in allocation_devices(action.allocation):
+                held.setdefault(device, job_id)
+        return held
+
+    def _is_shared(self, job_id: int) -> bool:
+        job = self.store.get_job(job_id)
+        return job is not None and job.spec.shared
+
+    def _shared_only(self, held: dict[Device, int]) -> set[Device]:
+        """The held devices whose every holder is a shared job (another shared job may
+        join them)."""
+        holders: dict[Device, set[int]] = {}
+        for groups in (self.groups, self.stopping):
+            for job_id, group in groups.items():
+                for slot in group.spec.slots:
+                    holders.setdefault((slot.node, slot.device), set()).add(job_id)
+        for job_id, action in self._resize.items():
+            for device in allocation_devices(action.allocation):
+                holders.setdefault(device, set()).add(job_id)
+        return {
+            device
+            for device, ids in holders.items()
+            if device in held and all(self._is_shared(job_id) for job_id in ids)
+        }
+
+    def still_stopping(self) -> dict[int, Allocation]:
+        """job id -> the devices (node -> device ids) of each group asked to stop whose
+        processes are not yet gone: they stay held until its exit comes."""
+        holds: dict[int, Allocation] = {}
+        for job_id, group in self.stopping.items():
+            for slot in group.spec.slots:
+                holds.setdefault(job_id, {}).setdefault(slot.node, []).append(slot.device)
+        return holds
+
+    def draining_devices(self) -> dict[str, set[str]]:
+        """node -> devices still held by groups being stopped (free once their exit comes):
+        for a pass that wants to plan around them."""
+        draining: dict[str, set[str]] = {}
+        for group in self.stopping.values():
+            for slot in group.spec.slots:
+                draining.setdefault(slot.node, set()).add(slot.device)
+        return draining
+
+    def _place(
+        self, action: Action, held: dict[Device, int], claimed: set[Device]
+    ) -> Action | None:
+        """``action`` on devices nobody holds: a device a stopping group still holds is
+        swapped for a free device of the same node that no other start claims; ``None``
+        when there are not enough."""
+        allocation: Allocation = {}
+        changed = False
+        for node_name, devices in action.allocation.items():
+            keep = [d for d in devices if (node_name, d) not in held]
+            missing = len(devices) - len(keep)
+            if missing:
+                node = self.config.node(node_name)
+                spare = [
+                    d
+                    for d in node.devices
+                    if (node_name, d) not in held
+                    and (node_name, d) not in claimed
+                    and d not in keep
+                ]
+                if node.is_local and any(d.startswith("cuda") for d in spare):
+                    busy = busy_gpus(self.own_pids(), self.config.busy_memory)
+                    spare = [d for d in spare if d not in busy]
+                if len(spare) < missing:
+                    return None
+                keep += spare[:missing]
+                changed = True
+            allocation[node_name] = keep
+        return dataclasses.replace(action, allocation=allocation) if changed else action
+
+    def own_pids(self) -> set[int]:
+        """The pids of every replica of a running or stopping group, and their children."""
+        own: set[int] = set()
+        for groups in (self.groups, self.stopping):
+            for group in groups.values():
+                for pid in group.pids().values():
+                    own.add(pid)
+                    with contextlib.suppress(psutil.Error):
+                        own.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+        return own
+
+    async def _start_when_free(self, action: Action, claimed: set[Device]) -> bool:
+        """Start ``action`` if its job may start and its devices (or others of the same
+        nodes) are free; else keep it waiting in ``_deferred``.  ``True`` when it was
+        started or is void (the job is no longer waiting)."""
+        async with self._starting:
+            job = self.store.get_job(action.job_id)
+            if (
+                self._closing
+                or job is None
+                or job.state not in (JobState.QUEUED, JobState.RESCALING)
+                or job.id in self.groups
+            ):
+                self._deferred.pop(action.job_id, None)
+                return not self._closing
+            if job.id in self.stopping:  # its previous incarnation has not ended yet
+                self._deferred[job.id] = action
+                return False
+            held = self._held()
+            if job.spec.shared:
+                for device in self._shared_only(held):
+                    del held[device]
+            placed = self._place(action, held, claimed)
+            if placed is None:
+                self._deferred[job.id] = action
+                holders = sorted(
+                    {held[d] for d in allocation_devices(action.allocation) if d in held}
+                )
+                reason = (
+                    "starting once job(s) "
+                    + ", ".join(map(str, holders))
+                    + " release their devices"
+                )
+                if job.reason != reason and job.state == JobState.QUEUED:
+                    self.store.update_job(job.id, reason=reason)
+                return False
+            self._deferred.pop(job.id, None)
+            await self.start_job(job, placed)
+            return True
+
+    async def _launch_waiting(self) -> None:
+        """Start the waiting starts whose devices were released."""
+        for job_id, action in list(self._deferred.items()):
+            if self._deferred.get(job_id) is not action:
+                continue
+            claimed = {
+                device
+                for other, waiting in self._deferred.items()
+                if other != job_id
+                for device in allocation_devices(waiting.allocation)
+            }
+            await self._guarded(job_id, "start", self._start_when_free(action, claimed))
+
+    # --- starting ------------------------------------------------------------------------------
+
+    async def start_job(self, job: JobRecord, action: Action) -> None:
+        now = self.clock()
+        gone = owner_gone(job)
+        if gone is not None:
+            self._fail(job.id, gone)
+            return
+        nodes = [self.config.node(name) for name in action.allocation]
+        launchers = {id(self.launcher_for(node)) for node in nodes}
+        try:
+            if len(launchers) != 1:
+                raise PolluxError("a job cannot span this machine and remote nodes at once")
+            launcher = self.launcher_for(nodes[0])
+            spec = self.build_spec(job, action)
+            await prepare_dirs(
+                job, spec, self.config, self.state_dir, local=launcher is self._local
+            )
+            group = await launcher.launch(spec)
+        except (PolluxError, OSError) as exc:
+            self._fail(job.id, f"could not start: {one_line(exc)}")
+            return
+        self.groups[job.id] = group
+        # watched at once: should recording the start fail, its exit is still handled
+        self.watchers[job.id] = asyncio.ensure_future(self._watch(job.id, group))
+        self._noted_down = {key for key in self._noted_down if key[0] != job.id}
+        self.last_launch[job.id] = now
+        pids = []
+        for rank, pid in group.pids().items():
+            record: dict[str, Any] = {"rank": rank, "pid": pid, "node": spec.slots[rank].node}
+            if self.config.node(spec.slots[rank].node).is_local:
+                with contextlib.suppress(psutil.Error):
+                    record["create_time"] = psutil.Process(pid).create_time()
+            pids.append(record)
+        batch = action.batch
+        self.store.update_job(
+            job.id,
+            state=JobState.RUNNING,
+            placement=action.allocation,
+            batch=(
+                {
+                    "local_batch": batch.local_batch,
+                    "accum_steps": batch.accum_steps,
+                    "replicas": batch.replicas,
+                    "total": batch.total_batch,
+                }
+                if batch
+                else {"replicas": len(spec.slots)}
+            ),
+            pids=pids,
+            last_start=now,
+            start_time=job.start_time or now,
+            restarts=job.restarts + 1,
+            reason=action.reason,
+            prediction=action.prediction,
+        )
+        self.store.record_decision(
+            job.id,
+            now,
+            action.kind,
+            action.reason,
+            action.allocation,
+            dict(
+                (k, v)
+                for k, v in (
+                    ("local_batch", batch.local_batch if batch else None),
+                    ("accum_steps", batch.accum_steps if batch else None),
+                    ("replicas", len(spec.slots)),
+                )
+                if v is not None
+            ),
+        )
+
+    # --- stopping ------------------------------------------------------------------------------
+
+    async def stop_job(self, job_id: int, intent: StopIntent | str) -> None:
+        """Ask a running job's replicas to stop (they checkpoint; SIGKILL after
+        ``stop_grace_s``) and return at once: the exit is handled when it comes.  The caller
+        sets the job's next state.  A job already stopping gets ``intent`` as what its stop
+        is now for; a job waiting to start no longer waits."""
+        intent = StopIntent(intent)
+        self._resize.pop(job_id, None)
+        self._deferred.pop(job_id, None)
+        group = self.groups.get(job_id)
+        if group is not None:
+            self._begin_stop(job_id, group, intent)
+        elif job_id in self.stopping:
+            self.intent[job_id] = intent
+
+    def _begin_stop(self, job_id: int, group: ReplicaGroup, intent: StopIntent) -> None:
+        self.groups.pop(job_id, None)
+        self.stopping[job_id] = group
+        self.intent[job_id] = intent
+        if job_id not in self._stop_tasks:
+            self._stop_tasks[job_id] = asyncio.ensure_future(self._send_stop(job_id, group))
+
+    async def _send_stop(self, job_id: int, group: ReplicaGroup) -> None:
+        try:
+            await group.stop(self.config.stop_grace_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("job %s: stopping its replicas failed", job_id)
+
+    # --- cancel / hold ----------------------------------------------------------------------
+
+    async def cancel(self, job_id: int) -> None:
+        """Cancel a job: recorded at once, its replicas stopped in the background."""
+        now = self.clock()
+        self.store.update_job(job_id, state=JobState.CANCELLED, end_time=now, reason="cancelled")
+        self.store.record_decision(job_id, now, "cancelled", "cancelled by request")
+        await self.stop_job(job_id, StopIntent.CANCEL)
+
+    async def end_at_time_limit(self, job_id: int, reason: str) -> None:
+        """A job reached its time limit: recorded as failed with ``reason`` at once, its
+        replicas stopped in the background (SIGTERM, a checkpoint for an elastic job; SIGKILL
+        after ``stop_grace_s``)."""
+        now = self.clock()
+        self.store.update_job(job_id, state=JobState.FAILED, end_time=now, reason=reason)
+        self.store.record_decision(job_id, now, "failed", reason)
+        await self.stop_job(job_id, StopIntent.TIME_LIMIT)
+
+    async def hold(self, job_id: int) -> None:
+        """Hold a job: recorded at once, its replicas stopped (checkpoint) in the background."""
+        now = self.clock()
+        self.store.update_job(job_id, state=JobState.HELD, reason="held")
+        self.store.record_decision(job_id, now, "held", "held by request")
+        await self.stop_job(job_id, StopIntent.HOLD)
+
+    async def shutdown(self) -> None:
+        """Daemon stopping: checkpoint-stop every running job and queue it again; wait (up to
+        ``stop_grace_s`` and a margin) for those stops and the ones already under way.  What
+        has not ended by then is left to its supervisor and adopted at the next start."""
+        self._closing = True
+        for task in list(self._checking.values()):
+            task.cancel()
+        self._deferred.clear()
+        for job_id, group in list(self.groups.items()):
+            self._begin_stop(job_id, group, StopIntent.SHUTDOWN)
+        watchers = list(self.watchers.values())
+        if watchers:
+            await asyncio.wait(watchers, timeout=self.config.stop_grace_s + SHUTDOWN_MARGIN_S)
+        left = sorted(self.stopping)
+        if left:
+            log.warning("job(s) %s still stopping at shutdown; left to their supervisors", left)

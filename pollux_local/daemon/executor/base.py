@@ -1,0 +1,146 @@
+"""The executor's state and what every part of it uses: launchers, the job directory, a
+failed job."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from pollux_local.api.states import JobState, StopIntent
+from pollux_local.daemon.config import DaemonConfig, NodeConfig
+from pollux_local.daemon.executor.health import NodeHealthBook
+from pollux_local.daemon.executor.launchspec import (
+    build_launch_spec,
+    make_ssh_launcher,
+    ssh_table,
+)
+from pollux_local.daemon.scheduler import Action, Allocation
+from pollux_local.daemon.state import JobRecord, StateStore
+from pollux_local.launch.base import (
+    Launcher,
+    LaunchSpec,
+    ReplicaGroup,
+)
+from pollux_local.launch.local import LocalLauncher
+
+log = logging.getLogger("pollux_local.daemon")
+
+Device = tuple[str, str]  # (node name, device id)
+
+
+def allocation_devices(allocation: Allocation) -> Iterable[Device]:
+    for node, devices in allocation.items():
+        for device in devices:
+            yield (node, device)
+
+
+class ExecutorBase:
+    """The executor's state, shared by its parts (:mod:`.accounting`, :mod:`.exits`,
+    :mod:`.applying`, :mod:`.recovery`).
+
+    ``groups``: the running groups; ``stopping``: groups asked to stop whose exit has not come
+    yet (``intent`` says what the stop was for); ``watchers``: the task waiting for each
+    group's exit (a job is in ``watchers`` until that exit has been handled)."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        config: DaemonConfig,
+        state_dir: Path,
+        socket_path: Path,
+        on_change: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.state_dir = state_dir
+        self.socket_path = socket_path
+        self.on_change = on_change
+        self.clock = clock
+        self.groups: dict[int, ReplicaGroup] = {}
+        self.stopping: dict[int, ReplicaGroup] = {}
+        self.watchers: dict[int, asyncio.Task[None]] = {}
+        #: ends of groups whose records failed (a full disk): (group, code, stop intent),
+        #: recorded by :meth:`record_unrecorded` at the next passes
+        self.unrecorded: dict[int, tuple[ReplicaGroup, int, Any]] = {}
+        self.intent: dict[int, StopIntent] = {}
+        self.nodes = NodeHealthBook([node.name for node in config.nodes])
+        self.last_launch: dict[int, float] = {}
+        self.run_dir = state_dir / "run"
+        self._local = LocalLauncher(
+            {n.name: n.devices for n in config.nodes if n.is_local},
+            run_dir=self.run_dir,
+            stop_grace_s=config.stop_grace_s,
+            max_log_bytes=config.max_log_bytes,
+            log_keep_free=config.log_keep_free,
+        )
+        self._ssh: Launcher | None = None
+        self._checking: dict[str, asyncio.Task[None]] = {}
+        self._noted_down: set[tuple[int, str]] = set()
+        self._stop_tasks: dict[int, asyncio.Task[None]] = {}
+        #: resizes waiting for the job's old incarnation to end
+        self._resize: dict[int, Action] = {}
+        #: starts of the newest plan waiting for devices still held by stopping groups
+        self._deferred: dict[int, Action] = {}
+        self._starting = asyncio.Lock()
+        self._closing = False
+        #: removals of SSH nodes' exit records under way
+        self._forgetting: set[asyncio.Task[None]] = set()
+
+    # --- launchers and nodes ----------------------------------------------------------------
+
+    def launcher_for(self, node: NodeConfig) -> Launcher:
+        if node.is_local:
+            return self._local
+        if self._ssh is None:
+            self._ssh = make_ssh_launcher(self.config, self.state_dir)
+        return self._ssh
+
+    def reconfigure(self, config: DaemonConfig) -> None:
+        """Use a config read again (``SIGHUP``) from now on: its nodes, devices and settings.
+        The SSH launcher learns the remote nodes it adds and keeps the ones it drops, whose
+        running groups it still watches and stops."""
+        self.config = config
+        self._local.devices = {n.name: n.devices for n in config.nodes if n.is_local}
+        self._local.stop_grace_s = config.stop_grace_s
+        self._local.max_log_bytes = config.max_log_bytes
+        self._local.log_keep_free = config.log_keep_free
+        if self._ssh is not None:
+            from pollux_local.launch.ssh import SshLauncher, SshNodeConfig
+
+            if isinstance(self._ssh, SshLauncher):
+                self._ssh.max_log_bytes = config.max_log_bytes
+                self._ssh.log_keep_free = config.log_keep_free
+                for node in config.nodes:
+                    if not node.is_local:
+                        table = ssh_table(node)
+                        self._ssh.nodes[node.name] = SshNodeConfig.from_mapping(node.name, table)
+
+    def _job_dir(self, job: JobRecord) -> Path:
+        return self.state_dir / "jobs" / job.job_id
+
+    def build_spec(self, job: JobRecord, action: Action) -> LaunchSpec:
+        """The launch spec of one incarnation (ranks in node order, env per the contract)."""
+        return build_launch_spec(job, action, self.config, self._job_dir(job), self.socket_path)
+
+    def _fail(self, job_id: int, reason: str) -> None:
+        now = self.clock()
+        log.error("job %s: %s", job_id, reason)
+        self.store.update_job(
+            job_id, state=JobState.FAILED, reason=reason, end_time=now, placement={}, pids=[]
+        )
+        self.store.record_decision(job_id, now, "failed", reason)
+
+    # --- provided by the parts above this one ------------------------------------------------
+
+    async def _start_when_free(self, action: Action, claimed: set[Device]) -> bool:
+        """Start ``action`` once its devices are free (:mod:`.applying`)."""
+        raise NotImplementedError
+
+    async def _launch_waiting(self) -> None:
+        """Start the waiting starts whose devices were released (:mod:`.applying`)."""
+        raise NotImplementedError

@@ -1,0 +1,211 @@
+"""Exit classification: what a group's end means for its job, by what its stop was for
+(:class:`api.states.StopIntent`) or, when nothing stopped it, by its exit code (success, a
+lost node, a crash retried with back-off or failed at once when no retry can help)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+from pollux_local.api.states import PLACED_STATES, ExitCode, JobState, StopIntent
+from pollux_local.daemon.executor.accounting import Accounting
+from pollux_local.daemon.executor.base import allocation_devices, log
+from pollux_local.daemon.failures import permanent_cause
+from pollux_local.daemon.jobfiles import read_job_file
+from pollux_local.daemon.state import JobRecord
+from pollux_local.launch.base import (
+    ReplicaGroup,
+)
+from pollux_local.launch.local import LocalReplicaGroup
+
+#: How often a group with remote replicas is looked at for ranks whose node was lost.
+LOST_NODE_POLL_S = 0.5
+#: Why an exit 75 that no resize asked for is not a rescale.
+UNASKED_RESCALE = (
+    f"exited {ExitCode.RESCALE:d} (the rescale code) but no rescale was asked; counted as a crash"
+)
+
+
+def last_log_line(directory: Path, name: str, owner_uid: int, limit: int = 4096) -> str:
+    """The last non-empty line of a job's log (for a failure's reason), read through
+    :func:`jobfiles.read_job_file` (never a symlink, a FIFO or another user's file)."""
+    try:
+        data, _, _ = read_job_file(directory, name, owner_uid, offset=-limit, max_bytes=limit)
+    except OSError:
+        return ""
+    for line in reversed(data.decode(errors="replace").splitlines()):
+        if line.strip() and not line.startswith("--- "):
+            return line.strip()[:200]
+    return ""
+
+
+class Exits(Accounting):
+    """Watching groups and moving their jobs on when they end."""
+
+    async def _watch(self, job_id: int, group: ReplicaGroup) -> None:
+        remote = any(not self.config.node(slot.node).is_local for slot in group.spec.slots)
+        waiting = asyncio.ensure_future(group.wait())
+        try:
+            while not waiting.done():
+                await asyncio.wait({waiting}, timeout=LOST_NODE_POLL_S if remote else None)
+                if remote:
+                    # A lost node is marked down as soon as its ssh session ends, not only
+                    # once the surviving replicas have been stopped.
+                    self._mark_lost_nodes(group)
+        finally:
+            if not waiting.done():
+                waiting.cancel()
+        intent = self.intent.get(job_id)
+        try:
+            code = waiting.result()
+            try:
+                await self._ended(job_id, group, code)
+            except sqlite3.Error as exc:  # kept, and recorded once the store takes writes
+                self.unrecorded[job_id] = (group, code, intent)
+                log.error("job %s: its end (exit %s) is not recorded yet: %s", job_id, code, exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("job %s: handling the end of its replicas failed", job_id)
+        finally:
+            if self.watchers.get(job_id) is asyncio.current_task():
+                del self.watchers[job_id]
+            self.on_change()
+
+    async def record_unrecorded(self) -> None:
+        """Record the group ends whose first record failed, each once (``sqlite3.Error`` when
+        the store still refuses: they stay kept)."""
+        for job_id, (group, code, intent) in list(self.unrecorded.items()):
+            if intent is not None:
+                self.intent[job_id] = intent
+            await self._ended(job_id, group, code)
+            del self.unrecorded[job_id]
+            log.info("job %s: its end (exit %s) is recorded", job_id, code)
+
+    async def _ended(self, job_id: int, group: ReplicaGroup, code: int) -> None:
+        """A group ended: account for it, take its last report, and move the job on, by what
+        its stop was for (``intent``) or, when nothing stopped it, by its exit code."""
+        if self.groups.get(job_id) is group:
+            del self.groups[job_id]
+        if self.stopping.get(job_id) is group:
+            del self.stopping[job_id]
+        intent = self.intent.pop(job_id, None)
+        self._stop_tasks.pop(job_id, None)
+        now = self.clock()
+        ended = getattr(group, "ended", None)
+        self._account(job_id, min(now, ended) if isinstance(ended, float) else now)
+        job = self.store.get_job(job_id)
+        if job is not None:
+            self._read_final_report(job)
+            if intent is None and getattr(group, "orphaned", False) and code != ExitCode.OK:
+                reason = (
+                    "daemon restarted; its nodes stopped the job when the daemon went away;"
+                    " resuming from checkpoint"
+                )
+                self.store.update_job(job.id, state=JobState.QUEUED, reason=reason)
+                self.store.record_decision(job.id, now, "requeued", reason)
+            elif intent is None:
+                await self._on_exit(job, group, code, now)
+            else:
+                await self._on_stopped(job, intent, code, now)
+        if isinstance(group, LocalReplicaGroup):
+            self._local.forget(group.spec.job_id)  # its result is in the store now
+        elif callable(forget := getattr(group, "forget", None)):
+            task = asyncio.ensure_future(forget())  # the nodes' exit records, likewise
+            self._forgetting.add(task)
+            task.add_done_callback(self._forgetting.discard)
+        await self._launch_waiting()
+
+    def _finished(self, job_id: int, now: float) -> None:
+        self.store.update_job(job_id, state=JobState.SUCCEEDED, end_time=now, reason="finished")
+        self.store.record_decision(job_id, now, "finished", "all replicas exited 0")
+
+    async def _on_stopped(self, job: JobRecord, intent: StopIntent, code: int, now: float) -> None:
+        """The end of a group that was asked to stop.  Cancel, hold and the others set the
+        job's state when they asked; a job that exited 0 while being preempted, resized or
+        stopped for a shutdown has finished; a resized job restarts at its new size."""
+        action = self._resize.pop(job.id, None) if intent is StopIntent.RESIZE else None
+        if (
+            intent in (StopIntent.PREEMPT, StopIntent.RESIZE, StopIntent.SHUTDOWN)
+            and code == ExitCode.OK
+        ):
+            if job.state in (JobState.QUEUED, *PLACED_STATES):
+                self._finished(job.id, now)
+            return
+        if intent is StopIntent.SHUTDOWN and job.state in PLACED_STATES:
+            reason = "daemon stopped; will resume from checkpoint"
+            self.store.update_job(job.id, state=JobState.QUEUED, reason=reason)
+            self.store.record_decision(job.id, now, "requeued", reason)
+            return
+        if intent is not StopIntent.RESIZE or job.state != JobState.RESCALING:
+            return
+        if action is None or self._closing:
+            reason = "checkpointed for a resize; back in the queue"
+            self.store.update_job(job.id, state=JobState.QUEUED, reason=reason)
+            self.store.record_decision(job.id, now, "requeued", reason)
+            return
+        claimed = {
+            d for other in self._deferred.values() for d in allocation_devices(other.allocation)
+        }
+        if not await self._start_when_free(action, claimed):
+            current = self.store.get_job(job.id)
+            if current is not None and current.state == JobState.RESCALING:
+                reason = "resizing: waiting for its new devices to be released"
+                self.store.update_job(job.id, state=JobState.QUEUED, reason=reason)
+
+    async def _on_exit(self, job: JobRecord, group: ReplicaGroup, code: int, now: float) -> None:
+        """The end of a group nobody asked to stop: 0 has finished; a lost node re-queues it;
+        anything else is a crash, 75 included (a rescale is a stop the daemon asked for,
+        :meth:`_on_stopped`: a job cannot have itself relaunched by exiting 75)."""
+        if code == ExitCode.OK:
+            self._finished(job.id, now)
+            return
+        cause: str | None = None
+        if code == ExitCode.RESCALE:
+            what = UNASKED_RESCALE
+        else:
+            down = await self._lost_nodes(group, code)
+            if down:
+                self._note_node_down(job.id, down, now)
+                self.store.update_job(job.id, state=JobState.QUEUED)
+                return
+            detail = getattr(group, "supervisor_failure", None) or next(
+                (
+                    line
+                    for slot in group.spec.slots
+                    if (line := last_log_line(group.spec.log_dir, f"rank{slot.rank}.log",
+                                              job.owner_uid))
+                ),
+                "",
+            )  # fmt: skip
+            what = f"replica exited with code {code}" + (f" ({detail})" if detail else "")
+            on_cpu = all(slot.device.startswith("cpu") for slot in group.spec.slots)
+            cause = permanent_cause(detail, on_cpu)
+        self._crashed(job, what, cause, now)
+
+    def _crashed(self, job: JobRecord, what: str, cause: str | None, now: float) -> None:
+        """One crash of ``job`` (``what`` happened): failed at once when ``cause`` says a
+        retry cannot help or its ``max_retries`` are spent, else queued again after an
+        exponential back-off, ``backoff_s * 2^(failures - 1)``."""
+        failures = job.failures + 1
+        if cause is not None:
+            reason = f"{what}: {cause}; not retried"
+            self.store.update_job(
+                job.id, state=JobState.FAILED, failures=failures, end_time=now, reason=reason
+            )
+            self.store.record_decision(job.id, now, "failed", reason)
+            return
+        if failures > self.config.max_retries:
+            reason = f"{what}; gave up after {failures - 1} restart(s)"
+            self.store.update_job(
+                job.id, state=JobState.FAILED, failures=failures, end_time=now, reason=reason
+            )
+            self.store.record_decision(job.id, now, "failed", reason)
+            return
+        delay = self.config.backoff_s * 2 ** (failures - 1)
+        reason = f"{what}; retry {failures}/{self.config.max_retries} in {delay:g} s"
+        self.store.update_job(
+            job.id, state=JobState.QUEUED, failures=failures, retry_after=now + delay, reason=reason
+        )
+        self.store.record_decision(job.id, now, "crashed", reason)

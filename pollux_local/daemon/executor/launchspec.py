@@ -1,0 +1,215 @@
+"""Launch specs: what one incarnation of a job runs (ranks, devices, the launch environment
+of ``api.launch``), the directories it needs, and the launchers' own settings (SSH)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import pwd
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pollux_local.api.launch import LaunchEnvironment
+from pollux_local.core.types import BatchChoice
+from pollux_local.daemon.config import DaemonConfig, NodeConfig
+from pollux_local.daemon.jobfiles import make_owned_dir
+from pollux_local.daemon.scheduler import Action
+from pollux_local.daemon.state import JobRecord
+from pollux_local.errors import PolluxError
+from pollux_local.launch.base import (
+    Launcher,
+    LaunchSpec,
+    ReplicaSlot,
+    pick_master_port,
+)
+
+log = logging.getLogger("pollux_local.daemon")
+
+log = logging.getLogger("pollux_local.daemon")
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    return " ".join(str(text).split())[:limit]
+
+
+def build_launch_spec(
+    job: JobRecord, action: Action, config: DaemonConfig, job_dir: Path, socket_path: Path
+) -> LaunchSpec:
+    """The launch spec of one incarnation (ranks in node order, env per the contract)."""
+    allocation = action.allocation
+    order = [n for n in config.nodes if allocation.get(n.name)]
+    slots: list[ReplicaSlot] = []
+    for node_rank, node in enumerate(order):
+        for local_rank, device in enumerate(allocation[node.name]):
+            slots.append(ReplicaSlot(len(slots), node.name, device, local_rank, node_rank))
+            spec = job.spec
+    if config.checkpoint_root:
+        checkpoint_dir = str(Path(config.checkpoint_root) / job.job_id)
+    else:
+        checkpoint_dir = str(job_dir / "checkpoint")
+    batch: BatchChoice | None = action.batch
+    if not spec.elastic:
+        batch = None  # a rigid job chooses its own batch: no POLLUX_LOCAL_BATCH for it
+    on_cpu = all(slot.device.startswith("cpu") for slot in slots)
+    launch = LaunchEnvironment(
+        world_size=len(slots),
+        master_addr="127.0.0.1",
+        master_port=pick_master_port(),
+        job_id=job.job_id,
+        restarts=job.restarts,
+        job_dir=str(job_dir),
+        checkpoint_dir=checkpoint_dir,
+        daemon_socket=str(socket_path),
+        num_nodes=len(order),
+        local_batch=batch.local_batch if batch is not None else None,
+        accum_steps=batch.accum_steps if batch is not None else None,
+        device="cpu" if on_cpu else "cuda",
+        pg_timeout_s=config.pg_timeout_s,
+        array_id=spec.array_id,
+        array_index=spec.array_index,
+        time_limit_s=spec.time_limit_s,
+        device_type=order[0].device_type if order else None,
+        device_slowdown=order[0].slowdown if order else None,
+    )
+    env = dict(job.env or {})
+    # without a batch choice the job picks its own: none may leak from the submitter
+    env.pop("POLLUX_LOCAL_BATCH", None)
+    env.pop("POLLUX_ACCUM_STEPS", None)
+    env.update(launch.common_environ())
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if on_cpu:
+        busiest = max(len(devices) for devices in allocation.values())
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // busiest)))
+    run_as = None
+    run_as_uid = None
+    if os.geteuid() == 0 and job.owner_uid != 0:
+        run_as, run_as_uid = job.owner_name, job.owner_uid
+    return LaunchSpec(
+        job_id=job.job_id,
+        argv=list(spec.argv),
+        workdir=Path(spec.workdir),
+        env=env,
+        slots=slots,
+        log_dir=job_dir,
+        run_as=run_as,
+        run_as_uid=run_as_uid,
+    )
+
+
+async def prepare_dirs(
+    job: JobRecord, spec: LaunchSpec, config: DaemonConfig, state_dir: Path, local: bool
+) -> None:
+    """Make the job's directory (the daemon's ``jobs/<id>``, given to the job's user) and,
+    under a ``checkpoint_root`` of the daemon's, its checkpoint directory the same way.
+    Nothing inside the job's directory: on this machine the job's supervisor makes the
+    rest as the job's user; for remote nodes the checkpoint directory is made here by a
+    ``mkdir`` run as the job's user."""
+    jobs = state_dir / "jobs"
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(jobs, 0o755)  # the server makes it; a bare state dir (tests) may lack it
+    make_owned_dir(jobs, job.job_id, job.owner_uid, job.owner_gid)
+    checkpoint = Path(spec.env["POLLUX_CHECKPOINT_DIR"])
+    if config.checkpoint_root:
+        try:
+            make_owned_dir(Path(config.checkpoint_root), job.job_id, job.owner_uid, job.owner_gid)
+        except OSError as exc:  # not a directory of the daemon's: the job's user makes it
+            log.debug("job %s: checkpoint dir left to the job's user: %s", job.id, exc)
+    if not local:
+        await make_user_dir(job, checkpoint)
+
+
+def _owner_gone(self, job: JobRecord) -> str | None:
+    """Why the job cannot run as its owner (a deleted Unix user), or ``None``."""
+    if job.owner_uid == os.geteuid():
+        return None
+    try:
+        pwd.getpwuid(job.owner_uid)
+    except KeyError:
+        return f"owner uid {job.owner_uid} no longer exists"
+    return None
+
+
+def owner_gone(job: JobRecord) -> str | None:
+    """Why the job cannot run as its owner (a deleted Unix user), or ``None``."""
+    if job.owner_uid == os.geteuid():
+        return None
+    try:
+        pwd.getpwuid(job.owner_uid)
+    except KeyError:
+        return f"owner uid {job.owner_uid} no longer exists"
+    return None
+
+
+async def make_user_dir(job: JobRecord, path: Path) -> None:
+    """``mkdir -p PATH`` as the job's user (as the daemon's own user when that is the job's,
+    or when the daemon is not root)."""
+    if os.geteuid() != 0 or job.owner_uid in (0, os.geteuid()):
+        path.mkdir(parents=True, exist_ok=True)
+        return
+    entry = pwd.getpwuid(job.owner_uid)
+    proc = await asyncio.create_subprocess_exec(
+        "mkdir", "-p", "--", str(path),
+        user=entry.pw_uid, group=entry.pw_gid,
+        extra_groups=os.getgrouplist(entry.pw_name, entry.pw_gid),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE, cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C"},
+    )  # fmt: skip
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        raise PolluxError(f"mkdir {path} as {entry.pw_name} did not finish in 30 s") from None
+    if proc.returncode != 0:
+        raise PolluxError(
+            f"cannot create checkpoint dir {path} as {entry.pw_name}: {one_line(err.decode())}"
+        )
+
+
+def make_ssh_launcher(config: DaemonConfig, state_dir: Path) -> Launcher:
+    """The SSH launcher for the config's remote nodes (imported only when one is used)."""
+    try:
+        from pollux_local.launch.ssh import SshLauncher, SshNodeConfig
+    except ImportError:
+        raise PolluxError("remote nodes need the SSH launcher (pollux_local.launch.ssh)") from None
+    nodes = [
+        SshNodeConfig.from_mapping(node.name, ssh_table(node))
+        for node in config.nodes
+        if not node.is_local
+    ]
+    return SshLauncher(
+        nodes,
+        ssh_control_dir(state_dir),
+        max_log_bytes=config.max_log_bytes,
+        log_keep_free=config.log_keep_free,
+    )
+
+
+def ssh_control_dir(state_dir: Path) -> Path:
+    """Where ssh keeps its shared connections: ``STATE_DIR/ssh``, or, when that path is too
+    long for a Unix socket, a private directory under /tmp named after the state dir."""
+    preferred = state_dir / "ssh"
+    if len(str(preferred)) + 42 <= 104:
+        return preferred
+    digest = hashlib.sha1(str(state_dir).encode()).hexdigest()[:12]
+    short = Path(tempfile.gettempdir()) / f"pollux-ssh-{os.geteuid()}-{digest}"
+    short.mkdir(mode=0o700, exist_ok=True)
+    info = short.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        raise PolluxError(f"{short} is not a private directory of the daemon's user")
+    return short
+
+
+def ssh_table(node: NodeConfig) -> dict[str, Any]:
+    """The node's config table as the SSH launcher reads it."""
+    table = dict(node.raw)
+    table.pop("name", None)
+    table["host"] = node.host
+    table["devices"] = list(node.devices)
+    table.pop("device_type", None)
+    return table

@@ -1,0 +1,234 @@
+"""Recovery after a daemon restart: supervisors adopted from their run files (and SSH
+nodes' exit records), recorded exits applied, and only a job with nothing recorded queued
+again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sqlite3
+import time
+
+import psutil
+
+from pollux_local.api.states import JobState, StopIntent
+from pollux_local.daemon.executor.applying import Applying
+from pollux_local.daemon.executor.base import log
+from pollux_local.daemon.scheduler import Action
+from pollux_local.daemon.state import JobRecord
+from pollux_local.launch.base import (
+    ReplicaGroup,
+)
+from pollux_local.launch.local import RunRecord
+
+#: The intent of a stop found in flight after a daemon restart, by the job's recorded state.
+RECOVERED_INTENT = {
+    JobState.QUEUED: StopIntent.PREEMPT,
+    JobState.RESCALING: StopIntent.RESIZE,
+    JobState.HELD: StopIntent.HOLD,
+    JobState.CANCELLED: StopIntent.CANCEL,
+}
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class Recovery(Applying):
+    """What a restarted daemon adopts."""
+
+    # --- daemon start and stop ----------------------------------------------------------------
+
+    async def recover(self) -> list[int]:
+        """After a daemon restart, for every job recorded as running: adopt its supervisor if
+        it still runs (the job keeps running); apply its recorded exit code if it ended
+        meanwhile; queue it again (to resume from its checkpoint) only when nothing is
+        recorded.  Supervisors of jobs recorded as not running (a stop in flight when the
+        daemon died) are adopted as stopping.  Returns the jobs queued again."""
+        now = self.clock()
+        records = self._local.records()
+        requeued: list[int] = []
+        for job in self.store.jobs([JobState.RUNNING, JobState.RESCALING]):
+            record = records.pop(job.job_id, None)
+            try:
+                if await self._recover_job(job, record, now):
+                    continue
+            except sqlite3.Error:
+                raise
+            except Exception:
+                log.exception("job %s: recovering it failed; queueing it again", job.id)
+            self._requeue_recovered(job, now)
+            requeued.append(job.id)
+        for job_id, record in records.items():
+            try:
+                self._recover_stray(job_id, record, now)
+            except sqlite3.Error:
+                raise
+            except Exception:
+                log.exception("job %s: recovering its supervisor failed", job_id)
+        return requeued
+
+    async def _recover_job(self, job: JobRecord, record: RunRecord | None, now: float) -> bool:
+        """Adopt the job's incarnation from its run file (on SSH nodes: from the exit
+        records there); ``False`` when there is nothing to adopt (the caller queues the job
+        again)."""
+        remote = await self._recover_remote(job, now)
+        if remote is not None:
+            return remote
+        if record is None:
+            # a daemon from before the supervisors ran the replicas as its own children
+            await self._stop_orphans(job)
+            return False
+        group = self._local.adopt(record)
+        if group is None:
+            log.warning(
+                "job %s: its supervisor (pid %s) ended without a result",
+                job.id, record.supervisor_pid,
+            )  # fmt: skip
+            self._local.forget(job.job_id)
+            return False
+        if record.finished:
+            reason = f"daemon restarted; the job ended meanwhile with code {record.exit_code}"
+        else:
+            reason = (
+                f"daemon restarted; the job kept running under its supervisor (pid"
+                f" {record.supervisor_pid})"
+            )
+        log.info("job %s: %s", job.id, reason)
+        self.store.record_decision(job.id, now, "recovered", reason)
+        if job.state == JobState.RESCALING:
+            self._adopt_stopping(job.id, group, StopIntent.RESIZE)
+        else:
+            self.groups[job.id] = group
+        self.last_launch[job.id] = job.last_start or now
+        self.watchers[job.id] = asyncio.ensure_future(self._watch(job.id, group))
+        return True
+
+    async def _recover_remote(self, job: JobRecord, now: float) -> bool | None:
+        """A job placed on SSH nodes: its incarnation from the exit records its nodes keep
+        (``SshLauncher.recover``), adopted like a local supervisor: a recorded exit is applied
+        as if the daemon had seen it, replicas still running are waited for (their node
+        stops them once the daemon is gone).  ``None`` for a job not on SSH nodes; ``False``
+        when nothing is recorded there."""
+        try:
+            nodes = [self.config.node(name) for name in job.placement if job.placement[name]]
+        except KeyError:
+            return False
+        if not nodes or any(node.is_local for node in nodes):
+            return None
+        launcher = self.launcher_for(nodes[0])
+        recover = getattr(launcher, "recover", None)
+        if recover is None:
+            return False
+        from pollux_local.launch.ssh import record_token
+
+        spec = self.build_spec(job, Action("start", job.id, job.placement, None, ""))
+        group = await recover(spec, record_token(job.job_id, max(0, job.restarts - 1)))
+        if group is None:
+            log.warning("job %s: no exit record of it on its nodes", job.id)
+            return False
+        code = group.poll()
+        if code is not None:
+            reason = (
+                f"daemon restarted; the job ended meanwhile with code {code} (its nodes' record)"
+            )
+        else:
+            reason = "daemon restarted; its replicas still run on its nodes: waiting for their end"
+        log.info("job %s: %s", job.id, reason)
+        self.store.record_decision(job.id, now, "recovered", reason)
+        if job.state == JobState.RESCALING:
+            self._adopt_stopping(job.id, group, StopIntent.RESIZE)
+        else:
+            self.groups[job.id] = group
+        self.last_launch[job.id] = job.last_start or now
+        self.watchers[job.id] = asyncio.ensure_future(self._watch(job.id, group))
+        return True
+
+    def _adopt_stopping(self, job_id: int, group: ReplicaGroup, intent: StopIntent) -> None:
+        """A group whose stop was asked for before the daemon restarted: asked again (a
+        supervisor takes a second SIGTERM as the first), its exit handled as ``intent``."""
+        self.stopping[job_id] = group
+        self.intent[job_id] = intent
+        if group.poll() is None:
+            self._stop_tasks[job_id] = asyncio.ensure_future(self._send_stop(job_id, group))
+
+    def _recover_stray(self, name: str, record: RunRecord, now: float) -> None:
+        """A run file of a job not recorded as running: a stop that was under way when the
+        daemon died (adopted as stopping, its exit handled by the job's recorded state), or a
+        result not yet taken in (a preempted job that exited 0 has finished)."""
+        if not name.isdigit():
+            return
+        job = self.store.get_job(int(name))
+        if record.finished or not record.supervisor_alive():
+            if not record.finished:
+                record.kill_replicas()
+            elif job is not None and job.state == JobState.QUEUED and record.exit_code == 0:
+                self._finished(job.id, now)
+            self._local.forget(name)
+            return
+        group = self._local.adopt(record)
+        if group is None:
+            self._local.forget(name)
+            return
+        state = JobState(job.state) if job is not None else None
+        intent = (
+            StopIntent.RECONCILE
+            if state is None
+            else RECOVERED_INTENT.get(state, StopIntent.RECONCILE)
+        )
+        log.info("job %s: its replicas are still stopping (%s); waiting for them", name, intent)
+        self._adopt_stopping(int(name), group, intent)
+        self.watchers[int(name)] = asyncio.ensure_future(self._watch(int(name), group))
+
+    def _requeue_recovered(self, job: JobRecord, now: float) -> None:
+        if job.last_start is not None:
+            elapsed = max(0.0, now - job.last_start)
+            self.store.update_job(
+                job.id,
+                attained_gpu_s=job.attained_gpu_s + elapsed * job.replicas,
+                run_time_s=job.run_time_s + elapsed,
+            )
+        reason = "daemon restarted; resuming from checkpoint"
+        self.store.update_job(
+            job.id, state=JobState.QUEUED, placement={}, pids=[], last_start=None, reason=reason
+        )
+        self.store.record_decision(job.id, now, "recovered", reason)
+
+    async def _stop_orphans(self, job: JobRecord) -> None:
+        procs: list[psutil.Process] = []
+        for record in job.pids:
+            try:
+                node = self.config.node(str(record.get("node")))
+            except KeyError:
+                continue
+            if not node.is_local:
+                continue  # remote replicas stop themselves when their ssh session dies
+            try:
+                proc = psutil.Process(int(record["pid"]))
+                created = record.get("create_time")
+                if created is None or abs(proc.create_time() - float(created)) > 1.0:
+                    continue  # the pid was reused: not ours
+                procs.append(proc)
+            except (psutil.Error, KeyError, ValueError):
+                continue
+        if not procs:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(procs[0].pid, signal.SIGTERM)
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.terminate()
+        deadline = time.monotonic() + self.config.stop_grace_s
+        while time.monotonic() < deadline and any(_alive(p) for p in procs):
+            await asyncio.sleep(0.1)
+        for proc in procs:
+            if _alive(proc):
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(procs[0].pid, signal.SIGKILL)
