@@ -2,19 +2,29 @@
 
 Every screen that shows such text goes through here: the CLI's ``status``/``show``/``nodes``/
 ``wait``/``logs --safe``, the TUI (``tui/literal.py`` adds the markup rule on top), and
-notifications.  A terminal must never get an escape sequence from a job.
+notifications.  A terminal must never get an escape sequence from a job.  Stdlib only: the
+supervisor (``launch/supervisor.py``), which runs alone, imports it too.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["PartialEscape", "printable", "printable_log"]
+__all__ = ["PartialEscape", "one_line", "printable", "printable_log"]
 
 #: C0 and C1 control characters, the newline aside, and the Unicode controls that reorder or
 #: hide text (bidirectional embeddings, overrides and isolates).
 _CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _CONTROL_OR_NEWLINE = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def one_line(text: object, limit: int = 500) -> str:
+    """``text`` (an error, a process's output) as one line of a log or a reason: control
+    characters as spaces, runs of blanks as one, at most ``limit`` characters (a cut one ends
+    in ``...``)."""
+    cleaned = "".join(ch if ch.isprintable() else " " for ch in str(text))
+    cleaned = " ".join(cleaned.split())
+    return cleaned if len(cleaned) <= limit else cleaned[: limit - 3] + "..."
 
 
 def _escape(match: re.Match[str]) -> str:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pollux_local.launch.base import RESCALE_EXIT_CODE, LaunchSpec, ReplicaSlot
+from pollux_local.api.states import ExitCode
+from pollux_local.launch.base import LaunchSpec, ReplicaSlot
 from pollux_local.launch.local import LocalLauncher, combine_exit_codes
 
 pytestmark = pytest.mark.timeout(60)
@@ -70,8 +71,8 @@ def read_env(tmp_path: Path, rank: int) -> dict:
 
 def test_combine_exit_codes() -> None:
     assert combine_exit_codes([0, 0]) == 0
-    assert combine_exit_codes([75, 75]) == RESCALE_EXIT_CODE
-    assert combine_exit_codes([0, 75]) == RESCALE_EXIT_CODE
+    assert combine_exit_codes([75, 75]) == ExitCode.RESCALE
+    assert combine_exit_codes([0, 75]) == ExitCode.RESCALE
     assert combine_exit_codes([75, 3, -9]) == 3
     assert combine_exit_codes([-15, 0]) == -15
 
@@ -107,9 +108,9 @@ async def test_stop_waits_for_checkpoint_exit(tmp_path: Path) -> None:
     read_env(tmp_path, 0), read_env(tmp_path, 1)
     assert group.poll() is None
     started = time.monotonic()
-    assert await group.stop(grace_s=10) == RESCALE_EXIT_CODE
+    assert await group.stop(grace_s=10) == ExitCode.RESCALE
     assert time.monotonic() - started < 5
-    assert group.poll() == RESCALE_EXIT_CODE
+    assert group.poll() == ExitCode.RESCALE
 
 
 @pytest.mark.asyncio

@@ -23,9 +23,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from pollux_local.api.states import ExitCode
 from pollux_local.daemon.jobfiles import make_owned_dir
 from pollux_local.errors import PolluxError
-from pollux_local.launch.base import RESCALE_EXIT_CODE, LaunchSpec, ReplicaSlot
+from pollux_local.launch.base import LaunchSpec, ReplicaSlot
 from pollux_local.launch.local import LocalLauncher, RunRecord, read_run_file
 from pollux_local.launch.supervisor import (
     EXEC_EXIT_CODE,
@@ -102,7 +103,7 @@ def launcher(tmp_path: Path) -> LocalLauncher:
 
 
 def test_combine_exit_codes_matches_the_contract() -> None:
-    assert RESCALE_EXIT_CODE == 75
+    assert ExitCode.RESCALE == 75
     assert combine_exit_codes([0, 0]) == 0
     assert combine_exit_codes([75, 0]) == 75
     assert combine_exit_codes([75, -9, 3]) == -9
@@ -253,7 +254,7 @@ async def test_a_later_daemon_adopts_a_running_supervisor(tmp_path: Path) -> Non
         assert {str(k): v for k, v in group.pids().items()} == info["pids"]
         await asyncio.sleep(0.2)
         assert group.poll() is None
-        assert await group.stop(grace_s=5) == RESCALE_EXIT_CODE
+        assert await group.stop(grace_s=5) == ExitCode.RESCALE
         assert not alive(supervisor)
     finally:
         with contextlib.suppress(OSError):

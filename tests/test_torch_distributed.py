@@ -20,7 +20,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pollux_local.launch.base import RESCALE_EXIT_CODE, pick_master_port  # noqa: E402
+from pollux_local.api.states import ExitCode  # noqa: E402
+from pollux_local.launch.base import pick_master_port  # noqa: E402
 
 PROBE = [sys.executable, "-m", "pollux_local.torch.probe"]
 REPO = Path(__file__).resolve().parents[1]
@@ -88,7 +89,7 @@ def run_job(
             for path in errs:
                 print(f"--- {path.name}", path.read_text()[-6000:], sep="\n", file=sys.stderr)
             raise
-        if p.returncode not in (0, RESCALE_EXIT_CODE):
+        if p.returncode not in (0, ExitCode.RESCALE):
             print(err_path.read_text(), file=sys.stderr)
         codes.append(p.returncode)
     return codes
@@ -157,7 +158,7 @@ def test_sigterm_then_resume_at_other_scale_matches_uninterrupted(tmp_path: Path
     codes = run_job(
         2, args + ["--signal-at-step", str(stop_at)], run, local_batch=8, checkpoint_dir=ckpt
     )
-    assert codes == [RESCALE_EXIT_CODE, RESCALE_EXIT_CODE], f"stop at step {stop_at}"
+    assert codes == [ExitCode.RESCALE, ExitCode.RESCALE], f"stop at step {stop_at}"
     assert not (run / "final.pt").exists()
     assert list(ckpt.glob("ckpt-*.pt")), "no checkpoint written on SIGTERM"
     assert run_job(1, args, run, local_batch=16, checkpoint_dir=ckpt) == [0]

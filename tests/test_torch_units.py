@@ -21,9 +21,9 @@ from hypothesis import strategies as st  # noqa: E402
 from pollux_local.api import wire  # noqa: E402
 from pollux_local.api.messages import Report, ReportReply, Request  # noqa: E402
 from pollux_local.api.report import JobReport  # noqa: E402
+from pollux_local.api.states import ExitCode  # noqa: E402
 from pollux_local.core.types import GradStats  # noqa: E402
 from pollux_local.errors import PolluxError  # noqa: E402
-from pollux_local.launch.base import RESCALE_EXIT_CODE  # noqa: E402
 from pollux_local.torch import (  # noqa: E402
     CheckpointStore,
     ElasticSampler,
@@ -278,7 +278,7 @@ def test_stop_checkpoints_exits_75_and_resumes_exactly(tmp_path: Path) -> None:
     first = ElasticTrainer(model, opt, base_batch=8, env=JobEnv(), checkpoint_dir=tmp_path)
     with pytest.raises(SystemExit) as exc:
         _train(first, 2, stop_at=11)
-    assert exc.value.code == RESCALE_EXIT_CODE
+    assert exc.value.code == ExitCode.RESCALE
     # Once it is leaving, a late SIGTERM (a peer's flag can come before the signal) is ignored
     # rather than killing the exit at interpreter shutdown.
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN

@@ -60,8 +60,16 @@ class ExitCode(IntEnum):
     TARGET_MISSED = 3
     #: a replica checkpointed on SIGTERM so that the job can be resized (sysexits EX_TEMPFAIL)
     RESCALE = 75
+    #: a replica's command could not be executed (the shell's code for it)
+    EXEC_FAILED = 127
     #: the CLI was interrupted (SIGINT)
     INTERRUPTED = 130
+    #: a replica's user could not enter its working directory (the local supervisor)
+    WORKDIR = 252
+    #: a replica could not be prepared: privileges, its log, the checkpoint directory
+    SETUP = 253
+    #: a node's agent could not start any replica (working directory, unshared path, user)
+    NODE_SETUP = 254
     #: a replica's node became unreachable (the ssh client's own code for a lost link)
     NODE_LOST = 255
 

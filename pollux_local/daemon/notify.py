@@ -61,7 +61,7 @@ from pollux_local.api.states import JobState
 from pollux_local.daemon import notify_send
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.state import JobEnd, JobRecord, StateStore
-from pollux_local.untrusted import printable
+from pollux_local.untrusted import one_line, printable
 
 __all__ = [
     "MAX_ENDS_AT_ONCE",
@@ -138,13 +138,6 @@ def job_environ(job: JobRecord, end: JobEnd, owner: Owner, path: str = USER_PATH
         environ["POLLUX_ARRAY_ID"] = job.spec.array_id
         environ["POLLUX_ARRAY_INDEX"] = str(job.spec.array_index or 0)
     return environ
-
-
-def _one_line(text: str, limit: int = 500) -> str:
-    """Output as one log line: control characters as spaces, runs of blanks as one."""
-    cleaned = "".join(ch if ch.isprintable() else " " for ch in text)
-    cleaned = " ".join(cleaned.split())
-    return cleaned if len(cleaned) <= limit else cleaned[: limit - 3] + "..."
 
 
 def _shown(text: str, limit: int) -> str:
@@ -357,7 +350,7 @@ class Notifier:
         except asyncio.CancelledError:
             raise
         except Exception as error:  # noqa: BLE001 - a notification never affects anything else
-            log.warning("notify: job %s: %s", end.job_id, _one_line(repr(error)))
+            log.warning("notify: job %s: %s", end.job_id, one_line(repr(error)))
 
     def _owner(self, job: JobRecord) -> Owner | None:
         """Who runs ``job``'s notifications, or ``None`` (logged) when nobody may."""
@@ -539,7 +532,7 @@ class Notifier:
                 what,
                 owner.name,
                 proc.returncode,
-                _one_line(output.decode("utf-8", "replace")) or "no output",
+                one_line(output.decode("utf-8", "replace")) or "no output",
             )
 
 

@@ -17,13 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from pollux_local.api.states import ExitCode
 from pollux_local.errors import PolluxError
-
-#: Exit code of a replica that checkpointed on SIGTERM so that the job can be resized
-#: (``EX_TEMPFAIL`` from sysexits.h): :attr:`ExitCode.RESCALE` under the name the launchers
-#: and the job library have always used.
-RESCALE_EXIT_CODE = ExitCode.RESCALE
 
 #: Master (rendezvous) ports are drawn from [20000, 32000): below Linux's ephemeral range
 #: (32768-60999 by default), where the kernel picks the local ports of outgoing connections.
@@ -88,7 +82,7 @@ class ReplicaGroup(Protocol):
 
     def poll(self) -> int | None:
         """``None`` while any replica runs; else the group's exit code (0 when all succeeded,
-        ``RESCALE_EXIT_CODE`` when all checkpointed for a rescale, otherwise the first
+        ``ExitCode.RESCALE`` when all checkpointed for a rescale, otherwise the first
         failing replica's code, or 255 when the node became unreachable)."""
         ...
 

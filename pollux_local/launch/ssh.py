@@ -44,9 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pollux_local.api.states import ExitCode
 from pollux_local.errors import PolluxError
-from pollux_local.launch import node_agent
-from pollux_local.launch.base import RESCALE_EXIT_CODE, LaunchSpec, NodeHealth, ReplicaSlot
+from pollux_local.launch.base import LaunchSpec, NodeHealth, ReplicaSlot
 from pollux_local.launch.local import replica_env
 from pollux_local.launch.logcap import (
     disk_note,
@@ -57,10 +57,9 @@ from pollux_local.launch.logcap import (
 )
 
 #: Exit code of a replica whose node could not be reached (ssh's own failure code).
-UNREACHABLE_EXIT_CODE = 255
-#: Exit code when the supervisor could not start the replicas (bad work dir, unshared path);
-#: it is ``node_agent.SETUP_FAILED_EXIT_CODE``.
-SETUP_FAILED_EXIT_CODE = node_agent.SETUP_FAILED_EXIT_CODE
+UNREACHABLE_EXIT_CODE = ExitCode.NODE_LOST
+#: Exit code when the node's agent could not start the replicas (bad work dir, unshared path).
+SETUP_FAILED_EXIT_CODE = ExitCode.NODE_SETUP
 #: How often a recovered group's exit records are read again while its replicas run.
 RECORD_POLL_S = 1.0
 #: How long a recovered group's node may stay unanswering before its ranks count as lost.
@@ -232,7 +231,7 @@ class SshReplicaGroup:
         if rank in session.exit_codes:
             return
         session.exit_codes[rank] = code
-        if code not in (0, RESCALE_EXIT_CODE) and self._first_failure is None:
+        if code not in (0, ExitCode.RESCALE) and self._first_failure is None:
             self._first_failure = (rank, code)
             self.failed_at = time.monotonic()
             if self.failure_reason is None:
@@ -399,7 +398,7 @@ class SshReplicaGroup:
         codes = set(self.exit_codes().values())
         if codes == {0}:
             return 0
-        return RESCALE_EXIT_CODE
+        return ExitCode.RESCALE
 
     async def wait(self) -> int:
         await self._done.wait()
@@ -485,9 +484,9 @@ class SshRecordedGroup:
         codes = self.exit_codes()
         order = [int(rank) for r in self.records.values() for rank in r.get("exits", ())]
         for rank in [*order, *sorted(codes)]:
-            if codes.get(rank, 0) not in (0, RESCALE_EXIT_CODE):
+            if codes.get(rank, 0) not in (0, ExitCode.RESCALE):
                 return codes[rank]
-        return 0 if set(codes.values()) <= {0} else RESCALE_EXIT_CODE
+        return 0 if set(codes.values()) <= {0} else ExitCode.RESCALE
 
     async def _refresh(self) -> None:
         """Read again the records of the nodes whose replicas had not all ended.  A node

@@ -66,6 +66,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
 from pollux_local.launch import logcap
+from pollux_local.untrusted import one_line
 
 RUN_FILE_VERSION = 1
 #: Exit code of a replica that checkpointed on SIGTERM (``api.states.ExitCode.RESCALE``).
@@ -176,10 +177,6 @@ def write_private_json(path: str, data: dict[str, Any]) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-
-
-def one_line(text: str, limit: int = 500) -> str:
-    return " ".join(str(text).split())[:limit]
 
 
 class SetupFailed(Exception):

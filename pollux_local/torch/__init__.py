@@ -16,14 +16,18 @@ environment and the job report.
 """
 
 from pollux_local.api.spec import Target
+from pollux_local.api.states import ExitCode
 from pollux_local.jobspec import TrainingSpec, load_training_spec
-from pollux_local.launch.base import RESCALE_EXIT_CODE
 from pollux_local.torch.checkpoint import CheckpointStore
 from pollux_local.torch.env import JobEnv, init_distributed
 from pollux_local.torch.gradstats import GradNoiseEstimator, two_batch_estimate
 from pollux_local.torch.loader import ElasticLoader
 from pollux_local.torch.sampler import ElasticSampler, StepPlan
 from pollux_local.torch.trainer import ElasticTrainer
+
+#: The exit code of a replica that checkpointed for a rescale (``ExitCode.RESCALE``), by the
+#: name job scripts use.
+RESCALE_EXIT_CODE = ExitCode.RESCALE
 
 __all__ = [
     "RESCALE_EXIT_CODE",

@@ -1,7 +1,7 @@
 """Checkpoints and the stop for a rescale.
 
 The launcher stops a replica with SIGTERM; the replica finishes its step, checkpoints and
-exits with ``RESCALE_EXIT_CODE`` (75).  With several replicas the stop is agreed on first (see
+exits with ``ExitCode.RESCALE`` (75).  With several replicas the stop is agreed on first (see
 ``collectives.py``), so a peer's flag can come before this replica's own SIGTERM; once the
 stop is agreed the replica ignores SIGTERM, which, arriving during interpreter shutdown where
 the handler is gone, would turn the checkpointed exit 75 into a kill.
@@ -25,8 +25,8 @@ from typing import Any, NoReturn
 
 import torch
 
+from pollux_local.api.states import ExitCode
 from pollux_local.errors import PolluxError
-from pollux_local.launch.base import RESCALE_EXIT_CODE
 from pollux_local.torch.gradstats import GradNoiseEstimator
 from pollux_local.torch.profile import ProfileRecorder
 
@@ -177,10 +177,10 @@ def exit_for_rescale(
     leave: Callable[[], None],
 ) -> NoReturn:
     """The agreed stop: ignore further SIGTERMs, ``checkpoint``, send the last ``report``,
-    ``leave`` the process group, exit with ``RESCALE_EXIT_CODE``."""
+    ``leave`` the process group, exit with ``ExitCode.RESCALE``."""
     stop.ignore_sigterm()
     checkpoint()
     report()
     leave()
-    log.info("checkpointed at step %d for a rescale; exiting %d", steps, RESCALE_EXIT_CODE)
-    sys.exit(RESCALE_EXIT_CODE)
+    log.info("checkpointed at step %d for a rescale; exiting %d", steps, ExitCode.RESCALE)
+    sys.exit(ExitCode.RESCALE)

@@ -24,7 +24,7 @@ The trainer composes the parts, each in its own module:
   steps), so every replica takes them at the same step; measuring steps are therefore never
   more than ``STOP_LATENCY_S`` of training apart; and leaving the process group;
 * ``stopping.py``: SIGTERM (a replica acts on it right after its current step), the
-  checkpoint payload, and the checkpoint-and-exit with ``RESCALE_EXIT_CODE``;
+  checkpoint payload, and the checkpoint-and-exit with ``ExitCode.RESCALE``;
 * ``loader.py``, ``sampler.py``, ``profile.py``, ``checkpoint.py``, ``report.py``.
 """
 
@@ -338,7 +338,7 @@ class ElasticTrainer:
         """Back-propagate this micro-batch's (mean) loss; on the last micro-batch of the
         optimizer step, synchronise, scale the learning rate and step.  Returns whether the
         optimizer stepped.  On a pending rescale request the job checkpoints and exits with
-        ``RESCALE_EXIT_CODE`` right after the step."""
+        ``ExitCode.RESCALE`` right after the step."""
         if self._micro is None:
             raise PolluxError("trainer.step() must be called once for each batch of the loader")
         plan, index = self._micro

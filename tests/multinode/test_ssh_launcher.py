@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pollux_local.launch.base import RESCALE_EXIT_CODE, LaunchSpec, ReplicaSlot
+from pollux_local.api.states import ExitCode
+from pollux_local.launch.base import LaunchSpec, ReplicaSlot
 from pollux_local.launch.ssh import SETUP_FAILED_EXIT_CODE, UNREACHABLE_EXIT_CODE, SshLauncher
 
 from .conftest import GLOO_JOB, PYTHON, job_env
@@ -138,7 +139,7 @@ def test_stop_checkpoints_and_exits_for_a_rescale(
 
     code = asyncio.run(run())
     logs = [(tmp_path / "logs" / f"rank{rank}.log").read_text() for rank in (0, 1)]
-    assert code == RESCALE_EXIT_CODE, f"group exited {code}; logs:\n" + "\n".join(logs)
+    assert code == ExitCode.RESCALE, f"group exited {code}; logs:\n" + "\n".join(logs)
     assert all("checkpointed at step" in log for log in logs)
 
 

@@ -1,0 +1,35 @@
+"""One exit-code table (``api.states.ExitCode``): the modules that run alone, stdlib only
+(the local supervisor, the SSH node agent, which ships as source text), keep literals, and
+this keeps them equal to the table."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pollux_local.api.states import ExitCode
+from pollux_local.launch import node_agent, supervisor
+
+PACKAGE = Path(__file__).resolve().parents[1] / "pollux_local"
+
+
+def test_the_stdlib_only_launch_modules_agree_with_the_table() -> None:
+    assert supervisor.RESCALE_EXIT_CODE == ExitCode.RESCALE
+    assert supervisor.WORKDIR_EXIT_CODE == ExitCode.WORKDIR
+    assert supervisor.SETUP_EXIT_CODE == ExitCode.SETUP
+    assert supervisor.EXEC_EXIT_CODE == ExitCode.EXEC_FAILED
+    assert node_agent.SETUP_FAILED_EXIT_CODE == ExitCode.NODE_SETUP
+    assert node_agent.NOT_STARTED_EXIT_CODE == ExitCode.EXEC_FAILED
+
+
+def test_no_other_module_spells_an_exit_code_of_the_table() -> None:
+    """A literal of the table assigned to a name happens only in the stdlib-only modules."""
+    allowed = {"api/states.py", "launch/supervisor.py", "launch/node_agent.py"}
+    codes = "|".join(str(int(code)) for code in ExitCode if int(code) > 3)
+    assignment = re.compile(rf"^\s*[A-Z_]+(?::[^=]+)?\s*=\s*({codes})\b", re.MULTILINE)
+    found = [
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if str(path.relative_to(PACKAGE)) not in allowed and assignment.search(path.read_text())
+    ]
+    assert found == []
