@@ -46,9 +46,24 @@ def parse_duration(text: str) -> float:
     return float(seconds)
 
 
-def format_duration(seconds: float) -> str:
-    """``30s``, ``10m``, ``1h30m``, ``2d``, ``1d2h``: the shortest exact whole-unit form
-    (seconds rounded)."""
+def format_duration(seconds: float | None, *, exact: bool = True, unknown: str = "-") -> str:
+    """The one way a duration is written.
+
+    ``exact`` (time limits): the shortest exact whole-unit form, ``30s``, ``10m``, ``1h30m``,
+    ``2d``, ``1d2h`` (seconds rounded), which :func:`parse_duration` reads back.  Otherwise
+    (elapsed and expected times) its two largest units, the second padded: ``12s``,
+    ``4m07s``, ``1h05m``, ``2d04h`` (whole seconds, truncated).  ``None`` is ``unknown``."""
+    if seconds is None:
+        return unknown
+    if not exact:
+        whole = max(0, int(seconds))
+        if whole < 60:
+            return f"{whole}s"
+        if whole < 3600:
+            return f"{whole // 60}m{whole % 60:02d}s"
+        if whole < 86400:
+            return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+        return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
     whole = max(0, round(seconds))
     if whole == 0:
         return "0s"

@@ -125,11 +125,13 @@ def test_bad_input_is_one_clear_line(capsys, state_dir: Path, tmp_path: Path, sc
     bad.write_text("[job\nscript=")
     assert "not valid TOML" in one_line_error(capsys, "submit", *sd, "--spec", str(bad))
     bad.write_text('[job]\nscript = "train.py"\nmin_gpus = "two"\n')
-    assert "job.min_gpus must be an integer" in one_line_error(
+    assert "job.min_gpus must be a positive integer" in one_line_error(
         capsys, "submit", *sd, "--spec", str(bad)
     )
     bad.write_text('[job]\nscirpt = "train.py"\n')
-    assert "unknown key job.scirpt" in one_line_error(capsys, "submit", *sd, "--spec", str(bad))
+    assert "unknown key 'scirpt' in [job] (did you mean 'script'?)" in one_line_error(
+        capsys, "submit", *sd, "--spec", str(bad)
+    )
     error = one_line_error(
         capsys, "submit", *sd, "--elastic", "--min-gpus", "3", "--max-gpus", "2", str(script)
     )

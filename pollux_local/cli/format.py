@@ -22,15 +22,9 @@ def fmt(value: Any, spec: str = "", empty: str = "-") -> str:
 
 
 def duration(seconds: float | None) -> str:
-    """``1h05m``, ``4m07s``, ``12s``; ``-`` when unknown."""
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    if seconds >= 60:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds}s"
+    """An elapsed or expected time in tables: ``1h05m``, ``4m07s``, ``12s``; ``-`` when
+    unknown (``durations.format_duration``, not exact)."""
+    return format_duration(seconds, exact=False)
 
 
 def where(devices: dict[str, list[str]]) -> str:
