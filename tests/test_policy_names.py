@@ -49,3 +49,23 @@ def test_daemon_config_accepts_the_alias(tmp_path: Path, name: str) -> None:
     path = tmp_path / "c.toml"
     path.write_text(f'[scheduler]\npolicy = "{name}"\n[nodes.box]\ndevices = "cpu:1"\n')
     assert load_config(path).policy == "goodput"
+
+
+def test_every_list_of_policies_reads_the_one_registry() -> None:
+    """The simulator's choices, the typed ones, the daemon's and its factory all come from
+    ``core.names.POLICIES``; every entry builds a policy of its own name."""
+    from pollux_local.cli import simulate
+    from pollux_local.core.names import POLICIES as REGISTRY
+    from pollux_local.core.names import PolicySettings, policy_names
+    from pollux_local.daemon import config
+    from pollux_local.daemon.config import DaemonConfig
+    from pollux_local.daemon.server import make_policy as daemon_policy
+
+    assert tuple(REGISTRY) == simulate.POLICIES
+    assert simulate.TYPED_POLICIES == ("goodput", "sia", "goodput-unaware")
+    assert config.POLICIES == policy_names(daemon=True) == ("goodput", "fifo")
+    for name, entry in REGISTRY.items():
+        assert entry.factory(PolicySettings()).name == name and entry.description
+    for name in config.POLICIES:
+        assert daemon_policy(DaemonConfig(nodes=(), policy=name)).name == name
+    assert daemon_policy(DaemonConfig(nodes=(), policy="goodput", p=0.5)).p == 0.5  # type: ignore[attr-defined]

@@ -10,7 +10,7 @@ from typing import Any
 from pollux_local.api.errors import PolluxError
 from pollux_local.cli.common import state_dir_parser
 from pollux_local.client import resolve_state_dir
-from pollux_local.core.names import POLICY_ALIASES, canonical_policy
+from pollux_local.core.names import POLICY_ALIASES, canonical_policy, policy_names
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--interval", type=float, help="scheduling interval in seconds")
     p.add_argument(
         "--policy",
-        choices=("goodput", "fifo", *POLICY_ALIASES),
+        choices=(*policy_names(daemon=True), *POLICY_ALIASES),
         help="allocation policy (goodput, the default; pollux is another name for it)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from pollux_local.core import names
 from pollux_local.core.names import canonical_policy
 from pollux_local.core.types import Policy
 from pollux_local.errors import PolluxError
@@ -16,9 +17,9 @@ from pollux_local.errors import PolluxError
 if TYPE_CHECKING:
     from pollux_local.sim.hetero import NodeGroup
 
-POLICIES = ("goodput", "tiresias", "optimus", "fifo", "sia", "goodput-unaware")
+POLICIES = names.policy_names()
 #: Policies that run on a cluster of several device types (``--cluster``).
-TYPED_POLICIES = ("goodput", "sia", "goodput-unaware")
+TYPED_POLICIES = names.policy_names(typed=True)
 #: Other names accepted for a policy: the goodput policy is Pollux's.
 DEFAULT_MODELS = Path("..") / "shared" / "data" / "pollux-artifact" / "models"
 #: Profiles per device type (``placements-<type>.csv``), the default with ``--cluster``.
@@ -37,35 +38,11 @@ def default_models_dir(relative: Path = DEFAULT_MODELS) -> Path | None:
 
 
 def make_policy(name: str, interval_s: float = 60.0, restart_cost_s: float = 30.0) -> Policy:
-    """A fresh policy object by name (or alias)."""
-    name = canonical_policy(name)
-    if name == "sia":
-        from pollux_local.core.sia import SiaPolicy
-
-        return SiaPolicy()
-    if name == "goodput-unaware":
-        from pollux_local.core.policy import GoodputPolicy
-
-        return GoodputPolicy(restart_cost_s=restart_cost_s, interval_s=interval_s, type_aware=False)
-    if name == "fifo":
-        from pollux_local.core.baselines import FifoPolicy
-
-        return FifoPolicy()
-    if name == "tiresias":
-        from pollux_local.core.baselines import TiresiasPolicy
-
-        return TiresiasPolicy()
-    if name == "optimus":
-        from pollux_local.core.baselines import OptimusPolicy
-
-        return OptimusPolicy()
-    if name == "goodput":
-        try:
-            from pollux_local.core.policy import GoodputPolicy
-        except ImportError as exc:
-            raise PolluxError("the goodput policy is not available in this build") from exc
-        return GoodputPolicy(restart_cost_s=restart_cost_s, interval_s=interval_s)
-    raise PolluxError(f"unknown policy {name!r} (choose from {', '.join(POLICIES)})")
+    """A fresh policy object by name (or alias), from the registry (``core.names``)."""
+    try:
+        return names.make_policy(name, interval_s=interval_s, restart_cost_s=restart_cost_s)
+    except ValueError as exc:
+        raise PolluxError(str(exc)) from None
 
 
 def _positive_int(text: str) -> int:

@@ -73,7 +73,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pollux_local.core.names import POLICY_ALIASES
+from pollux_local.core.names import POLICY_ALIASES, policy_names
 from pollux_local.daemon import gpus
 from pollux_local.durations import DurationError, parse_duration
 from pollux_local.errors import PolluxError
@@ -81,7 +81,7 @@ from pollux_local.sizes import SizeError, format_size, parse_size
 from pollux_local.tomlfile import check_keys, read_toml
 
 LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
-POLICIES = ("goodput", "fifo")
+POLICIES = policy_names(daemon=True)
 #: Other names accepted for a policy: the goodput policy is Pollux's.
 
 

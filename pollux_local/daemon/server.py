@@ -138,14 +138,10 @@ _CHUNK = 256 * 1024
 
 def make_policy(config: DaemonConfig) -> Policy:
     """The configured policy object from the core (the very code the simulator runs)."""
-    if config.policy == "fifo":
-        from pollux_local.core.baselines import FifoPolicy
+    from pollux_local.core.names import make_policy as from_registry
 
-        return FifoPolicy()
-    from pollux_local.core.policy import GoodputPolicy
-
-    return GoodputPolicy(
-        p=config.p, restart_cost_s=config.restart_cost_s, interval_s=config.interval_s
+    return from_registry(
+        config.policy, p=config.p, restart_cost_s=config.restart_cost_s, interval_s=config.interval_s
     )
 
 
