@@ -140,6 +140,12 @@ class JobSummary(Message, kw_only=True):
     device_type: str | None = None
     gpu_memory: int | None = None
     shared: bool = False
+    #: the forecast (queued and running jobs, from the last scheduling pass replayed forward):
+    #: when it is expected to start and to finish (Unix times; ``None``: unknown) and on how
+    #: many devices
+    expected_start: float | None = None
+    expected_finish: float | None = None
+    expected_devices: int | None = None
 
 
 class StatusReply(Reply):
@@ -480,6 +486,38 @@ class Usage(Request[UsageReply], tag="usage", kw_only=True):
     since: Annotated[float, msgspec.Meta(ge=0)] | None = None
 
 
+class JobForecast(Message):
+    """When one job as submitted now is expected to run: ``start`` and ``finish`` (Unix times;
+    ``None``: unknown, when a job it waits behind, or itself, has no known length), on
+    ``devices`` devices of ``device_type`` (``""``: not known yet), ``waiting`` what it waits
+    for (empty when it would start now) and ``length_s`` the running time it is expected to
+    need (``None``: none of its kind has finished)."""
+
+    name: str
+    start: float | None
+    finish: float | None
+    devices: int
+    device_type: str
+    waiting: str
+    length_s: float | None
+
+
+class EstimateReply(Reply):
+    """``now``: the daemon's time of the forecast; one forecast per job the submit would make
+    (an array: one per task)."""
+
+    now: float
+    jobs: list[JobForecast]
+
+
+class Estimate(Request[EstimateReply], tag="estimate", kw_only=True):
+    """When would ``submit`` run if it were sent now: checked as a submit is, forecast on the
+    live state, stored nowhere."""
+
+    Reply = EstimateReply
+    submit: Submit
+
+
 class DrainReply(Reply):
     """The devices and nodes withheld from new jobs after the request (``node`` or
     ``node:device``)."""
@@ -527,5 +565,6 @@ REQUEST_TYPES: dict[str, type[Request[Any]]] = {
         Usage,
         Drain,
         Resume,
+        Estimate,
     )
 }

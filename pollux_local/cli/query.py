@@ -7,7 +7,7 @@ import sys
 import time
 
 from pollux_local.api.errors import PolluxError
-from pollux_local.api.messages import Logs, Nodes, Show, Status
+from pollux_local.api.messages import JobSummary, Logs, Nodes, Show, Status
 from pollux_local.api.states import JobState
 from pollux_local.cli.common import (
     client_for,
@@ -105,6 +105,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         f"  progress    {fmt(job.progress, '.1f')}  epoch {fmt(job.epoch)}  "
         f"metrics {job.metrics}  eta {duration(job.eta_s)}",
         f"  restarts    {job.restarts}  failures {job.failures}",
+        *forecast_lines(job),
         f"  time limit  {format_duration(job.time_limit_s) if job.time_limit_s else 'none'}"
         + (f"  (ran {duration(job.run_time_s)})" if job.run_time_s else ""),
         f"  depends     {dependency(job)}",
@@ -121,6 +122,21 @@ def cmd_show(args: argparse.Namespace) -> int:
     # each line is one line: a newline in what a job controls is shown as an escape too
     print("\n".join(printable(line, newline=False) for line in lines))
     return 0
+
+
+def forecast_lines(job: JobSummary) -> list[str]:
+    """``show``'s forecast of a queued or running job: expected start and finish (the
+    daemon's forecast, ``unknown`` without one)."""
+    if job.state not in (JobState.QUEUED, JobState.RUNNING, JobState.RESCALING):
+        return []
+    start = (
+        ""
+        if job.state is not JobState.QUEUED
+        else (f"start {timestamp(job.expected_start) if job.expected_start else 'unknown'}  ")
+    )
+    finish = timestamp(job.expected_finish) if job.expected_finish else "unknown"
+    devices = f"  on {job.expected_devices} device(s)" if job.expected_devices else ""
+    return [f"  expected    {start}finish {finish}{devices}"]
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

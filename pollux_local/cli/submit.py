@@ -121,6 +121,10 @@ def print_submitted(reply: SubmitReply, as_json: bool) -> None:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    if args.dry_run:  # the same answer as `estimate`: nothing is queued
+        from pollux_local.cli.estimate import cmd_estimate
+
+        return cmd_estimate(args)
     reply = client_for(args).call(build_submit_request(args))
     print_submitted(reply, args.json)
     return 0
@@ -195,6 +199,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--workdir", help="working directory (default: the current one)")
     p.add_argument("--env", action="append", metavar="K=V", help="extra environment variable")
     p.add_argument("--hold", action="store_true", help="submit held (start with `release`)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="queue nothing: say when the job would start and finish (as `estimate`)",
+    )
     add_scheduling_options(p)
     p.set_defaults(func=cmd_submit)
 

@@ -11,6 +11,7 @@ from pollux_local.api.errors import NotFound, PermissionDenied
 from pollux_local.daemon.auth import Peer, is_admin, may_modify, user_name
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.executor import Executor
+from pollux_local.daemon.forecasting import Forecasts
 from pollux_local.daemon.readmodel import MetricHistory
 from pollux_local.daemon.scheduler import ModelCache
 from pollux_local.daemon.state import JobRecord, StateStore
@@ -35,6 +36,8 @@ class Context:
     #: the daemon's own uid (it may change every job, as root may)
     daemon_uid: int
     policy_name: str
+    #: the scheduling loop's forecasts (``None``: no loop runs)
+    forecasts: Forecasts | None = None
 
     def job(self, job_id: str) -> JobRecord:
         """The job with this id (:class:`NotFound` when there is none)."""

@@ -68,6 +68,7 @@ from pollux_local.api.messages import (
     Cancel,
     Drain,
     Edit,
+    Estimate,
     Hold,
     Logs,
     Nodes,
@@ -92,6 +93,7 @@ from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.handlers import (
     control,
     devices,
+    estimate,
     nodes,
     ping,
     query,
@@ -350,6 +352,8 @@ async def dispatch(ctx: Context, request: Request) -> Reply:
             return devices.drain(ctx, request)
         case Resume():
             return devices.resume(ctx, request)
+        case Estimate():
+            return await estimate.estimate(ctx, request)
     raise InvalidRequest(f"this daemon has no handler for {type(request).__name__} requests")
 
 
@@ -712,6 +716,7 @@ class Daemon:
             wake=self.wake,
             daemon_uid=self.uid,
             policy_name=policy_name(self.policy),
+            forecasts=self.scheduler.forecasts if self.scheduler is not None else None,
         )
 
     def _note_refusal(self, peer: Peer, why: str) -> None:

@@ -8,6 +8,7 @@ to them.
 
 * :mod:`.ping`: ``ping``;
 * :mod:`.submit`: ``submit`` (and its cross-field checks);
+* :mod:`.estimate`: ``estimate`` (a submit's expected start and finish, nothing stored);
 * :mod:`.query`: ``status``, ``show``, ``logs``;
 * :mod:`.control`: ``cancel``, ``hold``, ``release``, ``set_priority``;
 * :mod:`.nodes`: ``nodes``;

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from pollux_local.api.errors import NotFound, PermissionDenied
 from pollux_local.api.messages import Logs, LogsReply, Show, ShowReply, Status, StatusReply
-from pollux_local.api.states import JobState
+from pollux_local.api.states import PLACED_STATES, JobState
+from pollux_local.core.schedule.forecast import Prediction
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.jobfiles import UnsafeJobFile, read_job_file
 from pollux_local.daemon.readmodel import decision_records, job_detail, job_summary
 from pollux_local.daemon.state import JobRecord
+
+#: The states whose jobs carry a forecast.
+FORECAST_STATES = frozenset({JobState.QUEUED, *PLACED_STATES})
 
 #: The most bytes of a log one ``logs`` request returns.
 MAX_LOG_CHUNK = 1 << 20
@@ -37,7 +41,10 @@ def status(ctx: Context, request: Status) -> StatusReply:
     )
     jobs.reverse()
     return StatusReply(
-        jobs=[job_summary(job, now, ctx.metrics, held_type(ctx, job)) for job in jobs],
+        jobs=[
+            job_summary(job, now, ctx.metrics, held_type(ctx, job), forecast_of(ctx, job))
+            for job in jobs
+        ],
         more=more,
         hidden=hidden,
         next_before_id=jobs[0].job_id if more and jobs else None,
@@ -51,11 +58,18 @@ def held_type(ctx: Context, job: JobRecord) -> str | None:
     return None
 
 
+def forecast_of(ctx: Context, job: JobRecord) -> Prediction | None:
+    """The loop's forecast of a queued or running job (``None``: none)."""
+    if ctx.forecasts is None or job.state not in FORECAST_STATES:
+        return None
+    return ctx.forecasts.latest.get(job.id)
+
+
 def show(ctx: Context, request: Show) -> ShowReply:
     job = ctx.job(request.id)
     detail = job_detail(
         job,
-        job_summary(job, ctx.clock(), ctx.metrics, held_type(ctx, job)),
+        job_summary(job, ctx.clock(), ctx.metrics, held_type(ctx, job), forecast_of(ctx, job)),
         job_dir=ctx.job_dir(job),
         models=ctx.models,
         history=ctx.store.history(job.id),

@@ -1,0 +1,153 @@
+"""Expected starts and finishes: the live state replayed forward through the scheduling pass.
+
+:class:`Forecasts` is what the loop keeps: after each pass it forecasts every queued and
+running job (``core.schedule.forecast``: the pass itself run again on the snapshot at each
+expected job end), and ``estimate`` answers for jobs as they would be submitted now,
+without storing them.  A job's expected remaining time is, running, its own
+ETA (``readmodel.job_eta``) or else its kind's typical length less the time it has run;
+queued, its kind's typical length (:class:`Durations`: the median run time of its owner's
+finished jobs of the same kind), less what it ran before; never past its time limit; and
+unknown when its kind never finished.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pollux_local.api.states import PLACED_STATES, JobState
+from pollux_local.core.schedule import NodeInput
+from pollux_local.core.schedule.forecast import Prediction, forecast
+from pollux_local.core.schedule.views import run_time_s
+from pollux_local.core.types import Policy
+from pollux_local.daemon.readmodel import MetricHistory, job_eta
+from pollux_local.daemon.scheduler import (
+    Limits,
+    ModelCache,
+    job_input,
+    job_kind,
+    progress_eta,
+    snapshot_of,
+    time_left_s,
+)
+from pollux_local.daemon.state import JobRecord, StateStore
+
+#: Run times kept per kind (the newest).
+KEPT_PER_KIND = 20
+#: Finished jobs read per refresh.
+READ_AT_ONCE = 1000
+
+
+class Durations:
+    """How long jobs of a kind run: the run times of its owner's finished (succeeded) jobs of
+    that kind (``scheduler.job_kind``), the newest :data:`KEPT_PER_KIND` per kind."""
+
+    def __init__(self) -> None:
+        self._times: dict[tuple[int, str], deque[float]] = {}
+        self._since: float | None = None
+        self._seen: set[int] = set()
+
+    def note(self, job: JobRecord) -> None:
+        if job.id in self._seen or job.run_time_s <= 0:
+            return
+        self._seen.add(job.id)
+        key = (job.owner_uid, job_kind(job))
+        self._times.setdefault(key, deque(maxlen=KEPT_PER_KIND)).append(job.run_time_s)
+
+    def refresh(self, store: StateStore) -> None:
+        """Take in the jobs that succeeded since the last refresh (the newest
+        :data:`READ_AT_ONCE` at first)."""
+        jobs, _, _ = store.page_jobs(
+            states=[JobState.SUCCEEDED], finished_since=self._since, limit=READ_AT_ONCE
+        )
+        for job in reversed(jobs):
+            self.note(job)
+        ends = [job.end_time for job in jobs if job.end_time is not None]
+        if ends:
+            self._since = max(ends)
+            self._seen = {job.id for job in jobs if job.end_time == self._since}
+
+    def typical(self, job: JobRecord) -> float | None:
+        """The median run time of the job's kind (``None``: none finished)."""
+        times = self._times.get((job.owner_uid, job_kind(job)))
+        return statistics.median(times) if times else None
+
+
+def remaining_s(
+    job: JobRecord, now: float, durations: Durations, metrics: MetricHistory | None = None
+) -> float | None:
+    """Expected seconds of running the job still has (``None``: unknown)."""
+    typical = durations.typical(job)
+    done = run_time_s(job_input(job), now)
+    if job.state in PLACED_STATES:
+        left = job_eta(job, now, metrics)
+        if left is None and typical is not None:
+            # past its kind's typical length: it ends soon, by an unknown amount
+            left = max(typical - done, 0.05 * typical)
+    else:
+        left = progress_eta(job, now)
+        if left is None and typical is not None:
+            left = max(typical - done, 0.05 * typical)
+    limit = time_left_s(job, now)
+    if left is not None and limit is not None:
+        left = min(left, limit)
+    return left
+
+
+@dataclass
+class Forecasts:
+    """The latest forecast of every queued and running job (job id -> :class:`Prediction`)
+    and what the last pass saw, for ``estimate``."""
+
+    latest: dict[int, Prediction] = field(default_factory=dict)
+    durations: Durations = field(default_factory=Durations)
+    metrics: MetricHistory | None = None
+    #: the last pass's policy, nodes, models and limits
+    inputs: _Inputs | None = None
+
+    def update(
+        self,
+        policy: Policy,
+        jobs: Sequence[JobRecord],
+        nodes: Sequence[NodeInput],
+        models: ModelCache,
+        limits: Limits,
+        now: float,
+    ) -> None:
+        """Forecast every job of a pass (its inputs, as ``scheduler.plan_round`` takes them)."""
+        self.inputs = _Inputs(policy, list(nodes), models, limits)
+        self.latest, _ = self._run(jobs, now)
+
+    def estimate(
+        self, jobs: Sequence[JobRecord], extra: Sequence[JobRecord], now: float
+    ) -> tuple[dict[int, Prediction], dict[int, str]]:
+        """The forecast of ``jobs`` (the store's now) with ``extra`` jobs added, on the nodes
+        and under the limits of the last pass, and the reason of each job the first pass
+        leaves waiting."""
+        try:
+            return self._run([*jobs, *extra], now)
+        finally:
+            if self.inputs is not None:
+                for job in extra:
+                    self.inputs.models.forget(job.id)
+
+    def _run(
+        self, jobs: Sequence[JobRecord], now: float
+    ) -> tuple[dict[int, Prediction], dict[int, str]]:
+        got = self.inputs
+        if got is None:
+            return {}, {}
+        active = [job for job in jobs if job.state in (JobState.QUEUED, *PLACED_STATES)]
+        snapshot = snapshot_of(active, got.nodes, got.models, now, got.limits)
+        remaining = {job.id: remaining_s(job, now, self.durations, self.metrics) for job in active}
+        return forecast(snapshot, got.policy, remaining)
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    policy: Policy
+    nodes: list[NodeInput]
+    models: ModelCache
+    limits: Limits

@@ -1,0 +1,111 @@
+"""``estimate`` (and ``submit --dry-run``): when would this submit run if it were sent now.
+
+The request is checked exactly as ``submit`` checks it (the same errors, the same limits);
+the jobs it would make are added, with ids no stored job has, to the store's queued and
+running jobs, and the last pass's nodes and limits are replayed forward
+(``forecasting.Forecasts.estimate``).  Nothing is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+
+from pollux_local.api.messages import Estimate, EstimateReply, JobForecast
+from pollux_local.api.states import JobState
+from pollux_local.daemon.context import Context
+from pollux_local.daemon.forecasting import remaining_s
+from pollux_local.daemon.handlers.submit import (
+    check_dependencies,
+    check_request,
+    default_job_name,
+    spec_of,
+    validate_jobs,
+)
+from pollux_local.daemon.loop import SCHEDULED_STATES
+from pollux_local.daemon.state import JobRecord
+
+
+async def estimate(ctx: Context, request: Estimate) -> EstimateReply:
+    """One :class:`JobForecast` per job the submit would make."""
+    sub = request.submit
+    check_request(sub, ctx.config)
+    check_dependencies(ctx, sub.after)
+    ctx.require_priority(sub.priority)
+    spec = spec_of(sub)
+    name = sub.name or default_job_name(sub.argv)
+    if sub.array is None:
+        names, specs = [name], [spec]
+    else:
+        names = [task.name or f"{name}[{task.index}]" for task in sub.array]
+        specs = [
+            msgspec.structs.replace(
+                spec, argv=list(task.argv) if task.argv else spec.argv, array_index=task.index
+            )
+            for task in sub.array
+        ]
+    specs = validate_jobs(
+        ctx, specs, owner_uid=ctx.peer.uid, owner_name=ctx.peer.name, env=sub.env,
+        adding=len(specs),
+    )  # fmt: skip
+    now = ctx.clock()
+    held = JobState.HELD if sub.hold else JobState.QUEUED
+    # ids below every stored one: the forecast tells them apart, nothing keeps them
+    extra = [
+        JobRecord(
+            id=-1 - i,
+            name=task_name,
+            owner_uid=ctx.peer.uid,
+            owner_gid=ctx.peer.gid,
+            owner_name=ctx.peer.name,
+            state=held,
+            spec=task_spec,
+            priority=sub.priority,
+            submit_time=now,
+        )
+        for i, (task_name, task_spec) in enumerate(zip(names, specs, strict=True))
+    ]
+    forecasts = ctx.forecasts
+    if forecasts is None:
+        return EstimateReply(
+            now=now, jobs=[_unknown(job, "no scheduling loop runs") for job in extra]
+        )
+    async with ctx.mutex:  # the passes' models and store, one at a time
+        jobs = ctx.store.jobs(SCHEDULED_STATES)
+        predictions, reasons = await asyncio.to_thread(forecasts.estimate, jobs, extra, now)
+        lengths = {job.id: remaining_s(job, now, forecasts.durations) for job in extra}
+    out = []
+    for job in extra:
+        if sub.hold:
+            out.append(_unknown(job, "held: it starts only when released"))
+            continue
+        found = predictions.get(job.id)
+        if found is None:
+            out.append(_unknown(job, reasons.get(job.id, "")))
+            continue
+        waiting = "" if found.start is not None and found.start <= now else reasons.get(job.id, "")
+        out.append(
+            JobForecast(
+                name=job.name,
+                start=found.start,
+                finish=found.finish,
+                devices=found.devices,
+                device_type=found.device_type,
+                waiting=waiting,
+                length_s=lengths[job.id],
+            )
+        )
+    return EstimateReply(now=now, jobs=out)
+
+
+def _unknown(job: JobRecord, why: str) -> JobForecast:
+    return JobForecast(
+        name=job.name,
+        start=None,
+        finish=None,
+        devices=int(job.spec.min_gpus or 1),
+        device_type="",
+        waiting=why,
+        length_s=None,
+    )
