@@ -1,0 +1,296 @@
+"""A job incarnation whose replicas run on SSH nodes: one ssh session per node, its ``PID``,
+``EXIT`` and ``LOG`` lines read back (:class:`SshReplicaGroup`)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import os
+import stat
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pollux_local.api.states import ExitCode
+from pollux_local.launch.base import LaunchSpec
+from pollux_local.launch.logcap import (
+    disk_note,
+    floor_of,
+    free_bytes,
+    resumed_note,
+    truncation_note,
+)
+from pollux_local.launch.ssh.nodes import (
+    SETUP_FAILED_EXIT_CODE,
+    UNREACHABLE_EXIT_CODE,
+    SshNodeConfig,
+)
+
+if TYPE_CHECKING:
+    from pollux_local.launch.ssh.launcher import SshLauncher
+
+
+log = logging.getLogger("pollux_local.launch.ssh")
+
+
+@dataclass
+class _NodeSession:
+    """The ssh session that supervises one node's replicas of one group."""
+
+    node: SshNodeConfig
+    ranks: list[int]
+    proc: asyncio.subprocess.Process
+    exit_codes: dict[int, int] = field(default_factory=dict)
+    remote_pids: dict[int, int] = field(default_factory=dict)
+    failure: str | None = None
+    reader: asyncio.Task[None] | None = None
+
+
+class SshReplicaGroup:
+    """A job incarnation whose replicas run on SSH nodes (see :class:`ReplicaGroup`)."""
+
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        sessions: list[_NodeSession],
+        log_files: Mapping[int, Path],
+        failure_grace_s: float,
+        max_log_bytes: int | None = None,
+        log_keep_free: int = 0,
+    ) -> None:
+        self.spec = spec
+        #: a rank's local log ends, with one note, at this size (``[limits] max_log_size``)
+        self._max_log_bytes = max_log_bytes
+        #: and is not written while its disk has less than this free (``log_keep_free``)
+        self._log_keep_free = log_keep_free
+        #: ranks whose output is discarded for lack of room, with the bytes dropped so far
+        self._dropping: dict[int, int] = {}
+        self._sessions = sessions
+        self._log_files = dict(log_files)
+        self._failure_grace_s = failure_grace_s
+        self._first_failure: tuple[int, int] | None = None  # (rank, code), in order of arrival
+        #: One line explaining why the group failed, when it did (unreachable node, ...).
+        self.failure_reason: str | None = None
+        #: ``time.monotonic()`` when the first replica failed (or its node was lost).
+        self.failed_at: float | None = None
+        self._done = asyncio.Event()
+        self._stopping = False
+        self._reaper: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self.started_at = time.monotonic()
+        #: the launcher that started it (removes its exit records once its end is stored)
+        self._launcher: SshLauncher | None = None
+
+    # -- bookkeeping -------------------------------------------------------------------
+    def _record_exit(self, session: _NodeSession, rank: int, code: int) -> None:
+        if rank in session.exit_codes:
+            return
+        session.exit_codes[rank] = code
+        if code not in (0, ExitCode.RESCALE) and self._first_failure is None:
+            self._first_failure = (rank, code)
+            self.failed_at = time.monotonic()
+            if self.failure_reason is None:
+                if code == UNREACHABLE_EXIT_CODE:
+                    self.failure_reason = f"node {session.node.name} became unreachable"
+                elif session.failure:
+                    self.failure_reason = session.failure
+                else:
+                    self.failure_reason = (
+                        f"rank {rank} on node {session.node.name} exited with {code}"
+                    )
+            if not self._stopping and self._reaper is None:
+                # Like torchrun: one failed rank ends the incarnation; the others would only
+                # block in their next collective until the process-group timeout.
+                self._reaper = asyncio.ensure_future(self._stop_after_failure())
+
+    async def _stop_after_failure(self) -> None:
+        await self._signal_all("TERM")
+        await self._wait_for(self._failure_grace_s)
+        await self._signal_all("KILL")
+        await self._wait_for(2.0)
+        self._abandon_sessions()
+
+    async def _read_session(self, session: _NodeSession) -> None:
+        assert session.proc.stdout is not None
+        while True:
+            raw = await session.proc.stdout.readline()
+            if not raw:
+                break
+            parts = raw.decode(errors="replace").rstrip("\n").split(" ", 2)
+            kind = parts[0]
+            try:
+                if kind == "PID" and len(parts) == 3:
+                    session.remote_pids[int(parts[1])] = int(parts[2])
+                elif kind == "LOG" and len(parts) == 3:
+                    self._append_log(int(parts[1]), base64.b64decode(parts[2]))
+                elif kind == "EXIT" and len(parts) == 3:
+                    self._record_exit(session, int(parts[1]), int(parts[2]))
+                elif kind == "FAIL":
+                    session.failure = f"node {session.node.name}: " + " ".join(parts[1:])
+            except ValueError:
+                continue
+        rc = await session.proc.wait()
+        for rank in session.ranks:
+            if rank not in session.exit_codes:
+                if session.failure:
+                    code = SETUP_FAILED_EXIT_CODE
+                elif rc == UNREACHABLE_EXIT_CODE or rc == 0:
+                    code = UNREACHABLE_EXIT_CODE
+                else:
+                    code = rc if rc > 0 else UNREACHABLE_EXIT_CODE
+                self._record_exit(session, rank, code)
+
+    async def _watch(self) -> None:
+        readers = [s.reader for s in self._sessions if s.reader is not None]
+        await asyncio.gather(*readers, return_exceptions=True)
+        self._done.set()
+
+    def _append_log(self, rank: int, data: bytes) -> None:
+        """Append a remote rank's output to its local log, which lies in a directory the job's
+        user can write: never following a symlink, never blocking on a FIFO, never writing
+        through a hard link or into a file the job's user does not own (the daemon may be
+        root).  A log the daemon makes is given to the job's user, as a local replica's own
+        log is theirs.  An unsafe log loses the bytes."""
+        path = self._log_files.get(rank)
+        if path is None:
+            return
+        flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        flags |= os.O_NOCTTY
+        owner = os.geteuid() if self.spec.run_as_uid is None else self.spec.run_as_uid
+        if os.geteuid() != 0:
+            owner = os.geteuid()  # a daemon that is not root runs every job as itself
+        try:
+            try:
+                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+                created = True
+            except FileExistsError:
+                fd, created = os.open(path, flags), False
+        except OSError as exc:
+            log.warning("not writing to %s: %s", path, exc.strerror)
+            return
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+                log.warning("not writing to %s: not a plain file", path)
+                return
+            if created and info.st_uid != owner:
+                folder = os.stat(path.parent, follow_symlinks=False)
+                os.fchown(fd, owner, folder.st_gid)
+            elif info.st_uid != owner:
+                log.warning("not writing to %s: it belongs to uid %d", path, info.st_uid)
+                return
+            if self._log_keep_free and not self._room_for(rank, fd, len(data)):
+                return
+            limit = self._max_log_bytes
+            if limit is not None and info.st_size + len(data) > limit:
+                if info.st_size > limit:
+                    return  # cut already (the note is past the limit): the rest is discarded
+                data = data[: limit - info.st_size] + truncation_note(limit)
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+    def _room_for(self, rank: int, fd: int, size: int) -> bool:
+        """Whether ``size`` more bytes of rank ``rank``'s output may go to its log ``fd`` and
+        leave its disk ``log_keep_free`` free; the first refusal writes one note, and a log
+        written again after it says how much was dropped (as :func:`logcap.copy_capped`)."""
+        floor = floor_of(fd, self._log_keep_free)
+        free = free_bytes(fd)
+        dropped = self._dropping.get(rank)
+        if dropped is None and free is not None and free - size < floor:
+            with contextlib.suppress(OSError):
+                os.write(fd, disk_note(floor))
+            dropped = 0
+        elif dropped is not None and (free is None or free >= 2 * floor + size):
+            with contextlib.suppress(OSError):
+                os.write(fd, resumed_note(dropped))
+            del self._dropping[rank]
+            return True
+        if dropped is None:
+            return True
+        self._dropping[rank] = dropped + size
+        return False
+
+    def _abandon_sessions(self) -> None:
+        """Drop ssh clients that still run (their link is dead or the node hangs)."""
+        for session in self._sessions:
+            if session.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    session.proc.kill()
+
+    async def _signal_all(self, command: str) -> None:
+        for session in self._sessions:
+            stdin = session.proc.stdin
+            if session.proc.returncode is not None or stdin is None or stdin.is_closing():
+                continue
+            try:
+                stdin.write(command.encode() + b"\n")
+                await asyncio.wait_for(stdin.drain(), 2.0)
+            except (ConnectionError, TimeoutError, RuntimeError):
+                continue
+
+    async def _wait_for(self, timeout_s: float) -> bool:
+        try:
+            await asyncio.wait_for(asyncio.shield(self._done.wait()), max(timeout_s, 0.0))
+        except TimeoutError:
+            return False
+        return True
+
+    # -- the ReplicaGroup interface -----------------------------------------------------
+    def exit_codes(self) -> dict[int, int]:
+        """rank -> exit code, for the replicas that ended so far."""
+        codes: dict[int, int] = {}
+        for session in self._sessions:
+            codes.update(session.exit_codes)
+        return codes
+
+    def poll(self) -> int | None:
+        """``None`` while any replica runs; else the group's exit code."""
+        if not self._done.is_set():
+            return None
+        if self._first_failure is not None:
+            return self._first_failure[1]
+        codes = set(self.exit_codes().values())
+        if codes == {0}:
+            return 0
+        return ExitCode.RESCALE
+
+    async def wait(self) -> int:
+        await self._done.wait()
+        if self._reaper is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        code = self.poll()
+        assert code is not None
+        return code
+
+    async def stop(self, grace_s: float) -> int:
+        """SIGTERM every replica, wait ``grace_s`` for the checkpoint exit, then SIGKILL."""
+        self._stopping = True
+        if not self._done.is_set():
+            await self._signal_all("TERM")
+            if not await self._wait_for(grace_s):
+                await self._signal_all("KILL")
+                if not await self._wait_for(3.0):
+                    self._abandon_sessions()
+        return await self.wait()
+
+    def pids(self) -> Mapping[int, int]:
+        """rank -> pid on its node."""
+        pids: dict[int, int] = {}
+        for session in self._sessions:
+            pids.update(session.remote_pids)
+        return pids
+
+    def nodes(self) -> list[str]:
+        return [s.node.name for s in self._sessions]
+
+    async def forget(self) -> None:
+        """Remove the exit records of this incarnation from its nodes (its end is in the
+        daemon's store now)."""
+        if self._launcher is not None:
+            await self._launcher.forget_records(self.spec.job_id, self.nodes())

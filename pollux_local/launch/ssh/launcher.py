@@ -1,0 +1,381 @@
+"""The SSH launcher: starts an incarnation's replicas on their nodes (shared connections,
+a checkpoint directory every node sees) and recovers those a previous daemon started."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shlex
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pollux_local.errors import PolluxError
+from pollux_local.launch.base import LaunchSpec, NodeHealth, ReplicaSlot
+from pollux_local.launch.local import replica_env
+from pollux_local.launch.ssh.group import SshReplicaGroup, _NodeSession
+from pollux_local.launch.ssh.nodes import (
+    UNREACHABLE_EXIT_CODE,
+    SshNodeConfig,
+    node_agent_source,
+)
+from pollux_local.launch.ssh.recovery import (
+    _RECORD_SCRIPT,
+    SshRecordedGroup,
+    record_token,
+)
+
+log = logging.getLogger("pollux_local.launch.ssh")
+
+
+class SshLauncher:
+    """Starts replica groups on SSH nodes (implements the ``Launcher`` interface)."""
+
+    def __init__(
+        self,
+        nodes: Sequence[SshNodeConfig],
+        control_dir: Path,
+        *,
+        alive_interval_s: int = 2,
+        alive_count_max: int = 3,
+        connect_timeout_s: int = 5,
+        control_persist_s: int = 300,
+        failure_grace_s: float = 5.0,
+        orphan_grace_s: float = 10.0,
+        max_log_bytes: int | None = None,
+        log_keep_free: int = 0,
+    ) -> None:
+        self.nodes = {node.name: node for node in nodes}
+        #: the size at which a rank's local log is cut (``[limits] max_log_size``)
+        self.max_log_bytes = max_log_bytes
+        #: the free room a rank's local log leaves on its disk (``[limits] log_keep_free``)
+        self.log_keep_free = log_keep_free
+        if len(self.nodes) != len(nodes):
+            raise PolluxError("node names must be unique")
+        self.control_dir = Path(control_dir)
+        self.alive_interval_s = alive_interval_s
+        self.alive_count_max = alive_count_max
+        self.connect_timeout_s = connect_timeout_s
+        self.control_persist_s = control_persist_s
+        self.failure_grace_s = failure_grace_s
+        self.orphan_grace_s = orphan_grace_s
+        # Unix socket paths are limited to 107 bytes; %C is a 40-character hash.
+        if len(str(self.control_dir)) + 42 > 104:
+            raise PolluxError(
+                f"ssh control dir {self.control_dir} is too long for a socket path; "
+                "use a shorter state dir"
+            )
+        self._masters: dict[str, asyncio.Lock] = {}
+        #: names this daemon's exit records on the nodes (its state, by its control dir)
+        self.record_key = hashlib.sha1(str(self.control_dir).encode()).hexdigest()[:12]
+
+    def record_path(self, node: SshNodeConfig, job_id: str) -> str:
+        """Where ``node``'s supervisor keeps the exit record of ``job_id`` (``~`` unexpanded)."""
+        return f"{node.workdir.rstrip('/')}/run/{self.record_key}/{job_id}.json"
+
+    async def _record_command(self, name: str, action: str, job_id: str) -> tuple[int, str]:
+        node = self._node(name)
+        command = " ".join(
+            shlex.quote(part)
+            for part in (node.python, "-c", _RECORD_SCRIPT, action, self.record_path(node, job_id))
+        )
+        rc, out, _ = await self.run(name, command, timeout_s=self.connect_timeout_s + 10)
+        return rc, out
+
+    async def read_record(self, name: str, job_id: str) -> dict[str, Any] | None:
+        """The exit record of ``job_id`` on node ``name``; ``None`` when there is none, it
+        cannot be read or the node does not answer."""
+        rc, out = await self._record_command(name, "cat", job_id)
+        if rc != 0:
+            return None
+        try:
+            record = json.loads(out)
+        except ValueError:
+            return None
+        return record if isinstance(record, dict) and record.get("version") == 1 else None
+
+    async def forget_records(self, job_id: str, names: Sequence[str]) -> None:
+        """Remove the exit records of ``job_id`` from ``names`` (best effort)."""
+        for name in names:
+            with contextlib.suppress(PolluxError, OSError):
+                await self._record_command(name, "rm", job_id)
+
+    async def recover(self, spec: LaunchSpec, token: str) -> SshRecordedGroup | None:
+        """The incarnation ``token`` of a job recorded as running when the daemon stopped,
+        from the exit records on its nodes: ``None`` when a node has no record of it (then
+        nothing is known, and the caller queues the job again)."""
+        records: dict[str, dict[str, Any]] = {}
+        for name in dict.fromkeys(slot.node for slot in spec.slots):
+            record = await self.read_record(name, spec.job_id)
+            if record is None or record.get("token") != token:
+                return None
+            records[name] = record
+        return SshRecordedGroup(self, spec, records)
+
+    @property
+    def detect_dead_link_s(self) -> int:
+        """Upper bound on the time for ssh to notice a cut link (keepalive interval x count)."""
+        return self.alive_interval_s * (self.alive_count_max + 1)
+
+    def _node(self, name: str) -> SshNodeConfig:
+        try:
+            return self.nodes[name]
+        except KeyError:
+            raise PolluxError(f"unknown node {name!r}") from None
+
+    def ssh_argv(self, node: SshNodeConfig, *, master: bool = False) -> list[str]:
+        """The ``ssh`` command prefix for ``node`` (user options last so they take precedence
+        over nothing but ours; ``~/.ssh/config`` still applies to everything we leave unset)."""
+        argv = [
+            "ssh",
+            *node.ssh_options,
+            "-o", "BatchMode=yes",
+            "-o", f"ConnectTimeout={self.connect_timeout_s}",
+            "-o", f"ServerAliveInterval={self.alive_interval_s}",
+            "-o", f"ServerAliveCountMax={self.alive_count_max}",
+            "-o", f"ControlPath={self.control_dir}/%C",
+        ]  # fmt: skip
+        if master:
+            argv += [
+                "-o", "ControlMaster=yes",
+                "-o", f"ControlPersist={self.control_persist_s}",
+                "-N", "-f",
+            ]  # fmt: skip
+        else:
+            argv += ["-o", "ControlMaster=no"]
+        return argv + ["-T", "--", node.host]
+
+    async def _ensure_master(self, node: SshNodeConfig) -> None:
+        """Start the shared connection to ``node`` unless one is alive.  A failure here is not
+        fatal: sessions then log in directly (and report the real error)."""
+        self.control_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock = self._masters.setdefault(node.name, asyncio.Lock())
+        async with lock:
+            check = await asyncio.create_subprocess_exec(
+                *self.ssh_argv(node)[:-3], "-O", "check", "--", node.host,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
+            if await check.wait() == 0:
+                return
+            master = await asyncio.create_subprocess_exec(
+                *self.ssh_argv(node, master=True),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
+            try:
+                await asyncio.wait_for(master.wait(), self.connect_timeout_s + 5)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    master.kill()
+
+    async def run(
+        self, node_name: str, command: str, timeout_s: float = 20.0, stdin: bytes | None = None
+    ) -> tuple[int, str, str]:
+        """Run a shell ``command`` on a node; returns (exit code, stdout, stderr)."""
+        node = self._node(node_name)
+        await self._ensure_master(node)
+        proc = await asyncio.create_subprocess_exec(
+            *self.ssh_argv(node),
+            command,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(stdin), timeout_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            return UNREACHABLE_EXIT_CODE, "", f"no answer within {timeout_s:g} s"
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+    async def check_node(self, node: str) -> NodeHealth:
+        """Reachable?  Which devices (GPUs from ``nvidia-smi -L``, else the configured CPU
+        slots) and the 1-minute load average per CPU."""
+        config = self._node(node)
+        script = (
+            "nproc; cat /proc/loadavg; command -v nvidia-smi >/dev/null && nvidia-smi -L || true"
+        )
+        rc, out, err = await self.run(node, script, timeout_s=self.connect_timeout_s + 10)
+        if rc != 0:
+            message = (err.strip().splitlines() or [f"ssh exited with {rc}"])[-1]
+            return NodeHealth(node=node, reachable=False, error=message)
+        lines = out.splitlines()
+        try:
+            cpus = int(lines[0])
+            load = float(lines[1].split()[0]) / max(cpus, 1)
+        except (IndexError, ValueError):
+            return NodeHealth(node=node, reachable=True, error=f"unexpected answer: {out[:80]!r}")
+        gpus = [line for line in lines[2:] if line.startswith("GPU ")]
+        devices = [f"cuda:{i}" for i in range(len(gpus))] if gpus else list(config.devices)
+        return NodeHealth(node=node, reachable=True, devices=devices, load=round(load, 3))
+
+    async def check_shared_dir(self, node: str, path: Path) -> None:
+        """Raise PolluxError unless a probe file written here under ``path`` is visible on
+        ``node`` at the same path (checkpoints must be on a filesystem all nodes share)."""
+        probe, token = _write_probe(Path(path))
+        try:
+            rc, out, err = await self.run(node, f"cat {shlex.quote(str(probe))}")
+        finally:
+            probe.unlink(missing_ok=True)
+        if rc == UNREACHABLE_EXIT_CODE:
+            raise PolluxError(f"node {node} is unreachable: {err.strip() or 'ssh failed'}")
+        if out.strip() != token:
+            raise PolluxError(
+                f"{path} is not shared with node {node}: put POLLUX_CHECKPOINT_DIR on a "
+                "filesystem every node mounts at the same path"
+            )
+
+    def _replica_env(
+        self, spec: LaunchSpec, slot: ReplicaSlot, node: SshNodeConfig, master: str | None
+    ) -> dict[str, str]:
+        """Exactly what the local launcher gives a replica, plus MASTER_ADDR (rank 0's node
+        when the group spans nodes) and the node's GLOO_SOCKET_IFNAME."""
+        env = replica_env(spec, slot)
+        if master is not None:
+            env["MASTER_ADDR"] = master
+        if node.gloo_ifname:
+            env["GLOO_SOCKET_IFNAME"] = node.gloo_ifname
+        return env
+
+    async def launch(self, spec: LaunchSpec) -> SshReplicaGroup:
+        """Start every replica of ``spec`` (all its slots must be on this launcher's nodes)."""
+        by_node: dict[str, list[ReplicaSlot]] = {}
+        for slot in sorted(spec.slots, key=lambda s: s.rank):
+            self._node(slot.node)
+            by_node.setdefault(slot.node, []).append(slot)
+        if not by_node:
+            raise PolluxError(f"job {spec.job_id}: nothing to launch (no replica slots)")
+        rank0 = min(spec.slots, key=lambda s: s.rank)
+        master = self._node(rank0.node).master_addr if len(by_node) > 1 else None
+        spec.log_dir.mkdir(parents=True, exist_ok=True)
+        log_files = {slot.rank: spec.log_dir / f"rank{slot.rank}.log" for slot in spec.slots}
+        probe: tuple[Path, str] | None = None
+        checkpoint_dir = spec.env.get("POLLUX_CHECKPOINT_DIR")
+        if checkpoint_dir:
+            probe = _write_probe(Path(checkpoint_dir))
+
+        async def start(name: str, slots: list[ReplicaSlot]) -> _NodeSession:
+            node = self._node(name)
+            await self._ensure_master(node)
+            remote_logs = f"{node.workdir.rstrip('/')}/logs/{spec.job_id}"
+            payload: dict[str, Any] = {
+                "node": name,
+                "cwd": str(spec.workdir),
+                "node_workdir": node.workdir,
+                "cwd_required": True,
+                "user": spec.run_as,
+                "orphan_grace_s": self.orphan_grace_s,
+                "record": {
+                    "path": self.record_path(node, spec.job_id),
+                    "token": record_token(spec.job_id, spec.env.get("POLLUX_RESTARTS", "0")),
+                },
+                "replicas": [
+                    {
+                        "rank": slot.rank,
+                        "argv": list(spec.argv),
+                        "env": self._replica_env(spec, slot, node, master),
+                        "log": f"{remote_logs}/rank{slot.rank}.log",
+                        "banner": (
+                            f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} start "
+                            f"#{spec.env.get('POLLUX_RESTARTS', '0')}: rank {slot.rank}/"
+                            f"{len(spec.slots)} on {name} {slot.device}\n"
+                        ),
+                    }
+                    for slot in slots
+                ],
+            }
+            if probe is not None:
+                payload["probe"] = {"path": str(probe[0]), "token": probe[1], "dir": checkpoint_dir}
+            proc = await asyncio.create_subprocess_exec(
+                *self.ssh_argv(node),
+                f"{shlex.quote(node.python)} -u -c {shlex.quote(node_agent_source())}",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps(payload).encode() + b"\n")
+            with contextlib.suppress(ConnectionError):
+                await proc.stdin.drain()
+            return _NodeSession(node=node, ranks=[s.rank for s in slots], proc=proc)
+
+        sessions = list(await asyncio.gather(*(start(n, s) for n, s in by_node.items())))
+        group = SshReplicaGroup(
+            spec, sessions, log_files, self.failure_grace_s, self.max_log_bytes,
+            self.log_keep_free,
+        )  # fmt: skip
+        group._launcher = self
+        for session in sessions:
+            session.reader = asyncio.ensure_future(group._read_session(session))
+        group._watcher = asyncio.ensure_future(group._watch())
+        if probe is not None:
+            asyncio.ensure_future(_remove_probe_later(group, probe[0]))
+        return group
+
+    async def close(self) -> None:
+        """Close the shared connections this launcher opened."""
+        for node in self.nodes.values():
+            proc = await asyncio.create_subprocess_exec(
+                *self.ssh_argv(node)[:-3], "-O", "exit", "--", node.host,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 5)
+
+
+def _write_probe(directory: Path) -> tuple[Path, str]:
+    """Write a file with a random token into ``directory``; returns (path, token).
+
+    The directory (the job's checkpoint dir, made beforehand as the job's user) is opened
+    without following a symlink in its last component, and the probe created in it with
+    ``O_EXCL | O_NOFOLLOW``: a job that swapped its checkpoint dir for a link elsewhere gets a
+    one-line error, and the daemon (perhaps root) writes nothing there."""
+    token = secrets.token_hex(16)
+    name = f".pollux-probe-{token[:12]}"
+    try:
+        if not os.path.lexists(directory):
+            directory.mkdir(parents=True, exist_ok=True)
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise PolluxError(
+            f"cannot write to checkpoint dir {directory}: {exc.strerror}"
+            + (" (a symlink?)" if exc.errno in (errno.ELOOP, errno.ENOTDIR) else "")
+        ) from None
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(name, flags, 0o644, dir_fd=dir_fd)
+        try:
+            os.write(fd, token.encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise PolluxError(f"cannot write to checkpoint dir {directory}: {exc.strerror}") from None
+    finally:
+        os.close(dir_fd)
+    return directory / name, token
+
+
+async def _remove_probe_later(group: SshReplicaGroup, path: Path) -> None:
+    """The probe is read by every supervisor right at start; remove it once all reported."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and group.poll() is None:
+        if all(s.remote_pids or s.exit_codes or s.failure for s in group._sessions):
+            break
+        await asyncio.sleep(0.2)
+    path.unlink(missing_ok=True)

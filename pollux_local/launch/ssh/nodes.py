@@ -1,0 +1,127 @@
+"""One SSH node's settings (:class:`SshNodeConfig`), the node agent's source sent to it, and
+the exit codes of a node that could not be reached or could not start its replicas."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.resources
+import shlex
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pollux_local.api.states import ExitCode
+from pollux_local.errors import PolluxError
+
+#: Exit code of a replica whose node could not be reached (ssh's own failure code).
+UNREACHABLE_EXIT_CODE: int = ExitCode.NODE_LOST
+#: Exit code when the node's agent could not start the replicas (bad work dir, unshared path).
+SETUP_FAILED_EXIT_CODE: int = ExitCode.NODE_SETUP
+
+
+@functools.cache
+def node_agent_source() -> str:
+    """The node-side supervisor's program (``launch/node_agent.py``) as the text sent to each
+    node and run there with ``python -u -c``: no installation on the node is needed."""
+    package = importlib.resources.files("pollux_local.launch")
+    return package.joinpath("node_agent.py").read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class SshNodeConfig:
+    """One node reached over SSH.
+
+    ``host`` is an ssh destination (``[user@]name``) resolved through the user's
+    ``~/.ssh/config``; ``address`` is the address the node's replicas are reached at by the
+    other replicas (defaults to the host part of ``host``; used as ``MASTER_ADDR`` when rank 0
+    runs there); ``workdir`` holds the replicas' log files on the node; ``gloo_ifname`` is the
+    node's network interface for torch.distributed (``GLOO_SOCKET_IFNAME``); ``ssh_options``
+    are extra ``ssh`` arguments (e.g. ``["-p", "2222"]``); ``python`` is the interpreter that
+    runs the supervisor on the node.
+    """
+
+    name: str
+    host: str
+    devices: tuple[str, ...] = ("cpu:0",)
+    address: str | None = None
+    workdir: str = "~/.pollux-local"
+    gloo_ifname: str | None = None
+    ssh_options: tuple[str, ...] = ()
+    python: str = "python3"
+
+    @property
+    def master_addr(self) -> str:
+        """Address other nodes use to reach this one."""
+        if self.address:
+            return self.address
+        return self.host.rsplit("@", 1)[-1]
+
+    @classmethod
+    def from_node(cls, node: Any) -> SshNodeConfig:
+        """Adapt the daemon's node config (``name``, ``host``, ``devices``, ``workdir`` and,
+        when present, ``address``, ``gloo_ifname``, ``ssh_options``, ``python``)."""
+        raw = {
+            key: getattr(node, key)
+            for key in (
+                "host",
+                "devices",
+                "workdir",
+                "address",
+                "gloo_ifname",
+                "ssh_options",
+                "python",
+            )
+            if getattr(node, key, None) is not None
+        }
+        return cls.from_mapping(str(node.name), raw)
+
+    @classmethod
+    def from_mapping(cls, name: str, raw: Mapping[str, Any]) -> SshNodeConfig:
+        """Build from a config table; raises PolluxError naming the problem."""
+        known = {"host", "devices", "address", "workdir", "gloo_ifname", "ssh_options", "python"}
+        # the scheduler's own keys of a node (its devices' type, memory, declared slowdown)
+        scheduler_keys = {"name", "device_type", "type", "memory", "slowdown"}
+        unknown = sorted(set(raw) - known - scheduler_keys)
+        if unknown:
+            raise PolluxError(f"node {name}: unknown setting(s) {', '.join(unknown)}")
+        host = raw.get("host")
+        if not isinstance(host, str) or not host or host.startswith("-"):
+            raise PolluxError(f"node {name}: 'host' must be an ssh destination such as user@name")
+        devices = raw.get("devices", ("cpu:0",))
+        if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
+            kind = raw.get("device_type", "cpu")
+            devices = tuple(f"{kind}:{i}" for i in range(devices))
+        if isinstance(devices, str):
+            devices = tuple(d.strip() for d in devices.split(","))
+        if not isinstance(devices, list | tuple) or not all(
+            isinstance(d, str) and d.partition(":")[0] in ("cpu", "cuda") for d in devices
+        ):
+            raise PolluxError(f"node {name}: 'devices' must list devices such as 'cuda:0'")
+        options = raw.get("ssh_options", ())
+        if isinstance(options, str):
+            options = shlex.split(options)
+        if not isinstance(options, list | tuple) or not all(isinstance(o, str) for o in options):
+            raise PolluxError(f"node {name}: 'ssh_options' must be a list of strings")
+        for key in ("address", "workdir", "gloo_ifname", "python"):
+            if key in raw and not isinstance(raw[key], str):
+                raise PolluxError(f"node {name}: '{key}' must be a string")
+        return cls(
+            name=name,
+            host=host,
+            devices=tuple(devices),
+            address=raw.get("address"),
+            workdir=raw.get("workdir") or "~/.pollux-local",
+            gloo_ifname=raw.get("gloo_ifname"),
+            ssh_options=tuple(options),
+            python=raw.get("python", "python3"),
+        )
+
+
+def signal_name(code: int) -> str:
+    """Human-readable form of a replica exit code (``137`` -> ``SIGKILL``)."""
+    if code > 128:
+        with contextlib.suppress(ValueError):
+            return signal.Signals(code - 128).name
+    return str(code)

@@ -1,0 +1,154 @@
+"""A restarted daemon's view of an incarnation started before it: the nodes' exit records,
+read over ssh until every rank has ended (:class:`SshRecordedGroup`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from pollux_local.api.states import ExitCode
+from pollux_local.launch.base import LaunchSpec
+from pollux_local.launch.ssh.nodes import UNREACHABLE_EXIT_CODE
+
+if TYPE_CHECKING:
+    from pollux_local.launch.ssh.launcher import SshLauncher
+
+
+#: How often a recovered group's exit records are read again while its replicas run.
+RECORD_POLL_S = 1.0
+#: How long a recovered group's node may stay unanswering before its ranks count as lost.
+RECORD_LOST_S = 60.0
+
+#: Reads (``cat``) or removes (``rm``) an exit record on a node, its path as the argument.
+_RECORD_SCRIPT = (
+    "import os,sys\n"
+    "p=os.path.expanduser(sys.argv[2])\n"
+    "if sys.argv[1]=='rm':\n"
+    "  try: os.unlink(p)\n"
+    "  except OSError: pass\n"
+    "else:\n"
+    "  try: sys.stdout.write(open(p).read())\n"
+    "  except OSError: sys.exit(3)\n"
+)
+
+log = logging.getLogger("pollux_local.launch.ssh")
+
+
+class SshRecordedGroup:
+    """An incarnation found on its SSH nodes by a restarted daemon, through the exit records
+    their supervisors keep (see :class:`ReplicaGroup`): its end is read from them, polled
+    over ssh, and a stop is sent to its replicas' process groups.  ``orphaned``: a
+    supervisor stopped replicas itself because the daemon was gone (the job did not end on
+    its own)."""
+
+    def __init__(
+        self, launcher: SshLauncher, spec: LaunchSpec, records: Mapping[str, Mapping[str, Any]]
+    ) -> None:
+        self.spec = spec
+        self._launcher = launcher
+        self.records = dict(records)
+        self.ended: float | None = None
+        self.failure_reason: str | None = None
+        self._lost: dict[str, float] = {}
+        self._note_end()
+
+    @property
+    def orphaned(self) -> bool:
+        return any(record.get("orphaned") for record in self.records.values())
+
+    def _note_end(self) -> None:
+        if all(r.get("state") == "ended" for r in self.records.values()):
+            ends = [float(r.get("ended") or time.time()) for r in self.records.values()]
+            self.ended = max(ends, default=time.time())
+
+    def exit_codes(self) -> dict[int, int]:
+        codes: dict[int, int] = {}
+        for name, record in self.records.items():
+            for replica in record.get("replicas", ()):
+                if replica.get("exit_code") is not None:
+                    codes[int(replica["rank"])] = int(replica["exit_code"])
+            if name in self._lost:
+                for slot in self.spec.slots:
+                    if slot.node == name:
+                        codes.setdefault(slot.rank, UNREACHABLE_EXIT_CODE)
+        return codes
+
+    def poll(self) -> int | None:
+        """As :meth:`SshReplicaGroup.poll`: the first failure in the order the ranks ended,
+        else 0 when all succeeded, else 75."""
+        if self.ended is None:
+            return None
+        codes = self.exit_codes()
+        order = [int(rank) for r in self.records.values() for rank in r.get("exits", ())]
+        for rank in [*order, *sorted(codes)]:
+            if codes.get(rank, 0) not in (0, ExitCode.RESCALE):
+                return codes[rank]
+        return 0 if set(codes.values()) <= {0} else ExitCode.RESCALE
+
+    async def _refresh(self) -> None:
+        """Read again the records of the nodes whose replicas had not all ended.  A node
+        unanswering for :data:`RECORD_LOST_S`, or whose record is gone or replaced, ends its
+        part: its ranks without an exit code count as lost (255)."""
+        for name in list(self.records):
+            if self.records[name].get("state") == "ended":
+                continue
+            record = await self._launcher.read_record(name, self.spec.job_id)
+            if record is not None and record.get("token") == self.records[name].get("token"):
+                self.records[name] = record
+                self._lost.pop(name, None)
+                continue
+            since = self._lost.setdefault(name, time.monotonic())
+            if time.monotonic() - since > RECORD_LOST_S:
+                self.records[name] = {**self.records[name], "state": "ended"}
+                self.failure_reason = f"node {name}: the job's exit record could not be read"
+        self._note_end()
+
+    async def wait(self) -> int:
+        while self.ended is None:
+            await self._refresh()
+            if self.ended is None:
+                await asyncio.sleep(RECORD_POLL_S)
+        code = self.poll()
+        assert code is not None
+        return code
+
+    async def _signal(self, sig: str) -> None:
+        for name, record in self.records.items():
+            pids = [
+                int(r["pid"])
+                for r in record.get("replicas", ())
+                if r.get("exit_code") is None and int(r.get("pid") or 0) > 1
+            ]
+            if pids and record.get("state") != "ended":
+                groups = " ".join(f"-{pid}" for pid in pids)
+                await self._launcher.run(name, f"kill -{sig} -- {groups} 2>/dev/null; true")
+
+    async def stop(self, grace_s: float) -> int | None:
+        """SIGTERM every replica still running (its process group), SIGKILL after
+        ``grace_s``; the exit as :meth:`wait` reads it."""
+        await self._signal("TERM")
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.wait()), max(grace_s, 0.0))
+        except TimeoutError:
+            await self._signal("KILL")
+        return await self.wait()
+
+    def pids(self) -> Mapping[int, int]:
+        return {
+            int(r["rank"]): int(r["pid"])
+            for record in self.records.values()
+            for r in record.get("replicas", ())
+            if r.get("pid")
+        }
+
+    async def forget(self) -> None:
+        await self._launcher.forget_records(self.spec.job_id, list(self.records))
+
+
+def record_token(job_id: str, restarts: object) -> str:
+    """Names one incarnation in its exit records: the job and how often it was started
+    before (``POLLUX_RESTARTS``)."""
+    return f"{job_id}:{restarts}"
