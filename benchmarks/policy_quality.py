@@ -62,7 +62,8 @@ TypedTask = tuple[str, str, str, str, str]
 def run_typed(task: TypedTask) -> dict[str, object]:
     """Simulate one trace on a cluster of several device types with one policy."""
     from pollux_local.cli.simulate import make_policy
-    from pollux_local.sim.hetero import HeteroConfig, HeteroSimulator, parse_cluster
+    from pollux_local.sim.cluster import parse_cluster
+    from pollux_local.sim.engine import SimConfig, Simulator
     from pollux_local.sim.profiles import load_typed_profiles
     from pollux_local.sim.workload import read_workload
 
@@ -72,9 +73,7 @@ def run_typed(task: TypedTask) -> dict[str, object]:
     profiles = load_typed_profiles(
         Path(models), [g.device_type for g in cluster], {job.application for job in workload}
     )
-    simulator = HeteroSimulator(
-        workload, profiles, make_policy(policy_name), HeteroConfig(cluster=cluster)
-    )
+    simulator = Simulator(workload, profiles, make_policy(policy_name), SimConfig(cluster=cluster))
     result = simulator.run()
     return {
         "run": label,
@@ -190,8 +189,8 @@ def run_one(task: Task) -> dict[str, object]:
     policy's default, whether jobs of one application share their measurements, whether
     models are corrected by their measured residuals)."""
     from pollux_local.core.policy import GoodputPolicy
+    from pollux_local.sim.engine import SimConfig, Simulator
     from pollux_local.sim.profiles import load_profiles
-    from pollux_local.sim.simulator import SimConfig, Simulator
     from pollux_local.sim.workload import read_workload
 
     label, trace, models, p, share, correct = task

@@ -42,8 +42,8 @@ LOAD_FOLDERS = {"1x": "workloads", "2x": "workloads-2.0"}
 
 def _run(task: tuple[str, str, int, str]) -> dict[str, object]:
     from pollux_local.cli.simulate import canonical_policy, make_policy
+    from pollux_local.sim.engine import Simulator
     from pollux_local.sim.profiles import load_profiles
-    from pollux_local.sim.simulator import Simulator
     from pollux_local.sim.workload import read_workload
 
     data, load, number, policy_name = task

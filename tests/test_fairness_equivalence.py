@@ -29,8 +29,9 @@ from pollux_local.core.policy import GoodputPolicy
 from pollux_local.core.types import Decision, JobView, NodeView, Placement
 from pollux_local.daemon.scheduler import ModelCache
 from pollux_local.daemon.state import JobRecord
+from pollux_local.sim.engine import SimConfig, Simulator
+from pollux_local.sim.jobs import SimJob
 from pollux_local.sim.profiles import AppProfile, load_profiles
-from pollux_local.sim.simulator import SimConfig, SimJob, Simulator
 from pollux_local.sim.workload import WorkloadJob
 from tests.scheduler_harness import Harness
 
@@ -128,8 +129,10 @@ class DaemonSide:
         for job in self.sim.jobs:
             if job.name in self.ids and job.completion_s is None:
                 h.store.update_job(self.ids[job.name], report=report_of(job))
+        before = len(self.recording.rounds)
         await h.tick()
-        daemon_now, daemon_views, daemon_decision = self.recording.rounds[-1]
+        # the pass's own call comes first (forecasts then replay later instants)
+        daemon_now, daemon_views, daemon_decision = self.recording.rounds[before]
         assert daemon_now == now
         names = {job_id: name for name, job_id in self.ids.items()}
         by_name = {v.id: v for v in sim_views}

@@ -231,8 +231,8 @@ def test_one_device_type_decides_exactly_as_untyped() -> None:
 def test_homogeneous_simulation_is_unchanged(artifact_dir: Path) -> None:
     """40 jobs of the published workload 1 on 4 x 4 devices: the figures of the simulator
     before device types existed (bit for bit)."""
+    from pollux_local.sim.engine import SimConfig, Simulator
     from pollux_local.sim.profiles import load_profiles
-    from pollux_local.sim.simulator import SimConfig, Simulator
     from pollux_local.sim.workload import read_workload
 
     lines = (artifact_dir / "workloads" / "workload-1.csv").read_text().splitlines()[:41]

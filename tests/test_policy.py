@@ -415,8 +415,8 @@ def test_bad_settings_are_rejected(kwargs: dict[str, float]) -> None:
 
 
 def test_drives_the_simulator_on_a_small_trace(artifact_dir: Path) -> None:
+    from pollux_local.sim.engine import SimConfig, Simulator
     from pollux_local.sim.profiles import load_profiles
-    from pollux_local.sim.simulator import SimConfig, Simulator
     from pollux_local.sim.workload import read_workload
 
     workload = [

@@ -12,13 +12,9 @@ import pytest
 from pollux_local.cli import main
 from pollux_local.core.types import Decision, JobView, NodeView, Placement
 from pollux_local.errors import PolluxError
-from pollux_local.sim.hetero import (
-    RESTORE_DELAY_S,
-    HeteroConfig,
-    HeteroSimulator,
-    NodeGroup,
-    parse_cluster,
-)
+from pollux_local.sim.cluster import NodeGroup, parse_cluster
+from pollux_local.sim.engine import SimConfig, Simulator
+from pollux_local.sim.jobs import SIA_RULES
 from pollux_local.sim.profiles import load_typed_profiles
 from pollux_local.sim.workload import WorkloadJob
 
@@ -130,11 +126,11 @@ class Scripted:
         return Decision(placements={j.id: placements.get(j.id, ()) for j in jobs})
 
 
-def _simulator(sia_models: Path, policy: Scripted) -> HeteroSimulator:
+def _simulator(sia_models: Path, policy: Scripted) -> Simulator:
     groups = parse_cluster(CLUSTER)  # nodes: aws-0, aws-1 (4 each), dgx-ext-0 (8)
     profiles = load_typed_profiles(sia_models, [g.device_type for g in groups], {"cifar10"})
     job = WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 128)
-    return HeteroSimulator([job], profiles, policy, HeteroConfig(cluster=groups))
+    return Simulator([job], profiles, policy, SimConfig(cluster=groups))
 
 
 def test_restarts_follow_type_and_shape_not_node_ids(sia_models: Path) -> None:
@@ -148,7 +144,7 @@ def test_restarts_follow_type_and_shape_not_node_ids(sia_models: Path) -> None:
     )
     sim = _simulator(sia_models, policy)
     job = sim.jobs[0]
-    delay = RESTORE_DELAY_S["cifar10"]
+    delay = SIA_RULES.restore_delay("cifar10", 30.0)
     expected = [(1, "aws", 0.0), (1, "aws", 0.0), (2, "dgx-ext", 0.0), (3, "dgx-ext", 0.0)]
     for starts, device_type, restore_left in expected:
         sim.now += 60
@@ -159,7 +155,7 @@ def test_restarts_follow_type_and_shape_not_node_ids(sia_models: Path) -> None:
         before = job.run_time_s
         sim._advance(job, 60)
         assert (job.starts, job.device_type) == (starts, device_type)
-        assert job.restore_left_s == pytest.approx(restore_left)
+        assert job.restart_left_s == pytest.approx(restore_left)
         # a (re)start trains only after the application's restore delay
         restarted = job.starts > started_before
         assert job.run_time_s - before == pytest.approx(60 - delay if restarted else 60)

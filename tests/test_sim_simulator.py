@@ -13,8 +13,8 @@ from pollux_local.core.baselines import FifoPolicy, OptimusPolicy, TiresiasPolic
 from pollux_local.core.goodput import GoodputModel
 from pollux_local.core.types import Decision, JobView, NodeView
 from pollux_local.errors import PolluxError
+from pollux_local.sim.engine import SimConfig, Simulator
 from pollux_local.sim.profiles import AppProfile, load_profiles
-from pollux_local.sim.simulator import SimConfig, Simulator
 from pollux_local.sim.workload import WorkloadJob
 
 pytestmark = pytest.mark.timeout(120)

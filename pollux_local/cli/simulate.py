@@ -15,7 +15,7 @@ from pollux_local.core.types import Policy
 from pollux_local.errors import PolluxError
 
 if TYPE_CHECKING:
-    from pollux_local.sim.hetero import NodeGroup
+    from pollux_local.sim.cluster import NodeGroup
 
 POLICIES = names.policy_names()
 #: Policies that run on a cluster of several device types (``--cluster``).
@@ -66,7 +66,7 @@ def _non_negative_float(text: str) -> float:
 
 
 def _cluster(text: str) -> tuple[NodeGroup, ...]:
-    from pollux_local.sim.hetero import parse_cluster
+    from pollux_local.sim.cluster import parse_cluster
 
     try:
         return parse_cluster(text)
@@ -171,82 +171,40 @@ def _format_summary(summary: dict[str, float | int | str | None], workload: Path
     return "\n".join(lines)
 
 
-def _run_typed(args: argparse.Namespace) -> int:
-    """``--cluster``: the heterogeneous simulator."""
-    from pollux_local.sim.hetero import HeteroConfig, HeteroSimulator, format_cluster
-    from pollux_local.sim.profiles import load_typed_profiles
+def run_simulate(args: argparse.Namespace) -> int:
+    from pollux_local.sim.cluster import format_cluster
+    from pollux_local.sim.engine import SimConfig, Simulator
+    from pollux_local.sim.profiles import load_profiles, load_typed_profiles
     from pollux_local.sim.workload import read_workload
 
-    if args.policy not in TYPED_POLICIES:
+    typed = args.cluster is not None
+    if typed and args.policy not in TYPED_POLICIES:
         raise PolluxError(
             f"policy {args.policy} does not run on typed devices (--cluster):"
             f" choose from {', '.join(TYPED_POLICIES)}"
         )
-    config = HeteroConfig(
+    config = SimConfig(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
         cluster=args.cluster,
         interval_s=args.interval,
+        restart_cost_s=args.restart_cost,
         seed=args.seed,
         share_profiles=None if args.share_profiles else False,
         correct_times=args.correct_times,
     )
     config.validate()
-    models = args.models
+    default = DEFAULT_TYPED_MODELS if typed else DEFAULT_MODELS
+    models = args.models or default_models_dir(default)
     if models is None:
-        models = default_models_dir(DEFAULT_TYPED_MODELS)
-        if models is None:
-            raise PolluxError(
-                f"models folder not found: {DEFAULT_TYPED_MODELS} (give --models DIR)"
-            )
+        raise PolluxError(f"models folder not found: {default} (give --models DIR)")
     workload = read_workload(args.workload)
-    types = [g.device_type for g in args.cluster]
-    profiles = load_typed_profiles(models, types, {job.application for job in workload})
-    policy = make_policy(args.policy, interval_s=args.interval, restart_cost_s=args.restart_cost)
-    simulator = HeteroSimulator(workload, profiles, policy, config)
-    bar = None if args.json or not sys.stderr.isatty() else _ProgressBar(sys.stderr)
-    try:
-        result = simulator.run(on_round=bar)
-    finally:
-        if bar is not None:
-            bar.close()
-    summary: dict[str, float | int | str | None] = {
-        **result.summary(),
-        "cluster": format_cluster(args.cluster),
-    }
-    hours = simulator.device_hours_by_type()
-    if args.json:
-        print(json.dumps({**summary, "device_hours_by_type": hours}, sort_keys=False))
-    else:
-        print(_format_summary(summary, args.workload))
-        print(f"cluster             {summary['cluster']}")
-        shown = ", ".join(f"{t} {h:.1f}" for t, h in hours.items())
-        print(f"device-hours        {shown}")
-    return 0
-
-
-def run_simulate(args: argparse.Namespace) -> int:
-    if args.cluster is not None:
-        return _run_typed(args)
-    from pollux_local.sim.profiles import load_profiles
-    from pollux_local.sim.simulator import SimConfig, Simulator
-    from pollux_local.sim.workload import read_workload
-
-    config = SimConfig(
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-        interval_s=args.interval,
-        restart_cost_s=args.restart_cost,
-        seed=args.seed,
-        share_profiles=args.share_profiles,
-        correct_times=args.correct_times,
+    apps = {job.application for job in workload}
+    profiles = (
+        load_typed_profiles(models, [g.device_type for g in args.cluster], apps)
+        if typed
+        else load_profiles(models, apps)
     )
-    config.validate()
-    models = args.models
-    if models is None:
-        models = default_models_dir()
-        if models is None:
-            raise PolluxError(f"models folder not found: {DEFAULT_MODELS} (give --models DIR)")
-    workload = read_workload(args.workload)
-    profiles = load_profiles(models, {job.application for job in workload})
     policy = make_policy(args.policy, interval_s=args.interval, restart_cost_s=args.restart_cost)
     simulator = Simulator(workload, profiles, policy, config)
     bar = None if args.json or not sys.stderr.isatty() else _ProgressBar(sys.stderr)
@@ -255,9 +213,16 @@ def run_simulate(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    summary = result.summary()
+    summary: dict[str, object] = dict(result.summary())
+    if typed:
+        summary["cluster"] = format_cluster(args.cluster)
+        summary["device_hours_by_type"] = simulator.device_hours_by_type()
     if args.json:
         print(json.dumps(summary, sort_keys=False))
-    else:
-        print(_format_summary(summary, args.workload))
+        return 0
+    print(_format_summary(result.summary(), args.workload))
+    if typed:
+        hours = simulator.device_hours_by_type()
+        print(f"cluster             {summary['cluster']}")
+        print(f"device-hours        {', '.join(f'{t} {h:.1f}' for t, h in hours.items())}")
     return 0

@@ -1,0 +1,399 @@
+"""Trace-driven simulation: any :class:`~pollux_local.core.types.Policy` on a simulated
+cluster (untyped, or of several device types), against the measured model profiles.
+
+Every ``interval_s`` seconds the simulator shows the policy every submitted, unfinished job
+(``policy.decide(jobs, nodes, now, rng)``, the very call the daemon makes) and applies the
+returned placements; between decisions each job progresses as :mod:`pollux_local.sim.jobs`
+describes, choosing its batch as :mod:`pollux_local.sim.models` does.  A job's replicas are
+all of one type: a placement spanning types is cut down to the type holding most of its
+devices (the others stay idle that round).  An untyped cluster follows Pollux's artifact
+(:data:`~pollux_local.sim.jobs.POLLUX_RULES`), a typed one Sia's simulator
+(:data:`~pollux_local.sim.jobs.SIA_RULES`, ``docs/heterogeneous.md``), so that each one's
+published figures can be reproduced.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pollux_local.core.goodput import GoodputModel
+from pollux_local.core.pool import ProfilePool
+from pollux_local.core.types import JobView, Placement, Policy, split_batch
+from pollux_local.errors import PolluxError
+from pollux_local.sim.cluster import Cluster, NodeGroup
+from pollux_local.sim.jobs import POLLUX_RULES, SIA_RULES, JobRules, SimJob, advance
+from pollux_local.sim.models import JobModels
+from pollux_local.sim.profiles import AppProfile, packed_counts
+from pollux_local.sim.workload import WorkloadJob
+
+ProgressCallback = Callable[[float, int, int], None]
+#: Policy names whose jobs keep the workload's tuned static batch.
+STATIC_POLICIES = frozenset({"fifo", "tiresias", "optimus"})
+Profiles = Mapping[str, AppProfile] | Mapping[str, Mapping[str, AppProfile]]
+
+
+@dataclass
+class SimConfig:
+    """Cluster and timing of a simulation.
+
+    ``cluster`` (groups of typed nodes) replaces ``nodes`` x ``gpus_per_node``.  ``rules``
+    default to Pollux's on an untyped cluster and Sia's on a typed one; ``job_library``
+    (``goodput`` or ``sia``) and ``share_profiles`` default to this project's library with
+    every job of an application pooling its points, except under Sia's rules with the Sia
+    policy: its jobs then choose their batch as Sia's do, from their own points.
+    """
+
+    nodes: int = 16
+    gpus_per_node: int = 4
+    cluster: tuple[NodeGroup, ...] | None = None
+    interval_s: float = 60.0
+    #: seconds a (re)start costs under Pollux's rules (Sia's: per application)
+    restart_cost_s: float = 30.0
+    seed: int = 0
+    job_library: str | None = None
+    #: fit each adaptive job's model to the points all jobs of its application measured
+    share_profiles: bool | None = None
+    #: correct each model's times by the residuals at measured points (``fit_points``)
+    correct_times: bool = True
+    #: give up (and report the unfinished jobs) after this much simulated time
+    max_time_s: float = 30 * 24 * 3600.0
+    rules: JobRules | None = None
+
+    def validate(self) -> None:
+        self.make_cluster()
+        if not self.interval_s > 0:
+            raise PolluxError(f"scheduling interval must be positive, got {self.interval_s}")
+        if not self.restart_cost_s >= 0:
+            raise PolluxError(f"restart cost must be >= 0, got {self.restart_cost_s}")
+        if self.job_library not in (None, "goodput", "sia"):
+            raise PolluxError(f"unknown job library {self.job_library!r} (goodput or sia)")
+
+    def make_cluster(self) -> Cluster:
+        if self.cluster is not None:
+            return Cluster(tuple(self.cluster))
+        return Cluster.untyped(self.nodes, self.gpus_per_node)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.make_cluster().total_devices
+
+
+@dataclass
+class SimResult:
+    """Outcome of a simulation."""
+
+    policy: str
+    jobs: int
+    completed: int
+    jct_s: dict[str, float]
+    restarts: dict[str, int]
+    finish_time_fairness: dict[str, float]
+    makespan_s: float
+    decision_ms: list[float]
+    wall_s: float
+    rounds: int
+
+    def summary(self) -> dict[str, float | int | str | None]:
+        """The headline metrics (the ``--json`` object); ``None`` where no job completed."""
+        jcts = np.array(list(self.jct_s.values()), dtype=float)
+        ftf = np.array(list(self.finish_time_fairness.values()), dtype=float)
+        dms = np.array(self.decision_ms, dtype=float)
+        return {
+            "policy": self.policy,
+            "jobs": self.jobs,
+            "completed": self.completed,
+            "avg_jct_s": float(jcts.mean()) if jcts.size else None,
+            "p99_jct_s": float(np.percentile(jcts, 99)) if jcts.size else None,
+            "makespan_s": self.makespan_s,
+            "restarts_per_job": float(np.mean(list(self.restarts.values())))
+            if self.restarts
+            else 0.0,
+            "max_finish_time_fairness": float(ftf.max()) if ftf.size else None,
+            "decision_ms_median": float(np.median(dms)) if dms.size else 0.0,
+            "decision_ms_p95": float(np.percentile(dms, 95)) if dms.size else 0.0,
+            "rounds": self.rounds,
+            "wall_s": self.wall_s,
+        }
+
+
+class Simulator:
+    """Drives one policy through one workload.
+
+    ``profiles`` maps each application to its profile (untyped cluster) or to its profile per
+    device type (typed cluster).  ``adaptive`` (default: by policy) says whether jobs choose
+    their batch or keep the workload's.
+    """
+
+    def __init__(
+        self,
+        workload: Sequence[WorkloadJob],
+        profiles: Profiles,
+        policy: Policy,
+        config: SimConfig | None = None,
+        adaptive: bool | None = None,
+    ) -> None:
+        self.config = config or SimConfig()
+        self.config.validate()
+        self.cluster = self.config.make_cluster()
+        typed = self.cluster.typed
+        self.rules = self.config.rules or (SIA_RULES if typed else POLLUX_RULES)
+        self.policy = policy
+        if adaptive is None:
+            adaptive = not getattr(policy, "static_batch", policy.name in STATIC_POLICIES)
+        if typed and not adaptive:
+            raise PolluxError(f"policy {policy.name} does not run on typed devices")
+        sia_jobs = self.rules.library_by_policy and policy.name == "sia"
+        share = self.config.share_profiles
+        self.models = JobModels(
+            self.rules,
+            self.cluster.types,
+            job_library=self.config.job_library or ("sia" if sia_jobs else "goodput"),
+            share_profiles=(not sia_jobs) if share is None else share,
+            correct_times=self.config.correct_times,
+            type_aware=typed and (bool(getattr(policy, "type_aware", False)) or sia_jobs),
+        )
+        self.nodes = self.cluster.nodes
+        total = self.cluster.total_devices
+        self.jobs: list[SimJob] = []
+        for spec in workload:
+            found = profiles.get(spec.application)
+            if found is None:
+                raise PolluxError(
+                    f"job {spec.name}: unknown application {spec.application!r}"
+                    f" (known: {', '.join(sorted(profiles))})"
+                )
+            apps = self._apps(spec, found)
+            if not adaptive and spec.num_replicas > total:
+                group = self.cluster.groups[0]
+                raise PolluxError(
+                    f"impossible cluster size: job {spec.name} needs {spec.num_replicas} GPUs"
+                    f" but {group.nodes} x {group.devices_per_node} = {total}"
+                )
+            self.jobs.append(SimJob(spec=spec, apps=apps, adaptive=adaptive))
+        self.rng = np.random.default_rng(self.config.seed)
+        self.now = 0.0
+        self._iter_time_cache: dict[tuple[str, int], tuple[float, ...]] = {}
+
+    def _apps(
+        self, spec: WorkloadJob, found: AppProfile | Mapping[str, AppProfile]
+    ) -> dict[str, AppProfile]:
+        """The job's profile per device type of the cluster."""
+        if isinstance(found, AppProfile):
+            if self.cluster.typed:
+                raise PolluxError(f"job {spec.name}: typed cluster but untyped profiles")
+            return {"": found}
+        missing = [t for t in self.cluster.types if t not in found]
+        if missing:
+            raise PolluxError(
+                f"job {spec.name}: no profile of {spec.application} on {', '.join(missing)}"
+            )
+        return {t: found[t] for t in self.cluster.types}
+
+    @property
+    def pool(self) -> ProfilePool:
+        """The application-wide points the jobs share (:class:`ProfilePool`)."""
+        return self.models.pool
+
+    # ----------------------------------------------------------------- views
+    def _max_replicas(self, job: SimJob) -> int:
+        total = self.cluster.total_devices
+        smallest = min(app.min_local for app in job.apps.values())
+        fixed = job.fixed_batch
+        if fixed is not None:
+            if job.adaptive:  # a fixed-batch application held on one device
+                return 1
+            return max(1, min(total, fixed // smallest))
+        return max(1, min(total, job.app.max_batch // smallest))
+
+    def _static_iter_times(self, job: SimJob) -> tuple[float, ...]:
+        """Oracle seconds per iteration at the job's static batch on 1..max replicas."""
+        batch = job.spec.batch_size
+        key = (job.app.name, batch)
+        hit = self._iter_time_cache.get(key)
+        if hit is None:
+            per_node = self.cluster.groups[0].devices_per_node
+            times = []
+            for k in range(1, self._max_replicas(job) + 1):
+                choice = split_batch(batch, k, job.app.bounds)
+                counts = packed_counts(k, per_node)
+                times.append(job.app.iteration_time(counts, choice.local_batch, choice.accum_steps))
+            hit = tuple(times)
+            self._iter_time_cache[key] = hit
+        return hit
+
+    def _view(self, job: SimJob) -> JobView:
+        remaining = None
+        iter_times: tuple[float, ...] = ()
+        if not job.adaptive:
+            app, batch = job.app, job.spec.batch_size
+            done = app.iterations_after(batch, job.epoch)
+            remaining = max(app.iterations_after(batch, app.epochs) - done, 1.0)
+            iter_times = self._static_iter_times(job)
+        typed = self.cluster.typed
+        by_type = None
+        if typed and self.models.type_aware:
+            by_type = self.models.models_by_type(job)
+            model = by_type.get(job.device_type) if job.device_type else None
+        else:
+            model = self.models.model(job)
+        told = self.rules.told_restart_cost_s
+        return JobView(
+            id=job.name,
+            model=model,
+            age_s=self.now - job.spec.time,
+            restarts=job.restarts,
+            min_replicas=1,
+            max_replicas=self._max_replicas(job),
+            placement=job.placement or (0,) * len(self.nodes),
+            submit_time=job.spec.time,
+            max_profiled_replicas=job.max_profiled_replicas,
+            static_replicas=job.spec.num_replicas,
+            static_batch=job.spec.batch_size,
+            attained_gpu_s=job.attained_gpu_s,
+            remaining_iters=remaining,
+            run_time_s=job.run_time_s,
+            static_iter_time_s=iter_times,
+            progress_fraction=job.progress_fraction,
+            models_by_type=by_type,
+            type_rates={t: job.apps[t].single_device_rate for t in job.apps} if typed else None,
+            restart_cost_s=None
+            if told is None
+            else told.get(job.app.name, self.rules.default_told_restart_cost_s),
+            restoring=told is not None and job.restart_left_s > 0,
+        )
+
+    def _model(self, job: SimJob) -> GoodputModel | None:
+        """The job's model as the policy sees it on an untyped cluster."""
+        return self.models.model(job)
+
+    # ----------------------------------------------------------------- applying a decision
+    def _apply(self, job: SimJob, placement: Placement) -> None:
+        new = tuple(int(c) for c in placement) if sum(placement) > 0 else ()
+        if new:
+            new = self.cluster.one_type(new, self.rules.type_rank)
+        if not new:
+            if job.placement:
+                job.placement, job.shape, job.device_type = (), (), None
+                job.restart_left_s = 0.0
+            return
+        types = self.cluster.node_types
+        device_type = next(types[i] for i, c in enumerate(new) if c > 0)
+        shape = tuple(sorted((c for c in new if c > 0), reverse=True))
+        if job.placement and device_type == job.device_type:
+            moved = new != job.placement
+            if not moved or (self.rules.restart_on_shape_change and shape == job.shape):
+                job.placement = new  # other nodes of the same shape: no restart
+                return
+        job.placement, job.shape, job.device_type = new, shape, device_type
+        job.starts += 1
+        job.restart_left_s = self.rules.restore_delay(job.app.name, self.config.restart_cost_s)
+        self.models.choose_batch(job)
+
+    def _advance(self, job: SimJob, seconds: float) -> None:
+        advance(job, self.now, seconds, self.rules, self.models)
+
+    # ----------------------------------------------------------------- main loop
+    def run(self, on_round: ProgressCallback | None = None) -> SimResult:
+        """Simulate until every job completes (or ``max_time_s``)."""
+        start = time.perf_counter()
+        decision_ms: list[float] = []
+        pending = sorted(self.jobs, key=lambda j: j.spec.time)
+        active: list[SimJob] = []
+        done = 0
+        rounds = 0
+        interval = self.config.interval_s
+        self.now = interval if self.rules.first_decision_at_interval else 0.0
+        while (pending or active) and self.now <= self.config.max_time_s:
+            while pending and pending[0].spec.time <= self.now:
+                active.append(pending.pop(0))
+            if active:
+                for job in active:
+                    job.active_count_sum += len(active)
+                    job.active_rounds += 1
+                views = [self._view(job) for job in active]
+                tick = time.perf_counter()
+                decision = self.policy.decide(views, self.nodes, self.now, self.rng)
+                decision_ms.append((time.perf_counter() - tick) * 1000.0)
+                placements = {k: tuple(v) for k, v in decision.placements.items()}
+                self.cluster.check(self.policy.name, placements, {j.name for j in active})
+                for job in active:
+                    self._apply(job, placements.get(job.name, ()))
+                for job in active:
+                    self._advance(job, interval)
+            self.now += interval
+            rounds += 1
+            finished = [j for j in active if j.completion_s is not None]
+            if finished:
+                done += len(finished)
+                active = [j for j in active if j.completion_s is None]
+            if on_round is not None:
+                on_round(self.now, done, len(self.jobs))
+        return self._result(decision_ms, time.perf_counter() - start, rounds)
+
+    def _result(self, decision_ms: list[float], wall_s: float, rounds: int) -> SimResult:
+        complete = [j for j in self.jobs if j.completion_s is not None]
+        jct = {j.name: float(j.completion_s - j.spec.time) for j in complete}  # type: ignore[operator]
+        fairness = {}
+        if self.rules.fairness and not self.cluster.typed:
+            fairness = {j.name: jct[j.name] / self.isolated_jct(j) for j in complete}
+        first_submit = min(j.spec.time for j in self.jobs)
+        makespan = max((j.completion_s or 0.0 for j in complete), default=first_submit)
+        return SimResult(
+            policy=self.policy.name,
+            jobs=len(self.jobs),
+            completed=len(complete),
+            jct_s=jct,
+            restarts={j.name: j.restarts for j in self.jobs},
+            finish_time_fairness=fairness,
+            makespan_s=float(makespan - first_submit),
+            decision_ms=decision_ms,
+            wall_s=wall_s,
+            rounds=rounds,
+        )
+
+    # ----------------------------------------------------------------- figures
+    def device_hours_by_type(self) -> dict[str, float]:
+        """Device-hours held per type over the run (restores included)."""
+        totals = {t: 0.0 for t in self.cluster.types}
+        for job in self.jobs:
+            for t, seconds in job.device_seconds.items():
+                totals[t] += seconds / 3600.0
+        return totals
+
+    def isolated_jct(self, job: SimJob) -> float:
+        """JCT of ``job`` alone on an equal share of the cluster (finish-time fairness' base).
+
+        The share is G/n devices, n the mean number of active jobs over the job's life (at
+        least 1).  On that share (packed, at most the job's device limit) the job trains at the
+        best validated batch for each epoch (or its fixed batch) with no queueing and one
+        restart; a share below one device time-slices one device.
+        """
+        n = job.active_count_sum / job.active_rounds if job.active_rounds else 1.0
+        share = self.cluster.total_devices / max(n, 1.0)
+        k = max(1, min(int(share), self._max_replicas(job)))
+        slow = 1.0 / share if share < 1.0 else 1.0
+        counts = packed_counts(k, self.cluster.groups[0].devices_per_node)
+        app = job.app
+        bounds = app.bounds
+        if job.fixed_batch is not None:
+            batches = [job.fixed_batch]
+        else:
+            batches = [
+                int(b)
+                for b in app.validated_batches
+                if bounds.base_batch <= b <= bounds.max_batch and b >= k * bounds.min_local
+            ] or [max(bounds.base_batch, k * bounds.min_local)]
+        rates = []
+        for batch in batches:
+            choice = split_batch(batch, k, bounds)
+            total = choice.total_batch
+            iter_time = app.iteration_time(counts, choice.local_batch, choice.accum_steps)
+            rates.append([app.gain(total, e) / iter_time for e in range(app.epochs)])
+        best = np.max(np.asarray(rates), axis=0)
+        work = np.diff(app.epoch_target)
+        delay = self.rules.restore_delay(app.name, self.config.restart_cost_s)
+        return float(np.sum(work / best)) * slow + delay
