@@ -8,19 +8,20 @@ import pytest
 
 from pollux_local.api.states import JobState
 from pollux_local.core.baselines import FifoPolicy
+from pollux_local.core.schedule import ActionKind, NodeInput, Verdict, dependency_verdict
+from pollux_local.core.schedule.views import job_view
 from pollux_local.daemon.scheduler import (
     Limits,
     ModelCache,
-    NodeSnapshot,
-    dependency_verdict,
-    job_view,
+    dependencies_of,
+    job_input,
     plan_round,
 )
 from pollux_local.daemon.state import JobRecord
 from tests.test_daemon_scheduler import FixedPolicy
 
 RNG = np.random.default_rng(0)
-FOUR = [NodeSnapshot("a", ("cpu:0", "cpu:1")), NodeSnapshot("b", ("cpu:0", "cpu:1"))]
+FOUR = [NodeInput("a", ("cpu:0", "cpu:1")), NodeInput("b", ("cpu:0", "cpu:1"))]
 
 
 def record(
@@ -39,7 +40,7 @@ def record(
 
 
 def started(plan_actions: tuple) -> list[int]:  # type: ignore[type-arg]
-    return sorted(a.job_id for a in plan_actions if a.kind == "start")
+    return sorted(a.job_id for a in plan_actions if a.kind is ActionKind.START)
 
 
 def test_dependency_verdicts() -> None:
@@ -50,20 +51,24 @@ def test_dependency_verdicts() -> None:
         JobState.CANCELLED,
         JobState.RUNNING,
     )
-    assert dependency_verdict(job, {1: done, 2: done}) == ("ready", "")
-    assert dependency_verdict(job, {1: done, 2: running}) == (
-        "wait",
+
+    def verdict(job: JobRecord, states: dict[int, JobState]) -> tuple[Verdict, str]:
+        return dependency_verdict(dependencies_of(job, states), job.spec.after_any)
+
+    assert verdict(job, {1: done, 2: done}) == (Verdict.READY, "")
+    assert verdict(job, {1: done, 2: running}) == (
+        Verdict.WAIT,
         "waiting: after job 2 (running)",
     )
-    assert dependency_verdict(job, {1: failed, 2: done}) == ("fail", "dependency 1 failed")
-    assert dependency_verdict(job, {1: done, 2: cancelled}) == (
-        "fail",
+    assert verdict(job, {1: failed, 2: done}) == (Verdict.FAIL, "dependency 1 failed")
+    assert verdict(job, {1: done, 2: cancelled}) == (
+        Verdict.FAIL,
         "dependency 2 was cancelled",
     )
-    assert dependency_verdict(job, {1: done}) == ("fail", "dependency 2 does not exist")
+    assert verdict(job, {1: done}) == (Verdict.FAIL, "dependency 2 does not exist")
     anyway = record(6, after=["1", "2"], after_any=True)
-    assert dependency_verdict(anyway, {1: failed, 2: cancelled}) == ("ready", "")
-    assert dependency_verdict(anyway, {1: failed, 2: running})[0] == "wait"
+    assert verdict(anyway, {1: failed, 2: cancelled}) == (Verdict.READY, "")
+    assert verdict(anyway, {1: failed, 2: running})[0] is Verdict.WAIT
 
 
 def test_a_job_waiting_on_a_dependency_is_not_shown_to_the_policy() -> None:
@@ -107,14 +112,14 @@ def test_an_elastic_job_is_trimmed_to_its_owners_device_cap() -> None:
 
 def test_withheld_devices_are_not_offered_and_a_constraint_is_kept() -> None:
     nodes = [
-        NodeSnapshot("a", ("cpu:0", "cpu:1"), device_type="small", withheld=frozenset({"cpu:0"})),
-        NodeSnapshot("b", ("cpu:0", "cpu:1"), device_type="big"),
+        NodeInput("a", ("cpu:0", "cpu:1"), device_type="small", withheld=frozenset({"cpu:0"})),
+        NodeInput("b", ("cpu:0", "cpu:1"), device_type="big"),
     ]
     assert nodes[0].free_devices == ("cpu:1",)
     from pollux_local.api.spec import Constraint
 
     on_big = record(1, constraint=Constraint(device_type="big"))
-    view = job_view(on_big, None, nodes, 1.0)
+    view = job_view(job_input(on_big), nodes, 1.0)
     assert view.allowed_nodes == frozenset({1})
     # a policy that ignores the constraint gets the job kept off the other node
     plan = plan_round(FixedPolicy({"1": (1, 0)}), [on_big], nodes, ModelCache(), 1.0, RNG)
@@ -126,9 +131,9 @@ def test_withheld_devices_are_not_offered_and_a_constraint_is_kept() -> None:
 
 def test_a_time_limit_bounds_the_remaining_time_the_policy_sees() -> None:
     running = record(1, "running", placement={"a": ["cpu:0"]}, time_limit_s=600.0)
-    view = job_view(running, None, FOUR, 100.0)  # started at 0: 100 s run
+    view = job_view(job_input(running), FOUR, 100.0)  # started at 0: 100 s run
     assert view.time_left_s == pytest.approx(500.0)
-    assert job_view(record(2), None, FOUR, 100.0).time_left_s is None
+    assert job_view(job_input(record(2)), FOUR, 100.0).time_left_s is None
 
 
 def test_the_goodput_policy_takes_a_time_limit_as_a_bound_on_the_remaining_time() -> None:

@@ -15,7 +15,7 @@ from pollux_local.api.launch import LaunchEnvironment
 from pollux_local.core.types import BatchChoice
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.executor import Executor
-from pollux_local.daemon.scheduler import Action
+from pollux_local.daemon.scheduler import Action, ActionKind
 from pollux_local.daemon.state import StateStore
 from pollux_local.launch.base import LaunchSpec, NodeHealth
 
@@ -82,7 +82,9 @@ def submit(store: StateStore) -> int:
 async def start(executor: Executor, store: StateStore, job_id: int) -> None:
     job = store.get_job(job_id)
     assert job is not None
-    action = Action("start", job_id, {"far": ["cpu:0", "cpu:1"]}, BatchChoice(8, 1, 2), "test")
+    action = Action(
+        ActionKind.START, job_id, {"far": ["cpu:0", "cpu:1"]}, BatchChoice(8, 1, 2), "test"
+    )
     await executor.start_job(job, action)
 
 
@@ -133,7 +135,7 @@ async def test_finishing_while_being_resized_counts_as_success(setup) -> None:  
     job_id = submit(store)
     await start(executor, store, job_id)
     launcher.groups[0].exit.set_result(0)  # exits 0 exactly as the resize begins
-    resize = Action("resize", job_id, {"far": ["cpu:0"]}, BatchChoice(8, 1, 1), "shrink")
+    resize = Action(ActionKind.RESIZE, job_id, {"far": ["cpu:0"]}, BatchChoice(8, 1, 1), "shrink")
     await executor.apply(Plan(actions=(resize,), decision=Decision(placements={})))
     await asyncio.sleep(0.05)  # the exit is handled when it arrives, after apply returned
     job = store.get_job(job_id)
@@ -150,7 +152,9 @@ async def test_replica_environment_follows_the_launch_contract(setup) -> None:  
     ).id  # fmt: skip
     job = store.get_job(job_id)
     assert job is not None
-    spec = executor.build_spec(job, Action("start", job_id, {"far": ["cpu:0", "cpu:1"]}, None, ""))
+    spec = executor.build_spec(
+        job, Action(ActionKind.START, job_id, {"far": ["cpu:0", "cpu:1"]}, None, "")
+    )
     env = dict(spec.env)
     pollux = {k for k in env if k.startswith("POLLUX_")}
     assert pollux == {
@@ -166,7 +170,7 @@ async def test_replica_environment_follows_the_launch_contract(setup) -> None:  
     assert (launch.world_size, launch.num_nodes, launch.local_batch) == (2, 1, None)
     assert launch.daemon_socket == str(executor.socket_path)
     with_batch = executor.build_spec(
-        job, Action("start", job_id, {"far": ["cpu:0"]}, BatchChoice(16, 2, 1), "")
+        job, Action(ActionKind.START, job_id, {"far": ["cpu:0"]}, BatchChoice(16, 2, 1), "")
     )
     assert with_batch.env["POLLUX_LOCAL_BATCH"] == "16"
     assert with_batch.env["POLLUX_ACCUM_STEPS"] == "2"
@@ -195,8 +199,8 @@ async def test_a_stop_never_holds_up_the_pass_and_its_devices_wait(setup) -> Non
     await asyncio.wait_for(
         executor.apply(
             plan(
-                Action("stop", first, {}, None, "preempted"),
-                Action("start", second, {"far": ["cpu:0"]}, None, "its turn"),
+                Action(ActionKind.STOP, first, {}, None, "preempted"),
+                Action(ActionKind.START, second, {"far": ["cpu:0"]}, None, "its turn"),
             )
         ),
         1.0,
@@ -209,7 +213,7 @@ async def test_a_stop_never_holds_up_the_pass_and_its_devices_wait(setup) -> Non
     await asyncio.wait_for(executor.cancel(first), 1.0)
     assert state(store, first) == "cancelled"
     # the third job's start takes the free device of its node... there is none: it waits too
-    await executor.apply(plan(Action("start", third, {"far": ["cpu:1"]}, None, "")))
+    await executor.apply(plan(Action(ActionKind.START, third, {"far": ["cpu:1"]}, None, "")))
     assert state(store, third) == "queued" and len(launcher.groups) == 1
     # the newest plan decides what waits: the second job's start was dropped by that plan
     assert second not in executor._deferred and third in executor._deferred
@@ -227,9 +231,9 @@ async def test_a_start_on_a_device_still_held_takes_a_free_one(setup) -> None:  
     first, second = submit(store), submit(store)
     job = store.get_job(first)
     assert job is not None
-    await executor.start_job(job, Action("start", first, {"far": ["cpu:0"]}, None, ""))
+    await executor.start_job(job, Action(ActionKind.START, first, {"far": ["cpu:0"]}, None, ""))
     await executor.stop_job(first, "cancel")
-    await executor.apply(plan(Action("start", second, {"far": ["cpu:0"]}, None, "")))
+    await executor.apply(plan(Action(ActionKind.START, second, {"far": ["cpu:0"]}, None, "")))
     assert state(store, second) == "running"
     assert launcher.groups[1].spec.slots[0].device == "cpu:1"  # cpu:0 is still being released
     assert store.get_job(second).placement == {"far": ["cpu:1"]}  # type: ignore[union-attr]
@@ -243,7 +247,7 @@ async def test_a_resize_restarts_once_the_old_incarnation_has_ended(setup) -> No
     launcher.stubborn = True
     job_id = submit(store)
     await start(executor, store, job_id)
-    shrink = Action("resize", job_id, {"far": ["cpu:0"]}, BatchChoice(8, 1, 1), "shrink")
+    shrink = Action(ActionKind.RESIZE, job_id, {"far": ["cpu:0"]}, BatchChoice(8, 1, 1), "shrink")
     await asyncio.wait_for(executor.apply(plan(shrink)), 1.0)
     assert state(store, job_id) == "rescaling" and len(launcher.groups) == 1
     assert job_id in executor.watchers  # the loop must not take it for lost
@@ -288,9 +292,9 @@ async def test_one_jobs_error_fails_that_job_and_the_pass_goes_on(setup) -> None
     fine = submit(store)
     await executor.apply(
         plan(
-            Action("start", broken, {"far": ["cpu:0"]}, None, ""),
-            Action("start", orphan, {"far": ["cpu:1"]}, None, ""),
-            Action("start", fine, {"far": ["cpu:1"]}, None, ""),
+            Action(ActionKind.START, broken, {"far": ["cpu:0"]}, None, ""),
+            Action(ActionKind.START, orphan, {"far": ["cpu:1"]}, None, ""),
+            Action(ActionKind.START, fine, {"far": ["cpu:1"]}, None, ""),
         )
     )
     job = store.get_job(broken)
@@ -333,7 +337,7 @@ async def test_an_exit_75_asked_for_by_a_resize_restarts_at_the_new_size(setup) 
     executor, store, launcher = setup
     job_id = submit(store)
     await start(executor, store, job_id)
-    resize = Action("resize", job_id, {"far": ["cpu:0"]}, BatchChoice(8, 1, 1), "shrink")
+    resize = Action(ActionKind.RESIZE, job_id, {"far": ["cpu:0"]}, BatchChoice(8, 1, 1), "shrink")
     await executor.apply(Plan(actions=(resize,), decision=Decision(placements={})))
     assert executor.intent[job_id] is StopIntent.RESIZE
     await asyncio.sleep(0.05)  # the fake group obeys the stop with 75

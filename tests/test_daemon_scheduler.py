@@ -10,20 +10,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pollux_local.api.spec import Target
+from pollux_local.core.schedule import ActionKind, NodeInput
+from pollux_local.core.schedule.placement import assign_devices
+from pollux_local.core.schedule.views import job_view, static_batch
 from pollux_local.core.types import Decision, GradStats, JobView, NodeView, Placement
-from pollux_local.daemon.scheduler import (
-    ModelCache,
-    NodeSnapshot,
-    assign_devices,
-    job_kind,
-    job_view,
-    plan_round,
-    static_batch,
-)
+from pollux_local.daemon.scheduler import ModelCache, job_input, job_kind, plan_round
 from pollux_local.daemon.state import JobRecord
 
 RNG = np.random.default_rng(0)
-NODES = [NodeSnapshot("a", ("cpu:0", "cpu:1")), NodeSnapshot("b", ("cpu:0", "cpu:1"))]
+NODES = [NodeInput("a", ("cpu:0", "cpu:1")), NodeInput("b", ("cpu:0", "cpu:1"))]
 
 
 class FixedPolicy:
@@ -86,7 +81,7 @@ def test_start_resize_stop_and_unchanged() -> None:
     assert [j.id for j in policy.seen_jobs] == ["1", "2", "3"]
     assert policy.seen_jobs[2].placement == (1, 0)
     kinds = {a.job_id: a.kind for a in plan.actions}
-    assert kinds == {1: "start", 3: "stop"}
+    assert kinds == {1: ActionKind.START, 3: ActionKind.STOP}
     assert plan.unchanged == (2,)
     start = plan.for_job(1)
     assert start is not None and start.allocation == {"a": ["cpu:0", "cpu:1"]}
@@ -99,13 +94,13 @@ def test_resize_keeps_devices_on_nodes_whose_count_is_unchanged() -> None:
     policy = FixedPolicy({"1": (1, 1), "2": (0, 1)})
     plan = plan_round(policy, jobs, NODES, ModelCache(), now=1.0, rng=RNG)
     action = plan.for_job(1)
-    assert action is not None and action.kind == "resize"
+    assert action is not None and action.kind is ActionKind.RESIZE
     assert action.allocation == {"a": ["cpu:1"], "b": ["cpu:0"]}
     assert plan.unchanged == (2,)
 
 
 def test_devices_busy_outside_the_scheduler_are_left_alone() -> None:
-    nodes = [NodeSnapshot("a", ("cuda:0", "cuda:1", "cuda:2"), busy=frozenset({"cuda:0"}))]
+    nodes = [NodeInput("a", ("cuda:0", "cuda:1", "cuda:2"), busy=frozenset({"cuda:0"}))]
     policy = FixedPolicy({"1": (2,)})
     plan = plan_round(policy, [job(1)], nodes, ModelCache(), now=1.0, rng=RNG)
     assert policy.seen_nodes[0].devices == 2
@@ -114,7 +109,7 @@ def test_devices_busy_outside_the_scheduler_are_left_alone() -> None:
 
 
 def test_down_nodes_offer_no_devices() -> None:
-    nodes = [NodeSnapshot("a", ("cpu:0",)), NodeSnapshot("b", ("cpu:0",), up=False)]
+    nodes = [NodeInput("a", ("cpu:0",)), NodeInput("b", ("cpu:0",), up=False)]
     policy = FixedPolicy({})
     plan_round(policy, [job(1)], nodes, ModelCache(), now=1.0, rng=RNG)
     assert [(n.devices, n.up) for n in policy.seen_nodes] == [(1, True), (0, False)]
@@ -129,14 +124,14 @@ def test_jobs_in_backoff_wait() -> None:
 
 
 def test_assign_cuts_a_count_that_cannot_be_met() -> None:
-    result = assign_devices({1: (3,)}, {}, [NodeSnapshot("a", ("cpu:0", "cpu:1"))])
+    result = assign_devices({1: (3,)}, {}, [NodeInput("a", ("cpu:0", "cpu:1"))])
     assert result == {1: {"a": ["cpu:0", "cpu:1"]}}
 
 
 def test_static_batch_respects_local_bounds() -> None:
-    choice = static_batch(job(1, max_local_batch=16), 2)
+    choice = static_batch(job_input(job(1, max_local_batch=16)), 2)
     assert choice is not None and (choice.local_batch, choice.accum_steps) == (16, 1)
-    assert static_batch(job(1, batch_size=None), 2) is None
+    assert static_batch(job_input(job(1, batch_size=None)), 2) is None
 
 
 def test_model_from_report_refits_only_when_profile_changes() -> None:
@@ -191,12 +186,12 @@ def test_core_policies_drive_the_pass(policy_name: str) -> None:
 def test_job_view_carries_the_declared_progress_fraction() -> None:
     with_length = job(1)
     with_length.report = {**report([]), "epoch": 3, "epochs": 12}
-    view = job_view(with_length, None, NODES, now=10.0)
+    view = job_view(job_input(with_length), NODES, now=10.0)
     assert view.progress_fraction == pytest.approx(0.25)
     without = job(2)
     without.report = {**report([]), "epoch": 3, "epochs": None}
-    assert job_view(without, None, NODES, now=10.0).progress_fraction is None
-    assert job_view(job(3), None, NODES, now=10.0).progress_fraction is None
+    assert job_view(job_input(without), NODES, now=10.0).progress_fraction is None
+    assert job_view(job_input(job(3)), NODES, now=10.0).progress_fraction is None
 
 
 def test_jobs_of_one_kind_share_their_throughput_points() -> None:
@@ -254,11 +249,11 @@ def test_rigid_jobs_are_never_resized_moved_or_started_on_another_size() -> None
     assert policy.seen_jobs[0].max_replicas == 2  # exactly its size
     # stopping: only the preemptible one
     plan = plan_round(FixedPolicy({}), [rigid, stoppable], NODES, ModelCache(), 1.0, RNG)
-    assert [(a.kind, a.job_id) for a in plan.actions] == [("stop", 2)]
+    assert [(a.kind, a.job_id) for a in plan.actions] == [(ActionKind.STOP, 2)]
     # started on exactly its size, with no batch choice
     plan = plan_round(FixedPolicy({"3": (2, 0)}), [waiting], NODES, ModelCache(), 1.0, RNG)
     start = plan.for_job(3)
-    assert start is not None and start.kind == "start" and start.batch is None
+    assert start is not None and start.kind is ActionKind.START and start.batch is None
     assert start.allocation == {"a": ["cpu:0", "cpu:1"]}
 
 
@@ -270,13 +265,13 @@ def test_a_waiting_jobs_reason_names_the_jobs_holding_its_devices() -> None:
     the facts (its owner's and the holder's device-hours)."""
     from pollux_local.core.policy import GoodputPolicy
 
-    nodes = [NodeSnapshot("a", ("cpu:0", "cpu:1"))]
+    nodes = [NodeInput("a", ("cpu:0", "cpu:1"))]
     light = job(1, min_gpus=2, max_gpus=2)
     light.owner_name, light.attained_gpu_s = "bob", 0.4 * 3600
     heavy = job(2, min_gpus=2, max_gpus=2)
     heavy.owner_name, heavy.attained_gpu_s = "alice", 3.2 * 3600
     plan = plan_round(GoodputPolicy(), [heavy, light], nodes, ModelCache(), 1.0, RNG)
-    assert plan.for_job(1) is not None and plan.for_job(1).kind == "start"  # type: ignore[union-attr]
+    assert plan.for_job(1) is not None and plan.for_job(1).kind is ActionKind.START  # type: ignore[union-attr]
     assert plan.reasons[2] == (
         "waiting: needs 2 devices, 0 free; job 1 (bob) holds 2"
         " (fair share: it has used 0.4 device-hours, this job 3.2)"
@@ -318,12 +313,12 @@ def test_attained_service_and_run_time_accrue_while_a_job_runs() -> None:
     running = job(1, "running", {"a": ["cpu:0", "cpu:1"]})
     running.attained_gpu_s, running.run_time_s, running.last_start = 50.0, 25.0, 100.0
     running.restarts = 3  # three starts: two changes after the first
-    view = job_view(running, None, NODES, now=160.0)
+    view = job_view(job_input(running), NODES, now=160.0)
     assert view.attained_gpu_s == 50.0 + 2 * 60.0 and view.run_time_s == 25.0 + 60.0
     assert view.restarts == 2
     queued = job(2)
     queued.attained_gpu_s, queued.run_time_s = 50.0, 25.0
-    view = job_view(queued, None, NODES, now=160.0)
+    view = job_view(job_input(queued), NODES, now=160.0)
     assert (view.attained_gpu_s, view.run_time_s, view.restarts) == (50.0, 25.0, 0)
 
 
@@ -337,7 +332,7 @@ def test_predictions_of_running_jobs_are_the_policys_figures() -> None:
 
     record = job(1)
     record.report = report([(1, 1, 32, 0.05, 0.05), (1, 1, 64, 0.09, 0.09), (1, 2, 32, 0.05, 0.08)])
-    nodes = [NodeSnapshot("a", ("cpu:0", "cpu:1"))]
+    nodes = [NodeInput("a", ("cpu:0", "cpu:1"))]
     plan = plan_round(GoodputPolicy(), [record], nodes, ModelCache(), 1.0, RNG)
     start = plan.for_job(1)
     assert start is not None and start.prediction
@@ -357,8 +352,9 @@ def test_predictions_of_running_jobs_are_the_policys_figures() -> None:
 
 
 def test_eta_from_the_declared_length_and_the_metric_trend() -> None:
+    from pollux_local.core.schedule.views import MAX_ETA_S
     from pollux_local.daemon.readmodel import MetricHistory, job_eta
-    from pollux_local.daemon.scheduler import MAX_ETA_S, progress_eta
+    from pollux_local.daemon.scheduler import progress_eta
 
     running = job(1, "running", {"a": ["cpu:0"]})
     running.run_time_s, running.last_start = 100.0, 1000.0
@@ -408,8 +404,8 @@ def test_eta_is_never_absurd(
     epoch: object, epochs: object, own: object, run_time: float, started: float | None,
     now: float, points: list[tuple[float, float]], goal: float, mode: str,
 ) -> None:  # fmt: skip
+    from pollux_local.core.schedule.views import MAX_ETA_S
     from pollux_local.daemon.readmodel import MetricHistory, job_eta
-    from pollux_local.daemon.scheduler import MAX_ETA_S
 
     record = job(
         1, "running", {"a": ["cpu:0"]}, target={"metric": "m", "value": goal, "mode": mode}

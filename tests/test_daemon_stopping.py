@@ -9,18 +9,19 @@ from pathlib import Path
 import numpy as np
 
 from pollux_local.core.baselines import FifoPolicy
+from pollux_local.core.schedule import Holding, NodeInput
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.loop import node_snapshot, stopping_jobs
 from pollux_local.daemon.readmodel import node_rows
-from pollux_local.daemon.scheduler import Limits, ModelCache, NodeSnapshot, Stopping, plan_round
+from pollux_local.daemon.scheduler import Limits, ModelCache, plan_round
 from pollux_local.daemon.state import StateStore
 from tests.test_daemon_admission import record, started
 
 RNG = np.random.default_rng(0)
-TWO = [NodeSnapshot("n", ("cpu:0", "cpu:1"), stopping={"cpu:0": 1})]
+TWO = [NodeInput("n", ("cpu:0", "cpu:1"), stopping={"cpu:0": 1})]
 #: ann's job 1 was cancelled; its processes still hold n:cpu:0
-ANNS = (Stopping(job_id=1, owner="ann", devices={"n": ["cpu:0"]}),)
+ANNS = (Holding(job_id=1, owner="ann", devices={"n": ["cpu:0"]}),)
 
 
 def test_a_stopping_job_counts_in_its_owners_device_cap_but_not_in_others() -> None:
@@ -76,7 +77,7 @@ def test_the_loop_counts_what_stopping_jobs_hold_in_nodes_and_node_views(tmp_pat
     store.update_job(job.id, state="cancelled")
     executor.stopping[job.id] = _Group("n", ["cpu:0"])  # type: ignore[assignment]
     stopping = stopping_jobs(store, executor)
-    assert stopping == [Stopping(job_id=job.id, owner="ann", devices={"n": ["cpu:0"]})]
+    assert stopping == [Holding(job_id=job.id, owner="ann", devices={"n": ["cpu:0"]})]
     (snap,) = node_snapshot(config, executor, (), [], stopping)
     assert snap.free_devices == ("cpu:1",)
     (row,) = node_rows(config, executor.nodes, [snap], [], [], stopping)

@@ -27,12 +27,12 @@ from pollux_local.api.errors import InvalidRequest
 from pollux_local.api.messages import Submit
 from pollux_local.core.baselines import FifoPolicy, OptimusPolicy, TiresiasPolicy
 from pollux_local.core.policy import GoodputPolicy
+from pollux_local.core.schedule import Action, ActionKind
 from pollux_local.core.types import BatchChoice, JobView, NodeView, Policy
 from pollux_local.daemon.auth import Peer
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers.submit import check_submit, submit
-from pollux_local.daemon.scheduler import Action
 from tests.daemon_process import DaemonProcess, quick_daemon, wait_for
 from tests.scheduler_harness import Harness
 
@@ -237,7 +237,9 @@ async def test_the_launch_environment_of_a_rigid_job_has_no_batch_choice(tmp_pat
     h = Harness(tmp_path, [2], make_policy("goodput"))
     rigid = h.job(h.submit(elastic=False, min_gpus=2, max_gpus=2, batch_size=64))
     elastic = h.job(h.submit(elastic=True, min_gpus=2, max_gpus=2, batch_size=64))
-    action = Action("start", 0, {"node0": ["cpu:0", "cpu:1"]}, BatchChoice(32, 1, 2), "test")
+    action = Action(
+        ActionKind.START, 0, {"node0": ["cpu:0", "cpu:1"]}, BatchChoice(32, 1, 2), "test"
+    )
     rigid_env = h.executor.build_spec(rigid, action).env
     elastic_env = h.executor.build_spec(elastic, action).env
     assert elastic_env["POLLUX_LOCAL_BATCH"] == "32" and elastic_env["POLLUX_ACCUM_STEPS"] == "1"

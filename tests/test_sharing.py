@@ -12,13 +12,14 @@ import pytest
 from pollux_local import api
 from pollux_local.api.states import JobState
 from pollux_local.core.baselines import FifoPolicy
+from pollux_local.core.schedule import ActionKind, NodeInput
 from pollux_local.core.sharing import (
     SharedDevice,
     choose_shared_device,
     shared_speed,
     sharing_gain,
 )
-from pollux_local.daemon.scheduler import Limits, ModelCache, NodeSnapshot, plan_round
+from pollux_local.daemon.scheduler import Limits, ModelCache, plan_round
 from pollux_local.daemon.state import JobRecord
 from pollux_local.sizes import SizeError, format_size, parse_size
 from tests.daemon_process import DaemonProcess, wait_for
@@ -71,7 +72,7 @@ def record(job_id: int, state: str = "queued", elastic: bool = False, **spec: ob
 
 
 def test_the_pass_packs_shared_jobs_and_keeps_others_off_their_device() -> None:
-    nodes = [NodeSnapshot("n", ("cpu:0", "cpu:1"), memory=16 * GIB)]
+    nodes = [NodeInput("n", ("cpu:0", "cpu:1"), memory=16 * GIB)]
     running = record(1, "running", shared=True, gpu_memory=6 * GIB, placement={"n": ["cpu:0"]})
     joiner = record(2, shared=True, gpu_memory=6 * GIB)
     too_big = record(3, shared=True, gpu_memory=12 * GIB)
@@ -79,7 +80,7 @@ def test_the_pass_packs_shared_jobs_and_keeps_others_off_their_device() -> None:
     plan = plan_round(
         FifoPolicy(), [running, joiner, too_big, elastic], nodes, ModelCache(), 1.0, RNG, Limits()
     )
-    starts = {a.job_id: a for a in plan.actions if a.kind == "start"}
+    starts = {a.job_id: a for a in plan.actions if a.kind is ActionKind.START}
     assert starts[2].allocation == {"n": ["cpu:0"]}  # packed beside job 1
     assert "sharing it with job(s) 1" in starts[2].reason and "0.80" in starts[2].reason
     # job 3 does not fit beside them: it gets a device of its own, and the elastic job no

@@ -8,7 +8,8 @@ import pytest
 
 from pollux_local.api.launch import LaunchEnvironment
 from pollux_local.api.states import JobState
-from pollux_local.daemon.scheduler import ModelCache, NodeSnapshot, plan_round
+from pollux_local.core.schedule import NodeInput
+from pollux_local.daemon.scheduler import ModelCache, plan_round
 from pollux_local.daemon.state import JobRecord
 from pollux_local.torch.profile import ProfileRecorder
 from tests.test_daemon_scheduler import FixedPolicy
@@ -72,8 +73,8 @@ def test_type_rates_measured_learned_across_kinds_or_declared() -> None:
 
 def test_a_two_type_cluster_shows_the_policy_types_and_per_type_models() -> None:
     nodes = [
-        NodeSnapshot("a", ("cpu:0",), device_type="fast"),
-        NodeSnapshot("b", ("cpu:1",), device_type="slow", slowdown=3.0),
+        NodeInput("a", ("cpu:0",), device_type="fast"),
+        NodeInput("b", ("cpu:1",), device_type="slow", slowdown=3.0),
     ]
     policy = FixedPolicy({"1": (0, 1)})
     plan = plan_round(policy, [job(1, rows("fast", 0.1))], nodes, ModelCache(), 1.0, RNG)
@@ -87,7 +88,7 @@ def test_a_two_type_cluster_shows_the_policy_types_and_per_type_models() -> None
     (action,) = plan.actions
     assert action.batch is not None and action.batch.total_batch == 32
     # one type only: untyped, as before
-    single = [NodeSnapshot("a", ("cpu:0", "cpu:1"), device_type="cpu")]
+    single = [NodeInput("a", ("cpu:0", "cpu:1"), device_type="cpu")]
     policy = FixedPolicy({"1": (2,)})
     plan_round(policy, [job(1, rows("cpu", 0.1))], single, ModelCache(), 1.0, RNG)
     assert policy.seen_nodes[0].device_type == "" and policy.seen_jobs[0].models_by_type is None

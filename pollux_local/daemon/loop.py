@@ -1,8 +1,9 @@
 """The scheduling loop: every ``interval_s``, or soon after something changed, one pass.
 
 A pass (:meth:`SchedulingLoop.schedule_once`) reads the jobs' new ``report.json`` files, takes
-a snapshot of the nodes, asks the pure scheduler (``scheduler.plan_round``: models, policy,
-devices and batch sizes) for a plan, has the executor apply it, stores the plan's reasons of
+a snapshot of the nodes, asks the pure pass (``core.schedule.run_pass``, through
+``scheduler.plan_round``: models, admission, policy, devices and batch sizes) for a plan, has
+the executor apply it, stores the plan's reasons of
 the jobs left waiting and predictions of the jobs left running as they were, and samples each
 running job's goodput and noise scale into its history.  Passes and the requests that change
 jobs take the daemon's one mutex in turn.
@@ -33,6 +34,7 @@ import numpy as np
 import psutil
 
 from pollux_local.api.states import PLACED_STATES, TERMINAL_STATES, JobState
+from pollux_local.core.schedule import Holding, NodeInput, Verdict, dependency_verdict
 from pollux_local.core.types import Policy
 from pollux_local.daemon import gpus
 from pollux_local.daemon.config import DaemonConfig, busy_gpus
@@ -43,9 +45,7 @@ from pollux_local.daemon.reports import InvalidReport, read_job_report
 from pollux_local.daemon.scheduler import (
     Limits,
     ModelCache,
-    NodeSnapshot,
-    Stopping,
-    dependency_verdict,
+    dependencies_of,
     plan_round,
     time_left_s,
 )
@@ -69,8 +69,8 @@ def node_snapshot(
     executor: Executor,
     drained: Sequence[str] = (),
     placed: Sequence[JobRecord] = (),
-    stopping: Sequence[Stopping] = (),
-) -> list[NodeSnapshot]:
+    stopping: Sequence[Holding] = (),
+) -> list[NodeInput]:
     """Every configured node as a pass sees it: up or down, its devices' type, (this
     machine's GPUs) which devices processes outside the scheduler are using, which are
     withheld from new jobs: reserved (``[devices] reserved``) or drained (``drained``:
@@ -97,7 +97,7 @@ def node_snapshot(
     closed = set(config.reserved) | set(drained)
     held = {(node, device) for job in placed for node, ds in job.placement.items() for device in ds}
     return [
-        NodeSnapshot(
+        NodeInput(
             name=node.name,
             devices=node.devices,
             up=executor.nodes.is_up(node.name),
@@ -126,19 +126,19 @@ def node_snapshot(
     ]
 
 
-def stopping_jobs(store: StateStore, executor: Executor) -> list[Stopping]:
+def stopping_jobs(store: StateStore, executor: Executor) -> list[Holding]:
     """The jobs whose processes still hold devices though the store no longer counts them as
     placed (cancelled, held, preempted, at their time limit: the stop was sent, the exit has
     not come): the one account of what they hold, read by admission's per-user caps, the
     policy's node views and ``nodes`` alike.  A job being resized is counted by its
     placement, as before."""
-    found: list[Stopping] = []
+    found: list[Holding] = []
     for job_id, devices in sorted(executor.still_stopping().items()):
         job = store.get_job(job_id)
         if job is not None and job.state in PLACED_STATES:
             continue
         owner = job.owner_name if job is not None else ""
-        found.append(Stopping(job_id=job_id, owner=owner, devices=devices))
+        found.append(Holding(job_id=job_id, owner=owner, devices=devices))
     return found
 
 
@@ -270,7 +270,7 @@ class SchedulingLoop:
     def resolve_dependencies(self, now: float) -> dict[int, JobState]:
         """Fail the queued and held jobs whose dependencies failed (``dependency N failed``),
         and their dependents in turn, in this pass; returns the states of every job depended
-        on (for admission, ``scheduler.Limits.states``)."""
+        on (for admission: each job's ``core.schedule.Dependency`` outcomes)."""
         waiting = [
             job for job in self.store.jobs([JobState.QUEUED, JobState.HELD]) if job.spec.after
         ]
@@ -283,8 +283,8 @@ class SchedulingLoop:
             for job in waiting:
                 if job.state in TERMINAL_STATES:
                     continue
-                verdict, why = dependency_verdict(job, states)
-                if verdict != "fail":
+                verdict, why = dependency_verdict(dependencies_of(job, states), job.spec.after_any)
+                if verdict is not Verdict.FAIL:
                     continue
                 self.store.update_job(job.id, state=JobState.FAILED, end_time=now, reason=why)
                 self.store.record_decision(job.id, now, "failed", why)

@@ -32,17 +32,12 @@ from pollux_local.api.messages import (
 from pollux_local.api.report import JobReport
 from pollux_local.api.states import PLACED_STATES, JobState
 from pollux_local.core.efficiency import noise_scale
+from pollux_local.core.schedule import Holding, NodeInput
+from pollux_local.core.schedule.views import sane_eta
 from pollux_local.core.types import GradStats
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.executor import NodeHealthBook
-from pollux_local.daemon.scheduler import (
-    ModelCache,
-    NodeSnapshot,
-    Stopping,
-    is_elastic,
-    progress_eta,
-    sane_eta,
-)
+from pollux_local.daemon.scheduler import ModelCache, progress_eta
 from pollux_local.daemon.state import JobRecord
 
 T = TypeVar("T")
@@ -216,7 +211,7 @@ def job_summary(
         run_time_s=job.run_time_s + (now - job.last_start if job.last_start else 0.0),
         reason=job.reason,
         target=spec.target,
-        elastic=is_elastic(job),
+        elastic=job.spec.elastic,
         preemptible=spec.preemptible,
         after=list(spec.after),
         after_any=spec.after_any,
@@ -268,10 +263,10 @@ def decision_records(rows: list[dict[str, Any]]) -> list[DecisionRecord]:
 def node_rows(
     config: DaemonConfig,
     health: NodeHealthBook,
-    snapshot: list[NodeSnapshot],
+    snapshot: list[NodeInput],
     placed: list[JobRecord],
     drained: list[str] | None = None,
-    stopping: Sequence[Stopping] = (),
+    stopping: Sequence[Holding] = (),
 ) -> list[NodeRow]:
     """``nodes``: each configured node, its health, its devices' type, devices busy outside
     the scheduler, devices withheld from new jobs (reserved or ``drained``), which job holds

@@ -17,7 +17,7 @@ from pollux_local.daemon.config import busy_gpus
 from pollux_local.daemon.executor.base import Device, allocation_devices, log
 from pollux_local.daemon.executor.exits import Exits
 from pollux_local.daemon.executor.launchspec import one_line, owner_gone, prepare_dirs
-from pollux_local.daemon.scheduler import Action, Allocation, Plan
+from pollux_local.daemon.scheduler import Action, ActionKind, Allocation, Plan
 from pollux_local.daemon.state import JobRecord
 from pollux_local.errors import PolluxError
 from pollux_local.launch.base import (
@@ -41,19 +41,19 @@ class Applying(Exits):
         now = self.clock()
         self._deferred = {}  # the newest plan decides what waits
         for action in plan.actions:
-            if action.kind in ("stop", "resize"):
+            if action.kind in (ActionKind.STOP, ActionKind.RESIZE):
                 await self._guarded(action.job_id, "stop", self._stop_for(action, now))
         claimed = [
             (action.job_id, device)
             for action in plan.actions
-            if action.kind in ("start", "resize")
+            if action.kind in (ActionKind.START, ActionKind.RESIZE)
             for device in allocation_devices(action.allocation)
         ]
         shared = {job_id for job_id, _ in claimed if self._is_shared(job_id)}
         for action in plan.actions:
-            if action.kind == "resize" and action.job_id in self._resize:
+            if action.kind is ActionKind.RESIZE and action.job_id in self._resize:
                 continue  # restarts at its new size once its old incarnation has ended
-            if action.kind in ("start", "resize"):
+            if action.kind in (ActionKind.START, ActionKind.RESIZE):
                 # shared jobs packed onto one device in this plan do not claim it from
                 # each other
                 sharing = action.job_id in shared
@@ -67,7 +67,7 @@ class Applying(Exits):
     async def _stop_for(self, action: Action, now: float) -> None:
         job_id = action.job_id
         group = self.groups.get(job_id)
-        if action.kind == "resize":
+        if action.kind is ActionKind.RESIZE:
             self.store.update_job(job_id, state=JobState.RESCALING)
             if group is not None:
                 self._resize[job_id] = action
@@ -296,7 +296,7 @@ class Applying(Exits):
         self.store.record_decision(
             job.id,
             now,
-            action.kind,
+            action.kind.value,
             action.reason,
             action.allocation,
             dict(

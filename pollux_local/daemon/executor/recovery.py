@@ -16,7 +16,7 @@ import psutil
 from pollux_local.api.states import JobState, StopIntent
 from pollux_local.daemon.executor.applying import Applying
 from pollux_local.daemon.executor.base import log
-from pollux_local.daemon.scheduler import Action
+from pollux_local.daemon.scheduler import Action, ActionKind
 from pollux_local.daemon.state import JobRecord
 from pollux_local.launch.base import (
     ReplicaGroup,
@@ -127,7 +127,7 @@ class Recovery(Applying):
             return False
         from pollux_local.launch.ssh import record_token
 
-        spec = self.build_spec(job, Action("start", job.id, job.placement, None, ""))
+        spec = self.build_spec(job, Action(ActionKind.START, job.id, job.placement, None, ""))
         group = await recover(spec, record_token(job.job_id, max(0, job.restarts - 1)))
         if group is None:
             log.warning("job %s: no exit record of it on its nodes", job.id)

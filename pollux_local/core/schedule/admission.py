@@ -1,0 +1,111 @@
+"""Admission: which queued jobs the policy may see this pass, and why each other one waits.
+
+A queued job waits, before any policy looks at it, while its dependencies have not let it
+start, while its array runs its ``--max-running`` tasks already, or while its owner is at a
+cap on running jobs or held devices (a job still stopping counts, with its devices, until its
+processes are gone).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import Enum
+
+from pollux_local.core.schedule.snapshot import (
+    Dependency,
+    Holding,
+    JobInput,
+    Limits,
+    Outcome,
+)
+
+
+class Verdict(Enum):
+    """What a job's dependencies say: it may start, it waits, or it fails."""
+
+    READY = "ready"
+    WAIT = "wait"
+    FAIL = "fail"
+
+
+def dependency_verdict(after: Sequence[Dependency], after_any: bool) -> tuple[Verdict, str]:
+    """Whether dependencies let a job start, with the reason when not.  With ``after_any``
+    every job named must have ended, however; else every one must have succeeded, and one
+    that failed or was cancelled (or does not exist) fails this job."""
+    for dep in after:
+        outcome = dep.outcome
+        if outcome is None:
+            return Verdict.FAIL, f"dependency {dep.job_id} does not exist"
+        if after_any:
+            if outcome is Outcome.PENDING:
+                return Verdict.WAIT, f"waiting: after job {dep.job_id} ({dep.state})"
+            continue
+        if outcome is Outcome.FAILED:
+            return Verdict.FAIL, f"dependency {dep.job_id} failed"
+        if outcome is Outcome.CANCELLED:
+            return Verdict.FAIL, f"dependency {dep.job_id} was cancelled"
+        if outcome is not Outcome.SUCCEEDED:
+            return Verdict.WAIT, f"waiting: after job {dep.job_id} ({dep.state})"
+    return Verdict.READY, ""
+
+
+def admit(
+    candidates: Sequence[JobInput], limits: Limits, holdings: Sequence[Holding] = ()
+) -> tuple[list[JobInput], dict[int, str]]:
+    """The candidates the policy may see (by id), and why each other one waits.  Running jobs
+    always stay; queued ones are admitted by priority, then submission."""
+    placed = [job for job in candidates if job.phase.placed]
+    array_running: dict[str, int] = {}
+    user_running: dict[str, int] = {}
+    user_devices: dict[str, int] = {}
+    user_stopping: dict[str, list[int]] = {}
+    for stop in holdings:
+        user_running[stop.owner] = user_running.get(stop.owner, 0) + 1
+        user_devices[stop.owner] = user_devices.get(stop.owner, 0) + stop.count
+        user_stopping.setdefault(stop.owner, []).append(stop.job_id)
+    for job in placed:
+        if job.array_id is not None:
+            array_running[job.array_id] = array_running.get(job.array_id, 0) + 1
+        user_running[job.owner] = user_running.get(job.owner, 0) + 1
+        user_devices[job.owner] = user_devices.get(job.owner, 0) + max(job.replicas, job.needs)
+    admitted = list(placed)
+    waiting: dict[int, str] = {}
+    queued = [job for job in candidates if not job.phase.placed]
+    for job in sorted(queued, key=lambda j: (-j.priority, j.id)):
+        verdict, why = dependency_verdict(job.after, job.after_any)
+        if verdict is not Verdict.READY:
+            waiting[job.id] = why if verdict is Verdict.WAIT else f"waiting: {why}"
+            continue
+        array, cap = job.array_id, job.array_max_running
+        if array is not None and cap is not None and array_running.get(array, 0) >= cap:
+            waiting[job.id] = (
+                f"waiting: array {array} has {array_running.get(array, 0)} tasks running,"
+                f" its --max-running is {cap}"
+            )
+            continue
+        user = job.owner
+        stopping = user_stopping.get(user)
+        still = f" (job(s) {', '.join(map(str, stopping))} still stopping)" if stopping else ""
+        running_cap = limits.max_running_per_user
+        if running_cap is not None and user_running.get(user, 0) >= running_cap:
+            waiting[job.id] = (
+                f"waiting: {user} has {user_running.get(user, 0)} jobs running{still}, the most"
+                f" a user may ([limits] max_running_per_user = {running_cap})"
+            )
+            continue
+        device_cap = limits.max_devices_per_user
+        needs = job.needs
+        if device_cap is not None and user_devices.get(user, 0) + needs > device_cap:
+            waiting[job.id] = (
+                f"waiting: {user}'s jobs hold {user_devices.get(user, 0)} devices{still}, this job"
+                f" needs {needs} more, a user may hold {device_cap} ([limits]"
+                " max_devices_per_user)"
+            )
+            continue
+        if array is not None:
+            array_running[array] = array_running.get(array, 0) + 1
+        user_running[user] = user_running.get(user, 0) + 1
+        user_devices[user] = user_devices.get(user, 0) + needs
+        admitted.append(job)
+    admitted.sort(key=lambda j: j.id)
+    return admitted, waiting

@@ -1,0 +1,143 @@
+"""From the policy's per-node counts to concrete devices, within every rule the pass keeps.
+
+Whatever the policy answers: a rigid job starts only on exactly its size, a running rigid job
+keeps its devices unless it is preemptible (then it may only be stopped), no job runs outside
+its constraint and no user holds more than ``max_devices_per_user`` (devices that stopping
+jobs still hold included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from pollux_local.core.schedule.snapshot import (
+    Allocation,
+    Holding,
+    JobInput,
+    Limits,
+    NodeInput,
+)
+from pollux_local.core.schedule.views import allowed_nodes, placement_of
+from pollux_local.core.types import Placement
+
+
+def rigid_targets(
+    candidates: Sequence[JobInput], targets: dict[int, Placement], nodes: Sequence[NodeInput]
+) -> None:
+    """Rigid jobs' targets as the rules allow (in place): a running one keeps its devices
+    unless it is preemptible and the policy stopped it; a queued one gets exactly its size or
+    nothing."""
+    empty: Placement = tuple(0 for _ in nodes)
+    for job in candidates:
+        if job.elastic:
+            continue
+        target = targets[job.id]
+        if job.running:
+            if sum(target) > 0 or not job.may_stop:
+                targets[job.id] = placement_of(job.allocation, nodes)
+        elif sum(target) not in (0, job.needs):
+            targets[job.id] = empty
+
+
+def within_user_caps(
+    order: Sequence[JobInput],
+    targets: dict[int, Placement],
+    nodes: Sequence[NodeInput],
+    limits: Limits,
+    holdings: Sequence[Holding] = (),
+) -> None:
+    """Cut each user's targets to ``max_devices_per_user`` devices (in place): jobs that keep
+    their devices first, then by priority and submission; an elastic job is trimmed to what is
+    left when that is at least its minimum, any other job gets nothing (it waits, or is
+    stopped when preemptible).  A job outside its allowed nodes gets nothing either."""
+    for job in order:
+        allowed = allowed_nodes(job, nodes)
+        if allowed is not None and any(
+            count > 0 and i not in allowed for i, count in enumerate(targets[job.id])
+        ):
+            targets[job.id] = tuple(0 for _ in nodes)
+    cap = limits.max_devices_per_user
+    if cap is None:
+        return
+    used: dict[str, int] = {}
+    for stop in holdings:  # devices its stopping jobs still hold
+        used[stop.owner] = used.get(stop.owner, 0) + stop.count
+    ranked = sorted(
+        order,
+        key=lambda j: (
+            not j.phase.placed,
+            not (j.replicas and not j.elastic),
+            -j.priority,
+            j.id,
+        ),
+    )
+    for job in ranked:
+        target = list(targets[job.id])
+        have = used.get(job.owner, 0)
+        count = sum(target)
+        if have + count > cap:
+            room = cap - have
+            if job.elastic and room >= job.needs:
+                for i in reversed(range(len(target))):
+                    cut = min(target[i], count - room)
+                    target[i] -= cut
+                    count -= cut
+            elif not (job.phase.placed and not job.may_stop):
+                target = [0] * len(target)
+            targets[job.id] = tuple(target)
+        used[job.owner] = have + sum(targets[job.id])
+
+
+def assign_devices(
+    targets: Mapping[int, Placement],
+    current: Mapping[int, Mapping[str, Sequence[str]]],
+    nodes: Sequence[NodeInput],
+) -> dict[int, Allocation]:
+    """Concrete devices for per-node counts.  A job whose count on a node is unchanged keeps
+    its devices there; the others take the lowest free devices.  A count that cannot be met
+    (devices busy outside the scheduler) is cut to what is free."""
+    pool = {node.name: list(node.free_devices) for node in nodes}
+    result: dict[int, Allocation] = {job_id: {} for job_id in targets}
+    pending: list[tuple[int, str, int]] = []
+    for job_id, placement in targets.items():
+        for node, count in zip(nodes, placement, strict=False):
+            if count <= 0:
+                continue
+            mine = list(current.get(job_id, {}).get(node.name, ()))
+            if len(mine) == count and all(d in pool[node.name] for d in mine):
+                result[job_id][node.name] = mine
+                for device in mine:
+                    pool[node.name].remove(device)
+            else:
+                pending.append((job_id, node.name, count))
+    for job_id, node_name, count in pending:
+        take, pool[node_name] = pool[node_name][:count], pool[node_name][count:]
+        if take:
+            result[job_id][node_name] = take
+    return result
+
+
+def allocate(
+    candidates: Sequence[JobInput], targets: Mapping[int, Placement], nodes: Sequence[NodeInput]
+) -> dict[int, Allocation]:
+    """Each candidate's devices for its target: rigid jobs first (the devices they keep are
+    theirs before any other job's); an allocation below the job's minimum is none."""
+    order = sorted(candidates, key=lambda job: job.elastic)
+    assigned = assign_devices(
+        {job.id: targets[job.id] for job in order},
+        {job.id: job.allocation for job in candidates},
+        nodes,
+    )
+    allocations: dict[int, Allocation] = {}
+    for job in candidates:
+        allocation = {k: v for k, v in assigned[job.id].items() if v}
+        if 0 < sum(len(v) for v in allocation.values()) < job.needs:
+            allocation = {}
+        allocations[job.id] = allocation
+    return allocations
+
+
+def same_allocation(a: Mapping[str, Sequence[str]], b: Mapping[str, Sequence[str]]) -> bool:
+    """Whether two allocations hold the same devices (empty nodes aside)."""
+    keys = {k for k, v in a.items() if v} | {k for k, v in b.items() if v}
+    return all(sorted(a.get(k, ())) == sorted(b.get(k, ())) for k in keys)
