@@ -473,15 +473,20 @@ def test_the_job_library_reports_peak_memory_per_local_batch() -> None:
 
 def test_the_trainer_measures_after_every_step_on_cuda_only() -> None:
     torch = pytest.importorskip("torch")
+    from pollux_local.api.launch import LaunchEnvironment
     from pollux_local.torch import ElasticTrainer
-    from pollux_local.torch.env import JobEnv
     from pollux_local.torch.memory import PeakMemory
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     trainer = ElasticTrainer(
-        model, optimizer, base_batch=8, env=JobEnv(), report_interval_s=1e9, checkpoint_dir=None
+        model,
+        optimizer,
+        base_batch=8,
+        env=LaunchEnvironment(),
+        report_interval_s=1e9,
+        checkpoint_dir=None,
     )
     assert trainer.peak_memory is None and trainer.build_report().memory is None  # on CPU
     measured: list[int] = []

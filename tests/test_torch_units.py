@@ -29,7 +29,8 @@ from pollux_local.torch import (  # noqa: E402
     ElasticSampler,
     ElasticTrainer,
     GradNoiseEstimator,
-    JobEnv,
+    LaunchEnvironment,
+    job_environment,
     two_batch_estimate,
 )
 from pollux_local.torch.checkpoint import load_file  # noqa: E402
@@ -194,21 +195,29 @@ def _model_opt() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 @pytest.mark.parametrize(
     ("kwargs", "env", "message"),
     [
-        ({"base_batch": 0}, JobEnv(), "base_batch must be a positive"),
-        ({"base_batch": -4}, JobEnv(), "base_batch must be a positive"),
-        ({"base_batch": 32, "max_batch": 16}, JobEnv(), "below the base batch"),
-        ({"base_batch": 8, "min_local": 16, "max_local": 4}, JobEnv(), "below the minimum"),
+        ({"base_batch": 0}, LaunchEnvironment(), "base_batch must be a positive"),
+        ({"base_batch": -4}, LaunchEnvironment(), "base_batch must be a positive"),
+        ({"base_batch": 32, "max_batch": 16}, LaunchEnvironment(), "below the base batch"),
+        (
+            {"base_batch": 8, "min_local": 16, "max_local": 4},
+            LaunchEnvironment(),
+            "below the minimum",
+        ),
         (
             {"base_batch": 8, "max_batch": 16, "min_local": 8},
-            JobEnv(world_size=4, rank=0),
+            LaunchEnvironment(world_size=4, rank=0),
             "cannot hold on 4 replicas",
         ),
-        ({"base_batch": 8, "max_local": 16}, JobEnv(local_batch=32), "outside the job's local"),
-        ({"base_batch": 8, "lr_rule": "cubic"}, JobEnv(), "unknown lr_rule"),
+        (
+            {"base_batch": 8, "max_local": 16},
+            LaunchEnvironment(local_batch=32),
+            "outside the job's local",
+        ),
+        ({"base_batch": 8, "lr_rule": "cubic"}, LaunchEnvironment(), "unknown lr_rule"),
     ],
 )
 def test_bad_batch_input_is_a_clear_error(
-    kwargs: dict[str, object], env: JobEnv, message: str
+    kwargs: dict[str, object], env: LaunchEnvironment, message: str
 ) -> None:
     model, opt = _model_opt()
     with pytest.raises(PolluxError, match=message):
@@ -227,11 +236,11 @@ def test_bad_batch_input_is_a_clear_error(
 )
 def test_bad_launch_environment_is_a_clear_error(environ: dict[str, str], message: str) -> None:
     with pytest.raises(PolluxError, match=message):
-        JobEnv.from_environ(environ)
+        job_environment(environ)
 
 
 def test_launch_environment_is_read() -> None:
-    env = JobEnv.from_environ(
+    env = job_environment(
         {
             "RANK": "1",
             "WORLD_SIZE": "4",
@@ -246,8 +255,8 @@ def test_launch_environment_is_read() -> None:
     )
     assert (env.rank, env.world_size, env.num_nodes, env.restarts) == (1, 4, 2, 3)
     assert (env.local_batch, env.accum_steps, env.job_id) == (24, 2, "j7")
-    assert env.checkpoint_dir == Path("/tmp/x")
-    assert JobEnv.from_environ({}).distributed is False
+    assert env.checkpoint_dir == "/tmp/x"
+    assert job_environment({}).distributed is False
 
 
 # ----------------------------------------------------------------------------- one-process training
@@ -271,11 +280,13 @@ def _train(trainer: ElasticTrainer, epochs: int, stop_at: int | None = None) -> 
 
 def test_stop_checkpoints_exits_75_and_resumes_exactly(tmp_path: Path) -> None:
     model, opt = _model_opt()
-    ref = ElasticTrainer(model, opt, base_batch=8, env=JobEnv(), report_interval_s=1e9)
+    ref = ElasticTrainer(model, opt, base_batch=8, env=LaunchEnvironment(), report_interval_s=1e9)
     ref_seen = _train(ref, 2)
 
     model, opt = _model_opt()
-    first = ElasticTrainer(model, opt, base_batch=8, env=JobEnv(), checkpoint_dir=tmp_path)
+    first = ElasticTrainer(
+        model, opt, base_batch=8, env=LaunchEnvironment(), checkpoint_dir=tmp_path
+    )
     with pytest.raises(SystemExit) as exc:
         _train(first, 2, stop_at=11)
     assert exc.value.code == ExitCode.RESCALE
@@ -283,7 +294,9 @@ def test_stop_checkpoints_exits_75_and_resumes_exactly(tmp_path: Path) -> None:
     # rather than killing the exit at interpreter shutdown.
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
     model, opt = _model_opt()
-    second = ElasticTrainer(model, opt, base_batch=8, env=JobEnv(), checkpoint_dir=tmp_path)
+    second = ElasticTrainer(
+        model, opt, base_batch=8, env=LaunchEnvironment(), checkpoint_dir=tmp_path
+    )
     assert second.steps == 11 and second.epoch == 1
     seen_first = ref_seen[: 11 * 8]
     seen = seen_first + _train(second, 2)
@@ -295,7 +308,9 @@ def test_stop_checkpoints_exits_75_and_resumes_exactly(tmp_path: Path) -> None:
 
 def test_restore_skips_a_corrupt_newest_checkpoint(tmp_path: Path) -> None:
     model, opt = _model_opt()
-    trainer = ElasticTrainer(model, opt, base_batch=8, env=JobEnv(), checkpoint_dir=tmp_path)
+    trainer = ElasticTrainer(
+        model, opt, base_batch=8, env=LaunchEnvironment(), checkpoint_dir=tmp_path
+    )
     _train(trainer, 1)
     good = trainer.checkpoint()
     trainer.steps += 1
@@ -303,7 +318,9 @@ def test_restore_skips_a_corrupt_newest_checkpoint(tmp_path: Path) -> None:
     assert good is not None and bad is not None
     bad.write_bytes(b"PLXCKPT1" + b"\0" * 40)
     model, opt = _model_opt()
-    again = ElasticTrainer(model, opt, base_batch=8, env=JobEnv(), checkpoint_dir=tmp_path)
+    again = ElasticTrainer(
+        model, opt, base_batch=8, env=LaunchEnvironment(), checkpoint_dir=tmp_path
+    )
     assert again.steps == trainer.steps - 1
     with pytest.raises(PolluxError, match="does not exist"):
         again.restore_from(tmp_path / "missing.pt")
@@ -316,7 +333,7 @@ def test_user_state_and_scheduler_are_checkpointed(tmp_path: Path) -> None:
         model,
         opt,
         base_batch=8,
-        env=JobEnv(),
+        env=LaunchEnvironment(),
         checkpoint_dir=tmp_path,
         lr_scheduler=sched,
         state={"best": 0.75},
@@ -328,7 +345,12 @@ def test_user_state_and_scheduler_are_checkpointed(tmp_path: Path) -> None:
     model, opt = _model_opt()
     sched2 = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     again = ElasticTrainer(
-        model, opt, base_batch=8, env=JobEnv(), checkpoint_dir=tmp_path, lr_scheduler=sched2
+        model,
+        opt,
+        base_batch=8,
+        env=LaunchEnvironment(),
+        checkpoint_dir=tmp_path,
+        lr_scheduler=sched2,
     )
     assert again.state["best"] == 0.9
     assert opt.param_groups[0]["lr"] == pytest.approx(0.05)
@@ -342,7 +364,7 @@ def test_adascale_scales_the_learning_rate_and_counts_progress() -> None:
         base_batch=8,
         max_batch=64,
         adapt=False,
-        env=JobEnv(local_batch=32),
+        env=LaunchEnvironment(local_batch=32),
         min_stats_samples=1,
     )
     seen_lr = []
@@ -364,7 +386,7 @@ def test_adascale_scales_the_learning_rate_and_counts_progress() -> None:
 def test_goodput_adaptation_grows_the_batch_when_noise_is_high() -> None:
     def adapted(var: float) -> tuple[int, int]:
         model, opt = _model_opt()
-        trainer = ElasticTrainer(model, opt, base_batch=8, max_batch=128, env=JobEnv())
+        trainer = ElasticTrainer(model, opt, base_batch=8, max_batch=128, env=LaunchEnvironment())
         for m in (4, 8, 16):  # fixed cost dominates: larger micro-batches are nearly free
             for _ in range(5):
                 t = 0.010 + 0.0001 * m
@@ -381,7 +403,9 @@ def test_goodput_adaptation_grows_the_batch_when_noise_is_high() -> None:
 
 def test_report_file_schema_and_unreachable_daemon(tmp_path: Path) -> None:
     model, opt = _model_opt()
-    env = JobEnv(job_id="r1", job_dir=tmp_path, daemon_socket=str(tmp_path / "none.sock"))
+    env = LaunchEnvironment(
+        job_id="r1", job_dir=str(tmp_path), daemon_socket=str(tmp_path / "none.sock")
+    )
     trainer = ElasticTrainer(
         model, opt, base_batch=8, max_batch=32, env=env, report_interval_s=0, min_stats_samples=1
     )
@@ -419,7 +443,7 @@ def test_reporter_never_raises_when_the_daemon_is_away(tmp_path: Path) -> None:
 
 def test_generic_datasets_are_collated() -> None:
     model, opt = _model_opt()
-    trainer = ElasticTrainer(model, opt, base_batch=4, env=JobEnv())
+    trainer = ElasticTrainer(model, opt, base_batch=4, env=LaunchEnvironment())
     data = [(torch.randn(4), i % 2) for i in range(10)]
     loader = trainer.loader(data)  # type: ignore[arg-type]
     sizes = []
@@ -440,7 +464,7 @@ def test_adam_statistics_are_preconditioned_and_finite() -> None:
         model,
         opt,
         base_batch=8,
-        env=JobEnv(),
+        env=LaunchEnvironment(),
         stats_interval=1,
         stats_budget=None,
         min_stats_samples=5,
@@ -491,7 +515,7 @@ def test_amp_scaler_leaves_statistics_and_updates_unchanged() -> None:
             model,
             opt,
             base_batch=8,
-            env=JobEnv(),
+            env=LaunchEnvironment(),
             scaler=scaler,
             stats_interval=1,
             stats_budget=None,
@@ -506,3 +530,12 @@ def test_amp_scaler_leaves_statistics_and_updates_unchanged() -> None:
     assert amp_stats.var == pytest.approx(plain_stats.var, rel=1e-4)
     for a, b in zip(plain_params, amp_params, strict=True):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_the_job_side_reads_the_one_launch_environment() -> None:
+    """``job_environment`` is ``api.LaunchEnvironment`` with its device resolved: the CPU
+    when none is named and torch sees no CUDA, the declared slowdown kept on the CPU only."""
+    env = job_environment({"POLLUX_DEVICE": "cpu", "POLLUX_DEVICE_SLOWDOWN": "2"})
+    assert type(env) is LaunchEnvironment and env.device == "cpu"
+    if not torch.cuda.is_available():
+        assert job_environment({}).device == "cpu"

@@ -138,6 +138,11 @@ class LaunchEnvironment:
     #: to be (``[nodes.NAME] slowdown``); the job library stretches each micro-batch by it
     device_slowdown: float | None = None
 
+    @property
+    def distributed(self) -> bool:
+        """True when this incarnation has more than one replica."""
+        return self.world_size > 1
+
     def common_environ(self) -> dict[str, str]:
         """The variables common to every replica of the incarnation (no per-rank ones)."""
         env = {

@@ -15,11 +15,12 @@ See ``trainer.py`` for what happens underneath, ``docs/architecture.md`` for the
 environment and the job report.
 """
 
+from pollux_local.api.launch import LaunchEnvironment
 from pollux_local.api.spec import Target
 from pollux_local.api.states import ExitCode
 from pollux_local.jobspec import TrainingSpec, load_training_spec
 from pollux_local.torch.checkpoint import CheckpointStore
-from pollux_local.torch.env import JobEnv, init_distributed
+from pollux_local.torch.env import init_distributed, job_environment
 from pollux_local.torch.gradstats import GradNoiseEstimator, two_batch_estimate
 from pollux_local.torch.loader import ElasticLoader
 from pollux_local.torch.sampler import ElasticSampler, StepPlan
@@ -36,11 +37,12 @@ __all__ = [
     "ElasticSampler",
     "ElasticTrainer",
     "GradNoiseEstimator",
-    "JobEnv",
+    "LaunchEnvironment",
     "StepPlan",
     "Target",
     "TrainingSpec",
     "init_distributed",
+    "job_environment",
     "load_training_spec",
     "two_batch_estimate",
 ]

@@ -40,6 +40,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
+from pollux_local.api.launch import LaunchEnvironment
 from pollux_local.api.report import (
     REPORT_VERSION,
     JobReport,
@@ -60,7 +61,7 @@ from pollux_local.torch.batching import (
 )
 from pollux_local.torch.checkpoint import CheckpointStore, load_file
 from pollux_local.torch.collectives import average_and_agree, barrier, leave_group
-from pollux_local.torch.env import JobEnv, init_distributed
+from pollux_local.torch.env import init_distributed, job_environment, torch_device
 from pollux_local.torch.gradstats import MIN_SAMPLES, GradNoiseEstimator, squared_norm
 from pollux_local.torch.loader import ElasticLoader
 from pollux_local.torch.measuring import MeasuringSchedule
@@ -122,7 +123,7 @@ class ElasticTrainer:
         scaler: Any = None,
         precondition: bool | None = None,
         adapt: bool = True,
-        env: JobEnv | None = None,
+        env: LaunchEnvironment | None = None,
         checkpoint_dir: str | Path | None = None,
         checkpoint_interval_s: float | None = 600.0,
         report_interval_s: float = 10.0,
@@ -134,7 +135,7 @@ class ElasticTrainer:
         restore: bool = True,
         handle_sigterm: bool = True,
     ) -> None:
-        self.env = env if env is not None else JobEnv.from_environ()
+        self.env = env if env is not None else job_environment()
         if lr_rule not in LR_RULES:
             raise PolluxError(f"unknown lr_rule {lr_rule!r}; expected one of {', '.join(LR_RULES)}")
         if stats_interval < 1:
@@ -158,7 +159,7 @@ class ElasticTrainer:
         init_distributed(self.env)
         self.rank = self.env.rank
         self.replicas = self.env.world_size
-        self.device = self.env.torch_device()
+        self.device = torch_device(self.env)
         self.module = model.to(self.device)
         #: peak memory per local batch (CUDA only), for the report
         self.peak_memory = PeakMemory.for_device(self.device)
@@ -186,7 +187,8 @@ class ElasticTrainer:
 
         ckpt_dir = checkpoint_dir if checkpoint_dir is not None else self.env.checkpoint_dir
         self.checkpoints = CheckpointStore(ckpt_dir) if ckpt_dir is not None else None
-        self.reporter = Reporter(self.env.job_id, self.env.job_dir, self.env.daemon_socket)
+        job_dir = Path(self.env.job_dir) if self.env.job_dir else None
+        self.reporter = Reporter(self.env.job_id, job_dir, self.env.daemon_socket)
 
         self.local_batch, self.accum_steps = initial_choice(
             self.bounds, self.replicas, self.env.local_batch, self.env.accum_steps
