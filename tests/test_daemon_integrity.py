@@ -260,27 +260,27 @@ def test_the_daemon_refuses_a_damaged_database_in_one_line(tmp_path: Path) -> No
 
 
 class FailingWrites:
-    """``store.update_job`` raising ``sqlite3.OperationalError`` for the changes ``when``
-    picks (``times`` times at most)."""
+    """A job's write (``update_job`` or ``transition``) raising
+    ``sqlite3.OperationalError`` for the changes ``when`` picks (``times`` times at most)."""
 
     def __init__(self, store: StateStore, when: Any, times: int = 1) -> None:
         self.store = store
         self.when = when
         self.left = times
-        self.original = store.update_job
+        self.original = store._write_job
 
-    def __call__(self, job_id: int, **changes: Any) -> None:
+    def __call__(self, job_id: int, changes: dict[str, Any]) -> None:
         if self.left and self.when(changes):
             self.left -= 1
             raise sqlite3.OperationalError("disk I/O error")
-        self.original(job_id, **changes)
+        self.original(job_id, changes)
 
     def __enter__(self) -> FailingWrites:
-        self.store.update_job = self  # type: ignore[method-assign]
+        self.store._write_job = self  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.store.update_job = self.original  # type: ignore[method-assign]
+        self.store._write_job = self.original  # type: ignore[method-assign]
 
 
 def context(harness: Harness, uid: int = 1000) -> Context:

@@ -82,7 +82,7 @@ def test_default_window_filters_and_pages(tmp_path: Path) -> None:
         name="recent", owner_uid=1000, owner_gid=1000, owner_name="ann",
         spec={"argv": ["x"], "workdir": "/tmp"}, priority=0, submit_time=NOW - 100,
     )  # fmt: skip
-    store.update_job(recent.id, state=JobState.FAILED, end_time=NOW - 3600)
+    store.transition(recent.id, JobState.FAILED, NOW - 3600, None, end_time=NOW - 3600)
     ctx = context(store)
 
     default = query.status(ctx, Status())

@@ -10,8 +10,9 @@ import msgspec
 import pytest
 
 from pollux_local.api.spec import decode_spec
+from pollux_local.api.states import TERMINAL_STATES, TRANSITIONS, DecisionKind, JobState
 from pollux_local.daemon.config import load_config, parse_devices
-from pollux_local.daemon.state import MIGRATIONS, StateStore
+from pollux_local.daemon.state import MIGRATIONS, DecisionEntry, IllegalTransition, StateStore
 from pollux_local.errors import PolluxError
 
 
@@ -26,7 +27,8 @@ def add(store: StateStore, name: str) -> int:
 def test_jobs_survive_reopen_and_updates_round_trip(tmp_path: Path) -> None:
     store = StateStore(tmp_path / "s.db")
     ids = [add(store, f"j{i}") for i in range(3)]
-    store.update_job(ids[1], state="running", placement={"n": ["cpu:0"]}, report={"progress": 2})
+    store.transition(ids[1], JobState.RUNNING, 2.0, None, placement={"n": ["cpu:0"]})
+    store.update_job(ids[1], report={"progress": 2})
     store.record_decision(ids[1], 2.0, "start", "why", {"n": ["cpu:0"]}, {"replicas": 1})
     store.close()
     again = StateStore(tmp_path / "s.db")
@@ -218,3 +220,92 @@ def test_migration_4_keeps_the_jobs_of_an_older_database(tmp_path: Path) -> None
     assert store.get_job(kept.id).env == {"SEED": "42"}  # type: ignore[union-attr]
     refs = store.db.execute("SELECT env_ref FROM jobs ORDER BY id").fetchall()
     assert refs[0][0] is not None and refs[0][0] == refs[1][0]  # one blob, both reference it
+
+
+# --- the one way a job's state changes ---------------------------------------------------------
+
+
+def test_the_state_machines_docstring_and_its_table_agree() -> None:
+    documented: dict[JobState, frozenset[JobState]] = {}
+    for line in (JobState.__doc__ or "").splitlines():
+        match = re.fullmatch(r"\s*(\w+)\s+->\s+(.+)", line)
+        if match:
+            targets = match[2].strip()
+            documented[JobState(match[1])] = frozenset(
+                () if targets == "(none)" else (JobState(t.strip()) for t in targets.split(","))
+            )
+    assert documented == dict(TRANSITIONS)
+    assert set(TRANSITIONS) == set(JobState)
+    assert all(not TRANSITIONS[state] for state in TERMINAL_STATES)  # an end is final
+    assert JobState.QUEUED.can_become(JobState.RUNNING)
+    assert not JobState.HELD.can_become(JobState.RUNNING)
+
+
+def test_an_illegal_transition_is_refused_in_one_line_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    store = StateStore(tmp_path / "s.db")
+    job_id = add(store, "j")
+    store.transition(
+        job_id, JobState.CANCELLED, 5.0, DecisionEntry(DecisionKind.CANCELLED, "by ann"),
+        reason="cancelled", end_time=5.0,
+    )  # fmt: skip
+    before = store.get_job(job_id), store.decisions(job_id), store.pending_ends()
+    with pytest.raises(IllegalTransition) as caught:
+        store.transition(
+            job_id, JobState.RUNNING, 6.0, DecisionEntry(DecisionKind.START, "late"),
+            placement={"n": ["cpu:0"]}, reason="late",
+        )  # fmt: skip
+    assert str(caught.value) == f"job {job_id} cannot become running: it is cancelled"
+    assert "\n" not in str(caught.value)
+    assert (store.get_job(job_id), store.decisions(job_id), store.pending_ends()) == before
+    with pytest.raises(ValueError, match="transition"):  # nothing bypasses the machine
+        store.update_job(job_id, state=JobState.RUNNING)
+    assert store.get_job(job_id) == before[0]
+
+
+def test_a_transition_and_its_decision_are_one_transaction(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "s.db")
+    job_id = add(store, "j")
+    store.transition(job_id, JobState.RUNNING, 2.0, None, placement={"n": ["cpu:0"]})
+    original = store.record_decision
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    store.record_decision = failing  # type: ignore[method-assign]
+    with pytest.raises(sqlite3.OperationalError):
+        store.transition(
+            job_id, JobState.FAILED, 3.0, DecisionEntry(DecisionKind.FAILED, "exit 1"),
+            reason="exit 1", end_time=3.0, placement={},
+        )  # fmt: skip
+    job = store.get_job(job_id)
+    assert job is not None and job.state == JobState.RUNNING and job.placement  # rolled back
+    assert store.pending_ends() == [] and store.decisions(job_id) == []
+
+    store.record_decision = original  # type: ignore[method-assign]
+    assert store.transition(
+        job_id, JobState.FAILED, 3.0, DecisionEntry(DecisionKind.FAILED, "exit 1"),
+        reason="exit 1", end_time=3.0, placement={},
+    )  # fmt: skip
+    job = store.get_job(job_id)
+    assert job is not None and job.state == JobState.FAILED and job.end_time == 3.0
+    assert [(d["kind"], d["reason"]) for d in store.decisions(job_id)] == [("failed", "exit 1")]
+    assert [(e.job_id, e.state, e.reason) for e in store.pending_ends()] == [
+        (job_id, JobState.FAILED, "exit 1")
+    ]
+
+
+def test_a_requeue_of_a_job_no_longer_placed_leaves_it_as_it_is(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "s.db")
+    running, ended = add(store, "a"), add(store, "b")
+    for job_id in (running, ended):
+        store.transition(job_id, JobState.RUNNING, 1.0, None, placement={"n": ["cpu:0"]})
+    store.transition(ended, JobState.SUCCEEDED, 2.0, None, end_time=2.0)
+    assert store.requeue_if_placed(running, "gone", 3.0)
+    assert not store.requeue_if_placed(ended, "gone", 3.0)
+    assert not store.requeue_if_placed(999, "gone", 3.0)
+    states = store.states_of([running, ended])
+    assert states == {running: JobState.QUEUED, ended: JobState.SUCCEEDED}
+    assert [d["kind"] for d in store.decisions(running)] == ["requeued"]
+    assert store.decisions(ended) == []

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pollux_local.api.states import JobState
 from pollux_local.core.baselines import FifoPolicy
 from pollux_local.core.schedule import Holding, NodeInput
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
@@ -74,7 +75,7 @@ def test_the_loop_counts_what_stopping_jobs_hold_in_nodes_and_node_views(tmp_pat
         name="j", owner_uid=1000, owner_gid=1000, owner_name="ann",
         spec={"argv": ["x"], "workdir": "/", "min_gpus": 1}, priority=0, submit_time=0.0,
     )  # fmt: skip
-    store.update_job(job.id, state="cancelled")
+    store.transition(job.id, JobState.CANCELLED, 1.0, None)
     executor.stopping[job.id] = _Group("n", ["cpu:0"])  # type: ignore[assignment]
     stopping = stopping_jobs(store, executor)
     assert stopping == [Holding(job_id=job.id, owner="ann", devices={"n": ["cpu:0"]})]

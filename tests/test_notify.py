@@ -31,10 +31,11 @@ from typing import Any
 import psutil
 import pytest
 
+from pollux_local.api.states import JobState
 from pollux_local.daemon import notify, notify_send
 from pollux_local.daemon.config import DaemonConfig, load_config
 from pollux_local.daemon.notify import Notifier
-from pollux_local.daemon.state import StateStore
+from pollux_local.daemon.state import IllegalTransition, StateStore
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -75,12 +76,13 @@ def add_job(
         name=name, owner_uid=uid, owner_gid=gid, owner_name=owner,
         spec={"argv": ["train.py"], "workdir": "/tmp", **spec}, priority=0, submit_time=1.0,
     )  # fmt: skip
-    store.update_job(job.id, state="running", start_time=2.0)
+    store.transition(job.id, JobState.RUNNING, 2.0, None, start_time=2.0)
     return job.id
 
 
 def end_job(store: StateStore, job_id: int, state: str, reason: str = "") -> None:
-    store.update_job(job_id, state=state, reason=reason, end_time=time.time())
+    now = time.time()
+    store.transition(job_id, JobState(state), now, None, reason=reason, end_time=now)
 
 
 async def announce_all(notifier: Notifier, timeout_s: float = 60.0) -> int:
@@ -191,7 +193,8 @@ async def test_each_end_runs_the_hook_once_with_the_jobs_facts(
     end_job(store, won, "succeeded")
     end_job(store, lost, "failed", "exit code 3 on rank 0")
     end_job(store, dropped, "cancelled", "cancelled by alice")
-    end_job(store, won, "succeeded")  # a terminal job written again is no new end
+    with pytest.raises(IllegalTransition):  # a terminal job never moves again: no new end
+        end_job(store, won, "succeeded")
     notifier = Notifier(store, lambda: daemon_config(notify_command=command), os.geteuid())
 
     assert await announce_all(notifier) == 3

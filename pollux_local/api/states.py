@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import IntEnum, StrEnum
+from types import MappingProxyType
 
 
 class JobState(StrEnum):
@@ -23,7 +25,20 @@ class JobState(StrEnum):
 
     ``QUEUED``, ``RUNNING``, ``RESCALING`` and ``HELD`` are active; ``SUCCEEDED``, ``FAILED``
     and ``CANCELLED`` are terminal: a terminal job never runs again (a new submit is a new job).
-    A job that was running when the daemon stopped is queued again at its next start.
+    A job that was running when the daemon stopped is queued again at its next start.  A job
+    whose replicas exit 0 while they stop for a preemption or a resize has succeeded (from
+    ``QUEUED`` or ``RESCALING``); a queued or held job whose dependency failed has failed; a
+    queued job stays queued with a new reason (a stop that found it waiting, a back-off).
+
+    Every move, as :data:`TRANSITIONS` has it (``can_become``; a test keeps the two equal)::
+
+        queued    -> queued, running, held, succeeded, failed, cancelled
+        running   -> queued, rescaling, held, succeeded, failed, cancelled
+        rescaling -> queued, running, held, succeeded, failed, cancelled
+        held      -> queued, failed, cancelled
+        succeeded -> (none)
+        failed    -> (none)
+        cancelled -> (none)
     """
 
     QUEUED = "queued"
@@ -42,11 +57,36 @@ class JobState(StrEnum):
     def active(self) -> bool:
         return self in ACTIVE_STATES
 
+    def can_become(self, other: JobState) -> bool:
+        """Whether the state machine lets a job in this state move to ``other``."""
+        return other in TRANSITIONS[self]
+
 
 ACTIVE_STATES = frozenset({JobState.QUEUED, JobState.RUNNING, JobState.RESCALING, JobState.HELD})
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 #: States in which a job holds devices.
 PLACED_STATES = frozenset({JobState.RUNNING, JobState.RESCALING})
+_FROM_PLACED = frozenset(
+    {
+        JobState.QUEUED,
+        JobState.HELD,
+        JobState.SUCCEEDED,
+        JobState.FAILED,
+        JobState.CANCELLED,
+    }
+)
+#: The state machine of :class:`JobState` as data: each state -> the states it may become.
+TRANSITIONS: Mapping[JobState, frozenset[JobState]] = MappingProxyType(
+    {
+        JobState.QUEUED: frozenset({JobState.RUNNING} | _FROM_PLACED),
+        JobState.RUNNING: _FROM_PLACED | {JobState.RESCALING},
+        JobState.RESCALING: _FROM_PLACED | {JobState.RUNNING},
+        JobState.HELD: frozenset({JobState.QUEUED, JobState.FAILED, JobState.CANCELLED}),
+        JobState.SUCCEEDED: frozenset(),
+        JobState.FAILED: frozenset(),
+        JobState.CANCELLED: frozenset(),
+    }
+)
 
 
 class ExitCode(IntEnum):
@@ -95,3 +135,28 @@ class StopIntent(StrEnum):
     SHUTDOWN = "shutdown"
     #: replicas the database does not record as running
     RECONCILE = "reconcile"
+
+
+class DecisionKind(StrEnum):
+    """What a line of a job's decision log records (``show``'s decisions)."""
+
+    SUBMITTED = "submitted"
+    #: the policy started it, resized it (restarted at a new size) or took its devices
+    START = "start"
+    RESIZE = "resize"
+    STOP = "stop"
+    #: back in the queue (a shutdown, an orphaned or vanished incarnation, a resize's wait)
+    REQUEUED = "requeued"
+    #: a restarted daemon took it over
+    RECOVERED = "recovered"
+    #: a crash, retried after a back-off
+    CRASHED = "crashed"
+    FAILED = "failed"
+    FINISHED = "finished"
+    CANCELLED = "cancelled"
+    HELD = "held"
+    RELEASED = "released"
+    EDITED = "edited"
+    PRIORITY = "priority"
+    #: a node it ran on became unreachable
+    NODE_DOWN = "node-down"

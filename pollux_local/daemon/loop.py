@@ -33,7 +33,13 @@ from typing import Protocol
 import numpy as np
 import psutil
 
-from pollux_local.api.states import PLACED_STATES, TERMINAL_STATES, JobState
+from pollux_local.api.states import (
+    PLACED_STATES,
+    TERMINAL_STATES,
+    DecisionKind,
+    JobState,
+    StopIntent,
+)
 from pollux_local.core.schedule import Holding, NodeInput, Verdict, dependency_verdict
 from pollux_local.core.types import Policy
 from pollux_local.daemon import gpus
@@ -49,7 +55,7 @@ from pollux_local.daemon.scheduler import (
     plan_round,
     time_left_s,
 )
-from pollux_local.daemon.state import JobRecord, StateStore
+from pollux_local.daemon.state import DecisionEntry, JobRecord, StateStore
 from pollux_local.durations import format_duration
 
 log = logging.getLogger("pollux_local.daemon")
@@ -286,8 +292,10 @@ class SchedulingLoop:
                 verdict, why = dependency_verdict(dependencies_of(job, states), job.spec.after_any)
                 if verdict is not Verdict.FAIL:
                     continue
-                self.store.update_job(job.id, state=JobState.FAILED, end_time=now, reason=why)
-                self.store.record_decision(job.id, now, "failed", why)
+                self.store.transition(
+                    job.id, JobState.FAILED, now, DecisionEntry(DecisionKind.FAILED, why),
+                    end_time=now, reason=why,
+                )  # fmt: skip
                 job.state = JobState.FAILED
                 if job.id in states:
                     states[job.id] = JobState.FAILED
@@ -332,15 +340,14 @@ class SchedulingLoop:
                 # end is handled (its devices released) like any other
                 watch = self.executor._watch(job_id, group)
                 self.executor.watchers[job_id] = asyncio.ensure_future(watch)
-            await self.executor.stop_job(job_id, "reconcile")
+            await self.executor.stop_job(job_id, StopIntent.RECONCILE)
         live = (
             set(self.executor.groups) | set(self.executor.watchers) | set(self.executor.unrecorded)
         )
         for job_id in sorted(placed - live):
             reason = "its replicas are gone; back in the queue"
-            if self.store.requeue_if_placed(job_id, reason):
+            if self.store.requeue_if_placed(job_id, reason, self.clock()):
                 log.warning("job %s: recorded as running without replicas: queued again", job_id)
-                self.store.record_decision(job_id, self.clock(), "requeued", reason)
 
     def refresh_reports(self, jobs: list[JobRecord]) -> None:
         """Take in the ``report.json`` files written since the last pass.  A report that does

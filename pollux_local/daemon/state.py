@@ -43,7 +43,13 @@ import msgspec
 from pollux_local.api import errors as api_errors
 from pollux_local.api.errors import PolluxError
 from pollux_local.api.spec import JobSpec, decode_spec
-from pollux_local.api.states import ACTIVE_STATES, TERMINAL_STATES, JobState
+from pollux_local.api.states import (
+    ACTIVE_STATES,
+    PLACED_STATES,
+    TERMINAL_STATES,
+    DecisionKind,
+    JobState,
+)
 
 __all__ = [
     "ACTIVE_STATES",
@@ -52,6 +58,8 @@ __all__ = [
     "STATES",
     "TERMINAL_STATES",
     "JobRecord",
+    "DecisionEntry",
+    "IllegalTransition",
     "JobState",
     "StateDiskFull",
     "StateError",
@@ -227,6 +235,25 @@ HISTORY_LIMIT = 720
 _JSON_COLUMNS = frozenset(
     {"env", "placement", "batch", "pids", "report", "prediction", "device_seconds"}
 )
+
+
+class IllegalTransition(api_errors.Conflict):
+    """A state change the :class:`JobState` machine does not allow; nothing was changed."""
+
+    def __init__(self, job_id: int, before: JobState, after: JobState) -> None:
+        super().__init__(f"job {job_id} cannot become {after.value}: it is {before.value}")
+        self.job_id, self.before, self.after = job_id, before, after
+
+
+@dataclass(frozen=True)
+class DecisionEntry:
+    """A line of a job's decision log: what was decided (``kind``) and why; the devices and
+    batch it was given, for a start or a resize."""
+
+    kind: DecisionKind
+    reason: str
+    placement: dict[str, list[str]] | None = None
+    batch: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -846,8 +873,67 @@ class StateStore:
         return jobs, more, hidden
 
     def update_job(self, job_id: int, **changes: Any) -> None:
+        """Change a job's columns other than its state (a state changes through
+        :meth:`transition` only: ``ValueError`` here)."""
         if not changes:
             return
+        if "state" in changes:
+            raise ValueError("a job's state changes through StateStore.transition")
+        self._write_job(job_id, changes)
+
+    def transition(
+        self,
+        job_id: int,
+        state: JobState,
+        now: float,
+        decision: DecisionEntry | None,
+        *,
+        only_from: Iterable[JobState] | None = None,
+        **changes: Any,
+    ) -> bool:
+        """Move job ``job_id`` to ``state``, with ``changes`` to its other columns, its
+        ``decision`` line and, for an end, its entry in the outbox of ends, all in one
+        transaction: either all are written or nothing is.
+
+        A move the :class:`JobState` machine does not allow (``JobState.can_become``) raises
+        :class:`IllegalTransition`, changing nothing.  With ``only_from``, a job found in
+        another state is left as it is and ``False`` returned (a later record of how it ended
+        is never overwritten); ``KeyError`` for a job that does not exist."""
+        state = JobState(state)
+        allowed = None if only_from is None else frozenset(JobState(s) for s in only_from)
+        with self.transaction():
+            row = self.db.execute("SELECT state, reason FROM jobs WHERE id = ?", (job_id,))
+            found = row.fetchone()
+            if found is None:
+                raise KeyError(f"no job {job_id}")
+            before = JobState(found[0])
+            if allowed is not None and before not in allowed:
+                return False
+            if not before.can_become(state):
+                raise IllegalTransition(job_id, before, state)
+            self._write_job(job_id, {"state": state, **changes})
+            if state in TERMINAL_STATES:
+                # a job's end and its entry in the outbox of ends (notifications) are one
+                # transaction: an end is never recorded without being announced, nor twice
+                reason = changes.get("reason", found[1])
+                end_time = changes.get("end_time")
+                self.db.execute(
+                    "INSERT INTO job_ends (job_id, time, state, reason) VALUES (?, ?, ?, ?)",
+                    (
+                        job_id,
+                        float(end_time) if end_time is not None else now,
+                        state.value,
+                        str(reason),
+                    ),
+                )
+            if decision is not None:
+                self.record_decision(
+                    job_id, now, decision.kind, decision.reason, decision.placement,
+                    decision.batch,
+                )  # fmt: skip
+        return True
+
+    def _write_job(self, job_id: int, changes: dict[str, Any]) -> None:
         for name in changes:
             if name not in _JOB_COLUMNS or name == "id":
                 raise KeyError(f"no such job column {name!r}")
@@ -861,30 +947,7 @@ class StateStore:
             columns["env"], columns["env_ref"] = "{}", self._put_blob(changes["env"] or {})
         assignments = ", ".join(f"{name} = ?" for name in columns)
         values = list(columns.values())
-        state = changes.get("state")
-        if state is None or JobState(state) not in TERMINAL_STATES:
-            self.db.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values, job_id))
-            return
-        # A job's end and its entry in the outbox of ends (notifications) are one transaction:
-        # an end is never recorded without being announced, nor announced twice.
-        with self.transaction():
-            before = self.db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            self.db.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values, job_id))
-            if before is not None and JobState(before[0]) not in TERMINAL_STATES:
-                reason = changes.get("reason")
-                if reason is None:
-                    row = self.db.execute("SELECT reason FROM jobs WHERE id = ?", (job_id,))
-                    reason = row.fetchone()[0]
-                end_time = changes.get("end_time")
-                self.db.execute(
-                    "INSERT INTO job_ends (job_id, time, state, reason) VALUES (?, ?, ?, ?)",
-                    (
-                        job_id,
-                        float(end_time) if end_time is not None else time.time(),
-                        JobState(state).value,
-                        str(reason),
-                    ),
-                )
+        self.db.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values, job_id))
 
     # --- the outbox of job ends -----------------------------------------------------------
 
@@ -986,16 +1049,17 @@ class StateStore:
         ).fetchall()
         return [self._job(row) for row in rows]
 
-    def requeue_if_placed(self, job_id: int, reason: str) -> bool:
+    def requeue_if_placed(self, job_id: int, reason: str, now: float) -> bool:
         """Queue the job again, without placement or processes, if it is still recorded as
-        running or rescaling (a later record of how it ended is never overwritten)."""
-        placed = [state.value for state in (JobState.RUNNING, JobState.RESCALING)]
-        cursor = self.db.execute(
-            "UPDATE jobs SET state = ?, placement = '{}', pids = '[]', last_start = NULL,"
-            " reason = ? WHERE id = ? AND state IN (?, ?)",
-            (JobState.QUEUED.value, reason, job_id, *placed),
-        )
-        return cursor.rowcount > 0
+        running or rescaling (a later record of how it ended is never overwritten), with a
+        ``requeued`` decision."""
+        try:
+            return self.transition(
+                job_id, JobState.QUEUED, now, DecisionEntry(DecisionKind.REQUEUED, reason),
+                only_from=PLACED_STATES, placement={}, pids=[], last_start=None, reason=reason,
+            )  # fmt: skip
+        except KeyError:
+            return False
 
     def array_tasks(self, array_id: int) -> list[JobRecord]:
         """Every task of the array whose first task is job ``array_id`` (restarted tasks
@@ -1028,15 +1092,24 @@ class StateStore:
         self,
         job_id: int,
         time: float,
-        kind: str,
+        kind: DecisionKind,
         reason: str,
         placement: dict[str, list[str]] | None = None,
         batch: dict[str, Any] | None = None,
     ) -> None:
+        """One line of a job's decision log (a state change writes its own through
+        :meth:`transition`)."""
         self.db.execute(
             "INSERT INTO decisions (time, job_id, kind, placement, batch, reason)"
             " VALUES (?, ?, ?, ?, ?, ?)",
-            (time, job_id, kind, json.dumps(placement or {}), json.dumps(batch or {}), reason),
+            (
+                time,
+                job_id,
+                DecisionKind(kind).value,
+                json.dumps(placement or {}),
+                json.dumps(batch or {}),
+                reason,
+            ),
         )
 
     def decisions(self, job_id: int | None = None, limit: int = 50) -> list[dict[str, Any]]:

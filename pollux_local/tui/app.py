@@ -228,9 +228,9 @@ class PolluxApp(App[None]):
 
     def apply_data(self) -> None:
         """Recompute rows, grid and cluster figures from the last replies and redraw."""
-        self.rows = job_rows(self.status)
-        self.cells = node_cells(self.nodes.nodes)
         now = self.clock()
+        self.rows = job_rows(self.status, now)
+        self.cells = node_cells(self.nodes.nodes)
         if self.samples and self.samples[-1].time == now:
             self.samples.pop()
         self.samples.append(cluster_sample(self.rows, self.cells, now))

@@ -114,6 +114,12 @@ class JobRow:
     eta_s: float | None
     restarts: int
     priority: int
+    #: a queued job: seconds to its expected start from the daemon's forecast (``None``:
+    #: unknown), and its expected finish in seconds from now
+    start_in_s: float | None = None
+    finish_in_s: float | None = None
+    #: why it waits (or how it ended)
+    reason: str = ""
 
     @property
     def batch_text(self) -> str:
@@ -137,8 +143,25 @@ class JobRow:
             DASH if self.speedup is None else f"{self.speedup:.2f}x",
             fmt_progress(self.progress),
             fmt_duration(self.eta_s),
+            self.start_text,
             str(self.restarts),
         )
+
+    @property
+    def waiting_text(self) -> str | None:
+        """What a waiting (or failed) job's line shows in place of the figures it does not
+        have: its reason (``None`` for other jobs, and one without a reason)."""
+        return self.reason if self.state in WAITING_STATES and self.reason else None
+
+    @property
+    def start_text(self) -> str:
+        """A queued job's expected start: ``now``, ``4m07s`` or ``?`` (unknown); ``-`` for
+        other jobs."""
+        if self.state != JobState.QUEUED.value:
+            return DASH
+        if self.start_in_s is None:
+            return "?"
+        return "now" if self.start_in_s < 1 else fmt_duration(self.start_in_s)
 
 
 #: (key, header) of each column of the jobs table; the key is also the sort key's name.
@@ -154,13 +177,22 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("speedup", "Speedup"),
     ("progress", "Progress"),
     ("eta", "ETA"),
+    ("start", "Start"),
     ("restarts", "Rst"),
 )
+#: The states whose reason the table shows, across the figures columns (from
+#: :data:`SPAN_FROM` to :data:`SPAN_TO`): why it waits, why it failed.
+WAITING_STATES = frozenset({"queued", "held", "failed"})
+SPAN_FROM, SPAN_TO = "gpus", "eta"
 SORT_KEYS = tuple(key for key, _ in COLUMNS)
 
 
-def job_row(job: JobSummary) -> JobRow:
-    """One job of ``status`` (or the job of ``show``) as a table row."""
+def job_row(job: JobSummary, now: float | None = None) -> JobRow:
+    """One job of ``status`` (or the job of ``show``) as a table row; ``now``: the time its
+    expected start and finish are counted from (``None``: they are left unknown)."""
+    queued = job.state is JobState.QUEUED and now is not None
+    start = job.expected_start if queued else None
+    finish = job.expected_finish if now is not None else None
     return JobRow(
         id=job.id,
         name=job.name,
@@ -179,11 +211,14 @@ def job_row(job: JobSummary) -> JobRow:
         eta_s=job.eta_s,
         restarts=job.restarts,
         priority=job.priority,
+        start_in_s=None if start is None or now is None else max(0.0, start - now),
+        finish_in_s=None if finish is None or now is None else max(0.0, finish - now),
+        reason=job.reason,
     )
 
 
-def job_rows(status: StatusReply) -> list[JobRow]:
-    return [job_row(job) for job in status.jobs]
+def job_rows(status: StatusReply, now: float | None = None) -> list[JobRow]:
+    return [job_row(job, now) for job in status.jobs]
 
 
 def _id_key(job_id: str) -> tuple[int, str]:
@@ -207,6 +242,7 @@ def sort_rows(rows: Sequence[JobRow], key: str, reverse: bool = False) -> list[J
         "speedup": lambda r: r.speedup,
         "progress": lambda r: r.progress,
         "eta": lambda r: r.eta_s,
+        "start": lambda r: r.start_in_s,
         "restarts": lambda r: r.restarts,
     }
     getter = getters[key]

@@ -374,3 +374,40 @@ async def test_threaded_errors_reach_the_status_line(source: FixedSource, make_a
         assert app.last_error == "database is locked"
         assert app.connected is True  # reachable, it just refused
         assert "database is locked" in status_text(app)
+
+
+async def test_waiting_reason_and_expected_start_in_the_table_and_the_detail(
+    source: FixedSource, make_app: Any
+) -> None:
+    """The queued job's line shows what it waits for across the figures it lacks and its
+    expected start from the daemon's forecast; its screen shows both, with its finish."""
+    import msgspec
+
+    fixed_now = 1_732_323_000.0  # conftest.FIXED_NOW, the app's clock
+    jobs = [
+        msgspec.structs.replace(
+            job, expected_start=fixed_now + 245, expected_finish=fixed_now + 845
+        )
+        if job.id == "7"
+        else job
+        for job in source.status.jobs
+    ]
+    source.status = msgspec.structs.replace(source.status, jobs=jobs)
+    app = make_app(source, sync=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        table = app.query_one("#jobs", JobTable)
+        waiting = row(app, "7")
+        assert waiting.start_text == "4m05s"
+        line = table._row_strip(app.rows.index(waiting), SIZE[0]).text
+        assert "waiting: needs 2 devices" in line and "4m05s" in line
+        assert "held" in table._row_strip(app.rows.index(row(app, "5")), SIZE[0]).text
+        assert row(app, "3").waiting_text is None  # a running job shows its figures
+        for _ in range(6):
+            await pilot.press("down")
+        await pilot.press("enter")
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, JobScreen)
+        summary = str(app.screen.query_one("#summary").render())
+        assert "expected start in 4m05s" in summary and "finish in 14m" in summary
+        assert "reason: waiting: needs 2 devices" in summary

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 
-from pollux_local.api.states import ExitCode
+from pollux_local.api.states import DecisionKind, ExitCode
 from pollux_local.daemon.config import NodeConfig
 from pollux_local.daemon.executor.base import ExecutorBase, log
 from pollux_local.daemon.reports import InvalidReport, read_job_report
@@ -87,7 +87,7 @@ class Accounting(ExecutorBase):
         )
         reason = f"node(s) {', '.join(fresh)} unreachable ({errors}); resuming from checkpoint"
         self.store.update_job(job_id, reason=reason)
-        self.store.record_decision(job_id, now, "node-down", reason)
+        self.store.record_decision(job_id, now, DecisionKind.NODE_DOWN, reason)
 
     def _read_final_report(self, job: JobRecord) -> None:
         """Store the report a job wrote last (its final progress) once its replicas exited:

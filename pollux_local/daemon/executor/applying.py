@@ -12,13 +12,13 @@ from typing import Any
 
 import psutil
 
-from pollux_local.api.states import JobState, StopIntent
+from pollux_local.api.states import DecisionKind, JobState, StopIntent
 from pollux_local.daemon.config import busy_gpus
 from pollux_local.daemon.executor.base import Device, allocation_devices, log
 from pollux_local.daemon.executor.exits import Exits
 from pollux_local.daemon.executor.launchspec import one_line, owner_gone, prepare_dirs
 from pollux_local.daemon.scheduler import Action, ActionKind, Allocation, Plan
-from pollux_local.daemon.state import JobRecord
+from pollux_local.daemon.state import DecisionEntry, JobRecord
 from pollux_local.errors import PolluxError
 from pollux_local.launch.base import (
     ReplicaGroup,
@@ -68,15 +68,17 @@ class Applying(Exits):
         job_id = action.job_id
         group = self.groups.get(job_id)
         if action.kind is ActionKind.RESIZE:
-            self.store.update_job(job_id, state=JobState.RESCALING)
+            self.store.transition(job_id, JobState.RESCALING, now, None)
             if group is not None:
                 self._resize[job_id] = action
                 self._begin_stop(job_id, group, StopIntent.RESIZE)
             return
         if group is not None:
             self._begin_stop(job_id, group, StopIntent.PREEMPT)
-        self.store.update_job(job_id, state=JobState.QUEUED, reason=action.reason)
-        self.store.record_decision(job_id, now, "stop", action.reason)
+        self.store.transition(
+            job_id, JobState.QUEUED, now, DecisionEntry(DecisionKind.STOP, action.reason),
+            reason=action.reason,
+        )  # fmt: skip
 
     async def _guarded(self, job_id: int, what: str, work: Awaitable[Any]) -> None:
         """Run one job's part of a plan; an error there fails that job (one line), unless it
@@ -272,9 +274,24 @@ class Applying(Exits):
                     record["create_time"] = psutil.Process(pid).create_time()
             pids.append(record)
         batch = action.batch
-        self.store.update_job(
+        self.store.transition(
             job.id,
-            state=JobState.RUNNING,
+            JobState.RUNNING,
+            now,
+            DecisionEntry(
+                DecisionKind(action.kind.value),
+                action.reason,
+                action.allocation,
+                dict(
+                    (k, v)
+                    for k, v in (
+                        ("local_batch", batch.local_batch if batch else None),
+                        ("accum_steps", batch.accum_steps if batch else None),
+                        ("replicas", len(spec.slots)),
+                    )
+                    if v is not None
+                ),
+            ),
             placement=action.allocation,
             batch=(
                 {
@@ -293,26 +310,10 @@ class Applying(Exits):
             reason=action.reason,
             prediction=action.prediction,
         )
-        self.store.record_decision(
-            job.id,
-            now,
-            action.kind.value,
-            action.reason,
-            action.allocation,
-            dict(
-                (k, v)
-                for k, v in (
-                    ("local_batch", batch.local_batch if batch else None),
-                    ("accum_steps", batch.accum_steps if batch else None),
-                    ("replicas", len(spec.slots)),
-                )
-                if v is not None
-            ),
-        )
 
     # --- stopping ------------------------------------------------------------------------------
 
-    async def stop_job(self, job_id: int, intent: StopIntent | str) -> None:
+    async def stop_job(self, job_id: int, intent: StopIntent) -> None:
         """Ask a running job's replicas to stop (they checkpoint; SIGKILL after
         ``stop_grace_s``) and return at once: the exit is handled when it comes.  The caller
         sets the job's next state.  A job already stopping gets ``intent`` as what its stop
@@ -346,8 +347,11 @@ class Applying(Exits):
     async def cancel(self, job_id: int) -> None:
         """Cancel a job: recorded at once, its replicas stopped in the background."""
         now = self.clock()
-        self.store.update_job(job_id, state=JobState.CANCELLED, end_time=now, reason="cancelled")
-        self.store.record_decision(job_id, now, "cancelled", "cancelled by request")
+        self.store.transition(
+            job_id, JobState.CANCELLED, now,
+            DecisionEntry(DecisionKind.CANCELLED, "cancelled by request"),
+            end_time=now, reason="cancelled",
+        )  # fmt: skip
         await self.stop_job(job_id, StopIntent.CANCEL)
 
     async def end_at_time_limit(self, job_id: int, reason: str) -> None:
@@ -355,15 +359,19 @@ class Applying(Exits):
         replicas stopped in the background (SIGTERM, a checkpoint for an elastic job; SIGKILL
         after ``stop_grace_s``)."""
         now = self.clock()
-        self.store.update_job(job_id, state=JobState.FAILED, end_time=now, reason=reason)
-        self.store.record_decision(job_id, now, "failed", reason)
+        self.store.transition(
+            job_id, JobState.FAILED, now, DecisionEntry(DecisionKind.FAILED, reason),
+            end_time=now, reason=reason,
+        )  # fmt: skip
         await self.stop_job(job_id, StopIntent.TIME_LIMIT)
 
     async def hold(self, job_id: int) -> None:
         """Hold a job: recorded at once, its replicas stopped (checkpoint) in the background."""
         now = self.clock()
-        self.store.update_job(job_id, state=JobState.HELD, reason="held")
-        self.store.record_decision(job_id, now, "held", "held by request")
+        self.store.transition(
+            job_id, JobState.HELD, now, DecisionEntry(DecisionKind.HELD, "held by request"),
+            reason="held",
+        )  # fmt: skip
         await self.stop_job(job_id, StopIntent.HOLD)
 
     async def shutdown(self) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from pollux_local.api.states import JobState, StopIntent
+from pollux_local.api.states import DecisionKind, JobState, StopIntent
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.executor.health import NodeHealthBook
 from pollux_local.daemon.executor.launchspec import (
@@ -19,7 +19,7 @@ from pollux_local.daemon.executor.launchspec import (
     ssh_table,
 )
 from pollux_local.daemon.scheduler import Action, Allocation
-from pollux_local.daemon.state import JobRecord, StateStore
+from pollux_local.daemon.state import DecisionEntry, JobRecord, StateStore
 from pollux_local.launch.base import (
     Launcher,
     LaunchSpec,
@@ -130,10 +130,10 @@ class ExecutorBase:
     def _fail(self, job_id: int, reason: str) -> None:
         now = self.clock()
         log.error("job %s: %s", job_id, reason)
-        self.store.update_job(
-            job_id, state=JobState.FAILED, reason=reason, end_time=now, placement={}, pids=[]
-        )
-        self.store.record_decision(job_id, now, "failed", reason)
+        self.store.transition(
+            job_id, JobState.FAILED, now, DecisionEntry(DecisionKind.FAILED, reason),
+            reason=reason, end_time=now, placement={}, pids=[],
+        )  # fmt: skip
 
     # --- provided by the parts above this one ------------------------------------------------
 

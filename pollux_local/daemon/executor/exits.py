@@ -8,12 +8,12 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
-from pollux_local.api.states import PLACED_STATES, ExitCode, JobState, StopIntent
+from pollux_local.api.states import PLACED_STATES, DecisionKind, ExitCode, JobState, StopIntent
 from pollux_local.daemon.executor.accounting import Accounting
 from pollux_local.daemon.executor.base import allocation_devices, log
 from pollux_local.daemon.failures import permanent_cause
 from pollux_local.daemon.jobfiles import read_job_file
-from pollux_local.daemon.state import JobRecord
+from pollux_local.daemon.state import DecisionEntry, JobRecord
 from pollux_local.launch.base import (
     ReplicaGroup,
 )
@@ -103,8 +103,7 @@ class Exits(Accounting):
                     "daemon restarted; its nodes stopped the job when the daemon went away;"
                     " resuming from checkpoint"
                 )
-                self.store.update_job(job.id, state=JobState.QUEUED, reason=reason)
-                self.store.record_decision(job.id, now, "requeued", reason)
+                self._requeue(job.id, reason, now)
             elif intent is None:
                 await self._on_exit(job, group, code, now)
             else:
@@ -118,8 +117,17 @@ class Exits(Accounting):
         await self._launch_waiting()
 
     def _finished(self, job_id: int, now: float) -> None:
-        self.store.update_job(job_id, state=JobState.SUCCEEDED, end_time=now, reason="finished")
-        self.store.record_decision(job_id, now, "finished", "all replicas exited 0")
+        self.store.transition(
+            job_id, JobState.SUCCEEDED, now,
+            DecisionEntry(DecisionKind.FINISHED, "all replicas exited 0"),
+            end_time=now, reason="finished",
+        )  # fmt: skip
+
+    def _requeue(self, job_id: int, reason: str, now: float) -> None:
+        self.store.transition(
+            job_id, JobState.QUEUED, now, DecisionEntry(DecisionKind.REQUEUED, reason),
+            reason=reason,
+        )  # fmt: skip
 
     async def _on_stopped(self, job: JobRecord, intent: StopIntent, code: int, now: float) -> None:
         """The end of a group that was asked to stop.  Cancel, hold and the others set the
@@ -134,16 +142,12 @@ class Exits(Accounting):
                 self._finished(job.id, now)
             return
         if intent is StopIntent.SHUTDOWN and job.state in PLACED_STATES:
-            reason = "daemon stopped; will resume from checkpoint"
-            self.store.update_job(job.id, state=JobState.QUEUED, reason=reason)
-            self.store.record_decision(job.id, now, "requeued", reason)
+            self._requeue(job.id, "daemon stopped; will resume from checkpoint", now)
             return
         if intent is not StopIntent.RESIZE or job.state != JobState.RESCALING:
             return
         if action is None or self._closing:
-            reason = "checkpointed for a resize; back in the queue"
-            self.store.update_job(job.id, state=JobState.QUEUED, reason=reason)
-            self.store.record_decision(job.id, now, "requeued", reason)
+            self._requeue(job.id, "checkpointed for a resize; back in the queue", now)
             return
         claimed = {
             d for other in self._deferred.values() for d in allocation_devices(other.allocation)
@@ -152,7 +156,7 @@ class Exits(Accounting):
             current = self.store.get_job(job.id)
             if current is not None and current.state == JobState.RESCALING:
                 reason = "resizing: waiting for its new devices to be released"
-                self.store.update_job(job.id, state=JobState.QUEUED, reason=reason)
+                self.store.transition(job.id, JobState.QUEUED, now, None, reason=reason)
 
     async def _on_exit(self, job: JobRecord, group: ReplicaGroup, code: int, now: float) -> None:
         """The end of a group nobody asked to stop: 0 has finished; a lost node re-queues it;
@@ -168,7 +172,7 @@ class Exits(Accounting):
             down = await self._lost_nodes(group, code)
             if down:
                 self._note_node_down(job.id, down, now)
-                self.store.update_job(job.id, state=JobState.QUEUED)
+                self.store.transition(job.id, JobState.QUEUED, now, None)
                 return
             detail = getattr(group, "supervisor_failure", None) or next(
                 (
@@ -191,21 +195,17 @@ class Exits(Accounting):
         failures = job.failures + 1
         if cause is not None:
             reason = f"{what}: {cause}; not retried"
-            self.store.update_job(
-                job.id, state=JobState.FAILED, failures=failures, end_time=now, reason=reason
-            )
-            self.store.record_decision(job.id, now, "failed", reason)
-            return
-        if failures > self.config.max_retries:
+        elif failures > self.config.max_retries:
             reason = f"{what}; gave up after {failures - 1} restart(s)"
-            self.store.update_job(
-                job.id, state=JobState.FAILED, failures=failures, end_time=now, reason=reason
-            )
-            self.store.record_decision(job.id, now, "failed", reason)
+        else:
+            delay = self.config.backoff_s * 2 ** (failures - 1)
+            reason = f"{what}; retry {failures}/{self.config.max_retries} in {delay:g} s"
+            self.store.transition(
+                job.id, JobState.QUEUED, now, DecisionEntry(DecisionKind.CRASHED, reason),
+                failures=failures, retry_after=now + delay, reason=reason,
+            )  # fmt: skip
             return
-        delay = self.config.backoff_s * 2 ** (failures - 1)
-        reason = f"{what}; retry {failures}/{self.config.max_retries} in {delay:g} s"
-        self.store.update_job(
-            job.id, state=JobState.QUEUED, failures=failures, retry_after=now + delay, reason=reason
-        )
-        self.store.record_decision(job.id, now, "crashed", reason)
+        self.store.transition(
+            job.id, JobState.FAILED, now, DecisionEntry(DecisionKind.FAILED, reason),
+            failures=failures, end_time=now, reason=reason,
+        )  # fmt: skip

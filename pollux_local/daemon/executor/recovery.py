@@ -13,11 +13,11 @@ import time
 
 import psutil
 
-from pollux_local.api.states import JobState, StopIntent
+from pollux_local.api.states import DecisionKind, JobState, StopIntent
 from pollux_local.daemon.executor.applying import Applying
 from pollux_local.daemon.executor.base import log
 from pollux_local.daemon.scheduler import Action, ActionKind
-from pollux_local.daemon.state import JobRecord
+from pollux_local.daemon.state import DecisionEntry, JobRecord
 from pollux_local.launch.base import (
     ReplicaGroup,
 )
@@ -100,7 +100,7 @@ class Recovery(Applying):
                 f" {record.supervisor_pid})"
             )
         log.info("job %s: %s", job.id, reason)
-        self.store.record_decision(job.id, now, "recovered", reason)
+        self.store.record_decision(job.id, now, DecisionKind.RECOVERED, reason)
         if job.state == JobState.RESCALING:
             self._adopt_stopping(job.id, group, StopIntent.RESIZE)
         else:
@@ -140,7 +140,7 @@ class Recovery(Applying):
         else:
             reason = "daemon restarted; its replicas still run on its nodes: waiting for their end"
         log.info("job %s: %s", job.id, reason)
-        self.store.record_decision(job.id, now, "recovered", reason)
+        self.store.record_decision(job.id, now, DecisionKind.RECOVERED, reason)
         if job.state == JobState.RESCALING:
             self._adopt_stopping(job.id, group, StopIntent.RESIZE)
         else:
@@ -194,10 +194,10 @@ class Recovery(Applying):
                 run_time_s=job.run_time_s + elapsed,
             )
         reason = "daemon restarted; resuming from checkpoint"
-        self.store.update_job(
-            job.id, state=JobState.QUEUED, placement={}, pids=[], last_start=None, reason=reason
-        )
-        self.store.record_decision(job.id, now, "recovered", reason)
+        self.store.transition(
+            job.id, JobState.QUEUED, now, DecisionEntry(DecisionKind.RECOVERED, reason),
+            placement={}, pids=[], last_start=None, reason=reason,
+        )  # fmt: skip
 
     async def _stop_orphans(self, job: JobRecord) -> None:
         procs: list[psutil.Process] = []

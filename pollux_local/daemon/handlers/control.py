@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
+from typing import Any
 
 from pollux_local.api.errors import Conflict, InternalError, InvalidRequest, NotFound
 from pollux_local.api.messages import (
@@ -25,10 +26,10 @@ from pollux_local.api.messages import (
     SetPriority,
     SkippedJob,
 )
-from pollux_local.api.states import TERMINAL_STATES, JobState
+from pollux_local.api.states import TERMINAL_STATES, DecisionKind, JobState, StopIntent
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers.submit import validate_jobs
-from pollux_local.daemon.state import JobRecord
+from pollux_local.daemon.state import DecisionEntry, JobRecord
 
 log = logging.getLogger("pollux_local.daemon")
 
@@ -41,22 +42,27 @@ def _write_failed(verb: str, job: JobRecord, exc: sqlite3.Error, done: list[str]
     )
 
 
-async def stop_as(ctx: Context, job: JobRecord, state: JobState, verb: str) -> None:
-    """Record ``state`` for the job (durably, first), then have its processes stopped (they
-    checkpoint; SIGKILL after ``stop_grace_s``; the executor handles their exit when it
-    comes).  ``sqlite3.Error`` from that first write propagates with nothing changed; the
-    decision log's line after it is best effort (logged when it fails)."""
+#: What stops a job for each state a request gives it: the stop's intent, the decision.
+_STOPS = {
+    JobState.CANCELLED: (StopIntent.CANCEL, DecisionKind.CANCELLED),
+    JobState.HELD: (StopIntent.HOLD, DecisionKind.HELD),
+}
+
+
+async def stop_as(ctx: Context, job: JobRecord, state: JobState) -> None:
+    """Record ``state`` for the job with its decision (durably, first, one transaction),
+    then have its processes stopped (they checkpoint; SIGKILL after ``stop_grace_s``; the
+    executor handles their exit when it comes).  ``sqlite3.Error`` from that write propagates
+    with nothing changed."""
     now = ctx.clock()
-    reason = "cancelled" if state == JobState.CANCELLED else "held"
-    changes: dict[str, object] = {"state": state, "reason": reason}
+    intent, kind = _STOPS[state]
+    reason = kind.value
+    changes: dict[str, Any] = {"reason": reason}
     if state == JobState.CANCELLED:
         changes["end_time"] = now
-    ctx.store.update_job(job.id, **changes)
-    await ctx.executor.stop_job(job.id, verb)
-    try:
-        ctx.store.record_decision(job.id, now, reason, f"{reason} by {ctx.peer.name}")
-    except sqlite3.Error as exc:
-        log.error("job %s: %s; its decision log line was not written (%s)", job.id, reason, exc)
+    decision = DecisionEntry(kind, f"{reason} by {ctx.peer.name}")
+    ctx.store.transition(job.id, state, now, decision, **changes)
+    await ctx.executor.stop_job(job.id, intent)
 
 
 def array_tasks(ctx: Context, array_id: str) -> list[JobRecord]:
@@ -90,7 +96,7 @@ async def cancel(ctx: Context, request: Cancel) -> CancelReply:
                     skipped.append(SkippedJob(id=job.job_id, state=current.state))
                     continue
                 try:
-                    await stop_as(ctx, current, JobState.CANCELLED, "cancel")
+                    await stop_as(ctx, current, JobState.CANCELLED)
                 except sqlite3.Error as exc:
                     raise _write_failed("cancel", current, exc, cancelled) from None
                 cancelled.append(job.job_id)
@@ -109,7 +115,7 @@ async def hold(ctx: Context, request: Hold) -> JobStateReply:
                 raise Conflict(f"job {job.id} has already {job.state}")
             if job.state != JobState.HELD:
                 try:
-                    await stop_as(ctx, job, JobState.HELD, "hold")
+                    await stop_as(ctx, job, JobState.HELD)
                 except sqlite3.Error as exc:
                     raise _write_failed("hold", job, exc, []) from None
     finally:
@@ -130,15 +136,15 @@ async def release(ctx: Context, request: Release) -> JobStateReply:
             ctx, [job.spec], owner_uid=job.owner_uid, owner_name=job.owner_name,
             env=job.env or {}, adding=0,
         )  # fmt: skip
-        changes: dict[str, object] = {} if spec == job.spec else {"spec": spec}
+        changes: dict[str, Any] = {} if spec == job.spec else {"spec": spec}
+        decision = DecisionEntry(DecisionKind.RELEASED, f"by {ctx.peer.name}")
         try:
-            ctx.store.update_job(
-                job.id, state=JobState.QUEUED, reason="released", retry_after=0.0, **changes
-            )
+            ctx.store.transition(
+                job.id, JobState.QUEUED, ctx.clock(), decision,
+                reason="released", retry_after=0.0, **changes,
+            )  # fmt: skip
         except sqlite3.Error as exc:
             raise _write_failed("release", job, exc, []) from None
-        with contextlib.suppress(sqlite3.Error):
-            ctx.store.record_decision(job.id, ctx.clock(), "released", f"by {ctx.peer.name}")
     ctx.wake()
     return JobStateReply(id=job.job_id, state=JobState.QUEUED)
 
@@ -154,6 +160,8 @@ def set_priority(ctx: Context, request: SetPriority) -> PriorityReply:
     except sqlite3.Error as exc:
         raise _write_failed("re-prioritise", job, exc, []) from None
     with contextlib.suppress(sqlite3.Error):
-        ctx.store.record_decision(job.id, ctx.clock(), "priority", f"set to {request.priority}")
+        ctx.store.record_decision(
+            job.id, ctx.clock(), DecisionKind.PRIORITY, f"set to {request.priority}"
+        )
     ctx.wake()
     return PriorityReply(id=job.job_id, priority=request.priority)

@@ -17,7 +17,7 @@ from msgspec import UNSET
 
 from pollux_local.api.errors import Conflict, InvalidRequest
 from pollux_local.api.messages import Edit, JobStateReply, Restart, SubmitReply
-from pollux_local.api.states import TERMINAL_STATES, JobState
+from pollux_local.api.states import TERMINAL_STATES, DecisionKind, JobState
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers.submit import validate_jobs
 
@@ -45,7 +45,10 @@ def restart(ctx: Context, request: Restart) -> SubmitReply:
         env_of=old.id,
     )
     ctx.store.record_decision(
-        job.id, job.submit_time, "submitted", f"by {ctx.peer.name}: a restart of job {old.id}"
+        job.id,
+        job.submit_time,
+        DecisionKind.SUBMITTED,
+        f"by {ctx.peer.name}: a restart of job {old.id}",
     )
     if request.hold:
         ctx.store.update_job(job.id, reason="waiting: held")
@@ -84,6 +87,8 @@ def edit(ctx: Context, request: Edit) -> JobStateReply:
         update["priority"] = request.priority
     ctx.store.update_job(job.id, **update)
     what = ", ".join([*changes, *(["priority"] if "priority" in update else [])])
-    ctx.store.record_decision(job.id, ctx.clock(), "edited", f"{what} by {ctx.peer.name}")
+    ctx.store.record_decision(
+        job.id, ctx.clock(), DecisionKind.EDITED, f"{what} by {ctx.peer.name}"
+    )
     ctx.wake()
     return JobStateReply(id=job.job_id, state=job.state)

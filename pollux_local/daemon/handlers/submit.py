@@ -22,6 +22,7 @@ import msgspec
 from pollux_local.api.errors import InvalidRequest, LimitExceeded
 from pollux_local.api.messages import Submit, SubmitReply
 from pollux_local.api.spec import Constraint, JobSpec
+from pollux_local.api.states import DecisionKind
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.context import Context
 from pollux_local.durations import format_duration
@@ -307,7 +308,9 @@ def submit(ctx: Context, request: Submit) -> SubmitReply:
         array=request.array is not None,
     )
     for job in jobs:
-        ctx.store.record_decision(job.id, job.submit_time, "submitted", f"by {ctx.peer.name}")
+        ctx.store.record_decision(
+            job.id, job.submit_time, DecisionKind.SUBMITTED, f"by {ctx.peer.name}"
+        )
         if request.hold:
             ctx.store.update_job(job.id, reason="waiting: held")
     ctx.wake()

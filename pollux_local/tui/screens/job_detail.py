@@ -19,6 +19,7 @@ from pollux_local.tui import plots
 from pollux_local.tui.literal import Part, literal, literal_parts, plain_lines
 from pollux_local.tui.view import (
     LOG_TAIL_LINES,
+    WAITING_STATES,
     JobRow,
     fmt_duration,
     fmt_number,
@@ -66,8 +67,10 @@ def decisions_text(decisions: Sequence[DecisionRecord]) -> Text:
 
 
 def summary_text(row: JobRow, noise: float | None) -> Text:
-    """The job's name, id, owner and state, then its figures (the name shown literally)."""
-    return literal_parts(
+    """The job's name, id, owner and state, then its figures; a queued job's expected start
+    and finish and, for a waiting one, what it waits for (the name and the reason shown
+    literally)."""
+    parts: list[Part] = [
         (f"{row.name} ", f"bold {job_colour(row.id)}"),
         f"({row.id}, {row.owner}) {row.state}   ",
         f"devices {row.gpus} {row.where}   batch {row.batch_text}\n",
@@ -76,7 +79,18 @@ def summary_text(row: JobRow, noise: float | None) -> Text:
         f"{'-' if row.speedup is None else f'{row.speedup:.2f}x'}   noise scale "
         f"{fmt_number(noise)}   progress {fmt_progress(row.progress)}   ETA "
         f"{fmt_duration(row.eta_s)}   restarts {row.restarts}",
-    )
+    ]
+    if row.state == "queued":
+        finish = "?" if row.finish_in_s is None else f"in {fmt_duration(row.finish_in_s)}"
+        start = row.start_text if row.start_text in ("now", "?") else f"in {row.start_text}"
+        parts.append(f"\nexpected start {start}   finish {finish}")
+    if row.state in WAITING_STATES and row.reason:
+        parts += [
+            "\n",
+            ("reason: ", "bold"),
+            row.reason,
+        ]
+    return literal_parts(*parts)
 
 
 class JobScreen(Screen[None]):
@@ -152,7 +166,7 @@ class JobScreen(Screen[None]):
         if self.shown is None:
             return
         detail = self.shown.job
-        row = job_row(detail)
+        row = job_row(detail, self.pollux.clock())
         status = self.query_one("#job-status", StatusLine)
         status.update(literal(f"job {row.id} · {row.name} · {row.owner} · {row.state}"))
         self.query_one("#summary", Static).update(summary_text(row, detail.noise_scale))

@@ -1,4 +1,5 @@
-"""The jobs table: a header line and one line per job, drawn straight into segments."""
+"""The jobs table: a header line and one line per job, drawn straight into segments; a waiting
+job's line shows its reason across the figures it does not have yet."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from pollux_local.tui.literal import plain
-from pollux_local.tui.view import COLUMNS, JobRow, job_colour
+from pollux_local.tui.view import COLUMNS, SPAN_FROM, SPAN_TO, JobRow, job_colour
 
 #: Width of each jobs-table column (the name column takes what is left).
 COLUMN_WIDTHS: dict[str, int] = {
@@ -23,15 +24,18 @@ COLUMN_WIDTHS: dict[str, int] = {
     "name": 14,
     "owner": 8,
     "state": 10,
-    "gpus": 16,
+    "gpus": 12,
     "batch": 14,
     "goodput": 8,
     "efficiency": 5,
     "speedup": 8,
     "progress": 9,
     "eta": 7,
-    "restarts": 4,
+    "start": 6,
+    "restarts": 3,
 }
+#: The column that takes the width left over (at least 8).
+FLEXIBLE = "name"
 _HEADER_STYLE = Style(bold=True, color="#e0e0e0", bgcolor="#24344d")
 _ROW_STYLES = (Style(color="#d0d0d0", bgcolor="#1e1e1e"), Style(color="#d0d0d0", bgcolor="#262626"))
 _CURSOR_STYLE = Style(color="#ffffff", bgcolor="#005f87", bold=True)
@@ -118,9 +122,9 @@ class JobTable(ScrollView, can_focus=True):
     # -- drawing
 
     def _widths(self, width: int) -> list[tuple[str, int]]:
-        fixed = sum(w + 1 for k, w in COLUMN_WIDTHS.items() if k != "name") + 1
-        name = max(8, width - fixed - 1)
-        return [(key, name if key == "name" else COLUMN_WIDTHS[key]) for key, _ in COLUMNS]
+        fixed = sum(w + 1 for k, w in COLUMN_WIDTHS.items() if k != FLEXIBLE) + 1
+        rest = max(8, width - fixed - 1)
+        return [(key, rest if key == FLEXIBLE else COLUMN_WIDTHS[key]) for key, _ in COLUMNS]
 
     def _header_strip(self, width: int) -> Strip:
         key = ("header", self.sort_key, self.sort_reverse, width)
@@ -143,17 +147,34 @@ class JobTable(ScrollView, can_focus=True):
         if strip is None:
             base = _CURSOR_STYLE if cursor else _ROW_STYLES[index % 2]
             segments = [Segment(" ", base)]
+            span = row.waiting_text
+            spanning = False
             for (col, w), text in zip(self._widths(width), row.cells(), strict=True):
+                if span is not None and col == SPAN_FROM:
+                    spanning, text, w = True, span, self._span_width(width)
+                elif spanning:
+                    spanning = col != SPAN_TO
+                    continue
                 style = base
                 if col == "id" and not cursor:
                     style = base + Style(color=job_colour(row.id), bold=True)
                 elif col == "state" and not cursor and row.state in _STATE_COLOURS:
                     style = base + Style(color=_STATE_COLOURS[row.state])
+                elif spanning and not cursor:
+                    style = base + Style(italic=True, color="#a8a8a8")
                 segments.append(Segment(set_cell_size(plain(text), w), style))
                 segments.append(Segment(" ", base))
             strip = Strip(segments).adjust_cell_length(width, base)
             self._cache[key] = strip
         return strip
+
+    def _span_width(self, width: int) -> int:
+        """The cells from :data:`SPAN_FROM` to :data:`SPAN_TO` as one (a waiting job's
+        reason)."""
+        keys = [key for key, _ in COLUMNS]
+        inside = keys[keys.index(SPAN_FROM) : keys.index(SPAN_TO) + 1]
+        widths = dict(self._widths(width))
+        return sum(widths[key] + 1 for key in inside) - 1
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
