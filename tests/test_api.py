@@ -39,6 +39,7 @@ def test_every_request_type_round_trips_through_a_frame() -> None:
         api.Usage(user="alice", since=0.0),
         api.Drain(target="box2:cuda:1"),
         api.Resume(target="box2"),
+        api.Estimate(submit=api.Submit(argv=["sleep", "5"], workdir="/tmp", min_gpus=2)),
     ]
     assert {type(r) for r in samples} == set(REQUEST_TYPES.values())
     for request in samples:

@@ -242,6 +242,7 @@ async def test_every_request_type_has_a_handler(daemon: Daemon) -> None:
         "usage": api.Usage(),
         "drain": api.Drain(target=daemon.config.nodes[0].name),
         "resume": api.Resume(target=daemon.config.nodes[0].name),
+        "estimate": api.Estimate(submit=api.Submit(argv=["true"], workdir="/")),
     }
     assert set(requests) | {"restart"} == set(api.REQUEST_TYPES)
     for kind, request in requests.items():

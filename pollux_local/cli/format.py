@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import datetime
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pollux_local.api.messages import JobSummary, NodeRow
 from pollux_local.api.states import JobState
-from pollux_local.parsing import compress_indices
 from pollux_local.durations import format_duration
+from pollux_local.parsing import compress_indices
 from pollux_local.untrusted import printable
 
 
@@ -122,6 +123,17 @@ def note(job: JobSummary) -> str:
     return text if len(text) <= NOTE_WIDTH else text[: NOTE_WIDTH - 1] + "…"
 
 
+def expected_start(job: JobSummary, now: float) -> str:
+    """A queued job's expected start from the daemon's forecast: ``now``, ``in 12m05s``, or
+    ``?`` when unknown; ``-`` for a job that is not queued."""
+    if job.state is not JobState.QUEUED:
+        return "-"
+    if job.expected_start is None:
+        return "?"
+    wait = job.expected_start - now
+    return "now" if wait < 1 else f"in {duration(wait)}"
+
+
 def _merged_devices(tasks: Sequence[JobSummary]) -> dict[str, list[str]]:
     merged: dict[str, list[str]] = {}
     for task in tasks:
@@ -134,8 +146,9 @@ def status_table(jobs: list[JobSummary], expand: bool = False) -> str:
     """The ``status`` table; each array on one line (its tasks counted by state) unless
     ``expand``."""
     header = ("ID", "NAME", "OWNER", "STATE", "GPUS", "WHERE", "BATCH m×s×K", "GOODPUT", "EFF",
-              "PROGRESS", "ETA", "NOTE")  # fmt: skip
+              "PROGRESS", "ETA", "START", "NOTE")  # fmt: skip
     rows: list[tuple[str, ...]] = [header]
+    now = time.time()
     for item in jobs if expand else group_arrays(jobs):
         if isinstance(item, ArrayGroup):
             goodputs = [t.goodput for t in item.tasks if t.goodput is not None]
@@ -157,6 +170,7 @@ def status_table(jobs: list[JobSummary], expand: bool = False) -> str:
                     "-",
                     "-",
                     duration(max(etas) if etas else None),
+                    expected_start(waiting, now) if waiting is not None else "-",
                     note(waiting) if waiting is not None else "",
                 )
             )
@@ -175,6 +189,7 @@ def status_table(jobs: list[JobSummary], expand: bool = False) -> str:
                 fmt(job.efficiency, ".2f"),
                 fmt(job.progress, ".0f"),
                 duration(job.eta_s),
+                expected_start(job, now),
                 note(job),
             )
         )

@@ -45,6 +45,7 @@ from pollux_local.core.types import Policy
 from pollux_local.daemon import gpus
 from pollux_local.daemon.config import DaemonConfig, busy_gpus
 from pollux_local.daemon.executor import Executor
+from pollux_local.daemon.forecasting import Forecasts
 from pollux_local.daemon.jobfiles import job_file_mtime
 from pollux_local.daemon.readmodel import MetricHistory, job_noise_scale
 from pollux_local.daemon.reports import InvalidReport, read_job_report
@@ -198,6 +199,8 @@ class SchedulingLoop:
         self.retry_s = 0.0
         #: announces job ends after each pass (``notify.Notifier``; ``None``: nobody)
         self.notifier: Announcer | None = None
+        #: every queued and running job's expected start and finish, after each pass
+        self.forecasts = Forecasts(metrics=metrics)
 
     def wake(self) -> None:
         self._wake.set()
@@ -245,9 +248,6 @@ class SchedulingLoop:
             self.refresh_reports(jobs)
             stopping = stopping_jobs(self.store, self.executor)
             nodes = node_snapshot(self.config, self.executor, self.store.withheld(), jobs, stopping)
-            if not jobs:
-                await self.announce()
-                return
             limits = Limits(
                 max_devices_per_user=self.config.max_devices_per_user,
                 max_running_per_user=self.config.max_running_per_user,
@@ -255,6 +255,10 @@ class SchedulingLoop:
                 share_slowdown=self.config.share_slowdown,
                 stopping=stopping,
             )
+            if not jobs:
+                self.forecasts.update(self.policy, [], nodes, self.models, limits, now)
+                await self.announce()
+                return
             plan = await asyncio.to_thread(
                 plan_round, self.policy, jobs, nodes, self.models, now, self.rng, limits
             )
@@ -266,7 +270,24 @@ class SchedulingLoop:
             for job_id, prediction in plan.predictions.items():
                 self.store.update_job(job_id, prediction=prediction)
             self.sample_history(self.clock())
+            await self.forecast(jobs, nodes, limits, now)
             await self.announce()
+
+    async def forecast(
+        self, jobs: list[JobRecord], nodes: list[NodeInput], limits: Limits, now: float
+    ) -> None:
+        """Every queued and running job's expected start and finish (``forecasting``); a
+        failing forecast is logged and leaves the jobs without one."""
+        try:
+            self.forecasts.durations.refresh(self.store)
+            await asyncio.to_thread(
+                self.forecasts.update, self.policy, jobs, nodes, self.models, limits, now
+            )
+        except sqlite3.Error:
+            raise
+        except Exception:
+            log.exception("forecast failed")
+            self.forecasts.latest = {}
 
     async def announce(self) -> None:
         """Have the notifier announce the job ends recorded since the last pass."""

@@ -33,6 +33,7 @@ from pollux_local.api.report import JobReport
 from pollux_local.api.states import PLACED_STATES, JobState
 from pollux_local.core.efficiency import noise_scale
 from pollux_local.core.schedule import Holding, NodeInput
+from pollux_local.core.schedule.forecast import Prediction
 from pollux_local.core.schedule.views import sane_eta
 from pollux_local.core.types import GradStats
 from pollux_local.daemon.config import DaemonConfig
@@ -171,9 +172,11 @@ def job_summary(
     now: float,
     metrics: MetricHistory | None = None,
     device_type: str | None = None,
+    forecast: Prediction | None = None,
 ) -> JobSummary:
     """The row of ``status`` for one job (``eta_s``: :func:`job_eta`; goodput, efficiency and
-    speed-up: the prediction the scheduler stored for its allocation)."""
+    speed-up: the prediction the scheduler stored for its allocation; expected start and
+    finish: ``forecast``, the loop's for a queued or running job)."""
     report = job.report or {}
     spec = job.spec
     batch = job.batch or {}
@@ -222,6 +225,9 @@ def job_summary(
         device_type=device_type,
         gpu_memory=spec.gpu_memory,
         shared=spec.shared,
+        expected_start=forecast.start if forecast is not None else None,
+        expected_finish=forecast.finish if forecast is not None else None,
+        expected_devices=forecast.devices if forecast is not None else None,
     )
 
 
