@@ -207,7 +207,13 @@ def check_output(session: Session, argv: list[str], out: str) -> None:
     command, as_json = argv[1], "--json" in argv
     data = json.loads(out) if as_json else None
     states = re.compile(rf"\b({'|'.join(STATES)})\b")
-    if command == "submit":
+    if command == "estimate" or (command == "submit" and "--dry-run" in argv):
+        # nothing queued: a forecast of a job on two devices
+        if data is not None:
+            assert data["jobs"][0]["devices"] == 2
+        else:
+            assert "starts " in out and "finishes " in out and "2 devices" in out
+    elif command == "submit":
         session.submitted += 1
         match = re.search(r"\bjob (\d+)", out)
         got = str(data["id"]) if data is not None else match and match.group(1)
