@@ -27,14 +27,11 @@ from pollux_local.launch.base import (
     ReplicaSlot,
     pick_master_port,
 )
+from pollux_local.untrusted import one_line
 
 log = logging.getLogger("pollux_local.daemon")
 
 log = logging.getLogger("pollux_local.daemon")
-
-
-def one_line(text: object, limit: int = 300) -> str:
-    return " ".join(str(text).split())[:limit]
 
 
 def build_launch_spec(
