@@ -1,0 +1,130 @@
+"""The store's connection: opened, checked (``quick_check``), migrated; one transaction
+at a time."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pollux_local.daemon.state.files import (
+    StateConnection,
+    StateError,
+    create_private_file,
+    what_to_do,
+)
+from pollux_local.daemon.state.schema import MIGRATIONS, SCHEMA_VERSION
+
+
+class StoreBase:
+    """The connection: opened, checked and migrated; transactions.
+
+    Opening it creates the file 0600 when absent, checks it (``quick_check``) and brings its
+    schema up to :data:`SCHEMA_VERSION`; :class:`StateError` when it cannot be used."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        #: decoded blobs by digest (value, bytes of text), least recently used first
+        self._blobs: OrderedDict[str, tuple[Any, int]] = OrderedDict()
+        self._blob_bytes = 0
+        create_private_file(path)
+        try:
+            self.db = sqlite3.connect(
+                str(path), isolation_level=None, timeout=30.0, factory=StateConnection
+            )
+            self.db._state_path = str(path)
+        except sqlite3.Error as exc:
+            raise StateError(f"cannot open the state database {path}: {exc}") from None
+        try:
+            self.db.row_factory = sqlite3.Row
+            self._check_integrity()
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.version = self._migrate()
+        except StateError:
+            self.db.close()
+            raise
+        except sqlite3.DatabaseError as exc:
+            self.db.close()
+            raise StateError(
+                f"the state database {path} is damaged ({exc}); {what_to_do(path)}"
+            ) from None
+        create_private_file(path)  # the -wal and -shm SQLite made: checked, and 0600
+        #: where :func:`open_state` moved a refused database (``None``: nothing was moved)
+        self.set_aside_to: Path | None = None
+
+    def _check_integrity(self) -> None:
+        """``PRAGMA quick_check``: :class:`StateError` naming the first problem found."""
+        rows = [str(row[0]) for row in self.db.execute("PRAGMA quick_check").fetchall()]
+        problems = [row for row in rows if row != "ok"]
+        if problems:
+            more = f" and {len(problems) - 1} more problem(s)" if len(problems) > 1 else ""
+            raise StateError(
+                f"the state database {self.path} is damaged ({problems[0][:200]}{more});"
+                f" {what_to_do(self.path)}"
+            )
+
+    def schema_version(self) -> int:
+        """The version the database reached: ``meta.schema_version``, else 0 (an empty
+        database, or one written before versions were recorded: migration 1 creates only what
+        is missing)."""
+        tables = {
+            str(row[0])
+            for row in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+        if "meta" in tables:
+            row = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if row is not None:
+                try:
+                    return int(row[0])
+                except (TypeError, ValueError):
+                    raise StateError(
+                        f"the state database {self.path} records schema version {row[0]!r},"
+                        f" not a number; {what_to_do(self.path)}"
+                    ) from None
+        return 0
+
+    def _migrate(self) -> int:
+        """Apply the migrations the database lacks, in order, each in one transaction."""
+        version = self.schema_version()
+        if version > SCHEMA_VERSION:
+            raise StateError(
+                f"the state database {self.path} has schema version {version}, newer than this"
+                f" pollux-local knows ({SCHEMA_VERSION}): run the version that wrote it (or a"
+                f" newer one); starting with --reset-state would set its history aside"
+            )
+        for number, _what, sql in MIGRATIONS:
+            if number <= version:
+                continue
+            try:
+                self.db.executescript(
+                    f"BEGIN IMMEDIATE;\n{sql}\nINSERT OR REPLACE INTO meta (key, value)"
+                    f" VALUES ('schema_version', '{number}');\nCOMMIT;"
+                )
+            except sqlite3.Error:
+                if self.db.in_transaction:
+                    self.db.execute("ROLLBACK")
+                raise
+            version = number
+        return version
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``; on any failure the transaction is rolled back
+        if it is still open (a ``COMMIT`` refused for a full disk has already ended it) and
+        the original error is raised, never one of the rollback's."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self.db.execute("COMMIT")
+        except BaseException:
+            if self.db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    self.db.execute("ROLLBACK")
+            raise

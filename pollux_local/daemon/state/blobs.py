@@ -1,0 +1,103 @@
+"""Environments and commands stored once, by content (blobs), decoded once per blob."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from pollux_local.api.states import (
+    ACTIVE_STATES,
+)
+from pollux_local.daemon.state.base import StoreBase
+from pollux_local.daemon.state.records import BLOB_CACHE_BYTES, JobRecord, blob_text, row_to_job
+
+
+class Blobs(StoreBase):
+    """Content-addressed blobs and reading a job row through them."""
+
+    def stored_bytes(
+        self, owner_uid: int, adding: Sequence[list[str] | dict[str, str]] = ()
+    ) -> tuple[int, int]:
+        """``(held, new)``: bytes of the commands and environments that ``owner_uid``'s queued,
+        held and running jobs keep in the state (each blob once, however many jobs share it),
+        and bytes of those among ``adding`` that are not kept yet: what ``[limits]
+        max_stored_per_user`` bounds."""
+        wanted = sorted(state.value for state in ACTIVE_STATES)
+        marks = ",".join("?" * len(wanted))
+        mine = f"owner_uid = ? AND state IN ({marks})"
+        rows = self.db.execute(
+            "SELECT digest, size FROM blobs WHERE digest IN ("
+            f" SELECT env_ref FROM jobs WHERE {mine}"
+            f" UNION SELECT argv_ref FROM jobs WHERE {mine})",
+            (owner_uid, *wanted, owner_uid, *wanted),
+        ).fetchall()
+        kept = {str(digest): int(size) for digest, size in rows}
+        (inline,) = self.db.execute(  # rows written before blobs keep their environment inline
+            f"SELECT COALESCE(SUM(LENGTH(env)), 0) FROM jobs WHERE {mine} AND env_ref IS NULL",
+            (owner_uid, *wanted),
+        ).fetchone()
+        new: dict[str, int] = {}
+        for value in adding:
+            digest, text = blob_text(value)
+            if digest not in kept:
+                new[digest] = len(text)
+        return sum(kept.values()) + int(inline), sum(new.values())
+
+    def _put_blob(self, value: list[str] | dict[str, str]) -> str:
+        """Store ``value`` (JSON) under the SHA-256 of its text, once; its digest."""
+        digest, text = blob_text(value)
+        self.db.execute(
+            "INSERT OR IGNORE INTO blobs (digest, data, size) VALUES (?, ?, ?)",
+            (digest, text.decode(), len(text)),
+        )
+        return digest
+
+    def _env_ref(self, job_id: int) -> str:
+        """The blob of job ``job_id``'s environment; a row written before blobs has its inline
+        environment moved into one (and then references it)."""
+        row = self.db.execute("SELECT env_ref, env FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            return self._put_blob({})
+        if row[0] is not None:
+            return str(row[0])
+        digest = self._put_blob(json.loads(row[1] or "{}"))
+        self.db.execute("UPDATE jobs SET env_ref = ?, env = '{}' WHERE id = ?", (digest, job_id))
+        return digest
+
+    def _blob(self, digest: str) -> Any:
+        """A blob's decoded value, from the in-memory cache when there (``None``: no such
+        blob).  Callers copy what they keep."""
+        cached = self._blobs.get(digest)
+        if cached is not None:
+            self._blobs.move_to_end(digest)
+            return cached[0]
+        row = self.db.execute("SELECT data FROM blobs WHERE digest = ?", (digest,)).fetchone()
+        if row is None:
+            return None
+        text = str(row[0])
+        value = msgspec.json.decode(text)
+        self._blobs[digest] = (value, len(text))
+        self._blob_bytes += len(text)
+        while self._blob_bytes > BLOB_CACHE_BYTES and len(self._blobs) > 1:
+            _, (_, size) = self._blobs.popitem(last=False)
+            self._blob_bytes -= size
+        return value
+
+    def _job(self, row: sqlite3.Row) -> JobRecord:
+        """A row as a :class:`JobRecord`, its command (and environment, when the row has the
+        column) read from their blobs."""
+        job = row_to_job(row)
+        present = set(row.keys())
+        if "argv_ref" in present and row["argv_ref"] is not None:
+            argv = self._blob(row["argv_ref"])
+            job.spec = msgspec.structs.replace(
+                job.spec, argv=list(argv) if isinstance(argv, list) else ["?"]
+            )
+        if "env_ref" in present and row["env_ref"] is not None:
+            env = self._blob(row["env_ref"])
+            job.env = dict(env) if isinstance(env, dict) else {}
+        return job

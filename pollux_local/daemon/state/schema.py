@@ -1,0 +1,109 @@
+"""The schema of the state database and its migrations, applied in order."""
+
+from __future__ import annotations
+
+_SCHEMA_V1 = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    owner_uid INTEGER NOT NULL,
+    owner_gid INTEGER NOT NULL,
+    owner_name TEXT NOT NULL,
+    state TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    env TEXT NOT NULL DEFAULT '{}',
+    priority INTEGER NOT NULL DEFAULT 0,
+    submit_time REAL NOT NULL,
+    start_time REAL,
+    end_time REAL,
+    restarts INTEGER NOT NULL DEFAULT 0,
+    failures INTEGER NOT NULL DEFAULT 0,
+    retry_after REAL NOT NULL DEFAULT 0,
+    reason TEXT NOT NULL DEFAULT '',
+    placement TEXT NOT NULL DEFAULT '{}',
+    batch TEXT NOT NULL DEFAULT '{}',
+    pids TEXT NOT NULL DEFAULT '[]',
+    attained_gpu_s REAL NOT NULL DEFAULT 0,
+    run_time_s REAL NOT NULL DEFAULT 0,
+    last_start REAL,
+    report TEXT,
+    prediction TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE TABLE IF NOT EXISTS decisions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    time REAL NOT NULL,
+    job_id INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    placement TEXT NOT NULL DEFAULT '{}',
+    batch TEXT NOT NULL DEFAULT '{}',
+    reason TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS decisions_job ON decisions(job_id);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS history (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id INTEGER NOT NULL,
+    time REAL NOT NULL,
+    goodput REAL,
+    noise_scale REAL
+);
+CREATE INDEX IF NOT EXISTS history_job ON history(job_id, id);
+"""
+
+_SCHEMA_V2 = """
+CREATE INDEX IF NOT EXISTS jobs_end_time ON jobs(end_time);
+CREATE INDEX IF NOT EXISTS jobs_owner ON jobs(owner_name);
+"""
+
+_SCHEMA_V3 = """
+ALTER TABLE jobs ADD COLUMN device_seconds TEXT NOT NULL DEFAULT '{}';
+CREATE TABLE IF NOT EXISTS job_ends (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id INTEGER NOT NULL,
+    time REAL NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    notified INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS job_ends_pending ON job_ends(notified, id);
+CREATE TABLE IF NOT EXISTS withheld (target TEXT PRIMARY KEY, time REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS jobs_submit_time ON jobs(submit_time);
+"""
+
+_SCHEMA_V4 = """
+CREATE TABLE IF NOT EXISTS blobs (
+    digest TEXT PRIMARY KEY,
+    data TEXT NOT NULL,
+    size INTEGER NOT NULL DEFAULT 0
+);
+ALTER TABLE jobs ADD COLUMN env_ref TEXT;
+ALTER TABLE jobs ADD COLUMN argv_ref TEXT;
+CREATE INDEX IF NOT EXISTS jobs_owner_state ON jobs(owner_uid, state);
+"""
+
+#: The schema's migrations, applied in order: (version, what it does, SQL).  A database
+#: records the version it reached in ``meta.schema_version`` (version 1 is the schema of the
+#: daemons that recorded none; its statements create only what is missing).
+MIGRATIONS: tuple[tuple[int, str, str], ...] = (
+    (1, "jobs, decisions, history and meta tables", _SCHEMA_V1),
+    (2, "indexes on jobs' end time and owner (status filters)", _SCHEMA_V2),
+    (
+        3,
+        "device-seconds by device type, the outbox of job ends (notifications) and the"
+        " devices drained at run time",
+        _SCHEMA_V3,
+    ),
+    (
+        4,
+        "environments and commands stored once, by content (blobs), and referenced by the"
+        " jobs that share them (an array's tasks, a job's restarts); rows written before keep"
+        " theirs inline",
+        _SCHEMA_V4,
+    ),
+)
+#: The version this daemon writes.
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+#: Samples of goodput / noise scale kept per job (older ones are dropped as new ones come).
+HISTORY_LIMIT = 720
