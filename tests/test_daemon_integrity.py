@@ -26,7 +26,6 @@ from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers import control
 from pollux_local.daemon.readmodel import MetricHistory
 from pollux_local.daemon.scheduler import ModelCache
-from pollux_local.daemon.server import prepare_state_dir
 from pollux_local.daemon.state import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -34,6 +33,7 @@ from pollux_local.daemon.state import (
     StateStore,
     open_state,
 )
+from pollux_local.daemon.statedir import prepare_state_dir
 from tests.scheduler_harness import Harness
 
 pytestmark = pytest.mark.timeout(120)

@@ -35,10 +35,11 @@ from pollux_local.api import wire
 from pollux_local.api.errors import LimitExceeded
 from pollux_local.client import Client
 from pollux_local.core.baselines import FifoPolicy
-from pollux_local.daemon import server
+from pollux_local.daemon import transport
 from pollux_local.daemon.auth import Peer, may_connect, socket_mode
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
-from pollux_local.daemon.server import ConnectionBook, Daemon
+from pollux_local.daemon.server import Daemon
+from pollux_local.daemon.transport import ConnectionBook
 from pollux_local.errors import PolluxError
 from tests.labinstall import LabInstall
 
@@ -138,7 +139,7 @@ def test_connection_book_caps_connections_and_bytes_per_user() -> None:
 
 @pytest_asyncio.fixture
 async def daemon(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Daemon]:
-    monkeypatch.setattr(server, "FRAME_DEADLINE_S", 1.0)
+    monkeypatch.setattr(transport, "FRAME_DEADLINE_S", 1.0)
     base = short_dir("plx-srv-")
     config = DaemonConfig(nodes=(NodeConfig("n0", ("cpu:0",)),), interval_s=60.0)
     made = Daemon(config, base / "s", policy=FifoPolicy())

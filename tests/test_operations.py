@@ -29,7 +29,7 @@ import pytest
 from pollux_local.cli.service import daemon_program, render_unit, systemd_word
 from pollux_local.client import Client
 from pollux_local.daemon.metrics import DaemonSnapshot, PrometheusEndpoint
-from pollux_local.daemon.server import JournalFormatter, stderr_is_journal
+from pollux_local.daemon.statedir import JournalFormatter, stderr_is_journal
 from pollux_local.errors import PolluxError
 from tests.daemon_process import DaemonProcess, wait_for
 from tests.labinstall import world_readable_tempdir
@@ -543,7 +543,7 @@ def test_a_full_disk_under_the_daemon_log_is_one_line_on_stderr(
 ) -> None:
     import errno
 
-    from pollux_local.daemon.server import LogFileHandler
+    from pollux_local.daemon.statedir import LogFileHandler
 
     class FullDisk(io.StringIO):
         full = True

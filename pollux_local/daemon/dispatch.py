@@ -1,0 +1,107 @@
+"""Dispatch: a request decoded strictly into its ``api.messages`` class goes to its handler
+(``handlers/``) by one ``match`` over the request classes; the typed reply, or the typed error
+(``api.errors``), is the answer.  A new request type is one ``case`` here."""
+
+from __future__ import annotations
+
+import logging
+import mmap
+from typing import cast
+
+from pollux_local.api import wire
+from pollux_local.api.errors import (
+    InternalError,
+    InvalidRequest,
+    PolluxError,
+)
+from pollux_local.api.messages import (
+    Cancel,
+    Drain,
+    Edit,
+    Estimate,
+    Hold,
+    Logs,
+    Nodes,
+    Ping,
+    Release,
+    Reply,
+    Report,
+    Request,
+    Restart,
+    Resume,
+    SetPriority,
+    Show,
+    Status,
+    Submit,
+    Usage,
+)
+from pollux_local.daemon.context import Context
+from pollux_local.daemon.handlers import (
+    control,
+    devices,
+    estimate,
+    nodes,
+    ping,
+    query,
+    report,
+    resubmit,
+    submit,
+    usage,
+)
+
+log = logging.getLogger("pollux_local.daemon")
+
+
+async def dispatch(ctx: Context, request: Request) -> Reply:
+    """The handler of ``request``'s type, and its reply."""
+    match request:
+        case Ping():
+            return ping.ping(ctx, request)
+        case Submit():
+            return submit.submit(ctx, request)
+        case Status():
+            return query.status(ctx, request)
+        case Show():
+            return query.show(ctx, request)
+        case Logs():
+            return query.logs(ctx, request)
+        case Cancel():
+            return await control.cancel(ctx, request)
+        case Hold():
+            return await control.hold(ctx, request)
+        case Release():
+            return await control.release(ctx, request)
+        case SetPriority():
+            return control.set_priority(ctx, request)
+        case Nodes():
+            return nodes.nodes(ctx, request)
+        case Report():
+            return report.report(ctx, request)
+        case Restart():
+            return resubmit.restart(ctx, request)
+        case Edit():
+            return resubmit.edit(ctx, request)
+        case Usage():
+            return usage.usage(ctx, request)
+        case Drain():
+            return devices.drain(ctx, request)
+        case Resume():
+            return devices.resume(ctx, request)
+        case Estimate():
+            return await estimate.estimate(ctx, request)
+    raise InvalidRequest(f"this daemon has no handler for {type(request).__name__} requests")
+
+
+async def answer(ctx: Context, body: bytes | mmap.mmap) -> bytes:
+    """One request frame's body -> one reply frame.  A refusal is the typed error's reply;
+    anything else that goes wrong is logged and answered as an ``InternalError``."""
+    kind = "?"
+    try:
+        request = wire.decode_request(cast(bytes, body))  # any buffer decodes
+        kind = type(request).__name__
+        return wire.encode_reply(await dispatch(ctx, request))
+    except PolluxError as exc:
+        return wire.encode_error(exc)
+    except Exception as exc:  # never let one request take the daemon down
+        log.exception("%s request failed", kind)
+        return wire.encode_error(InternalError(f"internal error: {exc.__class__.__name__}: {exc}"))
