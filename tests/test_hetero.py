@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from pollux_local.core.goodput import GoodputModel
-from pollux_local.core.hetero import ScaledModel, assign_types, complete_models, speed_ratio
 from pollux_local.core.policy import GoodputPolicy
+from pollux_local.core.policy.prices import ScaledModel, assign_types, complete_models, speed_ratio
 from pollux_local.core.throughput import ThroughputParams
 from pollux_local.core.types import BatchBounds, GradStats, JobView, NodeView, Placement
 

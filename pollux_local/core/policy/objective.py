@@ -1,0 +1,418 @@
+"""The objective: per-job goodput tables, speed-ups and their utility (the p-mean,
+weighted by expected remaining time), fair shares and the restart-cost discount."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pollux_local.core.types import (
+    GoodputModelLike,
+    JobView,
+    Placement,
+    Waiting,
+)
+
+NEG = -np.inf
+#: A job gets at most this many times the largest replica count it has been profiled on.
+EXPLORATION_FACTOR = 4
+#: Smallest share of its declared length a job is taken to have done when estimating its
+#: remaining time (keeps the estimate finite and steady right after the start).
+MIN_PROGRESS_FRACTION = 0.05
+#: How many spread-out placements of a job the placement step evaluates before giving up on
+#: finding a tighter one (bounds the work on large, fragmented clusters).
+MAX_SPREAD_TRIES = 8
+
+
+#: Per-job quantities shared by the device types of a cluster (owner weights, fair shares in
+#: devices, service weights, whether the job runs on another type, in the jobs' order) and the
+#: payback margin of a change within a type (a move between types uses ``type_margin``).
+Shares = tuple[np.ndarray, np.ndarray, np.ndarray, Sequence[bool], float]
+
+
+@dataclass
+class JobPlan:
+    """Per-job tables and the search state for one decision."""
+
+    index: int
+    job: JobView
+    cap: int  # largest replica count the policy may give (exploration cap, max, cluster)
+    min_k: int
+    current_k: int
+    goodput: np.ndarray  # goodput[k] for k = 0..len-1, packed placement; 0 where infeasible
+    fair_share: float
+    fair_goodput: float
+    weight: float
+    discount: float  # factor on the speed-up of any allocation other than the current one
+    utility: np.ndarray  # weight * U(speed-up) for k = 0..cap, discounted, -inf if infeasible
+    admitted: bool = False
+    k: int = 0
+    placement: Placement = ()
+    note: str = ""
+    consolidate: bool = False  # runs spread out; the same count on fewer nodes pays
+    spread_goodput: float | None = None  # predicted goodput where it runs, when spread out
+    waiting: Waiting | None = None  # why it waits, as facts (set when it is left waiting)
+
+
+def min_nodes_table(node_sizes: Sequence[int], max_k: int) -> np.ndarray:
+    """``table[k]`` = fewest nodes whose devices add up to at least k (0 for k = 0)."""
+    sizes = np.sort(np.asarray([s for s in node_sizes if s > 0], dtype=np.int64))[::-1]
+    cumulative = np.cumsum(sizes)
+    ks = np.arange(max_k + 1)
+    table = np.searchsorted(cumulative, ks, side="left") + 1
+    table[0] = 0
+    return np.minimum(table, len(sizes)).astype(np.int64)
+
+
+def nodes_spanned(placement: Placement) -> int:
+    """How many nodes a placement uses (nodes with at least one of its devices)."""
+    return sum(1 for c in placement if c > 0)
+
+
+def fewest_nodes(min_nodes: np.ndarray, replicas: int) -> int:
+    """The fewest nodes that hold ``replicas`` devices (the table's last entry beyond it)."""
+    return int(min_nodes[min(replicas, len(min_nodes) - 1)])
+
+
+def whole_node_mask(node_sizes: Sequence[int], max_k: int) -> np.ndarray:
+    """``mask[k]``: k devices fit on one node, or are the devices of the n largest nodes (n >= 2).
+
+    A job that spans nodes pays inter-node synchronisation on every step, so it takes whole
+    nodes: a partly used extra node slows it and blocks the rest of that node for every other
+    multi-node job.
+    """
+    sizes = sorted((s for s in node_sizes if s > 0), reverse=True)
+    mask = np.zeros(max_k + 1, dtype=bool)
+    mask[: min(sizes[0] if sizes else 0, max_k) + 1] = True
+    spans = np.cumsum(sizes)[1:]
+    mask[spans[spans <= max_k]] = True
+    return mask
+
+
+def goodput_on(model: GoodputModelLike, nodes: int, replicas: int) -> float:
+    """The model's best goodput for ``replicas`` devices over ``nodes`` nodes (0 if undefined)."""
+    goodput, _, _ = model.best_goodput(np.array([nodes]), np.array([replicas]))
+    return float(np.nan_to_num(goodput[0], nan=0.0, posinf=0.0))
+
+
+def pinned_placements(jobs: Sequence[JobView], node_sizes: Sequence[int]) -> dict[str, Placement]:
+    """The running rigid jobs that may not be preempted and whose devices are all still
+    offered: they keep them (id -> placement)."""
+    room = list(node_sizes)
+    pinned: dict[str, Placement] = {}
+    for job in jobs:
+        if not job.pinned or len(job.placement) != len(room):
+            continue
+        if any(c > r for c, r in zip(job.placement, room, strict=True)):
+            continue
+        room = [r - c for r, c in zip(room, job.placement, strict=True)]
+        pinned[job.id] = tuple(int(c) for c in job.placement)
+    return pinned
+
+
+def pinned_reason(placement: Placement) -> str:
+    k, n = int(sum(placement)), nodes_spanned(placement)
+    return f"{k} dev on {n} node{'s' if n > 1 else ''}; rigid: keeps its devices until it ends"
+
+
+def hold_rule(ahead: JobPlan, waiting: JobPlan) -> str:
+    """Why ``ahead`` was admitted before ``waiting`` (``types.HOLD_RULES``)."""
+    if ahead.job.priority > waiting.job.priority:
+        return "priority"
+    if ahead.current_k > 0 and ahead.job.attained_gpu_s > waiting.job.attained_gpu_s:
+        return "kept"
+    return "service"
+
+
+#: How a waiting job's reason words each rule of a job holding devices ahead of it.
+HOLD_RULE_TEXT = {
+    "rigid": "rigid, not preemptible",
+    "priority": "higher priority",
+    "kept": "running, not preempted until it has had well over its share of service",
+    "service": "less attained service",
+}
+
+
+def waiting_reason(waiting: Waiting, free: int) -> str:
+    """The reason line of a job left waiting, from the facts of the decision."""
+    plural = "s" if waiting.needs > 1 else ""
+    if waiting.rule == "devices":
+        shown = ", ".join(
+            f"{h.id} ({HOLD_RULE_TEXT.get(h.rule, h.rule)})" for h in waiting.holders[:4]
+        )
+        more = len(waiting.holders) - 4
+        held = f"; held by {shown}" + (f" and {more} more" if more > 0 else "") if shown else ""
+        return f"waiting: needs {waiting.needs} device{plural}, {free} free{held}"
+    if waiting.rule == "placement":
+        return "waiting: no placement fits its minimum without sharing nodes"
+    if waiting.rule == "size":
+        return f"cannot run: needs {waiting.needs} device{plural}"
+    return "cannot run: no feasible replica count within its bounds"
+
+
+def rank_weights(remaining: np.ndarray, exponent: float) -> np.ndarray:
+    """(rank / J)^exponent with rank 1 for the largest remaining time, J for the smallest.
+
+    Equal remaining times share the average of their ranks, so identical jobs weigh the same.
+    """
+    count = len(remaining)
+    if count == 0:
+        return np.zeros(0, dtype=np.float64)
+    order = np.argsort(-remaining, kind="stable")
+    ranks = np.empty(count, dtype=np.float64)
+    ranks[order] = np.arange(1, count + 1, dtype=np.float64)
+    _, groups = np.unique(remaining, return_inverse=True)
+    ranks = (np.bincount(groups, weights=ranks) / np.bincount(groups))[groups]
+    return np.asarray((ranks / count) ** exponent, dtype=np.float64)
+
+
+def utility_of(speedup: np.ndarray, p: float) -> np.ndarray:
+    """U(x) = x^p / p (log x for p = 0); -inf for x <= 0 when p <= 0."""
+    x = np.asarray(speedup, dtype=np.float64)
+    out = np.full_like(x, NEG)
+    positive = x > 0
+    if p == 0:
+        out[positive] = np.log(x[positive])
+    else:
+        out[positive] = np.power(x[positive], p) / p
+        if p > 0:
+            out[~positive] = 0.0
+    return out
+
+
+class Objective:
+    """The policy's settings and the per-job tables its search optimises."""
+
+    name = "goodput"
+
+    def __init__(
+        self,
+        p: float = -1.0,
+        restart_cost_s: float = 30.0,
+        interval_s: float = 60.0,
+        preempt_ratio: float = 2.0,
+        local_search_steps: int = 2,
+        rank_exponent: float = 2.0,
+        payback_margin: float = 6.0,
+        type_aware: bool = True,
+        type_payback_margin: float = 24.0,
+    ) -> None:
+        if not math.isfinite(p):
+            raise ValueError(f"p must be finite, got {p}")
+        if restart_cost_s < 0:
+            raise ValueError(f"restart cost must be non-negative, got {restart_cost_s}")
+        if interval_s <= 0:
+            raise ValueError(f"interval must be positive, got {interval_s}")
+        if preempt_ratio < 1:
+            raise ValueError(f"preempt ratio must be at least 1, got {preempt_ratio}")
+        if not (math.isfinite(rank_exponent) and rank_exponent >= 0):
+            raise ValueError(f"rank exponent must be >= 0, got {rank_exponent}")
+        if not (math.isfinite(payback_margin) and payback_margin >= 1):
+            raise ValueError(f"payback margin must be at least 1, got {payback_margin}")
+        self.p = float(p)
+        self.restart_cost_s = float(restart_cost_s)
+        self.interval_s = float(interval_s)
+        self.preempt_ratio = float(preempt_ratio)
+        self.local_search_steps = int(local_search_steps)
+        self.rank_exponent = float(rank_exponent)
+        self.payback_margin = float(payback_margin)
+        if not (math.isfinite(type_payback_margin) and type_payback_margin >= 1):
+            raise ValueError(f"payback margin must be at least 1, got {type_payback_margin}")
+        #: choose each job's device type on a cluster of several types (else: all one pool)
+        self.type_aware = bool(type_aware)
+        #: the payback margin of a move to another device type
+        self.type_margin = float(type_payback_margin)
+        if not self.type_aware:
+            self.name = "goodput-unaware"
+
+    # ------------------------------------------------------------------ tables
+    def _build_plans(
+        self,
+        jobs: Sequence[JobView],
+        node_sizes: list[int],
+        total: int,
+        min_nodes: np.ndarray,
+        shares: Shares | None = None,
+    ) -> list[JobPlan]:
+        """Per-job tables on these nodes; ``shares``: the owner weights, fair shares, service
+        weights and moving flags computed over a larger cluster (several device types)."""
+        moving: Sequence[bool] | None = None
+        margin = self.payback_margin
+        if shares is None:
+            owners: dict[str, int] = {}
+            for job in jobs:
+                owners[job.owner] = owners.get(job.owner, 0) + 1
+            weights = np.array([1.0 / owners[j.owner] for j in jobs])
+            fair = total * weights / weights.sum()
+            service = self._service_weights(jobs)
+        else:
+            weights, fair, service, moving, margin = shares
+        whole_nodes = whole_node_mask(node_sizes, total)
+        plans: list[JobPlan] = []
+        for index, job in enumerate(jobs):
+            current_k = job.replicas if len(job.placement) == len(node_sizes) else 0
+            min_k = max(1, int(job.min_replicas))
+            cap = min(int(job.max_replicas), total)
+            profiled = int(job.max_profiled_replicas)
+            if job.rigid:  # exactly its size, or nothing
+                cap = min(min_k, total)
+            elif profiled > 0:  # exploration cap: a multiple of the largest count profiled
+                cap = min(cap, max(EXPLORATION_FACTOR * profiled, min_k, current_k))
+            else:
+                # nothing profiled yet: the first run stays within one node and at most the
+                # fair share (one start instead of a ladder of restarts up from one device)
+                first = max(1, min(max(node_sizes), int(fair[index]))) if current_k == 0 else 1
+                cap = min(cap, max(min_k, current_k, first))
+            fair_hi = min(total, int(math.ceil(fair[index])) + 1)
+            table_len = max(cap, fair_hi, 1) + 1
+            goodput = self._goodput_table(job, min_nodes, table_len)
+            fair_goodput = self._fair_goodput(goodput, float(fair[index]))
+            foreign = moving is not None and moving[index]  # runs on another device type
+            if foreign:  # a move to another device type
+                discount = self._discount(job, self.type_margin)
+            else:
+                discount = self._discount(job, margin) if current_k > 0 else 1.0
+            speedup = goodput[: cap + 1] / fair_goodput
+            weight = float(weights[index] * service[index])
+            utility = weight * utility_of(speedup, self.p)
+            if foreign:
+                utility = weight * utility_of(speedup * discount, self.p)
+            consolidate = False
+            spread_goodput: float | None = None
+            if current_k > 0:
+                keep = utility[current_k] if current_k <= cap else NEG
+                spread_goodput = self._spread_goodput(job, min_nodes)
+                if spread_goodput is not None and current_k <= cap:
+                    # staying is worth what the job really gets where it runs, not the table's
+                    # value of its count on the fewest nodes
+                    keep = weight * float(
+                        utility_of(np.array([spread_goodput]) / fair_goodput, self.p)[0]
+                    )
+                utility = weight * utility_of(speedup * discount, self.p)
+                if current_k <= cap:
+                    consolidate = bool(utility[current_k] > keep) and not job.rigid
+                    utility[current_k] = max(keep, utility[current_k])
+            utility[1:min_k] = NEG
+            spread = ~whole_nodes[: cap + 1]
+            spread[[k for k in (current_k, min_k) if k <= cap]] = False
+            utility[spread] = NEG
+            plans.append(
+                JobPlan(
+                    index=index,
+                    job=job,
+                    cap=cap,
+                    min_k=min_k,
+                    current_k=current_k,
+                    goodput=goodput,
+                    fair_share=float(fair[index]),
+                    fair_goodput=fair_goodput,
+                    weight=float(weights[index]),
+                    discount=discount,
+                    utility=utility,
+                    consolidate=consolidate,
+                    spread_goodput=spread_goodput,
+                )
+            )
+        return plans
+
+    @staticmethod
+    def _spread_goodput(job: JobView, min_nodes: np.ndarray) -> float | None:
+        """Predicted goodput of a running job on the nodes it really spans, when it spans more
+        than the fewest that hold its devices (None otherwise: the tables already hold it)."""
+        k = job.replicas
+        spans = nodes_spanned(job.placement)
+        if k == 0 or job.model is None or spans <= fewest_nodes(min_nodes, k):
+            return None
+        return max(goodput_on(job.model, spans, k), 1e-12)
+
+    def _remaining(self, job: JobView) -> float | None:
+        """Expected remaining run time, or None when neither a declared length nor a time
+        limit gives one.
+
+        R = (t + interval) * (1 - f) / max(f, f_min): the job keeps its average pace so far
+        (t its run time, f the share of its declared length done; f_min = 0.05 keeps the
+        estimate of a job that has barely started finite); a time limit with L seconds left
+        bounds it: R = min(R, L) (R = L without a declared length).
+        """
+        bound = job.time_left_s
+        if bound is not None:
+            bound = max(float(bound), 0.0) if math.isfinite(bound) else None
+        f = job.progress_fraction
+        if f is None or not math.isfinite(f):
+            return bound
+        f = min(max(float(f), 0.0), 1.0)
+        run = max(float(job.run_time_s), 0.0) + self.interval_s
+        estimate = run * (1.0 - f) / max(f, MIN_PROGRESS_FRACTION)
+        return estimate if bound is None else min(estimate, bound)
+
+    def _horizon(self, job: JobView) -> float:
+        """Expected lifetime H of a new allocation: min(age / (restarts + 1), R), >= interval.
+
+        The job's allocations so far lasted age / (restarts + 1) on average; the next one is
+        expected to last as long, but not beyond the job's expected remaining run time R when it
+        declared its length.
+        """
+        horizon = job.age_s / (job.restarts + 1)
+        remaining = self._remaining(job)
+        if remaining is not None:
+            horizon = min(horizon, remaining)
+        return max(horizon, self.interval_s)
+
+    def _discount(self, job: JobView, margin: float | None = None) -> float:
+        """Factor on the speed-up of any allocation but a running job's current one.
+
+        A change is worth it when x' * H >= x * (H + m * d): it must earn back m times its
+        restart cost d within the allocation's expected lifetime H.  So the factor is
+        H / (H + m * d): in (0, 1], near 1 for long-lived allocations, small for young or
+        often re-allocated jobs.
+        """
+        horizon = self._horizon(job)
+        cost = self.restart_cost_s if job.restart_cost_s is None else float(job.restart_cost_s)
+        margin = self.payback_margin if margin is None else margin
+        return horizon / (horizon + margin * cost)
+
+    def _service_weights(self, jobs: Sequence[JobView]) -> np.ndarray:
+        """Shortest-expected-remaining-time factor v_j = (rank_j / J)^gamma, in (0, 1].
+
+        rank_j orders the jobs from the longest expected remaining run time (rank 1) to the
+        shortest (rank J); tied jobs share their average rank.  R_j is ``_remaining``; without
+        a declared length it is the time t_j the job has run so far (heavy-tailed lengths: a job
+        that has run longer is expected to run longer still).
+        """
+        remaining = []
+        for job in jobs:
+            estimate = self._remaining(job)
+            if estimate is None:
+                estimate = max(float(job.run_time_s), 0.0)
+            remaining.append(estimate)
+        return rank_weights(np.asarray(remaining, dtype=np.float64), self.rank_exponent)
+
+    @staticmethod
+    def _goodput_table(job: JobView, min_nodes: np.ndarray, length: int) -> np.ndarray:
+        """Best goodput for k = 0..length-1 devices on the fewest nodes (0 = infeasible)."""
+        ks = np.arange(length, dtype=np.int64)
+        if job.model is None:
+            return ks.astype(np.float64)  # no data yet: assume linear speed-up
+        replicas = ks[1:]
+        nodes_needed = min_nodes[np.minimum(replicas, len(min_nodes) - 1)]
+        values, _, _ = job.model.best_goodput(nodes_needed, replicas)
+        table = np.zeros(length, dtype=np.float64)
+        finite = np.nan_to_num(np.asarray(values, dtype=np.float64), nan=0.0, posinf=0.0)
+        table[1:] = np.maximum(finite, 0.0)
+        return table
+
+    @staticmethod
+    def _fair_goodput(goodput: np.ndarray, fair_share: float) -> float:
+        """Goodput at a fractional share, linear between the neighbouring integers."""
+        lo = int(math.floor(fair_share))
+        lo = min(lo, len(goodput) - 2)
+        hi = lo + 1
+        frac = fair_share - lo
+        value = float(goodput[lo] + frac * (goodput[hi] - goodput[lo]))
+        if value <= 0:
+            positive = goodput[goodput > 0]
+            value = float(positive.min()) if positive.size else 1.0
+        return value
