@@ -31,8 +31,6 @@ from pollux_local.untrusted import one_line
 
 log = logging.getLogger("pollux_local.daemon")
 
-log = logging.getLogger("pollux_local.daemon")
-
 
 def build_launch_spec(
     job: JobRecord, action: Action, config: DaemonConfig, job_dir: Path, socket_path: Path
