@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +118,13 @@ class DaemonSide:
 
     async def _round(self, now: float, sim_views: list[JobView], sim_decision: Decision) -> None:
         h = self.harness
+        # the simulator's pass names its jobs by their index in the trace
+        sim_names = {str(job.id): job.name for job in self.sim.jobs}
+        sim_views = [replace(view, id=sim_names[view.id]) for view in sim_views]
+        sim_decision = replace(
+            sim_decision,
+            placements={sim_names[k]: v for k, v in sim_decision.placements.items()},
+        )
         h.now = now
         for job in self.sim.jobs:  # jobs the simulation finished end in the daemon too
             job_id = self.ids.get(job.name)

@@ -105,7 +105,8 @@ def test_cli_runs_a_small_typed_trace(
 
 
 class Scripted:
-    """A policy that returns placements from a script, one per round (last one repeats)."""
+    """A policy that returns placements from a script, one per round (last one repeats),
+    keyed by the pass's job ids (a job's index in the trace), and records what it saw."""
 
     name = "scripted"
     type_aware = True
@@ -113,6 +114,7 @@ class Scripted:
     def __init__(self, rounds: list[dict[str, Placement]]) -> None:
         self.rounds = rounds
         self.calls = 0
+        self.seen: list[list[JobView]] = []
 
     def decide(
         self,
@@ -121,37 +123,34 @@ class Scripted:
         now: float,
         rng: np.random.Generator,
     ) -> Decision:
+        self.seen.append(list(jobs))
         placements = self.rounds[min(self.calls, len(self.rounds) - 1)]
         self.calls += 1
         return Decision(placements={j.id: placements.get(j.id, ()) for j in jobs})
 
 
-def _simulator(sia_models: Path, policy: Scripted) -> Simulator:
+def _simulator(sia_models: Path, policy: Scripted, jobs: int = 1) -> Simulator:
     groups = parse_cluster(CLUSTER)  # nodes: aws-0, aws-1 (4 each), dgx-ext-0 (8)
     profiles = load_typed_profiles(sia_models, [g.device_type for g in groups], {"cifar10"})
-    job = WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 128)
-    return Simulator([job], profiles, policy, SimConfig(cluster=groups))
+    trace = [WorkloadJob(f"cifar10-{i}", 0.0, "cifar10", 1, 128) for i in range(jobs)]
+    return Simulator(trace, profiles, policy, SimConfig(cluster=groups))
 
 
 def test_restarts_follow_type_and_shape_not_node_ids(sia_models: Path) -> None:
-    policy = Scripted(
-        [
-            {"cifar10-0": (2, 0, 0)},  # start on aws-0
-            {"cifar10-0": (0, 2, 0)},  # same shape on aws-1: no restart
-            {"cifar10-0": (0, 0, 2)},  # to dgx-ext: a restart
-            {"cifar10-0": (0, 0, 4)},  # a new shape: a restart
-        ]
-    )
-    sim = _simulator(sia_models, policy)
+    script = [
+        (2, 0, 0),  # start on aws-0
+        (0, 2, 0),  # same shape on aws-1: no restart
+        (0, 0, 2),  # to dgx-ext: a restart
+        (0, 0, 4),  # a new shape: a restart
+    ]
+    sim = _simulator(sia_models, Scripted([{}]))
     job = sim.jobs[0]
     delay = SIA_RULES.restore_delay("cifar10", 30.0)
     expected = [(1, "aws", 0.0), (1, "aws", 0.0), (2, "dgx-ext", 0.0), (3, "dgx-ext", 0.0)]
-    for starts, device_type, restore_left in expected:
+    for placement, (starts, device_type, restore_left) in zip(script, expected, strict=True):
         sim.now += 60
-        views = [sim._view(job)]
-        decision = policy.decide(views, sim.nodes, sim.now, sim.rng)
         started_before = job.starts
-        sim._apply(job, decision.placements[job.name])
+        sim._apply(job, sim.allocation_for(placement))
         before = job.run_time_s
         sim._advance(job, 60)
         assert (job.starts, job.device_type) == (starts, device_type)
@@ -165,23 +164,50 @@ def test_restarts_follow_type_and_shape_not_node_ids(sia_models: Path) -> None:
 
 
 def test_a_placement_spanning_types_is_cut_to_one_type(sia_models: Path) -> None:
-    sim = _simulator(sia_models, Scripted([{"cifar10-0": (4, 0, 2)}]))
+    sim = _simulator(sia_models, Scripted([{}]))
     job = sim.jobs[0]
-    sim._apply(job, (4, 0, 2))
+    sim._apply(job, sim.allocation_for((4, 0, 2)))
     assert job.device_type == "aws" and job.placement == (4, 0, 0)
+    assert job.allocation == {"aws-0": ["0", "1", "2", "3"]}
     sim2 = _simulator(sia_models, Scripted([{}]))
     job2 = sim2.jobs[0]
-    sim2._apply(job2, (1, 0, 1))  # a tie: the faster type wins
+    sim2._apply(job2, sim2.allocation_for((1, 0, 1)))  # a tie: the faster type wins
     assert job2.device_type == "dgx-ext" and job2.placement == (0, 0, 1)
 
 
 def test_views_carry_per_type_models_and_rates(sia_models: Path) -> None:
-    sim = _simulator(sia_models, Scripted([{"cifar10-0": (0, 0, 2)}]))
+    policy = Scripted([{"0": (0, 0, 2)}])
+    sim = _simulator(sia_models, policy)
     sim.run()
     job = sim.jobs[0]
     assert job.completion_s is not None
-    view = sim._view(job)
+    view = policy.seen[-1][0]
     assert view.models_by_type is not None and set(view.models_by_type) == {"dgx-ext"}
+    assert view.model is view.models_by_type["dgx-ext"]  # the model of the type it runs on
     assert view.type_rates is not None
     assert view.type_rates["dgx-ext"] > view.type_rates["aws"] > 0
     assert view.restart_cost_s == 30.0
+
+
+def test_the_scheduling_pass_assigns_the_devices(sia_models: Path) -> None:
+    """Two jobs on one node get distinct devices from the pass, and keep them while their
+    counts stay (the simulator applies the pass's plan, not the policy's counts alone)."""
+    policy = Scripted(
+        [
+            {"0": (0, 0, 2), "1": (0, 0, 3)},
+            {"0": (0, 0, 2), "1": (0, 0, 3)},
+            {"0": (0, 0, 0), "1": (0, 0, 3)},
+        ]
+    )
+    sim = _simulator(sia_models, policy, jobs=2)
+    first, second = sim.jobs
+    decision_ms: list[float] = []
+    held = []
+    for _ in range(3):
+        sim.now += 60
+        sim._round([first, second], decision_ms)
+        held.append((dict(first.allocation), dict(second.allocation)))
+    assert held[0] == ({"dgx-ext-0": ["0", "1"]}, {"dgx-ext-0": ["2", "3", "4"]})
+    assert held[1] == held[0]
+    assert held[2] == ({}, {"dgx-ext-0": ["2", "3", "4"]})
+    assert (first.starts, second.starts) == (1, 1) and len(decision_ms) == 3

@@ -195,7 +195,7 @@ def test_jobs_of_one_application_share_their_points(
     policy = Recording()
     sim = Simulator(trace, profiles, policy, SimConfig(nodes=1, share_profiles=share))
     assert sim.run().completed == 2
-    second = policy.first_views["b"]
+    second = policy.first_views[str(sim.jobs[1].id)]  # the pass names jobs by id
     assert second.max_profiled_replicas == 0  # its exploration still starts from its own runs
     if share:  # a model before it has run: its application's points and first-epoch stats
         assert second.model is not None

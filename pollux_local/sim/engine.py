@@ -1,10 +1,15 @@
 """Trace-driven simulation: any :class:`~pollux_local.core.types.Policy` on a simulated
 cluster (untyped, or of several device types), against the measured model profiles.
 
-Every ``interval_s`` seconds the simulator shows the policy every submitted, unfinished job
-(``policy.decide(jobs, nodes, now, rng)``, the very call the daemon makes) and applies the
-returned placements; between decisions each job progresses as :mod:`pollux_local.sim.jobs`
-describes, choosing its batch as :mod:`pollux_local.sim.models` does.  A job's replicas are
+Every ``interval_s`` seconds the simulator builds a :class:`~pollux_local.core.schedule.Snapshot`
+of every submitted, unfinished job (a ``JobInput`` with its devices, service so far and fitted
+models) and of the nodes, runs the one scheduling pass the daemon runs
+(:func:`~pollux_local.core.schedule.run_pass`: admission, sharing, the policy, caps,
+constraints, device assignment) and applies the plan's actions; between passes each job
+progresses as :mod:`pollux_local.sim.jobs` describes, choosing its batch as
+:mod:`pollux_local.sim.models` does.  What only a simulation knows of its jobs (the size the
+trace asked for, the oracle of their remaining work, what a restart costs them and whether they
+are restoring) completes the pass's views before the policy sees them.  A job's replicas are
 all of one type: a placement spanning types is cut down to the type holding most of its
 devices (the others stay idle that round).  An untyped cluster follows Pollux's artifact
 (:data:`~pollux_local.sim.jobs.POLLUX_RULES`), a typed one Sia's simulator
@@ -16,13 +21,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from pollux_local.core.goodput import GoodputModel
 from pollux_local.core.pool import ProfilePool
-from pollux_local.core.types import JobView, Placement, Policy, split_batch
+from pollux_local.core.schedule import (
+    Allocation,
+    JobInput,
+    JobPhase,
+    NodeInput,
+    Snapshot,
+    run_pass,
+)
+from pollux_local.core.types import Decision, JobView, NodeView, Placement, Policy, split_batch
 from pollux_local.errors import PolluxError
 from pollux_local.sim.cluster import Cluster, NodeGroup
 from pollux_local.sim.jobs import POLLUX_RULES, SIA_RULES, JobRules, SimJob, advance
@@ -157,6 +170,14 @@ class Simulator:
             type_aware=typed and (bool(getattr(policy, "type_aware", False)) or sia_jobs),
         )
         self.nodes = self.cluster.nodes
+        self._node_inputs = tuple(
+            NodeInput(
+                node.name,
+                tuple(str(d) for d in range(node.devices)),
+                device_type=node.device_type,
+            )
+            for node in self.nodes
+        )
         total = self.cluster.total_devices
         self.jobs: list[SimJob] = []
         for spec in workload:
@@ -173,7 +194,7 @@ class Simulator:
                     f"impossible cluster size: job {spec.name} needs {spec.num_replicas} GPUs"
                     f" but {group.nodes} x {group.devices_per_node} = {total}"
                 )
-            self.jobs.append(SimJob(spec=spec, apps=apps, adaptive=adaptive))
+            self.jobs.append(SimJob(spec=spec, apps=apps, adaptive=adaptive, id=len(self.jobs)))
         self.rng = np.random.default_rng(self.config.seed)
         self.now = 0.0
         self._iter_time_cache: dict[tuple[str, int], tuple[float, ...]] = {}
@@ -225,7 +246,36 @@ class Simulator:
             self._iter_time_cache[key] = hit
         return hit
 
-    def _view(self, job: SimJob) -> JobView:
+    def _job_input(self, job: SimJob) -> JobInput:
+        """The job as the scheduling pass takes it: its devices, service so far (its run in
+        progress counted up to now) and models."""
+        typed = self.cluster.typed
+        aware = typed and self.models.type_aware
+        by_type = self.models.models_by_type(job) if aware else {}
+        return JobInput(
+            id=job.id,
+            phase=JobPhase.RUNNING if job.placement else JobPhase.QUEUED,
+            submit_time=job.spec.time,
+            restarts=job.starts,
+            allocation=job.allocation,
+            last_start=self.now,
+            attained_gpu_s=job.attained_gpu_s,
+            run_time_s=job.run_time_s,
+            max_devices=self._max_replicas(job),
+            batch_size=job.spec.batch_size,
+            model=None if aware else self.models.model(job),
+            models_by_type=by_type,
+            type_rates={t: job.apps[t].single_device_rate for t in job.apps} if typed else {},
+            max_profiled_replicas=job.max_profiled_replicas,
+            progress_fraction=job.progress_fraction,
+        )
+
+    def _with_facts(self, view: JobView) -> JobView:
+        """A pass's view of a job with what only the simulation knows of it: the size the
+        trace asked for, the oracle of its remaining work (Optimus), what a restart costs it
+        and whether it is restoring (its rules), and, for a policy that does not tell types
+        apart, its one model across types."""
+        job = self.jobs[int(view.id)]
         remaining = None
         iter_times: tuple[float, ...] = ()
         if not job.adaptive:
@@ -233,49 +283,46 @@ class Simulator:
             done = app.iterations_after(batch, job.epoch)
             remaining = max(app.iterations_after(batch, app.epochs) - done, 1.0)
             iter_times = self._static_iter_times(job)
-        typed = self.cluster.typed
-        by_type = None
-        if typed and self.models.type_aware:
-            by_type = self.models.models_by_type(job)
-            model = by_type.get(job.device_type) if job.device_type else None
-        else:
-            model = self.models.model(job)
         told = self.rules.told_restart_cost_s
-        return JobView(
-            id=job.name,
-            model=model,
-            age_s=self.now - job.spec.time,
-            restarts=job.restarts,
-            min_replicas=1,
-            max_replicas=self._max_replicas(job),
-            placement=job.placement or (0,) * len(self.nodes),
-            submit_time=job.spec.time,
-            max_profiled_replicas=job.max_profiled_replicas,
+        facts = replace(
+            view,
             static_replicas=job.spec.num_replicas,
-            static_batch=job.spec.batch_size,
-            attained_gpu_s=job.attained_gpu_s,
             remaining_iters=remaining,
-            run_time_s=job.run_time_s,
             static_iter_time_s=iter_times,
-            progress_fraction=job.progress_fraction,
-            models_by_type=by_type,
-            type_rates={t: job.apps[t].single_device_rate for t in job.apps} if typed else None,
             restart_cost_s=None
             if told is None
             else told.get(job.app.name, self.rules.default_told_restart_cost_s),
             restoring=told is not None and job.restart_left_s > 0,
         )
+        if self.cluster.typed and not self.models.type_aware:
+            facts = replace(facts, model=self.models.model(job), models_by_type=None)
+        return facts
 
     def _model(self, job: SimJob) -> GoodputModel | None:
         """The job's model as the policy sees it on an untyped cluster."""
         return self.models.model(job)
 
     # ----------------------------------------------------------------- applying a decision
-    def _apply(self, job: SimJob, placement: Placement) -> None:
-        new = tuple(int(c) for c in placement) if sum(placement) > 0 else ()
-        if new:
+    def allocation_for(self, placement: Placement) -> Allocation:
+        """The lowest devices of each node for per-node counts."""
+        return {
+            node.name: [str(d) for d in range(c)]
+            for node, c in zip(self.nodes, placement, strict=True)
+            if c > 0
+        }
+
+    def _apply(self, job: SimJob, allocation: Mapping[str, Sequence[str]]) -> None:
+        """Move the job to ``allocation`` (node -> devices), cut to one device type; a
+        change of configuration (the job's rules) restarts it."""
+        new = tuple(len(allocation.get(node.name, ())) for node in self.nodes)
+        if sum(new) > 0:
             new = self.cluster.one_type(new, self.rules.type_rank)
-        if not new:
+        job.allocation = {
+            node.name: list(allocation[node.name])
+            for node, c in zip(self.nodes, new, strict=True)
+            if c > 0
+        }
+        if sum(new) == 0:
             if job.placement:
                 job.placement, job.shape, job.device_type = (), (), None
                 job.restart_left_s = 0.0
@@ -285,13 +332,22 @@ class Simulator:
         shape = tuple(sorted((c for c in new if c > 0), reverse=True))
         if job.placement and device_type == job.device_type:
             moved = new != job.placement
-            if not moved or (self.rules.restart_on_shape_change and shape == job.shape):
+            if not moved or (self.rules.by_shape and shape == job.shape):
                 job.placement = new  # other nodes of the same shape: no restart
                 return
         job.placement, job.shape, job.device_type = new, shape, device_type
         job.starts += 1
         job.restart_left_s = self.rules.restore_delay(job.app.name, self.config.restart_cost_s)
         self.models.choose_batch(job)
+
+    def _round(self, active: list[SimJob], decision_ms: list[float]) -> None:
+        """One scheduling pass over the active jobs, its plan applied."""
+        snapshot = Snapshot(
+            jobs=[self._job_input(job) for job in active], nodes=self._node_inputs, now=self.now
+        )
+        plan = run_pass(snapshot, _SimulatedPolicy(self, decision_ms), self.rng)
+        for action in plan.actions:
+            self._apply(self.jobs[action.job_id], action.allocation)
 
     def _advance(self, job: SimJob, seconds: float) -> None:
         advance(job, self.now, seconds, self.rules, self.models)
@@ -314,14 +370,7 @@ class Simulator:
                 for job in active:
                     job.active_count_sum += len(active)
                     job.active_rounds += 1
-                views = [self._view(job) for job in active]
-                tick = time.perf_counter()
-                decision = self.policy.decide(views, self.nodes, self.now, self.rng)
-                decision_ms.append((time.perf_counter() - tick) * 1000.0)
-                placements = {k: tuple(v) for k, v in decision.placements.items()}
-                self.cluster.check(self.policy.name, placements, {j.name for j in active})
-                for job in active:
-                    self._apply(job, placements.get(job.name, ()))
+                self._round(active, decision_ms)
                 for job in active:
                     self._advance(job, interval)
             self.now += interval
@@ -397,3 +446,28 @@ class Simulator:
         work = np.diff(app.epoch_target)
         delay = self.rules.restore_delay(app.name, self.config.restart_cost_s)
         return float(np.sum(work / best)) * slow + delay
+
+
+class _SimulatedPolicy:
+    """The simulation's policy as the pass calls it: each view completed with what only the
+    simulation knows (:meth:`Simulator._with_facts`), the decision timed and checked."""
+
+    def __init__(self, sim: Simulator, decision_ms: list[float]) -> None:
+        self.sim = sim
+        self.name = sim.policy.name
+        self.decision_ms = decision_ms
+
+    def decide(
+        self,
+        jobs: Sequence[JobView],
+        nodes: Sequence[NodeView],
+        now: float,
+        rng: np.random.Generator,
+    ) -> Decision:
+        views = [self.sim._with_facts(view) for view in jobs]
+        tick = time.perf_counter()
+        decision = self.sim.policy.decide(views, nodes, now, rng)
+        self.decision_ms.append((time.perf_counter() - tick) * 1000.0)
+        placements = {k: tuple(v) for k, v in decision.placements.items()}
+        self.sim.cluster.check(self.name, placements, {view.id for view in views})
+        return decision

@@ -40,8 +40,11 @@ class JobRules:
     name: str
     #: the first decision is one interval after the start (else at t = 0)
     first_decision_at_interval: bool
-    #: the same shape on other nodes of the same type costs nothing (else any change does)
-    restart_on_shape_change: bool
+    #: a job's configuration is its device type and shape (devices per used node, largest
+    #: first): the same shape on other nodes of the same type costs no restart and runs at the
+    #: same speed; else it is the placement itself (any change restarts; step times follow
+    #: the nodes' ring order)
+    by_shape: bool
     #: seconds a (re)start takes per application (``None``: the configured restart cost)
     restore_delay_s: Mapping[str, float] | None = None
     default_restore_delay_s: float = 30.0
@@ -60,6 +63,9 @@ class JobRules:
     #: it is then also told whether a job is still restoring
     told_restart_cost_s: Mapping[str, float] | None = None
     default_told_restart_cost_s: float = 30.0
+    #: a job's model is refitted only when it gains a new (N, K, m) point, to its points in
+    #: the order measured (else whenever its points change, in (N, K, m) order)
+    refit_on_new_point: bool = False
     #: Sia's jobs choose their batch as Sia's do, from their own points (by default)
     library_by_policy: bool = False
     #: tie order when a placement spanning types is cut down to one type (earlier wins)
@@ -75,13 +81,17 @@ class JobRules:
 
 #: Pollux's artifact: any change of placement costs the configured restart cost.
 POLLUX_RULES = JobRules(
-    name="pollux", first_decision_at_interval=False, restart_on_shape_change=False, fairness=True
+    name="pollux",
+    first_decision_at_interval=False,
+    by_shape=False,
+    refit_on_new_point=True,
+    fairness=True,
 )
 #: Sia's simulator, with the figures its authors measured on physical runs.
 SIA_RULES = JobRules(
     name="sia",
     first_decision_at_interval=True,
-    restart_on_shape_change=True,
+    by_shape=True,
     restore_delay_s={
         "cifar10": 50.0,
         "deepspeech2": 25.0,
@@ -122,8 +132,12 @@ class SimJob:
     #: the application's profile per device type (``""`` on an untyped cluster)
     apps: dict[str, AppProfile]
     adaptive: bool
+    #: the job's id in the scheduling pass (its index in the simulation)
+    id: int = 0
     device_type: str | None = None
     placement: Placement = ()
+    #: its devices (node -> device ids), as the pass assigned them
+    allocation: dict[str, list[str]] = field(default_factory=dict)
     #: devices per used node, largest first
     shape: tuple[int, ...] = ()
     local_batch: int = 0
@@ -217,7 +231,7 @@ def advance(job: SimJob, now: float, seconds: float, rules: JobRules, models: Ba
     clock += delay
     left = seconds - delay
     app, ref = job.apps[device_type], job.app
-    counts = job.shape
+    counts = job.shape if rules.by_shape else tuple(c for c in job.placement if c > 0)
     key = models.profile_key(device_type)
     kind = models.kind(job, key)
     share = job.adaptive and models.share_profiles
@@ -229,7 +243,7 @@ def advance(job: SimJob, now: float, seconds: float, rules: JobRules, models: Ba
         step, sync = app.step_sync_time(counts, m)
         iter_time = (s - 1) * (step - sync) + step
         sqr, var = ref.grad_stats(batch, job.epoch)
-        gain = (var + sqr) / (var / (batch / ref.base_batch) + sqr)
+        gain = (var + sqr) / (var * ref.base_batch / batch + sqr)
         point = (len(counts), k, m)
         if point not in profile:
             profile[point] = (max(step - sync, 1e-9), step)

@@ -92,16 +92,22 @@ class JobModels:
         return dict(own)
 
     def fit(self, job: SimJob, key: str) -> tuple[tuple[object, ...], _Fit] | None:
-        """The throughput fit of the job's points under ``key`` (cached by content)."""
+        """The throughput fit of the job's points under ``key`` (when refitted: the job's
+        rules)."""
         points = self._points(job, key)
         if not points:
             return None
         correct = self.correct_times and self.job_library == "goodput"
-        owner = self.kind(job, key) if self.share_profiles else job.name
-        cache_key = (owner, key, correct, frozenset(points))
+        cache_key: tuple[object, ...]
+        if self.rules.refit_on_new_point:
+            cache_key = (job.name, key, correct, len(points))
+        else:
+            owner = self.kind(job, key) if self.share_profiles else job.name
+            cache_key = (owner, key, correct, frozenset(points))
+            points = dict(sorted(points.items()))
         hit = self._fits.get(cache_key)
         if hit is None:
-            fitted = fit_points(dict(sorted(points.items())), correct=correct)
+            fitted = fit_points(points, correct=correct)
             hit = (fitted.params, fitted.correction)
             self._fits[cache_key] = hit
         return cache_key, hit
