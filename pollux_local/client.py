@@ -55,9 +55,10 @@ def build_request(type: str, **fields: Any) -> Request[Any]:  # noqa: A002 - the
     if cls is None:
         raise InvalidRequest(f"unknown request type {type!r}")
     try:
-        return msgspec.convert(fields, cls, strict=True)
+        request: Request[Any] = msgspec.convert(fields, cls, strict=True)
     except msgspec.ValidationError as exc:
         raise InvalidRequest(f"{type}: {exc}") from None
+    return request
 
 
 class Client:

@@ -80,9 +80,10 @@ def decode_request(body: bytes) -> Request[Any]:
         shown = kind if isinstance(kind, str) and len(kind) <= 40 else type(kind).__name__
         raise InvalidRequest(f"unknown request type {shown!r}")
     try:
-        return msgspec.convert(message, cls, strict=True)
+        request: Request[Any] = msgspec.convert(message, cls, strict=True)
     except msgspec.ValidationError as exc:
         raise InvalidRequest(f"{kind}: {exc}") from None
+    return request
 
 
 # --- replies -------------------------------------------------------------------------------

@@ -27,9 +27,9 @@ def job_ids(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    import argcomplete
+    from argcomplete.shell_integration import shellcode
 
-    print(argcomplete.shellcode(["pollux-local"], shell=args.shell), end="")
+    print(shellcode(["pollux-local"], shell=args.shell), end="")
     return 0
 
 

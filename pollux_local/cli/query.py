@@ -22,13 +22,12 @@ from pollux_local.cli.format import (
     duration,
     fmt,
     node_line,
-    printable,
     status_table,
     timestamp,
     where,
 )
 from pollux_local.durations import format_duration
-from pollux_local.untrusted import PartialEscape
+from pollux_local.untrusted import PartialEscape, printable
 
 #: Jobs one ``status`` request asks for (the daemon's default page).
 STATUS_PAGE = 1000

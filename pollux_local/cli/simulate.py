@@ -74,7 +74,7 @@ def _cluster(text: str) -> tuple[NodeGroup, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "simulate",
         help="simulate a scheduling policy on a workload trace",

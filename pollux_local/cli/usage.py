@@ -12,8 +12,9 @@ import time
 
 from pollux_local.api.messages import DeviceUsage, Usage, UsageReply
 from pollux_local.cli.common import client_for, json_parser, print_json, state_dir_parser
-from pollux_local.cli.format import printable, table, timestamp
+from pollux_local.cli.format import table, timestamp
 from pollux_local.parsing import parse_since
+from pollux_local.untrusted import printable
 
 
 def hours(value: float) -> str:

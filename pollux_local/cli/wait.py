@@ -15,7 +15,7 @@ from pollux_local.cli.common import (
     print_json,
     state_dir_parser,
 )
-from pollux_local.cli.format import printable
+from pollux_local.untrusted import printable
 
 #: Exit status of ``wait`` when a job ended other than succeeded, or the wait timed out.
 NOT_ALL_SUCCEEDED = 1

@@ -37,7 +37,7 @@ def noise_scale(stats: GradStats, base_batch: float) -> float:
 def efficiency(stats: GradStats, base_batch: float, total_batch: ArrayLike) -> FloatArray:
     """E(M) = (phi + M0) / (phi + max(M, M0)), in (0, 1] and non-increasing in M."""
     phi = noise_scale(stats, base_batch)
-    m = np.maximum(np.asarray(total_batch, dtype=float), float(base_batch))
+    m: FloatArray = np.maximum(np.asarray(total_batch, dtype=float), float(base_batch))
     return (phi + base_batch) / (phi + m)
 
 

@@ -115,9 +115,9 @@ def predict_throughput(
     accum_steps: ArrayLike = 1,
 ) -> FloatArray:
     """Examples per second: K*m*s / T_iter."""
-    k = np.asarray(replicas, dtype=float)
-    m = np.asarray(local_batch, dtype=float)
-    s = np.asarray(accum_steps, dtype=float)
+    k: FloatArray = np.asarray(replicas, dtype=float)
+    m: FloatArray = np.asarray(local_batch, dtype=float)
+    s: FloatArray = np.asarray(accum_steps, dtype=float)
     return k * m * s / predict_iter_time(params, nodes, replicas, local_batch, accum_steps)
 
 

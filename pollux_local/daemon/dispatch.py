@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import mmap
-from typing import cast
+from typing import Any, cast
 
 from pollux_local.api import wire
 from pollux_local.api.errors import (
@@ -52,7 +52,7 @@ from pollux_local.daemon.handlers import (
 log = logging.getLogger("pollux_local.daemon")
 
 
-async def dispatch(ctx: Context, request: Request) -> Reply:
+async def dispatch(ctx: Context, request: Request[Any]) -> Reply:
     """The handler of ``request``'s type, and its reply."""
     match request:
         case Ping():

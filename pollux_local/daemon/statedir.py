@@ -121,7 +121,7 @@ def stderr_is_journal() -> bool:
         return False
 
 
-class LogFileHandler(logging.StreamHandler):
+class LogFileHandler(logging.StreamHandler[IO[str]]):
     """``daemon.log``: a line it cannot write (a full disk) is lost from the file alone (every
     line goes to stderr too), said once on stderr in one line instead of a traceback a line."""
 

@@ -132,7 +132,7 @@ def run_plain(args: argparse.Namespace) -> int:
         for start in range(0, len(data) - args.base_batch + 1, args.base_batch):
             idx = perm[start + rank * local : start + (rank + 1) * local]
             loss = F.cross_entropy(model(x[idx]), y[idx])
-            loss.backward()
+            torch.autograd.backward(loss)
             opt.step()
             opt.zero_grad(set_to_none=True)
             now, cpu = time.perf_counter(), time.process_time()
@@ -277,7 +277,7 @@ def run_ab(args: argparse.Namespace) -> int:
             idx = perm[cursor + rank * local : cursor + (rank + 1) * local]
             cursor += args.base_batch
             loss = F.cross_entropy(model_p(x[idx]), y[idx])
-            loss.backward()
+            torch.autograd.backward(loss)
             opt_p.step()
             opt_p.zero_grad(set_to_none=True)
 

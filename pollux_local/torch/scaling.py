@@ -85,7 +85,8 @@ class Preconditioner:
         eps = float(group.get("eps", 1e-8)) if group else 1e-8
         step = float(st.get("step", 1))
         correction = 1.0 - beta2**step if step > 0 else 1.0
-        return (st["exp_avg_sq"] / correction).sqrt().add_(eps)
+        exp_avg_sq: torch.Tensor = st["exp_avg_sq"]
+        return (exp_avg_sq / correction).sqrt().add_(eps)
 
 
 def gradients(

@@ -347,10 +347,11 @@ class ElasticTrainer:
         self._micro = None
         weight = plan.micro[index].weights[self.rank]
         scaled = loss if weight == 1.0 else loss * weight
+        # torch.autograd.backward(t) is what t.backward() calls (and is typed).
         if self.scaler is not None:
-            self.scaler.scale(scaled).backward()
+            torch.autograd.backward(self.scaler.scale(scaled))
         else:
-            scaled.backward()
+            torch.autograd.backward(scaled)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - self._t0

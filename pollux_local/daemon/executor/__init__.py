@@ -40,7 +40,6 @@ from pollux_local.daemon.executor.launchspec import (
     build_launch_spec,
     make_ssh_launcher,
     make_user_dir,
-    one_line,
     ssh_control_dir,
 )
 from pollux_local.daemon.executor.recovery import Recovery
@@ -52,7 +51,6 @@ __all__ = [
     "build_launch_spec",
     "make_ssh_launcher",
     "make_user_dir",
-    "one_line",
     "ssh_control_dir",
 ]
 

@@ -16,13 +16,14 @@ from pollux_local.api.states import DecisionKind, JobState, StopIntent
 from pollux_local.daemon.config import busy_gpus
 from pollux_local.daemon.executor.base import Device, allocation_devices, log
 from pollux_local.daemon.executor.exits import Exits
-from pollux_local.daemon.executor.launchspec import one_line, owner_gone, prepare_dirs
+from pollux_local.daemon.executor.launchspec import owner_gone, prepare_dirs
 from pollux_local.daemon.scheduler import Action, ActionKind, Allocation, Plan
 from pollux_local.daemon.state import DecisionEntry, JobRecord
 from pollux_local.errors import PolluxError
 from pollux_local.launch.base import (
     ReplicaGroup,
 )
+from pollux_local.untrusted import one_line
 
 #: At a daemon shutdown, how long past ``stop_grace_s`` the stops are waited for.
 SHUTDOWN_MARGIN_S = 15.0

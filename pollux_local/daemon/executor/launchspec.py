@@ -118,17 +118,6 @@ async def prepare_dirs(
         await make_user_dir(job, checkpoint)
 
 
-def _owner_gone(self, job: JobRecord) -> str | None:
-    """Why the job cannot run as its owner (a deleted Unix user), or ``None``."""
-    if job.owner_uid == os.geteuid():
-        return None
-    try:
-        pwd.getpwuid(job.owner_uid)
-    except KeyError:
-        return f"owner uid {job.owner_uid} no longer exists"
-    return None
-
-
 def owner_gone(job: JobRecord) -> str | None:
     """Why the job cannot run as its owner (a deleted Unix user), or ``None``."""
     if job.owner_uid == os.geteuid():
