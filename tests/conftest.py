@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.labinstall import LabInstall, missing_tools, run_lab_install, world_readable_tempdir
+from tests.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 ARTIFACT_DIR = Path(
     os.environ.get("POLLUX_ARTIFACT_DIR", REPO_ROOT.parent / "shared" / "data" / "pollux-artifact")
 )

@@ -14,8 +14,7 @@ from typing import Any
 
 from pollux_local.client import Client
 from pollux_local.errors import PolluxError
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import REPO_ROOT
 
 
 class DaemonProcess:

@@ -25,8 +25,8 @@ import psutil
 
 from pollux_local.api.errors import DaemonUnavailable, PolluxError
 from pollux_local.client import Client
+from tests.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 LAB_INSTALL = REPO_ROOT / "scripts" / "lab-install"
 SYSTEM_PYTHON = "/usr/bin/python3"
 #: What a freshly logged-in user's shell has on its PATH (no venv of the test runner).

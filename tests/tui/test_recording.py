@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from record_replies import FIXTURE, record, recording_shape
 
 from pollux_local import api
 from pollux_local.tui.recording import Recording, load_recording, recording_from_data
+from tests.tui.record_replies import FIXTURE, record, recording_shape
 
 ROLES = {"succeeded", "failed", "running-a", "running-b", "held", "cancelled", "queued"}
 

@@ -23,11 +23,12 @@ from pathlib import Path
 import pytest
 
 from tests.daemon_process import REPO_ROOT, DaemonProcess, quick_daemon
+from tests.paths import STEADY_JOB
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
-SCRIPT = Path(__file__).with_name("first_day") / "ddp_snapshot.py"
-ELASTIC = REPO_ROOT / "tests" / "tui" / "fixtures" / "steady_job"
+SCRIPT = Path(__file__).with_name("ddp_snapshot.py")
+ELASTIC = STEADY_JOB
 
 
 @pytest.fixture(scope="module")

@@ -8,17 +8,16 @@ import pytest
 
 from pollux_local.api.states import JobState
 from pollux_local.core.baselines import FifoPolicy
-from pollux_local.core.schedule import ActionKind, NodeInput, Verdict, dependency_verdict
+from pollux_local.core.schedule import ActionKind, Limits, NodeInput, Verdict, dependency_verdict
 from pollux_local.core.schedule.views import job_view
 from pollux_local.daemon.scheduler import (
-    Limits,
     ModelCache,
     dependencies_of,
     job_input,
     plan_round,
 )
 from pollux_local.daemon.state import JobRecord
-from tests.test_daemon_scheduler import FixedPolicy
+from tests.daemon.test_scheduler import FixedPolicy
 
 RNG = np.random.default_rng(0)
 FOUR = [NodeInput("a", ("cpu:0", "cpu:1")), NodeInput("b", ("cpu:0", "cpu:1"))]
@@ -75,7 +74,7 @@ def test_a_job_waiting_on_a_dependency_is_not_shown_to_the_policy() -> None:
     policy = FixedPolicy({"1": (1, 0), "2": (0, 1)})
     jobs = [record(1), record(2, after=["7"])]
     plan = plan_round(
-        policy, jobs, FOUR, ModelCache(), 1.0, RNG, Limits(states={7: JobState.RUNNING})
+        policy, jobs, FOUR, ModelCache(), 1.0, RNG, states={7: JobState.RUNNING}
     )
     assert [view.id for view in policy.seen_jobs] == ["1"]
     assert started(plan.actions) == [1]

@@ -34,10 +34,10 @@ from pollux_local.daemon.state import (
     open_state,
 )
 from pollux_local.daemon.statedir import prepare_state_dir
+from tests.paths import REPO_ROOT
 from tests.scheduler_harness import Harness
 
 pytestmark = pytest.mark.timeout(120)
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def add(store: StateStore, name: str = "j") -> int:

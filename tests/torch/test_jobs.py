@@ -24,8 +24,8 @@ from pollux_local.launch.base import (  # noqa: E402
 )
 from pollux_local.launch.local import LocalLauncher  # noqa: E402
 from pollux_local.torch import load_training_spec  # noqa: E402
+from tests.paths import REPO_ROOT  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 JOBS = {
     "digits_cnn": ["--max-epochs", "1"],
     "tabular_mlp": ["--max-epochs", "1"],
@@ -38,16 +38,16 @@ def _clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLLUX_")}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO_ROOT))
     return env
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", sorted(JOBS))
 def test_job_runs_alone_and_states_its_target(name: str) -> None:
-    spec = load_training_spec(REPO / "jobs" / name / "job.toml")
+    spec = load_training_spec(REPO_ROOT / "jobs" / name / "job.toml")
     proc = subprocess.run(
-        [sys.executable, str(REPO / "jobs" / name / "train.py"), *JOBS[name]],
+        [sys.executable, str(REPO_ROOT / "jobs" / name / "train.py"), *JOBS[name]],
         env=_clean_env(),
         capture_output=True,
         text=True,
@@ -76,8 +76,13 @@ def _spec(tmp: Path, replicas: int, restarts: int, epochs: int) -> LaunchSpec:
     slots = [ReplicaSlot(r, "localhost", f"cpu:{r}", r, 0) for r in range(replicas)]
     return LaunchSpec(
         job_id="digits",
-        argv=[sys.executable, str(REPO / "jobs/digits_cnn/train.py"), "--max-epochs", str(epochs)],
-        workdir=REPO,
+        argv=[
+            sys.executable,
+            str(REPO_ROOT / "jobs/digits_cnn/train.py"),
+            "--max-epochs",
+            str(epochs),
+        ],
+        workdir=REPO_ROOT,
         env=env,
         slots=slots,
         log_dir=tmp / f"logs{restarts}",

@@ -22,10 +22,10 @@ import pytest
 from pollux_local.client import Client
 from pollux_local.errors import PolluxError
 from tests.daemon_process import activated_environ
+from tests.paths import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(180)
 
-REPO = Path(__file__).resolve().parents[1]
 STATES = {"queued", "running", "rescaling", "held", "succeeded", "failed", "cancelled"}
 
 #: A tiny stand-in training script: gloo all-reduce per step, checkpoint on SIGTERM -> exit 75.
@@ -291,7 +291,9 @@ def test_crash_is_retried_with_backoff_then_fails_with_reason(daemon: Daemon) ->
 def test_real_jobs_from_jobs_dir(tmp_path: Path) -> None:
     """The example jobs (the job library, real models): both reach their quality target, and
     the policy moves the first one live when the second arrives."""
-    specs = {name: REPO / "jobs" / name / "job.toml" for name in ("char_transformer", "digits_cnn")}
+    specs = {
+        name: REPO_ROOT / "jobs" / name / "job.toml" for name in ("char_transformer", "digits_cnn")
+    }
     if not all(path.exists() for path in specs.values()):
         pytest.skip("example jobs not present")
     d = Daemon(tmp_path, CONFIG)

@@ -27,6 +27,8 @@ from pollux_local.api.states import JobState
 from pollux_local.cli import build_parser, main
 from pollux_local.cli.control import edit_request
 from pollux_local.cli.format import group_arrays, node_line, status_table
+from pollux_local.cli.submit import build_submit_request
+from pollux_local.cli.usage import usage_table
 from pollux_local.parsing import (
     compress_indices,
     parse_array,
@@ -34,9 +36,8 @@ from pollux_local.parsing import (
     parse_since,
     parse_time_limit,
 )
-from pollux_local.cli.submit import build_submit_request
-from pollux_local.cli.usage import usage_table
 from tests.daemon_process import DaemonProcess, wait_for
+from tests.paths import REPO_ROOT
 
 SLEEP = shutil.which("sleep") or "/bin/sleep"
 
@@ -634,7 +635,7 @@ def test_usage_counts_the_jobs_that_ran(capsys: pytest.CaptureFixture[str], tmp_
 
 # --- the guide -----------------------------------------------------------------------------
 
-GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide" / "jobs.md"
+GUIDE = REPO_ROOT / "docs" / "guide" / "jobs.md"
 
 
 def fenced(language: str) -> list[list[str]]:

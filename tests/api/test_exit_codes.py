@@ -5,12 +5,12 @@ this keeps them equal to the table."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from pollux_local.api.states import ExitCode
 from pollux_local.launch import node_agent, supervisor
+from tests.paths import REPO_ROOT
 
-PACKAGE = Path(__file__).resolve().parents[1] / "pollux_local"
+PACKAGE = REPO_ROOT / "pollux_local"
 
 
 def test_the_stdlib_only_launch_modules_agree_with_the_table() -> None:

@@ -14,9 +14,9 @@ import pytest
 
 from pollux_local import api
 from tests.daemon_process import DaemonProcess, wait_for
+from tests.paths import STEADY_JOB
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-STEADY = REPO_ROOT / "tests" / "tui" / "fixtures" / "steady_job"
+STEADY = STEADY_JOB
 
 pytestmark = pytest.mark.timeout(300)
 

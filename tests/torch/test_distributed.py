@@ -22,9 +22,9 @@ torch = pytest.importorskip("torch")
 
 from pollux_local.api.states import ExitCode  # noqa: E402
 from pollux_local.launch.base import pick_master_port  # noqa: E402
+from tests.paths import REPO_ROOT  # noqa: E402
 
 PROBE = [sys.executable, "-m", "pollux_local.torch.probe"]
-REPO = Path(__file__).resolve().parents[1]
 
 
 def run_job(
@@ -57,7 +57,7 @@ def run_job(
             POLLUX_JOB_DIR=str(tmp / "job"),
             POLLUX_PG_TIMEOUT_S="30",
             POLLUX_DEVICE="cpu",
-            PYTHONPATH=str(REPO),
+            PYTHONPATH=str(REPO_ROOT),
             PYTHONFAULTHANDLER="1",  # SIGABRT on a hang prints every thread's stack
         )
         if local_batch is not None:
@@ -71,7 +71,7 @@ def run_job(
         err_path = tmp / f"rank{rank}-{port}.err"
         with open(err_path, "w") as err_file:
             procs.append(
-                subprocess.Popen(PROBE + args, env=env, cwd=REPO, stderr=err_file, text=True)
+                subprocess.Popen(PROBE + args, env=env, cwd=REPO_ROOT, stderr=err_file, text=True)
             )
         errs.append(err_path)
     codes = []

@@ -34,11 +34,11 @@ from pollux_local.daemon.config import load_config
 from pollux_local.errors import PolluxError
 from pollux_local.jobspec import load_job_spec
 from tests.daemon_process import DaemonProcess, activated_environ, wait_for
+from tests.paths import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(300)
 
-REPO = Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
+README = REPO_ROOT / "README.md"
 STATES = ("queued", "running", "rescaling", "held", "succeeded", "failed", "cancelled")
 
 #: README command lines that are not ``pollux-local`` commands; none of them is run here.
@@ -249,7 +249,7 @@ def test_readme_commands_run(tmp_path: Path) -> None:
     workspace = tmp_path / "work"
     for folder in ("jobs", "examples"):
         shutil.copytree(
-            REPO / folder, workspace / folder, ignore=shutil.ignore_patterns("__pycache__")
+            REPO_ROOT / folder, workspace / folder, ignore=shutil.ignore_patterns("__pycache__")
         )
     state_dir = tmp_path / "state"
     daemon_lines = [c for c in CLI_COMMANDS if shlex.split(c)[1:2] == ["daemon"]]

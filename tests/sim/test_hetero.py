@@ -20,7 +20,7 @@ from pollux_local.sim.workload import WorkloadJob
 
 pytestmark = pytest.mark.timeout(300)
 
-SIA_MODELS = Path(__file__).resolve().parents[2] / "shared" / "data" / "sia-artifact" / "models"
+SIA_MODELS = Path(__file__).resolve().parents[3] / "shared" / "data" / "sia-artifact" / "models"
 CLUSTER = "aws:2x4,dgx-ext:1x8"
 
 

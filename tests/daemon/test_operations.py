@@ -33,10 +33,10 @@ from pollux_local.daemon.statedir import JournalFormatter, stderr_is_journal
 from pollux_local.errors import PolluxError
 from tests.daemon_process import DaemonProcess, wait_for
 from tests.labinstall import world_readable_tempdir
+from tests.paths import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(120)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = REPO_ROOT / "deploy"
 NODE = "ws"
 

@@ -23,8 +23,8 @@ from tests.labinstall import (
     wait_until,
     world_readable_tempdir,
 )
+from tests.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = REPO_ROOT / "deploy"
 SYSTEM_UNIT = DEPLOY / "pollux-local.service"
 USER_UNIT = DEPLOY / "pollux-local-user.service"

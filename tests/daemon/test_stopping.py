@@ -10,14 +10,14 @@ import numpy as np
 
 from pollux_local.api.states import JobState
 from pollux_local.core.baselines import FifoPolicy
-from pollux_local.core.schedule import Holding, NodeInput
+from pollux_local.core.schedule import Holding, Limits, NodeInput
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.loop import node_snapshot, stopping_jobs
 from pollux_local.daemon.readmodel import node_rows
-from pollux_local.daemon.scheduler import Limits, ModelCache, plan_round
+from pollux_local.daemon.scheduler import ModelCache, plan_round
 from pollux_local.daemon.state import StateStore
-from tests.test_daemon_admission import record, started
+from tests.daemon.test_admission import record, started
 
 RNG = np.random.default_rng(0)
 TWO = [NodeInput("n", ("cpu:0", "cpu:1"), stopping={"cpu:0": 1})]
@@ -27,8 +27,8 @@ ANNS = (Holding(job_id=1, owner="ann", devices={"n": ["cpu:0"]}),)
 
 def test_a_stopping_job_counts_in_its_owners_device_cap_but_not_in_others() -> None:
     jobs = [record(2, owner="ann"), record(3, owner="bob")]
-    limits = Limits(max_devices_per_user=1, stopping=ANNS)
-    plan = plan_round(FifoPolicy(), jobs, TWO, ModelCache(), 1.0, RNG, limits)
+    limits = Limits(max_devices_per_user=1)
+    plan = plan_round(FifoPolicy(), jobs, TWO, ModelCache(), 1.0, RNG, limits, stopping=ANNS)
     assert started(plan.actions) == [3]
     (action,) = plan.actions
     assert action.allocation == {"n": ["cpu:1"]}  # never the device still held
@@ -39,8 +39,10 @@ def test_a_stopping_job_counts_in_its_owners_device_cap_but_not_in_others() -> N
 
 
 def test_a_stopping_job_counts_as_running_for_max_running_per_user() -> None:
-    limits = Limits(max_running_per_user=1, stopping=ANNS)
-    plan = plan_round(FifoPolicy(), [record(2, owner="ann")], TWO, ModelCache(), 1.0, RNG, limits)
+    limits = Limits(max_running_per_user=1)
+    plan = plan_round(
+        FifoPolicy(), [record(2, owner="ann")], TWO, ModelCache(), 1.0, RNG, limits, stopping=ANNS
+    )
     assert started(plan.actions) == []
     assert "job(s) 1 still stopping" in plan.reasons[2]
 
@@ -53,7 +55,7 @@ def test_a_device_still_held_is_offered_to_nobody() -> None:
         ModelCache(),
         1.0,
         RNG,
-        Limits(stopping=ANNS),
+        stopping=ANNS,
     )
     assert started(plan.actions) == [2]  # one device is free, FIFO gives it to job 2
     assert plan.actions[0].allocation == {"n": ["cpu:1"]}

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
-from pathlib import Path
 
 from pollux_local.cli import build_parser
 from pollux_local.daemon.config import KNOWN_KEYS
+from tests.paths import REPO_ROOT
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "comparison.md"
+PAGE = REPO_ROOT / "docs" / "comparison.md"
 
 
 def table_rows() -> list[list[str]]:

@@ -37,10 +37,10 @@ from pollux_local.launch.supervisor import (
     proc_start_time,
 )
 from tests.labinstall import world_readable_tempdir
+from tests.paths import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(60)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 #: A shell job (``sh -c ESCAPEE escapee PIDFILE MODE``) that leaves a grandchild in a session of
 #: its own, ignoring SIGTERM and SIGHUP, which writes its pid to PIDFILE; then it waits

@@ -42,9 +42,9 @@ from pollux_local.daemon.server import Daemon
 from pollux_local.daemon.transport import ConnectionBook
 from pollux_local.errors import PolluxError
 from tests.labinstall import LabInstall
+from tests.paths import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(120)
-REPO_ROOT = Path(__file__).resolve().parents[1]
 NOBODY = 65534
 #: uids (and gids) with no passwd entry, for clients that are "another user"
 STRANGER = 65533

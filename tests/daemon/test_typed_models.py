@@ -12,7 +12,7 @@ from pollux_local.core.schedule import NodeInput
 from pollux_local.daemon.scheduler import ModelCache, plan_round
 from pollux_local.daemon.state import JobRecord
 from pollux_local.torch.profile import ProfileRecorder
-from tests.test_daemon_scheduler import FixedPolicy
+from tests.daemon.test_scheduler import FixedPolicy
 
 RNG = np.random.default_rng(0)
 

@@ -1,0 +1,1 @@
+"""The documentation kept true: the README's commands, the comparison page."""

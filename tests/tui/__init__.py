@@ -1,0 +1,1 @@
+"""The TUI: pilot, snapshot, literal-text and terminal tests over recorded or live daemon replies."""
