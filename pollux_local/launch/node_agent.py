@@ -52,7 +52,7 @@ import time
 from typing import IO, Any, NoReturn
 
 #: Exit status when nothing could be started (bad working dir, unshared checkpoint dir, user):
-#: ``api.states.ExitCode.NODE_SETUP`` (this module is stdlib only; tests/test_exit_codes.py).
+#: ``api.states.ExitCode.NODE_SETUP`` (this module is stdlib only; tests/api/test_exit_codes.py).
 SETUP_FAILED_EXIT_CODE = 254
 #: Exit code reported for a replica whose program could not be executed (``ExitCode.EXEC_FAILED``).
 NOT_STARTED_EXIT_CODE = 127
