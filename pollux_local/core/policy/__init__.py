@@ -88,9 +88,8 @@ import numpy as np
 from pollux_local.core.policy.objective import (
     EXPLORATION_FACTOR,
     min_nodes_table,
-    nodes_spanned,
-    pinned_placements,
     rank_weights,
+    set_pinned_aside,
 )
 from pollux_local.core.policy.typed import TypedChoice
 from pollux_local.core.types import (
@@ -142,13 +141,7 @@ class GoodputPolicy(TypedChoice):
                 return self._decide_typed(jobs, nodes, node_sizes)
         # running rigid jobs that may not be preempted hold their devices; the others share
         # the rest
-        pinned = pinned_placements(jobs, node_sizes)
-        multi_node_on = [False] * len(node_sizes)
-        for placement in pinned.values():
-            node_sizes = [size - c for size, c in zip(node_sizes, placement, strict=True)]
-            if nodes_spanned(placement) > 1:
-                multi_node_on = [m or c > 0 for m, c in zip(multi_node_on, placement, strict=True)]
-        shared = [j for j in jobs if j.id not in pinned] if pinned else list(jobs)
+        pinned, node_sizes, multi_node_on, shared = set_pinned_aside(jobs, node_sizes)
         total = int(sum(node_sizes))
         if total == 0 or not shared:
             return self._all_waiting(jobs, shared, pinned, nodes)

@@ -113,6 +113,23 @@ def pinned_placements(jobs: Sequence[JobView], node_sizes: Sequence[int]) -> dic
     return pinned
 
 
+def set_pinned_aside(
+    jobs: Sequence[JobView], node_sizes: Sequence[int]
+) -> tuple[dict[str, Placement], list[int], list[bool], list[JobView]]:
+    """The pinned jobs (:func:`pinned_placements`) taken out of the nodes: their placements,
+    the devices left on each node, the nodes a pinned job spanning several nodes uses (others
+    that span nodes keep off them), and the jobs left to share the rest."""
+    pinned = pinned_placements(jobs, node_sizes)
+    sizes = list(node_sizes)
+    multi_node_on = [False] * len(sizes)
+    for placement in pinned.values():
+        sizes = [size - c for size, c in zip(sizes, placement, strict=True)]
+        if nodes_spanned(placement) > 1:
+            multi_node_on = [m or c > 0 for m, c in zip(multi_node_on, placement, strict=True)]
+    shared = [j for j in jobs if j.id not in pinned]
+    return pinned, sizes, multi_node_on, shared
+
+
 def pinned_reason(placement: Placement) -> str:
     k, n = int(sum(placement)), nodes_spanned(placement)
     return f"{k} dev on {n} node{'s' if n > 1 else ''}; rigid: keeps its devices until it ends"

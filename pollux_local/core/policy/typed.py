@@ -13,8 +13,7 @@ from pollux_local.core.policy.objective import (
     NEG,
     JobPlan,
     min_nodes_table,
-    nodes_spanned,
-    pinned_placements,
+    set_pinned_aside,
     waiting_reason,
 )
 from pollux_local.core.policy.prices import assign_types, complete_models
@@ -41,13 +40,7 @@ class TypedChoice(Reasons):
         job's model there, measured or predicted: ``core.hetero``), one normaliser per job
         across types, admission over the whole cluster, a type per admitted job from prices
         that clear each type's devices, then per type the homogeneous search and placement."""
-        pinned = pinned_placements(jobs, node_sizes)
-        multi_node_on = [False] * len(node_sizes)
-        for placement in pinned.values():
-            node_sizes = [size - c for size, c in zip(node_sizes, placement, strict=True)]
-            if nodes_spanned(placement) > 1:
-                multi_node_on = [m or c > 0 for m, c in zip(multi_node_on, placement, strict=True)]
-        shared = [j for j in jobs if j.id not in pinned]
+        pinned, node_sizes, multi_node_on, shared = set_pinned_aside(jobs, node_sizes)
         total = int(sum(node_sizes))
         if total == 0 or not shared:
             return self._all_waiting(jobs, shared, pinned, nodes)
