@@ -263,7 +263,8 @@ class Simulator:
             run_time_s=job.run_time_s,
             max_devices=self._max_replicas(job),
             batch_size=job.spec.batch_size,
-            model=None if aware else self.models.model(job),
+            # of the type it runs on (the pass picks it again where types differ)
+            model=by_type.get(job.device_type or "") if aware else self.models.model(job),
             models_by_type=by_type,
             type_rates={t: job.apps[t].single_device_rate for t in job.apps} if typed else {},
             max_profiled_replicas=job.max_profiled_replicas,
