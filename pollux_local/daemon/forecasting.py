@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pollux_local.api.states import PLACED_STATES, JobState
-from pollux_local.core.schedule import NodeInput
+from pollux_local.core.schedule import Holding, Limits, NodeInput
 from pollux_local.core.schedule.forecast import Prediction, forecast
 from pollux_local.core.schedule.views import run_time_s
 from pollux_local.core.types import Policy
 from pollux_local.daemon.readmodel import MetricHistory, job_eta
 from pollux_local.daemon.scheduler import (
-    Limits,
     ModelCache,
     job_input,
     job_kind,
@@ -104,7 +103,7 @@ class Forecasts:
     latest: dict[int, Prediction] = field(default_factory=dict)
     durations: Durations = field(default_factory=Durations)
     metrics: MetricHistory | None = None
-    #: the last pass's policy, nodes, models and limits
+    #: the last pass's policy, nodes, models, limits, dependencies' states and stopping jobs
     inputs: _Inputs | None = None
 
     def update(
@@ -115,9 +114,12 @@ class Forecasts:
         models: ModelCache,
         limits: Limits,
         now: float,
+        *,
+        states: Mapping[int, JobState] | None = None,
+        stopping: Sequence[Holding] = (),
     ) -> None:
         """Forecast every job of a pass (its inputs, as ``scheduler.plan_round`` takes them)."""
-        self.inputs = _Inputs(policy, list(nodes), models, limits)
+        self.inputs = _Inputs(policy, list(nodes), models, limits, dict(states or {}), stopping)
         self.latest, _ = self._run(jobs, now)
 
     def estimate(
@@ -140,7 +142,10 @@ class Forecasts:
         if got is None:
             return {}, {}
         active = [job for job in jobs if job.state in (JobState.QUEUED, *PLACED_STATES)]
-        snapshot = snapshot_of(active, got.nodes, got.models, now, got.limits)
+        snapshot = snapshot_of(
+            active, got.nodes, got.models, now, got.limits, states=got.states,
+            stopping=got.stopping,
+        )  # fmt: skip
         remaining = {job.id: remaining_s(job, now, self.durations, self.metrics) for job in active}
         return forecast(snapshot, got.policy, remaining)
 
@@ -151,3 +156,5 @@ class _Inputs:
     nodes: list[NodeInput]
     models: ModelCache
     limits: Limits
+    states: Mapping[int, JobState]
+    stopping: Sequence[Holding]

@@ -40,7 +40,7 @@ from pollux_local.api.states import (
     JobState,
     StopIntent,
 )
-from pollux_local.core.schedule import Holding, NodeInput, Verdict, dependency_verdict
+from pollux_local.core.schedule import Holding, Limits, NodeInput, Verdict, dependency_verdict
 from pollux_local.core.types import Policy
 from pollux_local.daemon import gpus
 from pollux_local.daemon.config import DaemonConfig, busy_gpus
@@ -50,7 +50,6 @@ from pollux_local.daemon.jobfiles import job_file_mtime
 from pollux_local.daemon.readmodel import MetricHistory, job_noise_scale
 from pollux_local.daemon.reports import InvalidReport, read_job_report
 from pollux_local.daemon.scheduler import (
-    Limits,
     ModelCache,
     dependencies_of,
     plan_round,
@@ -251,17 +250,19 @@ class SchedulingLoop:
             limits = Limits(
                 max_devices_per_user=self.config.max_devices_per_user,
                 max_running_per_user=self.config.max_running_per_user,
-                states=states,
                 share_slowdown=self.config.share_slowdown,
-                stopping=stopping,
             )
             if not jobs:
-                self.forecasts.update(self.policy, [], nodes, self.models, limits, now)
+                self.forecasts.update(
+                    self.policy, [], nodes, self.models, limits, now, states=states,
+                    stopping=stopping,
+                )  # fmt: skip
                 await self.announce()
                 return
             plan = await asyncio.to_thread(
-                plan_round, self.policy, jobs, nodes, self.models, now, self.rng, limits
-            )
+                plan_round, self.policy, jobs, nodes, self.models, now, self.rng, limits,
+                states=states, stopping=stopping,
+            )  # fmt: skip
             self.ticks += 1
             await self.executor.apply(plan)
             # why waiting jobs wait, and the figures of jobs left running as they were
@@ -270,19 +271,26 @@ class SchedulingLoop:
             for job_id, prediction in plan.predictions.items():
                 self.store.update_job(job_id, prediction=prediction)
             self.sample_history(self.clock())
-            await self.forecast(jobs, nodes, limits, now)
+            await self.forecast(jobs, nodes, limits, now, states, stopping)
             await self.announce()
 
     async def forecast(
-        self, jobs: list[JobRecord], nodes: list[NodeInput], limits: Limits, now: float
+        self,
+        jobs: list[JobRecord],
+        nodes: list[NodeInput],
+        limits: Limits,
+        now: float,
+        states: dict[int, JobState],
+        stopping: Sequence[Holding],
     ) -> None:
         """Every queued and running job's expected start and finish (``forecasting``); a
         failing forecast is logged and leaves the jobs without one."""
         try:
             self.forecasts.durations.refresh(self.store)
             await asyncio.to_thread(
-                self.forecasts.update, self.policy, jobs, nodes, self.models, limits, now
-            )
+                self.forecasts.update, self.policy, jobs, nodes, self.models, limits, now,
+                states=states, stopping=stopping,
+            )  # fmt: skip
         except sqlite3.Error:
             raise
         except Exception:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -72,16 +72,15 @@ def _int(value: Any) -> int | None:
 def job_noise_scale(job: JobRecord) -> float | None:
     """The gradient noise scale phi = M0 * var / sqr from the job's last report
     (``core.efficiency.noise_scale``), or ``None`` without gradient statistics."""
-    report = job.report or {}
-    stats = report.get("grad_stats")
-    bounds = report.get("bounds") or {}
-    base = bounds.get("base_batch") or job.spec.batch_size
-    if not isinstance(stats, dict) or not base:
+    report = job.report
+    stats = report.grad_stats if report is not None else None
+    bounds = report.bounds if report is not None else None
+    base = bounds.base_batch if bounds is not None else job.spec.batch_size
+    if stats is None or not base:
         return None
     try:
-        grad = GradStats(sqr=float(stats["sqr"]), var=float(stats["var"]))
-        value = float(noise_scale(grad, float(base)))
-    except (KeyError, TypeError, ValueError, ArithmeticError):
+        value = float(noise_scale(GradStats(sqr=stats.sqr, var=stats.var), float(base)))
+    except ArithmeticError:
         return None
     return value if math.isfinite(value) else None
 
@@ -92,10 +91,9 @@ def model_summary(models: ModelCache, job: JobRecord) -> ModelSummary | None:
     model = models.model_for(job)
     if model is None:
         return None
-    profile = (job.report or {}).get("profile") or []
     return ModelSummary(
         params={name: float(value) for name, value in model.params.to_dict().items()},
-        profile_points=len(profile),
+        profile_points=len(job.report.profile) if job.report is not None else 0,
         # the points the model was fitted to: its own and its owner's jobs' of its kind
         fitted_points=models.fitted_points(job),
         base_batch=int(model.bounds.base_batch),
@@ -109,16 +107,16 @@ class MetricHistory:
         self.limit = limit
         self._points: dict[int, deque[tuple[float, float]]] = {}
 
-    def note(self, job: JobRecord, report: Mapping[str, Any], now: float) -> None:
+    def note(self, job: JobRecord, report: JobReport, now: float) -> None:
         """Remember the report's value of the job's target metric (at the report's time)."""
         target = job.spec.target
         if target is None:
             return
-        value = _float((report.get("metrics") or {}).get(target.metric))
-        if value is None or not math.isfinite(value):
+        value = report.metrics.get(target.metric)
+        if value is None or not math.isfinite(value):  # not reported, or not a number
             return
         history = self._points.setdefault(job.id, deque(maxlen=self.limit))
-        stamp = float(report.get("time") or now)
+        stamp = report.time or now
         if not history or history[-1][0] < stamp:
             history.append((stamp, value))
 
@@ -159,7 +157,7 @@ def job_eta(job: JobRecord, now: float, metrics: MetricHistory | None = None) ->
     never negative, infinite or beyond ``scheduler.MAX_ETA_S``."""
     if job.state not in PLACED_STATES:
         return None
-    own = sane_eta((job.report or {}).get("eta_s"))
+    own = sane_eta(job.report.eta_s) if job.report is not None else None
     if own is not None:
         return own
     trend = metrics.eta(job, now) if metrics is not None else None
@@ -177,7 +175,7 @@ def job_summary(
     """The row of ``status`` for one job (``eta_s``: :func:`job_eta`; goodput, efficiency and
     speed-up: the prediction the scheduler stored for its allocation; expected start and
     finish: ``forecast``, the loop's for a queued or running job)."""
-    report = job.report or {}
+    report = job.report
     spec = job.spec
     batch = job.batch or {}
     placed = job.state in PLACED_STATES
@@ -199,9 +197,9 @@ def job_summary(
         goodput=_float(job.prediction.get("goodput")) if placed else None,
         efficiency=_float(job.prediction.get("efficiency")) if placed else None,
         speedup=_float(job.prediction.get("speedup")) if placed else None,
-        progress=_float(report.get("progress")),
-        epoch=_int(report.get("epoch")),
-        metrics=_convert(report.get("metrics"), dict[str, float | None]) or {},
+        progress=report.progress if report is not None else None,
+        epoch=report.epoch if report is not None else None,
+        metrics=dict(report.metrics) if report is not None else {},
         eta_s=eta,
         min_gpus=int(spec.min_gpus or 1),
         max_gpus=int(max_gpus) if max_gpus else None,
@@ -250,7 +248,7 @@ def job_detail(
         batch_bounds=BatchBoundsView(**{key: getattr(spec, key) for key in _BOUND_KEYS}),
         job_dir=str(job_dir),
         pids=_convert(job.pids, list[ReplicaPid]) or [],
-        report=_convert(job.report, JobReport),
+        report=job.report,
         noise_scale=job_noise_scale(job),
         model=model_summary(models, job),
         history=_convert(history, list[HistorySample]) or [],

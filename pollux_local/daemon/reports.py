@@ -1,9 +1,9 @@
 """Job reports as the daemon takes them in: checked against :class:`api.JobReport`, kept as
-plain data.
+one.
 
 A report arrives two ways, a ``report`` request (already decoded as a ``JobReport``) and the
-``report.json`` file rank 0 writes in its job directory.  Both end up in the job's row as
-:func:`report_record` makes it.  A report that does not follow the schema (bounds included:
+``report.json`` file rank 0 writes in its job directory (:func:`parse_report`).  Both end up
+in the job's row as that ``JobReport``, which every reader takes by its typed fields.  A report that does not follow the schema (bounds included:
 rows, metrics, finite numbers) is refused as a whole with a one-line reason
 (:class:`InvalidReport`); the job's previous report stays.  The file is read through
 :mod:`.jobfiles` (no symlink followed, a FIFO never waited on, the job's owner's plain file, at
@@ -23,7 +23,6 @@ import os
 import time
 import weakref
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
@@ -89,26 +88,6 @@ def check_reporter(job: JobRecord, sender_uid: int, daemon_uid: int) -> bool:
     return job.state not in TERMINAL_STATES
 
 
-def report_record(report: JobReport) -> dict[str, Any]:
-    """A report as the store keeps it and the scheduler reads it: JSON-like data without the
-    fields that are unset (``None``), so that ``report.get(key, default)`` falls back as for a
-    key the job never sent.  Values inside ``metrics`` are kept as they are."""
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, msgspec.Struct):
-            return {
-                name: plain(item)
-                for name in value.__struct_fields__
-                if (item := getattr(value, name)) is not None
-            }
-        if isinstance(value, list):
-            return [plain(item) for item in value]
-        return value
-
-    record: dict[str, Any] = plain(report)
-    return record
-
-
 def parse_report(data: bytes) -> JobReport:
     """A report's JSON text as a :class:`JobReport` (:class:`InvalidReport` otherwise)."""
     try:
@@ -117,9 +96,8 @@ def parse_report(data: bytes) -> JobReport:
         raise InvalidReport(" ".join(str(exc).split())) from None
 
 
-def read_report_file(path: Path, owner_uid: int | None = None) -> dict[str, Any] | None:
-    """The report in ``path`` (``JOB_DIR/report.json``) as :func:`report_record` makes it;
-    ``None`` when there is none (or it cannot be read).  Raises :class:`InvalidReport` when it
+def read_report_file(path: Path, owner_uid: int | None = None) -> JobReport | None:
+    """The report in ``path`` (``JOB_DIR/report.json``); ``None`` when there is none (or it cannot be read).  Raises :class:`InvalidReport` when it
     does not follow the schema or is not a plain file of the job's user ``owner_uid``
     (without it: the user owning the job's directory, which only root can change)."""
     directory = path.parent
@@ -134,11 +112,11 @@ def read_report_file(path: Path, owner_uid: int | None = None) -> dict[str, Any]
         raise InvalidReport(f"unsafe report file: {exc}") from None
     except OSError:
         return None
-    return report_record(parse_report(data))
+    return parse_report(data)
 
 
-def read_job_report(directory: Path, job: JobRecord) -> dict[str, Any] | None:
-    """``job``'s ``report.json`` in ``directory`` as :func:`report_record` makes it, taken
+def read_job_report(directory: Path, job: JobRecord) -> JobReport | None:
+    """``job``'s ``report.json`` in ``directory``, taken
     under :func:`check_reporter` like a request (the sender is the file's owner, whom
     :mod:`.jobfiles` requires to be the job's user); ``None`` when there is none, it cannot be
     read or the job has ended.  :class:`InvalidReport` as :func:`read_report_file`."""

@@ -9,16 +9,16 @@ reports (:class:`ModelCache`) and turns the store's records into the pass's type
 from __future__ import annotations
 
 import json
-import math
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+import msgspec
 import numpy as np
 
+from pollux_local.api.report import JobReport, ProfileRow, ReportBounds
 from pollux_local.api.states import JobState
-from pollux_local.core import schedule
 from pollux_local.core.fitting import fit_points, points_from_rows
 from pollux_local.core.goodput import GoodputModel
 from pollux_local.core.memory import largest_local_batch
@@ -32,6 +32,7 @@ from pollux_local.core.schedule import (
     Holding,
     JobInput,
     JobPhase,
+    Limits,
     NodeInput,
     Outcome,
     Plan,
@@ -50,38 +51,28 @@ __all__ = [  # the plan's types, as the executor imports them
     "Plan",
 ]
 
-#: The node view a pass takes (``core.schedule.NodeInput``), as ``forecasting`` names it.
-NodeSnapshot = NodeInput
-
-
-@dataclass(frozen=True)
-class Limits(schedule.Limits):
-    """The pass's limits (``core.schedule.Limits``: per-user caps, sharing's slowdown) with
-    the stored facts the snapshot is built from: the states of the jobs others depend on
-    (``job id -> state``, any state) and the jobs still stopping (:class:`Holding`), each
-    counted as a running job of its owner, with its devices."""
-
-    states: Mapping[int, JobState] = field(default_factory=dict)
-    stopping: Sequence[Holding] = ()
-
-
 # --- models ------------------------------------------------------------------------------
 
 
-def _bounds_from(job: JobRecord, report: Mapping[str, Any] | None) -> BatchBounds | None:
-    raw = (report or {}).get("bounds") or {}
+#: The report of a job that has not reported.
+_NO_REPORT = JobReport()
+
+
+def _bounds_from(job: JobRecord, report: JobReport) -> BatchBounds | None:
+    """The job's batch bounds: those it reported, each one it left out from its spec."""
     spec = job.spec
-    base = raw.get("base_batch", spec.batch_size)
-    if not base:
-        return None
-    max_batch = raw.get("max_batch", spec.max_batch_size or base)
+    raw = report.bounds
+    if raw is None:
+        if not spec.batch_size:
+            return None
+        raw = ReportBounds(base_batch=spec.batch_size)
     try:
         return BatchBounds(
-            base_batch=int(base),
-            max_batch=int(max_batch),
-            min_local=int(raw.get("min_local", spec.min_local_batch or 1)),
-            max_local=raw.get("max_local", spec.max_local_batch),
-            accumulation=bool(raw.get("accumulation", True)),
+            base_batch=raw.base_batch,
+            max_batch=raw.max_batch or spec.max_batch_size or raw.base_batch,
+            min_local=raw.min_local or spec.min_local_batch or 1,
+            max_local=raw.max_local or spec.max_local_batch,
+            accumulation=raw.accumulation,
         )
     except (TypeError, ValueError):
         return None
@@ -105,10 +96,11 @@ def job_kind(job: JobRecord) -> str:
     return json.dumps([getattr(job.spec, name) for name in _KIND_FIELDS], sort_keys=True)
 
 
-def _profile_points(profile: Sequence[Any]) -> dict[Point, Times] | None:
-    """A report's profile as pool points, or ``None`` when an entry is malformed."""
+def _profile_points(profile: Sequence[ProfileRow]) -> dict[Point, Times] | None:
+    """A report's profile as pool points (``core.fitting.points_from_rows``), or ``None`` when
+    a row is out of its range."""
     try:
-        return points_from_rows(profile)
+        return points_from_rows(msgspec.structs.asdict(row) for row in profile)
     except ValueError:
         return None
 
@@ -127,7 +119,7 @@ class _Fit:
     """One job's model inputs and fit: its profile rows as last seen (the report's list), its
     points, the version of its kind's pool the fit used, and the fit."""
 
-    rows: Sequence[Any]
+    rows: Sequence[ProfileRow]
     own: dict[Point, Times]
     version: int = -1
     params: Any = None
@@ -177,11 +169,10 @@ class ModelCache:
         the points its kind measured on that type (profile rows tagged ``device_type``) and
         with its local batch bounded by the type's ``memory``; a type nothing was measured on,
         or on which not even one example fits, has none."""
-        report = job.report or {}
-        rows = [row for row in report.get("profile") or [] if isinstance(row, dict)]
+        rows = (job.report or _NO_REPORT).profile
         models: dict[str, Any] = {}
         for device_type in types:
-            mine = [row for row in rows if row.get("device_type") == device_type]
+            mine = [row for row in rows if row.device_type == device_type]
             model = self.model_for(job, device_type, mine, (memory or {}).get(device_type))
             if model is not None:
                 models[device_type] = model
@@ -214,7 +205,7 @@ class ModelCache:
         self,
         job: JobRecord,
         device_type: str | None = None,
-        rows: Sequence[Any] | None = None,
+        rows: Sequence[ProfileRow] | None = None,
         memory_bytes: int | None = None,
     ) -> Any | None:
         """The job's ``GoodputModel``, or ``None`` while neither it nor its kind has reported a
@@ -223,10 +214,10 @@ class ModelCache:
         ``memory_bytes`` (a device's memory) and peak-memory points in the job's report, the
         local batch is bounded by what fits (``core.memory.largest_local_batch``); ``None``
         when not even one example fits."""
-        report = job.report or {}
+        report = job.report or _NO_REPORT
         kind = job_kind(job) if device_type is None else f"{job_kind(job)}@{device_type}"
         pool = self.pool(job.owner_uid)
-        raw = report.get("profile") or [] if rows is None else rows
+        raw = report.profile if rows is None else rows
         slot_key: int | tuple[int, str] = job.id if device_type is None else (job.id, device_type)
         slot = self._fits.get(slot_key)
         if slot is not None and slot.rows == raw:
@@ -240,9 +231,9 @@ class ModelCache:
             self._fits[slot_key] = slot
             while len(self._fits) > FITS_KEPT:
                 self._fits.popitem(last=False)
-        grad = _grad_stats(report.get("grad_stats"))
-        epoch = report.get("epoch")
-        pool.add(kind, {}, grad, first_epoch=isinstance(epoch, int | float) and epoch < 1)
+        stats = report.grad_stats
+        grad = None if stats is None else GradStats(sqr=stats.sqr, var=stats.var)
+        pool.add(kind, {}, grad, first_epoch=report.epoch is not None and report.epoch < 1)
         if grad is None:
             grad = pool.start_stats(kind)
         bounds = _bounds_from(job, report)
@@ -292,37 +283,18 @@ def _learned_ratio(pool: ProfilePool, wanted: str, known: str) -> float | None:
 
 
 def _fitting_bounds(
-    bounds: BatchBounds, report: Mapping[str, Any], memory_bytes: int
+    bounds: BatchBounds, report: JobReport, memory_bytes: int
 ) -> BatchBounds | None:
     """``bounds`` with the local batch at most what fits a device of ``memory_bytes``, from
-    the peak memory the job measured (``report["memory"]``); unchanged without such points,
+    the peak memory the job measured (``report.memory``); unchanged without such points,
     ``None`` when not even the smallest local batch fits."""
-    points = []
-    for point in report.get("memory") or []:
-        if isinstance(point, dict):
-            try:
-                points.append((int(point["local_batch"]), float(point["peak_bytes"])))
-            except (KeyError, TypeError, ValueError):
-                continue
+    points = [(point.local_batch, float(point.peak_bytes)) for point in report.memory or ()]
     limit = largest_local_batch(points, memory_bytes) if points else None
     if limit is None:
         return bounds
     if limit < bounds.min_local:
         return None
     return replace(bounds, max_local=min(bounds.largest_local, limit))
-
-
-def _grad_stats(raw: Any) -> GradStats | None:
-    """A report's ``grad_stats`` when both values are finite numbers, else ``None``."""
-    if not isinstance(raw, dict):
-        return None
-    try:
-        grad = GradStats(sqr=float(raw["sqr"]), var=float(raw["var"]))
-    except (KeyError, TypeError, ValueError):
-        return None
-    if not (math.isfinite(grad.sqr) and math.isfinite(grad.var)):
-        return None
-    return grad
 
 
 # --- records -> the pass's inputs --------------------------------------------------------
@@ -350,14 +322,12 @@ def dependencies_of(job: JobRecord, states: Mapping[int, JobState]) -> tuple[Dep
     return tuple(found)
 
 
-def progress_fraction(report: Mapping[str, Any] | None) -> float | None:
+def progress_fraction(report: JobReport | None) -> float | None:
     """Share of its declared length a job has done: epoch / epochs from its report, or None
     when it declared no length."""
-    report = report or {}
-    epoch, epochs = report.get("epoch"), report.get("epochs")
-    if not isinstance(epoch, int | float) or not isinstance(epochs, int | float) or epochs <= 0:
+    if report is None or report.epoch is None or report.epochs is None:
         return None
-    return min(max(float(epoch) / float(epochs), 0.0), 1.0)
+    return min(max(report.epoch / report.epochs, 0.0), 1.0)
 
 
 def job_input(
@@ -368,10 +338,8 @@ def job_input(
     type_rates: Mapping[str, float] | None = None,
 ) -> JobInput:
     """A stored job as the pass takes it (``states``: of the jobs it depends on)."""
-    report = job.report or {}
-    profiled = [
-        int(p.get("replicas", 0)) for p in report.get("profile") or [] if isinstance(p, dict)
-    ]
+    report = job.report or _NO_REPORT
+    profiled = [row.replicas for row in report.profile]
     spec = job.spec
     constraint = spec.constraint
     return JobInput(
@@ -421,10 +389,16 @@ def snapshot_of(
     models: ModelCache,
     now: float,
     limits: Limits | None = None,
+    *,
+    states: Mapping[int, JobState] | None = None,
+    stopping: Sequence[Holding] = (),
 ) -> Snapshot:
-    """The pass's snapshot: the queued, running and rescaling ``jobs``, each with its fitted models (the jobs the pass may schedule:
-    queued past any back-off, and running), on the smallest device memory of the cluster
-    and, on a cluster of several device types, per type, with its kind's speed per type."""
+    """The pass's snapshot: the queued, running and rescaling ``jobs``, each with its fitted
+    models (the jobs the pass may schedule: queued past any back-off, and running), on the
+    smallest device memory of the cluster and, on a cluster of several device types, per
+    type, with its kind's speed per type; under ``limits``, with ``states`` (job id -> state,
+    any state) of the jobs others depend on and the jobs still ``stopping``, each counted as a
+    running job of its owner, with its devices."""
     types = sorted({node.device_type for node in nodes})
     typed = len(types) > 1
     memory_of: dict[str, int] = {}
@@ -440,12 +414,11 @@ def snapshot_of(
         for n in nodes
         if n.devices and all(d.startswith("cpu") for d in n.devices)
     }
-    limits = limits or Limits()
     inputs = []
     for job in jobs:
         if job.state not in _PHASES:  # held or ended: no part in a pass
             continue
-        bare = job_input(job, limits.states)
+        bare = job_input(job, states)
         if not schedulable(bare, now):
             inputs.append(bare)
             continue
@@ -461,12 +434,7 @@ def snapshot_of(
             )
         else:
             inputs.append(replace(bare, model=model))
-    caps = schedule.Limits(
-        max_devices_per_user=limits.max_devices_per_user,
-        max_running_per_user=limits.max_running_per_user,
-        share_slowdown=limits.share_slowdown,
-    )
-    return Snapshot(jobs=inputs, nodes=nodes, now=now, limits=caps, holdings=limits.stopping)
+    return Snapshot(jobs=inputs, nodes=nodes, now=now, limits=limits or Limits(), holdings=stopping)
 
 
 def plan_round(
@@ -477,9 +445,13 @@ def plan_round(
     now: float,
     rng: np.random.Generator,
     limits: Limits | None = None,
+    *,
+    states: Mapping[int, JobState] | None = None,
+    stopping: Sequence[Holding] = (),
 ) -> Plan:
-    """The pass (``core.schedule.run_pass``) on the stored jobs."""
-    snapshot = snapshot_of(jobs, nodes, models, now, limits)
+    """The pass (``core.schedule.run_pass``) on the stored jobs (arguments as
+    :func:`snapshot_of`)."""
+    snapshot = snapshot_of(jobs, nodes, models, now, limits, states=states, stopping=stopping)
     return run_pass(snapshot, policy, rng)
 
 

@@ -11,7 +11,6 @@ import pytest
 from pollux_local.core import FittedTimes, fit_points, points_from_rows
 from pollux_local.core.correction import fit_corrected
 from pollux_local.core.throughput import fit_throughput
-from pollux_local.daemon.scheduler import _profile_points
 
 POINTS = {
     (1, 1, 32): (0.050, 0.050),
@@ -82,4 +81,3 @@ GOOD = {"nodes": 1, "replicas": 1, "local_batch": 32, "compute_s": 0.1, "step_s"
 def test_points_from_rows_rejects_malformed_rows(rows) -> None:
     with pytest.raises(ValueError):
         points_from_rows(rows)
-    assert _profile_points(rows) is None

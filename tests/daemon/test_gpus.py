@@ -23,7 +23,7 @@ from pollux_local.core.devicetypes import gpu_type_name, marketed_gb
 from pollux_local.core.memory import fit_peak_memory, largest_local_batch
 from pollux_local.daemon import config, gpus
 from pollux_local.daemon.loop import node_snapshot
-from pollux_local.daemon.reports import parse_report, report_record
+from pollux_local.daemon.reports import parse_report
 from pollux_local.errors import PolluxError
 from pollux_local.launch.base import LaunchSpec, ReplicaSlot
 from pollux_local.launch.local import replica_env
@@ -454,15 +454,12 @@ def test_the_job_library_reports_peak_memory_per_local_batch() -> None:
     report = JobReport(job_id="3", memory=points)
     decoded = parse_report(msgspec.json.encode(report))  # as the daemon reads it
     assert decoded.memory == points
-    record = report_record(decoded)
-    assert record["memory"][0] == {
-        "device_type": "a100-40gb",
-        "local_batch": 16,
-        "peak_bytes": 4 * GIB,
-        "total_bytes": 40960 * MIB,
-    }
+    assert decoded.memory is not None
+    assert decoded.memory[0] == MemoryPoint(
+        device_type="a100-40gb", local_batch=16, peak_bytes=4 * GIB, total_bytes=40960 * MIB
+    )
     limit = largest_local_batch(
-        [(p["local_batch"], p["peak_bytes"]) for p in record["memory"]], 15360 * MIB
+        [(p.local_batch, p.peak_bytes) for p in decoded.memory], 15360 * MIB
     )
     assert limit is not None and 64 < limit < 200
     assert parse_report(b'{"job_id": "3"}').memory is None  # reports without it still decode

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 
+import msgspec
 import pytest
 
 from pollux_local.api.errors import PermissionDenied
+from pollux_local.api.report import JobReport
 from pollux_local.core.pool import ProfilePool
 from pollux_local.daemon.reports import ReportPace, check_reporter, pace_of
 from pollux_local.daemon.scheduler import POOL_KINDS, POOL_POINTS, ModelCache
@@ -23,8 +25,8 @@ def job(job_id: int, owner: int, state: str = "running", **spec: object) -> JobR
     )  # fmt: skip
 
 
-def report(points: list[tuple[int, int, int, float]], epoch: int = 3) -> dict:
-    return {
+def report(points: list[tuple[int, int, int, float]], epoch: int = 3) -> JobReport:
+    return msgspec.convert({
         "version": 1,
         "bounds": {"base_batch": 64, "max_batch": 1024, "min_local": 8, "max_local": 256},
         "profile": [
@@ -40,7 +42,7 @@ def report(points: list[tuple[int, int, int, float]], epoch: int = 3) -> dict:
         ],  # fmt: skip
         "grad_stats": {"sqr": 1.0, "var": 4.0},
         "epoch": epoch,
-    }
+    }, JobReport)  # fmt: skip
 
 
 HONEST = [(1, 1, 32, 0.05), (1, 1, 64, 0.09), (1, 2, 32, 0.05)]
@@ -72,7 +74,8 @@ def test_a_model_is_refitted_only_when_its_points_change() -> None:
     first.report, second.report = report(HONEST), report([(1, 1, 32, 0.06)])
     for _ in range(20):  # passes with nothing new: no fit after the first pass or two
         assert cache.model_for(first) is not None and cache.model_for(second) is not None
-        first.report = {**first.report}  # a pass reads every report from the store anew
+        # a pass reads every report from the store anew
+        first.report = msgspec.json.decode(msgspec.json.encode(first.report), type=JobReport)
     # first, second (pooling a new point), first again (its kind's pool changed)
     assert cache.fit_count == 3
     second.report = report([(1, 1, 32, 0.06), (1, 4, 32, 0.07)])

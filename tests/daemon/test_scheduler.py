@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pollux_local.api.report import JobReport
 from pollux_local.api.spec import Target
 from pollux_local.core.schedule import ActionKind, NodeInput
 from pollux_local.core.schedule.placement import assign_devices
@@ -56,17 +58,28 @@ def job(
     )  # fmt: skip
 
 
-def report(points: list[tuple[int, int, int, float, float]]) -> dict:
-    return {
-        "version": 1,
-        "bounds": {"base_batch": 64, "max_batch": 1024, "min_local": 8, "max_local": 256},
-        "profile": [
-            {"nodes": n, "replicas": k, "local_batch": m, "compute_s": c, "step_s": s, "count": 10}
-            for n, k, m, c, s in points
-        ],
-        "grad_stats": {"sqr": 1.0, "var": 4.0},
-        "progress": 10.0,
-    }
+def report(points: list[tuple[int, int, int, float, float]], **more: object) -> JobReport:
+    return msgspec.convert(
+        {
+            "version": 1,
+            "bounds": {"base_batch": 64, "max_batch": 1024, "min_local": 8, "max_local": 256},
+            "profile": [
+                {
+                    "nodes": n,
+                    "replicas": k,
+                    "local_batch": m,
+                    "compute_s": c,
+                    "step_s": s,
+                    "count": 10,
+                }
+                for n, k, m, c, s in points
+            ],
+            "grad_stats": {"sqr": 1.0, "var": 4.0},
+            "progress": 10.0,
+            **more,
+        },
+        JobReport,
+    )
 
 
 def test_start_resize_stop_and_unchanged() -> None:
@@ -185,11 +198,11 @@ def test_core_policies_drive_the_pass(policy_name: str) -> None:
 
 def test_job_view_carries_the_declared_progress_fraction() -> None:
     with_length = job(1)
-    with_length.report = {**report([]), "epoch": 3, "epochs": 12}
+    with_length.report = report([], epoch=3, epochs=12)
     view = job_view(job_input(with_length), NODES, now=10.0)
     assert view.progress_fraction == pytest.approx(0.25)
     without = job(2)
-    without.report = {**report([]), "epoch": 3, "epochs": None}
+    without.report = report([], epoch=3, epochs=None)
     assert job_view(job_input(without), NODES, now=10.0).progress_fraction is None
     assert job_view(job_input(job(3)), NODES, now=10.0).progress_fraction is None
 
@@ -197,8 +210,7 @@ def test_job_view_carries_the_declared_progress_fraction() -> None:
 def test_jobs_of_one_kind_share_their_throughput_points() -> None:
     cache = ModelCache()
     first = job(1, "running", {"a": ["cpu:0"]})
-    first.report = report([(1, 1, 32, 0.05, 0.05), (1, 2, 32, 0.05, 0.08)])
-    first.report["epoch"] = 0
+    first.report = report([(1, 1, 32, 0.05, 0.05), (1, 2, 32, 0.05, 0.08)], epoch=0)
     same_kind, other_kind = job(2), job(3, argv=["y"])
     assert cache.model_for(same_kind) is None  # the kind has reported nothing yet
     assert cache.model_for(first) is not None
@@ -280,7 +292,7 @@ def test_a_waiting_jobs_reason_names_the_jobs_holding_its_devices() -> None:
     # the holder's expected end, when it declared its length: 1 of 4 epochs in 600 s
     running = job(1, "running", {"a": ["cpu:0", "cpu:1"]}, min_gpus=2, max_gpus=2)
     running.owner_name, running.run_time_s, running.last_start = "bob", 500.0, 900.0
-    running.report = {"epoch": 1, "epochs": 4}
+    running.report = JobReport(epoch=1, epochs=4)
     plan = plan_round(GoodputPolicy(), [running, heavy], nodes, ModelCache(), 1000.0, RNG)
     holder = "job 1 (bob) holds 2 (fair share: it has used 0.06 device-hours, this job 3.2;"
     assert holder in plan.reasons[2]
@@ -358,21 +370,21 @@ def test_eta_from_the_declared_length_and_the_metric_trend() -> None:
 
     running = job(1, "running", {"a": ["cpu:0"]})
     running.run_time_s, running.last_start = 100.0, 1000.0
-    running.report = {"epoch": 1, "epochs": 4}
+    running.report = JobReport(epoch=1, epochs=4)
     assert progress_eta(running, 1100.0) == pytest.approx(600.0)  # 200 s for a quarter
     assert job_eta(running, 1100.0) == pytest.approx(600.0)
-    running.report = {"epoch": 0, "epochs": 4}
+    running.report = JobReport(epoch=0, epochs=4)
     assert job_eta(running, 1100.0) is None  # nothing done yet: unknown
     # the target metric's trend, when sooner
     running.spec.target = Target(metric="acc", value=0.9, mode="max")
     metrics = MetricHistory()
     for t, acc in ((1000.0, 0.5), (1010.0, 0.6), (1020.0, 0.7)):
-        metrics.note(running, {"metrics": {"acc": acc}, "time": t}, t)
+        metrics.note(running, JobReport(metrics={"acc": acc}, time=t), t)
     assert job_eta(running, 1020.0, metrics) == pytest.approx(20.0)
     # a trend that barely moves: long, but not absurd
     slow = MetricHistory()
     for t, acc in ((0.0, 0.5), (1e3, 0.5 + 1e-12), (2e3, 0.5 + 2e-12)):
-        slow.note(running, {"metrics": {"acc": acc}, "time": t}, t)
+        slow.note(running, JobReport(metrics={"acc": acc}, time=t), t)
     assert job_eta(running, 2e3, slow) == MAX_ETA_S
     assert job_eta(job(2), 0.0, metrics) is None  # not running
 
@@ -411,10 +423,13 @@ def test_eta_is_never_absurd(
         1, "running", {"a": ["cpu:0"]}, target={"metric": "m", "value": goal, "mode": mode}
     )
     record.run_time_s, record.last_start = run_time, started
-    record.report = {"epoch": epoch, "epochs": epochs, "eta_s": own}
+    try:  # a report outside the schema is refused (the job keeps none)
+        record.report = msgspec.convert({"epoch": epoch, "epochs": epochs, "eta_s": own}, JobReport)
+    except msgspec.ValidationError:
+        record.report = None
     metrics = MetricHistory()
-    for t, value in points:
-        metrics.note(record, {"metrics": {"m": value}, "time": t}, t)
+    for t, value in points:  # unchecked values, as if a report had escaped the schema
+        metrics.note(record, JobReport(metrics={"m": value}, time=t), t)
     with np.errstate(all="ignore"):
         eta = job_eta(record, now, metrics)
     assert eta is None or (isinstance(eta, float) and 0.0 <= eta <= MAX_ETA_S)

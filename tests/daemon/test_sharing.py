@@ -12,14 +12,14 @@ import pytest
 from pollux_local import api
 from pollux_local.api.states import JobState
 from pollux_local.core.baselines import FifoPolicy
-from pollux_local.core.schedule import ActionKind, NodeInput
+from pollux_local.core.schedule import ActionKind, Limits, NodeInput
 from pollux_local.core.sharing import (
     SharedDevice,
     choose_shared_device,
     shared_speed,
     sharing_gain,
 )
-from pollux_local.daemon.scheduler import Limits, ModelCache, plan_round
+from pollux_local.daemon.scheduler import ModelCache, plan_round
 from pollux_local.daemon.state import JobRecord
 from pollux_local.sizes import SizeError, format_size, parse_size
 from tests.daemon_process import DaemonProcess, wait_for

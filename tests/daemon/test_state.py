@@ -9,6 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from pollux_local.api.report import JobReport
 from pollux_local.api.spec import decode_spec
 from pollux_local.api.states import TERMINAL_STATES, TRANSITIONS, DecisionKind, JobState
 from pollux_local.daemon.config import load_config, parse_devices
@@ -34,7 +35,7 @@ def test_jobs_survive_reopen_and_updates_round_trip(tmp_path: Path) -> None:
     again = StateStore(tmp_path / "s.db")
     jobs = again.jobs()
     assert [j.name for j in jobs] == ["j0", "j1", "j2"]
-    assert jobs[1].placement == {"n": ["cpu:0"]} and jobs[1].report == {"progress": 2}
+    assert jobs[1].placement == {"n": ["cpu:0"]} and jobs[1].report == JobReport(progress=2.0)
     assert jobs[1].env is None  # listings leave the (large) environments out
     loaded = again.get_job(ids[1])
     assert loaded is not None and loaded.env == {"A": "1"}

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from pollux_local.api.launch import LaunchEnvironment
+from pollux_local.api.report import MemoryPoint
 from pollux_local.api.states import JobState
 from pollux_local.core.schedule import NodeInput
 from pollux_local.daemon.scheduler import ModelCache, plan_round
@@ -117,9 +118,9 @@ def test_the_local_batch_is_bounded_by_what_fits_each_types_memory() -> None:
     record = job(1, rows("big", 0.1) + rows("small", 0.2))
     assert record.report is not None
     # measured peaks: 1 GiB + 0.25 GiB per example of local batch
-    record.report["memory"] = [
-        {"device_type": "big", "local_batch": m, "peak_bytes": gib + m * gib // 4,
-         "total_bytes": 80 * gib}
+    record.report.memory = [
+        MemoryPoint(device_type="big", local_batch=m, peak_bytes=gib + m * gib // 4,
+                    total_bytes=80 * gib)
         for m in (8, 16)
     ]  # fmt: skip
     cache = ModelCache()

@@ -12,7 +12,7 @@ run time, restarts, age, placement, progress) and make the same decisions, round
 
 The simulator runs with no restart cost (its jobs then run for all the time they hold their
 devices, as the daemon counts it), and each job's report carries its progress at the
-simulator's resolution (``epoch`` = progress, ``epochs`` = the progress at the end).
+simulator's resolution (``epoch / epochs``: the fraction done, in billionths).
 """
 
 from __future__ import annotations
@@ -97,8 +97,9 @@ def report_of(job: SimJob) -> dict[str, Any]:
     report: dict[str, Any] = {"version": 1, "profile": rows}
     if job.grad is not None:
         report["grad_stats"] = {"sqr": job.grad[0], "var": job.grad[1]}
-    report["epoch"] = job.progress
-    report["epochs"] = float(job.app.epoch_target[-1])
+    # a report's epochs are whole numbers: the fraction done in billionths
+    report["epochs"] = 10**9
+    report["epoch"] = round(job.progress / float(job.app.epoch_target[-1]) * 10**9)
     return report
 
 

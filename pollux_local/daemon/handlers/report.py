@@ -3,14 +3,14 @@
 The report was checked against ``api.JobReport`` (its bounds included) when the request was
 decoded.  Who may send it is ``reports.check_reporter``, the rule a ``report.json`` file is
 read under too: the job's own user, root or the daemon's user, for a job that has not ended.
-It is stored as ``reports.report_record`` makes it, exactly as a file read by the loop, at
+It is stored as the ``JobReport`` it is, exactly as a file read by the loop, at
 most every ``reports.MIN_REPORT_INTERVAL_S`` per job (a report sooner is not taken)."""
 
 from __future__ import annotations
 
 from pollux_local.api.messages import Report, ReportReply
 from pollux_local.daemon.context import Context
-from pollux_local.daemon.reports import check_reporter, pace_of, report_record
+from pollux_local.daemon.reports import check_reporter, pace_of
 
 
 def report(ctx: Context, request: Report) -> ReportReply:
@@ -21,7 +21,6 @@ def report(ctx: Context, request: Report) -> ReportReply:
         return ReportReply(accepted=False)
     if not pace_of(ctx.store).take(job.id):
         return ReportReply(accepted=False)
-    record = report_record(request.report)
-    ctx.store.update_job(job.id, report=record)
-    ctx.metrics.note(job, record, ctx.clock())
+    ctx.store.update_job(job.id, report=request.report)
+    ctx.metrics.note(job, request.report, ctx.clock())
     return ReportReply(accepted=True)

@@ -1,5 +1,6 @@
 """What the store holds, typed: a job's record, a decision-log line, an end in the outbox,
-and how a record's fields map to its columns."""
+and how a record's fields map to its columns (a job's report is decoded once, as its row is
+loaded, into an :class:`~pollux_local.api.report.JobReport`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import msgspec
 
 from pollux_local.api import errors as api_errors
+from pollux_local.api.report import JobReport
 from pollux_local.api.spec import JobSpec, decode_spec
 from pollux_local.api.states import (
     DecisionKind,
@@ -63,8 +65,8 @@ class JobRecord:
     "create_time"}`` of the running incarnation; ``prediction`` the model's figures
     (goodput, efficiency, speedup) for the current allocation; ``device_seconds`` the
     device-seconds it used by device type (runs that ended; ``attained_gpu_s`` is their sum).
-    ``spec`` is typed (:class:`~pollux_local.api.spec.JobSpec`); a dict given here is
-    converted (strictly)."""
+    ``spec`` and ``report`` (the job's latest, :class:`~pollux_local.api.report.JobReport`)
+    are typed; a dict given here is converted (strictly)."""
 
     id: int
     name: str
@@ -87,7 +89,7 @@ class JobRecord:
     attained_gpu_s: float = 0.0
     run_time_s: float = 0.0
     last_start: float | None = None
-    report: dict[str, Any] | None = None
+    report: JobReport | None = None
     prediction: dict[str, Any] = field(default_factory=dict)
     #: the submitter's environment; ``None`` when loaded without it (listing many jobs)
     env: dict[str, str] | None = None
@@ -96,6 +98,8 @@ class JobRecord:
     def __post_init__(self) -> None:
         if isinstance(self.spec, dict):
             self.spec = decode_spec(self.spec)
+        if isinstance(self.report, dict):
+            self.report = msgspec.convert(self.report, JobReport)
 
     @property
     def job_id(self) -> str:
@@ -130,7 +134,9 @@ def row_to_job(row: sqlite3.Row) -> JobRecord:
         if name not in present:
             continue
         value = row[name]
-        if name in JSON_COLUMNS and value is not None:
+        if name == "report":
+            value = stored_report(value)
+        elif name in JSON_COLUMNS and value is not None:
             value = json.loads(value)
         elif name == "spec":
             value = _stored_spec(value)
@@ -138,6 +144,21 @@ def row_to_job(row: sqlite3.Row) -> JobRecord:
             value = JobState(value)
         values[name] = value
     return JobRecord(**values)
+
+
+_report_decoder = msgspec.json.Decoder(JobReport)
+
+
+def stored_report(raw: str | bytes | None) -> JobReport | None:
+    """A row's report as its :class:`JobReport`; ``None`` for none, and for one that no longer
+    follows the schema (a row from an older daemon, or edited by hand), so that one odd row
+    never keeps the job from being listed or scheduled: the job's next report replaces it."""
+    if raw is None:
+        return None
+    try:
+        return _report_decoder.decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
 
 
 def _stored_spec(raw: str) -> JobSpec:
@@ -155,6 +176,9 @@ def _stored_spec(raw: str) -> JobSpec:
 
 def column_value(name: str, value: Any) -> Any:
     """A job field as its column stores it: JSON text, a state's string value, or as is."""
+    if name == "report" and value is not None:
+        report = msgspec.convert(value, JobReport) if isinstance(value, dict) else value
+        return msgspec.json.encode(report).decode()
     if name in JSON_COLUMNS and value is not None:
         return json.dumps(value)
     if name == "spec":
