@@ -10,19 +10,11 @@ from __future__ import annotations
 
 import asyncio
 
-import msgspec
-
 from pollux_local.api.messages import Estimate, EstimateReply, JobForecast
 from pollux_local.api.states import JobState
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.forecasting import remaining_s
-from pollux_local.daemon.handlers.submit import (
-    check_dependencies,
-    check_request,
-    default_job_name,
-    spec_of,
-    validate_jobs,
-)
+from pollux_local.daemon.handlers.submit import checked_jobs
 from pollux_local.daemon.loop import SCHEDULED_STATES
 from pollux_local.daemon.state import JobRecord
 
@@ -30,25 +22,7 @@ from pollux_local.daemon.state import JobRecord
 async def estimate(ctx: Context, request: Estimate) -> EstimateReply:
     """One :class:`JobForecast` per job the submit would make."""
     sub = request.submit
-    check_request(sub, ctx.config)
-    check_dependencies(ctx, sub.after)
-    ctx.require_priority(sub.priority)
-    spec = spec_of(sub)
-    name = sub.name or default_job_name(sub.argv)
-    if sub.array is None:
-        names, specs = [name], [spec]
-    else:
-        names = [task.name or f"{name}[{task.index}]" for task in sub.array]
-        specs = [
-            msgspec.structs.replace(
-                spec, argv=list(task.argv) if task.argv else spec.argv, array_index=task.index
-            )
-            for task in sub.array
-        ]
-    specs = validate_jobs(
-        ctx, specs, owner_uid=ctx.peer.uid, owner_name=ctx.peer.name, env=sub.env,
-        adding=len(specs),
-    )  # fmt: skip
+    names, specs = checked_jobs(ctx, sub)
     now = ctx.clock()
     held = JobState.HELD if sub.hold else JobState.QUEUED
     # ids below every stored one: the forecast tells them apart, nothing keeps them

@@ -274,7 +274,9 @@ def spec_of(request: Submit) -> JobSpec:
     )
 
 
-def submit(ctx: Context, request: Submit) -> SubmitReply:
+def checked_jobs(ctx: Context, request: Submit) -> tuple[list[str], list[JobSpec]]:
+    """The names and specs of the jobs ``request`` makes (one, or an array's tasks), each
+    checked as it would be stored: what ``submit`` stores and ``estimate`` forecasts."""
     check_request(request, ctx.config)
     check_dependencies(ctx, request.after)
     ctx.require_priority(request.priority)
@@ -295,6 +297,11 @@ def submit(ctx: Context, request: Submit) -> SubmitReply:
         ctx, specs, owner_uid=ctx.peer.uid, owner_name=ctx.peer.name, env=request.env,
         adding=len(specs),
     )  # fmt: skip
+    return names, specs
+
+
+def submit(ctx: Context, request: Submit) -> SubmitReply:
+    names, specs = checked_jobs(ctx, request)
     jobs = ctx.store.add_jobs(
         name=names,
         owner_uid=ctx.peer.uid,
