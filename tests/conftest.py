@@ -1,4 +1,5 @@
-"""Shared fixtures: where the artifact data lives (read in place, never copied)."""
+"""Shared fixtures: where the artifact data lives (read in place, never copied), real daemons
+(``daemon_factory``) and the lab install."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.daemon_process import DaemonFactory
 from tests.labinstall import LabInstall, missing_tools, run_lab_install, world_readable_tempdir
 from tests.paths import REPO_ROOT
 
@@ -22,6 +24,18 @@ def artifact_dir() -> Path:
     if not (ARTIFACT_DIR / "models").is_dir():
         pytest.skip(f"artifact data not found at {ARTIFACT_DIR}")
     return ARTIFACT_DIR
+
+
+# --- real daemons ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def daemon_factory(tmp_path: Path) -> Iterator[DaemonFactory]:
+    """Start real daemons (``daemon_factory(devices="cpu:2", config=TEXT, interval=1)``, see
+    :class:`tests.daemon_process.DaemonFactory`) under ``tmp_path``; every one is stopped at
+    teardown."""
+    with DaemonFactory(tmp_path) as factory:
+        yield factory
 
 
 # --- the lab install: one shared interpreter for the multi-user tests -----------------------

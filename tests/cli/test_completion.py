@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_process import DaemonProcess
+from tests.daemon_process import DaemonFactory
 
 
 def complete(line: str, tmp_path: Path, **env: str) -> list[str]:
@@ -47,8 +47,8 @@ def test_commands_and_options_complete(tmp_path: Path) -> None:
     assert "--since" in complete("pollux-local usage --s", tmp_path)
 
 
-def test_job_ids_complete_from_the_daemon(tmp_path: Path) -> None:
-    daemon = DaemonProcess(tmp_path / "state", "--devices", "cpu:1", "--interval", "30").start()
+def test_job_ids_complete_from_the_daemon(tmp_path: Path, daemon_factory: DaemonFactory) -> None:
+    daemon = daemon_factory(devices="cpu:1", interval=30)
     try:
         for _ in range(12):
             daemon.client.request("submit", argv=["sleep", "1"], workdir="/tmp", hold=True)

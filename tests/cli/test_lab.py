@@ -36,7 +36,7 @@ from pollux_local.parsing import (
     parse_since,
     parse_time_limit,
 )
-from tests.daemon_process import DaemonProcess, wait_for
+from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
 from tests.paths import REPO_ROOT
 
 SLEEP = shutil.which("sleep") or "/bin/sleep"
@@ -436,12 +436,8 @@ def test_usage_and_nodes_tables() -> None:
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     """A daemon on two CPU devices that schedules only every 30 s: its jobs here stay held,
     or are cancelled before it looks."""
-    root = tmp_path_factory.mktemp("lab")
-    proc = DaemonProcess(root / "state", "--devices", "cpu:2", "--interval", "30").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+    with DaemonFactory(tmp_path_factory.mktemp("lab")) as daemons:
+        yield daemons(devices="cpu:2", interval=30)
 
 
 def cli(capsys: pytest.CaptureFixture[str], daemon: DaemonProcess, *argv: str) -> str:
@@ -576,61 +572,57 @@ def test_drain_and_resume(capsys: pytest.CaptureFixture[str], daemon: DaemonProc
     assert "is not a node or device name" in one_line(capsys, "drain", *sd, "two words")
 
 
-def test_usage_counts_the_jobs_that_ran(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    config = tmp_path / "config.toml"
-    config.write_text("[daemon]\nmax_retries = 0\n")
-    proc = DaemonProcess(tmp_path / "state", "--devices", "cpu:2", "--interval", "1",
-                         "--config", str(config)).start()  # fmt: skip
-    try:
-        sd = ("--state-dir", str(proc.state_dir))
-        empty = cli_json(capsys, proc, "usage")
-        assert empty["users"] == [] and empty["total"]["jobs"] == 0
-        ok = cli_json(capsys, proc, "submit", SLEEP, "1")["id"]
-        bad = cli_json(capsys, proc, "submit", "--name", "fails", shutil.which("false") or "false")[
-            "id"
-        ]
-        never = cli_json(capsys, proc, "submit", "--hold", SLEEP, "1")["id"]
+def test_usage_counts_the_jobs_that_ran(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, daemon_factory: DaemonFactory
+) -> None:
+    proc = daemon_factory(devices="cpu:2", interval=1, config="[daemon]\nmax_retries = 0\n")
+    sd = ("--state-dir", str(proc.state_dir))
+    empty = cli_json(capsys, proc, "usage")
+    assert empty["users"] == [] and empty["total"]["jobs"] == 0
+    ok = cli_json(capsys, proc, "submit", SLEEP, "1")["id"]
+    bad = cli_json(capsys, proc, "submit", "--name", "fails", shutil.which("false") or "false")[
+        "id"
+    ]
+    never = cli_json(capsys, proc, "submit", "--hold", SLEEP, "1")["id"]
 
-        def ended() -> bool:
-            jobs = {j["id"]: j["state"] for j in cli_json(capsys, proc, "status")["jobs"]}
-            return jobs[ok] == "succeeded" and jobs[bad] == "failed"
+    def ended() -> bool:
+        jobs = {j["id"]: j["state"] for j in cli_json(capsys, proc, "status")["jobs"]}
+        return jobs[ok] == "succeeded" and jobs[bad] == "failed"
 
-        wait_for(ended, 60, "one job to succeed and one to fail")
-        usage = cli_json(capsys, proc, "usage")
-        me = usage["users"][0]
-        assert len(usage["users"]) == 1 and set(me) == {
-            "user", "device_hours", "by_type", "jobs", "succeeded", "failed", "cancelled",
-            "running",
-        }  # fmt: skip
-        assert (me["jobs"], me["succeeded"], me["failed"], me["running"]) == (2, 1, 1, 0)
-        assert set(me["by_type"]) == {"cpu"} and me["device_hours"] == pytest.approx(
-            me["by_type"]["cpu"]
-        )
-        # sleep 1 on one device: about a second of device time
-        assert 0.5 / 3600 < me["device_hours"] < 30 / 3600
-        assert usage["total"]["user"] == "*" and usage["total"]["jobs"] == 2
-        assert usage["since"] is None
-        recent = cli_json(capsys, proc, "usage", "--since", "1d", "--user", me["user"])
-        assert recent["since"] == pytest.approx(time.time() - 86400, abs=60)
-        assert recent["users"][0]["jobs"] == 2
-        assert cli_json(capsys, proc, "usage", "--user", "nobody-here")["users"] == []
-        table = cli(capsys, proc, "usage").splitlines()
-        assert table[0] == "usage (all history)" and table[1].split()[:3] == [
-            "USER",
-            "DEVICE-HOURS",
-            "cpu",
-        ]
-        assert table[-1].split()[0] == "total" and table[-1].split()[-5:] == [
-            "2",
-            "1",
-            "1",
-            "0",
-            "0",
-        ]
-        assert "in the future" in one_line(capsys, "usage", *sd, "--since", "2999-01-01")
-        cli(capsys, proc, "cancel", never)
-    finally:
-        proc.stop()
+    wait_for(ended, 60, "one job to succeed and one to fail")
+    usage = cli_json(capsys, proc, "usage")
+    me = usage["users"][0]
+    assert len(usage["users"]) == 1 and set(me) == {
+        "user", "device_hours", "by_type", "jobs", "succeeded", "failed", "cancelled",
+        "running",
+    }  # fmt: skip
+    assert (me["jobs"], me["succeeded"], me["failed"], me["running"]) == (2, 1, 1, 0)
+    assert set(me["by_type"]) == {"cpu"} and me["device_hours"] == pytest.approx(
+        me["by_type"]["cpu"]
+    )
+    # sleep 1 on one device: about a second of device time
+    assert 0.5 / 3600 < me["device_hours"] < 30 / 3600
+    assert usage["total"]["user"] == "*" and usage["total"]["jobs"] == 2
+    assert usage["since"] is None
+    recent = cli_json(capsys, proc, "usage", "--since", "1d", "--user", me["user"])
+    assert recent["since"] == pytest.approx(time.time() - 86400, abs=60)
+    assert recent["users"][0]["jobs"] == 2
+    assert cli_json(capsys, proc, "usage", "--user", "nobody-here")["users"] == []
+    table = cli(capsys, proc, "usage").splitlines()
+    assert table[0] == "usage (all history)" and table[1].split()[:3] == [
+        "USER",
+        "DEVICE-HOURS",
+        "cpu",
+    ]
+    assert table[-1].split()[0] == "total" and table[-1].split()[-5:] == [
+        "2",
+        "1",
+        "1",
+        "0",
+        "0",
+    ]
+    assert "in the future" in one_line(capsys, "usage", *sd, "--since", "2999-01-01")
+    cli(capsys, proc, "cancel", never)
 
 
 # --- the guide -----------------------------------------------------------------------------

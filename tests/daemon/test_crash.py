@@ -8,13 +8,13 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from pollux_local.errors import PolluxError
-from tests.daemon_process import DaemonProcess, wait_for
+from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -45,18 +45,16 @@ sys.exit(0)
 
 
 @pytest.fixture()
-def state_dir(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path / "state"
-
-
-def start_daemon(state_dir: Path) -> DaemonProcess:
-    return DaemonProcess(state_dir, "--devices", "cpu:2", "--interval", "0.5").start()
+def start_daemon(daemon_factory: DaemonFactory) -> Callable[[], DaemonProcess]:
+    """(Re)start a daemon on cpu:2 on the test's one state directory (stopped at teardown)."""
+    state_dir = daemon_factory.root / "state"
+    return lambda: daemon_factory(devices="cpu:2", interval=0.5, state_dir=state_dir)
 
 
 def test_sigkill_during_a_burst_of_500_submits_loses_and_doubles_nothing(
-    state_dir: Path, tmp_path: Path
+    start_daemon: Callable[[], DaemonProcess], tmp_path: Path
 ) -> None:
-    daemon = start_daemon(state_dir)
+    daemon = start_daemon()
     acknowledged: dict[str, str] = {}  # name -> id
     errors: list[str] = []
 
@@ -82,7 +80,7 @@ def test_sigkill_during_a_burst_of_500_submits_loses_and_doubles_nothing(
         assert errors, "the burst should have been cut by the kill"
         assert 150 <= len(acknowledged) < 500
 
-        daemon = start_daemon(state_dir)
+        daemon = start_daemon()
         jobs = daemon.client.request("status")["jobs"]
         names = Counter(job["name"] for job in jobs)
         for name, job_id in acknowledged.items():
@@ -111,11 +109,11 @@ def checkpoint_step(daemon: DaemonProcess, job_id: str) -> int:
 
 
 def test_sigkill_while_running_and_during_a_stop_then_the_job_finishes(
-    state_dir: Path, tmp_path: Path
+    start_daemon: Callable[[], DaemonProcess], tmp_path: Path
 ) -> None:
     script = tmp_path / "job.py"
     script.write_text(JOB)
-    daemon = start_daemon(state_dir)
+    daemon = start_daemon()
     try:
         job_id = str(
             daemon.client.request(
@@ -129,14 +127,14 @@ def test_sigkill_while_running_and_during_a_stop_then_the_job_finishes(
         # 1. SIGKILL while the job runs.
         daemon.kill()
         before = checkpoint_step(daemon, job_id)
-        daemon = start_daemon(state_dir)
+        daemon = start_daemon()
         wait_for(lambda: checkpoint_step(daemon, job_id) > before + 5, 60, "progress after restart")
 
         # 2. SIGKILL while a stop (checkpoint + exit 75) is in flight.
         daemon.client.request("hold", id=job_id)
         time.sleep(0.3)
         daemon.kill()
-        daemon = start_daemon(state_dir)
+        daemon = start_daemon()
         assert state() == "held"
         daemon.client.request("release", id=job_id)
 
@@ -194,13 +192,15 @@ def starts_of(daemon: DaemonProcess, job_id: str) -> list[tuple[int, int]]:
     ]
 
 
-def test_sigkill_during_a_rescale_decided_by_the_policy(state_dir: Path, tmp_path: Path) -> None:
+def test_sigkill_during_a_rescale_decided_by_the_policy(
+    start_daemon: Callable[[], DaemonProcess], tmp_path: Path
+) -> None:
     """Job A runs alone on both devices; job B arrives and the goodput policy shrinks A.  The
     daemon is SIGKILLed while A is checkpoint-stopping for that rescale; after a restart both
     jobs run to the end, A from its checkpoint, and each job exists exactly once."""
     script = tmp_path / "job.py"
     script.write_text(RANKED_JOB)
-    daemon = start_daemon(state_dir)
+    daemon = start_daemon()
     try:
         submit = lambda name, steps: str(  # noqa: E731
             daemon.client.request(
@@ -228,7 +228,7 @@ def test_sigkill_during_a_rescale_decided_by_the_policy(state_dir: Path, tmp_pat
         at_kill = checkpoint_step(daemon, first)
         assert at_kill >= 10
 
-        daemon = start_daemon(state_dir)
+        daemon = start_daemon()
         final = None
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:

@@ -7,34 +7,25 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pollux_local import api
-from tests.daemon_process import DaemonProcess, wait_for
-from tests.paths import STEADY_JOB
-
-STEADY = STEADY_JOB
+from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
+from tests.paths import STEADY_JOB as STEADY
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture()
-def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    config = tmp_path / "config.toml"
-    config.write_text(
-        "[scheduler]\ninterval_s = 1\nrestart_cost_s = 2\n\n[daemon]\nstop_grace_s = 20\n\n"
+def daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
+    return daemon_factory(
+        config="[scheduler]\ninterval_s = 1\nrestart_cost_s = 2\n\n[daemon]\nstop_grace_s = 20\n\n"
         '[nodes.quick]\ndevices = ["cpu:0"]\ntype = "quick"\n\n'
         '[nodes.sluggish]\nhost = "localhost"\ndevices = ["cpu:1"]\ntype = "sluggish"\n'
         "slowdown = 4\n"
     )
-    proc = DaemonProcess(tmp_path / "state", "--config", str(config)).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 def show(daemon: DaemonProcess, job_id: str) -> api.ShowReply:

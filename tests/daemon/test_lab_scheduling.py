@@ -8,22 +8,21 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pollux_local import api
-from tests.daemon_process import DaemonProcess, wait_for
+from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
 
 
-def start_daemon(root: Path, devices: str, extra_config: str = "") -> DaemonProcess:
-    config = root / "config.toml"
-    config.write_text(
-        '[scheduler]\npolicy = "fifo"\ninterval_s = 0.3\n\n[daemon]\nstop_grace_s = 2\n'
-        "max_retries = 0\n" + extra_config
+def start_daemon(daemons: DaemonFactory, devices: str, extra_config: str = "") -> DaemonProcess:
+    """A FIFO daemon scheduling every 0.3 s that never retries a job, and ``extra_config``."""
+    return daemons(
+        devices=devices,
+        config='[scheduler]\npolicy = "fifo"\ninterval_s = 0.3\n\n[daemon]\nstop_grace_s = 2\n'
+        "max_retries = 0\n" + extra_config,
     )
-    return DaemonProcess(root / "state", "--devices", devices, "--config", str(config)).start()
 
 
 @pytest.fixture()
@@ -65,12 +64,8 @@ def wait_state(
 
 
 @pytest.fixture()
-def daemon(root: Path) -> Iterator[DaemonProcess]:
-    proc = start_daemon(root, "cpu:3")
-    try:
-        yield proc
-    finally:
-        proc.stop()
+def daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
+    return start_daemon(daemon_factory, "cpu:3")
 
 
 def test_a_chain_where_the_middle_fails_fails_the_rest_with_the_reason(
@@ -179,61 +174,55 @@ def test_a_job_is_stopped_at_its_time_limit_and_fails_with_the_reason(
     wait_for(lambda: not show(daemon, job_id).pids, 15, "the job's processes to be gone")
 
 
-def test_reserved_and_drained_devices_are_never_given_out(root: Path) -> None:
-    proc = start_daemon(root, "cpu:3", '\n[devices]\nreserved = ["cpu:1"]\n')
-    try:
-        slow = script(root, "slow.sh", "sleep 2\n")
-        nodes = proc.client.call(api.Nodes()).nodes
-        assert nodes[0].withheld == ["cpu:1"] and nodes[0].device_type == "cpu"
-        name = nodes[0].name
-        drained = proc.client.call(api.Drain(target="cpu:2")).withheld
-        assert drained == [f"{name}:cpu:2"]
-        first = submit(proc, [slow], root)
-        second = submit(proc, [slow], root)
-        held = wait_state(proc, first, "running").devices
-        assert held == {name: ["cpu:0"]}
-        waiting = wait_for(
-            lambda: (j := show(proc, second)).reason.startswith("waiting") and j, 10, "a reason"
-        )
-        assert waiting.state.value == "queued" and "1 device" in waiting.reason
-        proc.client.call(api.Resume(target=f"{name}:cpu:2"))
-        assert wait_state(proc, second, "running").devices == {name: ["cpu:2"]}
-        for job_id in (first, second):
-            wait_state(proc, job_id, "succeeded")
-        # a draining node: no new job, the running one goes on
-        third = submit(proc, [script(root, "mid.sh", "sleep 2\n")], root)
-        assert wait_state(proc, third, "running").devices == {name: ["cpu:0"]}
-        proc.client.call(api.Drain(target=name))
-        fourth = submit(proc, [slow], root)
-        wait_state(proc, third, "succeeded")
-        time.sleep(1.0)
-        assert show(proc, fourth).state.value == "queued"
-        proc.client.call(api.Resume(target=name))
-        wait_state(proc, fourth, "succeeded")
-    finally:
-        proc.stop()
+def test_reserved_and_drained_devices_are_never_given_out(
+    root: Path, daemon_factory: DaemonFactory
+) -> None:
+    proc = start_daemon(daemon_factory, "cpu:3", '\n[devices]\nreserved = ["cpu:1"]\n')
+    slow = script(root, "slow.sh", "sleep 2\n")
+    nodes = proc.client.call(api.Nodes()).nodes
+    assert nodes[0].withheld == ["cpu:1"] and nodes[0].device_type == "cpu"
+    name = nodes[0].name
+    drained = proc.client.call(api.Drain(target="cpu:2")).withheld
+    assert drained == [f"{name}:cpu:2"]
+    first = submit(proc, [slow], root)
+    second = submit(proc, [slow], root)
+    held = wait_state(proc, first, "running").devices
+    assert held == {name: ["cpu:0"]}
+    waiting = wait_for(
+        lambda: (j := show(proc, second)).reason.startswith("waiting") and j, 10, "a reason"
+    )
+    assert waiting.state.value == "queued" and "1 device" in waiting.reason
+    proc.client.call(api.Resume(target=f"{name}:cpu:2"))
+    assert wait_state(proc, second, "running").devices == {name: ["cpu:2"]}
+    for job_id in (first, second):
+        wait_state(proc, job_id, "succeeded")
+    # a draining node: no new job, the running one goes on
+    third = submit(proc, [script(root, "mid.sh", "sleep 2\n")], root)
+    assert wait_state(proc, third, "running").devices == {name: ["cpu:0"]}
+    proc.client.call(api.Drain(target=name))
+    fourth = submit(proc, [slow], root)
+    wait_state(proc, third, "succeeded")
+    time.sleep(1.0)
+    assert show(proc, fourth).state.value == "queued"
+    proc.client.call(api.Resume(target=name))
+    wait_state(proc, fourth, "succeeded")
 
 
-def test_a_constraint_keeps_a_job_on_its_nodes(root: Path) -> None:
-    config = root / "config.toml"
-    config.write_text(
-        '[scheduler]\npolicy = "fifo"\ninterval_s = 0.3\n\n'
+def test_a_constraint_keeps_a_job_on_its_nodes(root: Path, daemon_factory: DaemonFactory) -> None:
+    proc = daemon_factory(
+        config='[scheduler]\npolicy = "fifo"\ninterval_s = 0.3\n\n'
         '[nodes.slow]\ndevices = "cpu:2"\ntype = "small"\n\n'
         '[nodes.fast]\nhost = "localhost"\ndevices = ["cpu:2", "cpu:3"]\ntype = "big"\n'
     )
-    proc = DaemonProcess(root / "state", "--config", str(config)).start()
-    try:
-        slow = script(root, "slow.sh", "sleep 1\n")
-        on_big = submit(proc, [slow], root, constraint=api.Constraint(device_type="big"))
-        job = wait_state(proc, on_big, "running")
-        assert list(job.devices) == ["fast"] and job.device_type == "big"
-        with pytest.raises(api.InvalidRequest, match="device type 'huge'"):
-            submit(proc, [slow], root, constraint=api.Constraint(device_type="huge"))
-        with pytest.raises(api.InvalidRequest, match="needs 3 device"):
-            submit(proc, [slow], root, min_gpus=3, constraint=api.Constraint(nodes=["slow"]))
-        wait_state(proc, on_big, "succeeded")
-    finally:
-        proc.stop()
+    slow = script(root, "slow.sh", "sleep 1\n")
+    on_big = submit(proc, [slow], root, constraint=api.Constraint(device_type="big"))
+    job = wait_state(proc, on_big, "running")
+    assert list(job.devices) == ["fast"] and job.device_type == "big"
+    with pytest.raises(api.InvalidRequest, match="device type 'huge'"):
+        submit(proc, [slow], root, constraint=api.Constraint(device_type="huge"))
+    with pytest.raises(api.InvalidRequest, match="needs 3 device"):
+        submit(proc, [slow], root, min_gpus=3, constraint=api.Constraint(nodes=["slow"]))
+    wait_state(proc, on_big, "succeeded")
 
 
 def test_usage_counts_each_users_device_hours_and_jobs(daemon: DaemonProcess, root: Path) -> None:
@@ -260,80 +249,78 @@ def test_usage_counts_each_users_device_hours_and_jobs(daemon: DaemonProcess, ro
     assert raw["users"][0]["user"] == me.user and raw["users"][0]["jobs"] == 2
 
 
-def test_a_notify_command_records_each_jobs_end(root: Path) -> None:
+def test_a_notify_command_records_each_jobs_end(root: Path, daemon_factory: DaemonFactory) -> None:
     record = root / "ends.txt"
     proc = start_daemon(
-        root,
+        daemon_factory,
         "cpu:2",
         "\n[notify]\ncommand = 'echo \"$POLLUX_JOB_ID $POLLUX_JOB_STATE $POLLUX_JOB_OWNER"
         f" $POLLUX_JOB_REASON\" >> {record}'\n",
     )
-    try:
-        ok = script(root, "ok.sh", "exit 0\n")
-        bad = script(root, "bad.sh", "exit 4\n")
-        first = submit(proc, [ok], root)
-        second = submit(proc, [bad], root)
-        third = submit(proc, [ok], root, hold=True)
-        proc.client.call(api.Cancel(ids=[third]))
-        for job_id, state in ((first, "succeeded"), (second, "failed")):
-            wait_state(proc, job_id, state)
+    ok = script(root, "ok.sh", "exit 0\n")
+    bad = script(root, "bad.sh", "exit 4\n")
+    first = submit(proc, [ok], root)
+    second = submit(proc, [bad], root)
+    third = submit(proc, [ok], root, hold=True)
+    proc.client.call(api.Cancel(ids=[third]))
+    for job_id, state in ((first, "succeeded"), (second, "failed")):
+        wait_state(proc, job_id, state)
 
-        def lines() -> list[str] | None:
-            found = record.read_text().splitlines() if record.exists() else []
-            return found if len(found) >= 3 else None
+    def lines() -> list[str] | None:
+        found = record.read_text().splitlines() if record.exists() else []
+        return found if len(found) >= 3 else None
 
-        ends = sorted(wait_for(lines, 20, "three notifications"))
-        owner = show(proc, first).owner
-        assert ends == sorted(
-            [
-                f"{first} succeeded {owner} finished",
-                f"{second} failed {owner} {show(proc, second).reason}",
-                f"{third} cancelled {owner} cancelled",
-            ]
-        )
-        time.sleep(1.0)  # and never twice
-        assert len(record.read_text().splitlines()) == 3
-    finally:
-        proc.stop()
+    ends = sorted(wait_for(lines, 20, "three notifications"))
+    owner = show(proc, first).owner
+    assert ends == sorted(
+        [
+            f"{first} succeeded {owner} finished",
+            f"{second} failed {owner} {show(proc, second).reason}",
+            f"{third} cancelled {owner} cancelled",
+        ]
+    )
+    time.sleep(1.0)  # and never twice
+    assert len(record.read_text().splitlines()) == 3
 
 
-def test_default_and_longest_time_limits_restart_and_edit(root: Path) -> None:
-    proc = start_daemon(root, "cpu:2", '\n[limits]\ndefault_time = "10m"\nmax_time = "1h"\n')
-    try:
-        ok = script(root, "ok.sh", "exit 0\n")
-        held = submit(proc, [ok], root, hold=True)
-        assert show(proc, held).time_limit_s == 600.0  # the daemon's default
-        with pytest.raises(api.InvalidRequest, match=r"time limit 2h is longer than .* 1h"):
-            submit(proc, [ok], root, time_limit_s=7200.0)
-        # edit: a waiting job's command, size, time limit and priority
-        proc.client.call(
-            api.Edit(id=held, argv=[ok, "--fast"], min_gpus=2, time_limit_s=1800.0, priority=-3)
-        )
-        edited = show(proc, held)
-        assert (edited.argv, edited.min_gpus, edited.time_limit_s, edited.priority) == (
-            [ok, "--fast"],
-            2,
-            1800.0,
-            -3,
-        )
-        with pytest.raises(api.InvalidRequest, match="longer than"):
-            proc.client.call(api.Edit(id=held, time_limit_s=7200.0))
-        with pytest.raises(api.InvalidRequest, match="needs at least 3 device"):
-            proc.client.call(api.Edit(id=held, min_gpus=3))
-        proc.client.call(api.Release(id=held))
-        wait_state(proc, held, "succeeded")
-        with pytest.raises(api.Conflict, match="only a queued or held job can be edited"):
-            proc.client.call(api.Edit(id=held, priority=1))
-        # restart: the same command, size and limit under a new id
-        again = proc.client.call(api.Restart(id=held)).id
-        assert again != held
-        copy = show(proc, again)
-        assert (copy.argv, copy.min_gpus, copy.time_limit_s) == ([ok, "--fast"], 2, 1800.0)
-        wait_state(proc, again, "succeeded")
-        with pytest.raises(api.Conflict, match="only a job that ended"):
-            proc.client.call(api.Restart(id=submit(proc, [ok], root, hold=True)))
-    finally:
-        proc.stop()
+def test_default_and_longest_time_limits_restart_and_edit(
+    root: Path, daemon_factory: DaemonFactory
+) -> None:
+    proc = start_daemon(
+        daemon_factory, "cpu:2", '\n[limits]\ndefault_time = "10m"\nmax_time = "1h"\n'
+    )
+    ok = script(root, "ok.sh", "exit 0\n")
+    held = submit(proc, [ok], root, hold=True)
+    assert show(proc, held).time_limit_s == 600.0  # the daemon's default
+    with pytest.raises(api.InvalidRequest, match=r"time limit 2h is longer than .* 1h"):
+        submit(proc, [ok], root, time_limit_s=7200.0)
+    # edit: a waiting job's command, size, time limit and priority
+    proc.client.call(
+        api.Edit(id=held, argv=[ok, "--fast"], min_gpus=2, time_limit_s=1800.0, priority=-3)
+    )
+    edited = show(proc, held)
+    assert (edited.argv, edited.min_gpus, edited.time_limit_s, edited.priority) == (
+        [ok, "--fast"],
+        2,
+        1800.0,
+        -3,
+    )
+    with pytest.raises(api.InvalidRequest, match="longer than"):
+        proc.client.call(api.Edit(id=held, time_limit_s=7200.0))
+    with pytest.raises(api.InvalidRequest, match="needs at least 3 device"):
+        proc.client.call(api.Edit(id=held, min_gpus=3))
+    proc.client.call(api.Release(id=held))
+    wait_state(proc, held, "succeeded")
+    with pytest.raises(api.Conflict, match="only a queued or held job can be edited"):
+        proc.client.call(api.Edit(id=held, priority=1))
+    # restart: the same command, size and limit under a new id
+    again = proc.client.call(api.Restart(id=held)).id
+    assert again != held
+    copy = show(proc, again)
+    assert (copy.argv, copy.min_gpus, copy.time_limit_s) == ([ok, "--fast"], 2, 1800.0)
+    wait_state(proc, again, "succeeded")
+    with pytest.raises(api.Conflict, match="only a job that ended"):
+        proc.client.call(api.Restart(id=submit(proc, [ok], root, hold=True)))
 
 
 def test_cancel_array_reaches_restarted_tasks_and_an_empty_cancel_is_refused(

@@ -31,7 +31,7 @@ from pollux_local.client import Client
 from pollux_local.daemon.metrics import DaemonSnapshot, PrometheusEndpoint
 from pollux_local.daemon.statedir import JournalFormatter, stderr_is_journal
 from pollux_local.errors import PolluxError
-from tests.daemon_process import DaemonProcess, wait_for
+from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
 from tests.labinstall import world_readable_tempdir
 from tests.paths import REPO_ROOT
 
@@ -179,8 +179,10 @@ def root() -> Iterator[Path]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def start_daemon(root: Path, config: Path) -> DaemonProcess:
-    return DaemonProcess(root / "state", "--config", str(config)).start()
+def start_daemon(daemons: DaemonFactory, root: Path, config: Path) -> DaemonProcess:
+    """A daemon on ``config`` (a file, which a test may change and reload) with its state in
+    ``root`` (world-readable: the units' tests run as other users)."""
+    return daemons(config=config, state_dir=root / "state")
 
 
 def sleeper(daemon: DaemonProcess, **fields: Any) -> str:
@@ -244,10 +246,12 @@ def submit_as_nobody(socket_path: Path, **fields: Any) -> dict[str, Any]:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="submits as user nobody: needs root")
-def test_sighup_takes_new_devices_and_limits_while_a_job_runs(root: Path) -> None:
+def test_sighup_takes_new_devices_and_limits_while_a_job_runs(
+    root: Path, daemon_factory: DaemonFactory
+) -> None:
     config = root / "config.toml"
     write_config(config, '"cpu:2"', "\n[limits]\nmax_priority = 0\n")
-    daemon = start_daemon(root, config)
+    daemon = start_daemon(daemon_factory, root, config)
     try:
         job = sleeper(daemon)
         pids = wait_for(lambda: running_pids(daemon, job), 30, f"job {job} running")
@@ -277,42 +281,43 @@ def test_sighup_takes_new_devices_and_limits_while_a_job_runs(root: Path) -> Non
     assert daemon.proc is not None and daemon.proc.returncode == 0, daemon.output()
 
 
-def test_a_device_the_config_drops_stays_with_its_job_until_it_ends(root: Path) -> None:
+def test_a_device_the_config_drops_stays_with_its_job_until_it_ends(
+    root: Path, daemon_factory: DaemonFactory
+) -> None:
     config = root / "config.toml"
     write_config(config, '"cpu:2"')
-    daemon = start_daemon(root, config)
-    try:
-        first, second = sleeper(daemon), sleeper(daemon)
-        for job in (first, second):
-            wait_for(lambda job=job: running_pids(daemon, job), 30, f"job {job} running")
-        on_cpu1 = next(
-            job
-            for job in (first, second)
-            if daemon.client.request("show", id=job)["job"]["devices"] == {NODE: ["cpu:1"]}
-        )
-        pids = running_pids(daemon, on_cpu1)
+    daemon = start_daemon(daemon_factory, root, config)
+    first, second = sleeper(daemon), sleeper(daemon)
+    for job in (first, second):
+        wait_for(lambda job=job: running_pids(daemon, job), 30, f"job {job} running")
+    on_cpu1 = next(
+        job
+        for job in (first, second)
+        if daemon.client.request("show", id=job)["job"]["devices"] == {NODE: ["cpu:1"]}
+    )
+    pids = running_pids(daemon, on_cpu1)
 
-        write_config(config, '["cpu:0"]')
-        (line,) = reload(daemon, "reloaded")
-        assert f"kept until their jobs end: {NODE}:cpu:1" in line, line
-        waiting = sleeper(daemon)
-        time.sleep(2.5)  # passes run every second
-        assert running_pids(daemon, on_cpu1) == pids  # still running, the same processes
-        assert node_devices(daemon) == ["cpu:0", "cpu:1"]
+    write_config(config, '["cpu:0"]')
+    (line,) = reload(daemon, "reloaded")
+    assert f"kept until their jobs end: {NODE}:cpu:1" in line, line
+    waiting = sleeper(daemon)
+    time.sleep(2.5)  # passes run every second
+    assert running_pids(daemon, on_cpu1) == pids  # still running, the same processes
+    assert node_devices(daemon) == ["cpu:0", "cpu:1"]
 
-        daemon.client.request("cancel", ids=[on_cpu1])
-        wait_for(lambda: node_devices(daemon) == ["cpu:0"], 15, "cpu:1 dropped once free")
-        time.sleep(1.5)
-        assert daemon.client.request("show", id=waiting)["job"]["state"] == "queued"
-        assert log_lines(daemon, "no job holds them any more")
-    finally:
-        daemon.stop()
+    daemon.client.request("cancel", ids=[on_cpu1])
+    wait_for(lambda: node_devices(daemon) == ["cpu:0"], 15, "cpu:1 dropped once free")
+    time.sleep(1.5)
+    assert daemon.client.request("show", id=waiting)["job"]["state"] == "queued"
+    assert log_lines(daemon, "no job holds them any more")
 
 
-def test_a_broken_config_on_sighup_keeps_the_one_in_use(root: Path) -> None:
+def test_a_broken_config_on_sighup_keeps_the_one_in_use(
+    root: Path, daemon_factory: DaemonFactory
+) -> None:
     config = root / "config.toml"
     write_config(config, '"cpu:2"')
-    daemon = start_daemon(root, config)
+    daemon = start_daemon(daemon_factory, root, config)
     try:
         config.write_text("[nodes.ws\ndevices = ")  # not TOML
         (line,) = reload(daemon, "reload:")
@@ -339,7 +344,7 @@ def test_a_broken_config_on_sighup_keeps_the_one_in_use(root: Path) -> None:
 
 
 def test_stderr_lines_carry_syslog_priorities_when_it_is_the_journal(
-    root: Path, monkeypatch: Any
+    root: Path, monkeypatch: Any, daemon_factory: DaemonFactory
 ) -> None:
     config = root / "config.toml"
     write_config(config, '"cpu:1"')
@@ -347,7 +352,7 @@ def test_stderr_lines_carry_syslog_priorities_when_it_is_the_journal(
     stderr_file.touch()
     info = stderr_file.stat()
     monkeypatch.setenv("JOURNAL_STREAM", f"{info.st_dev}:{info.st_ino}")  # as systemd sets it
-    daemon = start_daemon(root, config)
+    daemon = start_daemon(daemon_factory, root, config)
     try:
         config.write_text("not toml [")
         reload(daemon, "reload:")
@@ -407,58 +412,55 @@ def scrape(
     }
 
 
-def test_prometheus_endpoint_shows_devices_jobs_and_the_queue(root: Path) -> None:
+def test_prometheus_endpoint_shows_devices_jobs_and_the_queue(
+    root: Path, daemon_factory: DaemonFactory
+) -> None:
     pytest.importorskip("prometheus_client")
     port = free_port()
     config = root / "config.toml"
     metrics = f'\n[metrics]\nprometheus = "127.0.0.1:{port}"\n'
     reserved = f'\n[devices]\nreserved = ["{NODE}:cpu:2"]\n'
     write_config(config, '"cpu:3"', metrics + reserved)
-    daemon = start_daemon(root, config)
-    try:
-        running = sleeper(daemon)
-        sleeper(daemon, hold=True)
-        sleeper(daemon, min_gpus=2)  # queued: one device is free, the other reserved
-        wait_for(lambda: running_pids(daemon, running), 30, "a running job")
-        samples = wait_for(
-            lambda: (s := scrape(port)).get(("pollux_local_scheduling_passes_total", ())) and s,
-            15,
-            "a scheduling pass",
-        )
-        node = (("device_type", "cpu"), ("node", NODE))
-        assert samples[("pollux_local_devices", node)] == 3
-        assert samples[("pollux_local_devices_in_use", node)] == 1
-        assert samples[("pollux_local_devices_withheld", node)] == 1
-        jobs = {
-            labels[0][1]: v for (name, labels), v in samples.items() if name == "pollux_local_jobs"
-        }
-        assert jobs == {"queued": 1, "running": 1, "rescaling": 0, "held": 1, "succeeded": 0,
-                        "failed": 0, "cancelled": 0}  # fmt: skip
-        assert samples[("pollux_local_queue_length", ())] == 1
-        job_labels = (("job", running), ("name", "sleep"), ("user", "root"))
-        assert samples[("pollux_local_job_devices", job_labels)] == 1
-        with pytest.raises(urllib.error.HTTPError) as missing:
-            scrape(port, "/")
-        assert missing.value.code == 404
-        # bound to the configured address only
-        listening = [
-            c.laddr
-            for c in psutil.Process(daemon.pid).net_connections("inet")
-            if c.status == psutil.CONN_LISTEN
-        ]
-        assert [(a.ip, a.port) for a in listening] == [("127.0.0.1", port)]
+    daemon = start_daemon(daemon_factory, root, config)
+    running = sleeper(daemon)
+    sleeper(daemon, hold=True)
+    sleeper(daemon, min_gpus=2)  # queued: one device is free, the other reserved
+    wait_for(lambda: running_pids(daemon, running), 30, "a running job")
+    samples = wait_for(
+        lambda: (s := scrape(port)).get(("pollux_local_scheduling_passes_total", ())) and s,
+        15,
+        "a scheduling pass",
+    )
+    node = (("device_type", "cpu"), ("node", NODE))
+    assert samples[("pollux_local_devices", node)] == 3
+    assert samples[("pollux_local_devices_in_use", node)] == 1
+    assert samples[("pollux_local_devices_withheld", node)] == 1
+    jobs = {labels[0][1]: v for (name, labels), v in samples.items() if name == "pollux_local_jobs"}
+    assert jobs == {"queued": 1, "running": 1, "rescaling": 0, "held": 1, "succeeded": 0,
+                    "failed": 0, "cancelled": 0}  # fmt: skip
+    assert samples[("pollux_local_queue_length", ())] == 1
+    job_labels = (("job", running), ("name", "sleep"), ("user", "root"))
+    assert samples[("pollux_local_job_devices", job_labels)] == 1
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        scrape(port, "/")
+    assert missing.value.code == 404
+    # bound to the configured address only
+    listening = [
+        c.laddr
+        for c in psutil.Process(daemon.pid).net_connections("inet")
+        if c.status == psutil.CONN_LISTEN
+    ]
+    assert [(a.ip, a.port) for a in listening] == [("127.0.0.1", port)]
 
-        # a reload moves it
-        moved = free_port()
-        write_config(config, '"cpu:3"', f'\n[metrics]\nprometheus = "127.0.0.1:{moved}"\n')
-        reload(daemon, "reloaded")
-        moved_samples = scrape(moved)
-        assert moved_samples[("pollux_local_devices", node)] == 3
-        assert moved_samples[("pollux_local_devices_withheld", node)] == 0  # reserved no more
-        with pytest.raises(urllib.error.URLError):
-            scrape(port)
-    finally:
-        daemon.stop()
+    # a reload moves it
+    moved = free_port()
+    write_config(config, '"cpu:3"', f'\n[metrics]\nprometheus = "127.0.0.1:{moved}"\n')
+    reload(daemon, "reloaded")
+    moved_samples = scrape(moved)
+    assert moved_samples[("pollux_local_devices", node)] == 3
+    assert moved_samples[("pollux_local_devices_withheld", node)] == 0  # reserved no more
+    with pytest.raises(urllib.error.URLError):
+        scrape(port)
 
 
 def test_without_prometheus_client_the_endpoint_is_one_log_line(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import psutil
 import pytest
 
 from pollux_local.api.wire import MAX_FRAME_BYTES, frame
-from tests.daemon_process import DaemonProcess
+from tests.daemon_process import DaemonFactory, DaemonProcess
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -25,12 +24,8 @@ def encode_frame(message: dict[str, Any]) -> bytes:
 
 
 @pytest.fixture()
-def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    proc = DaemonProcess(tmp_path / "state", "--devices", "cpu:2", "--interval", "30").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+def daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
+    return daemon_factory(devices="cpu:2", interval=30)
 
 
 def send_raw(path: Path, payload: bytes, close_write: bool = True) -> bytes:

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from pollux_local.errors import PolluxError
-from tests.daemon_process import DaemonProcess, wait_for
+from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
 from tests.labinstall import world_readable_tempdir
 
 pytestmark = pytest.mark.timeout(120)
@@ -49,8 +49,10 @@ def config(tmp_path: Path, **daemon_keys: float) -> Path:
     return path
 
 
-def start_daemon(state_dir: Path, conf: Path, devices: str = "cpu:2") -> DaemonProcess:
-    return DaemonProcess(state_dir, "--config", str(conf), "--devices", devices).start()
+def start_daemon(
+    daemons: DaemonFactory, state_dir: Path, conf: Path, devices: str = "cpu:2"
+) -> DaemonProcess:
+    return daemons(config=conf, devices=devices, state_dir=state_dir)
 
 
 def alive(pid: int) -> bool:
@@ -92,14 +94,13 @@ def starts(daemon: DaemonProcess, job_id: str) -> int:
 
 
 @pytest.fixture()
-def daemons(tmp_path: Path) -> Iterator[list[DaemonProcess]]:
-    """The daemons a test starts; at the end each is stopped and any supervisor left of its
-    jobs (a daemon SIGKILLed and not restarted) is killed with what runs below it."""
-    started: list[DaemonProcess] = []
-    yield started
-    for daemon in started:
-        daemon.stop()
-    for path in {d.state_dir for d in started}:
+def daemons(daemon_factory: DaemonFactory) -> Iterator[DaemonFactory]:
+    """The shared factory, and at the end (each daemon stopped) any supervisor left of a job
+    (a daemon SIGKILLed and not restarted) killed with what runs below it: what only this
+    module's tests leave behind."""
+    yield daemon_factory
+    daemon_factory.stop_all()
+    for path in {d.state_dir for d in daemon_factory.started}:
         for record in (path / "run").glob("*.json") if (path / "run").is_dir() else ():
             with contextlib.suppress(OSError, ValueError, KeyError):
                 pid = int(json.loads(record.read_text())["supervisor"]["pid"])
@@ -121,9 +122,8 @@ while :; do sleep 0.2; done
 """
 
 
-def test_cancel_leaves_no_process_of_the_job(tmp_path: Path, daemons: list[DaemonProcess]) -> None:
-    daemon = start_daemon(tmp_path / "state", config(tmp_path))
-    daemons.append(daemon)
+def test_cancel_leaves_no_process_of_the_job(tmp_path: Path, daemons: DaemonFactory) -> None:
+    daemon = start_daemon(daemons, tmp_path / "state", config(tmp_path))
     grandchild_file, replica_file = tmp_path / "grandchild", tmp_path / "replica"
     job_id = submit(
         daemon, ["sh", "-c", ESCAPEE, "escapee", str(grandchild_file), str(replica_file)],
@@ -144,10 +144,9 @@ STUBBORN = 'trap "" TERM; echo $$ > "$0"; while :; do sleep 0.1; done'
 
 
 def test_cancelling_a_job_that_ignores_sigterm_stalls_nobody(
-    tmp_path: Path, daemons: list[DaemonProcess]
+    tmp_path: Path, daemons: DaemonFactory
 ) -> None:
-    daemon = start_daemon(tmp_path / "state", config(tmp_path, stop_grace_s=8))
-    daemons.append(daemon)
+    daemon = start_daemon(daemons, tmp_path / "state", config(tmp_path, stop_grace_s=8))
     pid_file = tmp_path / "stubborn"
     stubborn = submit(daemon, ["sh", "-c", STUBBORN, str(pid_file)], tmp_path, name="stubborn")
     wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 20, "the stubborn job")
@@ -178,12 +177,11 @@ def test_cancelling_a_job_that_ignores_sigterm_stalls_nobody(
      (75, "succeeded", 2, "crashed")],
 )  # fmt: skip
 def test_a_job_that_ended_while_the_daemon_was_down_is_taken_as_it_ended(
-    tmp_path: Path, daemons: list[DaemonProcess], code: int, outcome: str, runs: int,
+    tmp_path: Path, daemons: DaemonFactory, code: int, outcome: str, runs: int,
     decision: str,
 ) -> None:  # fmt: skip
     conf = config(tmp_path)
-    daemon = start_daemon(tmp_path / "state", conf)
-    daemons.append(daemon)
+    daemon = start_daemon(daemons, tmp_path / "state", conf)
     job_id = submit(daemon, ["sh", "-c", WAITER, "waiter", str(tmp_path), str(code)], tmp_path)
     wait_for(lambda: (tmp_path / "pid").exists(), 20, "the job to run")
     daemon.kill()
@@ -192,8 +190,7 @@ def test_a_job_that_ended_while_the_daemon_was_down_is_taken_as_it_ended(
     wait_for(lambda: (run_file(daemon, job_id) or {}).get("state") == "ended", 10, "its end")
     assert run_file(daemon, job_id)["exit_code"] == code  # type: ignore[index]
 
-    daemon = start_daemon(tmp_path / "state", conf)
-    daemons.append(daemon)
+    daemon = start_daemon(daemons, tmp_path / "state", conf)
     wait_for(lambda: state(daemon, job_id) in TERMINAL, 20, "the job to end")
     time.sleep(1.5)  # a few passes: nothing runs it again
     job = show(daemon, job_id)["job"]
@@ -205,11 +202,10 @@ def test_a_job_that_ended_while_the_daemon_was_down_is_taken_as_it_ended(
 
 
 def test_a_job_still_running_at_the_restart_is_adopted_not_restarted(
-    tmp_path: Path, daemons: list[DaemonProcess]
+    tmp_path: Path, daemons: DaemonFactory
 ) -> None:
     conf = config(tmp_path)
-    daemon = start_daemon(tmp_path / "state", conf)
-    daemons.append(daemon)
+    daemon = start_daemon(daemons, tmp_path / "state", conf)
     job_id = submit(daemon, ["sh", "-c", WAITER, "waiter", str(tmp_path), "0"], tmp_path)
     wait_for(lambda: (tmp_path / "pid").exists(), 20, "the job to run")
     before = show(daemon, job_id)["job"]
@@ -218,8 +214,7 @@ def test_a_job_still_running_at_the_restart_is_adopted_not_restarted(
     daemon.kill()
     assert alive(supervisor) and alive(replica)
 
-    daemon = start_daemon(tmp_path / "state", conf)
-    daemons.append(daemon)
+    daemon = start_daemon(daemons, tmp_path / "state", conf)
     after = show(daemon, job_id)
     assert after["job"]["state"] == "running"
     assert after["job"]["pids"] == before["pids"] and after["job"]["pids"][0]["pid"] == replica
@@ -236,7 +231,7 @@ def test_a_job_still_running_at_the_restart_is_adopted_not_restarted(
 
 
 def test_a_log_swapped_for_a_symlink_is_not_followed_on_restart(
-    tmp_path: Path, daemons: list[DaemonProcess]
+    tmp_path: Path, daemons: DaemonFactory
 ) -> None:
     vault = tmp_path / "vault"
     vault.mkdir(mode=0o700)
@@ -253,8 +248,7 @@ def test_a_log_swapped_for_a_symlink_is_not_followed_on_restart(
 fi
 echo second run
 """
-    daemon = start_daemon(tmp_path / "state", config(tmp_path))
-    daemons.append(daemon)
+    daemon = start_daemon(daemons, tmp_path / "state", config(tmp_path))
     job_id = submit(daemon, ["sh", "-c", attack], tmp_path)
     wait_for(lambda: state(daemon, job_id) in TERMINAL, 30, "the job to end")
     assert mark.exists()
@@ -316,7 +310,7 @@ def other_user() -> Iterator[pwd.struct_passwd]:
 
 
 @pytest.fixture()
-def lab(daemons: list[DaemonProcess]) -> Iterator[Path]:
+def lab(daemons: DaemonFactory) -> Iterator[Path]:
     """A directory every user may enter (the daemon's state dir goes in it)."""
     base = world_readable_tempdir("pollux-rec-")
     (base / "work").mkdir(mode=0o1777)
@@ -324,8 +318,7 @@ def lab(daemons: list[DaemonProcess]) -> Iterator[Path]:
     try:
         yield base
     finally:
-        for daemon in daemons:
-            daemon.stop()
+        daemons.stop_all()
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -342,10 +335,9 @@ def submit_as(user: pwd.struct_passwd, daemon: DaemonProcess, **request: Any) ->
 
 
 def test_a_users_job_runs_as_the_user_who_owns_its_files(
-    other_user: pwd.struct_passwd, lab: Path, daemons: list[DaemonProcess]
+    other_user: pwd.struct_passwd, lab: Path, daemons: DaemonFactory
 ) -> None:
-    daemon = start_daemon(lab / "state", config(lab))
-    daemons.append(daemon)
+    daemon = start_daemon(daemons, lab / "state", config(lab))
     script = 'id -u > "$POLLUX_CHECKPOINT_DIR/who"; echo hello from the job'
     reply = submit_as(other_user, daemon, argv=["sh", "-c", script], workdir=str(lab / "work"))
     assert reply["ok"], reply
@@ -368,10 +360,9 @@ def test_a_users_job_runs_as_the_user_who_owns_its_files(
 
 
 def test_a_workdir_the_user_cannot_enter_fails_naming_it(
-    other_user: pwd.struct_passwd, lab: Path, daemons: list[DaemonProcess]
+    other_user: pwd.struct_passwd, lab: Path, daemons: DaemonFactory
 ) -> None:
-    daemon = start_daemon(lab / "state", config(lab))
-    daemons.append(daemon)
+    daemon = start_daemon(daemons, lab / "state", config(lab))
     private = lab / "roots-private"
     private.mkdir(mode=0o700)
     ran = lab / "work" / "ran"
@@ -393,7 +384,7 @@ def test_a_workdir_the_user_cannot_enter_fails_naming_it(
 
 
 def test_a_users_log_swapped_for_a_symlink_to_a_root_file_is_not_followed(
-    other_user: pwd.struct_passwd, lab: Path, daemons: list[DaemonProcess]
+    other_user: pwd.struct_passwd, lab: Path, daemons: DaemonFactory
 ) -> None:
     vault = lab / "vault"
     vault.mkdir(mode=0o700)
@@ -409,8 +400,7 @@ def test_a_users_log_swapped_for_a_symlink_to_a_root_file_is_not_followed(
     exit 1
 fi
 """
-    daemon = start_daemon(lab / "state", config(lab))
-    daemons.append(daemon)
+    daemon = start_daemon(daemons, lab / "state", config(lab))
     reply = submit_as(other_user, daemon, argv=["sh", "-c", attack], workdir=str(lab / "work"))
     job_id = str(reply["id"])
     wait_for(lambda: state(daemon, job_id) in TERMINAL, 30, "the job to end")
@@ -429,15 +419,14 @@ fi
 
 
 def test_a_deleted_owner_fails_the_job_without_stopping_the_others(
-    lab: Path, daemons: list[DaemonProcess]
+    lab: Path, daemons: DaemonFactory
 ) -> None:
     if os.geteuid() != 0 or shutil.which("useradd") is None:
         pytest.skip("needs root (a Unix user to delete)")
     name = "pxgone" + secrets.token_hex(3)
     subprocess.run(["useradd", "-M", "-s", "/bin/sh", name], check=True, capture_output=True)
     user = pwd.getpwnam(name)
-    daemon = start_daemon(lab / "state", config(lab), devices="cpu:1")
-    daemons.append(daemon)
+    daemon = start_daemon(daemons, lab / "state", config(lab), devices="cpu:1")
     try:
         blocker = submit(daemon, ["sleep", "600"], lab / "work")
         wait_for(lambda: state(daemon, blocker) == "running", 20, "the blocker")

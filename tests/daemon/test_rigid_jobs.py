@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from pollux_local.daemon.auth import Peer
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers.submit import check_submit, submit
-from tests.daemon_process import DaemonProcess, quick_daemon, wait_for
+from tests.daemon_process import DaemonFactory, DaemonProcess, quick_config, wait_for
 from tests.scheduler_harness import Harness
 
 FOUR_DEVICES = DaemonConfig(nodes=(NodeConfig("n", tuple(f"cpu:{i}" for i in range(4))),))
@@ -307,9 +306,8 @@ time.sleep(float(sys.argv[1]))
 
 
 @pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    with quick_daemon(tmp_path, "cpu:3", restart_cost_s=1) as proc:
-        yield proc
+def daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
+    return daemon_factory(devices="cpu:3", config=quick_config(restart_cost_s=1), interval=1)
 
 
 @pytest.mark.slow
