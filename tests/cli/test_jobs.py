@@ -4,46 +4,26 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pollux_local.cli import main
-from pollux_local.client import Client, resolve_state_dir
-from pollux_local.errors import PolluxError
+from pollux_local.client import resolve_state_dir
+from tests.daemon_process import DaemonFactory
 
 pytestmark = pytest.mark.timeout(90)
 
 
 @pytest.fixture(scope="module")
 def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    root = tmp_path_factory.mktemp("cli")
-    state = root / "s"
-    config = root / "c.toml"
     # FIFO with a long interval: jobs here are held or never need to run long
-    config.write_text('[scheduler]\npolicy = "fifo"\ninterval_s = 30\n')
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pollux_local", "daemon", "--state-dir", str(state),
-         "--devices", "cpu:2", "--config", str(config)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            Client(state / "daemon.sock").request("ping")
-            break
-        except PolluxError:
-            assert proc.poll() is None and time.monotonic() < deadline, "daemon did not start"
-            time.sleep(0.1)
-    yield state
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=30)
+    with DaemonFactory(tmp_path_factory.mktemp("cli")) as daemons:
+        config = '[scheduler]\npolicy = "fifo"\ninterval_s = 30\n'
+        yield daemons(devices="cpu:2", config=config).state_dir
 
 
 @pytest.fixture

@@ -7,9 +7,7 @@ import json
 import os
 import pwd
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,6 +19,7 @@ import pytest
 from pollux_local.client import Client
 from pollux_local.daemon.auth import Peer, may_modify
 from pollux_local.errors import PolluxError
+from tests.daemon_process import DaemonFactory
 
 pytestmark = pytest.mark.timeout(120)
 USER = "plxtest2"
@@ -88,26 +87,16 @@ def second_user() -> Iterator[pwd.struct_passwd]:
 def root_daemon() -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="plx-auth-"))
     root.chmod(0o755)  # other users must reach the socket and the job's files
-    state = root / "s"
-    config = root / "c.toml"
-    config.write_text('[scheduler]\npolicy = "fifo"\ninterval_s = 0.5\n')
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pollux_local", "daemon", "--state-dir", str(state),
-         "--devices", "cpu:2", "--config", str(config)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            Client(state / "daemon.sock").request("ping")
-            break
-        except PolluxError:
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
-    yield root
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=30)
-    shutil.rmtree(root, ignore_errors=True)
+    try:
+        with DaemonFactory(root) as daemons:
+            daemons(
+                devices="cpu:2",
+                config='[scheduler]\npolicy = "fifo"\ninterval_s = 0.5\n',
+                state_dir=root / "s",
+            )
+            yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_other_users_may_read_but_not_change_jobs(

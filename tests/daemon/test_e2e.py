@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import pytest
 
 from pollux_local.client import Client
 from pollux_local.errors import PolluxError
-from tests.daemon_process import activated_environ
+from tests.daemon_process import DaemonFactory, activated_environ
 from tests.paths import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(180)
@@ -104,41 +104,30 @@ report.write_text(json.dumps({"version": 1, "progress": 1.0}))
 
 
 class Daemon:
-    """A ``pollux-local daemon`` subprocess on a state directory, plus CLI helpers."""
+    """A real daemon on cpu:2 (from the shared factory, stopped at teardown) and CLI helpers
+    that reach it as a user's shell does: ``POLLUX_LOCAL_STATE_DIR`` set, the submitter's venv
+    active, in the job's folder (``root``)."""
 
-    def __init__(self, root: Path, config: str) -> None:
-        self.root = root
-        self.state_dir = root / "s"
-        self.config = root / "config.toml"
-        self.config.write_text(config)
+    def __init__(self, daemons: DaemonFactory, config: str) -> None:
+        self.root = daemons.root
+        self.state_dir = self.root / "s"
         self.env = activated_environ(
             OMP_NUM_THREADS="1", POLLUX_LOCAL_STATE_DIR=str(self.state_dir)
         )
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process = daemons(
+            devices="cpu:2", config=config, state_dir=self.state_dir, env=self.env,
+            cwd=self.root, start=False,
+        )  # fmt: skip
 
     def start(self) -> None:
-        log = open(self.root / "daemon.out", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pollux_local", "daemon", "--config", str(self.config),
-             "--devices", "cpu:2"],
-            env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
-        )  # fmt: skip
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                Client(self.state_dir / "daemon.sock", timeout_s=5).request("ping")
-                return
-            except PolluxError:
-                pass
-            assert self.proc.poll() is None, (self.root / "daemon.out").read_text()
-            time.sleep(0.1)
-        raise AssertionError("daemon did not come up")
+        self.process.start(timeout_s=20)
 
     def stop(self, signum: int = signal.SIGTERM) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signum)
-        self.proc.wait(timeout=60)
-        self.proc = None
+        """SIGTERM (waited for) or SIGKILL, as a crash would."""
+        if signum == signal.SIGKILL:
+            self.process.kill()
+        else:
+            self.process.stop()
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
@@ -187,14 +176,12 @@ pg_timeout_s = 30
 
 
 @pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
+def daemon(tmp_path: Path, daemon_factory: DaemonFactory) -> Daemon:
     (tmp_path / "train.py").write_text(TRAIN)
     (tmp_path / "quick.py").write_text(QUICK)
-    d = Daemon(tmp_path, CONFIG)
+    d = Daemon(daemon_factory, CONFIG)
     d.start()
-    yield d
-    if d.proc is not None:
-        d.stop()
+    return d
 
 
 def daemon_show(daemon: Daemon, job_id: str) -> list[dict[str, Any]]:
@@ -288,7 +275,7 @@ def test_crash_is_retried_with_backoff_then_fails_with_reason(daemon: Daemon) ->
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_real_jobs_from_jobs_dir(tmp_path: Path) -> None:
+def test_real_jobs_from_jobs_dir(tmp_path: Path, daemon_factory: DaemonFactory) -> None:
     """The example jobs (the job library, real models): both reach their quality target, and
     the policy moves the first one live when the second arrives."""
     specs = {
@@ -296,32 +283,31 @@ def test_real_jobs_from_jobs_dir(tmp_path: Path) -> None:
     }
     if not all(path.exists() for path in specs.values()):
         pytest.skip("example jobs not present")
-    d = Daemon(tmp_path, CONFIG)
+    d = Daemon(daemon_factory, CONFIG)
     d.start()
-    try:
-        first = d.submit("--spec", str(specs["char_transformer"]), "--max-gpus", "2")
-        d.wait_for(lambda j: j[first]["gpus"] == 2 and (j[first]["progress"] or 0) > 0, 240)
-        second = d.submit("--spec", str(specs["digits_cnn"]), "--max-gpus", "2")
-        seen: list[dict[str, dict[str, Any]]] = []
-        d.wait_for(lambda j: j[first]["gpus"] == 1 and j[second]["state"] == "running", 240, seen)
-        final = d.wait_for(
-            lambda j: all(x["state"] in ("succeeded", "failed") for x in j.values()), 600
-        )
-        for job_id in (first, second):
-            log = d.cli("logs", job_id).stdout
-            assert final[job_id]["state"] == "succeeded", log[-2000:]
-            assert "TARGET REACHED" in log
-        decisions = json.loads(d.cli("show", first, "--json").stdout)["decisions"]
-        assert "resize" in [x["kind"] for x in decisions]
-    finally:
-        d.stop()
+    first = d.submit("--spec", str(specs["char_transformer"]), "--max-gpus", "2")
+    d.wait_for(lambda j: j[first]["gpus"] == 2 and (j[first]["progress"] or 0) > 0, 240)
+    second = d.submit("--spec", str(specs["digits_cnn"]), "--max-gpus", "2")
+    seen: list[dict[str, dict[str, Any]]] = []
+    d.wait_for(lambda j: j[first]["gpus"] == 1 and j[second]["state"] == "running", 240, seen)
+    final = d.wait_for(
+        lambda j: all(x["state"] in ("succeeded", "failed") for x in j.values()), 600
+    )
+    for job_id in (first, second):
+        log = d.cli("logs", job_id).stdout
+        assert final[job_id]["state"] == "succeeded", log[-2000:]
+        assert "TARGET REACHED" in log
+    decisions = json.loads(d.cli("show", first, "--json").stdout)["decisions"]
+    assert "resize" in [x["kind"] for x in decisions]
 
 
-def test_sigkill_during_a_burst_of_submits_loses_no_acknowledged_job(tmp_path: Path) -> None:
+def test_sigkill_during_a_burst_of_submits_loses_no_acknowledged_job(
+    tmp_path: Path, daemon_factory: DaemonFactory
+) -> None:
     import threading
 
     (tmp_path / "quick.py").write_text(QUICK)
-    d = Daemon(tmp_path, CONFIG)
+    d = Daemon(daemon_factory, CONFIG)
     d.start()
     client = Client(d.state_dir / "daemon.sock", timeout_s=10)
     acknowledged: list[str] = []
@@ -342,22 +328,16 @@ def test_sigkill_during_a_burst_of_submits_loses_no_acknowledged_job(tmp_path: P
     thread.start()
     while len(acknowledged) < 150:
         time.sleep(0.005)
-    assert d.proc is not None
-    d.proc.kill()
-    d.proc.wait(timeout=30)
-    d.proc = None
+    d.stop(signal.SIGKILL)
     thread.join(timeout=60)
     assert failures, "the daemon was killed mid-burst, so some submits must have failed"
     d.start()
-    try:
-        ids = [job["id"] for job in json.loads(d.cli("status", "--json").stdout)["jobs"]]
-        assert len(ids) == len(set(ids))
-        assert set(acknowledged) <= set(ids)
-        assert len(ids) - len(acknowledged) <= 1  # at most the one in flight at the kill
-        new = d.submit("--hold", "quick.py")
-        assert int(new) > max(int(i) for i in ids)
-    finally:
-        d.stop()
+    ids = [job["id"] for job in json.loads(d.cli("status", "--json").stdout)["jobs"]]
+    assert len(ids) == len(set(ids))
+    assert set(acknowledged) <= set(ids)
+    assert len(ids) - len(acknowledged) <= 1  # at most the one in flight at the kill
+    new = d.submit("--hold", "quick.py")
+    assert int(new) > max(int(i) for i in ids)
 
 
 @pytest.mark.parametrize(

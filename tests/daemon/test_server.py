@@ -284,7 +284,13 @@ print("closed", flush=True)
 
 
 class DaemonProcess:
-    """A real daemon (``python -m pollux_local daemon``) on ``cpu:1``, as ``user`` if given."""
+    """A real daemon (``python -m pollux_local daemon``) on ``cpu:1``, as ``user`` if given.
+
+    Not the shared ``tests.daemon_process.DaemonProcess``: this one can run as another Unix
+    user from the lab install's interpreter (``user``, ``python``), always in a bare
+    environment with ``/`` as its folder (what the socket and memory checks measure against),
+    and is ready when its socket appears (a user's daemon answers no one else, so a ping from
+    this test's root cannot tell); it also reports its memory (``rss``)."""
 
     def __init__(
         self, state_dir: Path, *args: str, user: int | None = None, python: Path | None = None

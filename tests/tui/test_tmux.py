@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.daemon_process import DaemonFactory
+from tests.paths import REPO_ROOT
+
 SESSION = f"pollux-tui-test-{os.getpid()}"
 #: A private tmux server (its own socket, no user config), so that other tmux users on this
 #: machine cannot change the window size.
@@ -36,13 +37,13 @@ def _env() -> dict[str, str]:
     """The environment for the daemon, the CLI and tmux: without COLUMNS/LINES (set under
     pytest), which Textual would take over the real terminal's size."""
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    return dict(env, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    return dict(env, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pollux_local", *args],
-        cwd=REPO,
+        cwd=REPO_ROOT,
         env=_env(),
         capture_output=True,
         text=True,
@@ -60,29 +61,12 @@ def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 @pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Path]:
-    state = tmp_path / "state"
-    log = open(tmp_path / "daemon.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pollux_local", "daemon", "--state-dir", str(state)]
-        + ["--devices", "cpu:2", "--interval", "1"],
-        cwd=REPO,
-        env=_env(),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+def daemon(daemon_factory: DaemonFactory) -> Path:
+    """A daemon on cpu:2 that schedules every second, in the environment of :func:`_env`."""
+    process = daemon_factory(
+        devices="cpu:2", interval=1, env={"COLUMNS": None, "LINES": None}, cwd=REPO_ROOT
     )
-    try:
-        _wait(lambda: _cli("status", "--state-dir", str(state)).returncode == 0, 30, "daemon")
-        yield state
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
-        log.close()
+    return process.state_dir
 
 
 def _capture() -> str:
@@ -108,7 +92,7 @@ def test_tui_in_a_real_terminal(daemon: Path, tmp_path: Path) -> None:
         "both jobs running",
     )
     command = (
-        f"cd {REPO} && PYTHONPATH={REPO} {sys.executable} -m pollux_local tui "
+        f"cd {REPO_ROOT} && PYTHONPATH={REPO_ROOT} {sys.executable} -m pollux_local tui "
         f"--state-dir {daemon} --refresh 0.5"
     )
     subprocess.run(
@@ -177,7 +161,7 @@ def test_a_hostile_job_in_a_real_terminal(daemon: Path, tmp_path: Path) -> None:
         "both jobs running",
     )
     command = (
-        f"cd {REPO} && PYTHONPATH={REPO} {sys.executable} -m pollux_local tui "
+        f"cd {REPO_ROOT} && PYTHONPATH={REPO_ROOT} {sys.executable} -m pollux_local tui "
         f"--state-dir {daemon} --refresh 0.5"
     )
     subprocess.run(
