@@ -46,13 +46,17 @@ def parse_duration(text: str) -> float:
     return float(seconds)
 
 
-def format_duration(seconds: float | None, *, exact: bool = True, unknown: str = "-") -> str:
+def format_duration(
+    seconds: float | None, *, exact: bool = True, brief: bool = False, unknown: str = "-"
+) -> str:
     """The one way a duration is written.
 
     ``exact`` (time limits): the shortest exact whole-unit form, ``30s``, ``10m``, ``1h30m``,
     ``2d``, ``1d2h`` (seconds rounded), which :func:`parse_duration` reads back.  Otherwise
     (elapsed and expected times) its two largest units, the second padded: ``12s``,
-    ``4m07s``, ``1h05m``, ``2d04h`` (whole seconds, truncated).  ``None`` is ``unknown``."""
+    ``4m07s``, ``1h05m``, ``2d04h`` (whole seconds, truncated); ``brief`` drops the seconds
+    from ten minutes on (``12m``), for the TUI's narrow columns and the reasons of waiting
+    jobs.  ``None`` is ``unknown``."""
     if seconds is None:
         return unknown
     if not exact:
@@ -60,6 +64,8 @@ def format_duration(seconds: float | None, *, exact: bool = True, unknown: str =
         if whole < 60:
             return f"{whole}s"
         if whole < 3600:
+            if brief and whole >= 600:
+                return f"{whole // 60}m"
             return f"{whole // 60}m{whole % 60:02d}s"
         if whole < 86400:
             return f"{whole // 3600}h{whole % 3600 // 60:02d}m"

@@ -21,6 +21,7 @@ from pollux_local.api.messages import (
     UsageReply,
 )
 from pollux_local.api.states import PLACED_STATES, JobState
+from pollux_local.durations import format_duration
 
 #: Job states in their sort order.
 STATES = tuple(state.value for state in JobState)
@@ -63,17 +64,10 @@ def fmt_number(value: float | None, digits: int = 1) -> str:
 
 
 def fmt_duration(seconds: float | None) -> str:
-    """Seconds -> '45s', '12m', '3h05m', '2d04h'; None -> '-'."""
-    if seconds is None or seconds < 0:
-        return DASH
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s" if s < 600 else f"{s // 60}m"
-    if s < 86400:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+    """Seconds as a column shows them (``durations.format_duration``, brief): '45s', '4m07s',
+    '12m', '3h05m', '2d04h'; None or negative -> '-'."""
+    known = seconds is not None and seconds >= 0
+    return format_duration(seconds if known else None, exact=False, brief=True, unknown=DASH)
 
 
 def fmt_progress(value: float | None) -> str:

@@ -22,3 +22,11 @@ def test_tables_show_two_units_and_the_cli_uses_that_form(
 ) -> None:
     assert format_duration(seconds, exact=False) == shown
     assert duration(seconds) == shown
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(45, "45s"), (247, "4m07s"), (725, "12m"), (3900, "1h05m"), (2 * 86400 + 4 * 3600, "2d04h")],
+)
+def test_the_brief_form_drops_seconds_from_ten_minutes_on(seconds: float, shown: str) -> None:
+    assert format_duration(seconds, exact=False, brief=True) == shown

@@ -150,4 +150,4 @@ def test_the_pass_answers_for_every_waiting_job() -> None:
     assert plan.reasons[3] == f"waiting: queued behind an earlier job; {holders}"
     # a queued job waiting out a back-off says so
     later = run([JobInput(id=5, retry_after=160.0)])
-    assert later.reasons == {5: "waiting: retry in 1 min (back-off after a crash)"}
+    assert later.reasons == {5: "waiting: retry in 1m00s (back-off after a crash)"}

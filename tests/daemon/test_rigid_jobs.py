@@ -189,7 +189,7 @@ async def test_a_rigid_job_waits_for_exactly_its_size(tmp_path: Path) -> None:
     reason = h.job(second).reason
     assert reason.startswith("waiting: needs 2 devices, 1 free"), reason
     # alice's job ran 300 s for a quarter of its declared length: 900 s to go
-    holder = f"job {first} (alice) holds 2 (rigid, not preemptible; expected to finish in 15 min)"
+    holder = f"job {first} (alice) holds 2 (rigid, not preemptible; expected to finish in 15m)"
     assert holder in reason, reason
     await h.finish(first)
     await h.tick(60.0)

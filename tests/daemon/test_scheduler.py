@@ -296,7 +296,7 @@ def test_a_waiting_jobs_reason_names_the_jobs_holding_its_devices() -> None:
     plan = plan_round(GoodputPolicy(), [running, heavy], nodes, ModelCache(), 1000.0, RNG)
     holder = "job 1 (bob) holds 2 (fair share: it has used 0.06 device-hours, this job 3.2;"
     assert holder in plan.reasons[2]
-    assert plan.reasons[2].endswith("expected to finish in 30 min)")
+    assert plan.reasons[2].endswith("expected to finish in 30m)")
     # an unchanged reason is not written again
     heavy.reason = plan.reasons[2]
     again = plan_round(GoodputPolicy(), [running, heavy], nodes, ModelCache(), 1000.0, RNG)
@@ -307,7 +307,7 @@ def test_reasons_of_jobs_in_back_off_and_of_policies_without_facts() -> None:
     backing = job(1)
     backing.retry_after = 112.0
     plan = plan_round(FixedPolicy({}), [backing], NODES, ModelCache(), 100.0, RNG)
-    assert plan.reasons[1] == "waiting: retry in 12 s (back-off after a crash)"
+    assert plan.reasons[1] == "waiting: retry in 12s (back-off after a crash)"
     from pollux_local.core.baselines import FifoPolicy
 
     first = job(1, "running", {"a": ["cpu:0", "cpu:1"], "b": ["cpu:0", "cpu:1"]})

@@ -6,6 +6,7 @@ import msgspec
 
 from pollux_local import api
 from pollux_local.api.messages import NodeRow
+from pollux_local.durations import format_duration
 from pollux_local.tui.demo import demo_recording
 from pollux_local.tui.recording import Recording
 from pollux_local.tui.view import (
@@ -37,7 +38,9 @@ def test_placement_and_duration_formatting() -> None:
     assert fmt_placement({}) == "-"
     assert fmt_duration(42) == "42s"
     assert fmt_duration(3 * 3600 + 5 * 60) == "3h05m"
-    assert fmt_duration(None) == "-"
+    assert fmt_duration(None) == "-" and fmt_duration(-3) == "-"
+    # the one formatter's brief form: no seconds from ten minutes on
+    assert fmt_duration(725) == "12m" == format_duration(725, exact=False, brief=True)
 
 
 def test_sort_puts_unknown_last_and_reverses(recording: Recording) -> None:

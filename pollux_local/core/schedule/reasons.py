@@ -14,26 +14,19 @@ from collections.abc import Mapping, Sequence
 from pollux_local.core.schedule.snapshot import Allocation, JobInput, NodeInput
 from pollux_local.core.schedule.views import progress_eta
 from pollux_local.core.types import BatchChoice, Decision, JobView, Waiting
+from pollux_local.durations import format_duration
 
 
-def fmt_duration(seconds: float) -> str:
-    """A duration for a reason line: ``45 s``, ``12 min``, ``3h05m``, ``4d07h``."""
-    whole = max(0, int(math.ceil(seconds)))
-    if whole < 60:
-        return f"{whole} s"
-    minutes = whole // 60
-    if minutes < 60:
-        return f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours}h{minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d{hours:02d}h"
+def in_time(seconds: float) -> str:
+    """A time from now for a reason line (``durations.format_duration``, brief), rounded up so
+    that a wait not yet over never reads ``0s``: ``45s``, ``4m07s``, ``12m``, ``3h05m``,
+    ``4d07h``."""
+    return format_duration(math.ceil(seconds), exact=False, brief=True)
 
 
 def backoff_reason(job: JobInput, now: float) -> str:
     """The reason of a queued job waiting out its back-off after a crash."""
-    return f"waiting: retry in {fmt_duration(job.retry_after - now)} (back-off after a crash)"
+    return f"waiting: retry in {in_time(job.retry_after - now)} (back-off after a crash)"
 
 
 def device_hours(seconds: float, digits: int | None = None) -> str:
@@ -104,7 +97,7 @@ class WaitingWords:
         return head + self._holders(job, facts)
 
     def _holders(self, job: JobInput, facts: Waiting | None) -> str:
-        """``; job 6 (alice) holds 2 (rigid, not preemptible; expected to finish in 20 min)``"""
+        """``; job 6 (alice) holds 2 (rigid, not preemptible; expected to finish in 20m)``"""
         rules = {h.id: h.rule for h in facts.holders} if facts is not None else None
         holders = [
             job_id
@@ -144,7 +137,7 @@ class WaitingWords:
                 notes.append(f"running jobs are preempted only for much less served ones: {used}")
         eta = progress_eta(holder, self.now)
         if eta is not None:
-            notes.append(f"expected to finish in {fmt_duration(eta)}")
+            notes.append(f"expected to finish in {in_time(eta)}")
         text = f"job {holder_id} ({holder.owner}) holds {self.held[holder_id]}"
         return text + (f" ({'; '.join(notes)})" if notes else "")
 
