@@ -33,7 +33,7 @@ from pollux_local.client import Client
 from pollux_local.daemon.config import load_config
 from pollux_local.errors import PolluxError
 from pollux_local.jobspec import load_job_spec
-from tests.daemon_process import DaemonProcess, activated_environ, wait_for
+from tests.daemon_process import DaemonFactory, activated_environ, wait_for
 from tests.paths import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(300)
@@ -245,7 +245,7 @@ def check_output(session: Session, argv: list[str], out: str) -> None:
         assert out.strip()
 
 
-def test_readme_commands_run(tmp_path: Path) -> None:
+def test_readme_commands_run(tmp_path: Path, daemon_factory: DaemonFactory) -> None:
     workspace = tmp_path / "work"
     for folder in ("jobs", "examples"):
         shutil.copytree(
@@ -253,7 +253,7 @@ def test_readme_commands_run(tmp_path: Path) -> None:
         )
     state_dir = tmp_path / "state"
     daemon_lines = [c for c in CLI_COMMANDS if shlex.split(c)[1:2] == ["daemon"]]
-    daemon = DaemonProcess(state_dir, *shlex.split(daemon_lines[0])[2:]).start()
+    daemon = daemon_factory(*shlex.split(daemon_lines[0])[2:], state_dir=state_dir)
     session = Session(client=daemon.client)
     env = activated_environ(POLLUX_LOCAL_STATE_DIR=str(state_dir), OMP_NUM_THREADS="1")
     try:

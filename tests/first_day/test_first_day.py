@@ -17,13 +17,12 @@ import shutil
 import site
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.daemon_process import REPO_ROOT, DaemonProcess, quick_daemon
-from tests.paths import STEADY_JOB
+from tests.daemon_process import DaemonFactory, DaemonProcess, quick_config
+from tests.paths import REPO_ROOT, STEADY_JOB
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -58,9 +57,8 @@ def researcher_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    with quick_daemon(tmp_path, "cpu:3", restart_cost_s=2) as proc:
-        yield proc
+def daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
+    return daemon_factory(devices="cpu:3", config=quick_config(restart_cost_s=2), interval=1)
 
 
 def cli(

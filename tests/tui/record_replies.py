@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,9 +32,10 @@ import msgspec  # noqa: E402
 
 from pollux_local import api  # noqa: E402
 from pollux_local.api import wire  # noqa: E402
-from pollux_local.client import Client, build_request  # noqa: E402
+from pollux_local.client import build_request  # noqa: E402
 from pollux_local.jobspec import load_job_spec  # noqa: E402
 from pollux_local.tui.recording import RECORDING_VERSION  # noqa: E402
+from tests.daemon_process import DaemonProcess  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "daemon_replies.json"
 STEADY_SPEC = Path(__file__).resolve().parent / "fixtures" / "steady_job" / "job.toml"
@@ -56,48 +54,17 @@ CRASH = "import sys\nprint('loading data', flush=True)\nsys.exit('bad input shap
 T = TypeVar("T")
 
 
-class Daemon:
-    """A ``pollux-local daemon`` subprocess on CPU devices, stopped by :meth:`stop`."""
+class Daemon(DaemonProcess):
+    """The shared real daemon, on cpu:2 scheduling every second with :data:`CONFIG`, started
+    at once and stopped by :meth:`stop`; with the scenario's helpers."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        self.state_dir = root / "state"
-        self.state_dir.mkdir(parents=True)
         (root / "config.toml").write_text(CONFIG)
-        self.client = Client(self.state_dir / "daemon.sock", timeout_s=20)
-        self.log = open(root / "daemon.log", "wb")  # noqa: SIM115 - closed in stop()
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-        env.pop("POLLUX_LOCAL_STATE_DIR", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pollux_local", "daemon", "--state-dir", str(self.state_dir),
-             "--config", str(root / "config.toml"), "--devices", "cpu:2", "--interval", "1"],
-            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=self.log,
-            stderr=subprocess.STDOUT, start_new_session=True,
+        super().__init__(
+            root / "state", "--config", str(root / "config.toml"), "--devices", "cpu:2",
+            "--interval", "1", env={"POLLUX_LOCAL_STATE_DIR": None}, cwd=REPO,
         )  # fmt: skip
-        self.wait(lambda: self._pings(), 30, "the daemon to answer")
-
-    def _pings(self) -> bool:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"the daemon exited with {self.proc.returncode}: {self.output()}")
-        try:
-            self.client.call(api.Ping())
-        except api.DaemonUnavailable:
-            return False
-        return True
-
-    def output(self) -> str:
-        self.log.flush()
-        return (self.root / "daemon.log").read_text(errors="replace")[-3000:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self.log.close()
+        self.start()
 
     def wait(self, predicate: Callable[[], T], timeout_s: float, what: str) -> T:
         deadline = time.monotonic() + timeout_s
