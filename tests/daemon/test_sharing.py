@@ -3,7 +3,6 @@ rigid jobs by the memory they declared on CPU devices that declare theirs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ from pollux_local.core.sharing import (
 from pollux_local.daemon.scheduler import ModelCache, plan_round
 from pollux_local.daemon.state import JobRecord
 from pollux_local.sizes import SizeError, format_size, parse_size
-from tests.daemon_process import DaemonProcess, wait_for
+from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
 
 GIB = 1 << 30
 RNG = np.random.default_rng(0)
@@ -91,17 +90,11 @@ def test_the_pass_packs_shared_jobs_and_keeps_others_off_their_device() -> None:
 
 
 @pytest.fixture()
-def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    config = tmp_path / "config.toml"
-    config.write_text(
-        '[scheduler]\npolicy = "fifo"\ninterval_s = 0.3\n\n'
+def daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
+    return daemon_factory(
+        config='[scheduler]\npolicy = "fifo"\ninterval_s = 0.3\n\n'
         '[nodes.box]\ndevices = "cpu:2"\nmemory = "16G"\n'
     )
-    proc = DaemonProcess(tmp_path / "state", "--config", str(config)).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 def test_a_real_daemon_packs_small_jobs_by_their_declared_memory(
