@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.daemon_process import DaemonProcess, wait_for
+from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
 
 from .testbed import Testbed
 
@@ -60,8 +60,12 @@ def config(testbed: Testbed, tmp_path: Path) -> Iterator[Path]:
     yield path
 
 
-def start(tmp_path: Path, config: Path) -> DaemonProcess:
-    return DaemonProcess(tmp_path / "state", "--config", str(config)).start(timeout_s=60)
+@pytest.fixture()
+def start(config: Path, daemon_factory: DaemonFactory) -> Callable[[], DaemonProcess]:
+    """(Re)start a daemon on the test bed's config, on the test's one state directory; every
+    one is stopped before the test bed goes."""
+    state_dir = daemon_factory.root / "state"
+    return lambda: daemon_factory(config=config, state_dir=state_dir, timeout_s=60)
 
 
 def submit(daemon: DaemonProcess, workdir: Path, script: str) -> str:
@@ -87,10 +91,10 @@ def lines(path: Path) -> list[str]:
 
 
 def test_a_job_that_finished_while_the_daemon_was_down_is_not_run_again(
-    tmp_path: Path, config: Path
+    tmp_path: Path, start: Callable[[], DaemonProcess]
 ) -> None:
     marker, done = tmp_path / "runs", tmp_path / "done"
-    daemon = start(tmp_path, config)
+    daemon = start()
     try:
         job_id = submit(
             daemon, tmp_path, f"trap '' TERM; echo run >> {marker}; sleep 4; echo x >> {done}"
@@ -99,7 +103,7 @@ def test_a_job_that_finished_while_the_daemon_was_down_is_not_run_again(
         daemon.kill()
         wait_for(lambda: lines(done), 30, "the job to finish on its node")
         time.sleep(1.0)
-        daemon = start(tmp_path, config)
+        daemon = start()
         shown = wait_for(
             lambda: (j := job(daemon, job_id))["state"] in ("succeeded", "failed") and j,
             60,
@@ -116,15 +120,15 @@ def test_a_job_that_finished_while_the_daemon_was_down_is_not_run_again(
 
 
 def test_a_job_still_running_at_the_restart_is_not_run_twice_at_once(
-    testbed: Testbed, tmp_path: Path, config: Path
+    testbed: Testbed, tmp_path: Path, start: Callable[[], DaemonProcess]
 ) -> None:
     marker = tmp_path / "runs"
-    daemon = start(tmp_path, config)
+    daemon = start()
     try:
         job_id = submit(daemon, tmp_path, f"trap '' TERM; echo $$ >> {marker}; sleep 300")
         wait_for(lambda: job(daemon, job_id)["state"] == "running" and lines(marker), 60, "a run")
         daemon.kill()
-        daemon = start(tmp_path, config)  # at once: the node still runs the first one
+        daemon = start()  # at once: the node still runs the first one
         first = int(lines(marker)[0])
         host = testbed.hosts[0]
         # its node stops it (SIGKILL after its grace: it ignores SIGTERM); only then may the

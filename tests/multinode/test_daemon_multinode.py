@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.daemon_process import DaemonProcess, wait_for
+from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
 
 from .conftest import GLOO_JOB, PYTHON, REPO_ROOT
 from .testbed import Testbed
@@ -60,14 +59,9 @@ def daemon_config(bed: Testbed, root: Path) -> str:
 
 
 @pytest.fixture()
-def daemon(testbed: Testbed, tmp_path: Path) -> Iterator[DaemonProcess]:
-    config = tmp_path / "config.toml"
-    config.write_text(daemon_config(testbed, tmp_path))
-    process = DaemonProcess(tmp_path / "state", "--config", str(config)).start(timeout_s=60)
-    try:
-        yield process
-    finally:
-        process.stop()
+def daemon(testbed: Testbed, daemon_factory: DaemonFactory, tmp_path: Path) -> DaemonProcess:
+    """A daemon on the test bed's hosts (stopped before the test bed goes)."""
+    return daemon_factory(config=daemon_config(testbed, tmp_path), timeout_s=60)
 
 
 def submit_gloo_job(daemon: DaemonProcess, workdir: Path, steps: int, sleep_s: float) -> str:
