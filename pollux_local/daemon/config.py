@@ -69,7 +69,7 @@ import grp
 import re
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,7 @@ from pollux_local.core.names import POLICY_ALIASES, policy_names
 from pollux_local.daemon import gpus
 from pollux_local.durations import DurationError, parse_duration
 from pollux_local.errors import PolluxError
+from pollux_local.launch.ssh.nodes import SSH_KEYS, SshNodeConfig
 from pollux_local.sizes import SizeError, format_size, parse_size
 from pollux_local.tomlfile import check_keys, read_toml
 
@@ -87,13 +88,15 @@ POLICIES = policy_names(daemon=True)
 
 @dataclass(frozen=True)
 class NodeConfig:
-    """One node: ``host`` is ``None`` for this machine, else an ssh destination."""
+    """One node: ``host`` is ``None`` for this machine, else an ssh destination, and then
+    ``ssh`` its settings as the SSH launcher takes them (checked when the config was read;
+    made from ``host`` and ``workdir`` alone when not given)."""
 
     name: str
     devices: tuple[str, ...]
     host: str | None = None
     workdir: str | None = None
-    raw: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    ssh: SshNodeConfig | None = None
     #: the devices' type: ``[nodes.NAME] type``, else ``cpu`` for CPU devices, ``gpu`` others
     device_type: str = ""
     #: memory of each device in bytes: ``[nodes.NAME] memory`` (``None``: not known)
@@ -106,6 +109,15 @@ class NodeConfig:
         if not self.device_type:
             kind = "cpu" if all(d.startswith("cpu") for d in self.devices) else "gpu"
             object.__setattr__(self, "device_type", kind)
+        if self.ssh is None and not self.is_local:
+            table = (
+                {"host": self.host}
+                if self.workdir is None
+                else {"host": self.host, "workdir": self.workdir}
+            )
+            object.__setattr__(
+                self, "ssh", SshNodeConfig.from_table(self.name, table, self.devices)
+            )
 
     @property
     def is_local(self) -> bool:
@@ -273,6 +285,9 @@ def split_by_gpu_type(node: NodeConfig) -> tuple[NodeConfig, ...]:
     return tuple(split)
 
 
+#: The keys of a node's table: the scheduler's and the SSH launcher's (``launch.ssh.SSH_KEYS``).
+NODE_KEYS = frozenset({"name", "devices", "device_type", "type", "memory", "slowdown"}) | SSH_KEYS
+
 #: The keys each table of the config may hold (anything else is refused, with a suggestion).
 KNOWN_KEYS: dict[str, frozenset[str]] = {
     "scheduler": frozenset({"policy", "interval_s", "p", "restart_cost_s", "share_slowdown"}),
@@ -402,6 +417,7 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
             name = raw.get("name") or (host if host and not is_local else socket.gethostname())
             if not isinstance(name, str):
                 raise PolluxError(f"{node_where}: name must be a string")
+            check_keys(raw, NODE_KEYS, f"nodes.{name}", where)
             if is_local and devices is not None:
                 node_devices = parse_devices(devices)
             elif isinstance(raw.get("devices"), int) and not isinstance(raw["devices"], bool):
@@ -437,12 +453,18 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
                     memory = parse_size(memory)
                 except SizeError as exc:
                     raise PolluxError(f"{node_where}: memory: {exc}") from None
+            ssh = None
+            if not is_local:
+                try:
+                    ssh = SshNodeConfig.from_table(name, raw, node_devices)
+                except PolluxError as exc:
+                    raise PolluxError(f"{where}: {exc}") from None
             node = NodeConfig(
                 name=name,
                 devices=node_devices,
                 host=host,
                 workdir=workdir,
-                raw=raw,
+                ssh=ssh,
                 device_type=node_type,
                 device_memory=memory,
                 slowdown=slowdown,

@@ -123,6 +123,27 @@ def test_remote_nodes_reach_the_ssh_launcher(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ("ssh_options = 5", "node far: 'ssh_options' must be a list of strings"),
+        ("gloo_ifname = 1", "node far: 'gloo_ifname' must be a string"),
+        ('host = "-oProxyCommand=x"\n', "node far: 'host' must be an ssh destination"),
+        ('adress = "10.0.0.2"', "unknown key 'adress' in [nodes.far] (did you mean 'address'?)"),
+    ],
+)
+def test_a_node_setting_the_ssh_launcher_refuses_is_refused_when_the_config_is_read(
+    tmp_path: Path, setting: str, expected: str
+) -> None:
+    path = tmp_path / "c.toml"
+    host = "" if setting.startswith("host") else 'host = "me@far"\n'
+    path.write_text(f'[nodes.far]\n{host}devices = "cpu:2"\n{setting}\n')
+    with pytest.raises(PolluxError) as refused:
+        load_config(path)
+    message = str(refused.value)
+    assert expected in message and "\n" not in message and message.startswith(str(path))
+
+
+@pytest.mark.parametrize(
     ("text", "expected"),
     [
         ("[scheduler]\ninterval = 5\n", "unknown key 'interval' in [scheduler] (did you mean 'interval_s'?)"),

@@ -16,7 +16,7 @@ from pollux_local.daemon.executor.health import NodeHealthBook
 from pollux_local.daemon.executor.launchspec import (
     build_launch_spec,
     make_ssh_launcher,
-    ssh_table,
+    ssh_nodes,
 )
 from pollux_local.daemon.scheduler import Action, Allocation
 from pollux_local.daemon.state import DecisionEntry, JobRecord, StateStore
@@ -110,15 +110,13 @@ class ExecutorBase:
         self._local.max_log_bytes = config.max_log_bytes
         self._local.log_keep_free = config.log_keep_free
         if self._ssh is not None:
-            from pollux_local.launch.ssh import SshLauncher, SshNodeConfig
+            from pollux_local.launch.ssh import SshLauncher
 
             if isinstance(self._ssh, SshLauncher):
                 self._ssh.max_log_bytes = config.max_log_bytes
                 self._ssh.log_keep_free = config.log_keep_free
-                for node in config.nodes:
-                    if not node.is_local:
-                        table = ssh_table(node)
-                        self._ssh.nodes[node.name] = SshNodeConfig.from_mapping(node.name, table)
+                for node in ssh_nodes(config):
+                    self._ssh.nodes[node.name] = node
 
     def _job_dir(self, job: JobRecord) -> Path:
         return self.state_dir / "jobs" / job.job_id

@@ -12,11 +12,10 @@ import pwd
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from pollux_local.api.launch import LaunchEnvironment
 from pollux_local.core.types import BatchChoice
-from pollux_local.daemon.config import DaemonConfig, NodeConfig
+from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.jobfiles import make_owned_dir
 from pollux_local.daemon.scheduler import Action
 from pollux_local.daemon.state import JobRecord
@@ -27,6 +26,7 @@ from pollux_local.launch.base import (
     ReplicaSlot,
     pick_master_port,
 )
+from pollux_local.launch.ssh.nodes import SshNodeConfig
 from pollux_local.untrusted import one_line
 
 log = logging.getLogger("pollux_local.daemon")
@@ -158,16 +158,11 @@ async def make_user_dir(job: JobRecord, path: Path) -> None:
 def make_ssh_launcher(config: DaemonConfig, state_dir: Path) -> Launcher:
     """The SSH launcher for the config's remote nodes (imported only when one is used)."""
     try:
-        from pollux_local.launch.ssh import SshLauncher, SshNodeConfig
+        from pollux_local.launch.ssh import SshLauncher
     except ImportError:
         raise PolluxError("remote nodes need the SSH launcher (pollux_local.launch.ssh)") from None
-    nodes = [
-        SshNodeConfig.from_mapping(node.name, ssh_table(node))
-        for node in config.nodes
-        if not node.is_local
-    ]
     return SshLauncher(
-        nodes,
+        ssh_nodes(config),
         ssh_control_dir(state_dir),
         max_log_bytes=config.max_log_bytes,
         log_keep_free=config.log_keep_free,
@@ -189,11 +184,6 @@ def ssh_control_dir(state_dir: Path) -> Path:
     return short
 
 
-def ssh_table(node: NodeConfig) -> dict[str, Any]:
-    """The node's config table as the SSH launcher reads it."""
-    table = dict(node.raw)
-    table.pop("name", None)
-    table["host"] = node.host
-    table["devices"] = list(node.devices)
-    table.pop("device_type", None)
-    return table
+def ssh_nodes(config: DaemonConfig) -> list[SshNodeConfig]:
+    """The config's remote nodes as the SSH launcher takes them (checked as it was read)."""
+    return [node.ssh for node in config.nodes if node.ssh is not None]

@@ -1,5 +1,7 @@
-"""One SSH node's settings (:class:`SshNodeConfig`), the node agent's source sent to it, and
-the exit codes of a node that could not be reached or could not start its replicas."""
+"""One SSH node's settings (:class:`SshNodeConfig`, checked once by
+:meth:`SshNodeConfig.from_table` when the daemon's config is read), the node agent's source
+sent to it, and the exit codes of a node that could not be reached or could not start its
+replicas."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import functools
 import importlib.resources
 import shlex
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +29,10 @@ def node_agent_source() -> str:
     node and run there with ``python -u -c``: no installation on the node is needed."""
     package = importlib.resources.files("pollux_local.launch")
     return package.joinpath("node_agent.py").read_text(encoding="utf-8")
+
+
+#: The keys of a node's config table that the SSH launcher reads.
+SSH_KEYS = frozenset({"host", "address", "workdir", "gloo_ifname", "ssh_options", "python"})
 
 
 @dataclass(frozen=True)
@@ -59,63 +65,35 @@ class SshNodeConfig:
         return self.host.rsplit("@", 1)[-1]
 
     @classmethod
-    def from_node(cls, node: Any) -> SshNodeConfig:
-        """Adapt the daemon's node config (``name``, ``host``, ``devices``, ``workdir`` and,
-        when present, ``address``, ``gloo_ifname``, ``ssh_options``, ``python``)."""
-        raw = {
-            key: getattr(node, key)
-            for key in (
-                "host",
-                "devices",
-                "workdir",
-                "address",
-                "gloo_ifname",
-                "ssh_options",
-                "python",
-            )
-            if getattr(node, key, None) is not None
-        }
-        return cls.from_mapping(str(node.name), raw)
-
-    @classmethod
-    def from_mapping(cls, name: str, raw: Mapping[str, Any]) -> SshNodeConfig:
-        """Build from a config table; raises PolluxError naming the problem."""
-        known = {"host", "devices", "address", "workdir", "gloo_ifname", "ssh_options", "python"}
-        # the scheduler's own keys of a node (its devices' type, memory, declared slowdown)
-        scheduler_keys = {"name", "device_type", "type", "memory", "slowdown"}
-        unknown = sorted(set(raw) - known - scheduler_keys)
-        if unknown:
-            raise PolluxError(f"node {name}: unknown setting(s) {', '.join(unknown)}")
-        host = raw.get("host")
+    def from_table(
+        cls, name: str, table: Mapping[str, Any], devices: Sequence[str]
+    ) -> SshNodeConfig:
+        """Node ``name``'s settings from its config table (the :data:`SSH_KEYS` in it; its
+        other keys are the scheduler's) and its ``devices``: the one check of a node's SSH
+        settings, made when the daemon's config is read.  Raises ``PolluxError`` naming the
+        node and the setting that is not what ssh needs."""
+        host = table.get("host")
         if not isinstance(host, str) or not host or host.startswith("-"):
             raise PolluxError(f"node {name}: 'host' must be an ssh destination such as user@name")
-        devices = raw.get("devices", ("cpu:0",))
-        if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
-            kind = raw.get("device_type", "cpu")
-            devices = tuple(f"{kind}:{i}" for i in range(devices))
-        if isinstance(devices, str):
-            devices = tuple(d.strip() for d in devices.split(","))
-        if not isinstance(devices, list | tuple) or not all(
-            isinstance(d, str) and d.partition(":")[0] in ("cpu", "cuda") for d in devices
-        ):
+        if not all(isinstance(d, str) and d.partition(":")[0] in ("cpu", "cuda") for d in devices):
             raise PolluxError(f"node {name}: 'devices' must list devices such as 'cuda:0'")
-        options = raw.get("ssh_options", ())
+        options = table.get("ssh_options", ())
         if isinstance(options, str):
             options = shlex.split(options)
         if not isinstance(options, list | tuple) or not all(isinstance(o, str) for o in options):
             raise PolluxError(f"node {name}: 'ssh_options' must be a list of strings")
         for key in ("address", "workdir", "gloo_ifname", "python"):
-            if key in raw and not isinstance(raw[key], str):
+            if key in table and not isinstance(table[key], str):
                 raise PolluxError(f"node {name}: '{key}' must be a string")
         return cls(
             name=name,
             host=host,
             devices=tuple(devices),
-            address=raw.get("address"),
-            workdir=raw.get("workdir") or "~/.pollux-local",
-            gloo_ifname=raw.get("gloo_ifname"),
+            address=table.get("address"),
+            workdir=table.get("workdir") or "~/.pollux-local",
+            gloo_ifname=table.get("gloo_ifname"),
             ssh_options=tuple(options),
-            python=raw.get("python", "python3"),
+            python=table.get("python", "python3"),
         )
 
 
