@@ -73,9 +73,7 @@ def test_dependency_verdicts() -> None:
 def test_a_job_waiting_on_a_dependency_is_not_shown_to_the_policy() -> None:
     policy = FixedPolicy({"1": (1, 0), "2": (0, 1)})
     jobs = [record(1), record(2, after=["7"])]
-    plan = plan_round(
-        policy, jobs, FOUR, ModelCache(), 1.0, RNG, states={7: JobState.RUNNING}
-    )
+    plan = plan_round(policy, jobs, FOUR, ModelCache(), 1.0, RNG, states={7: JobState.RUNNING})
     assert [view.id for view in policy.seen_jobs] == ["1"]
     assert started(plan.actions) == [1]
     assert plan.reasons[2] == "waiting: after job 7 (running)"
