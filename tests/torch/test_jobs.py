@@ -16,8 +16,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
+from pollux_local.api.states import ExitCode  # noqa: E402
 from pollux_local.launch.base import (  # noqa: E402
-    RESCALE_EXIT_CODE,
     LaunchSpec,
     ReplicaSlot,
     pick_master_port,
@@ -116,7 +116,7 @@ def test_job_under_the_launcher_rescales_and_finishes(tmp_path: Path) -> None:
         return first, second, float(at_stop["progress"])
 
     first, second, progress_at_stop = asyncio.run(scenario())
-    assert first == RESCALE_EXIT_CODE, (tmp_path / "logs0" / "rank0.log").read_text()[-2000:]
+    assert first == ExitCode.RESCALE, (tmp_path / "logs0" / "rank0.log").read_text()[-2000:]
     assert progress_at_stop >= 10
     log = (tmp_path / "logs1" / "rank0.log").read_text()
     assert second in (0, 3), log[-3000:]
