@@ -55,6 +55,17 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=20)
 
 
+#: Inside each host's mount namespace, root's shell startup files are empty: sshd runs a
+#: session's command through the login shell, and bash sources ~/.bashrc for it. This machine's
+#: .bashrc runs `pyenv init`, whose rehash takes a lock that a session killed mid-way (a cut
+#: link, a lost daemon: what these tests do) leaves behind, and every later session then waits
+#: on it. A node of the test bed is a plain host: no user's shell set-up.
+QUIET_SHELL_STARTUP = (
+    "for f in /root/.bashrc /root/.profile /root/.bash_profile; do"
+    ' [ -f "$f" ] && mount --bind /dev/null "$f"; done;'
+)
+
+
 class Testbed:
     """``n_hosts`` SSH hosts reachable from the root namespace."""
 
@@ -160,7 +171,8 @@ class Testbed:
         self._sshd[host.name] = subprocess.Popen(
             [
                 "ip", "netns", "exec", host.netns, "unshare", "--uts", "--mount", "sh", "-c",
-                f"hostname {host.name}; mount -t tmpfs -o size=1m none {self.private_dir}; exec {SSHD} -D -f {config} -E {self.dir / (host.name + '.sshd.log')}",
+                f"hostname {host.name}; mount -t tmpfs -o size=1m none {self.private_dir};"
+                f" {QUIET_SHELL_STARTUP} exec {SSHD} -D -f {config} -E {self.dir / (host.name + '.sshd.log')}",
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,
