@@ -102,11 +102,13 @@ def _copy(reply: R) -> R:
 
 
 def _shift_job(job: JobSummary, delta: float) -> None:
+    """Every time of ``job`` (submitted, started, ended, expected to start and to finish)
+    moved by ``delta``."""
     job.submit_time += delta
-    if job.start_time is not None:
-        job.start_time += delta
-    if job.end_time is not None:
-        job.end_time += delta
+    for name in ("start_time", "end_time", "expected_start", "expected_finish"):
+        value = getattr(job, name)
+        if value is not None:
+            setattr(job, name, value + delta)
 
 
 def decode(raw: Any, reply_type: type[R], where: str) -> R:

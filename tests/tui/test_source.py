@@ -55,6 +55,11 @@ def test_times_are_shifted_to_now(recording: Recording) -> None:
     decisions = shifted.call(api.Show(id="3")).decisions
     assert decisions[0].time == pytest.approx(recording.shows["3"].decisions[0].time + 1000.0)
     assert recording.status.jobs[0].submit_time == before  # the recording is untouched
+    # a queued job's forecast moves with the rest (else it would start years from "now")
+    (wide,) = [j for j in recording.status.jobs if j.state == "queued"]
+    assert wide.expected_start is not None
+    (moved,) = [j for j in shifted.call(api.Status()).jobs if j.id == wide.id]
+    assert moved.expected_start == pytest.approx(wide.expected_start + 1000.0)
 
 
 class FakeClient(Client):
