@@ -80,10 +80,12 @@ def _keys(*keys: str) -> None:
     subprocess.run([*TMUX, "send-keys", "-t", SESSION, *keys], check=True, timeout=10)
 
 
-def test_tui_in_a_real_terminal(daemon: Path, tmp_path: Path) -> None:
-    script = tmp_path / "tiny_train.py"
-    script.write_text(JOB_SCRIPT)
-    for name in ("tmux-alpha", "tmux-beta"):
+def _run_two_jobs_and_the_tui(
+    daemon: Path, script: Path, names: tuple[str, str], width: int
+) -> None:
+    """Submit ``script`` twice (``names``), wait until both run, then start the TUI against
+    ``daemon`` in a detached tmux session ``width`` columns wide."""
+    for name in names:
         done = _cli("submit", "--state-dir", str(daemon), "--name", name, str(script))
         assert done.returncode == 0, done.stderr
     _wait(
@@ -96,11 +98,17 @@ def test_tui_in_a_real_terminal(daemon: Path, tmp_path: Path) -> None:
         f"--state-dir {daemon} --refresh 0.5"
     )
     subprocess.run(
-        [*TMUX, "new-session", "-d", "-s", SESSION, "-x", "120", "-y", "40", command],
+        [*TMUX, "new-session", "-d", "-s", SESSION, "-x", str(width), "-y", "40", command],
         env=_env(),
         check=True,
         timeout=10,
     )
+
+
+def test_tui_in_a_real_terminal(daemon: Path, tmp_path: Path) -> None:
+    script = tmp_path / "tiny_train.py"
+    script.write_text(JOB_SCRIPT)
+    _run_two_jobs_and_the_tui(daemon, script, ("tmux-alpha", "tmux-beta"), width=120)
     try:
         _wait(lambda: "tmux-beta" in _capture(), 30, "the jobs table")
         screen = _capture()
@@ -152,24 +160,8 @@ def test_a_hostile_job_in_a_real_terminal(daemon: Path, tmp_path: Path) -> None:
     ``[/bold]`` in it does not crash it, and the pane's title stays tmux's own."""
     script = tmp_path / "hostile.py"
     script.write_text(HOSTILE_SCRIPT)
-    for name in ("[/bold]oops", "[@click=app.quit]quitme[/]"):
-        done = _cli("submit", "--state-dir", str(daemon), "--name", name, str(script))
-        assert done.returncode == 0, done.stderr
-    _wait(
-        lambda: _cli("status", "--state-dir", str(daemon)).stdout.count("running") >= 2,
-        30,
-        "both jobs running",
-    )
-    command = (
-        f"cd {REPO_ROOT} && PYTHONPATH={REPO_ROOT} {sys.executable} -m pollux_local tui "
-        f"--state-dir {daemon} --refresh 0.5"
-    )
-    subprocess.run(
-        [*TMUX, "new-session", "-d", "-s", SESSION, "-x", "160", "-y", "40", command],
-        env=_env(),
-        check=True,
-        timeout=10,
-    )
+    names = ("[/bold]oops", "[@click=app.quit]quitme[/]")
+    _run_two_jobs_and_the_tui(daemon, script, names, width=160)
     try:
         before = _pane_title()
         _wait(lambda: "[@click=app.quit]quitme[/]" in _capture(), 30, "the jobs table")
