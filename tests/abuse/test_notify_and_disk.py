@@ -14,7 +14,6 @@ users against a real root daemon (root only).
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import re
@@ -30,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.abuse.lab import Lab, cli, decisions, job, submit, wait_state
+from tests.daemon.test_notify import webhook_server
 from tests.labinstall import LabDaemon, LabUser, wait_until
 
 pytestmark = [
@@ -67,38 +67,12 @@ def silent_listener() -> Iterator[int]:
         sock.close()
 
 
-@contextmanager
-def recording_listener() -> Iterator[tuple[int, list[tuple[float, dict[str, object]]]]]:
-    """An HTTP listener on 127.0.0.1 recording each POST with the time it arrived."""
-    received: list[tuple[float, dict[str, object]]] = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the name http.server calls
-            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            received.append((time.time(), json.loads(body)))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1], received
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def test_one_users_hanging_and_many_notifications_do_not_delay_anothers(
     lab: Lab, alice: LabUser, bob: LabUser
 ) -> None:
     daemon = lab.daemon(devices="cpu:8")
     quick = lab.script("quick.sh", "exit 0\n")
-    with silent_listener() as silent, recording_listener() as (port, received):
+    with silent_listener() as silent, webhook_server() as (port, received):
         hook = f"http://127.0.0.1:{silent}/hook"
         ends = [submit(alice, daemon, lab, "--notify", hook, str(quick)) for _ in range(8)]
         array = submit(alice, daemon, lab, "--hold", "--array", "0-299", "--notify", hook,
@@ -112,9 +86,9 @@ def test_one_users_hanging_and_many_notifications_do_not_delay_anothers(
         mine = submit(bob, daemon, lab, "--notify", f"http://127.0.0.1:{port}/bob", str(quick))
         ended = wait_state(daemon, mine, ("succeeded",), 120)
         wait_until(lambda: received, 60, "bob's notification")
-        arrived, body = received[0]
-        delay = arrived - float(ended["end_time"])
-        assert body["job"]["id"] == mine  # type: ignore[index]
+        body = json.loads(received[0].body)
+        delay = received[0].time - float(ended["end_time"])
+        assert body["job"]["id"] == mine
         assert delay <= 5.0, f"bob's notification came {delay:.1f} s after his job ended"
         # alice's senders give up on her listener (8 s a destination; killed at 10 s)
         cut = (f"sender as {alice.name} failed", "did not finish in 10 s; killed")

@@ -120,6 +120,8 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
+    #: when it arrived (``time.time()``)
+    time: float = dataclasses.field(default_factory=time.time)
 
 
 @contextlib.contextmanager
