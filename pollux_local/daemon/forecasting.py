@@ -8,6 +8,9 @@ ETA (``readmodel.job_eta``) or else its kind's typical length less the time it h
 queued, its kind's typical length (:class:`Durations`: the median run time of its owner's
 finished jobs of the same kind), less what it ran before; never past its time limit; and
 unknown when its kind never finished.
+
+The jobs ``estimate`` adds are forecast with the ids a submit would give them, above every
+stored one: the pass orders jobs that are equal to it by id.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pollux_local.api.states import PLACED_STATES, JobState
 from pollux_local.core.schedule import Holding, Limits, NodeInput
@@ -129,14 +132,14 @@ class Forecasts:
         and under the limits of the last pass, and the reason of each job the first pass
         leaves waiting."""
         try:
-            return self._run([*jobs, *extra], now)
+            return self._run([*jobs, *extra], now, new=[job.id for job in extra])
         finally:
             if self.inputs is not None:
                 for job in extra:
                     self.inputs.models.forget(job.id)
 
     def _run(
-        self, jobs: Sequence[JobRecord], now: float
+        self, jobs: Sequence[JobRecord], now: float, new: Sequence[int] = ()
     ) -> tuple[dict[int, Prediction], dict[int, str]]:
         got = self.inputs
         if got is None:
@@ -147,7 +150,33 @@ class Forecasts:
             stopping=got.stopping,
         )  # fmt: skip
         remaining = {job.id: remaining_s(job, now, self.durations, self.metrics) for job in active}
-        return forecast(snapshot, got.policy, remaining)
+        # the jobs not yet submitted get, in order, ids above every stored one, as a submit
+        # gives them: the pass breaks ties among equals by id, so they come last among equals
+        top = max((job.id for job in active if job.id not in new), default=0)
+        ids = {old: top + 1 + i for i, old in enumerate(new)}
+        if not ids:
+            return forecast(snapshot, got.policy, remaining)
+        back = {fresh: old for old, fresh in ids.items()}
+        jobs_in = [
+            replace(
+                job,
+                id=ids.get(job.id, job.id),
+                after=tuple(replace(d, job_id=ids.get(d.job_id, d.job_id)) for d in job.after),
+            )
+            for job in snapshot.jobs
+        ]
+        predictions, reasons = forecast(
+            replace(snapshot, jobs=jobs_in),
+            got.policy,
+            {ids.get(job_id, job_id): left for job_id, left in remaining.items()},
+        )
+        return (
+            {
+                back.get(job_id, job_id): replace(found, job_id=back.get(job_id, job_id))
+                for job_id, found in predictions.items()
+            },
+            {back.get(job_id, job_id): why for job_id, why in reasons.items()},
+        )
 
 
 @dataclass(frozen=True)

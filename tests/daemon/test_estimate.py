@@ -23,12 +23,14 @@ from pollux_local.core.schedule import (
     Dependency,
     JobInput,
     JobPhase,
+    Limits,
     NodeInput,
     Outcome,
     Snapshot,
 )
 from pollux_local.core.schedule.forecast import forecast
-from pollux_local.daemon.forecasting import Durations, remaining_s
+from pollux_local.daemon.forecasting import Durations, Forecasts, remaining_s
+from pollux_local.daemon.scheduler import ModelCache
 from pollux_local.daemon.state import JobRecord
 from tests.daemon_process import DaemonProcess, quick_daemon, wait_for
 
@@ -152,6 +154,25 @@ def test_a_queued_job_is_expected_to_run_as_long_as_its_kind_did() -> None:
     started = record(12, ["train.py"], state=JobState.RUNNING, last_start=100.0,
                      placement={"n": ["cpu:0"]})  # fmt: skip
     assert remaining_s(started, 105.0, durations) == 15.0  # ran 5 s of the typical 20
+
+
+def test_an_estimated_job_comes_after_the_queued_jobs_the_pass_holds_equal() -> None:
+    # the goodput policy admits waiting jobs of equal service in id order: the job being
+    # estimated is forecast with the id it would get, after every stored one
+    durations = Durations()
+    durations.note(record(1, ["train.py"], state=JobState.SUCCEEDED, run_time_s=10.0))
+    forecasts = Forecasts(durations=durations)
+    jobs = [
+        record(2, ["train.py"], state=JobState.RUNNING, last_start=100.0,
+               placement={"n": ["cpu:0"]}, submit_time=100.0),
+        record(3, ["train.py"], submit_time=101.0),
+    ]  # fmt: skip
+    forecasts.update(GoodputPolicy(), jobs, ONE, ModelCache(), Limits(), 102.0)
+    extra = record(-1, ["train.py"], submit_time=102.0)
+    found, _ = forecasts.estimate(jobs, [extra], 102.0)
+    assert found[3].start == pytest.approx(110.0)
+    assert found[-1].start == pytest.approx(120.0) and found[-1].job_id == -1
+    assert found[-1].finish == pytest.approx(130.0)
 
 
 # --- a real daemon -------------------------------------------------------------------------

@@ -25,7 +25,8 @@ async def estimate(ctx: Context, request: Estimate) -> EstimateReply:
     names, specs = checked_jobs(ctx, sub)
     now = ctx.clock()
     held = JobState.HELD if sub.hold else JobState.QUEUED
-    # ids below every stored one: the forecast tells them apart, nothing keeps them
+    # ids below every stored one, nothing keeps them; the forecast gives them, in order, ids
+    # above every stored one, as a submit would (the pass orders equal jobs by id)
     extra = [
         JobRecord(
             id=-1 - i,
