@@ -52,6 +52,17 @@ def _shares(count: int, parts: int) -> list[tuple[int, int]]:
     return [(r * count // parts, (r + 1) * count // parts) for r in range(parts)]
 
 
+def resume_point(state: dict[str, Any]) -> tuple[int, int]:
+    """``(epoch, position)`` to resume from a sampler's saved state.  A checkpoint taken right
+    after an epoch's last step (a stop or a periodic checkpoint there) saved the position at
+    the end of that epoch: it resumes at the start of the next one, so that the job's loop is
+    never handed an epoch with nothing left in it."""
+    epoch, position = int(state["epoch"]), int(state["position"])
+    if position >= int(state["num_samples"]):
+        return epoch + 1, 0
+    return epoch, position
+
+
 class ElasticSampler:
     """Deterministic, restartable order of samples for one data set."""
 
@@ -147,5 +158,4 @@ class ElasticSampler:
             )
         self.shuffle = bool(state["shuffle"])
         self.seed = int(state["seed"])
-        self.epoch = int(state["epoch"])
-        self.position = int(state["position"])
+        self.epoch, self.position = resume_point(state)

@@ -68,7 +68,7 @@ from pollux_local.torch.measuring import MeasuringSchedule
 from pollux_local.torch.memory import PeakMemory
 from pollux_local.torch.profile import ProfileRecorder
 from pollux_local.torch.report import Reporter
-from pollux_local.torch.sampler import ElasticSampler, StepPlan
+from pollux_local.torch.sampler import ElasticSampler, StepPlan, resume_point
 from pollux_local.torch.scaling import (
     LrScaling,
     Preconditioner,
@@ -225,7 +225,7 @@ class ElasticTrainer:
     def epoch(self) -> int:
         if self._sampler is not None:
             return self._sampler.epoch
-        return int(self._sampler_state["epoch"]) if self._sampler_state else 0
+        return resume_point(self._sampler_state)[0] if self._sampler_state else 0
 
     @property
     def grad_stats(self) -> GradStats | None:

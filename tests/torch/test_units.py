@@ -101,6 +101,20 @@ def test_sampler_rejects_bad_configuration() -> None:
         ElasticSampler(11).load_state_dict(sampler.state_dict())
 
 
+def test_a_checkpoint_at_an_epochs_end_resumes_at_the_next_epoch() -> None:
+    # a stop right after an epoch's last step saves the position at its end: resuming there
+    # would hand the job's loop an epoch with no batch (its `loss` then never set)
+    sampler = ElasticSampler(10)
+    sampler.epoch = 3
+    sampler.advance(10)
+    resumed = ElasticSampler(10)
+    resumed.load_state_dict(sampler.state_dict())
+    assert (resumed.epoch, resumed.position, resumed.remaining) == (4, 0, 10)
+    sampler.position = 7  # mid-epoch: resumed where it was
+    resumed.load_state_dict(sampler.state_dict())
+    assert (resumed.epoch, resumed.position) == (3, 7)
+
+
 # ----------------------------------------------------------------------------- estimator
 def test_two_batch_estimate_is_exact_on_expectations() -> None:
     sqr, trace = 3.0, 40.0
