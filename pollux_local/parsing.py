@@ -139,3 +139,73 @@ def parse_since(text: str, now: float) -> float:
     if seconds > now:
         raise PolluxError(f"--since {text!r} is in the future")
     return max(0.0, seconds)
+
+
+_CLOCK = re.compile(r"^(\d{1,2})(?::(\d{2})(?::(\d{2}))?)?(am|pm)?$")
+_NAMED_TIMES = {"midnight": (0, 0), "noon": (12, 0), "teatime": (16, 0)}
+#: The furthest ahead a start may be put off.
+MAX_BEGIN_S = 366 * 86400.0
+
+
+def parse_begin(text: str, now: float, option: str = "--begin") -> float:
+    """The earliest start a user asks for, as a Unix time, in Slurm's ``--begin`` forms:
+    ``14:00`` (today, or tomorrow once it has passed), ``+2h`` / ``now+2h`` (a duration from
+    now; a bare number is seconds), ``tomorrow`` / ``today`` / ``midnight`` / ``noon`` /
+    ``teatime`` (16:00), a date ``2026-12-01`` (local midnight) or a date and time
+    ``2026-12-01T08:30``.  At most 366 days ahead; a past time means now."""
+    raw = text.strip().lower()
+    local_now = datetime.datetime.fromtimestamp(now)
+    if raw in ("now", ""):
+        return now
+    if raw.startswith("now+") or raw.startswith("+"):
+        amount = raw.split("+", 1)[1]
+        try:
+            seconds = float(amount) if amount.isdigit() else parse_duration(amount)
+        except DurationError as exc:
+            raise PolluxError(f"{option} {text!r}: {exc}") from None
+        stamp = now + seconds
+    elif raw in ("today", "tomorrow"):
+        midnight = local_now.replace(hour=0, minute=0, second=0, microsecond=0)
+        days = 1 if raw == "tomorrow" else 0
+        stamp = max(now, (midnight + datetime.timedelta(days=days)).timestamp())
+    elif raw in _NAMED_TIMES or (_CLOCK.match(raw) and (":" in raw or raw[-1] == "m")):
+        if raw in _NAMED_TIMES:
+            hour, minute, second = *_NAMED_TIMES[raw], 0
+        else:
+            match = _CLOCK.match(raw)
+            assert match is not None
+            hour, minute = int(match.group(1)), int(match.group(2) or 0)
+            second = int(match.group(3) or 0)
+            if match.group(4):
+                if not 1 <= hour <= 12:
+                    raise PolluxError(f"{option} {text!r}: not a time of day")
+                hour = hour % 12 + (12 if match.group(4) == "pm" else 0)
+        if hour > 23 or minute > 59 or second > 59:
+            raise PolluxError(f"{option} {text!r}: not a time of day")
+        when = local_now.replace(hour=hour, minute=minute, second=second, microsecond=0)
+        if when.timestamp() <= now:
+            when += datetime.timedelta(days=1)
+        stamp = when.timestamp()
+    else:
+        try:
+            stamp = datetime.datetime.fromisoformat(text.strip()).timestamp()
+        except ValueError:
+            raise PolluxError(
+                f"{option} {text!r}: not a time (use 14:00, +2h, now+30m, tomorrow, midnight,"
+                " 2026-12-01 or 2026-12-01T08:30)"
+            ) from None
+        stamp = max(now, stamp)
+    if stamp - now > MAX_BEGIN_S:
+        raise PolluxError(f"{option} {text!r}: at most 366 days ahead")
+    return stamp
+
+
+def parse_delay(text: str, now: float, option: str = "--delay") -> float:
+    """``--delay 2h``: the earliest start as a Unix time, a duration from ``now``."""
+    try:
+        seconds = parse_duration(text)
+    except DurationError as exc:
+        raise PolluxError(f"{option}: {exc}") from None
+    if seconds > MAX_BEGIN_S:
+        raise PolluxError(f"{option} {text!r}: at most 366 days")
+    return now + seconds

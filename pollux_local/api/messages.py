@@ -21,10 +21,15 @@ from pollux_local.api.spec import (
     BatchSize,
     Constraint,
     Count,
+    Cpus,
+    EpochSeconds,
+    GroupName,
+    HostMemory,
     JobId,
     MemoryBytes,
     NotifyUrl,
     NotifyWhen,
+    Retries,
     Seconds,
     Target,
 )
@@ -347,6 +352,16 @@ class Submit(Request[SubmitReply], tag="submit", kw_only=True):
     #: may be packed onto a device with other shared jobs while their memory fits
     gpu_memory: MemoryBytes | None = None
     shared: bool = False
+    #: crash restarts before the job fails (``None``: 0 for a rigid job, the daemon's
+    #: ``max_retries`` for an elastic one)
+    retries: Retries | None = None
+    #: start no earlier than this time (seconds since the epoch: ``--begin``, ``--delay``)
+    begin_at: EpochSeconds | None = None
+    #: the group the job joins (``--group``): its caps and its pause apply
+    group: GroupName | None = None
+    #: the host memory (bytes) and CPUs the job may use, enforced with cgroups
+    host_memory: HostMemory | None = None
+    cpus: Cpus | None = None
 
 
 #: A user name as ``status`` filters by it.

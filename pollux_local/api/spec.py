@@ -27,6 +27,16 @@ Word = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Z
 NotifyUrl = Annotated[
     str, msgspec.Meta(min_length=3, max_length=2048, pattern=r"^[a-z][a-z0-9+.-]*://[^\s\x00]+$")
 ]
+#: A group's name: a word users type (``--group small``).
+GroupName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+#: Crash restarts a job may have before it fails.
+Retries = Annotated[int, msgspec.Meta(ge=0, le=100)]
+#: A time as seconds since the epoch (from 2020 to 2100).
+EpochSeconds = Annotated[float, msgspec.Meta(ge=1.5e9, le=4.1e9)]
+#: Host memory a job may use (bytes): at least 4 MiB.
+HostMemory = Annotated[int, msgspec.Meta(ge=4 << 20, le=2**50)]
+#: CPUs a job may use (fractions allowed: ``0.5``).
+Cpus = Annotated[float, msgspec.Meta(ge=0.01, le=4096.0)]
 #: When a job's notifications are sent: when it ends however it ends, or only when it fails.
 NotifyWhen = Literal["end", "failure"]
 
@@ -113,6 +123,16 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: with other such jobs (a rigid one-device job only)
     gpu_memory: int | None = None
     shared: bool = False
+    #: crash restarts before it fails (``None``: the default for its kind,
+    #: ``daemon.executor.exits.retries_allowed``)
+    retries: int | None = None
+    #: not started before this time (seconds since the epoch; ``--begin``, ``--delay``)
+    begin_at: float | None = None
+    #: the group it belongs to (``--group``): the group's caps and pause apply to it
+    group: str | None = None
+    #: host memory (bytes) and CPUs it may use, enforced with cgroups (``--mem``, ``--cpus``)
+    host_memory: int | None = None
+    cpus: float | None = None
 
     def to_json(self) -> str:
         return msgspec.json.encode(self).decode()

@@ -26,6 +26,7 @@ it again.
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from pollux_local.api.errors import PolluxError
@@ -35,7 +36,9 @@ from pollux_local.jobspec import load_job_spec
 from pollux_local.parsing import (
     check_notify_url,
     compress_indices,
+    parse_begin,
     parse_constraint,
+    parse_delay,
     parse_job_ids,
     parse_time_limit,
 )
@@ -67,6 +70,19 @@ def submit_options(args: argparse.Namespace) -> SubmitOptions:
             gpu_memory = parse_size(args.gpu_memory)
         except SizeError as exc:
             raise PolluxError(f"--gpu-memory: {exc}") from None
+    host_memory = None
+    if args.mem is not None:
+        try:
+            host_memory = parse_size(args.mem)
+        except SizeError as exc:
+            raise PolluxError(f"--mem: {exc}") from None
+    begin_at = None
+    if args.begin is not None and args.delay is not None:
+        raise PolluxError("--begin and --delay both say when to start: give one")
+    if args.begin is not None:
+        begin_at = parse_begin(args.begin, time.time())
+    elif args.delay is not None:
+        begin_at = parse_delay(args.delay, time.time())
     return SubmitOptions(
         command=[args.program, *args.args] if args.program else [],
         spec=load_job_spec(args.spec) if args.spec else None,
@@ -95,6 +111,11 @@ def submit_options(args: argparse.Namespace) -> SubmitOptions:
         gpu_memory=gpu_memory,
         shared=bool(args.shared),
         constraint=parse_constraint(args.constraint or []),
+        retries=args.retries,
+        begin_at=begin_at,
+        group=args.group,
+        host_memory=host_memory,
+        cpus=args.cpus,
     )
 
 
@@ -271,4 +292,29 @@ def add_scheduling_options(p: argparse.ArgumentParser) -> None:
         action="append",
         metavar="KEY=VALUE",
         help="where it may run: nodes=box1,box2 and/or type=a100 (repeat, or join with ';')",
+    )
+    p.add_argument(
+        "--retries",
+        type=int,
+        metavar="N",
+        help="restart the job after a crash up to N times (default: 0 for a rigid job, the"
+        " daemon's max_retries for an elastic one)",
+    )
+    p.add_argument(
+        "--begin",
+        metavar="WHEN",
+        help="start no earlier than WHEN: 14:00, 2pm, +2h, now+30m, tomorrow, midnight,"
+        " 2026-12-01T08:30",
+    )
+    p.add_argument("--delay", metavar="DURATION", help="start no earlier than DURATION from now")
+    p.add_argument(
+        "--group", metavar="NAME", help="queue it in group NAME (the group's caps and pause apply)"
+    )
+    p.add_argument(
+        "--mem",
+        metavar="SIZE",
+        help="host memory the job may use (16G); over it, the job is killed (cgroups)",
+    )
+    p.add_argument(
+        "--cpus", type=float, metavar="N", help="CPUs the job may use (8, 0.5), as a cgroup quota"
     )

@@ -372,6 +372,8 @@ def job_input(
         array_id=spec.array_id,
         array_max_running=spec.array_max_running,
         shared=spec.shared,
+        begin_at=spec.begin_at,
+        group=spec.group,
         gpu_memory=spec.gpu_memory,
         model=model,
         models_by_type=models_by_type or {},

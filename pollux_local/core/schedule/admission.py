@@ -1,6 +1,7 @@
 """Admission: which queued jobs the policy may see this pass, and why each other one waits.
 
-A queued job waits, before any policy looks at it, while its dependencies have not let it
+A queued job waits, before any policy looks at it, until its ``--begin`` time, while its
+dependencies have not let it
 start, while its array runs its ``--max-running`` tasks already, or while its owner is at a
 cap on running jobs or held devices (a job still stopping counts, with its devices, until its
 processes are gone).
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import Enum
 
+from pollux_local.core.schedule.reasons import in_time
 from pollux_local.core.schedule.snapshot import (
     Dependency,
     Holding,
@@ -50,7 +52,10 @@ def dependency_verdict(after: Sequence[Dependency], after_any: bool) -> tuple[Ve
 
 
 def admit(
-    candidates: Sequence[JobInput], limits: Limits, holdings: Sequence[Holding] = ()
+    candidates: Sequence[JobInput],
+    limits: Limits,
+    holdings: Sequence[Holding] = (),
+    now: float = 0.0,
 ) -> tuple[list[JobInput], dict[int, str]]:
     """The candidates the policy may see (by id), and why each other one waits.  Running jobs
     always stay; queued ones are admitted by priority, then submission."""
@@ -72,6 +77,9 @@ def admit(
     waiting: dict[int, str] = {}
     queued = [job for job in candidates if not job.phase.placed]
     for job in sorted(queued, key=lambda j: (-j.priority, j.id)):
+        if job.begin_at is not None and job.begin_at > now:
+            waiting[job.id] = f"waiting: --begin, in {in_time(job.begin_at - now)}"
+            continue
         verdict, why = dependency_verdict(job.after, job.after_any)
         if verdict is not Verdict.READY:
             waiting[job.id] = why if verdict is Verdict.WAIT else f"waiting: {why}"

@@ -33,7 +33,9 @@ def run_pass(snapshot: Snapshot, policy: Policy, rng: np.random.Generator) -> Pl
     """One scheduling decision for ``snapshot`` (see the package's docstring)."""
     now, limits, holdings = snapshot.now, snapshot.limits, snapshot.holdings
     jobs = snapshot.jobs
-    candidates, held_back = admit([job for job in jobs if schedulable(job, now)], limits, holdings)
+    candidates, held_back = admit(
+        [job for job in jobs if schedulable(job, now)], limits, holdings, now
+    )
     sharing = pack_shared(candidates, snapshot.nodes, limits.share_slowdown)
     nodes = sharing.policy_nodes
     candidates = [job for job in candidates if job.id not in sharing.handled]

@@ -104,6 +104,9 @@ class JobInput:
     array_id: str | None = None
     array_max_running: int | None = None
     shared: bool = False
+    #: not started before this time (``--begin``); the group it belongs to (``--group``)
+    begin_at: float | None = None
+    group: str | None = None
     #: the device memory a shared job declared (bytes)
     gpu_memory: int | None = None
     model: GoodputModel | None = None

@@ -271,6 +271,11 @@ def spec_of(request: Submit) -> JobSpec:
         array_max_running=request.max_running,
         gpu_memory=request.gpu_memory,
         shared=request.shared,
+        retries=request.retries,
+        begin_at=request.begin_at,
+        group=request.group,
+        host_memory=request.host_memory,
+        cpus=request.cpus,
     )
 
 
