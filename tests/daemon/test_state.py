@@ -13,7 +13,7 @@ from pollux_local.api.report import JobReport
 from pollux_local.api.spec import decode_spec
 from pollux_local.api.states import TERMINAL_STATES, TRANSITIONS, DecisionKind, JobState
 from pollux_local.daemon.config import load_config, parse_devices
-from pollux_local.daemon.state import MIGRATIONS, DecisionEntry, IllegalTransition, StateStore
+from pollux_local.daemon.state import MIGRATIONS, SCHEMA_VERSION, DecisionEntry, IllegalTransition, StateStore
 from pollux_local.errors import PolluxError
 
 
@@ -227,7 +227,7 @@ def test_migration_4_keeps_the_jobs_of_an_older_database(tmp_path: Path) -> None
     path.chmod(0o600)
 
     store = StateStore(path)
-    assert store.version == 4
+    assert store.version == SCHEMA_VERSION == 5
     [kept] = store.jobs()
     assert kept.name == "kept" and kept.state.value == "succeeded"
     assert kept.spec.argv == ["python", "train.py", "--lr", "0.1"] and kept.spec.min_gpus == 2

@@ -82,6 +82,21 @@ ALTER TABLE jobs ADD COLUMN argv_ref TEXT;
 CREATE INDEX IF NOT EXISTS jobs_owner_state ON jobs(owner_uid, state);
 """
 
+_SCHEMA_V5 = """
+ALTER TABLE jobs ADD COLUMN exit_code INTEGER;
+ALTER TABLE jobs ADD COLUMN exit_signal INTEGER;
+ALTER TABLE jobs ADD COLUMN replica_exits TEXT NOT NULL DEFAULT '[]';
+CREATE TABLE IF NOT EXISTS groups (
+    name TEXT PRIMARY KEY,
+    owner_uid INTEGER,
+    owner_name TEXT,
+    max_devices INTEGER,
+    max_running INTEGER,
+    paused INTEGER NOT NULL DEFAULT 0,
+    time REAL NOT NULL
+);
+"""
+
 #: The schema's migrations, applied in order: (version, what it does, SQL).  A database
 #: records the version it reached in ``meta.schema_version`` (version 1 is the schema of the
 #: daemons that recorded none; its statements create only what is missing).
@@ -100,6 +115,12 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         " jobs that share them (an array's tasks, a job's restarts); rows written before keep"
         " theirs inline",
         _SCHEMA_V4,
+    ),
+    (
+        5,
+        "a job's exit code and signal, for the job and per replica; groups (a user's own"
+        " groups, and every group's pause)",
+        _SCHEMA_V5,
     ),
 )
 #: The version this daemon writes.
