@@ -16,12 +16,12 @@ left waiting (only where it changed) and the new predictions of running jobs (li
 Guarantees, whatever the policy answers:
 
 * admission (:mod:`.admission`): a queued job whose dependencies have not succeeded, whose
-  array runs its ``max_running`` tasks, or whose owner is at ``max_running_per_user`` /
-  ``max_devices_per_user`` (counting what stopping jobs still hold) is not shown to the
-  policy, and gets its reason;
+  array runs its ``max_running`` tasks, whose group is paused or at its ``max_running`` /
+  ``max_devices``, or whose owner is at ``max_running_per_user`` / ``max_devices_per_user``
+  (counting what stopping jobs still hold) is not shown to the policy, and gets its reason;
 * placement (:mod:`.placement`): a rigid job starts on exactly ``min_devices`` devices or
   waits, is never resized or moved, and is stopped only when preemptible; no job runs outside
-  its constraint or beyond its owner's device cap; no job is placed on a busy, withheld or
+  its constraint or beyond its owner's or its group's device cap; no job is placed on a busy, withheld or
   stopping device;
 * sharing (:mod:`.shared`): shared jobs are packed onto devices running shared jobs while the
   declared memory fits and sharing pays; no other job lands on such a device;
@@ -37,6 +37,7 @@ from pollux_local.core.schedule.snapshot import (
     Allocation,
     Constraint,
     Dependency,
+    GroupLimit,
     Holding,
     JobInput,
     JobPhase,
@@ -52,6 +53,7 @@ __all__ = [
     "Allocation",
     "Constraint",
     "Dependency",
+    "GroupLimit",
     "Holding",
     "JobInput",
     "JobPhase",

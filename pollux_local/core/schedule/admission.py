@@ -2,19 +2,22 @@
 
 A queued job waits, before any policy looks at it, until its ``--begin`` time, while its
 dependencies have not let it
-start, while its array runs its ``--max-running`` tasks already, or while its owner is at a
-cap on running jobs or held devices (a job still stopping counts, with its devices, until its
-processes are gone).
+start, while its array runs its ``--max-running`` tasks already, while its group is paused or
+at one of its caps (``--group``), or while its owner is at a cap on running jobs or held
+devices (a job still stopping counts, with its devices, in its owner's and its group's counts
+until its processes are gone).  Pausing a group holds back its queued jobs only: its running
+jobs go on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import Enum
 
 from pollux_local.core.schedule.reasons import in_time
 from pollux_local.core.schedule.snapshot import (
     Dependency,
+    GroupLimit,
     Holding,
     JobInput,
     Limits,
@@ -64,15 +67,18 @@ def admit(
     user_running: dict[str, int] = {}
     user_devices: dict[str, int] = {}
     user_stopping: dict[str, list[int]] = {}
+    groups = GroupCounts(limits.groups)
     for stop in holdings:
         user_running[stop.owner] = user_running.get(stop.owner, 0) + 1
         user_devices[stop.owner] = user_devices.get(stop.owner, 0) + stop.count
         user_stopping.setdefault(stop.owner, []).append(stop.job_id)
+        groups.add(stop.group, stop.count, stopping=stop.job_id)
     for job in placed:
         if job.array_id is not None:
             array_running[job.array_id] = array_running.get(job.array_id, 0) + 1
         user_running[job.owner] = user_running.get(job.owner, 0) + 1
         user_devices[job.owner] = user_devices.get(job.owner, 0) + max(job.replicas, job.needs)
+        groups.add(job.group, max(job.replicas, job.needs))
     admitted = list(placed)
     waiting: dict[int, str] = {}
     queued = [job for job in candidates if not job.phase.placed]
@@ -90,6 +96,10 @@ def admit(
                 f"waiting: array {array} has {array_running.get(array, 0)} tasks running,"
                 f" its --max-running is {cap}"
             )
+            continue
+        held_by_group = groups.holds_back(job)
+        if held_by_group:
+            waiting[job.id] = held_by_group
             continue
         user = job.owner
         stopping = user_stopping.get(user)
@@ -114,6 +124,52 @@ def admit(
             array_running[array] = array_running.get(array, 0) + 1
         user_running[user] = user_running.get(user, 0) + 1
         user_devices[user] = user_devices.get(user, 0) + needs
+        groups.add(job.group, needs)
         admitted.append(job)
     admitted.sort(key=lambda j: j.id)
     return admitted, waiting
+
+
+class GroupCounts:
+    """What each group's jobs hold while admission goes down the queue: jobs running and
+    devices (stopping jobs' included, and those of the jobs admitted so far)."""
+
+    def __init__(self, limits: Mapping[str, GroupLimit]) -> None:
+        self.limits = limits
+        self.running: dict[str, int] = {}
+        self.devices: dict[str, int] = {}
+        self.stopping: dict[str, list[int]] = {}
+
+    def add(self, group: str | None, devices: int, stopping: int | None = None) -> None:
+        """Count one job of ``group`` holding ``devices`` (``stopping``: the id of a job still
+        stopping)."""
+        if group is None or group not in self.limits:
+            return
+        self.running[group] = self.running.get(group, 0) + 1
+        self.devices[group] = self.devices.get(group, 0) + devices
+        if stopping is not None:
+            self.stopping.setdefault(group, []).append(stopping)
+
+    def holds_back(self, job: JobInput) -> str:
+        """Why ``job``'s group keeps it from starting now ("": it does not)."""
+        group = job.group
+        limit = self.limits.get(group) if group is not None else None
+        if group is None or limit is None:
+            return ""
+        if limit.paused:
+            return f"waiting: group {group} is paused"
+        stopping = self.stopping.get(group)
+        still = f" (job(s) {', '.join(map(str, stopping))} still stopping)" if stopping else ""
+        running = self.running.get(group, 0)
+        if limit.max_running is not None and running >= limit.max_running:
+            return (
+                f"waiting: group {group} has {running} jobs running{still}, its max_running"
+                f" is {limit.max_running}"
+            )
+        held = self.devices.get(group, 0)
+        if limit.max_devices is not None and held + job.needs > limit.max_devices:
+            return (
+                f"waiting: group {group}'s jobs hold {held} devices{still}, this job needs"
+                f" {job.needs} more, its max_devices is {limit.max_devices}"
+            )
+        return ""

@@ -2,13 +2,14 @@
 
 Whatever the policy answers: a rigid job starts only on exactly its size, a running rigid job
 keeps its devices unless it is preemptible (then it may only be stopped), no job runs outside
-its constraint and no user holds more than ``max_devices_per_user`` (devices that stopping
-jobs still hold included).
+its constraint and no user holds more than ``max_devices_per_user``, no group more than its
+``max_devices`` (devices that stopping jobs still hold included).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 from pollux_local.core.schedule.snapshot import (
     Allocation,
@@ -19,6 +20,8 @@ from pollux_local.core.schedule.snapshot import (
 )
 from pollux_local.core.schedule.views import allowed_nodes, placement_of
 from pollux_local.core.types import Placement
+
+_K = TypeVar("_K")
 
 
 def rigid_targets(
@@ -62,6 +65,41 @@ def within_user_caps(
     used: dict[str, int] = {}
     for stop in holdings:  # devices its stopping jobs still hold
         used[stop.owner] = used.get(stop.owner, 0) + stop.count
+    _cut_to_caps(order, targets, lambda job: job.owner, lambda owner: cap, used)
+
+
+def within_group_caps(
+    order: Sequence[JobInput],
+    targets: dict[int, Placement],
+    limits: Limits,
+    holdings: Sequence[Holding] = (),
+) -> None:
+    """Cut each group's targets to its ``max_devices`` (in place), as
+    :func:`within_user_caps` cuts a user's (devices its stopping jobs hold included)."""
+    caps = {
+        name: group.max_devices
+        for name, group in limits.groups.items()
+        if group.max_devices is not None
+    }
+    if not caps:
+        return
+    used: dict[str | None, int] = {}
+    for stop in holdings:
+        used[stop.group] = used.get(stop.group, 0) + stop.count
+    _cut_to_caps(order, targets, lambda job: job.group, lambda name: caps.get(name or ""), used)
+
+
+def _cut_to_caps(
+    order: Sequence[JobInput],
+    targets: dict[int, Placement],
+    key: Callable[[JobInput], _K],
+    cap_of: Callable[[_K], int | None],
+    used: dict[_K, int],
+) -> None:
+    """Cut the targets of the jobs sharing a ``key`` to its cap (``used``: what each key
+    holds already): jobs that keep their devices first, then by priority and submission; an
+    elastic job is trimmed to what is left when that is at least its minimum, any other job
+    gets nothing (it waits, or is stopped when preemptible)."""
     ranked = sorted(
         order,
         key=lambda j: (
@@ -72,8 +110,12 @@ def within_user_caps(
         ),
     )
     for job in ranked:
+        owner = key(job)
+        cap = cap_of(owner)
+        if cap is None:
+            continue
         target = list(targets[job.id])
-        have = used.get(job.owner, 0)
+        have = used.get(owner, 0)
         count = sum(target)
         if have + count > cap:
             room = cap - have
@@ -85,7 +127,7 @@ def within_user_caps(
             elif not (job.phase.placed and not job.may_stop):
                 target = [0] * len(target)
             targets[job.id] = tuple(target)
-        used[job.owner] = have + sum(targets[job.id])
+        used[owner] = have + sum(targets[job.id])
 
 
 def assign_devices(

@@ -12,6 +12,7 @@ from pollux_local.core.schedule.placement import (
     allocate,
     rigid_targets,
     same_allocation,
+    within_group_caps,
     within_user_caps,
 )
 from pollux_local.core.schedule.plan import Action, ActionKind, Plan
@@ -67,6 +68,7 @@ def run_pass(snapshot: Snapshot, policy: Policy, rng: np.random.Generator) -> Pl
     targets = {job.id: tuple(decision.placements.get(job.job_id, empty)) for job in candidates}
     rigid_targets(candidates, targets, nodes)
     within_user_caps(candidates, targets, nodes, limits, holdings)
+    within_group_caps(candidates, targets, limits, holdings)
     allocations = allocate(candidates, targets, nodes)
     pack_onto_new_hosts(candidates, allocations, nodes, limits.share_slowdown)
     waits = WaitingWords(decision, candidates, views, allocations, nodes, now)

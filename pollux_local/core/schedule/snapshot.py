@@ -187,6 +187,8 @@ class Holding:
     job_id: int
     owner: str
     devices: Mapping[str, Sequence[str]]
+    #: the group it belongs to (``None``: none): it counts in its group's caps too
+    group: str | None = None
 
     @property
     def count(self) -> int:
@@ -194,13 +196,25 @@ class Holding:
 
 
 @dataclass(frozen=True)
+class GroupLimit:
+    """A group's caps on its jobs (``None``: none): devices they hold and jobs running at
+    once; while ``paused`` none of its queued jobs starts (its running jobs go on)."""
+
+    max_devices: int | None = None
+    max_running: int | None = None
+    paused: bool = False
+
+
+@dataclass(frozen=True)
 class Limits:
-    """Per-user caps (``None``: none) and the slowdown beta of jobs sharing a device
-    (``core.sharing``)."""
+    """Per-user caps (``None``: none), the slowdown beta of jobs sharing a device
+    (``core.sharing``) and each group's caps and pause by name (a job naming a group not
+    listed has no group caps)."""
 
     max_devices_per_user: int | None = None
     max_running_per_user: int | None = None
     share_slowdown: float = 0.25
+    groups: Mapping[str, GroupLimit] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

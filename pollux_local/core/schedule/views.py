@@ -110,13 +110,16 @@ def capped_view(
     limits: Limits,
 ) -> JobView:
     """The job's view with its upper bound cut to what it may ever hold: the devices its
-    constraint allows, and its owner's device cap."""
+    constraint allows, its owner's device cap and its group's."""
     view = view_with(job, model, nodes, now)
     high = view.max_replicas
     if view.allowed_nodes is not None:
         high = min(high, sum(len(nodes[i].free_devices) for i in view.allowed_nodes))
     if limits.max_devices_per_user is not None:
         high = min(high, limits.max_devices_per_user)
+    group = limits.groups.get(job.group) if job.group is not None else None
+    if group is not None and group.max_devices is not None:
+        high = min(high, group.max_devices)
     if high == view.max_replicas or view.rigid:
         return view
     return replace(view, max_replicas=max(high, view.min_replicas))
