@@ -35,6 +35,7 @@ from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.loop import SchedulingLoop
 from pollux_local.daemon.metrics import DaemonSnapshot, PrometheusEndpoint, snapshot_of
 from pollux_local.daemon.notify import Notifier
+from pollux_local.daemon.pacing import ESTIMATES_PER_MINUTE, UserPacer
 from pollux_local.daemon.readmodel import MetricHistory
 from pollux_local.daemon.reload import (
     POLICY_SETTINGS,
@@ -109,6 +110,9 @@ class Daemon:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._mutex = asyncio.Lock()
+        self.estimate_pacer = UserPacer(
+            "estimate", ESTIMATES_PER_MINUTE, time.monotonic, unlimited=frozenset({0, self.uid})
+        )
         self.book = ConnectionBook(
             per_user=config.max_user_connections,
             per_user_bytes=config.max_user_bytes,
@@ -399,6 +403,7 @@ class Daemon:
             daemon_uid=self.uid,
             policy_name=policy_name(self.policy),
             forecasts=self.scheduler.forecasts if self.scheduler is not None else None,
+            estimate_pacer=self.estimate_pacer,
         )
 
 

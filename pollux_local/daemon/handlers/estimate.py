@@ -3,12 +3,14 @@
 The request is checked exactly as ``submit`` checks it (the same errors, the same limits);
 the jobs it would make are added, with ids no stored job has, to the store's queued and
 running jobs, and the last pass's nodes and limits are replayed forward
-(``forecasting.Forecasts.estimate``).  Nothing is stored.
+(``forecasting.Forecasts.estimate``).  Nothing is stored.  Each user has one estimate in
+flight at most, and ``pacing.ESTIMATES_PER_MINUTE`` a minute.
 """
 
 from __future__ import annotations
 
 import asyncio
+from contextlib import nullcontext
 
 from pollux_local.api.messages import Estimate, EstimateReply, JobForecast
 from pollux_local.api.states import JobState
@@ -46,10 +48,12 @@ async def estimate(ctx: Context, request: Estimate) -> EstimateReply:
         return EstimateReply(
             now=now, jobs=[_unknown(job, "no scheduling loop runs") for job in extra]
         )
-    async with ctx.mutex:  # the passes' models and store, one at a time
-        jobs = ctx.store.jobs(SCHEDULED_STATES)
-        predictions, reasons = await asyncio.to_thread(forecasts.estimate, jobs, extra, now)
-        lengths = {job.id: remaining_s(job, now, forecasts.durations) for job in extra}
+    pacing = ctx.estimate_pacer.slot(ctx.peer.uid) if ctx.estimate_pacer else nullcontext()
+    with pacing:
+        async with ctx.mutex:  # the passes' models and store, one at a time
+            jobs = ctx.store.jobs(SCHEDULED_STATES)
+            predictions, reasons = await asyncio.to_thread(forecasts.estimate, jobs, extra, now)
+            lengths = {job.id: remaining_s(job, now, forecasts.durations) for job in extra}
     out = []
     for job in extra:
         if sub.hold:
