@@ -8,6 +8,7 @@ client, the CLI, the TUI and the job library.  It depends on nothing else of the
 * :mod:`~pollux_local.api.states`: :class:`JobState` (its docstring is the state machine) and
   :class:`ExitCode`;
 * :mod:`~pollux_local.api.spec`: :class:`JobSpec`, a job as the daemon stores it;
+* :mod:`~pollux_local.api.exits`: how a job's replicas ended (:class:`ReplicaExit`);
 * :mod:`~pollux_local.api.launch`: the launch environment a replica gets;
 * :mod:`~pollux_local.api.report`: the job report a job sends;
 * :mod:`~pollux_local.api.errors`: the exception tree.
@@ -24,6 +25,7 @@ from pollux_local.api.errors import (
     PolluxError,
     ProtocolError,
 )
+from pollux_local.api.exits import ReplicaExit
 from pollux_local.api.launch import LaunchEnvironment
 from pollux_local.api.messages import (
     PROTOCOL_VERSION,
@@ -115,6 +117,7 @@ __all__ = [
     "PriorityReply",
     "ProtocolError",
     "Release",
+    "ReplicaExit",
     "Reply",
     "Report",
     "ReportReply",

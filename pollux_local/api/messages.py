@@ -16,6 +16,7 @@ from typing import Annotated, Any, ClassVar, Generic, TypeVar
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from pollux_local.api.exits import Code, ReplicaExit, Signal
 from pollux_local.api.report import JobReport
 from pollux_local.api.spec import (
     BatchSize,
@@ -151,6 +152,13 @@ class JobSummary(Message, kw_only=True):
     expected_start: float | None = None
     expected_finish: float | None = None
     expected_devices: int | None = None
+    #: how its latest incarnation that ended did (``api.exits``: a process killed by signal N
+    #: has ``exit_code`` ``None`` and ``exit_signal`` N): the job's code (its first failing
+    #: rank's, else 0, or 75 when all checkpointed) and each rank's; ``None`` and empty until
+    #: an incarnation ended (a cancel's exit comes a moment after the job reads cancelled)
+    exit_code: Code | None = None
+    exit_signal: Signal | None = None
+    replica_exits: list[ReplicaExit] = msgspec.field(default_factory=list)
 
 
 class StatusReply(Reply):
@@ -470,8 +478,19 @@ class Edit(Request[JobStateReply], tag="edit", kw_only=True):
 
 
 class DeviceUsage(Message):
-    """What one user (or everyone, ``user`` ``*``) used: device-hours in all and by device type,
-    and how the jobs that ran ended."""
+    """What one user (or everyone, ``user`` ``*``) used: device-hours held in all and by device
+    type, how the jobs that ran ended, how long they waited and how well they used what they
+    held.
+
+    ``device_hours`` are *held*: devices allocated x time.  ``median_wait_s`` is the median of
+    each job's wait from its submit (or its ``--begin`` time, when later: a wait asked for is
+    not the queue's) to its first start (``None``: no job started).  ``used_device_hours``
+    weighs the held device-hours of each job whose report carries gradient statistics and its
+    batch by the statistical efficiency of that batch, E(M) = (phi + M0) / (phi + M) from
+    the job's latest report (``core.efficiency``): the device-hours a run at the base batch
+    would have needed for the same progress per example; ``measured_device_hours`` are the
+    held device-hours of those same jobs (their ratio is the efficiency of what was measured);
+    ``None`` and 0 when no job reported both.  Reports are the jobs' own (self-reported)."""
 
     user: str
     device_hours: float
@@ -481,6 +500,9 @@ class DeviceUsage(Message):
     failed: int
     cancelled: int
     running: int
+    median_wait_s: float | None = None
+    used_device_hours: float | None = None
+    measured_device_hours: float = 0.0
 
 
 class UsageReply(Reply):

@@ -1,9 +1,12 @@
 """``pollux-local usage [--user U] [--since DATE] [--json]``: accounting from the job history.
 
-Device-hours (in all and by device type), jobs run, succeeded, failed and cancelled, per user
-(most device-hours first) and in total.  A job counts when it ran and is still active or ended
-in the period; ``--since`` takes a date (``2026-11-01``), an ISO date and time, or a time ago
-(``7d``, ``30d``, ``12h``)."""
+Device-hours held (devices allocated x time, in all and by device type), device-hours used
+(held hours weighed by the statistical efficiency of the batch each job ran at, from its
+latest report; "-" when no job reported one), the median wait from submit to first start, and
+the jobs run, succeeded, failed and cancelled, per user (most device-hours first) and in
+total.  A job counts when it ran and is still active or ended in the period; ``--since``
+takes a date (``2026-11-01``), an ISO date and time, or a time ago (``7d``, ``30d``,
+``12h``)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import time
 
 from pollux_local.api.messages import DeviceUsage, Usage, UsageReply
 from pollux_local.cli.common import client_for, json_parser, print_json, state_dir_parser
-from pollux_local.cli.format import table, timestamp
+from pollux_local.cli.format import duration, table, timestamp
 from pollux_local.parsing import parse_since
 from pollux_local.untrusted import printable
 
@@ -22,17 +25,30 @@ def hours(value: float) -> str:
     return f"{value:.2f}"
 
 
+def used(row: DeviceUsage) -> str:
+    """Device-hours used, with the held hours they were measured on when those are not all
+    (``-``: nothing measured)."""
+    if row.used_device_hours is None:
+        return "-"
+    if row.measured_device_hours < row.device_hours - 0.005:
+        return f"{hours(row.used_device_hours)} of {hours(row.measured_device_hours)}"
+    return hours(row.used_device_hours)
+
+
 def usage_table(reply: UsageReply) -> str:
-    """One row per user and the total: device-hours, then by type, then the job counts."""
+    """One row per user and the total: device-hours held, then by type, used, the median
+    wait, then the job counts."""
     types = sorted({kind for row in [*reply.users, reply.total] for kind in row.by_type})
-    header = ("USER", "DEVICE-HOURS", *(f"{t} h" for t in types), "JOBS", "SUCCEEDED", "FAILED",
-              "CANCELLED", "RUNNING")  # fmt: skip
+    header = ("USER", "DEVICE-HOURS", *(f"{t} h" for t in types), "USED h", "MEDIAN WAIT",
+              "JOBS", "SUCCEEDED", "FAILED", "CANCELLED", "RUNNING")  # fmt: skip
 
     def line(row: DeviceUsage, name: str) -> tuple[str, ...]:
         return (
             name,
             hours(row.device_hours),
             *(hours(row.by_type.get(t, 0.0)) for t in types),
+            used(row),
+            duration(row.median_wait_s),
             str(row.jobs),
             str(row.succeeded),
             str(row.failed),
@@ -64,7 +80,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser(
         "usage",
         parents=[state_dir_parser(), json_parser()],
-        help="device-hours and jobs per user, from the job history",
+        help="device-hours held and used, waits and jobs per user, from the job history",
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
     )
     p.add_argument("--user", metavar="NAME", help="only this user")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 from pollux_local.api.errors import PolluxError
-from pollux_local.api.messages import Show
+from pollux_local.api.messages import JobSummary, Show
 from pollux_local.api.states import JobState
 from pollux_local.cli.common import (
     client_for,
@@ -24,13 +25,13 @@ NOT_ALL_SUCCEEDED = 1
 def cmd_wait(args: argparse.Namespace) -> int:
     client = client_for(args)
     pending = [job_id(text) for text in args.ids]
-    ended: dict[str, tuple[JobState, str]] = {}
+    ended: dict[str, JobSummary] = {}
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     while pending:
         for ident in list(pending):
             job = client.call(Show(id=ident)).job
             if job.state.terminal:
-                ended[ident] = (job.state, job.reason)
+                ended[ident] = job
                 pending.remove(ident)
                 if not args.json and not args.quiet:
                     said = f": {job.reason}" if job.reason else ""
@@ -46,12 +47,18 @@ def cmd_wait(args: argparse.Namespace) -> int:
         time.sleep(args.interval)
     if args.json:
         print_json({"jobs": _rows(ended), "pending": []})
-    ok = all(state is JobState.SUCCEEDED for state, _ in ended.values())
+    ok = all(job.state is JobState.SUCCEEDED for job in ended.values())
     return 0 if ok else NOT_ALL_SUCCEEDED
 
 
-def _rows(ended: dict[str, tuple[JobState, str]]) -> list[dict[str, str]]:
-    return [{"id": i, "state": s.value, "reason": r} for i, (s, r) in ended.items()]
+def _rows(ended: dict[str, JobSummary]) -> list[dict[str, Any]]:
+    """Each ended job: its state, reason and exit (the job's code or signal, and each rank's:
+    ``api.exits``)."""
+    return [
+        {"id": i, "state": job.state.value, "reason": job.reason, "exit_code": job.exit_code,
+         "exit_signal": job.exit_signal, "replica_exits": job.replica_exits}
+        for i, job in ended.items()
+    ]  # fmt: skip
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -174,7 +174,8 @@ def job_summary(
 ) -> JobSummary:
     """The row of ``status`` for one job (``eta_s``: :func:`job_eta`; goodput, efficiency and
     speed-up: the prediction the scheduler stored for its allocation; expected start and
-    finish: ``forecast``, the loop's for a queued or running job)."""
+    finish: ``forecast``, the loop's for a queued or running job; the exit of its latest
+    incarnation that ended, for the job and per rank, as stored)."""
     report = job.report
     spec = job.spec
     batch = job.batch or {}
@@ -226,6 +227,9 @@ def job_summary(
         expected_start=forecast.start if forecast is not None else None,
         expected_finish=forecast.finish if forecast is not None else None,
         expected_devices=forecast.devices if forecast is not None else None,
+        exit_code=job.exit_code,
+        exit_signal=job.exit_signal,
+        replica_exits=list(job.replica_exits),
     )
 
 

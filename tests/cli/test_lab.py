@@ -416,9 +416,11 @@ def test_usage_and_nodes_tables() -> None:
         since=None,
     )
     lines = usage_table(reply).splitlines()
-    assert lines[0].split() == ["USER", "DEVICE-HOURS", "a100", "h", "cpu", "h", "JOBS",
-                                "SUCCEEDED", "FAILED", "CANCELLED", "RUNNING"]  # fmt: skip
-    assert lines[1].split() == ["ada", "10.75", "10.50", "0.25", "4", "3", "1", "0", "0"]
+    assert lines[0].split() == ["USER", "DEVICE-HOURS", "a100", "h", "cpu", "h", "USED", "h",
+                                "MEDIAN", "WAIT", "JOBS", "SUCCEEDED", "FAILED", "CANCELLED",
+                                "RUNNING"]  # fmt: skip
+    assert lines[1].split() == ["ada", "10.75", "10.50", "0.25", "-", "-", "4", "3", "1", "0",
+                                "0"]  # fmt: skip
     assert lines[2].split()[:4] == ["bo", "2.00", "0.00", "2.00"]
     assert lines[3].split()[:2] == ["total", "12.75"]
     node = NodeRow(name="box", host="box.lab", local=False, up=True, error=None,
@@ -594,7 +596,7 @@ def test_usage_counts_the_jobs_that_ran(
     me = usage["users"][0]
     assert len(usage["users"]) == 1 and set(me) == {
         "user", "device_hours", "by_type", "jobs", "succeeded", "failed", "cancelled",
-        "running",
+        "running", "median_wait_s", "used_device_hours", "measured_device_hours",
     }  # fmt: skip
     assert (me["jobs"], me["succeeded"], me["failed"], me["running"]) == (2, 1, 1, 0)
     assert set(me["by_type"]) == {"cpu"} and me["device_hours"] == pytest.approx(

@@ -68,6 +68,8 @@ class ExecutorBase:
         #: recorded by :meth:`record_unrecorded` at the next passes
         self.unrecorded: dict[int, tuple[ReplicaGroup, int, Any]] = {}
         self.intent: dict[int, StopIntent] = {}
+        #: the exit of a group that ended, as the job's columns, until its end is stored
+        self._exits: dict[int, dict[str, Any]] = {}
         self.nodes = NodeHealthBook([node.name for node in config.nodes])
         self.last_launch: dict[int, float] = {}
         self.run_dir = state_dir / "run"

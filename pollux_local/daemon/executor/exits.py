@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+from pollux_local.api.exits import ReplicaExit, split_status
 from pollux_local.api.states import PLACED_STATES, DecisionKind, ExitCode, JobState, StopIntent
 from pollux_local.daemon.executor.accounting import Accounting
 from pollux_local.daemon.executor.base import allocation_devices, log
@@ -16,6 +19,7 @@ from pollux_local.daemon.jobfiles import read_job_file
 from pollux_local.daemon.state import DecisionEntry, JobRecord
 from pollux_local.launch.base import (
     ReplicaGroup,
+    ReplicaSlot,
 )
 from pollux_local.launch.local import LocalReplicaGroup
 
@@ -38,6 +42,21 @@ def last_log_line(directory: Path, name: str, owner_uid: int, limit: int = 4096)
         if line.strip() and not line.startswith("--- "):
             return line.strip()[:200]
     return ""
+
+
+def exit_columns(
+    slots: Sequence[ReplicaSlot], codes: Mapping[int, int], code: int
+) -> dict[str, Any]:
+    """An incarnation's exit as its job's columns (``api.exits``): the group's ``code`` (a
+    launcher's raw status: -N for signal N), and each rank's from ``codes`` (every rank of
+    ``slots``; one whose end is unknown has neither code nor signal)."""
+    replicas = []
+    for slot in sorted(slots, key=lambda s: s.rank):
+        rank_code, rank_signal = split_status(codes.get(slot.rank))
+        replicas.append(ReplicaExit(rank=slot.rank, node=slot.node, code=rank_code,
+                                    signal=rank_signal))  # fmt: skip
+    job_code, job_signal = split_status(code)
+    return {"exit_code": job_code, "exit_signal": job_signal, "replica_exits": replicas}
 
 
 class Exits(Accounting):
@@ -96,6 +115,9 @@ class Exits(Accounting):
         ended = getattr(group, "ended", None)
         self._account(job_id, min(now, ended) if isinstance(ended, float) else now)
         job = self.store.get_job(job_id)
+        # the exit goes with the state change it leads to (``_take_exit``), or alone after
+        known = getattr(group, "exit_codes", None)
+        self._exits[job_id] = exit_columns(group.spec.slots, known() if known else {}, code)
         if job is not None:
             self._read_final_report(job)
             if intent is None and getattr(group, "orphaned", False) and code != ExitCode.OK:
@@ -108,6 +130,9 @@ class Exits(Accounting):
                 await self._on_exit(job, group, code, now)
             else:
                 await self._on_stopped(job, intent, code, now)
+            if left := self._exits.pop(job_id, None):
+                self.store.update_job(job_id, **left)
+        self._exits.pop(job_id, None)
         if isinstance(group, LocalReplicaGroup):
             self._local.forget(group.spec.job_id)  # its result is in the store now
         elif callable(forget := getattr(group, "forget", None)):
@@ -116,17 +141,21 @@ class Exits(Accounting):
             task.add_done_callback(self._forgetting.discard)
         await self._launch_waiting()
 
+    def _take_exit(self, job_id: int) -> dict[str, Any]:
+        """The exit columns of the group whose end is being handled (none otherwise)."""
+        return self._exits.pop(job_id, {})
+
     def _finished(self, job_id: int, now: float) -> None:
         self.store.transition(
             job_id, JobState.SUCCEEDED, now,
             DecisionEntry(DecisionKind.FINISHED, "all replicas exited 0"),
-            end_time=now, reason="finished",
+            end_time=now, reason="finished", **self._take_exit(job_id),
         )  # fmt: skip
 
     def _requeue(self, job_id: int, reason: str, now: float) -> None:
         self.store.transition(
             job_id, JobState.QUEUED, now, DecisionEntry(DecisionKind.REQUEUED, reason),
-            reason=reason,
+            reason=reason, **self._take_exit(job_id),
         )  # fmt: skip
 
     async def _on_stopped(self, job: JobRecord, intent: StopIntent, code: int, now: float) -> None:
@@ -156,7 +185,9 @@ class Exits(Accounting):
             current = self.store.get_job(job.id)
             if current is not None and current.state == JobState.RESCALING:
                 reason = "resizing: waiting for its new devices to be released"
-                self.store.transition(job.id, JobState.QUEUED, now, None, reason=reason)
+                self.store.transition(
+                    job.id, JobState.QUEUED, now, None, reason=reason, **self._take_exit(job.id)
+                )
 
     async def _on_exit(self, job: JobRecord, group: ReplicaGroup, code: int, now: float) -> None:
         """The end of a group nobody asked to stop: 0 has finished; a lost node re-queues it;
@@ -172,7 +203,7 @@ class Exits(Accounting):
             down = await self._lost_nodes(group, code)
             if down:
                 self._note_node_down(job.id, down, now)
-                self.store.transition(job.id, JobState.QUEUED, now, None)
+                self.store.transition(job.id, JobState.QUEUED, now, None, **self._take_exit(job.id))
                 return
             detail = getattr(group, "supervisor_failure", None) or next(
                 (
@@ -203,9 +234,10 @@ class Exits(Accounting):
             self.store.transition(
                 job.id, JobState.QUEUED, now, DecisionEntry(DecisionKind.CRASHED, reason),
                 failures=failures, retry_after=now + delay, reason=reason,
+                **self._take_exit(job.id),
             )  # fmt: skip
             return
         self.store.transition(
             job.id, JobState.FAILED, now, DecisionEntry(DecisionKind.FAILED, reason),
-            failures=failures, end_time=now, reason=reason,
+            failures=failures, end_time=now, reason=reason, **self._take_exit(job.id),
         )  # fmt: skip

@@ -16,12 +16,13 @@ import psutil
 from pollux_local.api.states import DecisionKind, JobState, StopIntent
 from pollux_local.daemon.executor.applying import Applying
 from pollux_local.daemon.executor.base import log
+from pollux_local.daemon.executor.exits import exit_columns
 from pollux_local.daemon.scheduler import Action, ActionKind
 from pollux_local.daemon.state import DecisionEntry, JobRecord
 from pollux_local.launch.base import (
     ReplicaGroup,
 )
-from pollux_local.launch.local import RunRecord
+from pollux_local.launch.local import RunRecord, spec_from_launch
 
 #: The intent of a stop found in flight after a daemon restart, by the job's recorded state.
 RECOVERED_INTENT = {
@@ -168,6 +169,8 @@ class Recovery(Applying):
             if not record.finished:
                 record.kill_replicas()
             elif job is not None and job.state == JobState.QUEUED and record.exit_code == 0:
+                slots = spec_from_launch(name, record.launch).slots
+                self._exits[job.id] = exit_columns(slots, record.exit_codes(), record.exit_code)
                 self._finished(job.id, now)
             self._local.forget(name)
             return

@@ -3,14 +3,22 @@
 A job counts when it ran (it has a start) and is still active or ended since ``since``; its
 device-hours are the device-seconds of its runs that ended, by the type of the devices they ran
 on (``JobRecord.device_seconds``), plus the run in progress.  Device-seconds recorded before
-types were (an older daemon's) count under the type ``untyped``."""
+types were (an older daemon's) count under the type ``untyped``.
+
+Those are the device-hours *held*.  Beside them: the median wait to a first start, and the
+device-hours *used*, held device-hours weighed by the statistical efficiency of the batch a
+job ran at, from its latest report (:func:`report_efficiency`; ``api.DeviceUsage`` says why
+and what is left out)."""
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 
 from pollux_local.api.messages import DeviceUsage, Usage, UsageReply
 from pollux_local.api.states import PLACED_STATES, JobState
+from pollux_local.core.efficiency import efficiency
+from pollux_local.core.types import GradStats
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.state import JobRecord
 
@@ -34,11 +42,44 @@ def device_seconds(job: JobRecord, now: float, type_of: dict[str, str]) -> dict[
     return dict(seconds)
 
 
+def report_efficiency(job: JobRecord) -> float | None:
+    """The statistical efficiency E(M) of the total batch M the job's latest report says it
+    ran at, against its base batch M0 (the report's, else the spec's), from the report's
+    gradient statistics; ``None`` when the report lacks one of them."""
+    report = job.report
+    if report is None or report.grad_stats is None or report.batch is None:
+        return None
+    base = report.bounds.base_batch if report.bounds is not None else job.spec.batch_size
+    if not base:
+        return None
+    batch = report.batch
+    total = batch.local_batch * batch.accum_steps * batch.replicas
+    stats = GradStats(sqr=report.grad_stats.sqr, var=report.grad_stats.var)
+    value = float(efficiency(stats, float(base), float(total)))
+    return value if 0.0 <= value <= 1.0 else None
+
+
+def wait_s(job: JobRecord) -> float | None:
+    """How long the job waited for its first start, from its submit or its ``--begin`` time
+    when later (``None``: it never started)."""
+    if job.start_time is None:
+        return None
+    ready = max(job.submit_time, job.spec.begin_at or 0.0)
+    return max(0.0, job.start_time - ready)
+
+
 def _row(user: str, jobs: list[JobRecord], now: float, type_of: dict[str, str]) -> DeviceUsage:
     by_type: dict[str, float] = defaultdict(float)
+    used = measured = 0.0
     for job in jobs:
+        held = 0.0
         for kind, value in device_seconds(job, now, type_of).items():
             by_type[kind] += value / 3600.0
+            held += value / 3600.0
+        if (share := report_efficiency(job)) is not None:
+            used += held * share
+            measured += held
+    waits = [wait for job in jobs if (wait := wait_s(job)) is not None]
     states = [job.state for job in jobs]
     return DeviceUsage(
         user=user,
@@ -49,6 +90,9 @@ def _row(user: str, jobs: list[JobRecord], now: float, type_of: dict[str, str]) 
         failed=states.count(JobState.FAILED),
         cancelled=states.count(JobState.CANCELLED),
         running=sum(state in PLACED_STATES for state in states),
+        median_wait_s=statistics.median(waits) if waits else None,
+        used_device_hours=used if measured > 0 else None,
+        measured_device_hours=measured,
     )
 
 

@@ -253,7 +253,9 @@ class Jobs(Outbox):
         A move the :class:`JobState` machine does not allow (``JobState.can_become``) raises
         :class:`IllegalTransition`, changing nothing.  With ``only_from``, a job found in
         another state is left as it is and ``False`` returned (a later record of how it ended
-        is never overwritten); ``KeyError`` for a job that does not exist."""
+        is never overwritten); ``KeyError`` for a job that does not exist.  The end of an
+        incarnation passes its exit here (``exit_code``, ``exit_signal``, ``replica_exits``)
+        with the state it leads to, so that an end is never stored without its exit."""
         state = JobState(state)
         allowed = None if only_from is None else frozenset(JobState(s) for s in only_from)
         with self.transaction():

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from pollux_local.api import errors as api_errors
+from pollux_local.api.exits import ReplicaExit
 from pollux_local.api.report import JobReport
 from pollux_local.api.spec import JobSpec, decode_spec
 from pollux_local.api.states import (
@@ -65,6 +66,8 @@ class JobRecord:
     "create_time"}`` of the running incarnation; ``prediction`` the model's figures
     (goodput, efficiency, speedup) for the current allocation; ``device_seconds`` the
     device-seconds it used by device type (runs that ended; ``attained_gpu_s`` is their sum).
+    ``exit_code``/``exit_signal`` and ``replica_exits`` say how its latest incarnation that
+    ended did, for the job and per rank (``api.exits``: a signal has no code).
     ``spec`` and ``report`` (the job's latest, :class:`~pollux_local.api.report.JobReport`)
     are typed; a dict given here is converted (strictly)."""
 
@@ -94,12 +97,17 @@ class JobRecord:
     #: the submitter's environment; ``None`` when loaded without it (listing many jobs)
     env: dict[str, str] | None = None
     device_seconds: dict[str, float] = field(default_factory=dict)
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    replica_exits: list[ReplicaExit] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.spec, dict):
             self.spec = decode_spec(self.spec)
         if isinstance(self.report, dict):
             self.report = msgspec.convert(self.report, JobReport)
+        if any(not isinstance(item, ReplicaExit) for item in self.replica_exits):
+            self.replica_exits = msgspec.convert(self.replica_exits, list[ReplicaExit])
 
     @property
     def job_id(self) -> str:
@@ -136,6 +144,8 @@ def row_to_job(row: sqlite3.Row) -> JobRecord:
         value = row[name]
         if name == "report":
             value = stored_report(value)
+        elif name == "replica_exits":
+            value = stored_replica_exits(value)
         elif name in JSON_COLUMNS and value is not None:
             value = json.loads(value)
         elif name == "spec":
@@ -161,6 +171,20 @@ def stored_report(raw: str | bytes | None) -> JobReport | None:
         return None
 
 
+_exits_decoder = msgspec.json.Decoder(list[ReplicaExit])
+
+
+def stored_replica_exits(raw: str | bytes | None) -> list[ReplicaExit]:
+    """A row's replica exits; none for a row that does not hold a list of them (edited by
+    hand), so that one odd row never keeps the job from being listed."""
+    if not raw:
+        return []
+    try:
+        return _exits_decoder.decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return []
+
+
 def _stored_spec(raw: str) -> JobSpec:
     """A row's spec.  One without a command or folder (never written by this daemon: a row
     edited by hand, or a test's) still loads, as ``?`` in ``/``, so that one odd row never
@@ -179,6 +203,9 @@ def column_value(name: str, value: Any) -> Any:
     if name == "report" and value is not None:
         report = msgspec.convert(value, JobReport) if isinstance(value, dict) else value
         return msgspec.json.encode(report).decode()
+    if name == "replica_exits":
+        exits = msgspec.convert(value or [], list[ReplicaExit])
+        return msgspec.json.encode(exits).decode()
     if name in JSON_COLUMNS and value is not None:
         return json.dumps(value)
     if name == "spec":
