@@ -17,6 +17,12 @@ Besides the torchrun variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCA
 ``POLLUX_PG_TIMEOUT_S``    process-group timeout in seconds (no collective hangs unbounded)
 =========================  ===============================================================
 
+A shared job (``submit --shared``) on a GPU also gets ``POLLUX_GPU_MEMORY_FRACTION``, its
+declared memory over the device's, at which the job library caps its allocator
+(``torch.cuda.set_per_process_memory_fraction``), and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
+(``0=<MiB>M``: its declared memory on the one device it sees), which the CUDA driver
+enforces on any process while an MPS control daemon runs.
+
 Every replica also gets the rest of torchrun's contract (``GROUP_RANK``, ``ROLE_RANK``,
 ``ROLE_NAME``, ``ROLE_WORLD_SIZE``, ``GROUP_WORLD_SIZE``, ``TORCHELASTIC_RUN_ID``,
 ``TORCHELASTIC_RESTART_COUNT``, ``TORCHELASTIC_MAX_RESTARTS``, ``TORCHELASTIC_USE_AGENT_STORE``),
@@ -72,6 +78,7 @@ LAUNCH_VARIABLES = frozenset(
         "TORCHELASTIC_ERROR_FILE",
         "SLURM_ARRAY_JOB_ID",
         "SLURM_ARRAY_TASK_ID",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
     }
 )
 #: Prefix of the variables this contract owns.
@@ -137,6 +144,9 @@ class LaunchEnvironment:
     #: CPU-backed test devices only: how many times slower than plain CPU they are declared
     #: to be (``[nodes.NAME] slowdown``); the job library stretches each micro-batch by it
     device_slowdown: float | None = None
+    #: a shared job on a GPU: its declared memory (bytes) and that over the device's memory
+    gpu_memory_limit: int | None = None
+    gpu_memory_fraction: float | None = None
 
     @property
     def distributed(self) -> bool:
@@ -170,6 +180,13 @@ class LaunchEnvironment:
             "POLLUX_DEVICE_TYPE": self.device_type,
             "POLLUX_DEVICE_SLOWDOWN": (
                 None if self.device_slowdown is None else f"{self.device_slowdown:g}"
+            ),
+            "POLLUX_GPU_MEMORY_FRACTION": (
+                None if self.gpu_memory_fraction is None else f"{self.gpu_memory_fraction:.6g}"
+            ),
+            # the one device a shared job sees is its device 0
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": (
+                None if self.gpu_memory_limit is None else f"0={self.gpu_memory_limit >> 20}M"
             ),
         }
         env.update({name: str(value) for name, value in optional.items() if value is not None})
@@ -217,6 +234,9 @@ class LaunchEnvironment:
             raise PolluxError(f"POLLUX_LOCAL_BATCH must be positive, got {local_batch}")
         if accum is not None and accum <= 0:
             raise PolluxError(f"POLLUX_ACCUM_STEPS must be positive, got {accum}")
+        fraction = _positive(env, "POLLUX_GPU_MEMORY_FRACTION")
+        if fraction is not None and fraction > 1:
+            raise PolluxError(f"POLLUX_GPU_MEMORY_FRACTION must be at most 1, got {fraction:g}")
         return cls(
             rank=rank,
             world_size=world,
@@ -240,6 +260,7 @@ class LaunchEnvironment:
             time_limit_s=_positive(env, "POLLUX_TIME_LIMIT_S"),
             device_type=env.get("POLLUX_DEVICE_TYPE") or None,
             device_slowdown=_positive(env, "POLLUX_DEVICE_SLOWDOWN"),
+            gpu_memory_fraction=fraction,
         )
 
 

@@ -5,9 +5,13 @@ Co-located jobs slow each other down.  With n jobs on a device each runs at
     speed(n) = 1 / (1 + beta (n - 1))
 
 of its speed alone (beta: the declared interference, ``[scheduler] share_slowdown``), so the
-device does n speed(n) jobs' worth of work.  A new job joins a device only when that adds at
-least ``min_gain`` of a job's worth (``gain(n) = (n + 1) speed(n + 1) - n speed(n)``) and when
-the memory all its jobs declared fits the device; otherwise it needs a device of its own.
+device does n speed(n) jobs' worth of work and one more job adds
+``gain(n) = (n + 1) speed(n + 1) - n speed(n)``, positive while beta < 1.
+
+A new job joins a device only when the memory all its jobs declared fits the device, the
+device runs fewer than the admin's cap of jobs (``[devices] max_jobs_per_device``) and sharing
+still adds work (gain > 0); among such devices it joins the one where it adds the most (the
+fewest jobs), then the one it fills best.  Otherwise it needs a device of its own.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-#: The least work (in jobs' worth) a job joining a shared device must add.
-MIN_SHARE_GAIN = 0.5
+#: Jobs that may share one device unless the admin says otherwise: with the default slowdown
+#: (0.25) each of 4 still runs at 1 / 1.75 = 0.57 of its speed alone (5 would be at 0.5), and 4
+#: CUDA contexts (300-500 MiB each) stay within 2 GiB of a device's memory.
+DEFAULT_MAX_JOBS_PER_DEVICE = 4
 
 
 def shared_speed(count: int, slowdown: float) -> float:
@@ -51,16 +57,26 @@ def choose_shared_device(
     devices: Sequence[SharedDevice],
     memory: int,
     slowdown: float,
-    min_gain: float = MIN_SHARE_GAIN,
+    max_jobs: int = DEFAULT_MAX_JOBS_PER_DEVICE,
 ) -> SharedDevice | None:
-    """The device a job declaring ``memory`` bytes joins: among those where it fits and adds
-    at least ``min_gain``, the one it fills best (least room left, then fewest jobs); ``None``
-    when there is none."""
+    """The device a job declaring ``memory`` bytes joins: among those running fewer than
+    ``max_jobs`` where it fits and adds work, the one where it adds the most (the slowdown
+    model), then the one it fills best (least room left); ``None`` when there is none."""
     fits = [
         device
         for device in devices
-        if device.room() >= memory and sharing_gain(device.jobs, slowdown) >= min_gain
+        if device.jobs < max_jobs
+        and device.room() >= memory
+        and sharing_gain(device.jobs, slowdown) > 0
     ]
     if not fits:
         return None
-    return min(fits, key=lambda d: (d.room() - memory, d.jobs, d.key))
+    return min(
+        fits, key=lambda d: (-sharing_gain(d.jobs, slowdown), d.room() - memory, d.jobs, d.key)
+    )
+
+
+def full_devices(devices: Sequence[SharedDevice], memory: int, max_jobs: int) -> list[SharedDevice]:
+    """The devices a job declaring ``memory`` bytes would fit on but for the cap of
+    ``max_jobs`` jobs: what its waiting reason names."""
+    return [device for device in devices if device.jobs >= max_jobs and device.room() >= memory]

@@ -49,6 +49,7 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     [devices]
     reserved = ["cuda:3", "box2:cuda:0"]  # never given to a job (this machine's, or NODE:DEV)
     busy_memory = "1G"   # outside processes using this much of a GPU's memory make it busy
+    max_jobs_per_device = 4  # shared jobs (submit --shared) one device may run at once
 
     [notify]
     command = "notify-send \"$POLLUX_JOB_NAME $POLLUX_JOB_STATE\""  # run as the job's owner
@@ -74,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from pollux_local.core.names import POLICY_ALIASES, policy_names
+from pollux_local.core.sharing import DEFAULT_MAX_JOBS_PER_DEVICE
 from pollux_local.daemon import gpus
 from pollux_local.durations import DurationError, parse_duration
 from pollux_local.errors import PolluxError
@@ -172,6 +174,8 @@ class DaemonConfig:
     reserved: tuple[str, ...] = ()
     #: a GPU counts as busy when processes outside the scheduler use this much of its memory
     busy_memory: int = gpus.DEFAULT_BUSY_BYTES
+    #: shared jobs (``submit --shared``) one device may run at once
+    max_jobs_per_device: int = DEFAULT_MAX_JOBS_PER_DEVICE
     #: a shell command run as a job's owner when it ends (``notify_on`` ``failure``: only when
     #: it failed), and whether to send a desktop notification too
     notify_command: str | None = None
@@ -321,7 +325,7 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
             "log_keep_free",
         }
     ),
-    "devices": frozenset({"reserved", "busy_memory"}),
+    "devices": frozenset({"reserved", "busy_memory", "max_jobs_per_device"}),
     "notify": frozenset({"command", "on", "desktop"}),
     "metrics": frozenset({"prometheus"}),
 }
@@ -533,6 +537,9 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
         max_stored_per_user=_size(limits, "limits", "max_stored_per_user", "64M", where),
         reserved=reserved_devices(devices_table.get("reserved", []), nodes, where),
         busy_memory=_size(devices_table, "devices", "busy_memory", "1G", where),
+        max_jobs_per_device=_whole(
+            devices_table, "max_jobs_per_device", DEFAULT_MAX_JOBS_PER_DEVICE, where, 1, 64
+        ),
         notify_command=notify_command,
         notify_on=notify_on,
         notify_desktop=desktop,

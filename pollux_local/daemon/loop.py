@@ -251,6 +251,7 @@ class SchedulingLoop:
                 max_devices_per_user=self.config.max_devices_per_user,
                 max_running_per_user=self.config.max_running_per_user,
                 share_slowdown=self.config.share_slowdown,
+                max_jobs_per_device=self.config.max_jobs_per_device,
             )
             if not jobs:
                 self.forecasts.update(

@@ -51,6 +51,7 @@ SETTINGS = {
     "max_command_bytes": "max_command_size (bytes)",
     "max_stored_per_user": "max_stored_per_user (bytes)",
     "busy_memory": "[devices] busy_memory (bytes)",
+    "max_jobs_per_device": "[devices] max_jobs_per_device",
 }
 #: What a reload does not name among the settings: the nodes (said apart) and where the
 #: config came from.

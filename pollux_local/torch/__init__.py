@@ -20,7 +20,7 @@ from pollux_local.api.spec import Target
 from pollux_local.api.states import ExitCode
 from pollux_local.jobspec import TrainingSpec, load_training_spec
 from pollux_local.torch.checkpoint import CheckpointStore
-from pollux_local.torch.env import init_distributed, job_environment
+from pollux_local.torch.env import init_distributed, job_environment, torch_device
 from pollux_local.torch.gradstats import GradNoiseEstimator, two_batch_estimate
 from pollux_local.torch.loader import ElasticLoader
 from pollux_local.torch.sampler import ElasticSampler, StepPlan
@@ -44,5 +44,6 @@ __all__ = [
     "init_distributed",
     "job_environment",
     "load_training_spec",
+    "torch_device",
     "two_batch_estimate",
 ]

@@ -34,7 +34,7 @@ def job_environment(environ: Mapping[str, str] | None = None) -> LaunchEnvironme
 
 def torch_device(env: LaunchEnvironment) -> torch.device:
     """The device this replica computes on (``cuda:LOCAL_RANK`` or ``cpu``; no device named:
-    the CPU).
+    the CPU), a shared job's memory cap applied to it (:func:`cap_gpu_memory`).
 
     The launcher sets ``CUDA_VISIBLE_DEVICES`` per replica, so the local rank is used only
     when more than one device is visible.
@@ -43,8 +43,20 @@ def torch_device(env: LaunchEnvironment) -> torch.device:
         if not torch.cuda.is_available():
             raise PolluxError("POLLUX_DEVICE is 'cuda' but no CUDA device is visible")
         index = env.local_rank if torch.cuda.device_count() > env.local_rank else 0
-        return torch.device("cuda", index)
+        device = torch.device("cuda", index)
+        cap_gpu_memory(env, device)
+        return device
     return torch.device("cpu")
+
+
+def cap_gpu_memory(env: LaunchEnvironment, device: torch.device) -> None:
+    """A shared job's cap: its allocator may hold at most ``POLLUX_GPU_MEMORY_FRACTION`` of
+    the device (``torch.cuda.set_per_process_memory_fraction``; an allocation past it raises
+    ``torch.cuda.OutOfMemoryError`` in this job rather than starving its neighbours).  Called
+    by :func:`torch_device`, before the job's first allocation; nothing without the variable.
+    """
+    if env.gpu_memory_fraction is not None and device.type == "cuda":
+        torch.cuda.set_per_process_memory_fraction(env.gpu_memory_fraction, device)
 
 
 def init_distributed(env: LaunchEnvironment) -> None:

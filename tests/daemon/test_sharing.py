@@ -54,10 +54,12 @@ def test_a_job_joins_the_fullest_device_it_fits_while_sharing_pays() -> None:
     # the device reports less free than declared: the report wins
     tight = SharedDevice(("n", "cuda:2"), jobs=1, used=2 * GIB, total=16 * GIB, free=3 * GIB)
     assert choose_shared_device([tight], 4 * GIB, 0.25) is None
-    # a third job on a device adds too little at this slowdown
+    # a third job joins while the admin's cap allows three, and never where sharing adds no
+    # work (beta >= 1)
     two = SharedDevice(("n", "cuda:3"), jobs=2, used=2 * GIB, total=16 * GIB)
-    assert choose_shared_device([two], GIB, 0.25) is None
-    assert choose_shared_device([two], GIB, 0.1) == two
+    assert choose_shared_device([two], GIB, 0.25, max_jobs=2) is None
+    assert choose_shared_device([two], GIB, 0.25, max_jobs=3) == two
+    assert choose_shared_device([two], GIB, 1.0, max_jobs=8) is None
 
 
 def record(job_id: int, state: str = "queued", elastic: bool = False, **spec: object) -> JobRecord:

@@ -37,7 +37,9 @@ def run_pass(snapshot: Snapshot, policy: Policy, rng: np.random.Generator) -> Pl
     candidates, held_back = admit(
         [job for job in jobs if schedulable(job, now)], limits, holdings, now
     )
-    sharing = pack_shared(candidates, snapshot.nodes, limits.share_slowdown)
+    sharing = pack_shared(
+        candidates, snapshot.nodes, limits.share_slowdown, limits.max_jobs_per_device
+    )
     nodes = sharing.policy_nodes
     candidates = [job for job in candidates if job.id not in sharing.handled]
     types = sorted({node.device_type for node in nodes})
@@ -70,7 +72,9 @@ def run_pass(snapshot: Snapshot, policy: Policy, rng: np.random.Generator) -> Pl
     within_user_caps(candidates, targets, nodes, limits, holdings)
     within_group_caps(candidates, targets, limits, holdings)
     allocations = allocate(candidates, targets, nodes)
-    pack_onto_new_hosts(candidates, allocations, nodes, limits.share_slowdown)
+    capped = sharing.capped | pack_onto_new_hosts(
+        candidates, allocations, nodes, limits.share_slowdown, limits.max_jobs_per_device
+    )
     waits = WaitingWords(decision, candidates, views, allocations, nodes, now)
     actions: list[Action] = []
     unchanged: list[int] = []
@@ -82,6 +86,8 @@ def run_pass(snapshot: Snapshot, policy: Policy, rng: np.random.Generator) -> Pl
         policy_reason = decision.reasons.get(job.job_id, "")
         if replicas == 0:
             reason = waits.reason(job)
+            if job.id in capped:  # a shared job that would fit but for the cap
+                reason = f"waiting: {capped[job.id]}; {reason.removeprefix('waiting: ')}"
             if job.running:
                 actions.append(Action(ActionKind.STOP, job.id, {}, None, f"preempted, {reason}"))
             else:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from pollux_local.core.goodput import GoodputModel
+from pollux_local.core.sharing import DEFAULT_MAX_JOBS_PER_DEVICE
 
 #: node name -> device ids
 Allocation = dict[str, list[str]]
@@ -214,6 +215,8 @@ class Limits:
     max_devices_per_user: int | None = None
     max_running_per_user: int | None = None
     share_slowdown: float = 0.25
+    #: how many shared jobs one device may run (``[devices] max_jobs_per_device``)
+    max_jobs_per_device: int = DEFAULT_MAX_JOBS_PER_DEVICE
     groups: Mapping[str, GroupLimit] = field(default_factory=dict)
 
 

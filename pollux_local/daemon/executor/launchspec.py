@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pollux_local.api.launch import LaunchEnvironment
 from pollux_local.core.types import BatchChoice
-from pollux_local.daemon.config import DaemonConfig
+from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.jobfiles import make_owned_dir
 from pollux_local.daemon.scheduler import Action
 from pollux_local.daemon.state import JobRecord
@@ -51,6 +51,7 @@ def build_launch_spec(
     if not spec.elastic:
         batch = None  # a rigid job chooses its own batch: no POLLUX_LOCAL_BATCH for it
     on_cpu = all(slot.device.startswith("cpu") for slot in slots)
+    limit, fraction = shared_gpu_memory(job, order, on_cpu)
     launch = LaunchEnvironment(
         world_size=len(slots),
         master_addr="127.0.0.1",
@@ -70,6 +71,8 @@ def build_launch_spec(
         time_limit_s=spec.time_limit_s,
         device_type=order[0].device_type if order else None,
         device_slowdown=order[0].slowdown if order else None,
+        gpu_memory_limit=limit,
+        gpu_memory_fraction=fraction,
     )
     env = dict(job.env or {})
     # without a batch choice the job picks its own: none may leak from the submitter
@@ -94,6 +97,18 @@ def build_launch_spec(
         run_as=run_as,
         run_as_uid=run_as_uid,
     )
+
+
+def shared_gpu_memory(
+    job: JobRecord, order: list[NodeConfig], on_cpu: bool
+) -> tuple[int | None, float | None]:
+    """A shared job on a GPU: its declared memory (the MPS limit) and, where the device's
+    memory is known, that over it (the fraction its allocator is capped at)."""
+    memory = job.spec.gpu_memory
+    if not job.spec.shared or on_cpu or not memory or not order:
+        return None, None
+    total = order[0].device_memory
+    return memory, (min(1.0, memory / total) if total else None)
 
 
 async def prepare_dirs(
