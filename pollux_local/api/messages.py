@@ -146,6 +146,8 @@ class JobSummary(Message, kw_only=True):
     device_type: str | None = None
     gpu_memory: int | None = None
     shared: bool = False
+    #: not started before this time (Unix time; ``--begin``, ``--delay``; ``None``: at once)
+    begin_at: float | None = None
     #: the forecast (queued and running jobs, from the last scheduling pass replayed forward):
     #: when it is expected to start and to finish (Unix times; ``None``: unknown) and on how
     #: many devices
@@ -217,6 +219,10 @@ class JobDetail(JobSummary, kw_only=True):
     model: ModelSummary | None
     history: list[HistorySample]
     env: dict[str, str] | None = None
+    #: crash restarts: how many it has had, and how many it may have
+    #: (``daemon.executor.exits.retries_allowed``: its ``--retries``, else its kind's default)
+    retries_used: int = 0
+    retries_allowed: int = 0
 
 
 class DecisionRecord(Message):
@@ -255,6 +261,15 @@ class CancelReply(Reply):
 class JobStateReply(Reply):
     id: str
     state: JobState
+
+
+class StateChangeReply(Reply):
+    """``hold`` and ``release``: the jobs now ``state`` (the one named, or every one that
+    ``all`` took: maybe none), and those ``all`` left as they were, with why (id -> one line)."""
+
+    state: JobState
+    ids: list[str]
+    refused: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class PriorityReply(Reply):
@@ -420,18 +435,25 @@ class Cancel(Request[CancelReply], tag="cancel", kw_only=True):
     )
 
 
-class Hold(Request[JobStateReply], tag="hold", kw_only=True):
-    """Keep a job from being started (stopping it if it runs)."""
+class Hold(Request[StateChangeReply], tag="hold", kw_only=True):
+    """Keep a job from being started (stopping it if it runs): the job ``id``, or with ``all``
+    every queued job of the caller (running ones keep running); an admin's ``all`` takes the
+    admin's own jobs, or ``user``'s when given.  Exactly one of ``id`` and ``all``."""
 
-    Reply = JobStateReply
-    id: JobId
+    Reply = StateChangeReply
+    id: JobId | None = None
+    all: bool = False
+    user: UserName | None = None
 
 
-class Release(Request[JobStateReply], tag="release", kw_only=True):
-    """Let a held job be scheduled again."""
+class Release(Request[StateChangeReply], tag="release", kw_only=True):
+    """Let a held job be scheduled again: the job ``id``, or with ``all`` every held job of
+    the caller (an admin: of ``user``, when given).  Exactly one of ``id`` and ``all``."""
 
-    Reply = JobStateReply
-    id: JobId
+    Reply = StateChangeReply
+    id: JobId | None = None
+    all: bool = False
+    user: UserName | None = None
 
 
 class SetPriority(Request[PriorityReply], tag="set_priority", kw_only=True):
@@ -466,7 +488,9 @@ class Restart(Request[SubmitReply], tag="restart", kw_only=True):
 
 class Edit(Request[JobStateReply], tag="edit", kw_only=True):
     """Change a queued or held job: only the fields given (``UNSET`` leaves one as it is;
-    ``time_limit_s`` ``None`` removes the limit, ``max_gpus`` ``None`` the upper bound)."""
+    ``time_limit_s`` ``None`` removes the limit, ``max_gpus`` ``None`` the upper bound,
+    ``retries`` ``None`` gives back the default for its kind, ``begin_at`` ``None`` lets it
+    start now)."""
 
     Reply = JobStateReply
     id: JobId
@@ -475,6 +499,8 @@ class Edit(Request[JobStateReply], tag="edit", kw_only=True):
     max_gpus: Count | None | UnsetType = UNSET
     time_limit_s: Seconds | None | UnsetType = UNSET
     priority: Priority | UnsetType = UNSET
+    retries: Retries | None | UnsetType = UNSET
+    begin_at: EpochSeconds | None | UnsetType = UNSET
 
 
 class DeviceUsage(Message):

@@ -200,3 +200,49 @@ def test_on_gpus_a_job_joins_only_while_nvml_reports_its_memory_free(
     # declared, 12G would fit beside 8G on 40G; NVML says only 10G is free: not there
     assert starts[2] == {node.name: ["cuda:1"]}
     assert starts[3] == {node.name: ["cuda:0"]}
+
+
+def test_a_real_daemon_runs_as_many_shared_jobs_on_one_device_as_the_admin_allows(
+    daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    daemon = daemon_factory(
+        devices="cpu:1",
+        config='[scheduler]\npolicy = "fifo"\ninterval_s = 0.3\n\n[nodes.box]\nmemory = "16G"\n\n'
+        "[devices]\nmax_jobs_per_device = 3\n",
+    )
+    script = tmp_path / "wait.sh"  # says it started, then waits for the test's go
+    script.write_text(
+        '#!/bin/sh\ntouch "started-$POLLUX_JOB_ID"\nwhile [ ! -e go ]; do sleep 0.1; done\n'
+    )
+    script.chmod(0o755)
+    ids = [
+        daemon.client.call(
+            api.Submit(argv=[str(script)], workdir=str(tmp_path), gpu_memory=GIB, shared=True)
+        ).id
+        for _ in range(4)
+    ]
+
+    def show(job_id: str) -> api.JobDetail:
+        return daemon.client.call(api.Show(id=job_id)).job
+
+    def three_running() -> bool:
+        return all(show(j).state.value == "running" for j in ids[:3])
+
+    wait_for(three_running, 30, "three shared jobs running")
+    wait_for(lambda: all((tmp_path / f"started-{j}").exists() for j in ids[:3]), 30, "starts")
+    assert all(show(j).devices == {"box": ["cpu:0"]} for j in ids[:3])
+
+    def capped() -> api.JobDetail | None:
+        job = show(ids[3])
+        return job if "max_jobs_per_device" in job.reason else None
+
+    fourth = wait_for(capped, 30, "the fourth job's reason")
+    assert fourth.state.value == "queued" and not (tmp_path / f"started-{ids[3]}").exists()
+    assert "box[cpu:0] runs 3 shared jobs, the most [devices] max_jobs_per_device = 3" in (
+        fourth.reason
+    )
+    (tmp_path / "go").touch()
+    def all_succeeded() -> bool:
+        return all(show(j).state.value == "succeeded" for j in ids)
+
+    wait_for(all_succeeded, 30, "the four jobs to succeed")

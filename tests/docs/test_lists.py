@@ -171,6 +171,7 @@ def test_the_launch_table_is_what_a_replica_gets() -> None:
         time_limit_s=3600.0,
         device_type="cpu",
         device_slowdown=2.0,
+        gpu_memory_fraction=0.25,
     )
     given = {name for name in every_field.to_environ() if name.startswith("POLLUX_")}
     assert given == first_column_variables("### Launch environment (daemon → job)")
