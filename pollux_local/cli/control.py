@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from typing import Any
 
 from msgspec import UNSET
 
 from pollux_local.api.errors import PolluxError
-from pollux_local.api.messages import Cancel, Edit, Hold, Release, Restart, SetPriority
+from pollux_local.api.messages import (
+    Cancel,
+    Edit,
+    Hold,
+    Release,
+    Restart,
+    SetPriority,
+    StateChangeReply,
+)
 from pollux_local.cli.common import (
     client_for,
     job_id,
@@ -18,12 +27,13 @@ from pollux_local.cli.common import (
     state_dir_parser,
 )
 from pollux_local.cli.submit import print_submitted
-from pollux_local.parsing import parse_job_ids, parse_time_limit
+from pollux_local.parsing import parse_begin, parse_delay, parse_job_ids, parse_time_limit
 from pollux_local.submission import command_argv
+from pollux_local.untrusted import printable
 
 EDIT_USAGE = (
     "edit ID [--time D | --no-time] [--gpus N | --min-gpus N --max-gpus N] [--priority P]"
-    " [-- COMMAND ...]"
+    " [--retries N] [--begin WHEN | --delay D] [-- COMMAND ...]"
 )
 
 
@@ -42,21 +52,44 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_hold(args: argparse.Namespace) -> int:
-    reply = client_for(args).call(Hold(id=job_id(args.id)))
+def _one_or_all(args: argparse.Namespace, verb: str) -> dict[str, Any]:
+    """The fields of a ``hold``/``release``: a job id, or ``--all`` (with ``--user``)."""
+    if (args.id is None) == (not args.all):
+        raise PolluxError(
+            f"{verb}: give a job id or --all, not both" if args.all else f"{verb} needs ID or --all"
+        )
+    if args.user is not None and not args.all:
+        raise PolluxError(f"{verb}: --user goes with --all")
+    if args.id is not None:
+        return {"id": job_id(args.id)}
+    return {"all": True, "user": args.user}
+
+
+def _print_changed(reply: StateChangeReply, args: argparse.Namespace, now: str, past: str,
+                   waiting: str) -> None:  # fmt: skip
+    """One line: the job ``now`` (held, queued again), or how many ``--all`` ``past``."""
     if args.json:
         print_json(reply)
+        return
+    if not args.all:
+        print(f"job {reply.ids[0]} is {now}")
+    elif reply.ids:
+        print(f"{past} {len(reply.ids)} job(s): {', '.join(reply.ids)}")
     else:
-        print(f"job {reply.id} is held")
+        print(f"{past} no job: none was {waiting}")
+    for ident, why in reply.refused.items():
+        print(printable(f"job {ident} left as it was: {why}", newline=False))
+
+
+def cmd_hold(args: argparse.Namespace) -> int:
+    reply = client_for(args).call(Hold(**_one_or_all(args, "hold")))
+    _print_changed(reply, args, "held", "held", "queued")
     return 0
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    reply = client_for(args).call(Release(id=job_id(args.id)))
-    if args.json:
-        print_json(reply)
-    else:
-        print(f"job {reply.id} is queued again")
+    reply = client_for(args).call(Release(**_one_or_all(args, "release")))
+    _print_changed(reply, args, "queued again", "released", "held")
     return 0
 
 
@@ -113,6 +146,16 @@ def add_edit_options(p: argparse.ArgumentParser) -> None:
         help="elastic: most devices (any: no bound)",
     )
     p.add_argument("--priority", type=int, metavar="P", help="the new priority")
+    p.add_argument(
+        "--retries", type=int, metavar="N", help="restart it after a crash up to N times"
+    )
+    start = p.add_mutually_exclusive_group()
+    start.add_argument(
+        "--begin", metavar="WHEN", help="start no earlier than WHEN (as submit; now: at once)"
+    )
+    start.add_argument(
+        "--delay", metavar="DURATION", help="start no earlier than DURATION from now"
+    )
 
 
 def edit_request(args: argparse.Namespace) -> Edit:
@@ -160,6 +203,14 @@ def edit_request(args: argparse.Namespace) -> Edit:
             fields["max_gpus"] = args.max_gpus
     if args.priority is not None:
         fields["priority"] = args.priority
+    if args.retries is not None:
+        fields["retries"] = args.retries
+    if args.begin is not None and args.delay is not None:
+        raise PolluxError("edit: --begin and --delay both say when to start: give one")
+    if args.begin is not None:
+        fields["begin_at"] = parse_begin(args.begin, time.time())
+    elif args.delay is not None:
+        fields["begin_at"] = parse_delay(args.delay, time.time())
     if command:
         fields["argv"], _ = command_argv(command, os.environ, None)
     if not fields:
@@ -175,10 +226,12 @@ def cmd_edit(args: argparse.Namespace) -> int:
     else:
         changed = [
             name
-            for name in ("argv", "min_gpus", "max_gpus", "time_limit_s", "priority")
+            for name in (
+                "argv", "min_gpus", "max_gpus", "time_limit_s", "priority", "retries", "begin_at"
+            )
             if getattr(request, name) is not UNSET
-        ]
-        words = {"argv": "command", "time_limit_s": "time limit"}
+        ]  # fmt: skip
+        words = {"argv": "command", "time_limit_s": "time limit", "begin_at": "earliest start"}
         print(f"job {reply.id} edited ({', '.join(words.get(n, n) for n in changed)}),"
               f" {reply.state.value}")  # fmt: skip
     return 0
@@ -202,14 +255,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.set_defaults(func=cmd_cancel)
 
-    p = subparsers.add_parser("hold", parents=[common, as_json], help="stop scheduling a job")
-    p.add_argument("id", help="the job's id")
+    p = subparsers.add_parser(
+        "hold",
+        parents=[common, as_json],
+        help="stop scheduling a job, or all your queued jobs (--all)",
+        usage="%(prog)s ID | --all [--user NAME]",
+    )
+    p.add_argument("id", nargs="?", help="the job's id")
+    p.add_argument(
+        "--all", action="store_true", help="every queued job of yours (running ones keep running)"
+    )
+    p.add_argument("--user", metavar="NAME", help="admins, with --all: NAME's jobs, not yours")
     p.set_defaults(func=cmd_hold)
 
     p = subparsers.add_parser(
-        "release", parents=[common, as_json], help="schedule a held job again"
+        "release",
+        parents=[common, as_json],
+        help="schedule a held job again, or all your held jobs (--all)",
+        usage="%(prog)s ID | --all [--user NAME]",
     )
-    p.add_argument("id", help="the job's id")
+    p.add_argument("id", nargs="?", help="the job's id")
+    p.add_argument("--all", action="store_true", help="every held job of yours")
+    p.add_argument("--user", metavar="NAME", help="admins, with --all: NAME's jobs, not yours")
     p.set_defaults(func=cmd_release)
 
     p = subparsers.add_parser("priority", parents=[common, as_json], help="set a job's priority")
@@ -229,11 +296,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser(
         "edit",
         parents=[common, as_json],
-        help="change a queued or held job (command, devices, time limit, priority)",
+        help="change a queued or held job (command, devices, time limit, priority, retries,"
+        " earliest start)",
         usage=f"%(prog)s {EDIT_USAGE.removeprefix('edit ')}",
         epilog="examples:\n"
         "  pollux-local edit 12 --time 4h\n"
         "  pollux-local edit 12 --gpus 2 --priority 5\n"
+        "  pollux-local edit 12 --retries 3 --begin 22:00\n"
         "  pollux-local edit 12 -- train.py --lr 0.05",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
@@ -103,7 +104,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         f"{fmt(job.efficiency, '.2f')}  speedup {fmt(job.speedup, '.2f')}",
         f"  progress    {fmt(job.progress, '.1f')}  epoch {fmt(job.epoch)}  "
         f"metrics {job.metrics}  eta {duration(job.eta_s)}",
-        f"  restarts    {job.restarts}  failures {job.failures}",
+        f"  restarts    {job.restarts}  failures {job.failures}  retries"
+        f" {job.retries_used}/{job.retries_allowed}",
+        *begin_lines(job, time.time()),
         *forecast_lines(job),
         f"  time limit  {format_duration(job.time_limit_s) if job.time_limit_s else 'none'}"
         + (f"  (ran {duration(job.run_time_s)})" if job.run_time_s else ""),
@@ -121,6 +124,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     # each line is one line: a newline in what a job controls is shown as an escape too
     print("\n".join(printable(line, newline=False) for line in lines))
     return 0
+
+
+def begin_lines(job: JobSummary, now: float) -> list[str]:
+    """``show``'s earliest start (``--begin``, ``--delay``), local time and how far off."""
+    if job.begin_at is None:
+        return []
+    off = math.ceil(job.begin_at - now)
+    when = f"in {format_duration(off, exact=False, brief=True)}" if off > 0 else "passed"
+    return [f"  begin       {timestamp(job.begin_at)}  ({when})"]
 
 
 def forecast_lines(job: JobSummary) -> list[str]:

@@ -1,4 +1,13 @@
-"""``pollux-local wait ID...``: block until the jobs end; exit 0 only if all succeeded."""
+"""``pollux-local wait ID... | --all | --array ID``: block until the jobs end; exit 0 only if
+all succeeded.
+
+``--all`` waits for the caller's jobs that are active (queued, held, running) when the wait
+starts; ``--array ID`` for every task of the array ``ID`` (its first task's id), whoever's.  They
+combine with ids and with each other: the wait is for every job named.  A wait for a few ids
+looks at each job (``show``); one for a set found by ``--all`` or ``--array`` looks at the
+active jobs of their owners in one ``status`` page per round, and shows a job only once it left
+them, for its final state and reason.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +16,7 @@ import time
 from typing import Any
 
 from pollux_local.api.errors import PolluxError
-from pollux_local.api.messages import JobSummary, Show
+from pollux_local.api.messages import JobSummary, Ping, Show, Status
 from pollux_local.api.states import JobState
 from pollux_local.cli.common import (
     client_for,
@@ -16,26 +25,90 @@ from pollux_local.cli.common import (
     print_json,
     state_dir_parser,
 )
+from pollux_local.client import Client
+from pollux_local.parsing import parse_job_ids
 from pollux_local.untrusted import printable
 
 #: Exit status of ``wait`` when a job ended other than succeeded, or the wait timed out.
 NOT_ALL_SUCCEEDED = 1
+#: The jobs one ``status`` request of the wait asks for.
+PAGE = 10_000
+#: The states of a job that has not ended.
+ACTIVE = [state for state in JobState if state.active]
+
+
+def _pages(client: Client, request: Status) -> list[JobSummary]:
+    """Every job ``request`` matches, page after page."""
+    reply = client.call(request)
+    jobs = list(reply.jobs)
+    while reply.more and reply.next_before_id:
+        request.before_id = reply.next_before_id
+        reply = client.call(request)
+        jobs[:0] = reply.jobs
+    return jobs
+
+
+def _active(client: Client, user: str | None) -> list[JobSummary]:
+    """The active jobs of ``user`` (``None``: everyone's)."""
+    return _pages(client, Status(user=user, states=ACTIVE, limit=PAGE))
+
+
+def _array_tasks(client: Client, array: str) -> tuple[list[str], str]:
+    """The ids of every task of ``array`` and their owner."""
+    first = client.call(Show(id=array)).job
+    if first.array_id != first.id:
+        raise PolluxError(f"wait --array {array}: job {array} is not an array (wait for its id)")
+    tasks = _pages(client, Status(all=True, user=first.owner, limit=PAGE))
+    return [job.id for job in tasks if job.array_id == array], first.owner
+
+
+def _targets(client: Client, args: argparse.Namespace) -> tuple[list[str], set[str]]:
+    """The ids to wait for, and the owners whose active jobs are listed each round (empty:
+    each job is looked at alone)."""
+    ids = [job_id(text) for text in args.ids]
+    owners: set[str] = set()
+    if args.all:
+        me = client.call(Ping()).you.name
+        ids += [job.id for job in _active(client, me)]
+        owners.add(me)
+    for array in parse_job_ids(args.arrays, "--array") if args.arrays else []:
+        tasks, owner = _array_tasks(client, array)
+        ids += tasks
+        owners.add(owner)
+    return list(dict.fromkeys(ids)), owners
+
+
+def _ended(client: Client, pending: list[str], owners: set[str]) -> list[tuple[str, JobSummary]]:
+    """The jobs of ``pending`` that ended, each as ``show`` has it."""
+    if owners:
+        still = {job.id for owner in owners for job in _active(client, owner)}
+        candidates = [ident for ident in pending if ident not in still]
+    else:
+        candidates = pending
+    found: list[tuple[str, JobSummary]] = []
+    for ident in candidates:
+        job = client.call(Show(id=ident)).job
+        if job.state.terminal:
+            found.append((ident, job))
+    return found
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
+    if not args.ids and not args.all and not args.arrays:
+        raise PolluxError("wait needs job ids, --all or --array ID")
     client = client_for(args)
-    pending = [job_id(text) for text in args.ids]
+    pending, owners = _targets(client, args)
+    if not pending and not args.json and not args.quiet:
+        print("no job to wait for")
     ended: dict[str, JobSummary] = {}
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     while pending:
-        for ident in list(pending):
-            job = client.call(Show(id=ident)).job
-            if job.state.terminal:
-                ended[ident] = job
-                pending.remove(ident)
-                if not args.json and not args.quiet:
-                    said = f": {job.reason}" if job.reason else ""
-                    print(printable(f"job {ident} {job.state.value}{said}", newline=False))
+        for ident, job in _ended(client, pending, owners):
+            ended[ident] = job
+            pending.remove(ident)
+            if not args.json and not args.quiet:
+                said = f": {job.reason}" if job.reason else ""
+                print(printable(f"job {ident} {job.state.value}{said}", newline=False))
         if not pending:
             break
         if deadline is not None and time.monotonic() >= deadline:
@@ -66,8 +139,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "wait",
         parents=[state_dir_parser(), json_parser()],
         help="wait until jobs end (exit 0 only if all succeeded)",
+        usage="%(prog)s [ID ...] [--all] [--array ID[,ID...]] [--timeout S]",
     )
-    p.add_argument("ids", nargs="+", metavar="ID", help="job ids")
+    p.add_argument("ids", nargs="*", metavar="ID", help="job ids")
+    p.add_argument(
+        "--all", action="store_true", help="every job of yours that has not ended (when it starts)"
+    )
+    p.add_argument(
+        "--array",
+        dest="arrays",
+        action="append",
+        metavar="ID[,ID...]",
+        help="every task of this array (its id is its first task's)",
+    )
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="give up after this long")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between looks (1)")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing, only the exit code")

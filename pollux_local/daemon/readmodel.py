@@ -38,6 +38,7 @@ from pollux_local.core.schedule.views import sane_eta
 from pollux_local.core.types import GradStats
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.executor import NodeHealthBook
+from pollux_local.daemon.executor.exits import retries_allowed
 from pollux_local.daemon.scheduler import ModelCache, progress_eta
 from pollux_local.daemon.state import JobRecord
 
@@ -224,6 +225,7 @@ def job_summary(
         device_type=device_type,
         gpu_memory=spec.gpu_memory,
         shared=spec.shared,
+        begin_at=spec.begin_at,
         expected_start=forecast.start if forecast is not None else None,
         expected_finish=forecast.finish if forecast is not None else None,
         expected_devices=forecast.devices if forecast is not None else None,
@@ -241,10 +243,15 @@ def job_detail(
     models: ModelCache,
     history: list[dict[str, float | None]],
     with_env: bool,
+    config: DaemonConfig,
 ) -> JobDetail:
     """``show``'s view of a job: its ``status`` row and what it runs, its latest report, its
-    noise scale, model and history; ``env`` only when ``with_env`` (its owner or an admin)."""
+    noise scale, model and history; ``env`` only when ``with_env`` (its owner or an admin);
+    its crash restarts, allowed (``exits.retries_allowed``) and had (each crash counts one,
+    but the crash that failed it)."""
     spec = job.spec
+    allowed = retries_allowed(spec, config)
+    crashes = job.failures - (1 if job.state == JobState.FAILED and job.failures else 0)
     return JobDetail(
         **msgspec.structs.asdict(summary),
         argv=list(spec.argv),
@@ -257,6 +264,8 @@ def job_detail(
         model=model_summary(models, job),
         history=_convert(history, list[HistorySample]) or [],
         env=dict(job.env or {}) if with_env else None,
+        retries_used=min(crashes, allowed),
+        retries_allowed=allowed,
     )
 
 

@@ -34,7 +34,6 @@ from pollux_local.api.messages import (
     Hold,
     Identity,
     JobDetail,
-    JobStateReply,
     JobSummary,
     Logs,
     LogsReply,
@@ -50,6 +49,7 @@ from pollux_local.api.messages import (
     Show,
     ShowReply,
     SkippedJob,
+    StateChangeReply,
     Status,
     StatusReply,
     Submit,
@@ -216,18 +216,18 @@ class FixedSource:
                         self._stop(job, JobState.CANCELLED, "cancelled")
                         cancelled.append(job.id)
                 return CancelReply(cancelled=cancelled, skipped=skipped)
-            case Hold(id=job_id):
+            case Hold(id=str() as job_id):
                 job = self.job(job_id)
                 if job.state.terminal:
                     raise Conflict(f"job {job_id} has already {job.state}")
                 self._stop(job, JobState.HELD, "held")
-                return JobStateReply(id=job_id, state=job.state)
-            case Release(id=job_id):
+                return StateChangeReply(state=job.state, ids=[job_id])
+            case Release(id=str() as job_id):
                 job = self.job(job_id)
                 if job.state != JobState.HELD:
                     raise Conflict(f"job {job_id} is not held (it is {job.state})")
                 job.state, job.reason = JobState.QUEUED, "released"
-                return JobStateReply(id=job_id, state=job.state)
+                return StateChangeReply(state=job.state, ids=[job_id])
             case SetPriority(id=job_id, priority=priority):
                 self.job(job_id).priority = priority
                 return PriorityReply(id=job_id, priority=priority)

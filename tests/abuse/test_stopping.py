@@ -33,7 +33,7 @@ def test_a_script_always_exiting_75_is_retried_with_back_off_then_fails(
     runs = lab.work / "a-runs"
     script = lab.script("always75.sh", f"date +%s.%N >> {runs}\nexit 75\n")
     daemon = lab.daemon(max_retries=2, backoff_s=1)
-    job_id = submit(alice, daemon, lab, "--name", "loop75", str(script))
+    job_id = submit(alice, daemon, lab, "--name", "loop75", "--retries", "2", str(script))
     ended = wait_state(daemon, job_id, ("failed", "succeeded", "cancelled"), 90)
     time.sleep(2)  # a relaunch the daemon should not make would show here
     starts = [float(line) for line in runs.read_text().split()]

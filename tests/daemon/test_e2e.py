@@ -259,7 +259,7 @@ def test_daemon_restart_loses_nothing_and_resumes(daemon: Daemon, signum: int) -
 def test_crash_is_retried_with_backoff_then_fails_with_reason(daemon: Daemon) -> None:
     crash = daemon.root / "crash.py"
     crash.write_text("import sys\nprint('boom: bad input shape', flush=True)\nsys.exit(3)\n")
-    job = daemon.submit("--gpus", "1", "crash.py")
+    job = daemon.submit("--gpus", "1", "--retries", "2", "crash.py")  # a rigid job: asked
     final = daemon.wait_for(lambda j: j[job]["state"] == "failed", 60)
     reason = final[job]["reason"]
     assert "code 3" in reason and "boom: bad input shape" in reason and "2 restart" in reason

@@ -182,7 +182,9 @@ def test_a_job_that_ended_while_the_daemon_was_down_is_taken_as_it_ended(
 ) -> None:  # fmt: skip
     conf = config(tmp_path)
     daemon = start_daemon(daemons, tmp_path / "state", conf)
-    job_id = submit(daemon, ["sh", "-c", WAITER, "waiter", str(tmp_path), str(code)], tmp_path)
+    job_id = submit(
+        daemon, ["sh", "-c", WAITER, "waiter", str(tmp_path), str(code)], tmp_path, retries=1
+    )
     wait_for(lambda: (tmp_path / "pid").exists(), 20, "the job to run")
     daemon.kill()
 
@@ -249,7 +251,7 @@ fi
 echo second run
 """
     daemon = start_daemon(daemons, tmp_path / "state", config(tmp_path))
-    job_id = submit(daemon, ["sh", "-c", attack], tmp_path)
+    job_id = submit(daemon, ["sh", "-c", attack], tmp_path, retries=1)
     wait_for(lambda: state(daemon, job_id) in TERMINAL, 30, "the job to end")
     assert mark.exists()
     after = secret.stat()

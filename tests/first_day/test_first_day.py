@@ -92,8 +92,9 @@ def test_a_ddp_script_runs_on_two_ranks_in_the_researchers_venv(
     work = tmp_path / "project"
     work.mkdir()
     shutil.copy(SCRIPT, work / "train.py")
+    # --retries: a rigid job is run once unless asked, and torch's teardown can abort (below)
     submitted = cli(researcher_venv, daemon, work, "submit", "--json", "--gpus", "2",
-                    "train.py", "--epochs", "3")  # fmt: skip
+                    "--retries", "2", "train.py", "--epochs", "3")  # fmt: skip
     job_id = json.loads(submitted.stdout)["id"]
     shown = daemon.client.request("show", id=job_id)["job"]
     assert shown["argv"][0] == str(researcher_venv / "bin" / "python")
@@ -146,7 +147,7 @@ def test_the_ddp_example_runs_as_one_distributed_job(
     work.mkdir()
     shutil.copy(REPO_ROOT / "examples" / "ddp_before.py", work / "ddp_before.py")
     job_id = json.loads(
-        cli(researcher_venv, daemon, work, "submit", "--json", "--gpus", "2",
+        cli(researcher_venv, daemon, work, "submit", "--json", "--gpus", "2", "--retries", "2",
             "ddp_before.py").stdout
     )["id"]  # fmt: skip
     waited = cli(researcher_venv, daemon, work, "wait", job_id, check=False)

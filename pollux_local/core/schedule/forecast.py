@@ -3,18 +3,19 @@
 Pure: the snapshot brings the time, and each job's expected remaining running time comes in as
 a number (``None``: unknown).  From the snapshot, :func:`forecast` runs the pass
 (:func:`~pollux_local.core.schedule.run.run_pass`), lets the jobs it placed run, jumps to the
-first expected end, runs the pass again on what is left (the ended jobs gone, the dependencies
-on them succeeded, the devices of stopping jobs free), and so on, recording when each job
-first starts, when it is expected to end, and on how many devices of which type.  A job
-preempted on the way keeps the work it did: its remaining time r at a stop at t, having run
-since t0, becomes r - (t - t0).
+first expected end (or a waiting job's ``--begin`` time), runs the pass again on what is left
+(the ended jobs gone, the dependencies on them succeeded, the devices of stopping jobs free),
+and so on, recording when each job first starts, when it is expected to end, and on how many
+devices of which type.  A job preempted on the way keeps the work it did: its remaining time r
+at a stop at t, having run since t0, becomes r - (t - t0).
 
 A pass costs milliseconds and a queue may hold a thousand jobs, so a replayed pass sees the
 running jobs and the front of the queue only (:data:`WINDOW` jobs, or twice the devices), and
 only the first :data:`EXACT_STEPS` events run the pass; the rest of the queue is then laid out
 by list scheduling in the queue's order (priority, then submission): each job takes the
-devices it needs that free up first.  A job behind one whose end is unknown waits an unknown
-time (``start`` ``None``), and so does a job needing more devices than there are.
+devices it needs that free up first, and starts no earlier than its ``--begin`` time.  A job
+behind one whose end is unknown waits an unknown time (``start`` ``None``), and so do a job
+needing more devices than there are and a queued job of a paused group (it waits for a resume).
 """
 
 from __future__ import annotations
@@ -67,13 +68,15 @@ class Prediction:
 class Work:
     """One job of a replay: ``remaining_s`` expected seconds of running still to go
     (``None``: unknown), ``running`` where it runs now (``None``: waiting), ``needs`` the
-    devices it starts on, ``order`` its place in the queue (smaller first)."""
+    devices it starts on, ``order`` its place in the queue (smaller first), ``not_before``
+    its earliest start (``--begin``; ``None``: any time)."""
 
     id: int
     remaining_s: float | None
     running: Placed | None = None
     needs: int = 1
     order: tuple[float, ...] = ()
+    not_before: float | None = None
 
 
 #: ``step(t, running, ended)``: the pass at time ``t`` where ``running`` (job -> where) run and
@@ -137,9 +140,16 @@ def replay(
         if len(ended) + len(runs) == len(work):  # nothing waits: the ends are known
             break
         ends = [(r.since + r.left, i) for i, r in runs.items() if r.left is not None]
-        if not ends:
+        # a waiting job's earliest start is an event too: the pass may start it then
+        begins = [
+            job.not_before
+            for job in jobs
+            if job.not_before is not None and job.not_before > t
+            and job.id not in runs and job.id not in ended
+        ]  # fmt: skip
+        if not ends and not begins:
             break
-        t = min(end for end, _ in ends)
+        t = min([end for end, _ in ends] + begins)
         for end, job_id in ends:
             if end <= t:
                 ended.add(job_id)
@@ -186,7 +196,7 @@ def _list_schedule(
         if job.needs > len(free) or job.needs <= 0:
             continue
         taken = [heapq.heappop(free) for _ in range(job.needs)]
-        start = max(now, taken[-1])
+        start = max(now, taken[-1], job.not_before or now)
         duration = left.get(job.id)
         end = math.inf if duration is None or not math.isfinite(start) else start + duration
         for _ in taken:
@@ -311,6 +321,7 @@ def forecast(
             ),
             needs=job.needs,
             order=queue_order(job),
+            not_before=job.begin_at,
         )
         for job in active
     ]

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from pollux_local.api.exits import ReplicaExit, split_status
+from pollux_local.api.spec import JobSpec
 from pollux_local.api.states import PLACED_STATES, DecisionKind, ExitCode, JobState, StopIntent
+from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.executor.accounting import Accounting
 from pollux_local.daemon.executor.base import allocation_devices, log
 from pollux_local.daemon.failures import permanent_cause
@@ -29,6 +31,29 @@ LOST_NODE_POLL_S = 0.5
 UNASKED_RESCALE = (
     f"exited {ExitCode.RESCALE:d} (the rescale code) but no rescale was asked; counted as a crash"
 )
+
+
+#: The most crash restarts a user may ask of a job (``--retries``) when the admin's
+#: ``[daemon] max_retries`` is lower (:func:`most_retries`).
+USER_RETRIES = 10
+
+
+def most_retries(config: DaemonConfig) -> int:
+    """The most crash restarts a job may have: the larger of ``[daemon] max_retries`` and
+    :data:`USER_RETRIES`.  A user may ask for up to 10 whatever the admin's default (each
+    restart waits twice as long as the one before, so 10 cost little), and an admin who wants
+    more raises ``max_retries``, which raises the cap with it."""
+    return max(config.max_retries, USER_RETRIES)
+
+
+def retries_allowed(spec: JobSpec, config: DaemonConfig) -> int:
+    """How many crash restarts ``spec`` gets: its own ``retries`` (``--retries``) if given,
+    else none for a rigid job (a plain script is run once unless asked) and ``[daemon]
+    max_retries`` for an elastic one (it resumes from its checkpoint); never more than
+    :func:`most_retries` under the config in force now."""
+    if spec.retries is not None:
+        return min(spec.retries, most_retries(config))
+    return config.max_retries if spec.elastic else 0
 
 
 def last_log_line(directory: Path, name: str, owner_uid: int, limit: int = 4096) -> str:
@@ -221,16 +246,21 @@ class Exits(Accounting):
 
     def _crashed(self, job: JobRecord, what: str, cause: str | None, now: float) -> None:
         """One crash of ``job`` (``what`` happened): failed at once when ``cause`` says a
-        retry cannot help or its ``max_retries`` are spent, else queued again after an
-        exponential back-off, ``backoff_s * 2^(failures - 1)``."""
+        retry cannot help or its restarts (:func:`retries_allowed`) are spent, else queued
+        again after an exponential back-off, ``backoff_s * 2^(failures - 1)``."""
         failures = job.failures + 1
+        allowed = retries_allowed(job.spec, self.config)
         if cause is not None:
             reason = f"{what}: {cause}; not retried"
-        elif failures > self.config.max_retries:
+        elif job.spec.retries is None and not job.spec.elastic:
+            reason = (
+                f"{what}; not retried (a rigid job runs once unless submitted with --retries N)"
+            )
+        elif failures > allowed:
             reason = f"{what}; gave up after {failures - 1} restart(s)"
         else:
             delay = self.config.backoff_s * 2 ** (failures - 1)
-            reason = f"{what}; retry {failures}/{self.config.max_retries} in {delay:g} s"
+            reason = f"{what}; retry {failures}/{allowed} in {delay:g} s"
             self.store.transition(
                 job.id, JobState.QUEUED, now, DecisionEntry(DecisionKind.CRASHED, reason),
                 failures=failures, retry_after=now + delay, reason=reason,

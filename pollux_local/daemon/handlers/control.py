@@ -1,5 +1,7 @@
 """``cancel``, ``hold``, ``release`` and ``set_priority``: changing jobs (their owner or an
 admin only).  Whatever stops a job runs under the daemon's mutex, never during a pass.
+``hold --all`` and ``release --all`` pause and resume one's own queue, job by job through the
+path a job named alone takes (:func:`targets`).
 
 Stopping a job records its new state first, then has its processes stopped: when that one
 write fails (``sqlite3.Error``) the request fails with one line and nothing changed (the job
@@ -15,16 +17,23 @@ import logging
 import sqlite3
 from typing import Any
 
-from pollux_local.api.errors import Conflict, InternalError, InvalidRequest, NotFound
+from pollux_local.api.errors import (
+    Conflict,
+    InternalError,
+    InvalidRequest,
+    LimitExceeded,
+    NotFound,
+    PermissionDenied,
+)
 from pollux_local.api.messages import (
     Cancel,
     CancelReply,
     Hold,
-    JobStateReply,
     PriorityReply,
     Release,
     SetPriority,
     SkippedJob,
+    StateChangeReply,
 )
 from pollux_local.api.states import TERMINAL_STATES, DecisionKind, JobState, StopIntent
 from pollux_local.daemon.context import Context
@@ -105,48 +114,106 @@ async def cancel(ctx: Context, request: Cancel) -> CancelReply:
     return CancelReply(cancelled=cancelled, skipped=skipped)
 
 
-async def hold(ctx: Context, request: Hold) -> JobStateReply:
-    """Keep the job from being started; a running job is stopped (it checkpoints)."""
-    ctx.require_owner(ctx.job(request.id), "hold")
+def targets(ctx: Context, request: Hold | Release, state: JobState, verb: str) -> list[JobRecord]:
+    """The jobs a ``hold`` or ``release`` names: the job ``id``, or with ``all`` every job in
+    ``state`` of the caller, or of ``user`` (an admin's ``all`` takes the admin's own jobs
+    unless ``user`` is given: holding everyone's queue is ``drain``'s, not a slip of
+    ``--all``).  Each passes :meth:`Context.require_owner`, as one named alone does."""
+    if request.all == (request.id is not None):
+        raise InvalidRequest(f"{verb}: give a job id or all, not both" if request.all
+                             else f"{verb}: give a job id or all")  # fmt: skip
+    if request.id is not None:
+        if request.user is not None:
+            raise InvalidRequest(f"{verb}: user goes with all (a job id names its owner)")
+        job = ctx.job(request.id)
+        ctx.require_owner(job, verb)
+        return [job]
+    user = request.user
+    if user is not None and user != ctx.peer.name and not ctx.is_admin():
+        raise PermissionDenied(
+            f"{verb} --all --user {user}: only an admin may {verb} another user's jobs"
+        )
+    jobs = [
+        job
+        for job in ctx.store.jobs([state])
+        if (job.owner_name == user if user is not None else job.owner_uid == ctx.peer.uid)
+    ]
+    for job in jobs:
+        ctx.require_owner(job, verb)
+    return jobs
+
+
+async def hold(ctx: Context, request: Hold) -> StateChangeReply:
+    """Keep jobs from being started: the one named (a running job is stopped: it
+    checkpoints), or with ``all`` every queued one of the caller's (:func:`targets`; running
+    jobs keep running)."""
+    jobs = targets(ctx, request, JobState.QUEUED, "hold")
+    held: list[str] = []
     try:
         async with ctx.mutex:
-            job = ctx.job(request.id)
-            if job.state in TERMINAL_STATES:
-                raise Conflict(f"job {job.id} has already {job.state}")
-            if job.state != JobState.HELD:
-                try:
-                    await stop_as(ctx, job, JobState.HELD)
-                except sqlite3.Error as exc:
-                    raise _write_failed("hold", job, exc, []) from None
+            for target in jobs:
+                job = ctx.job(target.job_id)
+                if request.all and job.state != JobState.QUEUED:
+                    continue  # it started or ended since it was listed
+                if job.state in TERMINAL_STATES:
+                    raise Conflict(f"job {job.id} has already {job.state}")
+                if job.state != JobState.HELD:
+                    try:
+                        await stop_as(ctx, job, JobState.HELD)
+                    except sqlite3.Error as exc:
+                        raise _write_failed("hold", job, exc, held) from None
+                held.append(job.job_id)
     finally:
         ctx.wake()
-    return JobStateReply(id=job.job_id, state=JobState.HELD)
+    return StateChangeReply(state=JobState.HELD, ids=held)
 
 
-async def release(ctx: Context, request: Release) -> JobStateReply:
-    """Queue a held job again (:class:`Conflict` for a job that is not held), once it passes
-    submit's checks under the config as it is now (``submit.validate_jobs``: a time limit
-    lowered by a reload since, an option no longer allowed, is refused in one line)."""
-    ctx.require_owner(ctx.job(request.id), "release")
-    async with ctx.mutex:
-        job = ctx.job(request.id)
-        if job.state != JobState.HELD:
-            raise Conflict(f"job {job.id} is not held (it is {job.state})")
-        [spec] = validate_jobs(
-            ctx, [job.spec], owner_uid=job.owner_uid, owner_name=job.owner_name,
-            env=job.env or {}, adding=0,
+async def release(ctx: Context, request: Release) -> StateChangeReply:
+    """Queue held jobs again: the one named (:class:`Conflict` for a job that is not held),
+    or with ``all`` every held one of the caller's (:func:`targets`).  Each passes submit's
+    checks under the config as it is now (``submit.validate_jobs``: a time limit lowered by a
+    reload since, an option no longer allowed, is refused in one line); with ``all`` a job
+    refused stays held and the reply says why, the others are released."""
+    jobs = targets(ctx, request, JobState.HELD, "release")
+    released: list[str] = []
+    refused: dict[str, str] = {}
+    try:
+        async with ctx.mutex:
+            for target in jobs:
+                job = ctx.job(target.job_id)
+                if job.state != JobState.HELD:
+                    if request.all:
+                        continue  # released or cancelled since it was listed
+                    raise Conflict(f"job {job.id} is not held (it is {job.state})")
+                try:
+                    _release_one(ctx, job, released)
+                except (InvalidRequest, LimitExceeded) as exc:
+                    if not request.all:
+                        raise
+                    refused[job.job_id] = str(exc)
+                    continue
+                released.append(job.job_id)
+    finally:
+        ctx.wake()
+    return StateChangeReply(state=JobState.QUEUED, ids=released, refused=refused)
+
+
+def _release_one(ctx: Context, job: JobRecord, done: list[str]) -> None:
+    """``job`` (held) queued again once it passes ``validate_jobs`` (``done``: the jobs this
+    request released before it, for the message of a failed write)."""
+    [spec] = validate_jobs(
+        ctx, [job.spec], owner_uid=job.owner_uid, owner_name=job.owner_name,
+        env=job.env or {}, adding=0,
+    )  # fmt: skip
+    changes: dict[str, Any] = {} if spec == job.spec else {"spec": spec}
+    decision = DecisionEntry(DecisionKind.RELEASED, f"by {ctx.peer.name}")
+    try:
+        ctx.store.transition(
+            job.id, JobState.QUEUED, ctx.clock(), decision,
+            reason="released", retry_after=0.0, **changes,
         )  # fmt: skip
-        changes: dict[str, Any] = {} if spec == job.spec else {"spec": spec}
-        decision = DecisionEntry(DecisionKind.RELEASED, f"by {ctx.peer.name}")
-        try:
-            ctx.store.transition(
-                job.id, JobState.QUEUED, ctx.clock(), decision,
-                reason="released", retry_after=0.0, **changes,
-            )  # fmt: skip
-        except sqlite3.Error as exc:
-            raise _write_failed("release", job, exc, []) from None
-    ctx.wake()
-    return JobStateReply(id=job.job_id, state=JobState.QUEUED)
+    except sqlite3.Error as exc:
+        raise _write_failed("release", job, exc, done) from None
 
 
 def set_priority(ctx: Context, request: SetPriority) -> PriorityReply:

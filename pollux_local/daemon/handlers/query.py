@@ -74,6 +74,7 @@ def show(ctx: Context, request: Show) -> ShowReply:
         models=ctx.models,
         history=ctx.store.history(job.id),
         with_env=ctx.may_modify(job),
+        config=ctx.config,
     )
     decisions = decision_records(ctx.store.decisions(job.id, limit=SHOW_DECISIONS))
     return ShowReply(job=detail, decisions=decisions)

@@ -6,9 +6,10 @@ owner (it runs as them, whoever asks: its owner or an admin).  Dependencies are 
 were met, or failed, for the original; an array task stays a task of its array (its index,
 and the array's ``max_running``).  The copy shares the original's stored environment and
 command (nothing is copied).  ``edit ID`` changes a queued or held job's command, device
-bounds, time limit or priority.  Both check the job that results as a submit does, with the
-daemon's config as it is now (``submit.validate_jobs``): a restart counts against its owner's
-``[limits] max_queued_per_user``."""
+bounds, time limit, priority, retries (``--retries``) or earliest start (``--begin``).  Both
+check the job that results as a submit does, with the daemon's config as it is now
+(``submit.validate_jobs``): a restart counts against its owner's ``[limits]
+max_queued_per_user``."""
 
 from __future__ import annotations
 
@@ -72,8 +73,14 @@ def edit(ctx: Context, request: Edit) -> JobStateReply:
         changes["max_gpus"] = request.max_gpus
     if request.time_limit_s is not UNSET:
         changes["time_limit_s"] = request.time_limit_s
+    if request.retries is not UNSET:
+        changes["retries"] = request.retries
+    if request.begin_at is not UNSET:
+        changes["begin_at"] = request.begin_at
     if not changes and request.priority is UNSET:
-        raise InvalidRequest("edit: nothing to change (give the command, bounds, time or priority)")
+        raise InvalidRequest(
+            "edit: nothing to change (give the command, bounds, time, priority, retries or begin)"
+        )
     spec = msgspec.structs.replace(job.spec, **changes)
     if not spec.elastic and request.min_gpus is not UNSET and request.max_gpus is UNSET:
         spec = msgspec.structs.replace(spec, max_gpus=None)
