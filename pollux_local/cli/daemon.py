@@ -25,6 +25,12 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         overrides["interval_s"] = args.interval
     if args.policy is not None:
         overrides["policy"] = canonical_policy(args.policy)
+    if use_slurm(args.launcher):
+        from pollux_local.daemon.config import slurm_nodes
+        from pollux_local.launch.slurm import read_allocation
+
+        # the allocation's nodes replace the config's, and stay over a reload
+        overrides["nodes"] = slurm_nodes(read_allocation())
     config = dataclasses.replace(config, **overrides)
     return run_daemon(
         config,
@@ -37,6 +43,16 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     )
 
 
+def use_slurm(launcher: str) -> bool:
+    """Whether the daemon's jobs run as Slurm job steps: ``--launcher slurm``, or ``auto``
+    inside an allocation (``SLURM_JOB_ID`` set)."""
+    if launcher == "auto":
+        from pollux_local.launch.slurm import in_allocation
+
+        return in_allocation()
+    return launcher == "slurm"
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "daemon", parents=[state_dir_parser()], help="run the scheduler daemon (foreground)"
@@ -44,6 +60,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--config", help="TOML config (nodes, devices, interval, policy)")
     p.add_argument("--devices", help="this machine's devices, e.g. cpu:2 or cuda:0,1")
     p.add_argument("--interval", type=float, help="scheduling interval in seconds")
+    p.add_argument(
+        "--launcher",
+        choices=("auto", "config", "slurm"),
+        default="auto",
+        help="where jobs run: the config's nodes (config), job steps of the Slurm allocation"
+        " the daemon runs in (slurm), or slurm when SLURM_JOB_ID is set (auto, the default)",
+    )
     p.add_argument(
         "--policy",
         choices=(*policy_names(daemon=True), *POLICY_ALIASES),

@@ -6,9 +6,10 @@ import argparse
 import math
 import sys
 import time
+from collections.abc import Callable
 
 from pollux_local.api.errors import PolluxError
-from pollux_local.api.messages import JobSummary, Logs, Nodes, Show, Status
+from pollux_local.api.messages import JobSummary, Logs, LogsReply, Nodes, Show, Status
 from pollux_local.api.states import JobState
 from pollux_local.cli.common import (
     client_for,
@@ -24,9 +25,11 @@ from pollux_local.cli.format import (
     fmt,
     node_line,
     status_table,
+    terminal_width,
     timestamp,
     where,
 )
+from pollux_local.client import Client
 from pollux_local.durations import format_duration
 from pollux_local.untrusted import PartialEscape, printable
 
@@ -71,7 +74,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"jobs": jobs, "more": reply.more, "hidden": reply.hidden})
         return 0
-    print(status_table(jobs, expand=args.expand) if jobs else "no jobs")
+    width = terminal_width()
+    print(status_table(jobs, expand=args.expand, width=width) if jobs else "no jobs")
     notes = []
     if reply.more:
         notes.append(f"{reply.more} older job(s) not shown (--limit N, --all)")
@@ -107,6 +111,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         f"  restarts    {job.restarts}  failures {job.failures}  retries"
         f" {job.retries_used}/{job.retries_allowed}",
         *begin_lines(job, time.time()),
+        *exit_lines(job),
         *forecast_lines(job),
         f"  time limit  {format_duration(job.time_limit_s) if job.time_limit_s else 'none'}"
         + (f"  (ran {duration(job.run_time_s)})" if job.run_time_s else ""),
@@ -135,6 +140,23 @@ def begin_lines(job: JobSummary, now: float) -> list[str]:
     return [f"  begin       {timestamp(job.begin_at)}  ({when})"]
 
 
+def exit_lines(job: JobSummary) -> list[str]:
+    """``show``'s exit of the job's latest incarnation that ended: the job's code or signal,
+    then each rank's (none before one ended)."""
+    if job.exit_code is None and job.exit_signal is None and not job.replica_exits:
+        return []
+
+    def said(code: int | None, signal: int | None) -> str:
+        return str(code) if code is not None else f"signal {signal}" if signal else "unknown"
+
+    ranks = "; ".join(
+        f"rank {r.rank} on {r.node}: {said(r.code, r.signal)}" for r in job.replica_exits
+    )
+    return [
+        f"  exit        {said(job.exit_code, job.exit_signal)}" + (f"  ({ranks})" if ranks else "")
+    ]
+
+
 def forecast_lines(job: JobSummary) -> list[str]:
     """``show``'s forecast of a queued or running job: expected start and finish (the
     daemon's forecast, ``unknown`` without one)."""
@@ -155,12 +177,33 @@ def cmd_logs(args: argparse.Namespace) -> int:
     newlines and tabs is shown as an escape (``untrusted.printable_log``): a job's output must
     not retitle, clear or move the cursor of the reader's terminal; piped (or with ``--raw``)
     it is written as the job wrote it, like ``cat``."""
-    client = client_for(args)
     safe = sys.stdout.isatty() if args.safe is None else args.safe
-    stream = PartialEscape() if safe else None
     offset = -abs(args.tail) if args.tail else 0
+    state = print_log(
+        client_for(args), job_id(args.id), args.rank, offset=offset, safe=safe, follow=args.follow
+    )
+    if not args.follow:
+        return 0
+    # `logs -f` ends with the job: its exit status says how the job ended
+    return 0 if state is JobState.SUCCEEDED else 1
+
+
+def print_log(
+    client: Client,
+    ident: str,
+    rank: int,
+    *,
+    offset: int = 0,
+    safe: bool,
+    follow: bool,
+    on_poll: Callable[[LogsReply], None] | None = None,
+) -> JobState:
+    """Write rank ``rank``'s log of job ``ident`` to stdout from ``offset`` (escaped when
+    ``safe``); with ``follow``, until the job has ended (``on_poll`` sees each reply that
+    caught up with the log, before the next look).  Returns the job's state at the end."""
+    stream = PartialEscape() if safe else None
     while True:
-        reply = client.call(Logs(id=job_id(args.id), rank=args.rank, offset=offset))
+        reply = client.call(Logs(id=ident, rank=rank, offset=offset))
         if reply.data:
             sys.stdout.write(stream.feed(reply.data) if stream else reply.data)
             sys.stdout.flush()
@@ -169,11 +212,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
             continue
         if stream:
             sys.stdout.write(stream.flush())
-        if not args.follow:
-            return 0
-        if reply.state.terminal:
-            # `logs -f` ends with the job: its exit status says how the job ended
-            return 0 if reply.state is JobState.SUCCEEDED else 1
+            sys.stdout.flush()
+        if on_poll is not None:
+            on_poll(reply)
+        if not follow or reply.state.terminal:
+            return reply.state
         time.sleep(0.5)
 
 

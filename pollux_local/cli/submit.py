@@ -168,6 +168,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "  pollux-local submit --array 0-9 --max-running 2 train.py --fold-from-env\n"
         "  pollux-local submit --constraint type=a100 --notify ntfy://lab-runs train.py",
     )
+    add_job_arguments(p)
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="queue nothing: say when the job would start and finish (as `estimate`)",
+    )
+    p.set_defaults(func=cmd_submit)
+
+
+def add_job_arguments(p: argparse.ArgumentParser) -> None:
+    """The command and every option of a job (``submit``'s, also ``run``'s): what
+    :func:`build_submit_request` reads."""
     p.add_argument(
         "program", nargs="?", metavar="COMMAND", help="train.py, python ..., or a program"
     )
@@ -220,13 +232,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--workdir", help="working directory (default: the current one)")
     p.add_argument("--env", action="append", metavar="K=V", help="extra environment variable")
     p.add_argument("--hold", action="store_true", help="submit held (start with `release`)")
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="queue nothing: say when the job would start and finish (as `estimate`)",
-    )
     add_scheduling_options(p)
-    p.set_defaults(func=cmd_submit)
 
 
 def add_scheduling_options(p: argparse.ArgumentParser) -> None:

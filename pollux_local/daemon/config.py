@@ -79,6 +79,7 @@ from pollux_local.core.sharing import DEFAULT_MAX_JOBS_PER_DEVICE
 from pollux_local.daemon import gpus
 from pollux_local.durations import DurationError, parse_duration
 from pollux_local.errors import PolluxError
+from pollux_local.launch.slurm.allocation import Allocation, SlurmNode
 from pollux_local.launch.ssh.nodes import SSH_KEYS, SshNodeConfig
 from pollux_local.sizes import SizeError, format_size, parse_size
 from pollux_local.tomlfile import check_keys, read_toml
@@ -106,12 +107,14 @@ class NodeConfig:
     #: CPU-backed test devices: how many times slower than plain CPU they are
     #: (``[nodes.NAME] slowdown``; jobs stretch their steps by it): a second device type
     slowdown: float | None = None
+    #: a node of the Slurm allocation the daemon runs in (its jobs run as job steps)
+    slurm: SlurmNode | None = None
 
     def __post_init__(self) -> None:
         if not self.device_type:
             kind = "cpu" if all(d.startswith("cpu") for d in self.devices) else "gpu"
             object.__setattr__(self, "device_type", kind)
-        if self.ssh is None and not self.is_local:
+        if self.ssh is None and self.slurm is None and not self.is_local:
             table = (
                 {"host": self.host}
                 if self.workdir is None
@@ -242,6 +245,22 @@ def parse_devices(spec: str | Sequence[str] | int, where: str = "--devices") -> 
     if not devices:
         raise PolluxError(f"{where}: no devices given")
     return devices
+
+
+def slurm_nodes(allocation: Allocation) -> tuple[NodeConfig, ...]:
+    """The nodes of a Slurm allocation as the daemon schedules them (``--launcher slurm``:
+    they replace the config's nodes): each with the GPUs the allocation holds there, typed by
+    their gres type (``gpu:a100:4``), or its allocated CPUs."""
+    return tuple(
+        NodeConfig(
+            name=node.name,
+            devices=node.devices,
+            host=node.address,
+            device_type=node.gpu_type or "",
+            slurm=node,
+        )
+        for node in allocation.nodes
+    )
 
 
 def local_node(devices: str | None = None) -> NodeConfig:

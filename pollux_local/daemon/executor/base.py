@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -30,6 +31,11 @@ from pollux_local.launch.local import LocalLauncher
 log = logging.getLogger("pollux_local.daemon")
 
 Device = tuple[str, str]  # (node name, device id)
+
+
+def slurm_job_id() -> str:
+    """The Slurm job (allocation) the daemon runs in."""
+    return os.environ.get("SLURM_JOB_ID", "")
 
 
 def allocation_devices(allocation: Allocation) -> Iterable[Device]:
@@ -81,6 +87,7 @@ class ExecutorBase:
             log_keep_free=config.log_keep_free,
         )
         self._ssh: Launcher | None = None
+        self._slurm: Launcher | None = None
         self._checking: dict[str, asyncio.Task[None]] = {}
         self._noted_down: set[tuple[int, str]] = set()
         self._stop_tasks: dict[int, asyncio.Task[None]] = {}
@@ -96,11 +103,23 @@ class ExecutorBase:
     # --- launchers and nodes ----------------------------------------------------------------
 
     def launcher_for(self, node: NodeConfig) -> Launcher:
+        if node.slurm is not None:
+            return self._slurm_launcher()
         if node.is_local:
             return self._local
         if self._ssh is None:
             self._ssh = make_ssh_launcher(self.config, self.state_dir)
         return self._ssh
+
+    def _slurm_launcher(self) -> Launcher:
+        """The launcher of the Slurm allocation's nodes (made on first use)."""
+        if self._slurm is None:
+            from pollux_local.launch.slurm import Allocation, SlurmLauncher
+
+            nodes = tuple(n.slurm for n in self.config.nodes if n.slurm is not None)
+            self.run_dir.mkdir(mode=0o700, exist_ok=True)
+            self._slurm = SlurmLauncher(Allocation(slurm_job_id(), nodes), self.run_dir)
+        return self._slurm
 
     def reconfigure(self, config: DaemonConfig) -> None:
         """Use a config read again (``SIGHUP``) from now on: its nodes, devices and settings.

@@ -1,0 +1,193 @@
+"""The Slurm launcher: every incarnation of a job is one job step of the daemon's allocation,
+started with ``srun`` by a keeper (``keeper.py``) that records its end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+import psutil
+
+from pollux_local.api.launch import PER_RANK_VARIABLES
+from pollux_local.errors import PolluxError
+from pollux_local.launch.base import LaunchSpec, NodeHealth, ReplicaSlot
+from pollux_local.launch.local import replica_env
+from pollux_local.launch.slurm.allocation import (
+    Allocation,
+    Runner,
+    SlurmNode,
+    node_lost,
+    node_state,
+    run_slurm,
+)
+from pollux_local.launch.slurm.step import SlurmStepGroup, read_record
+
+log = logging.getLogger("pollux_local.launch.slurm")
+
+#: Each task takes its ranks from Slurm's step environment, then runs the job's command.
+RANK_WRAPPER = (
+    'RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" NODE_RANK="$SLURM_NODEID"'
+    ' GROUP_RANK="$SLURM_NODEID" ROLE_RANK="$SLURM_PROCID"'
+    ' && export RANK LOCAL_RANK NODE_RANK GROUP_RANK ROLE_RANK && exec "$@"'
+)
+
+
+#: The keeper's source (standard library only), run as a script.
+KEEPER = Path(__file__).with_name("keeper.py")
+
+
+def step_name(job_id: str) -> str:
+    """The name of a job's steps (how its keeper finds the step's id)."""
+    return f"pollux-{job_id}"
+
+
+class SlurmLauncher:
+    """Starts replica groups as job steps of the allocation (implements ``Launcher``)."""
+
+    def __init__(
+        self,
+        allocation: Allocation,
+        run_dir: Path,
+        *,
+        run: Runner = run_slurm,
+        python: str = sys.executable,
+    ) -> None:
+        self.allocation = allocation
+        self.nodes = {node.name: node for node in allocation.nodes}
+        self.run_dir = Path(run_dir)
+        self._run = run
+        self.python = python
+
+    def record_path(self, job_id: str) -> Path:
+        return self.run_dir / f"slurm-{job_id}.json"
+
+    def _node(self, name: str) -> SlurmNode:
+        try:
+            return self.nodes[name]
+        except KeyError:
+            raise PolluxError(
+                f"node {name!r} is not in Slurm job {self.allocation.job_id}"
+            ) from None
+
+    def srun_argv(self, spec: LaunchSpec) -> list[str]:
+        """The ``srun`` command of one incarnation: its exact nodes and tasks per node, the
+        GPUs each node's tasks share (Slurm binds them and sets ``CUDA_VISIBLE_DEVICES``), the
+        rank wrapper around the job's command."""
+        slots = sorted(spec.slots, key=lambda s: s.rank)
+        by_node: dict[str, list[ReplicaSlot]] = {}
+        for slot in slots:
+            by_node.setdefault(self._node(slot.node).name, []).append(slot)
+        srun = shutil.which("srun")
+        if srun is None:
+            raise PolluxError("`srun` not found: the Slurm launcher needs Slurm's client tools")
+        argv = [
+            srun,
+            f"--jobid={self.allocation.job_id}",
+            f"--job-name={step_name(spec.job_id)}",
+            f"--nodes={len(by_node)}",
+            f"--ntasks={len(slots)}",
+            "--exact",
+            "--kill-on-bad-exit=1",
+            "--export=ALL",
+            f"--chdir={spec.workdir}",
+            f"--output={spec.log_dir}/rank%t.log",
+            "--open-mode=append",
+        ]
+        counts = {len(node_slots) for node_slots in by_node.values()}
+        gpus = all(slot.device.startswith("cuda") for slot in slots)
+        if len(counts) == 1:
+            per_node = counts.pop()
+            argv += [f"--nodelist={','.join(by_node)}", f"--ntasks-per-node={per_node}"]
+            if gpus:
+                argv.append(f"--gres=gpu:{per_node}")
+        else:  # ranks placed one by one, in rank order
+            argv += ["--distribution=arbitrary", f"--nodelist={','.join(s.node for s in slots)}"]
+            if gpus:
+                argv.append("--gpus-per-task=1")
+        return [*argv, "/bin/sh", "-c", RANK_WRAPPER, "pollux-rank", *spec.argv]
+
+    def step_env(self, spec: LaunchSpec) -> dict[str, str]:
+        """What every task gets (srun exports it): the launch environment common to all
+        ranks, ``MASTER_ADDR`` rank 0's node when the step spans nodes; the per-rank
+        variables come from the wrapper, ``CUDA_VISIBLE_DEVICES`` from Slurm."""
+        slots = sorted(spec.slots, key=lambda s: s.rank)
+        env = {
+            k: v
+            for k, v in replica_env(spec, slots[0]).items()
+            if k not in PER_RANK_VARIABLES or k == "LOCAL_WORLD_SIZE"
+        }
+        per_node = {sum(1 for s in slots if s.node == slot.node) for slot in slots}
+        if len(per_node) != 1:
+            env.pop("LOCAL_WORLD_SIZE", None)
+        if len({slot.node for slot in slots}) > 1:
+            env["MASTER_ADDR"] = self._node(slots[0].node).address
+        if "SLURM_CONF" in os.environ:
+            env.setdefault("SLURM_CONF", os.environ["SLURM_CONF"])
+        return env
+
+    async def launch(self, spec: LaunchSpec) -> SlurmStepGroup:
+        """Start ``spec`` as one job step (through its keeper)."""
+        if not spec.slots:
+            raise PolluxError(f"job {spec.job_id}: nothing to launch (no replica slots)")
+        if spec.run_as is not None and os.geteuid() == 0:
+            raise PolluxError(
+                "a daemon in a Slurm allocation runs jobs as the allocation's owner; "
+                f"it will not run {spec.run_as}'s job as root"
+            )
+        record = self.record_path(spec.job_id)
+        record.unlink(missing_ok=True)
+        order = {
+            "srun": self.srun_argv(spec),
+            "env": self.step_env(spec),
+            "record": str(record),
+            "log": str(record.with_suffix(".srun.log")),
+            "token": f"{spec.job_id}:{spec.env.get('POLLUX_RESTARTS', '0')}",
+            "slurm_job": self.allocation.job_id,
+            "step_name": step_name(spec.job_id),
+        }
+        log.debug("job %s: %s", spec.job_id, shlex.join(order["srun"]))
+        keeper = await asyncio.create_subprocess_exec(
+            self.python, str(KEEPER), stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True, cwd="/",
+        )  # fmt: skip
+        assert keeper.stdin is not None
+        keeper.stdin.write(json.dumps(order).encode() + b"\n")
+        await keeper.stdin.drain()
+        keeper.stdin.close()
+        asyncio.ensure_future(keeper.wait())  # reaped when it ends
+        try:
+            started: float | None = psutil.Process(keeper.pid).create_time()
+        except psutil.Error:
+            started = None
+        return SlurmStepGroup(spec, record, keeper.pid, started, self._run)
+
+    async def recover(self, spec: LaunchSpec, token: str) -> SlurmStepGroup | None:
+        """The incarnation ``token`` of a job recorded as running when the daemon stopped,
+        from its keeper's record; ``None`` when there is none (the job is queued again)."""
+        record = read_record(self.record_path(spec.job_id))
+        if record is None or record.get("token") != token:
+            return None
+        pid = int(record.get("keeper_pid") or 0)
+        started = float(record["started"]) if record.get("started") else None
+        return SlurmStepGroup(spec, self.record_path(spec.job_id), pid, started, self._run)
+
+    async def check_node(self, node: str) -> NodeHealth:
+        """Up unless Slurm reports the node down, failed or not responding."""
+        devices = list(self._node(node).devices)
+        try:
+            state = await asyncio.to_thread(node_state, node, self._run)
+        except PolluxError as exc:
+            return NodeHealth(node=node, reachable=False, error=str(exc))
+        if node_lost(state):
+            return NodeHealth(node=node, reachable=False, error=f"Slurm reports it {state}")
+        return NodeHealth(node=node, reachable=True, devices=devices)
+
+    async def close(self) -> None:
+        """Nothing to close: the steps run on under their keepers."""

@@ -1,0 +1,212 @@
+"""A job incarnation running as one Slurm job step (:class:`SlurmStepGroup`), watched through
+the record its keeper writes (``keeper.py``): the same object serves a step this daemon
+started and one a restarted daemon finds running."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from pollux_local.api.states import ExitCode
+from pollux_local.errors import PolluxError
+from pollux_local.launch.base import LaunchSpec
+from pollux_local.launch.slurm.allocation import Runner, node_lost, node_state
+
+log = logging.getLogger("pollux_local.launch.slurm")
+
+#: How often a step's record is read while it runs.
+POLL_S = 0.25
+#: How long a stop waits after ``scancel`` of the step for its end (beyond Slurm's KillWait).
+KILL_WAIT_S = 40.0
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    """A keeper's record, or ``None`` when there is none (or it cannot be read)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("version") == 1 else None
+
+
+def _alive(pid: int, since: float | None) -> bool:
+    """Whether ``pid`` still runs and is the process started at ``since`` (not a reused pid)."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return since is None or abs(proc.create_time() - since) < 2.0
+    except psutil.Error:
+        return False
+
+
+class SlurmStepGroup:
+    """One incarnation as a Slurm job step (see :class:`ReplicaGroup`)."""
+
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        record_path: Path,
+        keeper_pid: int,
+        keeper_started: float | None,
+        run: Runner,
+    ) -> None:
+        self.spec = spec
+        self.record_path = record_path
+        self.keeper_pid = keeper_pid
+        self.keeper_started = keeper_started
+        self._run = run
+        self._code: int | None = None
+        self._codes: dict[int, int] = {}
+        #: One line explaining why the group failed, when it did (a lost node, ...).
+        self.failure_reason: str | None = None
+        self.failed_at: float | None = None
+        self.started_at = time.monotonic()
+        self._done = asyncio.Event()
+        self._watcher = asyncio.ensure_future(self._watch())
+
+    # -- watching --------------------------------------------------------------------------
+    async def _watch(self) -> None:
+        missing_since: float | None = None
+        while True:
+            record = read_record(self.record_path)
+            if record is not None and record.get("state") == "ended":
+                await self._ended(record)
+                break
+            if not _alive(self.keeper_pid, self.keeper_started):
+                # the keeper may have written its end just now
+                record = read_record(self.record_path)
+                if record is not None and record.get("state") == "ended":
+                    await self._ended(record)
+                    break
+                missing_since = missing_since or time.monotonic()
+                if time.monotonic() - missing_since > 2.0:
+                    self.failure_reason = "the step's keeper ended without recording its end"
+                    self._finish(int(ExitCode.NODE_LOST), {})
+                    break
+            await asyncio.sleep(POLL_S)
+
+    async def _ended(self, record: Mapping[str, Any]) -> None:
+        codes = {int(rank): int(code) for rank, code in dict(record.get("ranks") or {}).items()}
+        code = int(record.get("exit_code", ExitCode.NODE_LOST))
+        if codes or code == 0:  # srun reports the ranks that did not exit 0
+            for slot in self.spec.slots:
+                codes.setdefault(slot.rank, 0)
+        if record.get("failure"):
+            self.failure_reason = str(record["failure"])
+        if code not in (0, ExitCode.RESCALE):
+            lost = await asyncio.to_thread(self._lost_nodes)
+            if lost:
+                for slot in self.spec.slots:
+                    if slot.node in lost:
+                        codes[slot.rank] = int(ExitCode.NODE_LOST)
+                code = int(ExitCode.NODE_LOST)
+                self.failure_reason = "Slurm reports node(s) " + ", ".join(
+                    f"{name} {state}" for name, state in lost.items()
+                )
+            elif self.failure_reason is None:
+                failing = [r for r in record.get("order", ()) if codes.get(int(r)) == code]
+                rank = int(failing[0]) if failing else None
+                where = next((s.node for s in self.spec.slots if s.rank == rank), "?")
+                self.failure_reason = (
+                    f"rank {rank} on node {where} ended with {code}"
+                    if rank is not None
+                    else f"srun ended with {record.get('srun_code')}"
+                )
+        self._finish(code, codes)
+
+    def _lost_nodes(self) -> dict[str, str]:
+        """The step's nodes Slurm reports down, failed or not responding (name -> state)."""
+        lost: dict[str, str] = {}
+        for name in dict.fromkeys(slot.node for slot in self.spec.slots):
+            try:
+                state = node_state(name, self._run)
+            except PolluxError:
+                continue
+            if node_lost(state):
+                lost[name] = state
+        return lost
+
+    def _finish(self, code: int, codes: dict[int, int]) -> None:
+        self._codes = codes
+        self._code = code
+        if code not in (0, ExitCode.RESCALE):
+            self.failed_at = time.monotonic()
+        self._done.set()
+
+    # -- the ReplicaGroup interface ---------------------------------------------------------
+    def poll(self) -> int | None:
+        return self._code if self._done.is_set() else None
+
+    def exit_codes(self) -> dict[int, int]:
+        """rank -> status (``-N``: signal N) of every rank, once the step has ended."""
+        return dict(self._codes)
+
+    async def wait(self) -> int:
+        await self._done.wait()
+        assert self._code is not None
+        return self._code
+
+    async def _wait_for(self, timeout_s: float) -> bool:
+        try:
+            await asyncio.wait_for(asyncio.shield(self._done.wait()), max(timeout_s, 0.0))
+        except TimeoutError:
+            return False
+        return True
+
+    async def _step_id(self, timeout_s: float) -> str | None:
+        deadline = time.monotonic() + timeout_s
+        while not self._done.is_set():
+            record = read_record(self.record_path)
+            if record is not None and record.get("step"):
+                return str(record["step"])
+            if time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(POLL_S)
+        return None
+
+    async def _scancel(self, *args: str) -> None:
+        with contextlib.suppress(PolluxError):
+            await asyncio.to_thread(self._run, ["scancel", *args])
+
+    async def stop(self, grace_s: float) -> int | None:
+        """``scancel --signal=TERM`` of the step (a checkpoint and exit 75), ``scancel`` of
+        it ``grace_s`` later (Slurm then kills what is left after its KillWait)."""
+        if self._done.is_set():
+            return await self.wait()
+        step = await self._step_id(10.0)
+        if step is None and not self._done.is_set():
+            # srun has not made its step yet: its keeper forwards SIGTERM to it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.keeper_pid, signal.SIGTERM)
+        elif step is not None:
+            await self._scancel("--signal=TERM", step)
+        if await self._wait_for(grace_s):
+            return await self.wait()
+        if step is not None:
+            await self._scancel(step)
+        else:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.keeper_pid, signal.SIGKILL)
+        if await self._wait_for(KILL_WAIT_S):
+            return await self.wait()
+        return None
+
+    def pids(self) -> Mapping[int, int]:
+        """rank -> pid: the ranks run on Slurm's nodes, out of sight; none known."""
+        return {}
+
+    async def forget(self) -> None:
+        """Remove the keeper's record and srun's log (the end is in the daemon's store)."""
+        self.record_path.unlink(missing_ok=True)
+        self.record_path.with_suffix(".srun.log").unlink(missing_ok=True)

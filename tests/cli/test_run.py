@@ -1,0 +1,106 @@
+"""``pollux-local run`` against a real daemon, as a user runs it (its own process): the job's
+output on stdout, its state changes on stderr, its exit code as the command's; Ctrl-C
+cancels the job."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_process import DaemonFactory, DaemonProcess, daemon_environ, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+CONFIG = '[scheduler]\npolicy = "fifo"\ninterval_s = 0.5\n'
+
+
+@pytest.fixture()
+def daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
+    return daemon_factory(devices="cpu:1", config=CONFIG)
+
+
+def run(daemon: DaemonProcess, tmp_path: Path, *argv: str) -> subprocess.Popen[str]:
+    """``pollux-local run --workdir TMP ARGV`` against ``daemon``, started."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pollux_local", "run", "--state-dir", str(daemon.state_dir),
+         "--workdir", str(tmp_path), *argv],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=daemon_environ(),
+    )  # fmt: skip
+
+
+def test_run_prints_the_output_and_exits_with_the_jobs_code(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    proc = run(daemon, tmp_path, "sh", "-c", "echo first line; echo second line; exit 5")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 5, err
+    lines = out.splitlines()
+    assert lines.index("first line") + 1 == lines.index("second line")
+    said = err.splitlines()
+    assert said[0].startswith("submitted job ")
+    job_id = said[0].split()[-1]
+    assert any(line.startswith(f"job {job_id} running on ") for line in said), err
+    assert said[-1].startswith(f"job {job_id} failed: replica exited with code 5"), err
+    shown = daemon.client.request("show", id=job_id)["job"]
+    assert (shown["state"], shown["exit_code"]) == ("failed", 5)
+
+
+def test_run_of_a_job_that_succeeds_exits_0_after_waiting_in_the_queue(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    blocker = daemon.client.request("submit", argv=["sleep", "2"], workdir=str(tmp_path))["id"]
+    wait_for(
+        lambda: daemon.client.request("show", id=blocker)["job"]["state"] == "running",
+        20,
+        "the first job to hold the one device",
+    )
+    proc = run(daemon, tmp_path, "--name", "after", "echo", "done")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "done" in out.splitlines()
+    said = err.splitlines()
+    job_id = said[0].split()[-1]
+    queued = [line for line in said if line.startswith(f"job {job_id} queued")]
+    assert any(line.startswith(f"job {job_id} queued: ") for line in queued), err  # and why
+    assert any(line.startswith(f"job {job_id} running on ") for line in said), err
+    assert said[-1] == f"job {job_id} succeeded: finished"
+
+
+def test_run_of_a_job_killed_by_a_signal_exits_128_plus_it(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    proc = run(daemon, tmp_path, "sh", "-c", "kill -KILL $$")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGKILL, err
+
+
+def test_ctrl_c_cancels_the_job_and_exits_130(daemon: DaemonProcess, tmp_path: Path) -> None:
+    proc = run(daemon, tmp_path, "sh", "-c", "echo started; exec sleep 60")
+    assert proc.stdout is not None
+    while "started" not in (proc.stdout.readline() or "started"):
+        pass
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    job_id = err.splitlines()[0].split()[-1]
+    assert f"job {job_id} cancelled (interrupted)" in err
+    wait_for(
+        lambda: daemon.client.request("show", id=job_id)["job"]["state"] == "cancelled",
+        10,
+        "the job to be cancelled",
+    )
+
+
+def test_run_refuses_an_array(daemon: DaemonProcess, tmp_path: Path) -> None:
+    proc = run(daemon, tmp_path, "--array", "0-1", "true")
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    assert err.strip() == (
+        "pollux-local: error: run starts one job; an array or sweep makes several:"
+        " submit, then wait"
+    )
+    assert daemon.client.request("status")["jobs"] == []
