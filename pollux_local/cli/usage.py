@@ -30,7 +30,7 @@ def used(row: DeviceUsage) -> str:
     (``-``: nothing measured)."""
     if row.used_device_hours is None:
         return "-"
-    if row.measured_device_hours < row.device_hours - 0.005:
+    if row.measured_device_hours < row.device_hours * (1 - 1e-9):
         return f"{hours(row.used_device_hours)} of {hours(row.measured_device_hours)}"
     return hours(row.used_device_hours)
 
