@@ -1,0 +1,94 @@
+"""``wait --all`` and ``wait --array ID`` on a real daemon (cpu:2, a pass a second): they wait
+for every job named (the caller's active jobs when the wait starts; every task of an array),
+exit 0 only when all succeeded (else 1, as ``wait ID`` does) and ``--json`` gives each job's
+final state; a job that ended before the wait is not waited for."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.daemon.test_e2e import CONFIG, Daemon
+from tests.daemon_process import DaemonFactory
+
+pytestmark = pytest.mark.timeout(180)
+
+#: Sleeps a moment, then exits with the code given (a task of an array: 3 for index 2).
+JOB = """
+import os, sys, time
+time.sleep(float(sys.argv[1]))
+index = os.environ.get("POLLUX_ARRAY_INDEX")
+sys.exit(3 if index == "2" else int(sys.argv[2]))
+"""
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, daemon_factory: DaemonFactory) -> Daemon:
+    (tmp_path / "job.py").write_text(JOB)
+    d = Daemon(daemon_factory, CONFIG)
+    d.start()
+    return d
+
+
+def wait(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
+    return daemon.cli("wait", "--interval", "0.2", "--timeout", "90", *args, check=False)
+
+
+def rows(done: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:
+    return {row["id"]: row for row in json.loads(done.stdout)["jobs"]}
+
+
+def test_wait_all_waits_for_every_active_job_of_mine_and_fails_if_one_failed(
+    daemon: Daemon,
+) -> None:
+    early = daemon.submit("job.py", "0", "5")
+    daemon.wait_for(lambda j: j[early]["state"] == "failed", 30)  # ended before the wait
+    fine = [daemon.submit("job.py", "4", "0") for _ in range(2)]
+    crash = daemon.submit("job.py", "2", "4")
+    held = daemon.submit("--hold", "job.py", "0", "0")
+    daemon.cli("release", held)
+    done = wait(daemon, "--all", "--json")
+    assert done.returncode == 1, done.stderr
+    found = rows(done)
+    assert set(found) == {*fine, crash, held}, found  # not the job that ended before
+    assert [found[i]["state"] for i in fine] == ["succeeded", "succeeded"]
+    assert found[held]["state"] == "succeeded"
+    assert found[crash]["state"] == "failed" and "code 4" in found[crash]["reason"]
+    assert json.loads(done.stdout)["pending"] == []
+
+    nothing = wait(daemon, "--all")
+    assert nothing.returncode == 0 and nothing.stdout.strip() == "no job to wait for"
+    ok = daemon.submit("job.py", "0.5", "0")
+    done = wait(daemon, "--all")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().startswith(f"job {ok} succeeded")
+
+
+def test_wait_array_waits_for_every_task(daemon: Daemon) -> None:
+    good = daemon.submit("--array", "0-1", "job.py", "0.5", "0")
+    done = wait(daemon, "--array", good)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 2 and all("succeeded" in line for line in lines), lines
+
+    bad = daemon.submit("--array", "0-3", "job.py", "0.5", "0")  # task 2 exits 3
+    other = daemon.submit("job.py", "30", "0")  # not a task: not waited for
+    done = wait(daemon, "--array", bad, "--json")
+    assert done.returncode == 1, done.stderr
+    found = rows(done)
+    assert len(found) == 4 and other not in found, found
+    failed = [row for row in found.values() if row["state"] == "failed"]
+    assert len(failed) == 1 and "code 3" in failed[0]["reason"], found
+    assert sum(row["state"] == "succeeded" for row in found.values()) == 3
+
+    refused = wait(daemon, "--array", other)
+    assert refused.returncode == 2
+    [line] = refused.stderr.strip().splitlines()
+    assert f"job {other} is not an array" in line, line
+    refused = wait(daemon)
+    assert refused.returncode == 2 and "--all" in refused.stderr
+    daemon.cli("cancel", other)
