@@ -5,7 +5,9 @@ The convention: a process that exited has ``code`` 0-255 and ``signal`` ``None``
 killed by signal N has ``code`` ``None`` and ``signal`` N (never the shell's 128+N, which
 cannot be told apart from a program's own exit 128+N); both ``None``: its end is not known
 (its supervisor was killed before it recorded it).  Only ``pollux-local run`` turns a signal
-into the shell's 128+N, as its own exit status (:func:`shell_status`)."""
+into the shell's 128+N, as its own exit status (:func:`shell_status`).  One exception: a rank
+on an SSH node is reported by the node's agent (``launch/node_agent.py``) with the shell's
+128+N already, so there a death by signal N is recorded as code 128+N."""
 
 from __future__ import annotations
 
