@@ -1,0 +1,175 @@
+"""A real daemon inside a real Slurm allocation of the test bed (``scripts/slurm-testbed-up``):
+every incarnation of a job is one ``srun`` job step.
+
+(a) a 2-rank DDP job (gloo, CPU) runs as one step across both nodes: its ranks see Slurm's step
+environment and torchrun's; (b) a cancelled job's step ends (``scancel --signal=TERM``: the job
+checkpoints and exits 75), its exit recorded; (c) the daemon SIGKILLed mid-job and restarted in
+the same allocation finds the step still running, waits for it, and loses nothing (no second
+incarnation, a queued job still there and run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
+from tests.paths import REPO_ROOT
+
+from .conftest import SlurmAllocation, daemon_config
+
+pytestmark = pytest.mark.timeout(150)
+
+GLOO_JOB = REPO_ROOT / "tests" / "multinode" / "gloo_job.py"
+
+
+def submit(
+    daemon: DaemonProcess, workdir: Path, steps: int, sleep_s: float, ranks: int = 2, **extra: Any
+) -> str:
+    """The gloo job on exactly ``ranks`` devices; each rank first writes its environment to
+    ``$POLLUX_CHECKPOINT_DIR/env-$RANK.json``."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", "/root"),
+        "PYTHONPATH": str(REPO_ROOT),
+        "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": "eth0",  # each node's only link in the test bed
+    }
+    dump = (
+        f"{sys.executable} -c 'import json,os; json.dump(dict(os.environ),"
+        ' open(os.path.join(os.environ["POLLUX_CHECKPOINT_DIR"],'
+        ' "env-" + os.environ["RANK"] + ".json"), "w"))\''
+    )
+    argv = ["/bin/sh", "-c", f'{dump} && exec "$@"', "job", sys.executable, str(GLOO_JOB),
+            "--steps", str(steps), "--step-sleep", str(sleep_s), "--checkpoint-every", "5"]  # fmt: skip
+    reply = daemon.client.request(
+        "submit", argv=argv, workdir=str(workdir), env=env, min_gpus=ranks, max_gpus=ranks,
+        name="gloo", **extra,
+    )  # fmt: skip
+    return str(reply["id"])
+
+
+def job(daemon: DaemonProcess, job_id: str) -> dict[str, Any]:
+    return dict(daemon.client.request("show", id=job_id)["job"])
+
+
+def ended(daemon: DaemonProcess, job_id: str, timeout_s: float = 90) -> str:
+    done = ("succeeded", "failed", "cancelled")
+    return str(
+        wait_for(lambda: (s := job(daemon, job_id)["state"]) in done and s, timeout_s, "its end")
+    )
+
+
+def steps_of(allocation: SlurmAllocation) -> dict[str, str]:
+    """The allocation's running steps: name -> step id (``squeue -s``)."""
+    out = subprocess.run(
+        ["squeue", "-h", "-s", "-j", allocation.job_id, "-o", "%i %j"],
+        capture_output=True, text=True, timeout=20,
+    ).stdout  # fmt: skip
+    return {p[1]: p[0] for line in out.splitlines() if len(p := line.split()) == 2}
+
+
+def incarnations(ckpt: Path) -> list[dict[str, Any]]:
+    path = ckpt / "incarnations.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def checkpoint_step(ckpt: Path) -> int:
+    import torch
+
+    try:
+        return int(torch.load(ckpt / "model.pt")["step"])
+    except Exception:
+        return -1
+
+
+def test_two_rank_job_runs_as_one_step_across_both_nodes(
+    allocation: SlurmAllocation, slurm_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    h1, h2 = allocation.nodes
+    nodes = {row["name"]: row for row in slurm_daemon.client.request("nodes")["nodes"]}
+    assert set(nodes) == {h1, h2} and all(row["up"] for row in nodes.values()), nodes
+    job_id = submit(slurm_daemon, tmp_path, steps=40, sleep_s=0.02)
+    state = ended(slurm_daemon, job_id)
+    logs = slurm_daemon.client.request("logs", id=job_id, offset=-4000)["data"]
+    assert state == "succeeded", logs
+    shown = job(slurm_daemon, job_id)
+    assert shown["exit_code"] == 0 and shown["exit_signal"] is None, shown
+    ckpt = tmp_path / "ckpt" / job_id
+    assert incarnations(ckpt) == [{"start_step": 0, "world": 2, "hosts": [h1, h2]}]
+    assert json.loads((ckpt / "done.json").read_text())["step"] == 40
+    envs = [json.loads((ckpt / f"env-{rank}.json").read_text()) for rank in (0, 1)]
+    for rank, env in enumerate(envs):
+        # Slurm's step: one step of the allocation, this rank its task, the GPU Slurm bound
+        assert env["SLURM_JOB_ID"] == allocation.job_id
+        assert env["SLURM_STEP_NUM_TASKS"] == "2" and env["SLURM_STEP_NUM_NODES"] == "2"
+        assert env["SLURM_PROCID"] == str(rank) and env["SLURMD_NODENAME"] == (h1, h2)[rank]
+        assert env["CUDA_VISIBLE_DEVICES"] in ("0", "1")  # the one GPU of its node Slurm bound
+        # torchrun's contract, the ranks taken from Slurm's
+        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "2"
+        assert env["LOCAL_RANK"] == "0" and env["LOCAL_WORLD_SIZE"] == "1"
+        assert env["NODE_RANK"] == env["GROUP_RANK"] == str(rank)
+        assert env["MASTER_ADDR"] == "10.217.0.11" and env["MASTER_PORT"].isdigit()
+        assert env["TORCHELASTIC_RUN_ID"] == f"pollux-{job_id}"
+        assert env["POLLUX_JOB_ID"] == job_id and env["POLLUX_NUM_NODES"] == "2"
+        assert env["POLLUX_DEVICE_TYPE"] == "testgpu"
+    assert envs[0]["SLURM_STEP_ID"] == envs[1]["SLURM_STEP_ID"]
+    # each rank's output went to its log through Slurm (--output), in the job's directory
+    rank1 = (slurm_daemon.state_dir / "jobs" / job_id / "rank1.log").read_text()
+    assert f"rank 1/2 on {h2} starts at step 0" in rank1 and "rank 1 finished at step 40" in rank1
+    assert f"pollux-{job_id}" not in steps_of(allocation)
+
+
+def test_cancelled_job_ends_its_step(
+    allocation: SlurmAllocation, slurm_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    job_id = submit(slurm_daemon, tmp_path, steps=100_000, sleep_s=0.05)
+    ckpt = tmp_path / "ckpt" / job_id
+    wait_for(lambda: checkpoint_step(ckpt) >= 5, 60, "the job to make progress")
+    assert f"pollux-{job_id}" in steps_of(allocation)
+    slurm_daemon.client.request("cancel", ids=[job_id])
+    assert ended(slurm_daemon, job_id, 40) == "cancelled"
+    wait_for(lambda: f"pollux-{job_id}" not in steps_of(allocation), 20, "the step to end")
+    logs = slurm_daemon.client.request("logs", id=job_id, offset=-4000)["data"]
+    # SIGTERM came through scancel --signal=TERM: the job checkpointed and exited 75
+    assert "checkpointed at step" in logs, logs
+    shown = job(slurm_daemon, job_id)
+    assert shown["exit_code"] == 75 and shown["exit_signal"] is None, shown
+
+
+def test_daemon_killed_and_restarted_in_the_allocation_loses_nothing(
+    allocation: SlurmAllocation, daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    daemon = daemon_factory(
+        config=daemon_config(tmp_path), env=allocation.environ(), timeout_s=60, cwd=tmp_path
+    )
+    total = 150
+    first = submit(daemon, tmp_path, steps=total, sleep_s=0.05)
+    ckpt = tmp_path / "ckpt" / first
+    wait_for(lambda: checkpoint_step(ckpt) >= 10, 60, "the job to make progress")
+    second = submit(daemon, tmp_path, steps=20, sleep_s=0.02)  # queued: the devices are taken
+    assert job(daemon, second)["state"] == "queued"
+    step = steps_of(allocation)[f"pollux-{first}"]
+
+    daemon.kill()
+    time.sleep(1.0)
+    assert steps_of(allocation).get(f"pollux-{first}") == step  # the step runs on
+    daemon.start(timeout_s=60)
+
+    assert ended(daemon, first, 90) == "succeeded", daemon.output()
+    runs = incarnations(ckpt)
+    assert runs == [{"start_step": 0, "world": 2, "hosts": allocation.nodes}], runs
+    assert json.loads((ckpt / "done.json").read_text())["step"] == total
+    decisions = daemon.client.request("show", id=first)["decisions"]
+    assert any(d["kind"] == "recovered" for d in decisions), decisions
+    assert ended(daemon, second, 90) == "succeeded"
+    assert incarnations(tmp_path / "ckpt" / second)[0]["start_step"] == 0
