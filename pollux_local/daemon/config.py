@@ -45,6 +45,13 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     max_array_size = 1000     # tasks one array may have (default 1000)
     max_command_size = "4M"   # a job's command line and environment together (default 4M)
     max_stored_per_user = "64M"  # commands and environments of one user's jobs, all in all
+    default_mem = "16G"       # host memory of a job started here without --mem (default: none)
+    max_mem = "64G"           # the most --mem a job may ask for (default: no cap)
+    default_cpus = 4          # CPUs of a job started here without --cpus (default: none)
+    max_cpus = 8              # the most --cpus a job may ask for (default: no cap)
+    cgroup_root = "/sys/fs/cgroup"  # where cgroupfs is mounted (v2, or v1's memory and cpu)
+    cgroup_parent = "/lab"    # jobs' cgroups go under CGROUP/pollux-local here (default:
+                              # the daemon's own cgroup, in each hierarchy)
 
     [devices]
     reserved = ["cuda:3", "box2:cuda:0"]  # never given to a job (this machine's, or NODE:DEV)
@@ -61,6 +68,13 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
 
 ``SIGHUP`` makes the daemon read the file again: nodes, limits, reserved devices and
 notifications change without stopping a job (``reload_config``).
+
+Host memory and CPUs (``--mem``, ``--cpus``) are enforced with cgroups (v2, or v1's memory
+and cpu controllers: ``launch/cgroups.py``) on this machine only: a job that may be placed on
+a remote node cannot ask for them.  Where the cgroups cannot be written (a daemon not run as
+root), ``--mem``/``--cpus`` are refused at submit in one line, and ``default_mem`` and
+``default_cpus`` are not applied (one warning in the daemon's log).  The defaults apply when a
+job starts on this machine (a job started on a remote node gets none).
 """
 
 from __future__ import annotations
@@ -173,6 +187,16 @@ class DaemonConfig:
     #: bytes of commands and environments one user's queued, held and running jobs keep in
     #: the state (each stored once: an array's tasks share theirs)
     max_stored_per_user: int = 64 * 1024 * 1024
+    #: host memory (bytes) and CPUs of a job started here without ``--mem``/``--cpus``, and
+    #: the most a job may ask for (``None``: none, no cap); where the cgroups that enforce
+    #: them are (``cgroup_root``) and the cgroup jobs' groups go under (``cgroup_parent``;
+    #: ``None``: the daemon's own)
+    default_host_memory: int | None = None
+    max_host_memory: int | None = None
+    default_cpus: float | None = None
+    max_cpus: float | None = None
+    cgroup_root: str = "/sys/fs/cgroup"
+    cgroup_parent: str | None = None
     #: devices never given to a job, as ``node:device``
     reserved: tuple[str, ...] = ()
     #: a GPU counts as busy when processes outside the scheduler use this much of its memory
@@ -341,6 +365,12 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
             "max_array_size",
             "max_command_size",
             "max_stored_per_user",
+            "default_mem",
+            "max_mem",
+            "default_cpus",
+            "max_cpus",
+            "cgroup_root",
+            "cgroup_parent",
             "log_keep_free",
         }
     ),
@@ -554,6 +584,7 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
         # run is refused
         max_command_bytes=_size(limits, "limits", "max_command_size", "4M", where),
         max_stored_per_user=_size(limits, "limits", "max_stored_per_user", "64M", where),
+        **host_limits(limits, where),
         reserved=reserved_devices(devices_table.get("reserved", []), nodes, where),
         busy_memory=_size(devices_table, "devices", "busy_memory", "1G", where),
         max_jobs_per_device=_whole(
@@ -581,6 +612,32 @@ def _size(
             f"{where}: [{section}] {key} must be at least {format_size(least)}, got {size} bytes"
         )
     return size
+
+
+def host_limits(limits: dict[str, Any], where: str) -> dict[str, Any]:
+    """``[limits]``'s host memory and CPU keys as :class:`DaemonConfig` fields (a default
+    above its cap refused)."""
+    found: dict[str, Any] = {}
+    for key, field in (("default_mem", "default_host_memory"), ("max_mem", "max_host_memory")):
+        if key in limits:
+            found[field] = _size(limits, "limits", key, "", where, least=4 << 20)
+    for key in ("default_cpus", "max_cpus"):
+        if key in limits:
+            found[key] = _number(limits, key, 0.0, where, 0.01)
+    for default, cap, name in (
+        ("default_host_memory", "max_host_memory", "default_mem"),
+        ("default_cpus", "max_cpus", "default_cpus"),
+    ):
+        low, high = found.get(default), found.get(cap)
+        if low is not None and high is not None and low > high:
+            raise PolluxError(f"{where}: [limits] {name} is more than its cap")
+    for key in ("cgroup_root", "cgroup_parent"):
+        value = limits.get(key)
+        if value is not None:
+            if not isinstance(value, str) or not value.startswith("/") or ".." in value.split("/"):
+                raise PolluxError(f"{where}: [limits] {key} must be an absolute path")
+            found[key] = value
+    return found
 
 
 def _optional_whole(table: dict[str, Any], key: str, where: str) -> int | None:

@@ -51,6 +51,12 @@ SETTINGS = {
     "max_command_bytes": "max_command_size (bytes)",
     "max_stored_per_user": "max_stored_per_user (bytes)",
     "busy_memory": "[devices] busy_memory (bytes)",
+    "default_host_memory": "default_mem (bytes)",
+    "max_host_memory": "max_mem (bytes)",
+    "default_cpus": "default_cpus",
+    "max_cpus": "max_cpus",
+    "cgroup_root": "cgroup_root",
+    "cgroup_parent": "cgroup_parent",
     "max_jobs_per_device": "[devices] max_jobs_per_device",
 }
 #: What a reload does not name among the settings: the nodes (said apart) and where the

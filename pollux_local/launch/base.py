@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from pollux_local.errors import PolluxError
+from pollux_local.launch.cgroups import Limits
 
 #: Master (rendezvous) ports are drawn from [20000, 32000): below Linux's ephemeral range
 #: (32768-60999 by default), where the kernel picks the local ports of outgoing connections.
@@ -61,7 +62,8 @@ class LaunchSpec:
     CUDA_VISIBLE_DEVICES per replica.  ``run_as`` is a Unix user name to run as (daemon running
     as root) or ``None`` for the daemon's own user; ``run_as_uid`` is that user's uid as the
     daemon recorded it (this machine's launcher goes by the uid: a name may have been given to
-    another user since).  ``log_dir`` is the job's directory.
+    another user since).  ``log_dir`` is the job's directory.  ``limits``: the host memory and
+    CPUs its replicas may use, as cgroups (this machine's launcher only; ``None``: none).
     """
 
     job_id: str
@@ -73,6 +75,7 @@ class LaunchSpec:
     run_as: str | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
     run_as_uid: int | None = None
+    limits: Limits | None = None
 
 
 class ReplicaGroup(Protocol):

@@ -8,7 +8,10 @@ which becomes the job's user before it touches anything in the job's directory (
 ``rank<rank>.log``, the checkpoint directory) or enters the working directory; it forwards a
 stop, kills what is left after the grace period, and writes the incarnation's result to
 ``RUN_DIR/<job id>.json`` (``RUN_DIR`` is the daemon's own, ``STATE_DIR/run``).  The daemon
-only signals the supervisor and reads that file.
+only signals the supervisor and reads that file.  A spec's ``limits`` (``--mem``, ``--cpus``)
+go to the supervisor, which puts every replica into the incarnation's cgroups
+(``launch/cgroups.py``) and records whether the OOM killer ended one
+(:attr:`LocalReplicaGroup.over_memory` says so in one line).
 
 A :class:`LocalReplicaGroup` watches one supervisor: its own child, or, after a restart of the
 daemon, a supervisor it adopts (:meth:`LocalLauncher.adopt`) through a pidfd (polling
@@ -52,6 +55,7 @@ from pollux_local.launch.supervisor import (
     proc_start_time,
     write_private_json,
 )
+from pollux_local.sizes import format_size
 
 __all__ = [
     "EXEC_EXIT_CODE",
@@ -161,6 +165,9 @@ class RunRecord:
     error: str | None
     ended: float | None
     launch: Mapping[str, Any]
+    #: the OOM killer ended a process of the incarnation, over its memory limit (bytes)
+    oom_killed: bool = False
+    memory_limit: int | None = None
 
     @classmethod
     def load(cls, path: Path) -> RunRecord | None:
@@ -187,6 +194,10 @@ class RunRecord:
                 error=str(data["error"]) if data.get("error") else None,
                 ended=float(data["ended"]) if data.get("ended") is not None else None,
                 launch=dict(data.get("launch") or {}),
+                oom_killed=data.get("oom_killed") is True,
+                memory_limit=(
+                    int(data["memory_limit"]) if data.get("memory_limit") is not None else None
+                ),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
@@ -230,6 +241,14 @@ class RunRecord:
                 if pid == self.pgid:
                     os.killpg(pid, signal.SIGKILL)
                 os.kill(pid, signal.SIGKILL)
+
+
+def memory_text(size: int) -> str:
+    """A memory limit as ``--mem`` takes it: ``64M``, ``16G`` (else ``1.5G``, rounded)."""
+    for unit, factor in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if size >= factor and size % factor == 0:
+            return f"{size // factor}{unit}"
+    return format_size(size)
 
 
 def _is_zombie(pid: int) -> bool:
@@ -402,6 +421,16 @@ class LocalReplicaGroup:
     def poll(self) -> int | None:
         return self._code if self._done.is_set() else None
 
+    @property
+    def over_memory(self) -> str | None:
+        """Why the group ended when the OOM killer ended a replica over the job's host
+        memory limit (one line), else ``None``."""
+        record = self.record
+        if record is None or not record.oom_killed:
+            return None
+        limit = f" --mem {memory_text(record.memory_limit)}" if record.memory_limit else ""
+        return f"killed: over its host memory limit{limit}"
+
     async def wait(self) -> int:
         await self._done.wait()
         assert self._code is not None
@@ -552,6 +581,8 @@ class LocalLauncher:
             "job_dir": str(spec.log_dir),
             "workdir": str(spec.workdir),
             "checkpoint_dir": checkpoint or None,
+            "limits": spec.limits.to_json() if spec.limits is not None else None,
+            "incarnation": int(restarts) if restarts.isdigit() else 0,
             "max_log_bytes": self.max_log_bytes,
             "log_keep_free": self.log_keep_free,
             "replicas": [

@@ -10,13 +10,19 @@ line on stdin (so that environments never appear in ``ps``)::
      "user": {"uid", "gid", "groups", "name"} | null,
      "job_dir", "workdir", "checkpoint_dir" | null,
      "replicas": [{"rank", "argv", "env", "log", "banner"}, ...],
+     "limits": null | {"version", "memory_base", "cpu_base", "memory", "cpus"},
+     "incarnation": N,
      "launch": {...}}                  # copied into the run file for a restarted daemon
 
 What it does:
 
 * it makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, best effort), so that
   whatever a replica leaves behind (a ``setsid`` grandchild, say) becomes its child;
-* for each replica it forks a child that first drops privileges to the job's user
+* with ``limits`` (``--mem``, ``--cpus``: ``launch/cgroups.py``) it makes the incarnation's
+  cgroups ``job-<id>-<incarnation>`` and writes the limits into them; a failure there is a
+  failed setup (nothing runs);
+* for each replica it forks a child that first joins those cgroups (as root, so the job
+  cannot leave them: they stay root's), then drops privileges to the job's user
   (``setgroups``, ``setgid``, ``setuid``: only when ``user`` is given), then, as that user,
   opens (or creates) its log ``JOB_DIR/<log>`` for appending (never through a symlink, never
   a FIFO), writes the banner, creates the checkpoint directory, enters the working directory
@@ -28,8 +34,9 @@ What it does:
   group once; ``grace_s`` later (or the ``grace_s`` of the daemon's control file, read at the
   SIGTERM) the group and every remaining descendant get SIGKILL.  A replica that fails (an
   exit code other than 0 and 75) stops the others the same way after ``failure_grace_s``;
-* once every replica has ended it kills any descendant left (found through ``/proc``), then
-  writes the incarnation's result to ``run_file``.
+* once every replica has ended it kills any descendant left (found through ``/proc``), reads
+  whether the OOM killer fired in the job's memory cgroup, removes the cgroups, then writes
+  the incarnation's result to ``run_file``.
 
 The run file (JSON, 0600, replaced atomically; in a directory of the daemon's) is written
 once the replicas run and again when they have all ended::
@@ -38,12 +45,13 @@ once the replicas run and again when they have all ended::
      "supervisor": {"pid", "start_time", "boot_id"}, "pgid",
      "replicas": [{"rank", "pid", "start_time", "exit_code", "error"}, ...],
      "exit_code": null | CODE, "error": null | "one line", "started", "ended",
-     "launch": {...}}
+     "oom_killed": bool, "memory_limit": null | BYTES, "launch": {...}}
 
 ``start_time`` is the process's start time in clock ticks since boot (``/proc/PID/stat``):
 with ``boot_id`` it tells a live supervisor from another process that got its pid.
 ``exit_code`` is the group's code (:func:`combine_exit_codes`); a replica killed by signal N
-has code -N.  ``error`` says why nothing ran (a failed setup).
+has code -N.  ``error`` says why nothing ran (a failed setup).  ``oom_killed``: the kernel's
+OOM killer ended a process of the job for being over ``memory_limit`` (its ``--mem``).
 
 On stdout the supervisor prints one JSON line once every replica has started or failed its
 setup (``{"ok": true, "pid", "start_time", "pgid", "replicas"}`` or ``{"ok": false,
@@ -65,7 +73,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
-from pollux_local.launch import logcap
+from pollux_local.launch import cgroups, logcap
 from pollux_local.untrusted import one_line
 
 RUN_FILE_VERSION = 1
@@ -222,7 +230,11 @@ def drop_privileges(user: dict[str, Any] | None) -> None:
 
 
 def replica_child(
-    spec: dict[str, Any], replica: dict[str, Any], pgid: int, report: int
+    spec: dict[str, Any],
+    replica: dict[str, Any],
+    pgid: int,
+    report: int,
+    group: cgroups.JobGroup | None = None,
 ) -> NoReturn:
     """In a forked child: become the replica (see the module's docstring); never returns.  A
     failure is written to ``report`` (``CODE MESSAGE``) and ends the child with CODE."""
@@ -233,6 +245,11 @@ def replica_child(
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
         for signum in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, signal.SIG_DFL)
+        if group is not None:  # still root: the job cannot move itself out again
+            try:
+                group.add(os.getpid())
+            except cgroups.CgroupError as exc:
+                raise SetupFailed(SETUP_EXIT_CODE, str(exc)) from None
         drop_privileges(spec.get("user"))
         job_dir = str(spec["job_dir"])
         try:
@@ -300,6 +317,44 @@ class Supervisor:
         self.kill_at: float | None = None  # monotonic time of the SIGKILL
         self.terminated = False  # SIGTERM sent to the group
         self.killed = False
+        #: the incarnation's cgroups (``limits`` in the spec), made by :meth:`make_cgroups`
+        self.cgroup: cgroups.JobGroup | None = None
+        self.oom_killed = False
+
+    # --- limits -----------------------------------------------------------------------------
+
+    def memory_limit(self) -> int | None:
+        limits = self.spec.get("limits")
+        return int(limits["memory"]) if limits and limits.get("memory") else None
+
+    def make_cgroups(self) -> None:
+        """The incarnation's cgroups with the spec's ``limits`` written (none without them);
+        a failure becomes the incarnation's setup error."""
+        data = self.spec.get("limits")
+        if not data:
+            return
+        try:
+            limits = cgroups.Limits.from_json(data)
+            name = cgroups.group_name(
+                str(self.spec["job_id"]), int(self.spec.get("incarnation") or 0)
+            )
+            self.cgroup = cgroups.JobGroup.create(limits, name)
+        except (cgroups.CgroupError, KeyError, TypeError, ValueError) as exc:
+            self.error = one_line(f"cannot set the job's limits: {exc}")
+
+    def release_cgroups(self) -> None:
+        """Once nothing of the job is left: whether the OOM killer fired, then the groups
+        removed (a failure is one line in the supervisor's output, the job is not failed
+        for it)."""
+        if self.cgroup is None:
+            return
+        sigkilled = any(code == -signal.SIGKILL for code in self.codes)
+        self.oom_killed = self.cgroup.oom_killed(sigkilled)
+        try:
+            self.cgroup.remove()
+        except cgroups.CgroupError as exc:
+            print(f"pollux-local supervisor: {one_line(str(exc))}", file=sys.stderr)
+        self.cgroup = None
 
     # --- starting ---------------------------------------------------------------------------
 
@@ -312,7 +367,7 @@ class Supervisor:
             pid = os.fork()
             if pid == 0:
                 os.close(read_end)
-                replica_child(self.spec, replica, self.pgid, write_end)
+                replica_child(self.spec, replica, self.pgid, write_end, self.cgroup)
             os.close(write_end)
             if self.pgid == 0:
                 self.pgid = pid
@@ -471,6 +526,8 @@ class Supervisor:
             "error": self.error,
             "started": self.started,
             "ended": time.time() if ended else None,
+            "oom_killed": self.oom_killed,
+            "memory_limit": self.memory_limit(),
             "launch": self.spec.get("launch") or {},
         }
 
@@ -504,10 +561,13 @@ def run(spec: dict[str, Any]) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
     make_subreaper()
     supervisor = Supervisor(spec)
-    supervisor.start()
+    supervisor.make_cgroups()
+    if supervisor.error is None:
+        supervisor.start()
     if supervisor.error is not None:
         supervisor.kill_all()
         supervisor.clean_up()
+        supervisor.release_cgroups()
         supervisor.write("ended")
         say({"ok": False, "error": supervisor.error})
         return 0
@@ -523,6 +583,7 @@ def run(spec: dict[str, Any]) -> int:
     )
     supervisor.supervise()
     supervisor.clean_up()
+    supervisor.release_cgroups()
     supervisor.write("ended")
     return 0
 

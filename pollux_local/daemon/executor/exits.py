@@ -224,6 +224,8 @@ class Exits(Accounting):
         cause: str | None = None
         if code == ExitCode.RESCALE:
             what = UNASKED_RESCALE
+        elif isinstance(group, LocalReplicaGroup) and (over := group.over_memory) is not None:
+            what, cause = over, "a retry would be killed again"  # the OOM killer, at --mem
         else:
             down = await self._lost_nodes(group, code)
             if down:

@@ -1,5 +1,13 @@
 """Launch specs: what one incarnation of a job runs (ranks, devices, the launch environment
-of ``api.launch``), the directories it needs, and the launchers' own settings (SSH)."""
+of ``api.launch``, its host memory and CPU limits), the directories it needs, and the
+launchers' own settings (SSH).
+
+Host limits (``--mem``, ``--cpus``, else ``[limits] default_mem``/``default_cpus``) are
+enforced with cgroups by this machine's launcher only.  :func:`cgroup_support` finds once per
+``cgroup_root``/``cgroup_parent`` whether they can be written here; :func:`check_host_limits`
+(called by ``handlers.submit.check_job``) refuses a job's own limits in one line where they
+cannot be enforced or pass a cap; a default that cannot be enforced is dropped with one
+warning in the log."""
 
 from __future__ import annotations
 
@@ -13,19 +21,23 @@ import stat
 import tempfile
 from pathlib import Path
 
+from pollux_local.api.errors import InvalidRequest, LimitExceeded
 from pollux_local.api.launch import LaunchEnvironment
+from pollux_local.api.spec import JobSpec
 from pollux_local.core.types import BatchChoice
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.jobfiles import make_owned_dir
 from pollux_local.daemon.scheduler import Action
 from pollux_local.daemon.state import JobRecord
 from pollux_local.errors import PolluxError
+from pollux_local.launch import cgroups
 from pollux_local.launch.base import (
     Launcher,
     LaunchSpec,
     ReplicaSlot,
     pick_master_port,
 )
+from pollux_local.launch.local import memory_text
 from pollux_local.launch.ssh.nodes import SshNodeConfig
 from pollux_local.untrusted import one_line
 
@@ -87,6 +99,7 @@ def build_launch_spec(
     run_as_uid = None
     if os.geteuid() == 0 and job.owner_uid != 0:
         run_as, run_as_uid = job.owner_name, job.owner_uid
+    local = bool(order) and all(node.is_local for node in order)
     return LaunchSpec(
         job_id=job.job_id,
         argv=list(spec.argv),
@@ -96,7 +109,118 @@ def build_launch_spec(
         log_dir=job_dir,
         run_as=run_as,
         run_as_uid=run_as_uid,
+        limits=host_limits(spec, config) if local else None,
     )
+
+
+# --- host memory and CPU limits -------------------------------------------------------------------
+
+#: What :func:`cgroup_support` found, per (``cgroup_root``, ``cgroup_parent``).
+_support: dict[tuple[str, str | None], cgroups.Support] = {}
+#: The defaults already warned about (not enforceable here).
+_warned: set[tuple[str, str | None, str]] = set()
+
+
+def cgroup_support(config: DaemonConfig) -> cgroups.Support:
+    """Whether this machine's cgroups can enforce limits (found once per root and parent)."""
+    key = (config.cgroup_root, config.cgroup_parent)
+    found = _support.get(key)
+    if found is None:
+        found = cgroups.detect(config.cgroup_root, config.cgroup_parent)
+        _support[key] = found
+        if found.memory is not None or found.cpu is not None:
+            log.info(
+                "cgroups v%d: memory under %s, cpu under %s",
+                found.version, found.memory or "-", found.cpu or "-",
+            )  # fmt: skip
+    return found
+
+
+def host_limits(spec: JobSpec, config: DaemonConfig) -> cgroups.Limits | None:
+    """The limits of a job starting on this machine: its own, else the config's defaults (a
+    default this machine cannot enforce is dropped, with one warning in the log)."""
+    memory = spec.host_memory
+    cpus = spec.cpus
+    if memory is None and cpus is None and not (config.default_host_memory or config.default_cpus):
+        return None
+    support = cgroup_support(config)
+    for controller, key, default in (
+        ("memory", "default_mem", config.default_host_memory),
+        ("cpu", "default_cpus", config.default_cpus),
+    ):
+        mine = memory if controller == "memory" else cpus
+        if mine is not None or default is None:
+            continue
+        if support.base(controller) is None:
+            warned = (config.cgroup_root, config.cgroup_parent, key)
+            if warned not in _warned:
+                _warned.add(warned)
+                log.warning(
+                    "[limits] %s is not applied: cgroups are not writable here (%s)",
+                    key, support.why(controller),
+                )  # fmt: skip
+        elif controller == "memory":
+            memory = int(default)
+        else:
+            cpus = float(default)
+    if memory is None and cpus is None:
+        return None
+    return cgroups.Limits(support, memory=memory, cpus=cpus)
+
+
+def check_host_limits(spec: JobSpec, config: DaemonConfig) -> None:
+    """A job's own ``--mem``/``--cpus``: within ``[limits] max_mem``/``max_cpus`` and this
+    machine, only for a job that cannot be placed on a remote node, and only where the
+    cgroups can be written (:class:`InvalidRequest`, :class:`LimitExceeded`: one line)."""
+    asked = [
+        (option, controller, value)
+        for option, controller, value in (
+            ("--mem", "memory", spec.host_memory),
+            ("--cpus", "cpu", spec.cpus),
+        )
+        if value is not None
+    ]
+    if not asked:
+        return
+    option = asked[0][0]
+    remote = [
+        node.name
+        for node in config.nodes
+        if not node.is_local
+        and (spec.constraint is None or spec.constraint.allows_node(node.name, node.device_type))
+    ]
+    if remote:
+        raise InvalidRequest(
+            f"{option}: the job may be placed on remote node {remote[0]}, where host limits are"
+            " not enforced (--constraint nodes=... keeps it on this machine)"
+        )
+    memory, cpus = spec.host_memory, spec.cpus
+    most = config.max_host_memory
+    if memory is not None and most is not None and memory > most:
+        raise LimitExceeded(
+            f"limit exceeded: --mem {memory_text(memory)} is more than {memory_text(most)},"
+            " the most a job may ask for ([limits] max_mem)"
+        )
+    if cpus is not None and config.max_cpus is not None and cpus > config.max_cpus:
+        raise LimitExceeded(
+            f"limit exceeded: --cpus {cpus:g} is more than {config.max_cpus:g}, the most a job"
+            " may ask for ([limits] max_cpus)"
+        )
+    have = os.cpu_count() or 1
+    if cpus is not None and cpus > have:
+        raise InvalidRequest(f"--cpus {cpus:g} is more than this machine's {have} CPUs")
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if memory is not None and memory > physical:
+        raise InvalidRequest(
+            f"--mem {memory_text(memory)} is more than this machine's memory"
+            f" ({memory_text(physical)})"
+        )
+    support = cgroup_support(config)
+    for option, controller, _ in asked:
+        if support.base(controller) is None:
+            raise InvalidRequest(
+                f"{option}: cgroups are not writable here ({support.why(controller)})"
+            )
 
 
 def shared_gpu_memory(

@@ -26,6 +26,7 @@ from pollux_local.api.states import DecisionKind
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.executor.exits import most_retries
+from pollux_local.daemon.executor.launchspec import check_host_limits
 from pollux_local.durations import format_duration
 from pollux_local.sizes import format_size
 
@@ -118,6 +119,7 @@ def check_job(spec: JobSpec, config: DaemonConfig, *, env_bytes: int = 0) -> Job
     if min_local is not None and max_local is not None and max_local < min_local:
         raise InvalidRequest(f"max_local_batch {max_local} is below min_local_batch {min_local}")
     check_sharing(spec, config)
+    check_host_limits(spec, config)
     if spec.retries is not None and spec.retries > most_retries(config):
         raise LimitExceeded(
             f"limit exceeded: --retries {spec.retries} is more than {most_retries(config)}, the"

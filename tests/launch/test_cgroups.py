@@ -1,0 +1,272 @@
+"""``launch/cgroups.py``: the layout found under a cgroup root (v1 and v2, against a fake tree
+whose directories get their interface files as the kernel's do; the files written start
+empty, as a plain file does not take a write whole as cgroupfs does), the limits written, the OOM
+killer read back, planted symlinks refused, and, as root on this machine's real v1 (or v2)
+hierarchy, a 64 MB group that kills a 300 MB allocation, a CPU quota and the group removed."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from pollux_local.launch import cgroups
+from pollux_local.launch.cgroups import CgroupError, JobGroup, Limits, Support
+
+pytestmark = pytest.mark.timeout(60)
+
+V1_FILES = {
+    "memory": {
+        "cgroup.procs": "",
+        "memory.limit_in_bytes": "",
+        "memory.memsw.limit_in_bytes": "",
+        "memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n",
+        "memory.failcnt": "0\n",
+        "memory.max_usage_in_bytes": "0\n",
+    },
+    "cpu": {"cgroup.procs": "", "cpu.cfs_period_us": "", "cpu.cfs_quota_us": ""},
+}
+V2_FILES = {
+    "cgroup.procs": "",
+    "cgroup.controllers": "cpu memory pids\n",
+    "cgroup.subtree_control": "cpu memory\n",
+    "memory.max": "",
+    "memory.swap.max": "",
+    "memory.events": "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n",
+    "cpu.max": "",
+}
+
+
+@pytest.fixture()
+def fake_fs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fake cgroupfs under ``tmp_path/cg``: a directory made there gets the interface
+    files of its hierarchy (``memory``/``cpu`` for v1, else v2); removing one that lists a
+    process is refused (EBUSY), as the kernel does."""
+    root = tmp_path / "cg"
+    real_mkdir, real_rmdir = os.mkdir, os.rmdir
+
+    def files_for(path: Path) -> dict[str, str]:
+        relative = path.relative_to(root).parts
+        if relative and relative[0] in V1_FILES:
+            return V1_FILES[relative[0]]
+        return V2_FILES
+
+    def mkdir(path: str | os.PathLike[str], mode: int = 0o777, **kw: object) -> None:
+        real_mkdir(path, mode)
+        target = Path(path)
+        if root in target.parents:
+            for name, text in files_for(target).items():
+                (target / name).write_text(text)
+
+    def rmdir(path: str | os.PathLike[str], **kw: object) -> None:
+        target = Path(path)
+        if root in target.parents and target.is_dir() and not target.is_symlink():
+            procs = target / "cgroup.procs"
+            if procs.exists() and procs.read_text().split():
+                raise OSError(errno.EBUSY, "Device or resource busy", str(path))
+            kinds = set(files_for(target))
+            if {p.name for p in target.iterdir()} - kinds:
+                raise OSError(errno.ENOTEMPTY, "Directory not empty", str(path))
+            for name in kinds:
+                (target / name).unlink(missing_ok=True)
+        real_rmdir(path)
+
+    real_mkdir(root)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(os, "rmdir", rmdir)
+    yield root
+
+
+def make_v1(root: Path, own: str = "/lab/daemon") -> None:
+    for name in ("memory", "cpu"):
+        os.mkdir(root / name)
+        os.makedirs(root / name / own.strip("/"))
+
+
+def test_own_cgroups_reads_v1_and_v2_lines() -> None:
+    text = "12:memory:/process_api/abc\n4:cpu,cpuacct:/x\n1:name=systemd:/\n0::/user.slice/y\n"
+    found = cgroups.own_cgroups(text)
+    assert found["memory"] == "/process_api/abc"
+    assert found["cpu"] == found["cpuacct"] == "/x"
+    assert found[""] == "/user.slice/y"
+
+
+def test_v1_layout_is_found_under_the_daemons_own_cgroups(fake_fs: Path) -> None:
+    make_v1(fake_fs)
+    support = cgroups.detect(str(fake_fs), own={"memory": "/lab/daemon", "cpu": "/lab/daemon"})
+    assert support == Support(
+        1, str(fake_fs / "memory/lab/daemon"), str(fake_fs / "cpu/lab/daemon")
+    )
+    assert not (fake_fs / "memory/lab/daemon/pollux-local").exists()  # the probe leaves nothing
+    parent = cgroups.detect(str(fake_fs), parent="/lab", own={})
+    assert parent.memory == str(fake_fs / "memory/lab")
+
+
+def test_v1_limits_are_written_and_the_oom_killer_read_back(fake_fs: Path) -> None:
+    make_v1(fake_fs)
+    support = cgroups.detect(str(fake_fs), own={"memory": "/lab/daemon", "cpu": "/"})
+    group = JobGroup.create(Limits(support, memory=64 << 20, cpus=0.5), "job-7-2")
+    memory, cpu = (Path(p) for p in group.paths)
+    assert memory == fake_fs / "memory/lab/daemon/pollux-local/job-7-2"
+    assert cpu == fake_fs / "cpu/pollux-local/job-7-2"
+    assert (memory / "memory.limit_in_bytes").read_text() == str(64 << 20)
+    assert (memory / "memory.memsw.limit_in_bytes").read_text() == str(64 << 20)
+    assert (cpu / "cpu.cfs_period_us").read_text() == "100000"
+    assert (cpu / "cpu.cfs_quota_us").read_text() == "50000"
+    assert group.oom_killed(any_sigkill=True) is False
+    (memory / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+    assert group.oom_kills() == 1 and group.oom_killed(any_sigkill=False)
+    # a kernel that does not count its kills: the limit reached and a replica SIGKILLed
+    (memory / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\n")
+    (memory / "memory.failcnt").write_text("3\n")
+    assert group.oom_kills() is None
+    assert group.oom_killed(any_sigkill=True) and not group.oom_killed(any_sigkill=False)
+    group.remove()
+    assert not memory.exists() and not cpu.exists()
+    assert not (fake_fs / "cpu/pollux-local").exists()  # emptied, so removed too
+
+
+def test_only_the_controllers_a_limit_needs_get_a_group(fake_fs: Path) -> None:
+    make_v1(fake_fs)
+    support = cgroups.detect(str(fake_fs), own={"memory": "/", "cpu": "/"})
+    group = JobGroup.create(Limits(support, cpus=2), "job-1-0")
+    assert group.paths == [str(fake_fs / "cpu/pollux-local/job-1-0")]
+    assert (Path(group.paths[0]) / "cpu.cfs_quota_us").read_text() == "200000"
+    assert group.oom_killed(any_sigkill=True) is False  # no memory limit: never an OOM
+    group.remove()
+
+
+def test_v2_limits_and_oom_events(fake_fs: Path) -> None:
+    (fake_fs / "cgroup.controllers").write_text("cpu memory\n")
+    os.makedirs(fake_fs / "system.slice")
+    os.mkdir(fake_fs / "system.slice" / "pollux.service")
+    support = cgroups.detect(str(fake_fs), own={"": "/system.slice/pollux.service"})
+    base = fake_fs / "system.slice/pollux.service"
+    assert support == Support(2, str(base), str(base))
+    group = JobGroup.create(Limits(support, memory=1 << 30, cpus=1.5), "job-12-0")
+    assert group.paths == [str(base / "pollux-local/job-12-0")]
+    path = Path(group.paths[0])
+    assert (path / "memory.max").read_text() == str(1 << 30)
+    assert (path / "memory.swap.max").read_text() == "0"
+    assert (path / "cpu.max").read_text() == "150000 100000"
+    assert not group.oom_killed(any_sigkill=True)
+    (path / "memory.events").write_text("low 0\nhigh 0\nmax 5\noom 1\noom_kill 1\n")
+    assert group.oom_killed(any_sigkill=False)
+    group.remove()
+    assert not path.exists()
+
+
+def test_v2_without_the_controller_below_a_busy_cgroup_is_not_usable(fake_fs: Path) -> None:
+    (fake_fs / "cgroup.controllers").write_text("cpu memory\n")
+    os.mkdir(fake_fs / "busy")
+    (fake_fs / "busy" / "cgroup.controllers").write_text("cpu\n")
+    (fake_fs / "busy" / "cgroup.subtree_control").write_text("")
+    support = cgroups.detect(str(fake_fs), own={"": "/busy"})
+    assert support.memory is None
+    assert support.memory_why == f"the memory controller is not available in {fake_fs}/busy"
+    assert support.cpu == str(fake_fs / "busy")
+    assert (fake_fs / "busy" / "cgroup.subtree_control").read_text() == "+cpu"
+
+
+def test_no_hierarchy_or_no_write_access_says_why(fake_fs: Path, tmp_path: Path) -> None:
+    missing = cgroups.detect(str(tmp_path / "nowhere"), own={})
+    assert missing.memory is None and missing.cpu is None
+    assert "no cgroup v1 memory or cpu controller and no cgroup v2 hierarchy" in missing.memory_why
+    make_v1(fake_fs)
+    gone = cgroups.detect(str(fake_fs), own={"memory": "/not/there", "cpu": "/"})
+    assert gone.memory is None and gone.memory_why.endswith("memory/not/there does not exist")
+    assert gone.cpu is not None
+
+
+def test_planted_symlinks_and_odd_names_are_refused(fake_fs: Path, tmp_path: Path) -> None:
+    make_v1(fake_fs)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (fake_fs / "memory/lab/daemon/pollux-local").symlink_to(elsewhere)
+    support = cgroups.detect(str(fake_fs), own={"memory": "/lab/daemon", "cpu": "/"})
+    assert support.memory is None and "is not a directory" in support.memory_why
+    forced = Limits(Support(1, str(fake_fs / "memory/lab/daemon"), None), memory=64 << 20)
+    with pytest.raises(CgroupError, match="is not a directory"):
+        JobGroup.create(forced, "job-3-0")
+    assert list(elsewhere.iterdir()) == []
+    for name in ("job-../x-0", "job-3-0/../../y", "job-3", "other"):
+        with pytest.raises(CgroupError, match="not a cgroup name"):
+            JobGroup.create(forced, name)
+    climbing = cgroups.detect(str(fake_fs), parent="/lab/../../etc", own={})
+    assert climbing.memory is None and "is not a plain path" in climbing.memory_why
+
+
+def test_a_stale_group_of_the_same_name_is_made_again(fake_fs: Path) -> None:
+    make_v1(fake_fs)
+    support = cgroups.detect(str(fake_fs), own={"memory": "/", "cpu": "/"})
+    first = JobGroup.create(Limits(support, memory=8 << 20), "job-5-0")
+    (Path(first.paths[0]) / "memory.limit_in_bytes").write_text("1")
+    again = JobGroup.create(Limits(support, memory=16 << 20), "job-5-0")
+    assert (Path(again.paths[0]) / "memory.limit_in_bytes").read_text() == str(16 << 20)
+    again.remove()
+
+
+# --- this machine's real cgroups (as root) ------------------------------------------------------------
+
+
+def real_support() -> Support:
+    if os.geteuid() != 0:
+        pytest.skip("writing cgroups needs root")
+    support = cgroups.detect()
+    if support.memory is None or support.cpu is None:
+        pytest.skip(f"no writable memory and cpu cgroups here: {support.memory_why}")
+    return support
+
+
+def in_group(group: JobGroup, code: str) -> Callable[[], subprocess.Popen[bytes]]:
+    """A Python child that waits for a line on stdin, put into ``group`` first."""
+
+    def start() -> subprocess.Popen[bytes]:
+        child = subprocess.Popen(
+            [sys.executable, "-c", f"import sys; sys.stdin.readline(); {code}"],
+            stdin=subprocess.PIPE,
+        )
+        group.add(child.pid)
+        assert child.stdin is not None
+        child.stdin.write(b"go\n")
+        child.stdin.close()
+        return child
+
+    return start
+
+
+def test_real_memory_limit_kills_an_allocation_over_it() -> None:
+    support = real_support()
+    group = JobGroup.create(Limits(support, memory=64 << 20, cpus=0.5), "job-990001-0")
+    try:
+        paths = group.paths
+        hog = in_group(group, "b = b'x' * (300 << 20); import time; time.sleep(1)")()
+        assert hog.wait(30) == -9
+        assert group.oom_kills() == 1 and group.oom_killed(any_sigkill=True)
+        cpu = next(Path(p) for p in paths if "/cpu" in p or support.version == 2)
+        quota = "cpu.max" if support.version == 2 else "cpu.cfs_quota_us"
+        assert (cpu / quota).read_text().split()[0] == "50000"
+        small = in_group(group, "b = b'x' * (8 << 20)")()
+        assert small.wait(30) == 0
+    finally:
+        group.remove()
+    assert not any(os.path.exists(p) for p in paths)
+
+
+def test_real_remove_kills_what_is_left_in_the_group() -> None:
+    support = real_support()
+    group = JobGroup.create(Limits(support, memory=64 << 20), "job-990002-0")
+    paths = group.paths
+    sleeper = in_group(group, "import time; time.sleep(60)")()
+    assert group.pids() == [sleeper.pid]
+    try:
+        group.remove()
+    finally:
+        sleeper.kill()
+    assert sleeper.wait(10) == -9
+    assert not any(os.path.exists(p) for p in paths)
