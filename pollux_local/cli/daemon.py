@@ -17,7 +17,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     from pollux_local.daemon.config import load_config
     from pollux_local.daemon.server import run_daemon
 
-    config = load_config(args.config, args.devices)
+    config = load_config(args.config, args.devices, force=args.force)
     overrides: dict[str, Any] = {}  # the command line's settings, kept over a reload's
     if args.interval is not None:
         if args.interval <= 0:
@@ -40,6 +40,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         config_path=Path(args.config).absolute() if args.config else None,
         devices=args.devices,
         overrides=overrides,
+        force_devices=args.force,
     )
 
 
@@ -59,6 +60,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--config", help="TOML config (nodes, devices, interval, policy)")
     p.add_argument("--devices", help="this machine's devices, e.g. cpu:2 or cuda:0,1")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="schedule this machine's CUDA devices (--devices, or the config's) even when NVML "
+        "does not see them (a warning in the log); without it the daemon refuses to start",
+    )
     p.add_argument("--interval", type=float, help="scheduling interval in seconds")
     p.add_argument(
         "--launcher",

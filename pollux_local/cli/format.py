@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import datetime
+import os
 import re
+import shutil
+import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -67,8 +71,8 @@ def table(rows: Sequence[Sequence[str]], numeric_from: int | None = None) -> str
 STATE_ORDER = (JobState.RUNNING, JobState.RESCALING, JobState.QUEUED, JobState.HELD,
                JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)  # fmt: skip
 _INDEX_SUFFIX = re.compile(r"\[[^\[\]]*\]$")
-#: The widest a NOTE cell gets.
-NOTE_WIDTH = 60
+#: How far a note too wide for its row is indented on the lines under the row.
+NOTE_INDENT = "    "
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,7 @@ def note(job: JobSummary) -> str:
         text = ""
     else:
         text = job.reason
-    return text if len(text) <= NOTE_WIDTH else text[: NOTE_WIDTH - 1] + "…"
+    return text
 
 
 def expected_start(job: JobSummary, now: float) -> str:
@@ -142,9 +146,48 @@ def _merged_devices(tasks: Sequence[JobSummary]) -> dict[str, list[str]]:
     return merged
 
 
-def status_table(jobs: list[JobSummary], expand: bool = False) -> str:
+def terminal_width() -> int | None:
+    """The width to fit tables to: ``$COLUMNS`` when set, else the terminal's; ``None``
+    (no limit) when the output is not a terminal (piped, redirected)."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if not sys.stdout.isatty():
+        return None
+    return shutil.get_terminal_size().columns
+
+
+def table_with_notes(rows: Sequence[Sequence[str]], width: int | None) -> str:
+    """Rows (the first a header) whose last cell is a note, as :func:`table` aligns them: a
+    note that fits in ``width`` (``None``: any) stays on its row, a longer one is wrapped onto indented lines
+    of its own under the row, whole, never cut."""
+    lines = table([row[:-1] for row in rows]).splitlines()
+    body = max(len(line) for line in lines)
+    out = []
+    for index, (line, cells) in enumerate(zip(lines, rows, strict=True)):
+        text = printable(cells[-1], newline=False)
+        if not text:
+            out.append(line)
+        elif index == 0 or width is None or body + 2 + len(text) <= width:  # 0: the header
+            out.append(f"{line.ljust(body)}  {text}")
+        else:
+            out.append(line)
+            out.extend(
+                textwrap.wrap(
+                    text,
+                    width=max(width, len(NOTE_INDENT) + 20),
+                    initial_indent=NOTE_INDENT,
+                    subsequent_indent=NOTE_INDENT,
+                    break_on_hyphens=False,
+                )
+            )
+    return "\n".join(out)
+
+
+def status_table(jobs: list[JobSummary], expand: bool = False, width: int | None = None) -> str:
     """The ``status`` table; each array on one line (its tasks counted by state) unless
-    ``expand``."""
+    ``expand``.  Notes (why a job waits or ended) are whole: on the row when it fits in
+    ``width`` (``None``: no limit), else wrapped under it (:func:`table_with_notes`)."""
     header = ("ID", "NAME", "OWNER", "STATE", "GPUS", "WHERE", "BATCH m×s×K", "GOODPUT", "EFF",
               "PROGRESS", "ETA", "START", "NOTE")  # fmt: skip
     rows: list[tuple[str, ...]] = [header]
@@ -193,7 +236,7 @@ def status_table(jobs: list[JobSummary], expand: bool = False) -> str:
                 note(job),
             )
         )
-    return table(rows)
+    return table_with_notes(rows, width)
 
 
 def dependency(job: JobSummary) -> str:

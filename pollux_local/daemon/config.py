@@ -213,6 +213,9 @@ class DaemonConfig:
     #: the slowdown beta of jobs sharing a device: each of n runs at 1 / (1 + beta (n - 1))
     share_slowdown: float = 0.25
     source: str = "embedded default"
+    #: what the daemon logs as it starts with this config (this machine's CUDA devices NVML
+    #: does not see, scheduled with ``--force``)
+    warnings: tuple[str, ...] = ()
 
     @property
     def total_devices(self) -> int:
@@ -401,11 +404,15 @@ def _whole(
     return value
 
 
-def load_config(path: str | Path | None = None, devices: str | None = None) -> DaemonConfig:
+def load_config(
+    path: str | Path | None = None, devices: str | None = None, force: bool = False
+) -> DaemonConfig:
     """Read the TOML config at ``path`` (or use the embedded default); ``devices`` (the
-    ``--devices`` option) replaces the local node's devices."""
+    ``--devices`` option) replaces the local node's devices.  CUDA devices of this machine
+    that NVML does not see are refused unless ``force`` (:func:`check_local_gpus`)."""
     if path is None:
-        return DaemonConfig(nodes=local_nodes(devices))
+        local = local_nodes(devices)
+        return DaemonConfig(nodes=local, warnings=check_local_gpus(local, "--devices", force))
     where = str(path)
     data = read_toml(path, "config file")
 
@@ -595,6 +602,9 @@ def load_config(path: str | Path | None = None, devices: str | None = None) -> D
         notify_desktop=desktop,
         prometheus=prometheus,
         source=where,
+        warnings=check_local_gpus(
+            nodes, "--devices" if devices is not None else f"{where}: nodes", force
+        ),
     )
 
 
@@ -689,6 +699,26 @@ def reserved_devices(raw: Any, nodes: Sequence[NodeConfig], where: str) -> tuple
             raise PolluxError(f"{where}: [devices] reserved lists devices, not node {item!r}")
         resolved.append(target)
     return tuple(dict.fromkeys(resolved))
+
+
+def check_local_gpus(nodes: Sequence[NodeConfig], where: str, force: bool) -> tuple[str, ...]:
+    """This machine's CUDA devices (``--devices`` or a local node's ``devices``) that NVML does
+    not see (no driver, no such GPU): refused in one line, or with ``force`` scheduled anyway
+    and said in a warning (returned).  A remote node's devices are not checked from here."""
+    wanted = [d for node in nodes if node.is_local for d in node.devices if d.startswith("cuda:")]
+    if not wanted:
+        return ()
+    seen = set(discover_gpus())
+    unseen = [device for device in wanted if device not in seen]
+    if not unseen:
+        return ()
+    what = (
+        f"{where}: {', '.join(unseen)} not seen by NVML on this machine"
+        f" ({len(seen)} GPU(s) seen: no NVIDIA driver, or no such GPU)"
+    )
+    if not force:
+        raise PolluxError(f"{what}; daemon --force schedules them anyway")
+    return (f"{what}; scheduling them anyway (--force)",)
 
 
 def busy_gpus(own_pids: set[int], min_bytes: int = gpus.DEFAULT_BUSY_BYTES) -> set[str]:

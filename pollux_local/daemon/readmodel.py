@@ -86,6 +86,22 @@ def job_noise_scale(job: JobRecord) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def effective_bounds(job: JobRecord) -> BatchBoundsView:
+    """The batch bounds a job runs under, as the scheduler takes them
+    (``scheduler._bounds_from``): each one its trainer reported, else the one it was submitted
+    with (``None``: neither gave it)."""
+    spec = job.spec
+    reported = job.report.bounds if job.report is not None else None
+    if reported is None:
+        return BatchBoundsView(**{key: getattr(spec, key) for key in _BOUND_KEYS})
+    return BatchBoundsView(
+        batch_size=reported.base_batch or spec.batch_size,
+        max_batch_size=reported.max_batch or spec.max_batch_size,
+        min_local_batch=reported.min_local or spec.min_local_batch,
+        max_local_batch=reported.max_local or spec.max_local_batch,
+    )
+
+
 def model_summary(models: ModelCache, job: JobRecord) -> ModelSummary | None:
     """The job's fitted throughput model with what it was fitted from, or ``None`` while
     neither the job nor its kind has reported a profile and gradient statistics."""
@@ -256,7 +272,7 @@ def job_detail(
         **msgspec.structs.asdict(summary),
         argv=list(spec.argv),
         workdir=spec.workdir,
-        batch_bounds=BatchBoundsView(**{key: getattr(spec, key) for key in _BOUND_KEYS}),
+        batch_bounds=effective_bounds(job),
         job_dir=str(job_dir),
         pids=_convert(job.pids, list[ReplicaPid]) or [],
         report=job.report,

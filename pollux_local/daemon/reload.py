@@ -61,7 +61,7 @@ SETTINGS = {
 }
 #: What a reload does not name among the settings: the nodes (said apart) and where the
 #: config came from.
-NOT_SETTINGS = ("nodes", "source")
+NOT_SETTINGS = ("nodes", "source", "warnings")
 #: The settings the policy object is built from (a change rebuilds it).
 POLICY_SETTINGS = ("policy", "interval_s", "p", "restart_cost_s")
 

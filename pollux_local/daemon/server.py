@@ -83,12 +83,14 @@ class Daemon:
         config_path: Path | None = None,
         devices: str | None = None,
         overrides: Mapping[str, Any] | None = None,
+        force_devices: bool = False,
     ) -> None:
         self.config = config
         # what SIGHUP reads again (reload_config): the file, --devices, and the command line's
         # settings (--interval, --policy), which keep winning over the file's
         self.config_path = config_path
         self.devices = devices
+        self.force_devices = force_devices  # daemon --force: CUDA devices NVML does not see
         self.overrides = dict(overrides or {})
         self.loaded_config = config
         self._policy_from_config = policy is None
@@ -271,7 +273,7 @@ class Daemon:
         where = self.config_path or "the embedded default"
         try:
             loaded = dataclasses.replace(
-                load_config(self.config_path, self.devices), **self.overrides
+                load_config(self.config_path, self.devices, self.force_devices), **self.overrides
             )
         except Exception as exc:  # whatever is wrong with the file, the daemon runs on
             text = " ".join(str(exc).split())
@@ -284,6 +286,8 @@ class Daemon:
                 log.error("reload: %s, keeping the config in use", " ".join(str(exc).split()))
                 return False
         log.info("reloaded %s: %s", where, "; ".join(changes) or "nothing changed")
+        for warning in loaded.warnings:
+            log.warning("%s", warning)
         self.wake()
         return True
 
@@ -415,6 +419,7 @@ def run_daemon(
     config_path: Path | None = None,
     devices: str | None = None,
     overrides: Mapping[str, Any] | None = None,
+    force_devices: bool = False,
 ) -> int:
     """Run a daemon in the foreground until SIGTERM/SIGINT (``pollux-local daemon``);
     SIGHUP reads ``config_path`` (with ``devices`` and ``overrides``, as at the start)
@@ -425,6 +430,8 @@ def run_daemon(
         setup_logging(state_dir, verbose)
     finally:
         os.umask(started_umask)
+    for warning in config.warnings:  # in the log and on stderr
+        log.warning("%s", warning)
     daemon = Daemon(
         config,
         state_dir,
@@ -432,6 +439,7 @@ def run_daemon(
         config_path=config_path,
         devices=devices,
         overrides=overrides,
+        force_devices=force_devices,
     )
 
     async def main() -> None:
