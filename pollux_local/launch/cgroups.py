@@ -484,6 +484,8 @@ def _make_group(base: str, name: str, version: int, controllers: list[str]) -> s
             os.mkdir(path)
             return path
         except FileNotFoundError:
+            if not os.path.isdir(base):
+                raise CgroupError(f"cannot create cgroup {path}: {base} does not exist") from None
             continue
         except FileExistsError:
             if not _is_plain_dir(path):

@@ -2,7 +2,9 @@
 whose directories get their interface files as the kernel's do; the files written start
 empty, as a plain file does not take a write whole as cgroupfs does), the limits written, the OOM
 killer read back, planted symlinks refused, and, as root on this machine's real v1 (or v2)
-hierarchy, a 64 MB group that kills a 300 MB allocation, a CPU quota and the group removed."""
+hierarchy, a 64 MB group that kills a 300 MB allocation, a CPU quota and the group removed;
+through the supervisor, the OOM kill recorded and limits that cannot be set failing the
+launch."""
 
 from __future__ import annotations
 
@@ -11,12 +13,16 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from pollux_local.errors import PolluxError
 from pollux_local.launch import cgroups
 from pollux_local.launch.cgroups import CgroupError, JobGroup, Limits, Support
+from pollux_local.launch.local import LocalLauncher
+from tests.launch.test_supervisor import make_spec
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -270,3 +276,40 @@ def test_real_remove_kills_what_is_left_in_the_group() -> None:
         sleeper.kill()
     assert sleeper.wait(10) == -9
     assert not any(os.path.exists(p) for p in paths)
+
+
+# --- through the supervisor ------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_the_supervisor_records_an_oom_kill_and_removes_the_groups(tmp_path: Path) -> None:
+    support = real_support()
+    launcher = LocalLauncher(run_dir=tmp_path / "run", stop_grace_s=1.0)
+    hog = [sys.executable, "-c", "b = b'x' * (300 << 20); import time; time.sleep(1)"]
+    spec = replace(
+        make_spec(tmp_path / "job", hog, tmp_path), limits=Limits(support, memory=64 << 20)
+    )
+    group = await launcher.launch(spec)
+    paths = [str(Path(base) / "pollux-local/job-7-0") for base in (support.memory,) if base]
+    assert await group.wait() == -9
+    assert group.over_memory == "killed: over its host memory limit --mem 64M"
+    assert not any(os.path.exists(p) for p in paths)
+    fine = replace(spec, argv=[sys.executable, "-c", "b = b'x' * (8 << 20)"])
+    group = await launcher.launch(fine)
+    assert await group.wait() == 0 and group.over_memory is None
+
+
+@pytest.mark.asyncio
+async def test_limits_that_cannot_be_set_fail_the_launch_and_run_nothing(tmp_path: Path) -> None:
+    launcher = LocalLauncher(run_dir=tmp_path / "run", stop_grace_s=1.0)
+    gone = tmp_path / "no-cgroup"
+    spec = replace(
+        make_spec(tmp_path / "job", ["touch", str(tmp_path / "ran")], tmp_path),
+        limits=Limits(Support(1, memory=str(gone)), memory=64 << 20),
+    )
+    with pytest.raises(
+        PolluxError,
+        match=f"cannot set the job's limits: cannot create cgroup {gone}/.*: {gone} does not exist",
+    ):
+        await launcher.launch(spec)
+    assert not (tmp_path / "ran").exists()
