@@ -242,6 +242,7 @@ def test_a_real_daemon_runs_as_many_shared_jobs_on_one_device_as_the_admin_allow
         fourth.reason
     )
     (tmp_path / "go").touch()
+
     def all_succeeded() -> bool:
         return all(show(j).state.value == "succeeded" for j in ids)
 
