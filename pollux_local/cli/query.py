@@ -197,27 +197,33 @@ def print_log(
     safe: bool,
     follow: bool,
     on_poll: Callable[[LogsReply], None] | None = None,
+    write: Callable[[str], None] | None = None,
 ) -> JobState:
-    """Write rank ``rank``'s log of job ``ident`` to stdout from ``offset`` (escaped when
-    ``safe``); with ``follow``, until the job has ended (``on_poll`` sees each reply that
-    caught up with the log, before the next look).  Returns the job's state at the end."""
+    """Write rank ``rank``'s log of job ``ident`` from ``offset`` (escaped when ``safe``) to
+    stdout, or through ``write``; with ``follow``, until the job has ended (``on_poll`` sees
+    each reply that caught up with the log, before the next look).  Returns the job's state
+    at the end."""
+    out = write or _to_stdout
     stream = PartialEscape() if safe else None
     while True:
         reply = client.call(Logs(id=ident, rank=rank, offset=offset))
         if reply.data:
-            sys.stdout.write(stream.feed(reply.data) if stream else reply.data)
-            sys.stdout.flush()
+            out(stream.feed(reply.data) if stream else reply.data)
         offset = reply.offset
         if reply.offset < reply.size:
             continue
         if stream:
-            sys.stdout.write(stream.flush())
-            sys.stdout.flush()
+            out(stream.flush())
         if on_poll is not None:
             on_poll(reply)
         if not follow or reply.state.terminal:
             return reply.state
         time.sleep(0.5)
+
+
+def _to_stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:

@@ -1,9 +1,10 @@
 """``pollux-local run [OPTIONS] COMMAND [ARGS...]``: submit a job, print its output as it
 runs and exit with its exit status, as ``srun`` does.
 
-The options are ``submit``'s.  Rank 0's log goes to stdout as the job writes it (as ``logs
+The options are ``submit``'s.  Rank 0's output goes to stdout as the job writes it (as ``logs
 -f`` prints it); the job's state changes go to stderr (``job 12 queued: waiting: ...``,
-``job 12 running on box:0,1``, ``job 12 failed: ...``).
+``job 12 running on box:0,1``, ``job 12 failed: ...``), and so do the lines its log gets at
+each start (``--- 2026-11-25 14:00:00 start #0: rank 0/2 on box cuda:0``).
 
 Exit status: the job's exit code (0 when it succeeded); 128+N when signal N killed it; 1 when
 it failed without an exit code of its own (a failed dependency, a launch that failed); 130
@@ -13,6 +14,7 @@ or a sweep makes several jobs: ``submit`` them, then ``wait``."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 
@@ -34,10 +36,48 @@ CANCELLED = int(ExitCode.INTERRUPTED)
 EXIT_WAIT_S = 5.0
 
 
+#: The line a launcher writes to a rank's log at each start (``launch/local.py``, ``ssh``).
+BANNER = re.compile(r"--- \d{4}-\d\d-\d\d \d\d:\d\d:\d\d start #\d+: rank \d+/\d+ on .*\n")
+#: What a banner begins with (a line that may be one is held until it ends).
+BANNER_START = "--- "
+
+
 def say(text: str) -> None:
     """One line on stderr (what the job controls made printable)."""
     sys.stderr.write(printable(text, newline=False) + "\n")
     sys.stderr.flush()
+
+
+class Output:
+    """The log's text, banners to stderr and the rest to stdout: a line that may be a banner
+    is held until its end (any other text is written at once, a partial line too)."""
+
+    def __init__(self) -> None:
+        self.held = ""
+
+    def __call__(self, text: str) -> None:
+        text, self.held = self.held + text, ""
+        while text:
+            line, newline, rest = text.partition("\n")
+            maybe = line[: len(BANNER_START)] == BANNER_START[: len(line)]
+            if not newline and maybe:
+                self.held = line  # the start of what may be a banner
+                break
+            whole = line + newline
+            if maybe and BANNER.fullmatch(whole):
+                sys.stderr.write(whole)
+                sys.stderr.flush()
+            else:
+                sys.stdout.write(whole)
+            text = rest
+        sys.stdout.flush()
+
+    def flush(self) -> None:
+        """Write what is held (the log ended in the middle of a line)."""
+        if self.held:
+            sys.stdout.write(self.held)
+            sys.stdout.flush()
+            self.held = ""
 
 
 class Watcher:
@@ -101,9 +141,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     reply = client.call(request)
     ident = reply.id
     say(f"submitted job {ident}")
-    watcher = Watcher(client, ident)
+    watcher, output = Watcher(client, ident), Output()
     try:
-        state = print_log(client, ident, 0, safe=sys.stdout.isatty(), follow=True, on_poll=watcher)
+        state = print_log(
+            client, ident, 0, safe=sys.stdout.isatty(), follow=True, on_poll=watcher, write=output
+        )
+        output.flush()
     except KeyboardInterrupt:
         client.call(Cancel(ids=[ident]))
         say(f"job {ident} cancelled (interrupted)")

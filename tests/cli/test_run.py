@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pollux_local.cli.run import Output
 from tests.daemon_process import DaemonFactory, DaemonProcess, daemon_environ, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -38,9 +39,9 @@ def test_run_prints_the_output_and_exits_with_the_jobs_code(
     proc = run(daemon, tmp_path, "sh", "-c", "echo first line; echo second line; exit 5")
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 5, err
-    lines = out.splitlines()
-    assert lines.index("first line") + 1 == lines.index("second line")
+    assert out == "first line\nsecond line\n"  # the start's banner goes to stderr
     said = err.splitlines()
+    assert any(" start #0: rank 0/1 on " in line for line in said), err
     assert said[0].startswith("submitted job ")
     job_id = said[0].split()[-1]
     assert any(line.startswith(f"job {job_id} running on ") for line in said), err
@@ -61,7 +62,7 @@ def test_run_of_a_job_that_succeeds_exits_0_after_waiting_in_the_queue(
     proc = run(daemon, tmp_path, "--name", "after", "echo", "done")
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert "done" in out.splitlines()
+    assert out == "done\n"
     said = err.splitlines()
     job_id = said[0].split()[-1]
     queued = [line for line in said if line.startswith(f"job {job_id} queued")]
@@ -104,3 +105,25 @@ def test_run_refuses_an_array(daemon: DaemonProcess, tmp_path: Path) -> None:
         " submit, then wait"
     )
     assert daemon.client.request("status")["jobs"] == []
+
+
+def test_the_banner_goes_to_stderr_however_the_log_arrives_in_pieces(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    output = Output()
+    pieces = ["--- 2026-11-25 14:00:00 st", "art #1: rank 0/2 on box cuda:0\nepoch 1", " loss 0.5\n",
+              "--- not a banner\n", "--", "- 2026-11-25 14:05:00 start #2: rank 0/1 on box cpu:0\n",
+              "progress 50%"]  # fmt: skip
+    for piece in pieces:
+        output(piece)
+    out, err = capsys.readouterr()
+    assert out == "epoch 1 loss 0.5\n--- not a banner\nprogress 50%"
+    assert err == (
+        "--- 2026-11-25 14:00:00 start #1: rank 0/2 on box cuda:0\n"
+        "--- 2026-11-25 14:05:00 start #2: rank 0/1 on box cpu:0\n"
+    )
+    output("--- 20")
+    output.flush()
+    out, err = capsys.readouterr()
+    assert out == "--- 20"
+    assert err == ""
