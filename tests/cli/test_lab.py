@@ -37,7 +37,6 @@ from pollux_local.parsing import (
     parse_time_limit,
 )
 from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
-from tests.paths import REPO_ROOT
 
 SLEEP = shutil.which("sleep") or "/bin/sleep"
 
@@ -625,67 +624,3 @@ def test_usage_counts_the_jobs_that_ran(
     ]
     assert "in the future" in one_line(capsys, "usage", *sd, "--since", "2999-01-01")
     cli(capsys, proc, "cancel", never)
-
-
-# --- the guide -----------------------------------------------------------------------------
-
-GUIDE = REPO_ROOT / "docs" / "guide" / "jobs.md"
-
-
-def fenced(language: str) -> list[list[str]]:
-    """The guide's fenced blocks in ``language``, as lists of lines."""
-    blocks, current, inside = [], [], None
-    for line in GUIDE.read_text().splitlines():
-        stripped = line.strip()
-        if stripped.startswith("```"):
-            if inside is None:
-                inside, current = stripped[3:], []
-            else:
-                if inside == language:
-                    blocks.append(current)
-                inside = None
-        elif inside is not None:
-            current.append(stripped)
-    return blocks
-
-
-def test_the_guide_commands_parse_and_its_job_tomls_load(
-    tmp_path: Path, script: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import shlex
-
-    monkeypatch.chdir(tmp_path)  # where the guide's train.py is
-
-    from pollux_local.jobspec import load_job_spec
-
-    commands = [
-        shlex.split(line.split("  #")[0])
-        for block in fenced("bash")
-        for line in block
-        if line.startswith("pollux-local ")
-    ]
-    assert len(commands) > 30
-    seen = set()
-    for argv in commands:
-        try:
-            args = build_parser().parse_args(argv[1:])
-        except SystemExit:
-            pytest.fail(f"the guide's {' '.join(argv)!r} does not parse")
-        seen.add(argv[1])
-        if argv[1] == "submit" and args.array:
-            parse_array(args.array)
-        if argv[1] == "edit":
-            edit_request(args)
-    assert {"submit", "restart", "edit", "usage", "drain", "resume"} <= seen
-    from pollux_local.daemon.config import load_config
-
-    tomls = fenced("toml")
-    assert len(tomls) >= 3
-    for index, lines in enumerate(tomls):
-        path = tmp_path / f"job{index}.toml"
-        path.write_text("\n".join(lines) + "\n")
-        if "[job]" not in lines:  # a daemon config
-            assert load_config(path).nodes
-            continue
-        spec = load_job_spec(path)
-        assert spec.script is not None and bool(spec.sweep) == ("[sweep]" in lines)

@@ -498,7 +498,7 @@ def test_the_guide_lists_every_metric_served() -> None:
     assert samples[("pollux_local_job_goodput", job)] == 812.5
     assert samples[("pollux_local_queue_length", ())] == 3
     assert samples[("pollux_local_scheduling_passes_total", ())] == 9
-    guide = (REPO_ROOT / "docs" / "guide" / "operations.md").read_text()
+    guide = (REPO_ROOT / "docs" / "guide" / "admin.md").read_text()
     documented = set(re.findall(r"^\| `(pollux_local_[a-z_]+)`", guide, re.MULTILINE))
     assert documented == {name for name, _ in samples}
 
