@@ -146,6 +146,8 @@ class JobSummary(Message, kw_only=True):
     device_type: str | None = None
     gpu_memory: int | None = None
     shared: bool = False
+    #: the group it joined (``--group``; ``None``: none)
+    group: str | None = None
     #: not started before this time (Unix time; ``--begin``, ``--delay``; ``None``: at once)
     begin_at: float | None = None
     #: the forecast (queued and running jobs, from the last scheduling pass replayed forward):
@@ -394,7 +396,7 @@ UserName = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^
 class Status(Request[StatusReply], tag="status", kw_only=True):
     """Jobs, the newest ``limit`` that match, returned oldest first.  By default the active
     jobs and those that finished in the last 24 hours; ``all``: every finished job too.
-    ``user`` (an owner's name) and ``states`` filter; ``before_id`` asks for the jobs older
+    ``user`` (an owner's name), ``group`` and ``states`` filter; ``before_id`` asks for the jobs older
     than that id (the next page, ``StatusReply.next_before_id``)."""
 
     Reply = StatusReply
@@ -403,6 +405,8 @@ class Status(Request[StatusReply], tag="status", kw_only=True):
     states: Annotated[list[JobState], msgspec.Meta(min_length=1, max_length=16)] | None = None
     limit: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 1000
     before_id: JobId | None = None
+    #: only the jobs of this group (``--group``)
+    group: GroupName | None = None
 
 
 class Show(Request[ShowReply], tag="show", kw_only=True):
@@ -608,6 +612,75 @@ class Resume(Request[DrainReply], tag="resume", kw_only=True):
     target: DrainTarget
 
 
+class GroupRow(Message):
+    """One group of ``groups``: ``owner`` is ``None`` for an admin's group (``[groups.NAME]``
+    in the config; any job may join it), else the user who made it (only that user's jobs
+    may); its caps (``None``: none), whether it is paused (its queued jobs do not start; its
+    running jobs go on), and its jobs now: running (stopping ones included), holding
+    ``devices``, and queued (held ones included)."""
+
+    name: str
+    owner: str | None
+    max_devices: int | None
+    max_running: int | None
+    paused: bool
+    running: int
+    devices: int
+    queued: int
+
+
+class GroupsReply(Reply):
+    """Every group: the admin's first, then the users', each by name."""
+
+    groups: list[GroupRow]
+
+
+class GroupReply(Reply):
+    """The group a request made, changed or deleted, as it is now (deleted: as it was)."""
+
+    group: GroupRow
+
+
+class ListGroups(Request[GroupsReply], tag="groups", kw_only=True):
+    """Every group, its caps, pause and jobs."""
+
+    Reply = GroupsReply
+
+
+class SetGroup(Request[GroupReply], tag="set_group", kw_only=True):
+    """Make one of the caller's own groups, or change its caps (``UNSET`` keeps a cap as it
+    is, ``None`` removes it; a new group starts without the caps not given).  A user may
+    make ``[limits] user_groups`` groups; an admin's groups are the config's alone."""
+
+    Reply = GroupReply
+    name: GroupName
+    max_devices: Count | None | UnsetType = UNSET
+    max_running: Count | None | UnsetType = UNSET
+
+
+class DeleteGroup(Request[GroupReply], tag="delete_group", kw_only=True):
+    """Delete a user's group that no queued, held or running job is in (its owner's, or an
+    admin's)."""
+
+    Reply = GroupReply
+    name: GroupName
+
+
+class PauseGroup(Request[GroupReply], tag="pause_group", kw_only=True):
+    """Pause a group: its queued jobs wait, its running jobs go on (an admin's group: admins
+    only; a user's: its owner or an admin)."""
+
+    Reply = GroupReply
+    name: GroupName
+
+
+class ResumeGroup(Request[GroupReply], tag="resume_group", kw_only=True):
+    """Resume a paused group (who may: as ``pause_group``)."""
+
+    Reply = GroupReply
+    name: GroupName
+
+
 #: type tag -> request class
 REQUEST_TYPES: dict[str, type[Request[Any]]] = {
     cls.__struct_config__.tag: cls  # type: ignore[misc]
@@ -629,5 +702,10 @@ REQUEST_TYPES: dict[str, type[Request[Any]]] = {
         Drain,
         Resume,
         Estimate,
+        ListGroups,
+        SetGroup,
+        DeleteGroup,
+        PauseGroup,
+        ResumeGroup,
     )
 }

@@ -29,6 +29,7 @@ from pollux_local.cli.format import (
     timestamp,
     where,
 )
+from pollux_local.cli.groups import group_name
 from pollux_local.client import Client
 from pollux_local.durations import format_duration
 from pollux_local.untrusted import PartialEscape, printable
@@ -55,13 +56,14 @@ def _states(values: list[str] | None, active: bool) -> list[JobState] | None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """A page of jobs: the daemon filters (``--user``, ``--state``, ``--active``) and keeps
-    finished jobs to the last 24 h unless ``--all``; ``--all`` without ``--limit`` fetches
-    every page."""
+    """A page of jobs: the daemon filters (``--user``, ``--group``, ``--state``, ``--active``)
+    and keeps finished jobs to the last 24 h unless ``--all``; ``--all`` without ``--limit``
+    fetches every page."""
     client = client_for(args)
     request = Status(
         all=args.all,
         user=args.user,
+        group=args.group,
         states=_states(args.state, args.active),
         limit=args.limit or STATUS_PAGE,
     )
@@ -117,6 +119,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         + (f"  (ran {duration(job.run_time_s)})" if job.run_time_s else ""),
         f"  depends     {dependency(job)}",
         f"  constraint  {job.constraint.describe() if job.constraint else 'none'}",
+        f"  group       {job.group or 'none'}",
         f"  submitted   {timestamp(job.submit_time)}  started {timestamp(job.start_time)}  "
         f"ended {timestamp(job.end_time)}",
         f"  job dir     {job.job_dir}",
@@ -261,6 +264,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--all", action="store_true", help="finished jobs of any age (default: the last 24 h)"
     )
     p.add_argument("--user", metavar="NAME", help="only this user's jobs")
+    p.add_argument("--group", type=group_name, metavar="NAME", help="only this group's jobs")
     p.add_argument(
         "--state",
         action="append",

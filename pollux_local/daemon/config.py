@@ -45,6 +45,11 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     max_array_size = 1000     # tasks one array may have (default 1000)
     max_command_size = "4M"   # a job's command line and environment together (default 4M)
     max_stored_per_user = "64M"  # commands and environments of one user's jobs, all in all
+    user_groups = 4           # groups each user may make for their own jobs (0: none)
+
+    [groups.gpu]              # a group any job may join (submit --group gpu)
+    max_devices = 2           # devices its jobs hold at once (default: no cap)
+    max_running = 4           # its jobs running at once (default: no cap)
     default_mem = "16G"       # host memory of a job started here without --mem (default: none)
     max_mem = "64G"           # the most --mem a job may ask for (default: no cap)
     default_cpus = 4          # CPUs of a job started here without --cpus (default: none)
@@ -143,6 +148,30 @@ class NodeConfig:
         return self.host is None or self.host in LOCAL_HOSTS
 
 
+#: A group's name: letters, digits, ``_.-``, at most 64 characters (``api.spec.GroupName``).
+GROUP_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+#: The keys of a ``[groups.NAME]`` table.
+GROUP_KEYS = frozenset({"max_devices", "max_running"})
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """An admin's group (``[groups.NAME]``): any job may join it; its caps (``None``: none)
+    are the file's, changed only by editing it (and ``SIGHUP``)."""
+
+    name: str
+    max_devices: int | None = None
+    max_running: int | None = None
+
+    def __str__(self) -> str:
+        caps = f"max_devices {_cap(self.max_devices)}, max_running {_cap(self.max_running)}"
+        return f"{self.name} ({caps})"
+
+
+def _cap(value: int | None) -> str:
+    return "none" if value is None else str(value)
+
+
 @dataclass(frozen=True)
 class DaemonConfig:
     nodes: tuple[NodeConfig, ...]
@@ -187,6 +216,9 @@ class DaemonConfig:
     #: bytes of commands and environments one user's queued, held and running jobs keep in
     #: the state (each stored once: an array's tasks share theirs)
     max_stored_per_user: int = 64 * 1024 * 1024
+    #: the admin's groups (``[groups.NAME]``), and how many groups each user may make
+    groups: tuple[GroupConfig, ...] = ()
+    user_groups: int = 4
     #: host memory (bytes) and CPUs of a job started here without ``--mem``/``--cpus``, and
     #: the most a job may ask for (``None``: none, no cap); where the cgroups that enforce
     #: them are (``cgroup_root``) and the cgroup jobs' groups go under (``cgroup_parent``;
@@ -368,6 +400,7 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
             "max_array_size",
             "max_command_size",
             "max_stored_per_user",
+            "user_groups",
             "default_mem",
             "max_mem",
             "default_cpus",
@@ -381,7 +414,7 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
     "notify": frozenset({"command", "on", "desktop"}),
     "metrics": frozenset({"prometheus"}),
 }
-SECTIONS = ("scheduler", "daemon", "nodes", "limits", "devices", "notify", "metrics")
+SECTIONS = ("scheduler", "daemon", "nodes", "limits", "devices", "notify", "metrics", "groups")
 
 
 def _number(table: dict[str, Any], key: str, default: float, where: str, minimum: float) -> float:
@@ -591,6 +624,8 @@ def load_config(
         # run is refused
         max_command_bytes=_size(limits, "limits", "max_command_size", "4M", where),
         max_stored_per_user=_size(limits, "limits", "max_stored_per_user", "64M", where),
+        groups=admin_groups(data.get("groups", {}), where),
+        user_groups=_whole(limits, "user_groups", 4, where, 0, 1000),
         **host_limits(limits, where),
         reserved=reserved_devices(devices_table.get("reserved", []), nodes, where),
         busy_memory=_size(devices_table, "devices", "busy_memory", "1G", where),
@@ -648,6 +683,29 @@ def host_limits(limits: dict[str, Any], where: str) -> dict[str, Any]:
                 raise PolluxError(f"{where}: [limits] {key} must be an absolute path")
             found[key] = value
     return found
+
+
+def admin_groups(raw: Any, where: str) -> tuple[GroupConfig, ...]:
+    """``[groups.NAME]`` tables, each with an optional ``max_devices`` and ``max_running``."""
+    if not isinstance(raw, dict):
+        raise PolluxError(f"{where}: groups must be [groups.NAME] tables")
+    groups = []
+    for name, table in raw.items():
+        if not GROUP_NAME.match(name):
+            raise PolluxError(
+                f"{where}: [groups.{name}]: a group's name is letters, digits and _.- (at most 64)"
+            )
+        if not isinstance(table, dict):
+            raise PolluxError(f"{where}: [groups.{name}] must be a table")
+        check_keys(table, GROUP_KEYS, f"groups.{name}", where)
+        groups.append(
+            GroupConfig(
+                name=name,
+                max_devices=_optional_whole(table, "max_devices", f"{where}: [groups.{name}]"),
+                max_running=_optional_whole(table, "max_running", f"{where}: [groups.{name}]"),
+            )
+        )
+    return tuple(groups)
 
 
 def _optional_whole(table: dict[str, Any], key: str, where: str) -> int | None:

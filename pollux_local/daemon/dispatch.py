@@ -16,12 +16,15 @@ from pollux_local.api.errors import (
 )
 from pollux_local.api.messages import (
     Cancel,
+    DeleteGroup,
     Drain,
     Edit,
     Estimate,
     Hold,
+    ListGroups,
     Logs,
     Nodes,
+    PauseGroup,
     Ping,
     Release,
     Reply,
@@ -29,6 +32,8 @@ from pollux_local.api.messages import (
     Request,
     Restart,
     Resume,
+    ResumeGroup,
+    SetGroup,
     SetPriority,
     Show,
     Status,
@@ -40,6 +45,7 @@ from pollux_local.daemon.handlers import (
     control,
     devices,
     estimate,
+    groups,
     nodes,
     ping,
     query,
@@ -89,6 +95,16 @@ async def dispatch(ctx: Context, request: Request[Any]) -> Reply:
             return devices.resume(ctx, request)
         case Estimate():
             return await estimate.estimate(ctx, request)
+        case ListGroups():
+            return groups.list_groups(ctx, request)
+        case SetGroup():
+            return groups.set_group(ctx, request)
+        case DeleteGroup():
+            return groups.delete_group(ctx, request)
+        case PauseGroup():
+            return groups.pause_group(ctx, request)
+        case ResumeGroup():
+            return groups.resume_group(ctx, request)
     raise InvalidRequest(f"this daemon has no handler for {type(request).__name__} requests")
 
 

@@ -52,6 +52,7 @@ from pollux_local.daemon.reports import InvalidReport, read_job_report
 from pollux_local.daemon.scheduler import (
     ModelCache,
     dependencies_of,
+    group_limits,
     plan_round,
     time_left_s,
 )
@@ -144,7 +145,8 @@ def stopping_jobs(store: StateStore, executor: Executor) -> list[Holding]:
         if job is not None and job.state in PLACED_STATES:
             continue
         owner = job.owner_name if job is not None else ""
-        found.append(Holding(job_id=job_id, owner=owner, devices=devices))
+        group = job.spec.group if job is not None else None
+        found.append(Holding(job_id=job_id, owner=owner, devices=devices, group=group))
     return found
 
 
@@ -251,6 +253,7 @@ class SchedulingLoop:
                 max_devices_per_user=self.config.max_devices_per_user,
                 max_running_per_user=self.config.max_running_per_user,
                 share_slowdown=self.config.share_slowdown,
+                groups=group_limits(self.config.groups, self.store.group_rows()),
                 max_jobs_per_device=self.config.max_jobs_per_device,
             )
             if not jobs:

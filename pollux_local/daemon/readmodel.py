@@ -241,6 +241,7 @@ def job_summary(
         device_type=device_type,
         gpu_memory=spec.gpu_memory,
         shared=spec.shared,
+        group=spec.group,
         begin_at=spec.begin_at,
         expected_start=forecast.start if forecast is not None else None,
         expected_finish=forecast.finish if forecast is not None else None,

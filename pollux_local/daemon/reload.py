@@ -51,6 +51,8 @@ SETTINGS = {
     "max_command_bytes": "max_command_size (bytes)",
     "max_stored_per_user": "max_stored_per_user (bytes)",
     "busy_memory": "[devices] busy_memory (bytes)",
+    "groups": "[groups]",
+    "user_groups": "user_groups",
     "default_host_memory": "default_mem (bytes)",
     "max_host_memory": "max_mem (bytes)",
     "default_cpus": "default_cpus",

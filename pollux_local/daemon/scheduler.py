@@ -29,6 +29,7 @@ from pollux_local.core.schedule import (
     Allocation,
     Constraint,
     Dependency,
+    GroupLimit,
     Holding,
     JobInput,
     JobPhase,
@@ -42,7 +43,8 @@ from pollux_local.core.schedule import (
     views,
 )
 from pollux_local.core.types import BatchBounds, GradStats, Policy
-from pollux_local.daemon.state import JobRecord
+from pollux_local.daemon.config import GroupConfig
+from pollux_local.daemon.state import GroupRecord, JobRecord
 
 __all__ = [  # the plan's types, as the executor imports them
     "Action",
@@ -383,6 +385,25 @@ def job_input(
         reason=job.reason,
         prediction=job.prediction,
     )
+
+
+def group_limits(
+    configured: Sequence[GroupConfig], stored: Sequence[GroupRecord]
+) -> dict[str, GroupLimit]:
+    """Each group's caps and pause as the pass takes them (``Limits.groups``): the admin's
+    groups with the config's caps, the users' groups with their own (a name the config gives
+    a group is the admin's), each paused as the store says."""
+    paused = {row.name: row.paused for row in stored}
+    limits = {
+        row.name: GroupLimit(row.max_devices, row.max_running, row.paused)
+        for row in stored
+        if row.owner_uid is not None
+    }
+    for group in configured:
+        limits[group.name] = GroupLimit(
+            group.max_devices, group.max_running, paused.get(group.name, False)
+        )
+    return limits
 
 
 def snapshot_of(

@@ -1,19 +1,23 @@
 """Groups in the pure scheduling pass: a paused group's queued jobs wait (its running jobs go
 on), a group at its ``max_running`` or ``max_devices`` holds its next job back with a reason
 naming the group and the cap, stopping jobs count in their group, an elastic job is trimmed
-to its group's device cap, and a group the limits do not list caps nothing."""
+to its group's device cap, a group the limits do not list caps nothing, and the forecast gives
+a paused group's queued job no start."""
 
 from __future__ import annotations
 
+from pollux_local.core.baselines import FifoPolicy
 from pollux_local.core.schedule import (
     ActionKind,
     GroupLimit,
     Holding,
     JobInput,
     Limits,
+    Snapshot,
 )
 from pollux_local.core.schedule.admission import admit
-from tests.core.test_schedule_pass import Answers, run, running
+from pollux_local.core.schedule.forecast import forecast
+from tests.core.test_schedule_pass import TWO_NODES, Answers, run, running
 
 
 def started(plan: object) -> list[int]:
@@ -98,3 +102,17 @@ def test_the_group_reason_comes_before_the_owners_cap() -> None:
     jobs = [running(1, {"a": ["cpu:0"]}), JobInput(id=2, group="exp")]
     free = Limits(max_running_per_user=1, groups={"exp": GroupLimit()})
     assert "max_running_per_user" in run(jobs, limits=free).reasons[2]
+
+
+def test_the_forecast_gives_a_paused_groups_queued_job_no_start() -> None:
+    jobs = [JobInput(id=1, group="exp"), JobInput(id=2), running(3, {"a": ["cpu:0"]})]
+    paused = Snapshot(
+        jobs=jobs, nodes=TWO_NODES, now=0.0, limits=limits(exp=GroupLimit(paused=True))
+    )
+    predictions, reasons = forecast(paused, FifoPolicy(), {1: 60.0, 2: 60.0, 3: 30.0})
+    assert predictions[1].start is None and predictions[1].finish is None
+    assert predictions[2].start == 0.0
+    assert reasons[1] == "waiting: group exp is paused"
+    open_ = Snapshot(jobs=jobs, nodes=TWO_NODES, now=0.0, limits=limits(exp=GroupLimit()))
+    predictions, _ = forecast(open_, FifoPolicy(), {1: 60.0, 2: 60.0, 3: 30.0})
+    assert predictions[1].start == 0.0

@@ -243,6 +243,11 @@ async def test_every_request_type_has_a_handler(daemon: Daemon) -> None:
         "drain": api.Drain(target=daemon.config.nodes[0].name),
         "resume": api.Resume(target=daemon.config.nodes[0].name),
         "estimate": api.Estimate(submit=api.Submit(argv=["true"], workdir="/")),
+        "set_group": api.SetGroup(name="mine", max_running=2),
+        "groups": api.ListGroups(),
+        "pause_group": api.PauseGroup(name="mine"),
+        "resume_group": api.ResumeGroup(name="mine"),
+        "delete_group": api.DeleteGroup(name="mine"),
     }
     assert set(requests) | {"restart"} == set(api.REQUEST_TYPES)
     for kind, request in requests.items():

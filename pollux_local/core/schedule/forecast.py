@@ -307,6 +307,8 @@ def forecast(
             reasons.update(plan.reasons)
         return after
 
+    paused = [job for job in active if not job.phase.placed and _paused(snapshot, job)]
+    waits_for_resume = {job.id for job in paused}
     work = [
         Work(
             id=job.id,
@@ -324,6 +326,7 @@ def forecast(
             not_before=job.begin_at,
         )
         for job in active
+        if job.id not in waits_for_resume
     ]
     started = {
         job.id: job.last_start if job.last_start is not None else now
@@ -332,12 +335,20 @@ def forecast(
     }
     predictions = replay(work, step, now, capacity=capacity, exact_steps=exact_steps,
                          started=started)  # fmt: skip
+    for job in paused:
+        predictions[job.id] = Prediction(job_id=job.id, start=None, finish=None, devices=job.needs)
     types = {node.device_type for node in nodes}
     only = types.pop() if len(types) == 1 else ""
     for job_id, found in predictions.items():
         if not found.device_type and only:
             predictions[job_id] = replace(found, device_type=only)
     return predictions, reasons
+
+
+def _paused(snapshot: Snapshot, job: JobInput) -> bool:
+    """Whether ``job``'s group is paused."""
+    group = snapshot.limits.groups.get(job.group) if job.group is not None else None
+    return group is not None and group.paused
 
 
 def _same(a: Mapping[str, Sequence[str]], b: Mapping[str, Sequence[str]]) -> bool:

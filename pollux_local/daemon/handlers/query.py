@@ -35,6 +35,7 @@ def status(ctx: Context, request: Status) -> StatusReply:
     jobs, more, hidden = ctx.store.page_jobs(
         states=request.states,
         user=request.user,
+        group=request.group,
         finished_since=None if request.all else now - RECENT_S,
         before_id=int(request.before_id) if request.before_id is not None else None,
         limit=request.limit,

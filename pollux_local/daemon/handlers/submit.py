@@ -5,7 +5,8 @@ request has (an array's indices and task commands) is checked by :func:`check_re
 jobs it makes are checked by :func:`validate_jobs`, the one validation of a resulting job that
 ``submit``, ``restart``, ``edit`` and ``release`` all call: the stored :class:`JobSpec` against
 this daemon's config and ``[limits]`` (shape, batch bounds, time limit, sharing, constraint,
-the size of its command and environment) and what its owner already holds in the queue.  A
+the size of its command and environment), the group it names (an admin's or its owner's own,
+``groups.check_job_groups``) and what its owner already holds in the queue.  A
 job without a time limit gets ``[limits] default_time``, else ``max_time`` (none when neither
 is set).  A priority above ``[limits] max_priority`` (default 0) needs an admin
 (``Context.require_priority``).  The limits hold for everyone, admins too: they protect the
@@ -27,6 +28,7 @@ from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.executor.exits import most_retries
 from pollux_local.daemon.executor.launchspec import check_host_limits
+from pollux_local.daemon.handlers.groups import check_job_groups
 from pollux_local.durations import format_duration
 from pollux_local.sizes import format_size
 
@@ -61,6 +63,7 @@ def validate_jobs(
             f"limit exceeded: an array of {len(specs)} tasks is more than {config.max_array_size},"
             " the most an array may have ([limits] max_array_size)"
         )
+    check_job_groups(ctx, specs, owner_uid=owner_uid, owner_name=owner_name)
     if adding:
         held, most = ctx.store.count_active(owner_uid), config.max_queued_per_user
         if held + adding > most:

@@ -36,6 +36,7 @@ from pollux_local.daemon.state.files import (
     missing_history,
     set_aside,
 )
+from pollux_local.daemon.state.groups import GroupRecord, Groups
 from pollux_local.daemon.state.jobs import Jobs
 from pollux_local.daemon.state.records import (
     STATES,
@@ -47,6 +48,7 @@ from pollux_local.daemon.state.records import (
 from pollux_local.daemon.state.schema import HISTORY_LIMIT, MIGRATIONS, SCHEMA_VERSION
 
 __all__ = [
+    "GroupRecord",
     "HISTORY_LIMIT",
     "JobEnd",
     "SIDE_FILES",
@@ -70,14 +72,15 @@ __all__ = [
 ]
 
 
-class StateStore(Jobs):
+class StateStore(Jobs, Groups):
     """SQLite-backed store; one instance per daemon, used from the event-loop thread only.
 
     Opening it creates the file 0600 when absent, checks it (``quick_check``) and brings its
     schema up to :data:`SCHEMA_VERSION`; :class:`StateError` when it cannot be used.  Its
     parts, one module each: :mod:`.base` (the connection), :mod:`.blobs`, :mod:`.history`
     (decisions, history, usage, withheld devices), :mod:`.outbox` (job ends), :mod:`.jobs`
-    (jobs and :meth:`transition`); :mod:`.schema` and :mod:`.files` below them."""
+    (jobs and :meth:`transition`), :mod:`.groups` (users' groups, every group's pause);
+    :mod:`.schema` and :mod:`.files` below them."""
 
 
 def open_state(state_dir: Path, reset: bool = False, name: str = "state.db") -> StateStore:

@@ -169,6 +169,7 @@ class Jobs(Outbox):
         *,
         states: Iterable[str] | None = None,
         user: str | None = None,
+        group: str | None = None,
         finished_since: float | None = None,
         before_id: int | None = None,
         limit: int = 1000,
@@ -177,9 +178,10 @@ class Jobs(Outbox):
         match, newest first; ``more`` counts those that match but are older than the page, and
         ``hidden`` the finished jobs left out because they ended before ``finished_since``.
 
-        Filters: ``states``; ``user`` (the owner's name); ``finished_since`` (a time: finished
-        jobs only if they ended since; active jobs always); ``before_id`` (ids below it, the
-        next page).  The indexes on state, end time and owner do the work (migration 2)."""
+        Filters: ``states``; ``user`` (the owner's name); ``group`` (the job's ``--group``);
+        ``finished_since`` (a time: finished jobs only if they ended since; active jobs
+        always); ``before_id`` (ids below it, the next page).  The indexes on state, end time
+        and owner do the work (migration 2)."""
         where: list[str] = []
         args: list[Any] = []
         if states is not None:
@@ -189,6 +191,9 @@ class Jobs(Outbox):
         if user is not None:
             where.append("owner_name = ?")
             args.append(user)
+        if group is not None:
+            where.append("json_extract(spec, '$.group') = ?")
+            args.append(group)
         if before_id is not None:
             where.append("id < ?")
             args.append(before_id)
