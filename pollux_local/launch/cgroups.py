@@ -506,6 +506,35 @@ def _procs(directory: str) -> list[int]:
         return []
 
 
+def is_job_group(path: str) -> bool:
+    """Is ``path`` (from a run file) an absolute ``.../pollux-local/job-<id>-<n>``?"""
+    return (
+        os.path.isabs(path)
+        and os.path.basename(os.path.dirname(path)) == GROUP_DIR
+        and _NAME.fullmatch(os.path.basename(path)) is not None
+        and ".." not in path.split("/")
+    )
+
+
+def sweep(path: str) -> bool:
+    """Kill every process left in the job group ``path`` and try once to remove it (and
+    ``pollux-local`` above it when empty); ``True`` once it is gone.  For a group whose
+    supervisor died without removing it."""
+    if not is_job_group(path) or not _is_plain_dir(path):
+        return True
+    for pid in _procs(path):
+        kill_member(pid, path)
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.dirname(path))
+    return True
+
+
 def member_of(pid: int, directory: str) -> bool:
     """Is ``pid`` listed in the group ``directory``?"""
     return pid in _procs(directory)

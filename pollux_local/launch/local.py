@@ -40,6 +40,7 @@ from typing import Any
 import pollux_local
 from pollux_local.api.launch import replica_environ
 from pollux_local.errors import PolluxError
+from pollux_local.launch import cgroups
 from pollux_local.launch.base import (
     LaunchSpec,
     NodeHealth,
@@ -168,6 +169,8 @@ class RunRecord:
     #: the OOM killer ended a process of the incarnation, over its memory limit (bytes)
     oom_killed: bool = False
     memory_limit: int | None = None
+    #: the incarnation's cgroups, while its supervisor has not removed them
+    cgroups: tuple[str, ...] = ()
 
     @classmethod
     def load(cls, path: Path) -> RunRecord | None:
@@ -197,6 +200,9 @@ class RunRecord:
                 oom_killed=data.get("oom_killed") is True,
                 memory_limit=(
                     int(data["memory_limit"]) if data.get("memory_limit") is not None else None
+                ),
+                cgroups=tuple(
+                    str(p) for p in data.get("cgroups") or () if cgroups.is_job_group(str(p))
                 ),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
@@ -230,7 +236,8 @@ class RunRecord:
 
     def kill_replicas(self) -> None:
         """SIGKILL the replicas this record names that are still those processes (a
-        supervisor that died without its result leaves them orphaned)."""
+        supervisor that died without its result leaves them orphaned), and whatever is left
+        in the incarnation's cgroups (:func:`remove_cgroups` then removes them)."""
         if self.boot_id and self.boot_id != boot_id():
             return
         for replica in self.replicas:
@@ -241,6 +248,35 @@ class RunRecord:
                 if pid == self.pgid:
                     os.killpg(pid, signal.SIGKILL)
                 os.kill(pid, signal.SIGKILL)
+        remove_cgroups(self.cgroups)
+
+
+def remove_cgroups(paths: Sequence[str]) -> None:
+    """Remove the cgroups a dead supervisor left (their processes killed): at once where
+    they are empty, else again for :data:`cgroups.REMOVE_TIMEOUT_S` in the background."""
+    left = [path for path in paths if not cgroups.sweep(path)]
+    if not left:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return  # no loop to wait in: the next incarnation of that name removes it
+
+    async def retry() -> None:
+        pending = list(left)
+        deadline = loop.time() + cgroups.REMOVE_TIMEOUT_S
+        while pending and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+            pending = [path for path in pending if not cgroups.sweep(path)]
+        if pending:
+            log.warning("cannot remove cgroup(s) %s", ", ".join(pending))
+
+    _REMOVING.add(task := loop.create_task(retry()))
+    task.add_done_callback(_REMOVING.discard)
+
+
+#: Removals of cgroups in the background (kept referenced while they run).
+_REMOVING: set[asyncio.Task[None]] = set()
 
 
 def memory_text(size: int) -> str:

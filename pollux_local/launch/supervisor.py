@@ -45,13 +45,16 @@ once the replicas run and again when they have all ended::
      "supervisor": {"pid", "start_time", "boot_id"}, "pgid",
      "replicas": [{"rank", "pid", "start_time", "exit_code", "error"}, ...],
      "exit_code": null | CODE, "error": null | "one line", "started", "ended",
-     "oom_killed": bool, "memory_limit": null | BYTES, "launch": {...}}
+     "cgroups": [PATH, ...], "oom_killed": bool, "memory_limit": null | BYTES,
+     "launch": {...}}
 
 ``start_time`` is the process's start time in clock ticks since boot (``/proc/PID/stat``):
 with ``boot_id`` it tells a live supervisor from another process that got its pid.
 ``exit_code`` is the group's code (:func:`combine_exit_codes`); a replica killed by signal N
-has code -N.  ``error`` says why nothing ran (a failed setup).  ``oom_killed``: the kernel's
-OOM killer ended a process of the job for being over ``memory_limit`` (its ``--mem``).
+has code -N.  ``error`` says why nothing ran (a failed setup).  ``cgroups``: the incarnation's
+cgroups while they exist (a daemon finding the supervisor gone kills what is left in them).
+``oom_killed``: the kernel's OOM killer ended a process of the job for being over
+``memory_limit`` (its ``--mem``).
 
 On stdout the supervisor prints one JSON line once every replica has started or failed its
 setup (``{"ok": true, "pid", "start_time", "pgid", "replicas"}`` or ``{"ok": false,
@@ -526,6 +529,7 @@ class Supervisor:
             "error": self.error,
             "started": self.started,
             "ended": time.time() if ended else None,
+            "cgroups": self.cgroup.paths if self.cgroup is not None else [],
             "oom_killed": self.oom_killed,
             "memory_limit": self.memory_limit(),
             "launch": self.spec.get("launch") or {},

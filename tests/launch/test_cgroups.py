@@ -3,13 +3,15 @@ whose directories get their interface files as the kernel's do; the files writte
 empty, as a plain file does not take a write whole as cgroupfs does), the limits written, the OOM
 killer read back, planted symlinks refused, and, as root on this machine's real v1 (or v2)
 hierarchy, a 64 MB group that kills a 300 MB allocation, a CPU quota and the group removed;
-through the supervisor, the OOM kill recorded and limits that cannot be set failing the
-launch."""
+through the supervisor, the OOM kill recorded, limits that cannot be set failing the launch,
+and a killed supervisor's groups swept of what escaped its process tree."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -22,7 +24,7 @@ from pollux_local.errors import PolluxError
 from pollux_local.launch import cgroups
 from pollux_local.launch.cgroups import CgroupError, JobGroup, Limits, Support
 from pollux_local.launch.local import LocalLauncher
-from tests.launch.test_supervisor import make_spec
+from tests.launch.test_supervisor import ESCAPEE, alive, make_spec
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -313,3 +315,32 @@ async def test_limits_that_cannot_be_set_fail_the_launch_and_run_nothing(tmp_pat
     ):
         await launcher.launch(spec)
     assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.asyncio
+async def test_a_dead_supervisors_groups_are_swept_of_escaped_processes(tmp_path: Path) -> None:
+    support = real_support()
+    assert support.memory is not None
+    launcher = LocalLauncher(run_dir=tmp_path / "run", stop_grace_s=1.0)
+    pid_file = tmp_path / "escapee.pid"
+    argv = ["sh", "-c", ESCAPEE, "escapee", str(pid_file), "stubborn"]
+    spec = replace(
+        make_spec(tmp_path / "job", argv, tmp_path), limits=Limits(support, memory=64 << 20)
+    )
+    group = await launcher.launch(spec)
+    path = Path(support.memory) / "pollux-local/job-7-0"
+    for _ in range(200):
+        if pid_file.exists():
+            break
+        await asyncio.sleep(0.05)
+    escapee = int(pid_file.read_text())
+    assert str(escapee) in (path / "cgroup.procs").read_text().split()
+    os.kill(group.supervisor_pid, signal.SIGKILL)  # it cannot clean up after itself
+    assert await group.wait() == -9
+    assert group.supervisor_failure is not None
+    for _ in range(100):
+        if not alive(escapee) and not path.exists():
+            break
+        await asyncio.sleep(0.05)
+    assert not alive(escapee), "a process left in the dead supervisor's cgroup lives on"
+    assert not path.exists()
