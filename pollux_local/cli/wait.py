@@ -1,12 +1,13 @@
-"""``pollux-local wait ID... | --all | --array ID``: block until the jobs end; exit 0 only if
-all succeeded.
+"""``pollux-local wait ID... | --all | --array ID | --group NAME``: block until the jobs end;
+exit 0 only if all succeeded.
 
 ``--all`` waits for the caller's jobs that are active (queued, held, running) when the wait
-starts; ``--array ID`` for every task of the array ``ID`` (its first task's id), whoever's.  They
-combine with ids and with each other: the wait is for every job named.  A wait for a few ids
-looks at each job (``show``); one for a set found by ``--all`` or ``--array`` looks at the
-active jobs of their owners in one ``status`` page per round, and shows a job only once it left
-them, for its final state and reason.
+starts; ``--array ID`` for every task of the array ``ID`` (its first task's id), whoever's;
+``--group NAME`` for the jobs of the group that are active when the wait starts, whoever's.
+They combine with ids and with each other: the wait is for every job named.  A wait for a few
+ids looks at each job (``show``); one for a set found by ``--all``, ``--array`` or ``--group``
+looks at the active jobs of their owners in one ``status`` page per round, and shows a job only
+once it left them, for its final state and reason.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from typing import Any
 
 from pollux_local.api.errors import PolluxError
-from pollux_local.api.messages import JobSummary, Ping, Show, Status
+from pollux_local.api.messages import JobSummary, ListGroups, Ping, Show, Status
 from pollux_local.api.states import JobState
 from pollux_local.cli.common import (
     client_for,
@@ -25,6 +26,7 @@ from pollux_local.cli.common import (
     print_json,
     state_dir_parser,
 )
+from pollux_local.cli.groups import group_name
 from pollux_local.client import Client
 from pollux_local.parsing import parse_job_ids
 from pollux_local.untrusted import printable
@@ -75,7 +77,22 @@ def _targets(client: Client, args: argparse.Namespace) -> tuple[list[str], set[s
         tasks, owner = _array_tasks(client, array)
         ids += tasks
         owners.add(owner)
+    if args.group is not None:
+        jobs = _group_jobs(client, args.group)
+        ids += [job.id for job in jobs]
+        owners.update(job.owner for job in jobs)
     return list(dict.fromkeys(ids)), owners
+
+
+def _group_jobs(client: Client, group: str) -> list[JobSummary]:
+    """The active jobs of ``group`` (a group that does not exist is refused)."""
+    jobs = _pages(client, Status(group=group, states=ACTIVE, limit=PAGE))
+    if not jobs:
+        names = [row.name for row in client.call(ListGroups()).groups]
+        if group not in names:
+            known = ", ".join(names) or "none"
+            raise PolluxError(f"wait --group {group}: no such group (groups: {known})")
+    return jobs
 
 
 def _ended(client: Client, pending: list[str], owners: set[str]) -> list[tuple[str, JobSummary]]:
@@ -94,8 +111,8 @@ def _ended(client: Client, pending: list[str], owners: set[str]) -> list[tuple[s
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    if not args.ids and not args.all and not args.arrays:
-        raise PolluxError("wait needs job ids, --all or --array ID")
+    if not args.ids and not args.all and not args.arrays and args.group is None:
+        raise PolluxError("wait needs job ids, --all, --array ID or --group NAME")
     client = client_for(args)
     pending, owners = _targets(client, args)
     if not pending and not args.json and not args.quiet:
@@ -139,7 +156,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "wait",
         parents=[state_dir_parser(), json_parser()],
         help="wait until jobs end (exit 0 only if all succeeded)",
-        usage="%(prog)s [ID ...] [--all] [--array ID[,ID...]] [--timeout S]",
+        usage="%(prog)s [ID ...] [--all] [--array ID[,ID...]] [--group NAME] [--timeout S]",
     )
     p.add_argument("ids", nargs="*", metavar="ID", help="job ids")
     p.add_argument(
@@ -151,6 +168,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="append",
         metavar="ID[,ID...]",
         help="every task of this array (its id is its first task's)",
+    )
+    p.add_argument(
+        "--group",
+        type=group_name,
+        metavar="NAME",
+        help="every job of this group that has not ended (when it starts)",
     )
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="give up after this long")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between looks (1)")

@@ -228,3 +228,22 @@ def test_the_configs_groups_are_checked(tmp_path: Path) -> None:
         ("gpu", 2, None),
         ("cpu", None, None),
     ]
+
+
+def test_wait_group_waits_for_the_groups_active_jobs_only(
+    daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    daemon = daemon_factory(devices="cpu:3", config=CONFIG.format(running=2))
+    fine = submit(daemon, tmp_path, "--group", "gpu", "--", "sleep", "2")
+    failing = submit(daemon, tmp_path, "--group", "gpu", "--", "sh", "-c", "sleep 1; exit 4")
+    outside = submit(daemon, tmp_path, "--", "sleep", "60")
+    done = cli(*with_state_dir(daemon, ("wait", "--group", "gpu", "--json", "--interval", "0.2",
+                                       "--timeout", "60")))  # fmt: skip
+    assert done.returncode == 1, done.stderr  # one of them failed
+    ended = {row["id"]: row for row in json.loads(done.stdout)["jobs"]}
+    assert set(ended) == {fine, failing}
+    assert ended[fine]["state"] == "succeeded" and ended[failing]["exit_code"] == 4
+    assert job(daemon, outside)["state"] == "running"  # not waited for
+    line = refused(daemon, "wait", "--group", "nope")
+    assert "wait --group nope: no such group (groups: gpu)" in line
+    run(daemon, "cancel", outside)
