@@ -13,7 +13,11 @@ Both layouts are supported:
 
 A job's groups are ``BASE/pollux-local/job-<id>-<incarnation>`` where ``BASE`` is the daemon's
 own cgroup in that hierarchy (``/proc/self/cgroup``, so that it works in a container or a
-delegated service) or ``[limits] cgroup_parent``.  :func:`detect` finds the layout and whether
+delegated service) or ``[limits] cgroup_parent`` (which must exist).  On v2 a cgroup that
+passes controllers to its children may hold no process: when the daemon is alone in its own
+cgroup it moves itself into ``BASE/pollux-local-daemon`` first (:func:`move_aside`); when it
+is not alone (or a supervisor already runs there), the limits are not usable until
+``cgroup_parent`` names an empty cgroup (``mkdir /sys/fs/cgroup/pollux``).  :func:`detect` finds the layout and whether
 it may be written; :class:`JobGroup` makes one incarnation's groups, writes their limits, adds
 a process (the supervisor's replica child does so as root, before it drops privileges: the
 groups stay root's, so a job cannot move itself out), reads whether the OOM killer fired and
@@ -46,11 +50,18 @@ MIN_QUOTA_US = 1_000
 REMOVE_TIMEOUT_S = 5.0
 #: The controllers a limit needs.
 CONTROLLERS = ("memory", "cpu")
+#: On v2, the leaf the daemon moves itself into when its own cgroup must pass the controllers
+#: on to the jobs' groups (a cgroup that does may hold no process itself).
+DAEMON_LEAF = "pollux-local-daemon"
 _NAME = re.compile(r"job-[0-9]{1,19}-[0-9]{1,9}")
 
 
 class CgroupError(Exception):
     """A cgroup could not be made, written or removed (one line)."""
+
+
+class CgroupBusy(CgroupError):
+    """On v2: a controller cannot be enabled below a cgroup that holds processes."""
 
 
 @dataclass(frozen=True)
@@ -168,8 +179,11 @@ def detect(
 
 
 def _detect_v2(root: str, parent: str | None, mine: Mapping[str, str]) -> Support:
+    own = mine.get("", "/")
+    if os.path.basename(own) == DAEMON_LEAF:  # moved aside by an earlier detect
+        own = os.path.dirname(own)
     try:
-        base = _within(root, parent if parent is not None else mine.get("", "/"))
+        base = _within(root, parent if parent is not None else own)
         available = _words(os.path.join(base, "cgroup.controllers"))
     except (CgroupError, OSError) as exc:
         why = str(exc) if isinstance(exc, CgroupError) else _os_why(exc)
@@ -181,7 +195,12 @@ def _detect_v2(root: str, parent: str | None, mine: Mapping[str, str]) -> Suppor
             bases[name], whys[name] = None, f"the {name} controller is not available in {base}"
             continue
         try:
-            enable(base, name)
+            try:
+                enable(base, name)
+            except CgroupBusy:
+                if parent is not None or not move_aside(base):
+                    raise
+                enable(base, name)
             _try_make(base)
             bases[name], whys[name] = base, ""
         except CgroupError as exc:
@@ -233,13 +252,33 @@ def enable(directory: str, controller: str) -> None:
         _write(control, f"+{controller}")
     except OSError as exc:
         if exc.errno == errno.EBUSY:
-            raise CgroupError(
+            raise CgroupBusy(
                 f"cannot enable the {controller} controller below {directory}: it holds"
                 " processes (set [limits] cgroup_parent to a cgroup delegated to the daemon)"
             ) from None
         raise CgroupError(
             f"cannot enable the {controller} controller below {directory}: {_os_why(exc)}"
         ) from None
+
+
+def move_aside(base: str, pid: int | None = None) -> bool:
+    """On v2, when the daemon (``pid``) is the only process in its own cgroup ``base``: move
+    it into the leaf ``BASE/pollux-local-daemon``, so that ``base`` may pass controllers on to
+    the jobs' groups (what a service with ``Delegate=yes`` is expected to do).  ``False``
+    when other processes share ``base`` (then the admin names ``[limits] cgroup_parent``)."""
+    me = os.getpid() if pid is None else pid
+    if _procs(base) != [me]:
+        return False
+    leaf = os.path.join(base, DAEMON_LEAF)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(leaf)
+        if not _is_plain_dir(leaf):
+            return False
+        _write(os.path.join(leaf, "cgroup.procs"), str(me))
+    except OSError:
+        return False
+    return True
 
 
 # --- writing -----------------------------------------------------------------------------------------

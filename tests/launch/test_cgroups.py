@@ -181,6 +181,61 @@ def test_v2_without_the_controller_below_a_busy_cgroup_is_not_usable(fake_fs: Pa
     assert (fake_fs / "busy" / "cgroup.subtree_control").read_text() == "+cpu"
 
 
+@pytest.fixture()
+def busy_rule(fake_fs: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """v2's rules on the fake tree: enabling a controller below a cgroup that lists a process
+    is refused (EBUSY), and a pid written to a ``cgroup.procs`` leaves every other one."""
+    real_write = cgroups._write
+
+    def write(path: str, text: str, dir_fd: int | None = None) -> None:
+        full = Path(
+            path if dir_fd is None else os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
+        )
+        if (
+            full.name == "cgroup.subtree_control"
+            and (full.parent / "cgroup.procs").read_text().split()
+        ):
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        if full.name == "cgroup.procs":
+            for procs in fake_fs.rglob("cgroup.procs"):
+                procs.write_text(" ".join(w for w in procs.read_text().split() if w != text))
+            full.write_text(text)
+            return
+        real_write(path, text, dir_fd)
+
+    monkeypatch.setattr(cgroups, "_write", write)
+    (fake_fs / "cgroup.controllers").write_text("cpu memory\n")
+    os.makedirs(fake_fs / "system.slice")
+    os.mkdir(fake_fs / "system.slice/px.service")
+    service = fake_fs / "system.slice/px.service"
+    (service / "cgroup.subtree_control").write_text("")
+    return service
+
+
+def test_v2_a_daemon_alone_in_its_cgroup_moves_aside_for_the_jobs(busy_rule: Path) -> None:
+    service, me = busy_rule, os.getpid()
+    (service / "cgroup.procs").write_text(str(me))
+    support = cgroups.detect(str(service.parents[1]), own={"": "/system.slice/px.service"})
+    assert support.memory == support.cpu == str(service)
+    assert (service / "pollux-local-daemon" / "cgroup.procs").read_text() == str(me)
+    assert (service / "cgroup.procs").read_text() == ""
+    # detected again from the leaf it moved to: the same base, no second move
+    again = cgroups.detect(
+        str(service.parents[1]), own={"": "/system.slice/px.service/pollux-local-daemon"}
+    )
+    assert again == support
+    assert not (service / "pollux-local-daemon" / "pollux-local-daemon").exists()
+
+
+def test_v2_a_daemon_not_alone_in_its_cgroup_is_told_to_name_a_parent(busy_rule: Path) -> None:
+    service, me = busy_rule, os.getpid()
+    (service / "cgroup.procs").write_text(f"{me} 1")
+    support = cgroups.detect(str(service.parents[1]), own={"": "/system.slice/px.service"})
+    assert support.memory is None and support.cpu is None
+    assert "it holds processes (set [limits] cgroup_parent" in support.memory_why
+    assert (service / "cgroup.procs").read_text().split() == [str(me), "1"]  # nobody moved
+
+
 def test_no_hierarchy_or_no_write_access_says_why(fake_fs: Path, tmp_path: Path) -> None:
     missing = cgroups.detect(str(tmp_path / "nowhere"), own={})
     assert missing.memory is None and missing.cpu is None
