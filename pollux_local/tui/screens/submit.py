@@ -1,9 +1,11 @@
-"""The submit form: a job's command, devices, batch sizes and priority."""
+"""The submit form: a job's command, devices, batch sizes, priority, retries and earliest
+start."""
 
 from __future__ import annotations
 
 import os
 import shlex
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -16,6 +18,7 @@ from textual.widgets import Button, Input, Label
 
 from pollux_local.api.errors import PolluxError
 from pollux_local.api.messages import Submit
+from pollux_local.parsing import parse_begin
 from pollux_local.submission import SubmitOptions, build_submit, uses_job_library
 from pollux_local.tui.literal import literal
 
@@ -26,7 +29,8 @@ class SubmitScreen(ModalScreen[Submit | None]):
     CSS_PATH = "submit.tcss"
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
 
-    #: (field id, label, placeholder, kind) — kind: "text", "int" or "args".
+    #: (field id, label, placeholder, kind) — kind: "text", "int", "args" or "begin" (a time
+    #: as ``--begin`` takes it).
     FIELDS: ClassVar[tuple[tuple[str, str, str, str], ...]] = (
         ("script", "Script *", "train.py", "text"),
         ("args", "Arguments", "--epochs 10", "args"),
@@ -36,8 +40,22 @@ class SubmitScreen(ModalScreen[Submit | None]):
         ("batch_size", "Base batch size M0", "(the script's)", "int"),
         ("max_batch_size", "Max batch size", "(the script's)", "int"),
         ("priority", "Priority", "0", "int"),
+        ("retries", "Retries", "(rigid 0)", "int"),
+        ("begin", "Start at", "now, 14:00, +2h", "begin"),
         ("workdir", "Working directory", "(current directory)", "text"),
     )
+
+    #: Fields shown beside the one before them, on its row (the form fits 40 lines).
+    BESIDE: ClassVar[frozenset[str]] = frozenset({"begin"})
+
+    def _rows(self) -> list[list[tuple[str, str, str, str]]]:
+        rows: list[list[tuple[str, str, str, str]]] = []
+        for field in self.FIELDS:
+            if field[0] in self.BESIDE and rows:
+                rows[-1].append(field)
+            else:
+                rows.append([field])
+        return rows
 
     def __init__(self, workdir: str) -> None:
         super().__init__()
@@ -46,11 +64,12 @@ class SubmitScreen(ModalScreen[Submit | None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label("[b]Submit a job[/b]  (Enter or the button submits, Escape abandons)")
-            for field_id, label, placeholder, _ in self.FIELDS:
+            for row in self._rows():
                 with Horizontal(classes="field"):
-                    yield Label(label)
-                    value = self.workdir if field_id == "workdir" else ""
-                    yield Input(value=value, placeholder=placeholder, id=f"f-{field_id}")
+                    for field_id, label, placeholder, _ in row:
+                        yield Label(label, classes="second" if field_id in self.BESIDE else "")
+                        value = self.workdir if field_id == "workdir" else ""
+                        yield Input(value=value, placeholder=placeholder, id=f"f-{field_id}")
             yield Label("", id="error")
             with Horizontal(id="buttons"):
                 yield Button("Submit", variant="primary", id="submit")
@@ -71,6 +90,11 @@ class SubmitScreen(ModalScreen[Submit | None]):
                     values[field_id] = int(raw)
                 except ValueError:
                     raise ValueError(f"{label.rstrip(' *')}: not an integer: {raw!r}") from None
+            elif kind == "begin":
+                try:
+                    values[field_id] = parse_begin(raw, time.time(), label)
+                except PolluxError as exc:
+                    raise ValueError(str(exc)) from None
             elif kind == "args":
                 try:
                     values[field_id] = shlex.split(raw)
@@ -107,6 +131,8 @@ class SubmitScreen(ModalScreen[Submit | None]):
             batch_size=values.get("batch_size"),
             max_batch_size=values.get("max_batch_size"),
             priority=values.get("priority"),
+            retries=values.get("retries"),
+            begin_at=values.get("begin"),
             workdir=workdir,
         )
         try:
