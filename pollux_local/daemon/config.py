@@ -14,7 +14,7 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     admin_group = "wheel"     # members may cancel/hold any job and raise priorities
     allow_group = "lab"       # a daemon not run by root serves only its own user (socket
                               # 0600); this opens it to the group's members (socket 0660)
-    max_retries = 3           # crash restarts before a job fails
+    max_retries = 3           # crash restarts before an elastic job fails (rigid: --retries)
     backoff_s = 5             # first retry delay, doubled each time
     stop_grace_s = 60         # SIGTERM -> checkpoint exit wait before SIGKILL
     pg_timeout_s = 60         # POLLUX_PG_TIMEOUT_S given to jobs

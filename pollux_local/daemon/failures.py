@@ -2,7 +2,7 @@
 
 A job whose replica ends with an import error, a syntax error, arguments its script refuses,
 or a request for CUDA on a CPU device fails at once with a reason naming the cause, instead of
-being retried with back-off until ``max_retries`` (the cause cannot go away by itself).
+being retried with back-off (``exits.retries_allowed``; the cause cannot go away by itself).
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 The executor owns the running replica groups.  A group that exits on its own is classified
 (``api.states.ExitCode``): 0 -> succeeded; 255 from a remote node -> the node is marked down
 and the job re-queued to resume elsewhere; anything else -> a crash, retried from the
-checkpoint with exponential back-off until ``max_retries``, then ``failed``.  That includes 75
+checkpoint with exponential back-off as many times as the job may be
+(``exits.retries_allowed``: its ``--retries``, else none for a rigid job and ``max_retries``
+for an elastic one), then ``failed``.  That includes 75
 (``ExitCode.RESCALE``): it is a rescale only from an incarnation the daemon asked to stop for
 a resize or a move (a :class:`api.states.StopIntent`, recorded when the stop is sent), so a job
 cannot have itself relaunched by exiting 75.  What is known of each node's health is kept in
