@@ -1,0 +1,95 @@
+"""Groups between two users: what one user may do to the other's group and to the admin's.
+
+As in ``test_adversarial``: a root daemon from the lab install, two ordinary Unix users
+(``alice`` and ``bob``) using that install's ``pollux-local``.
+
+* alice makes a group (``[limits] user_groups = 1``); a second one is refused in one line
+  naming the key;
+* bob cannot pause, resume, change or delete alice's group, nor submit a job into it (also
+  not by a raw request), nor pause the admin's group; each refusal is one line naming the group
+  and nothing changes;
+* alice's pause holds her queued job back; root (an admin) resumes it and the job starts;
+* bob's own group and the admin's group take his jobs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.abuse.lab import Lab, job, raw_request, submit, wait_state
+from tests.labinstall import LabDaemon, LabUser, one_line
+
+pytestmark = [pytest.mark.timeout(240)]
+
+CONFIG = "[limits]\nuser_groups = 1\n\n[groups.lab]\nmax_running = 2\n"
+
+
+def group(user: LabUser, daemon: LabDaemon, *args: str) -> tuple[int, str]:
+    """``pollux-local group ARGS`` as ``user``: its exit status, and its one line (stdout's
+    first, or stderr's when it failed)."""
+    command, *rest = args
+    done = user.cli("group", command, "--state-dir", str(daemon.state_dir), *rest)
+    if done.returncode != 0:
+        return done.returncode, one_line(done.stderr)
+    return 0, done.stdout.splitlines()[0] if done.stdout else ""
+
+
+def groups(daemon: LabDaemon) -> dict[str, dict[str, object]]:
+    return {row["name"]: row for row in daemon.client.request("groups")["groups"]}
+
+
+def test_a_user_cannot_touch_another_users_group_or_the_admins(
+    lab: Lab, alice: LabUser, bob: LabUser
+) -> None:
+    daemon = lab.daemon(devices="cpu:2", extra_toml=CONFIG)
+    assert group(alice, daemon, "set", "alexp", "--max-running", "1")[0] == 0
+    rc, line = group(alice, daemon, "set", "second")
+    assert rc != 0 and line.endswith(
+        f"limit exceeded: {alice.name} has 1 groups, the most a user may make ([limits]"
+        " user_groups = 1); delete one first (group delete NAME)"
+    ), line
+    before = groups(daemon)
+    assert before["alexp"]["owner"] == alice.name and before["alexp"]["max_running"] == 1
+
+    for args, verb in (
+        (("pause", "alexp"), "pause"),
+        (("resume", "alexp"), "resume"),
+        (("delete", "alexp"), "delete"),
+        (("set", "alexp", "--max-running", "9"), "change"),
+    ):
+        rc, line = group(bob, daemon, *args)
+        assert rc != 0 and f"group alexp is {alice.name}'s" in line, line
+        assert f"may {verb} it" in line and "permission denied" in line, line
+    rc, line = group(bob, daemon, "pause", "lab")
+    assert rc != 0 and "group lab is the admin's" in line and "only an admin may pause" in line
+    assert groups(daemon) == before  # nothing changed
+
+    done = bob.cli("submit", "--state-dir", str(daemon.state_dir), "--workdir", str(lab.work),
+                   "--group", "alexp", "--", "/bin/true")  # fmt: skip
+    line = one_line(done.stderr)
+    assert done.returncode != 0 and f"group alexp is {alice.name}'s" in line, line
+    assert "only its owner's jobs may join it" in line and "may use: lab" in line, line
+    reply = raw_request(
+        bob, daemon, {"type": "submit", "argv": ["/bin/true"], "workdir": str(lab.work),
+                      "group": "alexp"},
+    )  # fmt: skip
+    assert reply["ok"] is False and reply["code"] == "permission_denied", reply
+    assert daemon.client.request("status")["jobs"] == []  # nothing of bob's was queued
+
+    # alice's pause holds her job; root (an admin) may resume her group
+    assert group(alice, daemon, "pause", "alexp")[0] == 0
+    held_back = submit(alice, daemon, lab, "--group", "alexp", "--", "/bin/sleep", "30")
+    wait_state(daemon, held_back, ("queued",), 30)
+    assert groups(daemon)["alexp"]["paused"] is True
+    rc, line = group(bob, daemon, "resume", "alexp")
+    assert rc != 0 and "permission denied" in line
+    daemon.client.request("resume_group", name="alexp")
+    wait_state(daemon, held_back, ("running",), 60)
+
+    # bob's own group and the admin's take his jobs
+    assert group(bob, daemon, "set", "bobs")[0] == 0
+    in_own = submit(bob, daemon, lab, "--group", "bobs", "--hold", "--", "/bin/true")
+    in_lab = submit(bob, daemon, lab, "--group", "lab", "--hold", "--", "/bin/true")
+    assert job(daemon, in_own)["group"] == "bobs" and job(daemon, in_lab)["group"] == "lab"
+    rc, line = group(bob, daemon, "delete", "bobs")
+    assert rc != 0 and "group bobs has 1 job(s) queued, held or running" in line
