@@ -9,7 +9,8 @@ plus every TOML block the pages mark with ``<!-- daemon config -->``.  The comma
 workspace that holds each TOML block a page marks ``<!-- file: NAME -->`` and a stand-in for
 every script the page names: it prints ``stand-in NAME ARGS`` and sleeps
 :data:`STANDIN_SECONDS` (or what :data:`RUN_SECONDS` gives it).  Each command must exit 0 and
-print something; the jobs a command names must exist; ``logs ID`` first waits until the job
+print something; a job the comment of a command line promises (``# job 4``) must be the one it
+makes; the jobs a command names must exist; ``logs ID`` first waits until the job
 has printed; ``run`` and ``logs`` must show the stand-in's line.  No job may end ``failed``.
 
 Commands that write system files or run until stopped are parsed by the real parser and their
@@ -97,6 +98,34 @@ def argv_of(command: str) -> list[str]:
 def pollux_commands(text: str) -> list[str]:
     """The page's ``pollux-local`` command lines, in order, as ``shlex.join`` writes them."""
     return [shlex.join(argv_of(c)) for c in command_lines(text) if argv_of(c)[0] == "pollux-local"]
+
+
+def promised_ids(text: str) -> list[str | None]:
+    """For each of :func:`pollux_commands`, the job id its comment says a ``submit``, ``run``
+    or ``restart`` makes (``# job 4``, ``# jobs 24-43``, ``# job 1 again, as job 8``: the last
+    id named before a colon), else ``None``."""
+    promised: list[str | None] = []
+    for language, lines in fenced_blocks(text):
+        if language not in ("bash", "console"):
+            continue
+        for line in lines:
+            code, _, comment = line.partition("  #")
+            words = shlex.split(code.strip().removeprefix("$ "), comments=True)
+            if not words or argv_of(shlex.join(words))[0] != "pollux-local":
+                continue
+            named = re.findall(r"\bjobs? (\d+)", comment.split(":")[0])
+            makes = argv_of(shlex.join(words))[1:2] in (["submit"], ["run"], ["restart"])
+            promised.append(named[-1] if named and makes else None)
+    return promised
+
+
+def made_id(argv: list[str], out: str, err: str) -> str | None:
+    """The (first) job id a ``submit``, ``run`` or ``restart`` says it made."""
+    if "--json" in argv:
+        return str(json.loads(out)["id"])
+    pattern = r"\bas job (\d+)" if argv[1] == "restart" else r"\bjobs? (\d+)"
+    found = re.search(pattern, out if argv[1] != "run" else err)
+    return found.group(1) if found else None
 
 
 def not_run(argv: list[str]) -> bool:
@@ -263,8 +292,11 @@ def test_guide_commands_run(page: Path, tmp_path: Path, daemon_factory: DaemonFa
     )
     client = daemon.client
     env = activated_environ(POLLUX_LOCAL_STATE_DIR=str(daemon.state_dir), OMP_NUM_THREADS="1")
+    commands = pollux_commands(text)
+    promised = promised_ids(text)
+    assert len(promised) == len(commands)
     try:
-        for command in pollux_commands(text):
+        for command, promise in zip(commands, promised, strict=True):
             if command in PARSE_ONLY:
                 continue
             argv = shlex.split(command)
@@ -284,6 +316,9 @@ def test_guide_commands_run(page: Path, tmp_path: Path, daemon_factory: DaemonFa
             )
             assert (done.stdout + done.stderr).strip(), f"{page.name}: {command!r} printed nothing"
             check_output(argv, done.stdout)
+            if promise is not None:
+                got = made_id(argv, done.stdout, done.stderr)
+                assert got == promise, f"{page.name}: {command!r} made job {got}, not {promise}"
         jobs = client.request("status", all=True)["jobs"]
         failed = [(job["id"], job["reason"]) for job in jobs if job["state"] == "failed"]
         assert not failed, f"{page.name}: jobs failed: {failed}; daemon log: {daemon.output()}"
