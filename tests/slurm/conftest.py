@@ -71,10 +71,11 @@ class SlurmAllocation:
 @pytest.fixture()
 def allocation(slurm_bed: dict[str, object]) -> Iterator[SlurmAllocation]:
     """A real allocation of both nodes, one GPU and one task each (so a 2-rank job spans
-    them), made by ``salloc --no-shell`` and cancelled at the end."""
+    them), made by ``salloc --no-shell`` and cancelled at the end; ``--no-kill``: a failed node
+    leaves the allocation rather than ending it."""
     proc = subprocess.run(
         ["salloc", "--no-shell", "-N2", "--ntasks-per-node=1", "--gres=gpu:testgpu:1",
-         "--job-name=pollux-tests", "--immediate=20"],
+         "--no-kill", "--job-name=pollux-tests", "--immediate=20"],
         capture_output=True, text=True, timeout=40,
     )  # fmt: skip
     match = re.search(r"Granted job allocation (\d+)", proc.stderr)

@@ -10,8 +10,10 @@ incarnation, a queued job still there and run).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,6 +25,7 @@ import pytest
 from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
 from tests.paths import REPO_ROOT
 
+from . import bed
 from .conftest import SlurmAllocation, daemon_config
 
 pytestmark = pytest.mark.timeout(150)
@@ -49,10 +52,8 @@ def submit(
     )
     argv = ["/bin/sh", "-c", f'{dump} && exec "$@"', "job", sys.executable, str(GLOO_JOB),
             "--steps", str(steps), "--step-sleep", str(sleep_s), "--checkpoint-every", "5"]  # fmt: skip
-    reply = daemon.client.request(
-        "submit", argv=argv, workdir=str(workdir), env=env, min_gpus=ranks, max_gpus=ranks,
-        name="gloo", **extra,
-    )  # fmt: skip
+    fields: dict[str, Any] = {"min_gpus": ranks, "max_gpus": ranks, "name": "gloo", **extra}
+    reply = daemon.client.request("submit", argv=argv, workdir=str(workdir), env=env, **fields)
     return str(reply["id"])
 
 
@@ -74,6 +75,11 @@ def steps_of(allocation: SlurmAllocation) -> dict[str, str]:
         capture_output=True, text=True, timeout=20,
     ).stdout  # fmt: skip
     return {p[1]: p[0] for line in out.splitlines() if len(p := line.split()) == 2}
+
+
+def node_up(daemon: DaemonProcess, name: str) -> bool:
+    rows = daemon.client.request("nodes")["nodes"]
+    return bool(next(row for row in rows if row["name"] == name)["up"])
 
 
 def incarnations(ckpt: Path) -> list[dict[str, Any]]:
@@ -142,8 +148,12 @@ def test_cancelled_job_ends_its_step(
     logs = slurm_daemon.client.request("logs", id=job_id, offset=-4000)["data"]
     # SIGTERM came through scancel --signal=TERM: the job checkpointed and exited 75
     assert "checkpointed at step" in logs, logs
-    shown = job(slurm_daemon, job_id)
-    assert shown["exit_code"] == 75 and shown["exit_signal"] is None, shown
+    # the job is cancelled at once; its exit is recorded when the step's end comes in
+    shown = wait_for(
+        lambda: (j := job(slurm_daemon, job_id))["replica_exits"] and j, 20, "the step's exit"
+    )
+    exits = (shown["exit_code"], shown["exit_signal"], shown["replica_exits"])
+    assert shown["exit_code"] == 75 and shown["exit_signal"] is None, (exits, logs)
 
 
 def test_daemon_killed_and_restarted_in_the_allocation_loses_nothing(
@@ -173,3 +183,58 @@ def test_daemon_killed_and_restarted_in_the_allocation_loses_nothing(
     assert any(d["kind"] == "recovered" for d in decisions), decisions
     assert ended(daemon, second, 90) == "succeeded"
     assert incarnations(tmp_path / "ckpt" / second)[0]["start_step"] == 0
+
+
+def test_timed_out_job_ends_its_step(
+    allocation: SlurmAllocation, slurm_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    job_id = submit(slurm_daemon, tmp_path, steps=100_000, sleep_s=0.05, time_limit_s=6)
+    wait_for(lambda: f"pollux-{job_id}" in steps_of(allocation), 30, "its step")
+    assert ended(slurm_daemon, job_id, 60) == "failed"
+    shown = job(slurm_daemon, job_id)
+    assert "time limit" in shown["reason"], shown
+    wait_for(lambda: f"pollux-{job_id}" not in steps_of(allocation), 20, "the step to end")
+
+
+def test_node_lost_mid_job_resumes_on_the_other_node_from_its_checkpoint(
+    allocation: SlurmAllocation, slurm_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """Everything of node 2 killed (its slurmd, the step's slurmstepd, the rank): Slurm marks
+    it down, the step ends, the daemon drops the node and the job resumes on node 1 from its
+    checkpoint."""
+    info = bed.info()
+    assert info is not None
+    h1, h2 = allocation.nodes
+    netns = dict(info["netns"])  # type: ignore[call-overload]
+    job_id = submit(
+        slurm_daemon, tmp_path, steps=400, sleep_s=0.03, ranks=1, elastic=True, max_gpus=2
+    )
+    ckpt = tmp_path / "ckpt" / job_id
+    wait_for(lambda: len(job(slurm_daemon, job_id)["nodes"]) == 2, 30, "the job on both nodes")
+    wait_for(lambda: checkpoint_step(ckpt) >= 20, 60, "the two-node job to make progress")
+    killed = time.monotonic()
+    try:
+        pids = subprocess.run(
+            ["ip", "netns", "pids", netns[h2]], capture_output=True, text=True, timeout=10
+        ).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        wait_for(lambda: not node_up(slurm_daemon, h2), 60, "the daemon to mark the node down")
+        detected_s = time.monotonic() - killed
+        try:
+            wait_for(lambda: len(incarnations(ckpt)) >= 2, 60, "the job to resume")
+        except AssertionError as exc:
+            shown = slurm_daemon.client.request("show", id=job_id)
+            raise AssertionError(f"{exc}: {shown['job']} {shown['decisions']}") from None
+        resumed_s = time.monotonic() - killed
+        assert ended(slurm_daemon, job_id, 90) == "succeeded"
+    finally:
+        bed.start_slurmd(h2, netns[h2])
+        subprocess.run(["scontrol", "update", f"nodename={h2}", "state=resume"],
+                       capture_output=True, timeout=20)  # fmt: skip
+    print(f"\nnode lost: marked down after {detected_s:.1f} s, resumed after {resumed_s:.1f} s")
+    runs = incarnations(ckpt)
+    assert runs[0]["hosts"] == [h1, h2] and runs[1]["hosts"] == [h1], runs
+    assert runs[1]["start_step"] >= 20  # from its checkpoint, never step 0
+    assert json.loads((ckpt / "done.json").read_text())["step"] == 400

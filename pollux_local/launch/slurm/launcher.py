@@ -63,6 +63,9 @@ class SlurmLauncher:
         self.run_dir = Path(run_dir)
         self._run = run
         self.python = python
+        #: nodes where a step that lost another node may still hold its share: Slurm keeps
+        #: such a step completing (and its CPUs and GPUs taken) until the allocation ends
+        self.stale: set[str] = set()
 
     def record_path(self, job_id: str) -> Path:
         return self.run_dir / f"slurm-{job_id}.json"
@@ -99,6 +102,9 @@ class SlurmLauncher:
             f"--output={spec.log_dir}/rank%t.log",
             "--open-mode=append",
         ]
+        if self.stale & set(by_node):
+            # let the step share what the dead step of a lost node still holds there
+            argv.append("--overlap")
         counts = {len(node_slots) for node_slots in by_node.values()}
         gpus = all(slot.device.startswith("cuda") for slot in slots)
         if len(counts) == 1:
@@ -166,7 +172,7 @@ class SlurmLauncher:
             started: float | None = psutil.Process(keeper.pid).create_time()
         except psutil.Error:
             started = None
-        return SlurmStepGroup(spec, record, keeper.pid, started, self._run)
+        return SlurmStepGroup(spec, record, keeper.pid, started, self._run, self.stale)
 
     async def recover(self, spec: LaunchSpec, token: str) -> SlurmStepGroup | None:
         """The incarnation ``token`` of a job recorded as running when the daemon stopped,
@@ -176,7 +182,8 @@ class SlurmLauncher:
             return None
         pid = int(record.get("keeper_pid") or 0)
         started = float(record["started"]) if record.get("started") else None
-        return SlurmStepGroup(spec, self.record_path(spec.job_id), pid, started, self._run)
+        path = self.record_path(spec.job_id)
+        return SlurmStepGroup(spec, path, pid, started, self._run, self.stale)
 
     async def check_node(self, node: str) -> NodeHealth:
         """Up unless Slurm reports the node down, failed or not responding."""

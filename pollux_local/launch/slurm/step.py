@@ -60,12 +60,15 @@ class SlurmStepGroup:
         keeper_pid: int,
         keeper_started: float | None,
         run: Runner,
+        stale: set[str] | None = None,
     ) -> None:
         self.spec = spec
         self.record_path = record_path
         self.keeper_pid = keeper_pid
         self.keeper_started = keeper_started
         self._run = run
+        #: the launcher's nodes where a step that lost a node may still hold resources
+        self._stale = stale if stale is not None else set()
         self._code: int | None = None
         self._codes: dict[int, int] = {}
         #: One line explaining why the group failed, when it did (a lost node, ...).
@@ -111,6 +114,7 @@ class SlurmStepGroup:
                     if slot.node in lost:
                         codes[slot.rank] = int(ExitCode.NODE_LOST)
                 code = int(ExitCode.NODE_LOST)
+                self._stale.update(s.node for s in self.spec.slots if s.node not in lost)
                 self.failure_reason = "Slurm reports node(s) " + ", ".join(
                     f"{name} {state}" for name, state in lost.items()
                 )
