@@ -76,7 +76,7 @@ def _print_changed(reply: StateChangeReply, args: argparse.Namespace, now: str, 
     elif reply.ids:
         print(f"{past} {len(reply.ids)} job(s): {', '.join(reply.ids)}")
     else:
-        print(f"{past} no job: none was {waiting}")
+        print(f"{past} no job" + ("" if reply.refused else f": none was {waiting}"))
     for ident, why in reply.refused.items():
         print(printable(f"job {ident} left as it was: {why}", newline=False))
 

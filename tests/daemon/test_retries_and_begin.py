@@ -20,6 +20,7 @@ from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.executor.exits import most_retries, retries_allowed
 from pollux_local.daemon.handlers.submit import check_job
 from tests.daemon.test_e2e import CONFIG, Daemon
+from tests.daemon.test_operations import reload
 from tests.daemon_process import DaemonFactory
 
 pytestmark = pytest.mark.timeout(180)
@@ -179,3 +180,28 @@ def test_a_begin_time_in_the_past_starts_at_once_and_one_out_of_range_is_refused
     assert refused.returncode != 0 and "366 days" in refused.stderr
     with pytest.raises(PolluxError, match="begin_at"):
         client.request("submit", argv=["true"], workdir=str(daemon.root), begin_at=5e9)
+
+
+def test_release_all_checks_each_job_against_the_config_in_force(
+    tmp_path: Path, daemon_factory: DaemonFactory
+) -> None:
+    """``--retries 12`` passes while ``max_retries = 12``; once a reload lowers it, ``release
+    --all`` leaves that job held with the reason and releases the others (validate_jobs)."""
+    (tmp_path / "quick.py").write_text(QUICK)
+    daemon = Daemon(daemon_factory, CONFIG.replace("max_retries = 2", "max_retries = 12"))
+    daemon.start()
+    many = daemon.submit("--hold", "--retries", "12", "quick.py")
+    few = daemon.submit("--hold", "--retries", "5", "quick.py")
+    (daemon.state_dir.parent / f"{daemon.state_dir.name}.toml").write_text(CONFIG)
+    reload(daemon.process, "reloaded")
+    released = json.loads(daemon.cli("release", "--all", "--json").stdout)
+    assert released["ids"] == [few], released
+    assert list(released["refused"]) == [many]
+    assert released["refused"][many].startswith("limit exceeded: --retries 12 is more than 10")
+    assert daemon.status()[many]["state"] == "held"
+    assert ended(daemon, few, 30)["state"] == "succeeded"
+    text = daemon.cli("release", "--all").stdout
+    assert text.splitlines() == [
+        "released no job",
+        f"job {many} left as it was: {released['refused'][many]}",
+    ]
