@@ -94,6 +94,7 @@ def test_the_exit_is_recorded_after_a_daemon_restart(
     daemon = start_daemon(daemon_factory, tmp_path / "state", conf)
     job_id = submit(daemon, ["sh", "-c", WAITER, "waiter", str(tmp_path), "4"], tmp_path, retries=0)
     wait_for(lambda: (tmp_path / "pid").exists(), 20, "the job to run")
+    wait_for(lambda: state(daemon, job_id) == "running", 20, "the daemon to record its start")
     daemon.kill()
     if ends_while_down:
         (tmp_path / "go").touch()
