@@ -3,8 +3,9 @@ install, jobs of ordinary Unix users (``alice``, ``bob``), this machine's real c
 
 * alice's job with ``--mem 64M`` that fills 300 MB is killed alone, not retried, its reason
   naming the limit, while bob's job beside it succeeds; its cgroups are gone afterwards;
-* a ``--cpus 0.5`` job runs in its own cgroup with the quota written (read while it runs), it
-  cannot move itself out (the group is root's), and the group is removed when it ends;
+* a ``--cpus 0.5`` job runs in its own cgroup with the quota written (read while it runs) and
+  one OpenMP thread, it cannot move itself out (the group is root's), and the group is removed
+  when it ends;
 * ``[limits] default_mem`` gives a job submitted without ``--mem`` its limit;
 * where the cgroups cannot be written (``cgroup_root`` pointing nowhere), ``--mem`` and
   ``--cpus`` are refused in one line, and a configured default only warns once in the log.
@@ -73,19 +74,20 @@ def test_a_cpu_quota_is_written_and_removed_with_the_job(lab: Lab, alice: LabUse
     support = usable_cgroups()
     daemon = lab.daemon(devices="cpu:1", extra_toml='[limits]\ndefault_mem = "512M"\n')
     pid_file, escape = lab.work / "pid", lab.work / "escape"
+    top = Path(cgroups.CGROUP_ROOT) / ("" if support.version == 2 else "cpu") / "cgroup.procs"
     script = lab.script(
         "quota.sh",
-        f"echo $$ > {pid_file}.tmp; mv {pid_file}.tmp {pid_file}\n"
+        f"echo $OMP_NUM_THREADS > {lab.work}/threads\n"
         # the job tries to leave its group: the group is root's, so the write is refused
-        f"if echo $$ > {cgroups.CGROUP_ROOT}/cpu/cgroup.procs 2>/dev/null; then echo moved;"
-        f" else echo refused; fi > {escape}\n"
+        f"if echo $$ > {top} 2>/dev/null; then echo moved; else echo refused; fi > {escape}\n"
+        f"echo $$ > {pid_file}.tmp; mv {pid_file}.tmp {pid_file}\n"  # written last
         "exec sleep 60\n",
     )
     job_id = submit(alice, daemon, lab, "--cpus", "0.5", "--", str(script))
     wait_state(daemon, job_id, ("running",), 60)
     pid = int(wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), 30, "pid"))
-    wait_until(escape.exists, 30, "the escape attempt")
     assert escape.read_text().strip() == "refused"
+    assert (lab.work / "threads").read_text().strip() == "1"  # its share, not the machine's
     groups = job_cgroups(pid)
     cpu_path = groups["" if support.version == 2 else "cpu"]
     memory_path = groups["" if support.version == 2 else "memory"]
@@ -100,7 +102,15 @@ def test_a_cpu_quota_is_written_and_removed_with_the_job(lab: Lab, alice: LabUse
         assert (cpu_dir / "cpu.cfs_quota_us").read_text().strip() == "50000"
         assert (cpu_dir / "cpu.cfs_period_us").read_text().strip() == "100000"
         assert (memory_dir / "memory.limit_in_bytes").read_text().strip() == str(512 << 20)
-    assert cpu_dir.stat().st_uid == 0  # root's: the job cannot write its cgroup.procs
+    for path in (
+        cpu_dir,
+        cpu_dir / "cgroup.procs",
+        memory_dir,
+        memory_dir / "memory.limit_in_bytes",
+    ):
+        if path.exists():  # root's, written by no one else: the job cannot loosen its limits
+            info = path.stat()
+            assert info.st_uid == 0 and not info.st_mode & 0o022, path
     done = cli(alice, daemon, "cancel", job_id)
     assert done.returncode == 0, done.stderr
     wait_state(daemon, job_id, ("cancelled",), 60)

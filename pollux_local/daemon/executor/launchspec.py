@@ -92,14 +92,17 @@ def build_launch_spec(
     env.pop("POLLUX_ACCUM_STEPS", None)
     env.update(launch.common_environ())
     env.setdefault("PYTHONUNBUFFERED", "1")
+    local = bool(order) and all(node.is_local for node in order)
+    limits = host_limits(spec, config) if local else None
+    busiest = max((len(devices) for devices in allocation.values()), default=1)
+    if limits is not None and limits.cpus:  # no more threads per replica than its CPU share
+        env.setdefault("OMP_NUM_THREADS", str(max(1, int(limits.cpus // max(1, busiest)))))
     if on_cpu:
-        busiest = max(len(devices) for devices in allocation.values())
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // busiest)))
     run_as = None
     run_as_uid = None
     if os.geteuid() == 0 and job.owner_uid != 0:
         run_as, run_as_uid = job.owner_name, job.owner_uid
-    local = bool(order) and all(node.is_local for node in order)
     return LaunchSpec(
         job_id=job.job_id,
         argv=list(spec.argv),
@@ -109,7 +112,7 @@ def build_launch_spec(
         log_dir=job_dir,
         run_as=run_as,
         run_as_uid=run_as_uid,
-        limits=host_limits(spec, config) if local else None,
+        limits=limits,
     )
 
 
