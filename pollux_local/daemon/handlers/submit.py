@@ -5,7 +5,8 @@ request has (an array's indices and task commands) is checked by :func:`check_re
 jobs it makes are checked by :func:`validate_jobs`, the one validation of a resulting job that
 ``submit``, ``restart``, ``edit`` and ``release`` all call: the stored :class:`JobSpec` against
 this daemon's config and ``[limits]`` (shape, batch bounds, time limit, sharing, constraint,
-the size of its command and environment), the group it names (an admin's or its owner's own,
+host memory and CPUs (``launchspec.check_host_limits``), the size of its command and
+environment), the group it names (an admin's or its owner's own,
 ``groups.check_job_groups``) and what its owner already holds in the queue.  A
 job without a time limit gets ``[limits] default_time``, else ``max_time`` (none when neither
 is set).  A priority above ``[limits] max_priority`` (default 0) needs an admin
