@@ -454,7 +454,8 @@ class JobGroup:
             return False
         try:
             if self.limits.support.version == 2:
-                return bool(_counter(_read("memory.events", fd), "max"))
+                events = _read("memory.events", fd)
+                return bool(_counter(events, "max") or _counter(events, "oom"))
             for name in ("memory.failcnt", "memory.memsw.failcnt"):
                 with contextlib.suppress(FileNotFoundError):
                     if int(_read(name, fd).strip() or "0") > 0:
@@ -467,13 +468,13 @@ class JobGroup:
             os.close(fd)
 
     def oom_killed(self, any_sigkill: bool) -> bool:
-        """Did the OOM killer end a process of the job?  Where the kernel does not count its
-        kills (v1 before Linux 4.13): the limit was reached and a replica died of SIGKILL
-        (``any_sigkill``)."""
+        """Did the OOM killer end a process of the job over its memory limit?  It killed one
+        (counted by the kernel; where it is not, before Linux 4.13 on v1: a replica died of
+        SIGKILL, ``any_sigkill``) and the group reached its limit (a kill of the machine's own
+        OOM killer in a group below its limit is not the job's limit)."""
         kills = self.oom_kills()
-        if kills is not None:
-            return kills > 0
-        return any_sigkill and self.hit_limit()
+        killed = kills > 0 if kills is not None else any_sigkill
+        return killed and self.hit_limit()
 
     def pids(self) -> list[int]:
         """The processes in the groups now."""

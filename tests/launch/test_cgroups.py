@@ -128,7 +128,11 @@ def test_v1_limits_are_written_and_the_oom_killer_read_back(fake_fs: Path) -> No
     assert (cpu / "cpu.cfs_quota_us").read_text() == "50000"
     assert group.oom_killed(any_sigkill=True) is False
     (memory / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
-    assert group.oom_kills() == 1 and group.oom_killed(any_sigkill=False)
+    assert group.oom_kills() == 1
+    assert not group.oom_killed(any_sigkill=True)  # the machine's OOM killer, below the limit
+    (memory / "memory.max_usage_in_bytes").write_text(str(64 << 20))
+    assert group.oom_killed(any_sigkill=False)
+    (memory / "memory.max_usage_in_bytes").write_text("0\n")
     # a kernel that does not count its kills: the limit reached and a replica SIGKILLed
     (memory / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\n")
     (memory / "memory.failcnt").write_text("3\n")
@@ -163,6 +167,8 @@ def test_v2_limits_and_oom_events(fake_fs: Path) -> None:
     assert (path / "memory.swap.max").read_text() == "0"
     assert (path / "cpu.max").read_text() == "150000 100000"
     assert not group.oom_killed(any_sigkill=True)
+    (path / "memory.events").write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 1\n")
+    assert not group.oom_killed(any_sigkill=True)  # killed, but not at its limit
     (path / "memory.events").write_text("low 0\nhigh 0\nmax 5\noom 1\noom_kill 1\n")
     assert group.oom_killed(any_sigkill=False)
     group.remove()
