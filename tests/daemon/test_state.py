@@ -13,7 +13,13 @@ from pollux_local.api.report import JobReport
 from pollux_local.api.spec import decode_spec
 from pollux_local.api.states import TERMINAL_STATES, TRANSITIONS, DecisionKind, JobState
 from pollux_local.daemon.config import load_config, parse_devices
-from pollux_local.daemon.state import MIGRATIONS, SCHEMA_VERSION, DecisionEntry, IllegalTransition, StateStore
+from pollux_local.daemon.state import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    DecisionEntry,
+    IllegalTransition,
+    StateStore,
+)
 from pollux_local.errors import PolluxError
 
 
