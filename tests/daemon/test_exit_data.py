@@ -44,8 +44,14 @@ def waited(capsys: pytest.CaptureFixture[str], daemon: DaemonProcess, *ids: str)
 def test_a_job_exiting_3_carries_3_for_the_job_and_each_rank(
     capsys: pytest.CaptureFixture[str], daemon: DaemonProcess, tmp_path: Path
 ) -> None:
+    # both ranks exit 3 themselves: each ignores the stop its supervisor sends the other
+    # once one has failed, and waits for the other to be there
+    script = (
+        'trap "" TERM; touch "ready$RANK"; while [ ! -e ready0 ] || [ ! -e ready1 ]; do'
+        " sleep 0.05; done; exit 3"
+    )
     job_id = cli_json(capsys, daemon, "submit", "--gpus", "2", "--retries", "0", "--workdir",
-                      str(tmp_path), "sh", "-c", "exit 3")["id"]  # fmt: skip
+                      str(tmp_path), "sh", "-c", script)["id"]  # fmt: skip
     node = cli_json(capsys, daemon, "nodes")["nodes"][0]["name"]
     ranks = [
         {"rank": 0, "node": node, "code": 3, "signal": None},
