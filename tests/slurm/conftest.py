@@ -93,11 +93,12 @@ def allocation(slurm_bed: dict[str, object]) -> Iterator[SlurmAllocation]:
         subprocess.run(["scancel", job_id], capture_output=True, timeout=20)
 
 
-def daemon_config(root: Path) -> str:
+def daemon_config(root: Path, policy: str = "fifo") -> str:
     return "\n".join(
         [
             "[scheduler]",
-            'policy = "fifo"',
+            f'policy = "{policy}"',
+            "restart_cost_s = 1",
             "interval_s = 1",
             "[daemon]",
             f'checkpoint_root = "{root / "ckpt"}"',

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests.daemon.test_e2e import TRAIN
 from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
 from tests.paths import REPO_ROOT
 
@@ -238,3 +240,46 @@ def test_node_lost_mid_job_resumes_on_the_other_node_from_its_checkpoint(
     assert runs[0]["hosts"] == [h1, h2] and runs[1]["hosts"] == [h1], runs
     assert runs[1]["start_step"] >= 20  # from its checkpoint, never step 0
     assert json.loads((ckpt / "done.json").read_text())["step"] == 400
+
+
+def test_elastic_job_is_resized_across_nodes_by_checkpoint_restart(
+    allocation: SlurmAllocation, daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    """The end-to-end tests' elastic job (``test_e2e.TRAIN``: it reports a profile, stops on
+    SIGTERM with a checkpoint) under the goodput policy: alone it spans both nodes; a second
+    job arrives and the first is shrunk to one node in the same pass (its step ends with a
+    checkpoint, a one-node step resumes from it)."""
+    daemon = daemon_factory(
+        config=daemon_config(tmp_path, policy="goodput"), env=allocation.environ(),
+        timeout_s=60, cwd=tmp_path,
+    )  # fmt: skip
+    (tmp_path / "train.py").write_text(TRAIN)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO_ROOT),
+           "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0"}  # fmt: skip
+
+    def submit_train(steps: int) -> str:
+        reply = daemon.client.request(
+            "submit", argv=[sys.executable, "train.py", str(steps), "0.05"],
+            workdir=str(tmp_path), env=env, elastic=True, max_gpus=2, batch_size=64,
+        )  # fmt: skip
+        return str(reply["id"])
+
+    first = submit_train(400)
+    try:
+        wait_for(lambda: len(job(daemon, first)["nodes"]) == 2, 60, "the first job on both nodes")
+    except AssertionError:
+        shown = daemon.client.request("show", id=first)
+        raise AssertionError((shown["job"]["reason"], shown["job"]["model"], shown["decisions"][-3:]))
+    second = submit_train(30)
+    assert ended(daemon, second, 90) == "succeeded"
+    assert ended(daemon, first, 120) == "succeeded"
+    log = daemon.client.request("logs", id=first, offset=-20000)["data"]
+    runs = [(int(s), int(w)) for s, w in re.findall(r"resume step=(\d+) world=(\d+)", log)]
+    saved = [int(s) for s in re.findall(r"checkpoint step=(\d+)", log)]
+    assert {world for _, world in runs} == {1, 2}, log
+    # every incarnation resumed exactly where the previous one checkpointed
+    assert [step for step, _ in runs[1:]] == saved[: len(runs) - 1], log
+    assert "finished step=400" in log
+    decisions = daemon.client.request("show", id=first)["decisions"]
+    shrinks = [d for d in decisions if d["kind"] == "resize" and d["batch"]["replicas"] == 1]
+    assert shrinks and len(shrinks[0]["placement"]) == 1, decisions
