@@ -267,9 +267,9 @@ def test_elastic_job_is_resized_across_nodes_by_checkpoint_restart(
     first = submit_train(400)
     try:
         wait_for(lambda: len(job(daemon, first)["nodes"]) == 2, 60, "the first job on both nodes")
-    except AssertionError:
+    except AssertionError as exc:
         shown = daemon.client.request("show", id=first)
-        raise AssertionError((shown["job"]["reason"], shown["job"]["model"], shown["decisions"][-3:]))
+        raise AssertionError(f"{exc}: {shown['job']['reason']} {shown['decisions'][-3:]}") from None
     second = submit_train(30)
     assert ended(daemon, second, 90) == "succeeded"
     assert ended(daemon, first, 120) == "succeeded"
