@@ -63,16 +63,19 @@ class SlurmAllocation:
     nodelist: str
     nodes: list[str]
 
+    def cancel(self) -> None:
+        """End the allocation (``scancel``): Slurm ends its steps."""
+        subprocess.run(["scancel", self.job_id], capture_output=True, timeout=20)
+
     def environ(self) -> dict[str, str | None]:
         """What a process started inside the allocation finds in its environment."""
         return {"SLURM_JOB_ID": self.job_id, "SLURM_JOB_NODELIST": self.nodelist}
 
 
-@pytest.fixture()
-def allocation(slurm_bed: dict[str, object]) -> Iterator[SlurmAllocation]:
+def make_allocation() -> SlurmAllocation:
     """A real allocation of both nodes, one GPU and one task each (so a 2-rank job spans
-    them), made by ``salloc --no-shell`` and cancelled at the end; ``--no-kill``: a failed node
-    leaves the allocation rather than ending it."""
+    them), made by ``salloc --no-shell``; ``--no-kill``: a failed node leaves the allocation
+    rather than ending it.  :meth:`SlurmAllocation.cancel` ends it."""
     proc = subprocess.run(
         ["salloc", "--no-shell", "-N2", "--ntasks-per-node=1", "--gres=gpu:testgpu:1",
          "--no-kill", "--job-name=pollux-tests", "--immediate=20"],
@@ -88,9 +91,20 @@ def allocation(slurm_bed: dict[str, object]) -> Iterator[SlurmAllocation]:
         nodes = subprocess.run(
             ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=20
         ).stdout.split()
-        yield SlurmAllocation(job_id, nodelist, nodes)
-    finally:
+    except BaseException:
         subprocess.run(["scancel", job_id], capture_output=True, timeout=20)
+        raise
+    return SlurmAllocation(job_id, nodelist, nodes)
+
+
+@pytest.fixture()
+def allocation(slurm_bed: dict[str, object]) -> Iterator[SlurmAllocation]:
+    """An allocation of the test bed (:func:`make_allocation`), cancelled at the end."""
+    made = make_allocation()
+    try:
+        yield made
+    finally:
+        made.cancel()
 
 
 def daemon_config(root: Path, policy: str = "fifo") -> str:

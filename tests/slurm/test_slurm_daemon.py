@@ -28,7 +28,7 @@ from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
 from tests.paths import REPO_ROOT
 
 from . import bed
-from .conftest import SlurmAllocation, daemon_config
+from .conftest import SlurmAllocation, daemon_config, make_allocation
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -283,3 +283,41 @@ def test_elastic_job_is_resized_across_nodes_by_checkpoint_restart(
     decisions = daemon.client.request("show", id=first)["decisions"]
     shrinks = [d for d in decisions if d["kind"] == "resize" and d["batch"]["replicas"] == 1]
     assert shrinks and len(shrinks[0]["placement"]) == 1, decisions
+
+
+def test_daemon_restarted_in_a_new_allocation_recovers_its_queue(
+    allocation: SlurmAllocation, daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    """The allocation ends under a running job (its walltime, a scancel) and the daemon with
+    it; a daemon on the same state in a new allocation has the same queue: the running job
+    resumes from its checkpoint, the held one is still held and runs once released."""
+    state = tmp_path / "state"
+    config = daemon_config(tmp_path)
+    daemon = daemon_factory(
+        config=config, env=allocation.environ(), state_dir=state, timeout_s=60, cwd=tmp_path
+    )
+    running = submit(daemon, tmp_path, steps=150, sleep_s=0.05)
+    held = submit(daemon, tmp_path, steps=10, sleep_s=0.02, hold=True)
+    ckpt = tmp_path / "ckpt" / running
+    wait_for(lambda: checkpoint_step(ckpt) >= 10, 60, "the job to make progress")
+    daemon.kill()
+    allocation.cancel()  # Slurm ends its steps
+    wait_for(lambda: not steps_of(allocation), 30, "the old allocation's steps to end")
+
+    later = make_allocation()
+    try:
+        daemon = daemon_factory(
+            config=config, env=later.environ(), state_dir=state, timeout_s=60, cwd=tmp_path
+        )
+        assert job(daemon, held)["state"] == "held"
+        assert ended(daemon, running, 90) == "succeeded", daemon.output()
+        runs = incarnations(ckpt)
+        assert len(runs) == 2 and runs[1]["start_step"] >= 10, runs  # from its checkpoint
+        assert json.loads((ckpt / "done.json").read_text())["step"] == 150
+        shown = daemon.client.request("show", id=running)
+        assert shown["job"]["failures"] == 0, shown["decisions"]  # not counted as a crash
+        daemon.client.request("release", id=held)
+        assert ended(daemon, held, 60) == "succeeded"
+    finally:
+        daemon.stop()
+        later.cancel()

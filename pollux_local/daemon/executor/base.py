@@ -118,7 +118,9 @@ class ExecutorBase:
 
             nodes = tuple(n.slurm for n in self.config.nodes if n.slurm is not None)
             self.run_dir.mkdir(mode=0o700, exist_ok=True)
-            self._slurm = SlurmLauncher(Allocation(slurm_job_id(), nodes), self.run_dir)
+            records = self.run_dir / "slurm"  # the keepers' records, beside the run files
+            records.mkdir(mode=0o700, exist_ok=True)
+            self._slurm = SlurmLauncher(Allocation(slurm_job_id(), nodes), records)
         return self._slurm
 
     def reconfigure(self, config: DaemonConfig) -> None:

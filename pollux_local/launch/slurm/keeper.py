@@ -1,5 +1,5 @@
 """The keeper of one job step: runs ``srun`` for an incarnation, finds the step's id, and
-writes what became of it to its record (``STATE_DIR/run/slurm-<job id>.json``), so that a
+writes what became of it to its record (``STATE_DIR/run/slurm/slurm-<job id>.json``), so that a
 daemon restarted meanwhile reads the end it did not see.  Standard library only; started by
 the daemon in its own session (``python keeper.py``, a script: no import of the package), its
 instructions as one JSON line on stdin:

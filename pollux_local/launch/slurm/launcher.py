@@ -4,6 +4,7 @@ started with ``srun`` by a keeper (``keeper.py``) that records its end."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -176,9 +177,22 @@ class SlurmLauncher:
 
     async def recover(self, spec: LaunchSpec, token: str) -> SlurmStepGroup | None:
         """The incarnation ``token`` of a job recorded as running when the daemon stopped,
-        from its keeper's record; ``None`` when there is none (the job is queued again)."""
+        from its keeper's record; ``None`` when there is none, or when it was a step of
+        another allocation (the job is queued again and resumes from its checkpoint)."""
         record = read_record(self.record_path(spec.job_id))
         if record is None or record.get("token") != token:
+            return None
+        if str(record.get("slurm_job")) != self.allocation.job_id:
+            # a step of an earlier allocation (its walltime ended, or it was cancelled): it
+            # is over with that allocation, or is ended now; the job is queued again
+            if record.get("state") != "ended" and record.get("step"):
+                with contextlib.suppress(PolluxError):
+                    await asyncio.to_thread(self._run, ["scancel", str(record["step"])])
+            log.info(
+                "job %s: its step %s belonged to Slurm job %s, not this allocation",
+                spec.job_id, record.get("step"), record.get("slurm_job"),
+            )  # fmt: skip
+            self.record_path(spec.job_id).unlink(missing_ok=True)
             return None
         pid = int(record.get("keeper_pid") or 0)
         started = float(record["started"]) if record.get("started") else None
