@@ -38,9 +38,12 @@ def missing_bed() -> str | None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests here that need the test bed (the ``slurm_bed`` fixture, directly or not) are
+    marked ``slurm``; without the test bed and without ``CI`` they are skipped."""
     reason = None if os.environ.get("CI") else missing_bed()
     for item in items:
-        if Path(str(item.fspath)).is_relative_to(HERE):
+        uses_bed = "slurm_bed" in getattr(item, "fixturenames", ())
+        if Path(str(item.fspath)).is_relative_to(HERE) and uses_bed:
             item.add_marker(pytest.mark.slurm)
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
@@ -48,10 +51,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def slurm_bed() -> dict[str, object]:
-    """What ``scripts/slurm-testbed-up`` recorded (under ``CI``, its absence fails)."""
+    """What ``scripts/slurm-testbed-up`` recorded (its absence: a skip, a failure under
+    ``CI``)."""
     reason = missing_bed()
-    if reason:
+    if reason and os.environ.get("CI"):
         pytest.fail(reason)
+    if reason:
+        pytest.skip(reason)
     info = bed.info()
     assert info is not None
     return info
@@ -107,6 +113,16 @@ def allocation(slurm_bed: dict[str, object]) -> Iterator[SlurmAllocation]:
         made.cancel()
 
 
+@pytest.fixture()
+def slurm_daemon(
+    allocation: SlurmAllocation, daemon_factory: DaemonFactory, tmp_path: Path
+) -> DaemonProcess:
+    """A daemon inside the allocation (found from ``SLURM_JOB_ID``: no ``--launcher``)."""
+    return daemon_factory(
+        config=daemon_config(tmp_path), env=allocation.environ(), timeout_s=60, cwd=tmp_path
+    )
+
+
 def daemon_config(root: Path, policy: str = "fifo") -> str:
     return "\n".join(
         [
@@ -122,14 +138,4 @@ def daemon_config(root: Path, policy: str = "fifo") -> str:
             "node_retry_s = 3",
             "",
         ]
-    )
-
-
-@pytest.fixture()
-def slurm_daemon(
-    allocation: SlurmAllocation, daemon_factory: DaemonFactory, tmp_path: Path
-) -> DaemonProcess:
-    """A daemon inside the allocation (found from ``SLURM_JOB_ID``: no ``--launcher``)."""
-    return daemon_factory(
-        config=daemon_config(tmp_path), env=allocation.environ(), timeout_s=60, cwd=tmp_path
     )

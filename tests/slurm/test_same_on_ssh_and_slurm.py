@@ -18,7 +18,7 @@ from tests.multinode.testbed import Testbed, missing_requirements
 from .conftest import SlurmAllocation, daemon_config
 from .test_slurm_daemon import checkpoint_step, ended, incarnations, job, submit
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(150)]
 
 
 @dataclass(frozen=True)

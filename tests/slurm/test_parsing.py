@@ -1,0 +1,97 @@
+"""What the Slurm launcher reads from Slurm's tools, without a cluster: ``srun``'s report of
+its tasks' ends (the keeper) and an allocation's nodes and GPUs (``scontrol``'s answers as a
+real 22.05 gave them on the test bed, typed and untyped)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from pollux_local.errors import PolluxError
+from pollux_local.launch.slurm.allocation import node_lost, read_allocation
+from pollux_local.launch.slurm.keeper import group_code, task_exits
+
+#: srun's stderr of a step whose task 1 exited 3, with --kill-on-bad-exit
+KILLED_ON_BAD_EXIT = """\
+srun: error: slurmb-h2: task 1: Exited with exit code 3
+srun: launch/slurm: _step_signal: Terminating StepId=1.0
+slurmstepd-slurmb-h1: error: *** STEP 1.0 ON slurmb-h1 CANCELLED AT 2026-11-25T21:16:44 ***
+srun: error: slurmb-h1: task 0: Terminated
+srun: Force Terminated StepId=1.0
+"""
+
+
+def test_the_first_failing_task_is_the_steps_code_and_each_rank_keeps_its_own() -> None:
+    codes, order = task_exits(KILLED_ON_BAD_EXIT)
+    assert codes == {1: 3, 0: -15} and order == [1, 0]
+    assert group_code(codes, order, srun_code=143) == 3
+
+
+def test_a_checkpoint_stop_of_every_rank_is_75_and_a_clean_end_is_0() -> None:
+    text = "srun: error: slurmb-h1: tasks 0-1: Exited with exit code 75\n"
+    codes, order = task_exits(text)
+    assert codes == {0: 75, 1: 75}
+    assert group_code(codes, order, srun_code=75) == 75
+    assert group_code({}, [], srun_code=0) == 0
+
+
+def test_a_killed_task_is_its_signal_and_a_step_that_never_started_is_sruns_code() -> None:
+    codes, order = task_exits("srun: error: slurmb-h2: task 1: Killed\n")
+    assert codes == {1: -9} and group_code(codes, order, 137) == -9
+    text = "srun: error: Unable to create step for job 16: Job/step already completing\n"
+    assert task_exits(text) == ({}, [])
+    assert group_code({}, [], srun_code=1) == 1
+
+
+JOB_DETAIL = """\
+JobId=5 JobName=interactive
+   NumNodes=2 NumCPUs=4 NumTasks=4 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
+   JOB_GRES=gpu:a100:6
+     Nodes=gpu01 CPU_IDs=0-1 Mem=0 GRES=gpu:a100:4(IDX:0-3)
+     Nodes=gpu02 CPU_IDs=0,2 Mem=0 GRES=gpu:a100:2(IDX:1-2)
+     Nodes=cpu07 CPU_IDs=0-3 Mem=0 GRES=
+"""
+NODES = {
+    "gpu01": "NodeName=gpu01 CPUTot=8 Gres=gpu:a100:4 NodeAddr=10.0.0.1 RealMemory=512000"
+    " State=MIXED",
+    "gpu02": "NodeName=gpu02 CPUTot=8 Gres=gpu:a100:4 NodeAddr=gpu02 RealMemory=1 State=IDLE",
+    "cpu07": "NodeName=cpu07 CPUTot=4 NodeAddr=10.0.0.7 RealMemory=64000 State=DOWN*",
+}
+
+
+def fake_scontrol(argv: Sequence[str]) -> str:
+    if list(argv[:3]) == ["scontrol", "show", "hostnames"]:
+        return {"gpu[01-02],cpu07": "gpu01\ngpu02\ncpu07\n"}.get(argv[3], argv[3] + "\n")
+    if list(argv[:4]) == ["scontrol", "show", "job", "-d"]:
+        return JOB_DETAIL
+    if list(argv[:4]) == ["scontrol", "show", "node", "-o"]:
+        return "\n".join(NODES[name] for name in argv[4].split(",")) + "\n"
+    raise AssertionError(argv)
+
+
+def test_an_allocations_nodes_hold_its_gpus_typed_by_their_gres_or_its_cpus() -> None:
+    env = {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "gpu[01-02],cpu07"}
+    allocation = read_allocation(env, fake_scontrol)
+    assert allocation.job_id == "5"
+    gpu01, gpu02, cpu07 = allocation.nodes
+    assert (gpu01.name, gpu01.address, gpu01.gpu_type, gpu01.devices) == (
+        "gpu01", "10.0.0.1", "a100", ("cuda:0", "cuda:1", "cuda:2", "cuda:3"),
+    )  # fmt: skip
+    assert gpu01.memory == 512000 << 20
+    assert gpu02.devices == ("cuda:0", "cuda:1") and gpu02.memory is None
+    assert cpu07.gpu_type is None and cpu07.devices == ("cpu:0", "cpu:1", "cpu:2", "cpu:3")
+
+
+def test_outside_an_allocation_the_launcher_says_what_is_missing() -> None:
+    with pytest.raises(PolluxError, match="SLURM_JOB_ID is not set"):
+        read_allocation({}, fake_scontrol)
+
+
+@pytest.mark.parametrize(
+    ("state", "lost"),
+    [("IDLE", False), ("MIXED", False), ("MIXED+DRAIN", False), ("DOWN*", True),
+     ("MIXED+NOT_RESPONDING", True), ("IDLE*", True), ("FAIL", True)],
+)  # fmt: skip
+def test_down_failed_and_unresponsive_nodes_count_as_lost(state: str, lost: bool) -> None:
+    assert node_lost(state) is lost
