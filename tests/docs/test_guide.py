@@ -72,6 +72,8 @@ PARSE_ONLY = {
 FILE_MARK = re.compile(r"^<!-- file: ([\w.-]+) -->$")
 CONFIG_MARK = re.compile(r"^<!-- daemon config -->$")
 SCRIPT = re.compile(r"^(?:\./)?([\w-]+\.(?:py|sh))$")
+#: How a job ended, in ``show --json`` and ``status --json`` (submit-and-watch.md).
+EXIT_FIELDS = ("exit_code", "exit_signal", "replica_exits")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -270,11 +272,19 @@ def check_output(argv: list[str], out: str) -> None:
     elif command in ("status", "ls"):
         if data is not None:
             assert all(job["state"] in STATES for job in data["jobs"])
+            assert all(set(EXIT_FIELDS) <= set(job) for job in data["jobs"])
         else:
             assert re.search(rf"\b({'|'.join(STATES)})\b", out) or "no jobs" in out, out
     elif command == "show":
         job_id = next(word for word in argv[2:] if word.isdigit())
         assert str(data["job"]["id"]) == job_id if data is not None else f"job {job_id}" in out
+        if data is not None:  # the fields the guide documents
+            assert set(EXIT_FIELDS) | {"retries_used", "retries_allowed"} <= set(data["job"])
+    elif command == "wait" and data is not None:  # the stand-ins exit 0, each rank too
+        assert data["jobs"] and not data["pending"], data
+        for job in data["jobs"]:
+            assert (job["state"], job["exit_code"], job["exit_signal"]) == ("succeeded", 0, None)
+            assert [rank["code"] for rank in job["replica_exits"]] == [0], job
     elif command in ("run", "logs"):
         assert "stand-in" in out, out
 
