@@ -24,6 +24,8 @@ from tests.labinstall import (
     world_readable_tempdir,
 )
 
+from .conftest import SlurmAllocation
+
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -115,3 +117,48 @@ def test_a_members_job_runs_in_her_allocation_as_her(
         if daemon is not None:
             daemon.stop()
         subprocess.run(["scancel", slurm_job], capture_output=True, timeout=20)
+
+
+def test_a_root_daemon_in_an_allocation_refuses_to_run_a_users_job_as_root(
+    lab_install: LabInstall,
+    members: tuple[LabUser, LabUser],
+    base: Path,
+    allocation: SlurmAllocation,
+) -> None:
+    """Slurm would start the steps of root's allocation as root: a user's job fails at its
+    start with one line saying so, and nothing of it runs."""
+    _, bob = members
+    work = base / "work"
+    work.mkdir(mode=0o1777)
+    os.chmod(work, 0o1777)
+    state = base / "root-state"
+    config = base / "root.toml"
+    config.write_text('[scheduler]\npolicy = "fifo"\ninterval_s = 1\n')
+    config.chmod(0o644)
+    daemon = LabDaemon(
+        lab_install, state,
+        argv=["env", *(f"{k}={v}" for k, v in allocation.environ().items()),
+              str(lab_install.cli), "daemon", "--state-dir", str(state), "--config", str(config)],
+    ).start(timeout_s=60)  # fmt: skip
+    try:
+        marker = work / "ran"
+        submitted = bob.cli(
+            "submit", "--state-dir", str(state), "--json", "--workdir", str(work),
+            "--", "/bin/touch", str(marker),
+        )  # fmt: skip
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = str(json.loads(submitted.stdout)["id"])
+        shown = wait_until(
+            lambda: (
+                (j := dict(daemon.client.request("show", id=job_id)["job"]))["state"]
+                in ("succeeded", "failed")
+                and j
+            ),
+            60,
+            "the job to end",
+        )
+        assert shown["state"] == "failed", shown
+        assert "will not run" in str(shown["reason"]) and bob.name in str(shown["reason"])
+        assert not marker.exists()
+    finally:
+        daemon.stop()
