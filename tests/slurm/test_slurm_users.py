@@ -148,16 +148,13 @@ def test_a_root_daemon_in_an_allocation_refuses_to_run_a_users_job_as_root(
         )  # fmt: skip
         assert submitted.returncode == 0, submitted.stderr
         job_id = str(json.loads(submitted.stdout)["id"])
-        shown = wait_until(
-            lambda: (
-                (j := dict(daemon.client.request("show", id=job_id)["job"]))["state"]
-                in ("succeeded", "failed")
-                and j
-            ),
-            60,
-            "the job to end",
-        )
-        assert shown["state"] == "failed", shown
+
+        def final() -> dict[str, object] | None:
+            shown = dict(daemon.client.request("show", id=job_id)["job"])
+            return shown if shown["state"] in ("succeeded", "failed") else None
+
+        shown = wait_until(final, 60, "the job to end")
+        assert shown is not None and shown["state"] == "failed", shown
         assert "will not run" in str(shown["reason"]) and bob.name in str(shown["reason"])
         assert not marker.exists()
     finally:
