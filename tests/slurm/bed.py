@@ -90,6 +90,10 @@ def start_munge() -> None:
 
 
 def write_config(hosts: list[testbed.TestHost]) -> None:
+    for name in ("slurm.conf", "gres.conf"):
+        path = CONF_DIR / name
+        if path.exists() and not path.read_text(errors="replace").startswith(MARK):
+            raise RuntimeError(f"{path} is not the test bed's: this machine has a Slurm of its own")
     controller = socket.gethostname().split(".")[0]
     nodes = "\n".join(
         f"NodeName={h.name} NodeAddr={h.address} CPUs=2 RealMemory=2000"
