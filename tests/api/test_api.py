@@ -40,6 +40,11 @@ def test_every_request_type_round_trips_through_a_frame() -> None:
         api.Drain(target="box2:cuda:1"),
         api.Resume(target="box2"),
         api.Estimate(submit=api.Submit(argv=["sleep", "5"], workdir="/tmp", min_gpus=2)),
+        api.ListGroups(),
+        api.SetGroup(name="small", max_devices=2, max_running=None),
+        api.DeleteGroup(name="small"),
+        api.PauseGroup(name="small"),
+        api.ResumeGroup(name="small"),
     ]
     assert {type(r) for r in samples} == set(REQUEST_TYPES.values())
     for request in samples:
