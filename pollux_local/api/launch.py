@@ -15,6 +15,8 @@ Besides the torchrun variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCA
 ``POLLUX_ACCUM_STEPS``     the scheduler's accumulation steps s (absent: the job chooses)
 ``POLLUX_DEVICE``          ``cpu`` or ``cuda``
 ``POLLUX_PG_TIMEOUT_S``    process-group timeout in seconds (no collective hangs unbounded)
+``POLLUX_RESIZE_FILE``     where the launcher writes warm resize orders (``api/resize.py``)
+``POLLUX_RESIZE_JOIN``     a replica joining a warm resize: the order's generation
 =========================  ===============================================================
 
 A shared job (``submit --shared``) on a GPU also gets ``POLLUX_GPU_MEMORY_FRACTION``, its
@@ -147,6 +149,9 @@ class LaunchEnvironment:
     #: a shared job on a GPU: its declared memory (bytes) and that over the device's memory
     gpu_memory_limit: int | None = None
     gpu_memory_fraction: float | None = None
+    #: warm resizes (``api/resize.py``): the order file, and the generation a joiner joins at
+    resize_file: str | None = None
+    resize_join: int | None = None
 
     @property
     def distributed(self) -> bool:
@@ -178,6 +183,8 @@ class LaunchEnvironment:
             "SLURM_ARRAY_TASK_ID": self.array_index,
             "POLLUX_TIME_LIMIT_S": None if self.time_limit_s is None else f"{self.time_limit_s:g}",
             "POLLUX_DEVICE_TYPE": self.device_type,
+            "POLLUX_RESIZE_FILE": self.resize_file,
+            "POLLUX_RESIZE_JOIN": self.resize_join,
             "POLLUX_DEVICE_SLOWDOWN": (
                 None if self.device_slowdown is None else f"{self.device_slowdown:g}"
             ),
@@ -261,6 +268,8 @@ class LaunchEnvironment:
             device_type=env.get("POLLUX_DEVICE_TYPE") or None,
             device_slowdown=_positive(env, "POLLUX_DEVICE_SLOWDOWN"),
             gpu_memory_fraction=fraction,
+            resize_file=env.get("POLLUX_RESIZE_FILE") or None,
+            resize_join=_int(env, "POLLUX_RESIZE_JOIN", None),
         )
 
 

@@ -3,7 +3,7 @@
 * a measuring step's one all-reduce, which averages the gradients and carries, appended to
   them, each replica's local squared gradient norm and its control flags, so that every
   replica takes the same decisions (stop for a rescale, checkpoint now, the spacing of the
-  next measuring steps) at the same step;
+  next measuring steps, a warm resize's generation) at the same step;
 * the broadcast of rank 0's batch configuration;
 * leaving the process group, every replica at once.
 
@@ -26,12 +26,14 @@ class Agreement:
 
     ``stop``: some replica was asked to stop (sum_k stop_k > 0); ``checkpoint``: rank 0 found
     a periodic checkpoint due; ``interval``: rank 0's spacing of the next measuring steps
-    (``None`` when it proposed none).
+    (``None`` when it proposed none); ``resize``: the generation of the warm resize order
+    rank 0 saw (0: none).
     """
 
     stop: bool
     checkpoint: bool
     interval: int | None
+    resize: int = 0
 
 
 def average_and_agree(
@@ -43,15 +45,19 @@ def average_and_agree(
     interval: int,
     replicas: int,
     device: torch.device,
+    resize: int = 0,
 ) -> tuple[float, Agreement]:
-    """One all-reduce of [g_1 .. g_n, |g_local|^2, stop, checkpoint, interval] over K replicas.
+    """One all-reduce of [g_1 .. g_n, |g_local|^2, stop, checkpoint, interval, resize] over K
+    replicas.
 
     In place, each gradient becomes the replicas' average g = (1/K) sum_k g_k.  Returns the
     mean local squared norm (1/K) sum_k |g_k|^2 and the :class:`Agreement` of the summed
-    flags.  ``checkpoint`` and ``interval`` are rank 0's to propose: the other replicas pass
-    ``False`` and 0, so that the sums are rank 0's values.
+    flags.  ``checkpoint``, ``interval`` and ``resize`` are rank 0's to propose: the other
+    replicas pass ``False`` and 0, so that the sums are rank 0's values.
     """
-    control = torch.tensor([float(stop), float(checkpoint), float(interval)], device=device)
+    control = torch.tensor(
+        [float(stop), float(checkpoint), float(interval), float(resize)], device=device
+    )
     flat = torch.cat(
         [g.reshape(-1) for g in grads] + [local_sq.reshape(1).to(grads[0]), control.to(grads[0])]
     )
@@ -61,12 +67,14 @@ def average_and_agree(
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
-    mean_local, stops, checkpoints, proposed = (float(v) * replicas for v in flat[offset:].tolist())
+    values = (float(v) * replicas for v in flat[offset:].tolist())
+    mean_local, stops, checkpoints, proposed, generation = values
     mean_local /= replicas
     agreed = Agreement(
         stop=stops > 0,
         checkpoint=checkpoints > 0,
         interval=int(round(proposed)) if proposed >= 1 else None,
+        resize=int(round(generation)),
     )
     return mean_local, agreed
 

@@ -25,12 +25,15 @@ The trainer composes the parts, each in its own module:
   more than ``STOP_LATENCY_S`` of training apart; and leaving the process group;
 * ``stopping.py``: SIGTERM (a replica acts on it right after its current step), the
   checkpoint payload, and the checkpoint-and-exit with ``ExitCode.RESCALE``;
+* ``resizing.py``: warm resizes, the replica count changed in place at a step agreement;
 * ``loader.py``, ``sampler.py``, ``profile.py``, ``checkpoint.py``, ``report.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -49,6 +52,8 @@ from pollux_local.api.report import (
     ReportBounds,
     ReportGradStats,
 )
+from pollux_local.api.resize import ResizeOrder, decode_order, encode_order
+from pollux_local.api.states import ExitCode
 from pollux_local.core.efficiency import LR_RULES
 from pollux_local.core.types import BatchChoice, GradStats
 from pollux_local.errors import PolluxError
@@ -68,6 +73,7 @@ from pollux_local.torch.measuring import MeasuringSchedule
 from pollux_local.torch.memory import PeakMemory
 from pollux_local.torch.profile import ProfileRecorder
 from pollux_local.torch.report import Reporter
+from pollux_local.torch.resizing import ResizeWatch, announce_ready, broadcast_object
 from pollux_local.torch.sampler import ElasticSampler, StepPlan, resume_point
 from pollux_local.torch.scaling import (
     LrScaling,
@@ -140,9 +146,8 @@ class ElasticTrainer:
             raise PolluxError(f"unknown lr_rule {lr_rule!r}; expected one of {', '.join(LR_RULES)}")
         if stats_interval < 1:
             raise PolluxError(f"stats_interval must be at least 1, got {stats_interval}")
-        self.bounds = validated_bounds(
-            base_batch, max_batch, min_local, max_local, accumulation, self.env.world_size
-        )
+        self._bound_args = (base_batch, max_batch, min_local, max_local, accumulation)
+        self.bounds = validated_bounds(*self._bound_args, self.env.world_size)
         if stats_budget is not None and not 0.0 < stats_budget <= 1.0:
             raise PolluxError(f"stats_budget must be in (0, 1] or None, got {stats_budget}")
         self.optimizer = optimizer
@@ -155,6 +160,12 @@ class ElasticTrainer:
         self._lr = LrScaling(lr_rule, base_batch)
         self._schedule = MeasuringSchedule(stats_interval, stats_budget, self.env.world_size)
         self._stop = StopRequest()
+        joining = self.env.resize_join
+        self._resize = ResizeWatch(self.env.resize_file, joining or 0)
+        self._agreed_resize = 0
+        self._proposal: ResizeOrder | None = None
+        if joining is not None:
+            announce_ready(self.env.resize_file, joining, self.env.rank)
 
         init_distributed(self.env)
         self.rank = self.env.rank
@@ -194,20 +205,18 @@ class ElasticTrainer:
             self.bounds, self.replicas, self.env.local_batch, self.env.accum_steps
         )
         self._env_choice = self.env.local_batch is not None
-        if restore and self.checkpoints is not None:
+        if joining is not None:  # a warm resize's joiner: rank 0's state by broadcast
+            self._load(broadcast_object(None, self.replicas))
+            log.info("joined at step %d (warm resize %d)", self.steps, joining)
+        elif restore and self.checkpoints is not None:
             found = self.checkpoints.load_latest()
             if found is not None:
                 self._load(found[0])
                 log.info("restored %s (progress %.1f)", found[1], self.progress)
 
         self.model: torch.nn.Module
-        if self.replicas > 1:
-            kwargs = dict(ddp_kwargs or {})
-            if self.device.type == "cuda":
-                kwargs.setdefault("device_ids", [self.device.index])
-            self.model = DistributedDataParallel(self.module, **kwargs)
-        else:
-            self.model = self.module
+        self._ddp_kwargs = dict(ddp_kwargs or {})
+        self._wrap()
         if handle_sigterm and self.checkpoints is not None:
             self._stop.install()
 
@@ -308,6 +317,10 @@ class ElasticTrainer:
         assert self._sampler is not None
         if self._stop.requested and self.replicas == 1:
             self._checkpoint_and_exit()  # one replica needs no agreement: stop between steps
+        if self.replicas == 1:
+            order = self._resize.pending()
+            if order is not None:
+                self._warm_resize(order)
         measuring = self._schedule.begin_step()
         split = measuring and self.replicas == 1 and self.accum_steps == 1 and self.local_batch >= 2
         return self._sampler.plan_step(self.replicas, self.local_batch, self.accum_steps, split)
@@ -421,6 +434,9 @@ class ElasticTrainer:
             self._checkpoint_and_exit()
         if checkpoint_now:
             self.checkpoint()
+        if self._agreed_resize:
+            self._agreed_resize = 0
+            self._warm_resize(self._proposal)
         self._report()
         return True
 
@@ -459,7 +475,9 @@ class ElasticTrainer:
             interval=self._schedule.proposed() if self.rank == 0 else 0,
             replicas=self.replicas,
             device=self.device,
+            resize=self._pending_generation() if self.rank == 0 else 0,
         )
+        self._agreed_resize = agreed.resize
         if usable:
             big_sq = float(squared_norm(grads, pre)) / (amp * amp)
             small_batch = plan.total // self.replicas
@@ -467,6 +485,10 @@ class ElasticTrainer:
                 self.estimator.update(mean_local, small_batch, big_sq, plan.total)
         self._schedule.adopt(agreed.interval)  # rank 0's spacing, the same everywhere
         return agreed.stop, agreed.checkpoint
+
+    def _pending_generation(self) -> int:
+        self._proposal = self._resize.pending()
+        return self._proposal.generation if self._proposal is not None else 0
 
     def _checkpoint_due(self) -> bool:
         return self._checkpoint_timer.due(self.checkpoints is not None)
@@ -551,6 +573,80 @@ class ElasticTrainer:
             report=self._final_report,
             leave=self._leave_group,
         )
+
+    # ----------------------------------------------------------------- warm resizes
+    def _wrap(self) -> None:
+        """Wrap the module in DDP when this incarnation has several replicas."""
+        if self.replicas > 1:
+            kwargs = dict(self._ddp_kwargs)
+            if self.device.type == "cuda":
+                kwargs.setdefault("device_ids", [self.device.index])
+            self.model = DistributedDataParallel(self.module, **kwargs)
+        else:
+            self.model = self.module
+
+    def _warm_resize(self, order: ResizeOrder | None) -> None:
+        """Act on a resize order every replica agreed on at this step (``resizing.py``):
+        leave the group, form the new one (or exit 0: a leaving replica), and load rank 0's
+        state as a restarted replica would load its checkpoint."""
+        data = broadcast_object(encode_order(order) if order is not None else None, self.replicas)
+        order = decode_order(data)
+        self._resize.done(order.generation)
+        payload = self._payload() if self.rank == 0 else None
+        self._leave_group()
+        if self.rank >= order.world_size:
+            log.info("leaving at step %d (warm resize %d)", self.steps, order.generation)
+            self.reporter.flush()
+            sys.exit(0)
+        self.env = dataclasses.replace(
+            self.env,
+            world_size=order.world_size,
+            local_world_size=order.world_size,
+            master_addr=order.master_addr,
+            master_port=order.master_port,
+            local_batch=order.local_batch,
+            accum_steps=order.accum_steps,
+            resize_join=None,
+        )
+        self.replicas = order.world_size
+        try:
+            init_distributed(self.env)
+            payload = broadcast_object(payload, self.replicas)
+        except Exception as exc:  # noqa: BLE001 - any failure here falls back to a restart
+            self._fall_back(payload, exc)
+        self.bounds = validated_bounds(*self._bound_args, self.replicas)
+        self._schedule = MeasuringSchedule(
+            self._schedule.stats_interval, self._schedule.stats_budget, self.replicas
+        )
+        self.local_batch, self.accum_steps = initial_choice(
+            self.bounds, self.replicas, order.local_batch, order.accum_steps
+        )
+        self._env_choice = order.local_batch is not None
+        self._warmup_left = PROFILE_WARMUP_STEPS
+        self._small = None
+        self._last_report = 0.0
+        self._checkpoint_timer.reset()
+        self._load(payload)
+        if self._sampler is not None and self._sampler_state is not None:
+            self._sampler.load_state_dict(self._sampler_state)
+        self._wrap()
+        if not self._env_choice:
+            self._adapt()  # what a restarted job does as its loader starts
+        log.info(
+            "resized warm to %d replica(s) at step %d (order %d)",
+            self.replicas,
+            self.steps,
+            order.generation,
+        )
+
+    def _fall_back(self, payload: dict[str, Any] | None, exc: BaseException) -> NoReturn:
+        """The new group did not form: rank 0 checkpoints the state it holds and every
+        replica exits for a restart (``ExitCode.RESCALE``)."""
+        log.warning("warm resize failed (%s); checkpointing for a restart", exc)
+        if payload is not None and self.checkpoints is not None:
+            self.checkpoints.save(self.steps, payload)
+        self._stop.ignore_sigterm()
+        sys.exit(ExitCode.RESCALE)
 
     # ----------------------------------------------------------------- reporting
     def report_metrics(self, **metrics: float) -> None:

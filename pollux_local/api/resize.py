@@ -1,0 +1,65 @@
+"""A warm resize order: what the launcher tells the running replicas of an elastic job so
+that they change their replica count in place (``torch/resizing.py``).
+
+The launcher writes the order as JSON, atomically, to the file named by
+``POLLUX_RESIZE_FILE``; rank 0 reads it at a step agreement and every replica acts on it at
+the same step.  Replicas whose rank is below ``world_size`` stay (and keep their rank); the
+others leave with exit code 0.  Joining replicas are started with the new ``WORLD_SIZE``,
+``MASTER_PORT`` and ``POLLUX_RESIZE_JOIN`` = ``generation``, announce themselves ready
+(:func:`ready_path`), and receive the training state by broadcast from rank 0.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from pollux_local.api.errors import PolluxError
+
+RESIZE_VERSION = 1
+#: Largest order file read (an order is a few hundred bytes).
+MAX_ORDER_BYTES = 4096
+
+Positive = Annotated[int, msgspec.Meta(ge=1, le=2**31)]
+Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+
+
+class ResizeOrder(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Resize to ``world_size`` replicas, forming the new process group at
+    ``master_addr:master_port``; ``generation`` counts the orders of one incarnation (an
+    order not newer than the last one acted on is ignored).  ``local_batch`` and
+    ``accum_steps`` are the scheduler's (m, s) at the new size (``None``: the job chooses)."""
+
+    generation: Positive
+    world_size: Positive
+    master_addr: str
+    master_port: Port
+    local_batch: Positive | None = None
+    accum_steps: Positive | None = None
+    version: int = RESIZE_VERSION
+
+
+def encode_order(order: ResizeOrder) -> bytes:
+    """The order's JSON."""
+    return msgspec.json.encode(order)
+
+
+def decode_order(data: bytes) -> ResizeOrder:
+    """An order read back; a malformed one is a one-line ``PolluxError``."""
+    if len(data) > MAX_ORDER_BYTES:
+        raise PolluxError(f"resize order is over {MAX_ORDER_BYTES} bytes")
+    try:
+        order = msgspec.json.decode(data, type=ResizeOrder)
+    except msgspec.ValidationError as exc:
+        raise PolluxError(f"bad resize order: {exc}") from None
+    except msgspec.DecodeError:
+        raise PolluxError("bad resize order: not JSON") from None
+    if order.version != RESIZE_VERSION:
+        raise PolluxError(f"resize order version {order.version} is not {RESIZE_VERSION}")
+    return order
+
+
+def ready_path(order_file: str, generation: int, rank: int) -> str:
+    """The file a joining replica of ``generation`` creates once it is about to rendezvous."""
+    return f"{order_file}.ready-{generation}-{rank}"

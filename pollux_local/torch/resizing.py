@@ -1,0 +1,96 @@
+"""Warm resizes: an elastic job changes its replica count without restarting the replicas
+that stay (the launcher's order is ``api.resize.ResizeOrder``).
+
+* rank 0 watches the order file (:class:`ResizeWatch`); with several replicas its newest
+  generation rides on the measuring step's all-reduce (``collectives.py``) so that every
+  replica acts at the same step, and the order itself is broadcast from rank 0;
+* at that step the replicas leave the old process group together; those whose rank is not
+  below the new world size exit 0; the others form the new group at the order's address;
+* rank 0's checkpoint payload (``stopping.build_payload``) is broadcast to every replica of
+  the new group, and every replica loads it as a restarted one would load rank 0's
+  checkpoint: the result is the same as a checkpoint-restart at that step;
+* a replica started to join (``POLLUX_RESIZE_JOIN``) announces itself ready
+  (:func:`announce_ready`) and takes the payload in place of a checkpoint.
+
+Should the new group not form (a joiner that never comes), rank 0 writes the payload it
+holds as a checkpoint and the replicas exit with ``ExitCode.RESCALE``: the launcher falls
+back to a checkpoint-restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+import torch.distributed as dist
+
+from pollux_local.api.errors import PolluxError
+from pollux_local.api.resize import MAX_ORDER_BYTES, ResizeOrder, decode_order, ready_path
+
+
+class ResizeWatch:
+    """The newest order in the order file newer than the generation acted on last."""
+
+    def __init__(self, path: str | None, generation: int = 0) -> None:
+        self.path = path
+        self.generation = generation
+        self._seen: tuple[int, int, int] | None = None
+        self._order: ResizeOrder | None = None
+
+    def pending(self) -> ResizeOrder | None:
+        """The order waiting to be acted on (``None``: none); a malformed file is ignored."""
+        if self.path is None:
+            return None
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return None
+        key = (info.st_ino, info.st_mtime_ns, info.st_size)
+        if key != self._seen:
+            self._seen = key
+            self._order = _read(self.path)
+        order = self._order
+        return order if order is not None and order.generation > self.generation else None
+
+    def done(self, generation: int) -> None:
+        """Orders up to ``generation`` are acted on."""
+        self.generation = max(self.generation, generation)
+
+
+def _read(path: str) -> ResizeOrder | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return decode_order(os.read(fd, MAX_ORDER_BYTES + 1))
+    except (OSError, PolluxError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def announce_ready(order_file: str | None, generation: int, rank: int) -> None:
+    """A joiner is about to rendezvous: create its ready file (best effort)."""
+    if order_file is None:
+        return
+    with contextlib.suppress(OSError):
+        fd = os.open(
+            ready_path(order_file, generation, rank),
+            os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o644,
+        )
+        os.close(fd)
+
+
+def broadcast_object(value: Any, replicas: int) -> Any:
+    """Rank 0's ``value`` on every replica of the current group (as is with one)."""
+    if replicas <= 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+__all__ = ["ResizeWatch", "announce_ready", "broadcast_object"]

@@ -1,0 +1,179 @@
+"""Warm resizes (``torch/resizing.py``) with real gloo processes on CPU: an elastic job grown
+1 -> 2 and shrunk 2 -> 1 in place ends bit for bit where the same resize done as a
+checkpoint-restart at the same step ends (same step count, same sample sequence, same
+weights); a joiner that never comes makes the job fall back to a checkpoint-restart."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pollux_local.api.resize import ResizeOrder  # noqa: E402
+from pollux_local.api.states import ExitCode  # noqa: E402
+from pollux_local.launch.base import pick_master_port  # noqa: E402
+from pollux_local.launch.warm import write_order  # noqa: E402
+from tests.paths import REPO_ROOT  # noqa: E402
+from tests.torch.test_distributed import load_model, step_sequence  # noqa: E402
+
+PROBE = [sys.executable, "-m", "pollux_local.torch.probe"]
+#: deterministic: fixed (m, s), every step measures (the agreement is at every step)
+ARGS = ["--no-adapt", "--stats-interval", "1", "--stats-budget", "0", "--epochs", "2"]
+LOCAL_BATCH = 16
+
+
+def replica(
+    tmp: Path, rank: int, world: int, port: int, args: list[str], **extra: str
+) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env.update(
+        OMP_NUM_THREADS="1",
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        POLLUX_JOB_ID="probe",
+        POLLUX_JOB_DIR=str(tmp / "job"),
+        POLLUX_CHECKPOINT_DIR=str(tmp / "ckpt"),
+        POLLUX_PG_TIMEOUT_S="30",
+        POLLUX_DEVICE="cpu",
+        POLLUX_LOCAL_BATCH=str(LOCAL_BATCH),
+        PYTHONPATH=str(REPO_ROOT),
+    )
+    env.update(extra)
+    err = (tmp / f"rank{rank}-{port}.err").open("w")
+    return subprocess.Popen(
+        PROBE + ARGS + args, env=env, cwd=REPO_ROOT, stderr=err, stdout=subprocess.DEVNULL
+    )
+
+
+def codes(procs: list[subprocess.Popen[bytes]], tmp: Path) -> list[int]:
+    result = []
+    for proc in procs:
+        try:
+            result.append(proc.wait(timeout=120))
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+            raise
+    if any(code not in (0, ExitCode.RESCALE) for code in result):
+        for path in tmp.glob("*.err"):
+            print(path.name, path.read_text()[-3000:], file=sys.stderr)
+    return result
+
+
+def run_warm(tmp: Path, before: int, after: int, at_step: int) -> tuple[list[int], Path]:
+    """``before`` replicas, an order to go to ``after`` placed after step ``at_step``."""
+    tmp.mkdir(parents=True)
+    (tmp / "job").mkdir()
+    order_file = tmp / "job" / "resize.json"
+    out = tmp / "final.pt"
+    port, new_port = pick_master_port(), pick_master_port()
+    order = ResizeOrder(
+        generation=1,
+        world_size=after,
+        master_addr="127.0.0.1",
+        master_port=new_port,
+        local_batch=LOCAL_BATCH,
+    )
+    write_order(order_file.with_name("resize.json.next"), order)
+    common = {"POLLUX_RESIZE_FILE": str(order_file)}
+    log = ["--out", str(out), "--log-samples", str(tmp / "samples"), "--order-at-step"]
+    procs = [
+        replica(tmp, rank, before, port, [*log, str(at_step)], **common) for rank in range(before)
+    ]
+    procs += [
+        replica(tmp, rank, after, new_port, log[:4], POLLUX_RESIZE_JOIN="1", **common)
+        for rank in range(before, after)
+    ]
+    return codes(procs, tmp), out
+
+
+def run_cold(tmp: Path, before: int, after: int, at_step: int) -> tuple[list[int], list[int], Path]:
+    """The same resize as a checkpoint-restart: SIGTERM after ``at_step``, then ``after``."""
+    tmp.mkdir(parents=True)
+    out = tmp / "final.pt"
+    log = ["--out", str(out), "--log-samples", str(tmp / "samples")]
+    port = pick_master_port()
+    first = codes(
+        [
+            replica(tmp, rank, before, port, [*log, "--signal-at-step", str(at_step)])
+            for rank in range(before)
+        ],
+        tmp,
+    )
+    port = pick_master_port()
+    second = codes([replica(tmp, rank, after, port, log) for rank in range(after)], tmp)
+    return first, second, out
+
+
+@pytest.mark.parametrize(("before", "after"), [(1, 2), (2, 1)])
+def test_warm_resize_is_bit_identical_to_a_checkpoint_restart(
+    tmp_path: Path, before: int, after: int
+) -> None:
+    warm_codes, warm_out = run_warm(tmp_path / "warm", before, after, at_step=5)
+    cold_first, cold_second, cold_out = run_cold(tmp_path / "cold", before, after, at_step=5)
+    assert warm_codes == [0] * max(before, after)  # a leaving replica exits 0
+    assert cold_first == [ExitCode.RESCALE] * before and cold_second == [0] * after
+    warm, cold = torch.load(warm_out, weights_only=False), torch.load(cold_out, weights_only=False)
+    assert warm["steps"] == cold["steps"] > 5
+    assert warm["progress"] == cold["progress"]
+    # the loader's position: the same samples at every step, on the same number of replicas
+    assert step_sequence(tmp_path / "warm" / "samples") == step_sequence(
+        tmp_path / "cold" / "samples"
+    )
+    warm_model, cold_model = load_model(warm_out), load_model(cold_out)
+    for name, tensor in cold_model.items():
+        assert torch.equal(warm_model[name], tensor), name  # bit for bit
+    # the warm run really resized in place: no checkpoint was written, nothing restarted
+    assert not (tmp_path / "warm" / "ckpt").exists() or not any(
+        (tmp_path / "warm" / "ckpt").iterdir()
+    )
+
+
+def test_a_joiner_that_never_comes_falls_back_to_a_checkpoint(tmp_path: Path) -> None:
+    """Grow 1 -> 2 with no joiner: rank 0 times out forming the group, checkpoints the state
+    it holds and exits 75; restarted at 2 replicas it ends where the cold resize ends."""
+    tmp = tmp_path / "fallback"
+    tmp.mkdir()
+    (tmp / "job").mkdir()
+    order_file = tmp / "job" / "resize.json"
+    order = ResizeOrder(
+        generation=1,
+        world_size=2,
+        master_addr="127.0.0.1",
+        master_port=pick_master_port(),
+        local_batch=LOCAL_BATCH,
+    )
+    write_order(order_file.with_name("resize.json.next"), order)
+    out = tmp / "final.pt"
+    log = ["--out", str(out), "--log-samples", str(tmp / "samples")]
+    first = codes(
+        [
+            replica(
+                tmp,
+                0,
+                1,
+                pick_master_port(),
+                [*log, "--order-at-step", "5"],
+                POLLUX_RESIZE_FILE=str(order_file),
+                POLLUX_PG_TIMEOUT_S="3",
+            )
+        ],
+        tmp,
+    )
+    assert first == [ExitCode.RESCALE]
+    port = pick_master_port()
+    assert codes([replica(tmp, rank, 2, port, log) for rank in range(2)], tmp) == [0, 0]
+    _, _, cold_out = run_cold(tmp_path / "cold", 1, 2, at_step=5)
+    fallback, cold = load_model(out), load_model(cold_out)
+    for name, tensor in cold.items():
+        assert torch.equal(fallback[name], tensor), name
+    assert step_sequence(tmp / "samples") == step_sequence(tmp_path / "cold" / "samples")
