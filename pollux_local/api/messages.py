@@ -225,6 +225,13 @@ class JobDetail(JobSummary, kw_only=True):
     #: (``daemon.executor.exits.retries_allowed``: its ``--retries``, else its kind's default)
     retries_used: int = 0
     retries_allowed: int = 0
+    #: the median downtime of its recent resizes as the daemon measured them, by
+    #: checkpoint-restart (cold) and in place (warm); ``None``: none measured (the policy
+    #: then counts the configured ``restart_cost_s``); and how many resizes each is of
+    resize_cold_s: float | None = None
+    resize_warm_s: float | None = None
+    resizes_cold: int = 0
+    resizes_warm: int = 0
 
 
 class DecisionRecord(Message):

@@ -112,6 +112,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         f"metrics {job.metrics}  eta {duration(job.eta_s)}",
         f"  restarts    {job.restarts}  failures {job.failures}  retries"
         f" {job.retries_used}/{job.retries_allowed}",
+        f"  resize cost {resize_cost(job.resize_cold_s, job.resizes_cold)} cold,"
+        f" {resize_cost(job.resize_warm_s, job.resizes_warm)} warm",
         *begin_lines(job, time.time()),
         *exit_lines(job),
         *forecast_lines(job),
@@ -132,6 +134,13 @@ def cmd_show(args: argparse.Namespace) -> int:
     # each line is one line: a newline in what a job controls is shown as an escape too
     print("\n".join(printable(line, newline=False) for line in lines))
     return 0
+
+
+def resize_cost(median_s: float | None, count: int) -> str:
+    """A measured resize downtime: ``2.6 s (median of 3)``, or ``not measured``."""
+    if median_s is None:
+        return "not measured"
+    return f"{median_s:.1f} s (median of {count})"
 
 
 def begin_lines(job: JobSummary, now: float) -> list[str]:

@@ -107,7 +107,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         " devices each; profiles from placements-TYPE.csv; replaces --nodes/--gpus-per-node)",
     )
     parser.add_argument("--interval", type=_non_negative_float, default=60.0, help="seconds")
-    parser.add_argument("--restart-cost", type=_non_negative_float, default=30.0, help="seconds")
+    parser.add_argument(
+        "--restart-cost",
+        type=_non_negative_float,
+        default=30.0,
+        help="seconds a checkpoint-restart costs (with --cluster: Sia's measured cost per model)",
+    )
+    parser.add_argument(
+        "--warm-resize-cost",
+        type=_non_negative_float,
+        default=None,
+        metavar="S",
+        help="model warm resizes: a change of an elastic job's devices within its device type"
+        " that keeps some of its nodes costs S seconds instead of a restart (default: every"
+        " change restarts)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--no-share-profiles",
@@ -161,7 +175,8 @@ def _format_summary(summary: dict[str, float | int | str | None], workload: Path
         f"average JCT       {hours('avg_jct_s')}",
         f"p99 JCT           {hours('p99_jct_s')}",
         f"makespan          {hours('makespan_s')}",
-        f"restarts per job    {float(summary['restarts_per_job'] or 0):.2f}",
+        f"restarts per job    {float(summary['restarts_per_job'] or 0):.2f}"
+        f"  (warm resizes per job {float(summary['warm_resizes_per_job'] or 0):.2f})",
         f"worst finish-time fairness  {summary['max_finish_time_fairness'] or math.nan:.2f}"
         "  (JCT / JCT alone on an equal share)",
         f"decision time       median {float(summary['decision_ms_median'] or 0):.2f} ms,"
@@ -189,6 +204,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         cluster=args.cluster,
         interval_s=args.interval,
         restart_cost_s=args.restart_cost,
+        warm_resize_cost_s=args.warm_resize_cost,
         seed=args.seed,
         share_profiles=None if args.share_profiles else False,
         correct_times=args.correct_times,

@@ -193,6 +193,9 @@ class JobView:
     type_rates: Mapping[str, float] | None = None
     #: seconds of progress a restart costs this job (``None``: the policy's default)
     restart_cost_s: float | None = None
+    #: seconds a warm resize costs it (a change of count that keeps its running replicas;
+    #: ``None``: as a restart)
+    warm_resize_cost_s: float | None = None
     #: still restoring from its last (re)start
     restoring: bool = False
 

@@ -49,6 +49,7 @@ from pollux_local.daemon.forecasting import Forecasts
 from pollux_local.daemon.jobfiles import job_file_mtime
 from pollux_local.daemon.readmodel import MetricHistory, job_noise_scale
 from pollux_local.daemon.reports import InvalidReport, read_job_report
+from pollux_local.daemon.resizes import resizes_of
 from pollux_local.daemon.scheduler import (
     ModelCache,
     dependencies_of,
@@ -265,7 +266,7 @@ class SchedulingLoop:
                 return
             plan = await asyncio.to_thread(
                 plan_round, self.policy, jobs, nodes, self.models, now, self.rng, limits,
-                states=states, stopping=stopping,
+                states=states, stopping=stopping, resize_costs=resizes_of(self.store).all_costs(),
             )  # fmt: skip
             self.ticks += 1
             await self.executor.apply(plan)
@@ -411,6 +412,7 @@ class SchedulingLoop:
             self.store.update_job(job.id, report=report)
             job.report = report
             self.metrics.note(job, report, self.clock())
+            resizes_of(self.store).reported(job.id, report, self.clock())
 
     def sample_history(self, now: float) -> None:
         """One (goodput, noise scale) sample per running job, at most one per half interval

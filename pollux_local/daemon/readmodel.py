@@ -39,6 +39,7 @@ from pollux_local.core.types import GradStats
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.executor import NodeHealthBook
 from pollux_local.daemon.executor.exits import retries_allowed
+from pollux_local.daemon.resizes import ResizeCosts
 from pollux_local.daemon.scheduler import ModelCache, progress_eta
 from pollux_local.daemon.state import JobRecord
 
@@ -261,12 +262,14 @@ def job_detail(
     history: list[dict[str, float | None]],
     with_env: bool,
     config: DaemonConfig,
+    resize_costs: ResizeCosts | None = None,
 ) -> JobDetail:
     """``show``'s view of a job: its ``status`` row and what it runs, its latest report, its
     noise scale, model and history; ``env`` only when ``with_env`` (its owner or an admin);
     its crash restarts, allowed (``exits.retries_allowed``) and had (each crash counts one,
-    but the crash that failed it)."""
+    but the crash that failed it); what its resizes were measured to cost."""
     spec = job.spec
+    costs = resize_costs or ResizeCosts()
     allowed = retries_allowed(spec, config)
     crashes = job.failures - (1 if job.state == JobState.FAILED and job.failures else 0)
     return JobDetail(
@@ -283,6 +286,10 @@ def job_detail(
         env=dict(job.env or {}) if with_env else None,
         retries_used=min(crashes, allowed),
         retries_allowed=allowed,
+        resize_cold_s=costs.cold_s,
+        resize_warm_s=costs.warm_s,
+        resizes_cold=costs.cold_count,
+        resizes_warm=costs.warm_count,
     )
 
 

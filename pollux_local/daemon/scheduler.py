@@ -44,6 +44,7 @@ from pollux_local.core.schedule import (
 )
 from pollux_local.core.types import BatchBounds, GradStats, Policy
 from pollux_local.daemon.config import GroupConfig
+from pollux_local.daemon.resizes import ResizeCosts
 from pollux_local.daemon.state import GroupRecord, JobRecord
 
 __all__ = [  # the plan's types, as the executor imports them
@@ -338,8 +339,11 @@ def job_input(
     model: GoodputModel | None = None,
     models_by_type: Mapping[str, GoodputModel] | None = None,
     type_rates: Mapping[str, float] | None = None,
+    resize_costs: ResizeCosts | None = None,
 ) -> JobInput:
-    """A stored job as the pass takes it (``states``: of the jobs it depends on)."""
+    """A stored job as the pass takes it (``states``: of the jobs it depends on;
+    ``resize_costs``: what its resizes were measured to cost)."""
+    costs = resize_costs or ResizeCosts()
     report = job.report or _NO_REPORT
     profiled = [row.replicas for row in report.profile]
     spec = job.spec
@@ -384,6 +388,8 @@ def job_input(
         progress_fraction=progress_fraction(report),
         reason=job.reason,
         prediction=job.prediction,
+        restart_cost_s=costs.cold_s,
+        warm_resize_cost_s=costs.warm_s,
     )
 
 
@@ -415,13 +421,15 @@ def snapshot_of(
     *,
     states: Mapping[int, JobState] | None = None,
     stopping: Sequence[Holding] = (),
+    resize_costs: Mapping[int, ResizeCosts] | None = None,
 ) -> Snapshot:
     """The pass's snapshot: the queued, running and rescaling ``jobs``, each with its fitted
     models (the jobs the pass may schedule: queued past any back-off, and running), on the
     smallest device memory of the cluster and, on a cluster of several device types, per
     type, with its kind's speed per type; under ``limits``, with ``states`` (job id -> state,
     any state) of the jobs others depend on and the jobs still ``stopping``, each counted as a
-    running job of its owner, with its devices."""
+    running job of its owner, with its devices; ``resize_costs`` by job id (measured,
+    ``daemon.resizes``)."""
     types = sorted({node.device_type for node in nodes})
     typed = len(types) > 1
     memory_of: dict[str, int] = {}
@@ -441,7 +449,7 @@ def snapshot_of(
     for job in jobs:
         if job.state not in _PHASES:  # held or ended: no part in a pass
             continue
-        bare = job_input(job, states)
+        bare = job_input(job, states, resize_costs=(resize_costs or {}).get(job.id))
         if not schedulable(bare, now):
             inputs.append(bare)
             continue
@@ -471,10 +479,14 @@ def plan_round(
     *,
     states: Mapping[int, JobState] | None = None,
     stopping: Sequence[Holding] = (),
+    resize_costs: Mapping[int, ResizeCosts] | None = None,
 ) -> Plan:
     """The pass (``core.schedule.run_pass``) on the stored jobs (arguments as
     :func:`snapshot_of`)."""
-    snapshot = snapshot_of(jobs, nodes, models, now, limits, states=states, stopping=stopping)
+    snapshot = snapshot_of(
+        jobs, nodes, models, now, limits, states=states, stopping=stopping,
+        resize_costs=resize_costs,
+    )  # fmt: skip
     return run_pass(snapshot, policy, rng)
 
 

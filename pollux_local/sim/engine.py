@@ -66,6 +66,9 @@ class SimConfig:
     interval_s: float = 60.0
     #: seconds a (re)start costs under Pollux's rules (Sia's: per application)
     restart_cost_s: float = 30.0
+    #: seconds a warm resize costs (``None``: every change is a checkpoint-restart): a change
+    #: of an elastic job's devices within its device type that keeps some of its nodes
+    warm_resize_cost_s: float | None = None
     seed: int = 0
     job_library: str | None = None
     #: fit each adaptive job's model to the points all jobs of its application measured
@@ -82,6 +85,9 @@ class SimConfig:
             raise PolluxError(f"scheduling interval must be positive, got {self.interval_s}")
         if not self.restart_cost_s >= 0:
             raise PolluxError(f"restart cost must be >= 0, got {self.restart_cost_s}")
+        warm = self.warm_resize_cost_s
+        if warm is not None and not warm >= 0:
+            raise PolluxError(f"warm resize cost must be >= 0, got {warm}")
         if self.job_library not in (None, "goodput", "sia"):
             raise PolluxError(f"unknown job library {self.job_library!r} (goodput or sia)")
 
@@ -104,6 +110,8 @@ class SimResult:
     completed: int
     jct_s: dict[str, float]
     restarts: dict[str, int]
+    #: resizes made in place per job (only with a warm resize cost)
+    warm_resizes: dict[str, int]
     finish_time_fairness: dict[str, float]
     makespan_s: float
     decision_ms: list[float]
@@ -124,6 +132,9 @@ class SimResult:
             "makespan_s": self.makespan_s,
             "restarts_per_job": float(np.mean(list(self.restarts.values())))
             if self.restarts
+            else 0.0,
+            "warm_resizes_per_job": float(np.mean(list(self.warm_resizes.values())))
+            if self.warm_resizes
             else 0.0,
             "max_finish_time_fairness": float(ftf.max()) if ftf.size else None,
             "decision_ms_median": float(np.median(dms)) if dms.size else 0.0,
@@ -256,7 +267,8 @@ class Simulator:
             id=job.id,
             phase=JobPhase.RUNNING if job.placement else JobPhase.QUEUED,
             submit_time=job.spec.time,
-            restarts=job.starts,
+            # every change of allocation, warm ones included (the policy's horizon)
+            restarts=job.starts + job.warm_resizes,
             allocation=job.allocation,
             last_start=self.now,
             attained_gpu_s=job.attained_gpu_s,
@@ -293,6 +305,7 @@ class Simulator:
             restart_cost_s=None
             if told is None
             else told.get(job.app.name, self.rules.default_told_restart_cost_s),
+            warm_resize_cost_s=self.config.warm_resize_cost_s if job.adaptive else None,
             restoring=told is not None and job.restart_left_s > 0,
         )
         if self.cluster.typed and not self.models.type_aware:
@@ -336,10 +349,26 @@ class Simulator:
             if not moved or (self.rules.by_shape and shape == job.shape):
                 job.placement = new  # other nodes of the same shape: no restart
                 return
+        if self._warm(job, new, device_type):
+            job.warm_resizes += 1
+            job.restart_left_s = float(self.config.warm_resize_cost_s or 0.0)
+        else:
+            job.starts += 1
+            job.restart_left_s = self.rules.restore_delay(job.app.name, self.config.restart_cost_s)
         job.placement, job.shape, job.device_type = new, shape, device_type
-        job.starts += 1
-        job.restart_left_s = self.rules.restore_delay(job.app.name, self.config.restart_cost_s)
         self.models.choose_batch(job)
+
+    def _warm(self, job: SimJob, new: Placement, device_type: str) -> bool:
+        """Whether moving the running ``job`` to ``new`` is a warm resize: one is modelled
+        (``warm_resize_cost_s``), the job is elastic, stays on its device type and keeps
+        replicas on at least one of its nodes (a move to other nodes only restarts it)."""
+        return (
+            self.config.warm_resize_cost_s is not None
+            and job.adaptive
+            and bool(job.placement)
+            and device_type == job.device_type
+            and any(a > 0 and b > 0 for a, b in zip(job.placement, new, strict=True))
+        )
 
     def _round(self, active: list[SimJob], decision_ms: list[float]) -> None:
         """One scheduling pass over the active jobs, its plan applied."""
@@ -398,6 +427,7 @@ class Simulator:
             completed=len(complete),
             jct_s=jct,
             restarts={j.name: j.restarts for j in self.jobs},
+            warm_resizes={j.name: j.warm_resizes for j in self.jobs},
             finish_time_fairness=fairness,
             makespan_s=float(makespan - first_submit),
             decision_ms=decision_ms,

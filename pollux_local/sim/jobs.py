@@ -144,6 +144,8 @@ class SimJob:
     accum_steps: int = 1
     restart_left_s: float = 0.0
     starts: int = 0
+    #: changes of replica count made in place (a warm resize: no restart)
+    warm_resizes: int = 0
     progress: float = 0.0
     epoch: int = 0
     attained_gpu_s: float = 0.0

@@ -289,7 +289,7 @@ class Objective:
             fair_goodput = self._fair_goodput(goodput, float(fair[index]))
             foreign = moving is not None and moving[index]  # runs on another device type
             if foreign:  # a move to another device type
-                discount = self._discount(job, self.type_margin)
+                discount = self._discount(job, self.type_margin, warm=False)
             else:
                 discount = self._discount(job, margin) if current_k > 0 else 1.0
             speedup = goodput[: cap + 1] / fair_goodput
@@ -378,18 +378,26 @@ class Objective:
             horizon = min(horizon, remaining)
         return max(horizon, self.interval_s)
 
-    def _discount(self, job: JobView, margin: float | None = None) -> float:
+    def _discount(self, job: JobView, margin: float | None = None, warm: bool = True) -> float:
         """Factor on the speed-up of any allocation but a running job's current one.
 
         A change is worth it when x' * H >= x * (H + m * d): it must earn back m times its
         restart cost d within the allocation's expected lifetime H.  So the factor is
         H / (H + m * d): in (0, 1], near 1 for long-lived allocations, small for young or
-        often re-allocated jobs.
+        often re-allocated jobs.  d is the job's own measured cost (a warm resize's when
+        ``warm`` and it has one: a change within its device type), else the configured one.
         """
         horizon = self._horizon(job)
-        cost = self.restart_cost_s if job.restart_cost_s is None else float(job.restart_cost_s)
         margin = self.payback_margin if margin is None else margin
-        return horizon / (horizon + margin * cost)
+        return horizon / (horizon + margin * self.resize_cost(job, warm))
+
+    def resize_cost(self, job: JobView, warm: bool = True) -> float:
+        """Seconds of progress a change of ``job``'s allocation costs it (:meth:`_discount`)."""
+        if warm and job.warm_resize_cost_s is not None:
+            return float(job.warm_resize_cost_s)
+        if job.restart_cost_s is not None:
+            return float(job.restart_cost_s)
+        return self.restart_cost_s
 
     def _service_weights(self, jobs: Sequence[JobView]) -> np.ndarray:
         """Shortest-expected-remaining-time factor v_j = (rank_j / J)^gamma, in (0, 1].

@@ -110,6 +110,10 @@ class JobInput:
     group: str | None = None
     #: the device memory a shared job declared (bytes)
     gpu_memory: int | None = None
+    #: measured seconds a resize cost it (median of its recent ones; ``None``: not measured),
+    #: by checkpoint-restart and warm (in place)
+    restart_cost_s: float | None = None
+    warm_resize_cost_s: float | None = None
     model: GoodputModel | None = None
     models_by_type: Mapping[str, GoodputModel] = field(default_factory=dict)
     type_rates: Mapping[str, float] = field(default_factory=dict)

@@ -99,6 +99,8 @@ def view_with(
         preemptible=job.may_stop,
         time_left_s=time_left_s(job, now),
         allowed_nodes=allowed_nodes(job, nodes),
+        restart_cost_s=job.restart_cost_s,
+        warm_resize_cost_s=job.warm_resize_cost_s,
     )
 
 

@@ -17,6 +17,7 @@ from pollux_local.daemon.config import busy_gpus
 from pollux_local.daemon.executor.base import Device, allocation_devices, log
 from pollux_local.daemon.executor.exits import Exits
 from pollux_local.daemon.executor.launchspec import owner_gone, prepare_dirs
+from pollux_local.daemon.resizes import resizes_of
 from pollux_local.daemon.scheduler import Action, ActionKind, Allocation, Plan
 from pollux_local.daemon.state import DecisionEntry, JobRecord
 from pollux_local.errors import PolluxError
@@ -71,6 +72,8 @@ class Applying(Exits):
         if action.kind is ActionKind.RESIZE:
             self.store.transition(job_id, JobState.RESCALING, now, None)
             if group is not None:
+                record = self.store.get_job(job_id)
+                resizes_of(self.store).begin(job_id, now, record.report if record else None)
                 self._resize[job_id] = action
                 self._begin_stop(job_id, group, StopIntent.RESIZE)
             return
@@ -310,6 +313,9 @@ class Applying(Exits):
             restarts=job.restarts + 1,
             reason=action.reason,
             prediction=action.prediction,
+        )
+        resizes_of(self.store).launched(
+            job.id, now, resizing=job.state == JobState.RESCALING, report=job.report
         )
 
     # --- stopping ------------------------------------------------------------------------------

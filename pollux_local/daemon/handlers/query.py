@@ -15,6 +15,7 @@ from pollux_local.core.schedule.forecast import Prediction
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.jobfiles import UnsafeJobFile, read_job_file
 from pollux_local.daemon.readmodel import decision_records, job_detail, job_summary
+from pollux_local.daemon.resizes import resizes_of
 from pollux_local.daemon.state import JobRecord
 
 #: The states whose jobs carry a forecast.
@@ -76,6 +77,7 @@ def show(ctx: Context, request: Show) -> ShowReply:
         history=ctx.store.history(job.id),
         with_env=ctx.may_modify(job),
         config=ctx.config,
+        resize_costs=resizes_of(ctx.store).costs(job.id),
     )
     decisions = decision_records(ctx.store.decisions(job.id, limit=SHOW_DECISIONS))
     return ShowReply(job=detail, decisions=decisions)

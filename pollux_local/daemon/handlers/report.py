@@ -11,6 +11,7 @@ from __future__ import annotations
 from pollux_local.api.messages import Report, ReportReply
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.reports import check_reporter, pace_of
+from pollux_local.daemon.resizes import resizes_of
 
 
 def report(ctx: Context, request: Report) -> ReportReply:
@@ -23,4 +24,5 @@ def report(ctx: Context, request: Report) -> ReportReply:
         return ReportReply(accepted=False)
     ctx.store.update_job(job.id, report=request.report)
     ctx.metrics.note(job, request.report, ctx.clock())
+    resizes_of(ctx.store).reported(job.id, request.report, ctx.clock())
     return ReportReply(accepted=True)
