@@ -68,8 +68,9 @@ Exploration: a job gets at most four times the largest replica count it has been
 restarts while its model is never trusted far beyond its data); a job
 with nothing profiled starts on one node, within its fair share.
 
-Restarts: changing a running job's allocation costs it d = ``restart_cost_s`` of no progress.
-A new allocation is expected to last as long as the job's allocations lasted so far,
+Restarts: changing a running job's allocation costs it d seconds of no progress: its own
+measured cost when it has one (``JobView.warm_resize_cost_s`` for a change within its device
+type, ``JobView.restart_cost_s`` otherwise), else ``restart_cost_s``.  A new allocation is expected to last as long as the job's allocations lasted so far,
 H = age / (restarts + 1), but no longer than the job's expected remaining run time R_j when it
 declared its length (and at least one interval).  A change to speed-up x' beats staying at x
 only when it earns back m times its restart cost within H (m = ``payback_margin``, 6 by
