@@ -1,38 +1,54 @@
-"""Per-step overhead of pollux_local.torch and the time a rescale restart costs.
+"""Per-step cost of the job library's measurements, with confidence intervals; restart time.
 
-    python benchmarks/job_overhead.py [--json] [--steps N] [--repeats R]
+    python benchmarks/job_overhead.py [--json] [--rounds R] [--steps N] [--no-restart]
 
-* ``overhead_pct_1`` / ``overhead_pct_2``: extra cost per optimizer step of the probe model
-  (an MLP, ``--features``/``--hidden``, batch ``--base-batch``) trained through
-  ``ElasticTrainer`` (gradient statistics, progress, profiling, reporting all on) over the
-  same model in a plain loop (plain DDP at 2 replicas), at 1 and 2 CPU replicas with
-  OMP_NUM_THREADS=1.  Both loops run in the same processes in alternating blocks of
-  ``--steps`` steps (which one goes first alternates too), and the median over ``--blocks``
-  block pairs of the time ratio is taken: the machine is shared, and load that drifts between
-  separate runs swamps a 1% difference.  The headline figures use process CPU time (all
-  threads of rank 0, gloo's included); wall-clock figures are in ``detail``.
-* ``restart_s``: from SIGTERM to a 1-replica job until the first optimizer step of its 2-replica
-  restart (checkpoint, exit 75, start two fresh processes, restore, first step), split into
-  its parts (``detail.restart_parts_s``); the rendezvous part includes waiting for the slower
-  replica's imports.  ``bare_import_torch_s`` is a lone ``import torch`` for comparison.
+Overhead.  Each replica (1, then 2 CPU replicas; OMP_NUM_THREADS=1, ``torch.set_num_threads(1)``,
+each rank pinned to one core with ``os.sched_setaffinity``) holds three copies of the probe
+model (an MLP, ``--features``/``--hidden``, batch ``--base-batch``) in one process and trains
+them in interleaved blocks of ``--steps`` optimizer steps:
+
+* ``plain``: an ordinary loop (plain DDP at 2 replicas), no pollux_local;
+* ``off``: ``ElasticTrainer`` with the gradient-noise measurement off (one measuring step at
+  the start, none after);
+* ``on``: ``ElasticTrainer`` as a job runs it (measurement spaced by ``measuring.py``).
+
+A round runs the three blocks in an order drawn afresh (every order equally often), so that
+load from other processes on the shared machine, and the slowdown of whichever block comes
+second, hit every arm alike.  Per round the ratios on/off (the cost of the measurement: the
+headline, goal <= 1%), off/plain (the rest of the library) and on/plain are taken; the median
+over ``--rounds`` rounds is reported with a distribution-free 95% confidence interval
+(order statistics of the binomial, no assumption on the ratios' distribution).  Times are
+process CPU time of rank 0 (wall-clock figures in ``detail``).  A block is long enough to hold
+several measuring steps, so the median of block ratios does not hide their cost; the mean
+ratio (total on / total off) is printed beside it.
+
+Restart.  ``restart_s``: from SIGTERM to a 1-replica job until the first optimizer step of its
+2-replica restart (checkpoint, exit 75, start two fresh processes, restore, first step), split
+into its parts (``detail.restart_parts_s``).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import os
+import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from pollux_local.launch.base import pick_master_port
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = [sys.executable, "-m", "pollux_local.torch.probe"]
+ARMS = ("plain", "off", "on")
 
 
 def _envs(replicas: int, extra: dict[str, str]) -> list[dict[str, str]]:
@@ -49,30 +65,278 @@ def _envs(replicas: int, extra: dict[str, str]) -> list[dict[str, str]]:
             LOCAL_WORLD_SIZE=str(replicas),
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=port,
-            POLLUX_PG_TIMEOUT_S="60",
+            POLLUX_PG_TIMEOUT_S="120",
             **extra,
         )
+        for key in ("POLLUX_JOB_DIR", "POLLUX_CHECKPOINT_DIR", "POLLUX_DAEMON_SOCKET"):
+            if key not in extra:
+                env.pop(key, None)
         envs.append(env)
     return envs
 
 
-def _run(replicas: int, args: list[str], extra: dict[str, str]) -> list[dict[str, float]]:
+# ----------------------------------------------------------------------------- statistics
+def median_ci(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(median, low, high): the sample median and the distribution-free confidence interval
+    [x_(j), x_(n+1-j)] of the population median, with the largest j whose coverage
+    P(j <= B <= n - j), B ~ Binomial(n, 1/2), is at least ``level``."""
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        raise ValueError("no values")
+    pmf = [math.comb(n, i) / 2**n for i in range(n + 1)]
+    j = 0
+    for cand in range(1, n // 2 + 1):
+        if sum(pmf[cand : n - cand + 1]) >= level:
+            j = cand
+        else:
+            break
+    if j == 0:
+        return statistics.median(xs), xs[0], xs[-1]  # too few values for the level
+    return statistics.median(xs), xs[j - 1], xs[n - j]
+
+
+def _summary(ratios: list[float]) -> dict[str, float]:
+    """Median overhead in % with its 95% interval and the interval's width (points of %)."""
+    med, low, high = median_ci(ratios)
+    return {
+        "pct": round(100 * (med - 1), 2),
+        "ci_low": round(100 * (low - 1), 2),
+        "ci_high": round(100 * (high - 1), 2),
+        "ci_width": round(100 * (high - low), 2),
+    }
+
+
+# ----------------------------------------------------------------------------- worker
+def worker(args: argparse.Namespace) -> int:
+    """One replica of the interleaved A/B/C run (see the module docstring)."""
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cores = sorted(os.sched_getaffinity(0))
+    # one core per rank; a lone replica takes the last core (away from core 0's interrupts)
+    os.sched_setaffinity(0, {cores[rank % len(cores)] if world > 1 else cores[-1]})
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    from pollux_local.torch import ElasticTrainer
+    from pollux_local.torch.probe import make_data, make_model
+
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+    data = make_data(args.samples, args.features, args.classes, args.seed)
+    x, y, _ = data.tensors
+
+    def trainer(measure: bool) -> ElasticTrainer:
+        model = make_model(args.features, args.hidden, args.classes, args.seed)
+        return ElasticTrainer(
+            model,
+            torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
+            base_batch=args.base_batch,
+            adapt=False,
+            report_interval_s=3600.0,
+            checkpoint_interval_s=None,
+            handle_sigterm=False,
+            # off: the first step measures, then never again
+            stats_interval=8 if measure else 10**9,
+            stats_budget=args.stats_budget if measure else None,
+        )
+
+    trainers = {"on": trainer(True), "off": trainer(False)}
+    model_p: torch.nn.Module = make_model(args.features, args.hidden, args.classes, args.seed)
+    if world > 1:
+        model_p = DistributedDataParallel(model_p)
+    opt_p = torch.optim.SGD(model_p.parameters(), lr=args.lr, momentum=0.9)
+    perm = torch.randperm(len(data), generator=torch.Generator().manual_seed(args.seed))
+    local = args.base_batch // world
+    cursor = 0
+
+    def plain_steps(n: int) -> None:
+        nonlocal cursor
+        for _ in range(n):
+            if cursor + args.base_batch > len(data):
+                cursor = 0
+            idx = perm[cursor + rank * local : cursor + (rank + 1) * local]
+            cursor += args.base_batch
+            torch.autograd.backward(F.cross_entropy(model_p(x[idx]), y[idx]))
+            opt_p.step()
+            opt_p.zero_grad(set_to_none=True)
+
+    loaders = {name: t.loader(data) for name, t in trainers.items()}
+    batches = {name: iter(loader) for name, loader in loaders.items()}
+
+    def elastic_steps(name: str, n: int) -> None:
+        t = trainers[name]
+        done = 0
+        while done < n:
+            try:
+                xb, yb, _ = next(batches[name])
+            except StopIteration:
+                batches[name] = iter(loaders[name])
+                continue
+            if t.step(F.cross_entropy(t.model(xb), yb)):
+                done += 1
+
+    def run_arm(arm: str, n: int) -> None:
+        if arm == "plain":
+            plain_steps(n)
+        else:
+            elastic_steps(arm, n)
+
+    for arm in ARMS:  # warm-up; the "on" arm settles its spacing of measuring steps
+        run_arm(arm, args.warmup)
+    orders = list(itertools.permutations(ARMS))
+    rng = random.Random(args.seed)  # the same order on every rank
+    rows: list[dict[str, Any]] = []
+    cycle: list[tuple[str, ...]] = []
+    for _ in range(args.rounds):
+        if not cycle:
+            cycle = orders[:]
+            rng.shuffle(cycle)
+        row: dict[str, Any] = {}
+        for arm in cycle.pop():
+            if world > 1:
+                dist.barrier()
+            before = trainers["on"].estimator.samples
+            t, c = time.perf_counter(), time.process_time()
+            run_arm(arm, args.steps)
+            row[arm] = (time.perf_counter() - t, time.process_time() - c)
+            if arm == "on":
+                row["measured"] = trainers["on"].estimator.samples - before
+        rows.append(row)
+    if rank == 0:
+        spacing = trainers["on"]._schedule.interval
+        print(json.dumps({"rows": rows, "spacing": spacing}), flush=True)
+    for each in trainers.values():
+        each.close()
+    if world > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+def overhead(replicas: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Run ``replicas`` workers; the three comparisons' medians and intervals (CPU time and
+    wall clock), the measuring steps per block and the spacing the schedule settled on."""
+    argv = [sys.executable, str(Path(__file__).resolve()), "--worker"]
+    for key in ("rounds", "steps", "warmup", "features", "hidden", "base_batch", "stats_budget"):
+        argv += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
     procs = [
-        subprocess.Popen(PROBE + args, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
-        for env in _envs(replicas, extra)
+        subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
+        for env in _envs(replicas, {})
     ]
-    out, _ = procs[0].communicate(timeout=600)
+    out, _ = procs[0].communicate(timeout=3600)
     for p in procs[1:]:
         p.wait(timeout=600)
     if any(p.returncode != 0 for p in procs):
-        raise SystemExit(f"probe failed: {[p.returncode for p in procs]}")
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        raise SystemExit(f"overhead worker failed: {[p.returncode for p in procs]}")
+    result = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    rows = result["rows"]
+    figures: dict[str, Any] = {}
+    for clock, index in (("cpu", 1), ("wall", 0)):
+        for num, den in (("on", "off"), ("off", "plain"), ("on", "plain")):
+            ratios = [r[num][index] / r[den][index] for r in rows]
+            summary = _summary(ratios)
+            total = sum(r[num][index] for r in rows) / sum(r[den][index] for r in rows)
+            summary["mean_pct"] = round(100 * (total - 1), 2)
+            figures[f"{num}/{den} {clock}"] = summary
+    figures["measuring steps per block"] = statistics.mean(r["measured"] for r in rows)
+    figures["spacing"] = result["spacing"]
+    figures["step_ms_plain"] = round(
+        1000 * statistics.median(r["plain"][0] for r in rows) / args.steps, 2
+    )
+    figures["rounds"] = len(rows)
+    return figures
 
 
-def overhead(replicas: int, model_args: list[str], steps: int, blocks: int) -> dict[str, float]:
-    """Elastic vs plain step cost from the probe's alternating-block mode (``--mode ab``)."""
-    args = model_args + ["--mode", "ab", "--time-steps", str(steps), "--blocks", str(blocks)]
-    return _run(replicas, args, {})[-1]
+def spacing_figure(args: argparse.Namespace) -> dict[str, Any]:
+    """How measuring every k steps changes the gradient-noise estimate's error.
+
+    The probe model trains ``--spacing-steps`` steps on a fresh data set (65,536 samples, no
+    memorising) with a measurement on every step; each step's raw two-batch estimate is kept.
+    Replaying every k-th of them (each of the k offsets) through ``GradNoiseEstimator`` gives
+    the estimate a job measuring every k steps would hold at every step.  It is compared with
+    the truth of that step, the mean of the raw estimates within +-100 steps (a centred
+    average of 201 measurements: its own noise is a third of the EMA's), over the steps from
+    640 on (so that k = 128 has 5 measurements).  Printed per k: the share of steps whose
+    error is within the estimate's own 95% band (1.96 ``stderr``), and the median error in
+    standard errors, for |G|^2 and for var = tr(S)/M0."""
+    rank_core = sorted(os.sched_getaffinity(0))[-1]
+    os.sched_setaffinity(0, {rank_core})
+    import torch
+    import torch.nn.functional as F
+
+    from pollux_local.torch import ElasticTrainer, LaunchEnvironment
+    from pollux_local.torch.gradstats import GradNoiseEstimator, two_batch_estimate
+    from pollux_local.torch.probe import make_data, make_model
+
+    torch.set_num_threads(1)
+    data = make_data(65536, args.features, args.classes, args.seed)
+    model = make_model(args.features, args.hidden, args.classes, args.seed)
+    trainer = ElasticTrainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
+        base_batch=args.base_batch,
+        adapt=False,
+        env=LaunchEnvironment(),
+        report_interval_s=3600.0,
+        checkpoint_interval_s=None,
+        handle_sigterm=False,
+        stats_interval=1,
+        stats_budget=None,
+    )
+    raw: list[tuple[float, float, float, float]] = []
+    update = trainer.estimator.update
+
+    def keep(small_sq: float, small_b: float, big_sq: float, big_b: float) -> None:
+        raw.append((small_sq, small_b, big_sq, big_b))
+        update(small_sq, small_b, big_sq, big_b)
+
+    trainer.estimator.update = keep  # type: ignore[method-assign,assignment]
+    loader = trainer.loader(data)
+    while len(raw) < args.spacing_steps:
+        for xb, yb, _ in loader:
+            trainer.step(F.cross_entropy(trainer.model(xb), yb))
+            if len(raw) >= args.spacing_steps:
+                break
+    trainer.close()
+    n, half, start = len(raw), 100, 640
+    estimates = [two_batch_estimate(*r) for r in raw]
+    truth = {
+        "sqr": [e[0] for e in estimates],
+        "var": [e[1] / args.base_batch for e in estimates],
+    }
+    for name, series in truth.items():
+        truth[name] = [statistics.fmean(series[max(0, t - half) : t + half + 1]) for t in range(n)]
+    figure: dict[str, Any] = {
+        "steps": n,
+        "var_truth_at": {t: round(truth["var"][t], 3) for t in (half, n // 2, n - half - 1)},
+    }
+    for k in (1, 2, 4, 8, 16, 32, 64, 128):
+        within = {"sqr": 0, "var": 0}
+        errors: dict[str, list[float]] = {"sqr": [], "var": []}
+        for offset in range(k):
+            est = GradNoiseEstimator(args.base_batch, min_samples=1)
+            for t in range(n):
+                if t % k == offset:
+                    est.update(*raw[t])
+                if not start <= t < n - half:
+                    continue
+                got, err = est.smoothed, est.stderr
+                assert got is not None and err is not None
+                for name in ("sqr", "var"):
+                    error = abs(getattr(got, name) - truth[name][t])
+                    within[name] += error <= 1.96 * getattr(err, name)
+                    errors[name].append(error / getattr(err, name))
+        figure[f"k={k}"] = {
+            f"{name} within band": round(within[name] / len(errors[name]), 3)
+            for name in ("sqr", "var")
+        } | {
+            f"{name} median error / stderr": round(statistics.median(errors[name]), 2)
+            for name in ("sqr", "var")
+        }
+    return figure
 
 
 def import_torch_s() -> float:
@@ -121,55 +385,79 @@ def restart(model_args: list[str]) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--steps", type=int, default=16, help="steps per block")
-    parser.add_argument("--blocks", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=300, help="rounds of three blocks")
+    parser.add_argument("--steps", type=int, default=64, help="optimizer steps per block")
+    parser.add_argument("--warmup", type=int, default=128, help="steps per arm before timing")
+    parser.add_argument("--replicas", default="1,2", help="replica counts to measure")
     parser.add_argument("--features", type=int, default=512)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--base-batch", type=int, default=128)
+    parser.add_argument(
+        "--stats-budget",
+        type=float,
+        default=0.005,
+        help="the 'on' arm's budget (the trainer's default)",
+    )
+    parser.add_argument("--no-restart", action="store_true", help="skip the restart timing")
+    parser.add_argument(
+        "--spacing", action="store_true", help="only the estimate's error against k"
+    )
+    parser.add_argument("--spacing-steps", type=int, default=2560)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--samples", type=int, default=8192, help=argparse.SUPPRESS)
+    parser.add_argument("--classes", type=int, default=10, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--lr", type=float, default=0.05, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    model_args = [
-        "--features",
-        str(args.features),
-        "--hidden",
-        str(args.hidden),
-        "--classes",
-        "10",
-        "--samples",
-        "8192",
-        "--base-batch",
-        str(args.base_batch),
-        "--no-adapt",
-    ]
-    one = overhead(1, model_args, args.steps, args.blocks)
-    two = overhead(2, model_args, args.steps, args.blocks)
-    rs = restart(model_args)
-    imp = import_torch_s()
-    parts = {
-        "sigterm_to_exit": rs["stop_s"],
-        "python start and imports (torch, scipy, pollux_local)": rs["imports_done"] - rs["stop_s"],
-        "data, model, process-group rendezvous, checkpoint restore": rs["trainer_ready"]
-        - rs["imports_done"],
-        "first step": rs["first_step_after_s"] - rs["trainer_ready"],
-    }
-    result = {
-        "overhead_pct_1": round(one["overhead_cpu_pct"], 2),
-        "overhead_pct_2": round(two["overhead_cpu_pct"], 2),
-        "restart_s": round(rs["restart_s"], 2),
-        "detail": {
-            "overhead_wall_pct_1": round(one["overhead_wall_pct"], 2),
-            "overhead_wall_pct_2": round(two["overhead_wall_pct"], 2),
-            "restart_parts_s": {k: round(v, 2) for k, v in parts.items()},
-            "bare_import_torch_s": round(imp, 2),
-            "restart_dominated_by": max(parts, key=lambda k: parts[k]),
-        },
-    }
+    if args.worker:
+        return worker(args)
+    if args.spacing:
+        figure = spacing_figure(args)
+        print(
+            json.dumps(figure) if args.json else "\n".join(f"{k}: {v}" for k, v in figure.items())
+        )
+        return 0
+    result: dict[str, Any] = {}
+    detail: dict[str, Any] = {}
+    for replicas in (int(r) for r in args.replicas.split(",")):
+        figures = overhead(replicas, args)
+        headline = figures["on/off cpu"]
+        result[f"measurement_pct_{replicas}"] = headline["pct"]
+        result[f"measurement_ci95_{replicas}"] = [headline["ci_low"], headline["ci_high"]]
+        library = figures["on/plain cpu"]
+        result[f"library_pct_{replicas}"] = library["pct"]
+        result[f"library_ci95_{replicas}"] = [library["ci_low"], library["ci_high"]]
+        detail[f"replicas_{replicas}"] = figures
+    result["machine_load_1min"] = round(os.getloadavg()[0], 2)
+    if not args.no_restart:
+        model_args = [
+            *("--features", str(args.features), "--hidden", str(args.hidden)),
+            *("--classes", "10", "--samples", "8192", "--base-batch", str(args.base_batch)),
+            "--no-adapt",
+        ]
+        rs = restart(model_args)
+        parts = {
+            "sigterm_to_exit": rs["stop_s"],
+            "python start and imports (torch, scipy, pollux_local)": rs["imports_done"]
+            - rs["stop_s"],
+            "data, model, process-group rendezvous, checkpoint restore": rs["trainer_ready"]
+            - rs["imports_done"],
+            "first step": rs["first_step_after_s"] - rs["trainer_ready"],
+        }
+        result["restart_s"] = round(rs["restart_s"], 2)
+        detail["restart_parts_s"] = {k: round(v, 2) for k, v in parts.items()}
+        detail["bare_import_torch_s"] = round(import_torch_s(), 2)
+    result["detail"] = detail
     if args.json:
         print(json.dumps(result))
     else:
         for key, value in result.items():
-            print(f"{key}: {value}")
+            if key != "detail":
+                print(f"{key}: {value}")
+        for key, value in detail.items():
+            print(f"{key}: {json.dumps(value)}")
     return 0
 
 

@@ -1,23 +1,44 @@
 """When the trainer measures gradient statistics: the spacing of *measuring* steps.
 
-A measuring step costs more than an ordinary one (a second gradient norm; with several
-replicas the gradients are all-reduced by hand instead of overlapped by DDP).  With T the
-EMA of an ordinary step's time and T' that of a measuring step, measuring steps are spaced
+A measuring step costs more than an ordinary one (one replica: the step is dealt out as two
+half micro-batches and two fused norms are read; several replicas: the gradients are
+all-reduced by hand instead of overlapped by DDP).  Ordinary steps cost nothing: no norm, no
+host synchronisation.  With T the EMA of an ordinary step's time and T' that of a measuring
+step, measuring steps are spaced
 
-    n = min(max(stats_interval, ceil(((T' - T) / T) / stats_budget)), MAX_STATS_INTERVAL)
+    k = min(max(stats_interval, ceil(((T' - T) / T) / stats_budget)), MAX_STATS_INTERVAL)
 
-steps apart, so that their extra cost stays within ``stats_budget`` of training time.  With
-several replicas the stop requests ride on the measuring steps' all-reduce, so n is also at
-most STOP_LATENCY_S / T: a rescale waits at most that long.  The spacing is rank 0's, carried
-to the other replicas by that same all-reduce.
+steps apart (a measuring step every k steps), so that their extra cost stays within
+``stats_budget`` of training time (0.5% by default), unless keeping it there would make the
+estimate stale.  The trade-off: spacing measurements k steps apart leaves the estimate's noise
+as it is (the EMA averages the same number of measurements, ~19 at beta = 0.9) but makes it
+k times older (lag k * beta / (1 - beta) = 9k steps), so a drifting statistic is followed
+with a bias that grows with k while the confidence band stays put.  Measured on the probe
+model of ``benchmarks/job_overhead.py`` training at a quick pace (tr(S) falls 3x in 2,500
+steps; ``python benchmarks/job_overhead.py --spacing``, docs/benchmarks.md), the smoothed
+tr(S) lies within its own 95% band (``GradNoiseEstimator.stderr``) on about as many steps
+when measured every 16 or 32 steps as every step, with a median error under one standard
+error at k = 32, and drops out of it at 64 and beyond: MAX_STATS_INTERVAL is 32.  A job whose
+statistics drift more slowly per step (any job with longer epochs) could be measured more
+sparsely still; the cap is the quick case's.
+
+With several replicas the stop requests ride on the measuring steps' all-reduce, so k is also
+at most STOP_LATENCY_S / T: a rescale waits at most that long.  The spacing is rank 0's,
+carried to the other replicas by that same all-reduce.
+
+On CUDA a step's time is known only after a synchronisation, so only *timed* steps (measuring
+steps and the step just before each) synchronise and are profiled; on the CPU every step is
+timed.
 """
 
 from __future__ import annotations
 
 import math
 
+#: The default fraction of training time that measuring steps may cost.
+DEFAULT_STATS_BUDGET = 0.005
 #: Upper bound on the spacing of gradient-statistics measurements (optimizer steps).
-MAX_STATS_INTERVAL = 64
+MAX_STATS_INTERVAL = 32
 #: With several replicas, stop requests are agreed on at measuring steps, which are spaced at
 #: most this many seconds of training apart.
 STOP_LATENCY_S = 3.0
@@ -32,7 +53,7 @@ class MeasuringSchedule:
         self.replicas = replicas
         #: Steps between measuring steps now.
         self.interval = stats_interval
-        #: Steps since the last measuring step.
+        #: Steps since the last measuring step (counting it: 1 right after it).
         self.since = stats_interval  # measure the very first step
         #: Whether the current step measures.
         self.measuring = True
@@ -44,9 +65,14 @@ class MeasuringSchedule:
         self.measuring = self.since >= self.interval
         return self.measuring
 
+    def timed(self) -> bool:
+        """Whether the current step is timed where timing costs a synchronisation (CUDA): a
+        measuring step, or the ordinary step just before one."""
+        return self.measuring or self.since + 1 >= self.interval
+
     def end_step(self) -> None:
         """The step is done (optimizer stepped)."""
-        self.since = 0 if self.measuring else self.since + 1
+        self.since = 1 if self.measuring else self.since + 1
 
     def record_time(self, seconds: float) -> None:
         """Fold a step's time into the EMA of its kind (T' <- 0.8 T' + 0.2 t for a measuring

@@ -69,7 +69,7 @@ from pollux_local.torch.collectives import average_and_agree, barrier, leave_gro
 from pollux_local.torch.env import init_distributed, job_environment, torch_device
 from pollux_local.torch.gradstats import MIN_SAMPLES, GradNoiseEstimator, squared_norm
 from pollux_local.torch.loader import ElasticLoader
-from pollux_local.torch.measuring import MeasuringSchedule
+from pollux_local.torch.measuring import DEFAULT_STATS_BUDGET, MeasuringSchedule
 from pollux_local.torch.memory import PeakMemory
 from pollux_local.torch.profile import ProfileRecorder
 from pollux_local.torch.report import Reporter
@@ -135,7 +135,7 @@ class ElasticTrainer:
         report_interval_s: float = 10.0,
         state: Mapping[str, Any] | None = None,
         stats_interval: int = 8,
-        stats_budget: float | None = 0.01,
+        stats_budget: float | None = DEFAULT_STATS_BUDGET,
         min_stats_samples: int = MIN_SAMPLES,
         ddp_kwargs: Mapping[str, Any] | None = None,
         restore: bool = True,
@@ -165,7 +165,7 @@ class ElasticTrainer:
         self._agreed_resize = 0
         self._proposal: ResizeOrder | None = None
         if joining is not None:
-            announce_ready(self.env.resize_file, joining, self.env.rank)
+            announce_ready(self.env.job_dir, joining, self.env.rank)
 
         init_distributed(self.env)
         self.rank = self.env.rank
@@ -331,6 +331,8 @@ class ElasticTrainer:
             last = index == len(plan.micro) - 1
             self.model.require_backward_grad_sync = last and not self._schedule.measuring
         self._micro = (plan, index)
+        if index == 0 and self.device.type == "cuda" and self._schedule.timed():
+            torch.cuda.synchronize(self.device)  # a timed step starts on an idle device
         self._t0 = time.perf_counter()
         if index == 0:
             self._step_start = self._t0
@@ -365,7 +367,9 @@ class ElasticTrainer:
             torch.autograd.backward(self.scaler.scale(scaled))
         else:
             torch.autograd.backward(scaled)
-        if self.device.type == "cuda":
+        # on CUDA only timed steps wait for the device (``measuring.py``)
+        timed = self.device.type != "cuda" or self._schedule.timed()
+        if self.device.type == "cuda" and timed:
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - self._t0
         slowdown = self.env.device_slowdown
@@ -374,7 +378,8 @@ class ElasticTrainer:
             time.sleep((slowdown - 1.0) * elapsed)
             elapsed *= slowdown
         last = index == len(plan.micro) - 1
-        self._record_time(plan, index, elapsed, last)
+        if timed:
+            self._record_time(plan, index, elapsed, last)
         if not last:
             usable = plan.full or plan.split
             measuring = self._schedule.measuring
@@ -425,8 +430,9 @@ class ElasticTrainer:
         self.progress += gain
         self.steps += 1
         self._warmup_left = max(self._warmup_left - 1, 0)
+        timed = self.device.type != "cuda" or self._schedule.timed()
         self._schedule.end_step()
-        if (plan.full or plan.split) and self.steps > PROFILE_WARMUP_STEPS:
+        if timed and (plan.full or plan.split) and self.steps > PROFILE_WARMUP_STEPS:
             self._schedule.record_time(time.perf_counter() - self._step_start)
         assert self._sampler is not None
         self._sampler.advance(plan.total)

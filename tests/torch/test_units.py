@@ -34,6 +34,8 @@ from pollux_local.torch import (  # noqa: E402
     two_batch_estimate,
 )
 from pollux_local.torch.checkpoint import load_file  # noqa: E402
+from pollux_local.torch.gradstats import squared_norm  # noqa: E402
+from pollux_local.torch.measuring import MAX_STATS_INTERVAL, MeasuringSchedule  # noqa: E402
 from pollux_local.torch.report import Reporter  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
@@ -485,10 +487,84 @@ def test_adam_statistics_are_preconditioned_and_finite() -> None:
     )
     assert trainer.precondition
     _train(trainer, 2)
-    stats = trainer.grad_stats
-    assert stats is not None and trainer.estimator.samples >= 5
+    # every step measured (16 steps); |G|^2 of this tiny task is noise around 0, so the
+    # smoothed values are checked, not the trusted ones
+    stats, errors = trainer.estimator.smoothed, trainer.estimator.stderr
+    assert trainer.estimator.samples == trainer.steps == 16
+    assert stats is not None and errors is not None
     assert math.isfinite(stats.sqr) and math.isfinite(stats.var) and stats.var > 0
+    assert 0 < errors.sqr < math.inf and 0 < errors.var < math.inf
     assert trainer._preconditioner(next(model.parameters())) is not None
+
+
+def test_fused_squared_norm_matches_the_per_parameter_sum() -> None:
+    """One _foreach_div and one _foreach_norm give sum_i |g_i / p_i|^2 (p_i None: g_i as it
+    is), in float32 whatever the gradients' dtype."""
+    gen = torch.Generator().manual_seed(3)
+    grads = [torch.randn(7, 5, generator=gen), torch.randn(11, generator=gen).half()]
+    grads.append(torch.randn(3, 3, generator=gen))
+    pre = [torch.rand(7, 5, generator=gen) + 0.1, None, torch.rand(3, 3, generator=gen) + 0.1]
+    expected = sum(
+        float((g.double() if p is None else g.double() / p.double()).square().sum())
+        for g, p in zip(grads, pre, strict=True)
+    )
+    got = squared_norm(grads, pre)
+    assert got.dtype == torch.float32 and got.dim() == 0
+    assert float(got) == pytest.approx(expected, rel=1e-5)
+    plain = sum(float(g.double().square().sum()) for g in grads)
+    assert float(squared_norm(grads)) == pytest.approx(plain, rel=1e-5)
+
+
+def test_estimator_band_covers_known_statistics() -> None:
+    """Two-batch measurements of a known (|G|^2, tr(S)) with the noise of real ones: the
+    smoothed estimate's 95% band (1.96 standard errors) holds the truth about 95% of the time,
+    and its error shrinks as sqrt((1 - beta) / (1 + beta)) of one measurement's."""
+    gen = torch.Generator().manual_seed(7)
+    sqr, trace, small, big = 2.0, 300.0, 32, 64
+    covered = {"sqr": 0, "var": 0}
+    runs = 400
+    for _ in range(runs):
+        est = GradNoiseEstimator(base_batch=32, smoothing=0.9, min_samples=1)
+        for _ in range(60):
+            noise = torch.randn(2, generator=gen).tolist()
+            small_sq = sqr + trace / small + 4.0 * noise[0]
+            big_sq = sqr + trace / big + 2.0 * noise[1]
+            est.update(small_sq, small, big_sq, big)
+        got, err = est.smoothed, est.stderr
+        assert got is not None and err is not None
+        covered["sqr"] += abs(got.sqr - sqr) <= 1.96 * err.sqr
+        covered["var"] += abs(got.var - trace / 32) <= 1.96 * err.var
+    for name, count in covered.items():
+        assert 0.90 <= count / runs <= 0.99, (name, count / runs)
+
+
+def test_measuring_steps_come_every_k_steps_and_cuda_times_only_around_them() -> None:
+    """``stats_interval`` k: steps 0, k, 2k, ... measure; where timing costs a device
+    synchronisation only measuring steps and the step before each are timed; the budget
+    rule spaces measuring steps so their extra cost stays within it, up to the cap."""
+    schedule = MeasuringSchedule(stats_interval=4, stats_budget=None, replicas=1)
+    measured, timed = [], []
+    for step in range(12):
+        if schedule.begin_step():
+            measured.append(step)
+        if schedule.timed():
+            timed.append(step)
+        schedule.end_step()
+    assert measured == [0, 4, 8]
+    assert timed == [0, 3, 4, 7, 8, 11]
+    budget = MeasuringSchedule(stats_interval=2, stats_budget=0.01, replicas=1)
+    for _ in range(4):  # a measuring step 10% slower than an ordinary one: k = 10
+        budget.begin_step()
+        budget.record_time(0.11 if budget.measuring else 0.10)
+        budget.end_step()
+    assert budget.interval == 10
+    slow = MeasuringSchedule(stats_interval=2, stats_budget=0.01, replicas=1)
+    slow.begin_step()
+    slow.record_time(0.2)  # a measuring step twice as long: 100 steps wanted, capped
+    slow.end_step()
+    slow.begin_step()
+    slow.record_time(0.1)
+    assert slow.interval == MAX_STATS_INTERVAL
 
 
 def test_reports_reach_a_daemon_socket_as_report_requests(tmp_path: Path) -> None:
