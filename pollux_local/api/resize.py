@@ -2,11 +2,12 @@
 that they change their replica count in place (``torch/resizing.py``).
 
 The launcher writes the order as JSON, atomically, to the file named by
-``POLLUX_RESIZE_FILE``; rank 0 reads it at a step agreement and every replica acts on it at
+``POLLUX_RESIZE_FILE`` (a file of the launcher's, readable by the job: a daemon never writes
+into a job's directory); rank 0 reads it at a step agreement and every replica acts on it at
 the same step.  Replicas whose rank is below ``world_size`` stay (and keep their rank); the
 others leave with exit code 0.  Joining replicas are started with the new ``WORLD_SIZE``,
 ``MASTER_PORT`` and ``POLLUX_RESIZE_JOIN`` = ``generation``, announce themselves ready
-(:func:`ready_path`), and receive the training state by broadcast from rank 0.
+(:func:`ready_name`: a file they create in their job directory), and receive the training state by broadcast from rank 0.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def decode_order(data: bytes) -> ResizeOrder:
     return order
 
 
-def ready_path(order_file: str, generation: int, rank: int) -> str:
-    """The file a joining replica of ``generation`` creates once it is about to rendezvous."""
-    return f"{order_file}.ready-{generation}-{rank}"
+def ready_name(generation: int, rank: int) -> str:
+    """The file a joining replica of ``generation`` creates in its job directory once it is
+    about to rendezvous."""
+    return f"resize-ready-{generation}-{rank}"

@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from pollux_local.api.resize import ResizeOrder, encode_order, ready_path
+from pollux_local.api.resize import ResizeOrder, encode_order, ready_name
 
 
 def write_order(path: Path, order: ResizeOrder) -> None:
@@ -25,6 +25,7 @@ def write_order(path: Path, order: ResizeOrder) -> None:
     os.replace(tmp, path)
 
 
-def joiners_ready(path: Path, generation: int, ranks: Iterable[int]) -> bool:
-    """Whether every joining replica of ``ranks`` announced itself for ``generation``."""
-    return all(os.path.exists(ready_path(str(path), generation, rank)) for rank in ranks)
+def joiners_ready(job_dir: Path, generation: int, ranks: Iterable[int]) -> bool:
+    """Whether every joining replica of ``ranks`` announced itself for ``generation`` (its
+    file in the job's directory; only its existence is looked at)."""
+    return all(os.path.lexists(job_dir / ready_name(generation, rank)) for rank in ranks)

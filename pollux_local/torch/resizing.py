@@ -26,7 +26,7 @@ from typing import Any
 import torch.distributed as dist
 
 from pollux_local.api.errors import PolluxError
-from pollux_local.api.resize import MAX_ORDER_BYTES, ResizeOrder, decode_order, ready_path
+from pollux_local.api.resize import MAX_ORDER_BYTES, ResizeOrder, decode_order, ready_name
 
 
 class ResizeWatch:
@@ -71,13 +71,14 @@ def _read(path: str) -> ResizeOrder | None:
         os.close(fd)
 
 
-def announce_ready(order_file: str | None, generation: int, rank: int) -> None:
-    """A joiner is about to rendezvous: create its ready file (best effort)."""
-    if order_file is None:
+def announce_ready(job_dir: str | None, generation: int, rank: int) -> None:
+    """A joiner is about to rendezvous: create its ready file in the job directory (best
+    effort)."""
+    if job_dir is None:
         return
     with contextlib.suppress(OSError):
         fd = os.open(
-            ready_path(order_file, generation, rank),
+            os.path.join(job_dir, ready_name(generation, rank)),
             os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
             0o644,
         )
