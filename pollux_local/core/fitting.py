@@ -12,6 +12,7 @@ log-residuals (``core.correction``), so::
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from pollux_local.core.throughput import ThroughputParams, fit_throughput
 
 #: The keys of one profile row in a job report (see the report contract in ``pollux_local.api``).
 PROFILE_KEYS = ("nodes", "replicas", "local_batch", "compute_s", "step_s")
+#: Fits remembered by their points (the most recently used are kept).
+FITS_REMEMBERED = 512
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,10 +63,20 @@ def points_from_rows(rows: Iterable[Mapping[str, Any]]) -> dict[Point, Times]:
 def fit_points(points: Mapping[Point, Times], *, correct: bool = True) -> FittedTimes:
     """Fit the throughput model to measured points, in the order given (a caller that wants
     an order-free result passes them sorted); with ``correct`` also its residual correction.
-    Raises ``ValueError`` when the points cannot be fitted (none, or numerically hopeless)."""
+    Raises ``ValueError`` when the points cannot be fitted (none, or numerically hopeless).
+
+    The fit is a function of the points alone: the same points in the same order (jobs of
+    one kind fitting the same pooled points) get the same, remembered, fit."""
     if not points:
         raise ValueError("cannot fit a throughput model without measured points")
-    ordered = list(points.items())
+    ordered = tuple(
+        ((int(k[0]), int(k[1]), int(k[2])), (float(v[0]), float(v[1]))) for k, v in points.items()
+    )
+    return _fit_ordered(ordered, correct)
+
+
+@functools.lru_cache(maxsize=FITS_REMEMBERED)
+def _fit_ordered(ordered: tuple[tuple[Point, Times], ...], correct: bool) -> FittedTimes:
     keys = np.array([k for k, _ in ordered], dtype=float)
     values = np.array([v for _, v in ordered], dtype=float)
     columns = (keys[:, 0], keys[:, 1], keys[:, 2], values[:, 0], values[:, 1])

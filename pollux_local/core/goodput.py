@@ -6,6 +6,7 @@ Dividing by M0 gives the rate of progress in base-batch iterations per second.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +22,10 @@ IntArray = NDArray[np.int64]
 
 #: Number of total-batch candidates tried per allocation (geometrically spaced).
 BATCH_CANDIDATES = 48
+#: Throughput grids kept (one per model fit, bounds and query; a few tens of kB each).
+GRID_CACHE_SIZE = 1024
+#: Best-goodput answers kept (one per model and query; small).
+RESULT_CACHE_SIZE = 4096
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,10 @@ class GoodputModel:
         s = np.asarray(accum_steps, dtype=float)
         return self.throughput(nodes, k, m, s) * self.efficiency(k * m * s)
 
+    def goodput_at(self, nodes: int, replicas: int, local_batch: int, accum_steps: int) -> float:
+        """:meth:`goodput` of one configuration, as a number (remembered per model)."""
+        return _goodput_at(self, int(nodes), int(replicas), int(local_batch), int(accum_steps))
+
     def candidates(self, replicas: ArrayLike) -> tuple[IntArray, IntArray, NDArray[np.bool_]]:
         """Candidate (m, s) per replica count, shape (P, BATCH_CANDIDATES), and feasibility.
 
@@ -89,23 +98,87 @@ class GoodputModel:
     ) -> tuple[FloatArray, IntArray, IntArray]:
         """For each (N, K) pair: the highest goodput over batch candidates and its (m, s).
 
-        K = 0 or an infeasible K gives goodput 0 (m = m_min, s = 1).
+        K = 0 or an infeasible K gives goodput 0 (m = m_min, s = 1).  The answer (read-only
+        arrays) is remembered per model and query, the throughput grid per fit, bounds and
+        query (a policy asks again every pass, mostly of models that did not change).
         """
         n = np.atleast_1d(np.asarray(nodes, dtype=float))
         k = np.atleast_1d(np.asarray(replicas, dtype=float))
-        local, steps, feasible = self.candidates(k)
+        return _best_goodput(self, n.tobytes(), k.tobytes())
+
+    def _best_goodput_uncached(
+        self, n: FloatArray, k: FloatArray
+    ) -> tuple[FloatArray, IntArray, IntArray]:
+        grid = _throughput_grid(self.params, self.correction, self.bounds, n.tobytes(), k.tobytes())
         kk = np.maximum(k, 1.0)[:, None]
-        values = self.goodput(n[:, None], kk, local, steps)
+        values = grid.throughput * self.efficiency(kk * grid.local * grid.steps)
         best = np.argmax(values, axis=1)
         rows = np.arange(k.size)
         good = values[rows, best]
-        ok = feasible & (k > 0)
+        ok = grid.feasible & (k > 0)
         good = np.where(ok, good, 0.0)
-        best_m = np.where(ok, local[rows, best], self.bounds.min_local)
-        best_s = np.where(ok, steps[rows, best], 1)
+        best_m = np.where(ok, grid.local[rows, best], self.bounds.min_local)
+        best_s = np.where(ok, grid.steps[rows, best], 1)
         return good, best_m.astype(np.int64), best_s.astype(np.int64)
 
     def best_choice(self, nodes: int, replicas: int) -> BatchChoice:
         """The (m, s) maximising goodput on ``replicas`` devices over ``nodes`` nodes."""
         _, m, s = self.best_goodput([nodes], [replicas])
         return BatchChoice(local_batch=int(m[0]), accum_steps=int(s[0]), replicas=int(replicas))
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """Batch candidates of a query (P allocations x ``BATCH_CANDIDATES``), their feasibility
+    and throughput."""
+
+    local: IntArray
+    steps: IntArray
+    feasible: NDArray[np.bool_]
+    throughput: FloatArray
+
+
+def _read_only(*arrays: NDArray[np.generic]) -> None:
+    for array in arrays:
+        array.flags.writeable = False
+
+
+@functools.lru_cache(maxsize=GRID_CACHE_SIZE)
+def _throughput_grid(
+    params: ThroughputParams,
+    correction: TimeCorrection | None,
+    bounds: BatchBounds,
+    nodes: bytes,
+    replicas: bytes,
+) -> _Grid:
+    """The batch candidates of each (N, K) of the query and their (corrected) throughput; a
+    model's gradient statistics do not enter, so models that differ only there share it."""
+    model = GoodputModel(params, GradStats(sqr=1.0, var=0.0), bounds, correction)
+    n = np.frombuffer(nodes, dtype=np.float64)
+    k = np.frombuffer(replicas, dtype=np.float64)
+    local, steps, feasible = model.candidates(k)
+    kk = np.maximum(k, 1.0)[:, None]
+    m = np.asarray(local, dtype=float)
+    s = np.asarray(steps, dtype=float)
+    throughput = model.throughput(n[:, None], kk, m, s)
+    grid = _Grid(local=local, steps=steps, feasible=feasible, throughput=throughput)
+    _read_only(grid.local, grid.steps, grid.feasible, grid.throughput)
+    return grid
+
+
+@functools.lru_cache(maxsize=RESULT_CACHE_SIZE)
+def _best_goodput(
+    model: GoodputModel, nodes: bytes, replicas: bytes
+) -> tuple[FloatArray, IntArray, IntArray]:
+    """:meth:`GoodputModel.best_goodput` of a query (as bytes), remembered."""
+    n = np.frombuffer(nodes, dtype=np.float64)
+    k = np.frombuffer(replicas, dtype=np.float64)
+    result = model._best_goodput_uncached(n, k)
+    _read_only(*result)
+    return result
+
+
+@functools.lru_cache(maxsize=RESULT_CACHE_SIZE)
+def _goodput_at(model: GoodputModel, nodes: int, replicas: int, local: int, steps: int) -> float:
+    """:meth:`GoodputModel.goodput_at`, remembered."""
+    return float(np.asarray(model.goodput(nodes, replicas, local, steps)).reshape(-1)[0])

@@ -240,6 +240,63 @@ def fit_throughput(
         ]
         return np.concatenate([res_c, res_s, reg])
 
+    # d(full parameters)/d(free parameters): the free ones, and the ties of ``complete``
+    chain = np.zeros((len(_NAMES), int(free.sum())))
+    chain[np.nonzero(free)[0], np.arange(chain.shape[1])] = 1.0
+    if not multi_node:
+        chain[_IDX["alpha_n"]] = MULTI_NODE_PRIOR_FACTOR * chain[_IDX["alpha_r"]]
+        chain[_IDX["beta_n"]] = MULTI_NODE_PRIOR_FACTOR * chain[_IDX["beta_r"]]
+    elif not single_node_multi:
+        chain[_IDX["alpha_r"]] = chain[_IDX["alpha_n"]] / MULTI_NODE_PRIOR_FACTOR
+        chain[_IDX["beta_r"]] = chain[_IDX["beta_n"]] / MULTI_NODE_PRIOR_FACTOR
+    intra_rows = (multi_mask & ~inter_mask).astype(float)
+    inter_rows = (multi_mask & inter_mask).astype(float)
+
+    def jacobian(free_values: FloatArray) -> FloatArray:
+        """The residuals' derivatives (the loss is smooth; saves the finite differences)."""
+        p = complete(free_values)
+        alpha_c, beta_c, alpha_r, beta_r, alpha_n, beta_n, gamma = p
+        t_c = alpha_c + beta_c * m
+        t_net = np.where(inter_mask, alpha_n + beta_n * extra, alpha_r + beta_r * extra)
+        t_net = np.where(multi_mask, t_net, 0.0)
+        floor = 1e-12
+        big = np.maximum(t_c, t_net)
+        safe = np.where(big > 0, big, 1.0)
+        ratio_c, ratio_n = t_c / safe, t_net / safe
+        with np.errstate(divide="ignore", invalid="ignore"):
+            power_c, power_n = ratio_c**gamma, ratio_n**gamma
+            q = power_c + power_n
+            t_sync = big * q ** (1.0 / gamma)
+            # d log T_sync / d T_c and / d T_net: T^(g-1) / (T_c^g + T_net^g)
+            d_c = ratio_c ** (gamma - 1.0) / (safe * q)
+            d_n = ratio_n ** (gamma - 1.0) / (safe * q)
+            log_c = np.where(ratio_c > 0, np.log(ratio_c), 0.0)
+            log_n = np.where(ratio_n > 0, np.log(ratio_n), 0.0)
+            d_g = (power_c * log_c + power_n * log_n) / (gamma * q) - np.log(q) / gamma**2
+        sync_ok = (t_sync > floor) & np.isfinite(d_c)
+        d_c = np.where(sync_ok, d_c, 0.0)
+        d_n = np.where(sync_ok, d_n, 0.0)
+        d_g = np.where(sync_ok, d_g, 0.0)
+        compute_ok = t_c > floor
+        inv_c = np.where(compute_ok, 1.0 / np.where(compute_ok, t_c, 1.0), 0.0)
+        rows = m.size
+        full = np.zeros((2 * rows + 3, len(_NAMES)))
+        full[:rows, _IDX["alpha_c"]] = inv_c
+        full[:rows, _IDX["beta_c"]] = inv_c * m
+        full[rows : 2 * rows, _IDX["alpha_c"]] = d_c
+        full[rows : 2 * rows, _IDX["beta_c"]] = d_c * m
+        full[rows : 2 * rows, _IDX["alpha_r"]] = d_n * intra_rows
+        full[rows : 2 * rows, _IDX["beta_r"]] = d_n * intra_rows * extra
+        full[rows : 2 * rows, _IDX["alpha_n"]] = d_n * inter_rows
+        full[rows : 2 * rows, _IDX["beta_n"]] = d_n * inter_rows * extra
+        full[rows : 2 * rows, _IDX["gamma"]] = d_g
+        full[2 * rows, _IDX["gamma"]] = np.sqrt(_REG_GAMMA)
+        for row, (a, b) in enumerate((("alpha_r", "beta_r"), ("alpha_n", "beta_n")), 2 * rows + 1):
+            denominator = p[_IDX[a]] + 1e-8
+            full[row, _IDX[b]] = retro_weight / denominator
+            full[row, _IDX[a]] = -retro_weight * p[_IDX[b]] / denominator**2
+        return full @ chain
+
     if not free.any():
         return ThroughputParams.from_array(complete(np.empty(0)))
 
@@ -258,6 +315,7 @@ def fit_throughput(
     result = least_squares(
         residuals,
         start,
+        jac=jacobian,
         bounds=(lower[free], upper[free]),
         method="trf",
         x_scale="jac",

@@ -25,6 +25,8 @@ MIN_PROGRESS_FRACTION = 0.05
 #: How many spread-out placements of a job the placement step evaluates before giving up on
 #: finding a tighter one (bounds the work on large, fragmented clusters).
 MAX_SPREAD_TRIES = 8
+#: Shortest goodput table a model is asked for (tables are asked in powers of two).
+TABLE_LENGTH_MIN = 16
 
 
 #: Per-job quantities shared by the device types of a cluster (owner weights, fair shares in
@@ -417,17 +419,22 @@ class Objective:
 
     @staticmethod
     def _goodput_table(job: JobView, min_nodes: np.ndarray, length: int) -> np.ndarray:
-        """Best goodput for k = 0..length-1 devices on the fewest nodes (0 = infeasible)."""
-        ks = np.arange(length, dtype=np.int64)
+        """Best goodput for k = 0..length-1 devices on the fewest nodes (0 = infeasible).
+
+        The model is asked for a table of a length rounded up to a power of two and the table
+        cut, so that a job asks the same question pass after pass (the model remembers its
+        answers) while its table's length moves with its count and fair share."""
         if job.model is None:
-            return ks.astype(np.float64)  # no data yet: assume linear speed-up
+            return np.arange(length, dtype=np.float64)  # no data yet: assume linear speed-up
+        asked = max(TABLE_LENGTH_MIN, 1 << (length - 1).bit_length())
+        ks = np.arange(asked, dtype=np.int64)
         replicas = ks[1:]
         nodes_needed = min_nodes[np.minimum(replicas, len(min_nodes) - 1)]
         values, _, _ = job.model.best_goodput(nodes_needed, replicas)
-        table = np.zeros(length, dtype=np.float64)
+        table = np.zeros(asked, dtype=np.float64)
         finite = np.nan_to_num(np.asarray(values, dtype=np.float64), nan=0.0, posinf=0.0)
         table[1:] = np.maximum(finite, 0.0)
-        return table
+        return table[:length].copy()
 
     @staticmethod
     def _fair_goodput(goodput: np.ndarray, fair_share: float) -> float:

@@ -100,14 +100,25 @@ def _clearing_price(
     utility_t: FloatArray, other: FloatArray, capacity: float, high: float
 ) -> tuple[float, FloatArray, IntArray]:
     """The smallest grid price at which the jobs choosing this type (its value above
-    ``other``, their best elsewhere) ask for at most ``capacity`` devices."""
-    counts = np.arange(utility_t.shape[1], dtype=np.float64)
+    ``other``, their best elsewhere) ask for at most ``capacity`` devices.
+
+    Only the counts that some job values above every smaller count are looked at: at a price
+    >= 0 a count that a smaller one matches never wins (``argmax`` keeps the first)."""
     grid = np.concatenate([[0.0], np.geomspace(high * 1e-6, high, PRICE_GRID)])
     with np.errstate(invalid="ignore"):
-        net = utility_t[:, None, :] - grid[None, :, None] * counts[None, None, :]
-    net = np.where(np.isnan(net), -np.inf, net)
-    best = np.argmax(net, axis=2)
-    value = np.take_along_axis(net, best[:, :, None], axis=2)[:, :, 0]
+        before = np.fmax.accumulate(utility_t, axis=1)
+    rises = np.ones(utility_t.shape, dtype=bool)
+    rises[:, 1:] = utility_t[:, 1:] > before[:, :-1]
+    columns = np.nonzero(rises.any(axis=0))[0]
+    counts = columns.astype(np.float64)
+    sub = utility_t[:, columns]
+    with np.errstate(invalid="ignore"):
+        net = sub[:, None, :] - grid[None, :, None] * counts[None, None, :]
+    if np.isnan(net).any():
+        net = np.where(np.isnan(net), -np.inf, net)
+    best_column = np.argmax(net, axis=2)
+    value = net.max(axis=2)
+    best = columns[best_column]
     takes = (value > other[:, None]) & np.isfinite(value)
     demand = np.where(takes, best, 0).sum(axis=0)
     fits = np.nonzero(demand <= capacity)[0]

@@ -29,8 +29,9 @@ class Search(Objective):
         ``pinned``: the jobs holding the devices the nodes ``offered`` beyond ``total``."""
         runnable = [pl for pl in plans if pl.min_k <= pl.cap and pl.utility[pl.min_k] > NEG]
         offered = total if offered is None else offered
+        can_run = {id(pl) for pl in runnable}
         for pl in plans:
-            if pl not in runnable:
+            if id(pl) not in can_run:
                 if total < pl.min_k <= offered:
                     pl.waiting = Waiting("devices", pl.min_k, pinned)
                 elif pl.min_k > total:

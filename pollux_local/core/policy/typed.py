@@ -3,9 +3,9 @@ prices that clear each type, ``core.policy.prices``), then the search within eac
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
-from dataclasses import replace
 
 import numpy as np
 
@@ -56,7 +56,8 @@ class TypedChoice(Reasons):
             owners[job.owner] = owners.get(job.owner, 0) + 1
         weights = np.array([1.0 / owners[j.owner] for j in shared])
         fair = total * weights / weights.sum()
-        current = [self._current_type(job, nodes, names) for job in shared]
+        placed = self._placed(shared, len(nodes))
+        current = self._current_types(placed, nodes, names)
         ones = np.ones(len(shared))
         models = [
             complete_models(job.models_by_type, job.type_rates, names)
@@ -68,8 +69,9 @@ class TypedChoice(Reasons):
         for ti, (device_type, idx) in enumerate(groups):
             sizes = [node_sizes[i] for i in idx]
             min_nodes_t = min_nodes_table(sizes, capacity[ti])
+            here = placed[:, idx].tolist()
             views = [
-                self._typed_view(job, device_type, idx, len(nodes), models[j])
+                self._typed_view(job, device_type, idx, tuple(here[j]), models[j])
                 for j, job in enumerate(shared)
             ]
             moving = [0 <= current[j] != ti for j in range(len(shared))]
@@ -187,35 +189,53 @@ class TypedChoice(Reasons):
                     pl.utility[k] = keep
 
     @staticmethod
-    def _current_type(job: JobView, nodes: Sequence[NodeView], names: list[str]) -> int:
-        """Index (into ``names``) of the type the job runs on, -1 when it does not run."""
-        if len(job.placement) != len(nodes):
-            return -1
-        used = {nodes[i].device_type for i, c in enumerate(job.placement) if c > 0}
-        if len(used) != 1:
-            return -1
-        (device_type,) = used
-        return names.index(device_type) if device_type in names else -1
+    def _placed(jobs: Sequence[JobView], node_count: int) -> np.ndarray:
+        """Devices per job (rows) and node (columns); zeros for a job placed elsewhere."""
+        placed = np.zeros((len(jobs), node_count), dtype=np.int64)
+        for j, job in enumerate(jobs):
+            if len(job.placement) == node_count and any(job.placement):
+                placed[j] = job.placement
+        return placed
+
+    @staticmethod
+    def _current_types(
+        placed: np.ndarray, nodes: Sequence[NodeView], names: list[str]
+    ) -> list[int]:
+        """Index (into ``names``) of the type each job runs on, -1 when it does not run (or
+        runs on a type not offered now)."""
+        kinds = sorted({node.device_type for node in nodes})
+        of_node = np.array([kinds.index(node.device_type) for node in nodes], dtype=np.int64)
+        used = np.zeros((placed.shape[0], len(kinds)), dtype=bool)
+        for t in range(len(kinds)):
+            used[:, t] = (placed[:, of_node == t] > 0).any(axis=1)
+        current = []
+        for row in used:
+            found = np.nonzero(row)[0]
+            kind = kinds[int(found[0])] if found.size == 1 else None
+            current.append(names.index(kind) if kind in names else -1)
+        return current
 
     @staticmethod
     def _typed_view(
         job: JobView,
         device_type: str,
         indices: list[int],
-        node_count: int,
+        placement: tuple[int, ...],
         models: dict[str, GoodputModelLike] | None,
     ) -> JobView:
-        """The job as seen on the nodes of one type: its placement and allowed nodes there
-        (re-indexed), its model of that type."""
-        if len(job.placement) == node_count:
-            placement = tuple(int(job.placement[i]) for i in indices)
-        else:
-            placement = tuple(0 for _ in indices)
+        """The job as seen on the nodes of one type: its ``placement`` there, its allowed
+        nodes there (re-indexed), its model of that type."""
         allowed = None
         if job.allowed_nodes is not None:
             allowed = frozenset(p for p, i in enumerate(indices) if i in job.allowed_nodes)
         model = job.model if models is None else models.get(device_type)
-        return replace(job, placement=placement, allowed_nodes=allowed, model=model)
+        # a copy with three fields changed (``dataclasses.replace`` would check every field
+        # again, once per job and type of every decision)
+        view = copy.copy(job)
+        object.__setattr__(view, "placement", placement)
+        object.__setattr__(view, "allowed_nodes", allowed)
+        object.__setattr__(view, "model", model)
+        return view
 
     def _common_normaliser(
         self,

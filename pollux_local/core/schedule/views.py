@@ -194,7 +194,7 @@ def predict(
     if model is None or choice is None:
         return {}
     k, m, s = choice.replicas, choice.local_batch, choice.accum_steps
-    goodput = float(np.asarray(model.goodput(num_nodes, k, m, s)).reshape(-1)[0])
+    goodput = model.goodput_at(num_nodes, k, m, s)
     eff = float(np.asarray(model.efficiency(choice.total_batch)).reshape(-1)[0])
     single, _, _ = model.best_goodput(np.array([1]), np.array([1]))
     base = float(single[0])
