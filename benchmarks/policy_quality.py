@@ -111,6 +111,7 @@ def run_typed(task: TypedTask) -> dict[str, object]:
         interval_s=knobs.get("interval_s", 60.0),
         # Sia's restarts stay Sia's: checkpoint-restarts at its measured costs, as published
         warm_resize_cost_s=None if policy_name == "sia" else knobs.get("warm_resize_cost_s"),
+        measured_restart_cost=bool(knobs.get("measured_restart_cost")),
     )
     policy = make_goodput(policy_name, knobs)
     simulator = Simulator(workload, profiles, policy, config)  # type: ignore[arg-type]
@@ -243,6 +244,7 @@ def knobs_of(args: argparse.Namespace) -> Knobs:
         "type_payback_margin": args.type_payback_margin,
         "rank_exponent": args.rank_exponent,
         "interval_s": args.interval,
+        "measured_restart_cost": 1.0 if args.measured_restart_cost else None,
     }
     return {k: float(v) for k, v in given.items() if v is not None}
 
@@ -329,6 +331,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         metavar="S",
         help="simulate warm resizes costing S seconds (default: every change restarts)",
+    )
+    parser.add_argument(
+        "--measured-restart-cost",
+        action="store_true",
+        help="the goodput policies are told each job's true restart cost once it restarted"
+        " (as the daemon measures it; with --cluster: Sia's per-model costs, not Sia's guesses)",
     )
     parser.add_argument("--payback-margin", type=float, default=None, help="tuning lever")
     parser.add_argument("--type-payback-margin", type=float, default=None, help="tuning lever")

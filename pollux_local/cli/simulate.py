@@ -122,6 +122,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         " that keeps some of its nodes costs S seconds instead of a restart (default: every"
         " change restarts)",
     )
+    parser.add_argument(
+        "--measured-restart-cost",
+        action="store_true",
+        help="tell the policy (not Sia's) each job's true restart cost once it has restarted, as"
+        " the daemon measures it (with --cluster: Sia's per-model costs instead of Sia's guesses)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--no-share-profiles",
@@ -205,6 +211,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         interval_s=args.interval,
         restart_cost_s=args.restart_cost,
         warm_resize_cost_s=args.warm_resize_cost,
+        measured_restart_cost=args.measured_restart_cost,
         seed=args.seed,
         share_profiles=None if args.share_profiles else False,
         correct_times=args.correct_times,

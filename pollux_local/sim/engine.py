@@ -69,6 +69,9 @@ class SimConfig:
     #: seconds a warm resize costs (``None``: every change is a checkpoint-restart): a change
     #: of an elastic job's devices within its device type that keeps some of its nodes
     warm_resize_cost_s: float | None = None
+    #: a policy other than Sia's is told each job's true restart cost once it has restarted
+    #: (as the daemon measures it), instead of the rules' told cost or its own default
+    measured_restart_cost: bool = False
     seed: int = 0
     job_library: str | None = None
     #: fit each adaptive job's model to the points all jobs of its application measured
@@ -297,14 +300,18 @@ class Simulator:
             remaining = max(app.iterations_after(batch, app.epochs) - done, 1.0)
             iter_times = self._static_iter_times(job)
         told = self.rules.told_restart_cost_s
+        cost = (
+            None if told is None else told.get(job.app.name, self.rules.default_told_restart_cost_s)
+        )
+        if self.config.measured_restart_cost and self.policy.name != "sia" and job.restarts > 0:
+            # as the daemon measures it: the job's own restart cost once it has restarted
+            cost = self.rules.restore_delay(job.app.name, self.config.restart_cost_s)
         facts = replace(
             view,
             static_replicas=job.spec.num_replicas,
             remaining_iters=remaining,
             static_iter_time_s=iter_times,
-            restart_cost_s=None
-            if told is None
-            else told.get(job.app.name, self.rules.default_told_restart_cost_s),
+            restart_cost_s=cost,
             warm_resize_cost_s=self.config.warm_resize_cost_s if job.adaptive else None,
             restoring=told is not None and job.restart_left_s > 0,
         )

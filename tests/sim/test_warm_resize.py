@@ -78,6 +78,19 @@ def test_a_resize_that_keeps_a_node_is_warm_and_a_move_is_cold(
     assert warm_policy.seen[0] == (None, 2.0)
 
 
+def test_the_policy_learns_a_jobs_restart_cost_once_it_restarted(
+    profiles: dict[str, AppProfile],
+) -> None:
+    """``measured_restart_cost``: as the daemon measures it, the job's own cost (here the
+    simulated 90 s) is told once it has restarted; before, the policy's default stands."""
+    policy = _Script([(2, 0), (0, 2)])
+    config = SimConfig(nodes=2, gpus_per_node=4, restart_cost_s=90.0, measured_restart_cost=True)
+    trace = [WorkloadJob("j", 0.0, "bert", 1, 12)]
+    Simulator(trace, profiles, policy, config, adaptive=True).run()
+    assert policy.seen[:2] == [(None, None), (None, None)]  # first start, then the move
+    assert set(policy.seen[2:]) == {(90.0, None)}
+
+
 def test_warm_resize_cost_is_checked() -> None:
     with pytest.raises(PolluxError, match="warm resize cost"):
         SimConfig(warm_resize_cost_s=-1.0).validate()
