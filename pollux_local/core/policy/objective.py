@@ -3,9 +3,11 @@ weighted by expected remaining time), fair shares and the restart-cost discount.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -27,6 +29,8 @@ MIN_PROGRESS_FRACTION = 0.05
 MAX_SPREAD_TRIES = 8
 #: Shortest goodput table a model is asked for (tables are asked in powers of two).
 TABLE_LENGTH_MIN = 16
+#: Goodput tables remembered (per model and query).
+TABLES_REMEMBERED = 4096
 
 
 #: Per-job quantities shared by the device types of a cluster (owner weights, fair shares in
@@ -422,18 +426,16 @@ class Objective:
         """Best goodput for k = 0..length-1 devices on the fewest nodes (0 = infeasible).
 
         The model is asked for a table of a length rounded up to a power of two and the table
-        cut, so that a job asks the same question pass after pass (the model remembers its
-        answers) while its table's length moves with its count and fair share."""
+        cut, so that a job asks the same question pass after pass (the answer is remembered
+        per model) while its table's length moves with its count and fair share."""
         if job.model is None:
             return np.arange(length, dtype=np.float64)  # no data yet: assume linear speed-up
         asked = max(TABLE_LENGTH_MIN, 1 << (length - 1).bit_length())
-        ks = np.arange(asked, dtype=np.int64)
-        replicas = ks[1:]
-        nodes_needed = min_nodes[np.minimum(replicas, len(min_nodes) - 1)]
-        values, _, _ = job.model.best_goodput(nodes_needed, replicas)
-        table = np.zeros(asked, dtype=np.float64)
-        finite = np.nan_to_num(np.asarray(values, dtype=np.float64), nan=0.0, posinf=0.0)
-        table[1:] = np.maximum(finite, 0.0)
+        nodes = np.ascontiguousarray(min_nodes, dtype=np.int64)
+        try:
+            table = _remembered_table(cast(Hashable, job.model), nodes.tobytes(), asked)
+        except TypeError:  # a model that cannot be hashed: asked every time
+            table = _goodput_table_of(job.model, nodes, asked)
         return table[:length].copy()
 
     @staticmethod
@@ -448,3 +450,23 @@ class Objective:
             positive = goodput[goodput > 0]
             value = float(positive.min()) if positive.size else 1.0
         return value
+
+
+def _goodput_table_of(model: GoodputModelLike, min_nodes: np.ndarray, length: int) -> np.ndarray:
+    """``model``'s best goodput for k = 0..length-1 devices on ``min_nodes[k]`` nodes."""
+    replicas = np.arange(1, length, dtype=np.int64)
+    nodes_needed = min_nodes[np.minimum(replicas, len(min_nodes) - 1)]
+    values, _, _ = model.best_goodput(nodes_needed, replicas)
+    table = np.zeros(length, dtype=np.float64)
+    finite = np.nan_to_num(np.asarray(values, dtype=np.float64), nan=0.0, posinf=0.0)
+    table[1:] = np.maximum(finite, 0.0)
+    return table
+
+
+@functools.lru_cache(maxsize=TABLES_REMEMBERED)
+def _remembered_table(model: Hashable, min_nodes: bytes, length: int) -> np.ndarray:
+    """:func:`_goodput_table_of`, remembered per (hashable, immutable) model and query."""
+    known = cast(GoodputModelLike, model)
+    table = _goodput_table_of(known, np.frombuffer(min_nodes, dtype=np.int64), length)
+    table.flags.writeable = False
+    return table
