@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
 
 import numpy as np
 
+from pollux_local.core.goodput import GoodputModel
+from pollux_local.core.policy.prices import ScaledModel
 from pollux_local.core.types import (
     GoodputModelLike,
     JobView,
@@ -432,9 +433,9 @@ class Objective:
             return np.arange(length, dtype=np.float64)  # no data yet: assume linear speed-up
         asked = max(TABLE_LENGTH_MIN, 1 << (length - 1).bit_length())
         nodes = np.ascontiguousarray(min_nodes, dtype=np.int64)
-        try:
-            table = _remembered_table(cast(Hashable, job.model), nodes.tobytes(), asked)
-        except TypeError:  # a model that cannot be hashed: asked every time
+        if isinstance(job.model, GoodputModel | ScaledModel):  # immutable: remembered
+            table = _remembered_table(job.model, nodes.tobytes(), asked)
+        else:
             table = _goodput_table_of(job.model, nodes, asked)
         return table[:length].copy()
 
@@ -464,9 +465,10 @@ def _goodput_table_of(model: GoodputModelLike, min_nodes: np.ndarray, length: in
 
 
 @functools.lru_cache(maxsize=TABLES_REMEMBERED)
-def _remembered_table(model: Hashable, min_nodes: bytes, length: int) -> np.ndarray:
-    """:func:`_goodput_table_of`, remembered per (hashable, immutable) model and query."""
-    known = cast(GoodputModelLike, model)
-    table = _goodput_table_of(known, np.frombuffer(min_nodes, dtype=np.int64), length)
+def _remembered_table(
+    model: GoodputModel | ScaledModel, min_nodes: bytes, length: int
+) -> np.ndarray:
+    """:func:`_goodput_table_of`, remembered per (immutable) model and query."""
+    table = _goodput_table_of(model, np.frombuffer(min_nodes, dtype=np.int64), length)
     table.flags.writeable = False
     return table
