@@ -5,9 +5,9 @@ synthetic classification set (generated from ``--seed``, so every replica and ev
 incarnation sees the same data) with the elastic trainer, under any launch environment.
 ``--log-samples PREFIX`` makes each replica append, per micro-batch, the optimizer step and the
 sample indices it trained on; ``--signal-at-step N`` makes rank 0 send itself SIGTERM after
-step N (the other replicas learn of it through the trainer); ``--order-at-step N`` makes rank 0
-move ``$POLLUX_RESIZE_FILE.next`` into place after step N (a warm resize order at a known
-step).  ``--mode plain`` runs the same
+step N (the other replicas learn of it through the trainer); ``--order-at-step N1,N2,...`` makes
+rank 0 move ``$POLLUX_RESIZE_FILE.next<i>`` into place after step Ni (warm resize orders at
+known steps).  ``--mode plain`` runs the same
 model as an ordinary DDP loop (no pollux_local at all) for the overhead benchmark, and
 ``--time-steps N`` prints the mean step time of steps after warm-up as JSON.
 """
@@ -95,7 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="rank 0 saves the final model here")
     p.add_argument("--log-samples", type=Path, default=None)
     p.add_argument("--signal-at-step", type=int, default=None)
-    p.add_argument("--order-at-step", type=int, default=None)
+    p.add_argument("--order-at-step", type=lambda v: [int(n) for n in v.split(",")], default=[])
     p.add_argument("--mode", choices=("elastic", "plain", "ab"), default="elastic")
     p.add_argument("--blocks", type=int, default=30, help="--mode ab: alternating blocks")
     p.add_argument("--time-steps", type=int, default=0)
@@ -216,9 +216,10 @@ def run_elastic(args: argparse.Namespace) -> int:
             trainer.report_metrics(loss=loss.item())
             if trainer.steps == args.signal_at_step and trainer.rank == 0:
                 os.kill(os.getpid(), signal.SIGTERM)
-            if trainer.steps == args.order_at_step and trainer.rank == 0:
+            if trainer.steps in args.order_at_step and trainer.rank == 0:
                 order_file = os.environ["POLLUX_RESIZE_FILE"]
-                os.replace(order_file + ".next", order_file)
+                nth = args.order_at_step.index(trainer.steps) + 1
+                os.replace(f"{order_file}.next{nth}", order_file)
             if args.time_steps and len(times) >= args.time_steps + 5:
                 break
         if args.time_steps and len(times) >= args.time_steps + 5:

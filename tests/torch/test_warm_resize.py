@@ -83,7 +83,7 @@ def run_warm(tmp: Path, before: int, after: int, at_step: int) -> tuple[list[int
         master_port=new_port,
         local_batch=LOCAL_BATCH,
     )
-    write_order(order_file.with_name("resize.json.next"), order)
+    write_order(order_file.with_name("resize.json.next1"), order)
     common = {"POLLUX_RESIZE_FILE": str(order_file)}
     log = ["--out", str(out), "--log-samples", str(tmp / "samples"), "--order-at-step"]
     procs = [
@@ -152,7 +152,7 @@ def test_a_joiner_that_never_comes_falls_back_to_a_checkpoint(tmp_path: Path) ->
         master_port=pick_master_port(),
         local_batch=LOCAL_BATCH,
     )
-    write_order(order_file.with_name("resize.json.next"), order)
+    write_order(order_file.with_name("resize.json.next1"), order)
     out = tmp / "final.pt"
     log = ["--out", str(out), "--log-samples", str(tmp / "samples")]
     first = codes(
@@ -177,3 +177,51 @@ def test_a_joiner_that_never_comes_falls_back_to_a_checkpoint(tmp_path: Path) ->
     for name, tensor in cold.items():
         assert torch.equal(fallback[name], tensor), name
     assert step_sequence(tmp / "samples") == step_sequence(tmp_path / "cold" / "samples")
+
+
+def test_grown_and_shrunk_warm_several_times_it_ends_where_an_uninterrupted_run_ends(
+    tmp_path: Path,
+) -> None:
+    """1 -> 2 -> 1 -> 2 -> 1 replicas warm (orders after steps 4, 8, 12, 16) against one
+    replica throughout: the same steps and samples, and weights within 1e-5.  Not bit for bit:
+    the total batch stays the base batch (m = 16: two accumulated micro-batches on one replica,
+    one on each of two), so the learning rate and the samples are the same, but the gradient
+    is summed in another order (two micro-batches accumulated, or two replicas' gradients
+    all-reduced), which changes the last bits of each step."""
+    tmp = tmp_path / "warm"
+    (tmp / "job").mkdir(parents=True)
+    order_file = tmp / "job" / "resize.json"
+    sizes = [2, 1, 2, 1]
+    ports = [pick_master_port() for _ in sizes]
+    for generation, (size, port) in enumerate(zip(sizes, ports, strict=True), start=1):
+        order = ResizeOrder(
+            generation=generation,
+            world_size=size,
+            master_addr="127.0.0.1",
+            master_port=port,
+            local_batch=LOCAL_BATCH,
+            accum_steps=2 // size,  # M = 32, the base batch, at either size
+        )
+        write_order(order_file.with_name(f"resize.json.next{generation}"), order)
+    out = tmp / "final.pt"
+    log = ["--out", str(out), "--log-samples", str(tmp / "samples")]
+    common = {"POLLUX_RESIZE_FILE": str(order_file)}
+    at = [*log, "--order-at-step", "4,8,12,16"]
+    procs = [replica(tmp, 0, 1, pick_master_port(), at, POLLUX_ACCUM_STEPS="2", **common)]
+    procs += [  # the joiners of generations 1 and 3 wait at their rendezvous
+        replica(tmp, 1, 2, ports[g - 1], log, POLLUX_RESIZE_JOIN=str(g), **common) for g in (1, 3)
+    ]
+    assert codes(procs, tmp) == [0, 0, 0]
+    ref_dir = tmp_path / "reference"
+    ref_dir.mkdir()
+    ref_out = ref_dir / "final.pt"
+    ref_log = ["--out", str(ref_out), "--log-samples", str(ref_dir / "samples")]
+    reference = replica(ref_dir, 0, 1, pick_master_port(), ref_log, POLLUX_ACCUM_STEPS="2")
+    assert codes([reference], ref_dir) == [0]
+    warm, ref = torch.load(out, weights_only=False), torch.load(ref_out, weights_only=False)
+    assert warm["steps"] == ref["steps"] == 32
+    assert step_sequence(tmp / "samples") == step_sequence(ref_dir / "samples")
+    replicas_seen = {path.name.split(".")[1] for path in tmp.glob("samples.rank*")}
+    assert replicas_seen == {"rank0", "rank1"}  # it did run on two replicas in between
+    for name, tensor in ref["model"].items():
+        torch.testing.assert_close(warm["model"][name], tensor, rtol=0, atol=1e-5)
