@@ -69,9 +69,14 @@ def fit_points(points: Mapping[Point, Times], *, correct: bool = True) -> Fitted
     one kind fitting the same pooled points) get the same, remembered, fit."""
     if not points:
         raise ValueError("cannot fit a throughput model without measured points")
-    ordered = tuple(
-        ((int(k[0]), int(k[1]), int(k[2])), (float(v[0]), float(v[1]))) for k, v in points.items()
-    )
+    ordered = tuple(points.items())
+    try:
+        hash(ordered)
+    except TypeError:  # times given as lists or arrays: as numbers
+        ordered = tuple(
+            ((int(k[0]), int(k[1]), int(k[2])), (float(v[0]), float(v[1])))
+            for k, v in points.items()
+        )
     return _fit_ordered(ordered, correct)
 
 
