@@ -22,8 +22,9 @@ IntArray = NDArray[np.int64]
 
 #: Number of total-batch candidates tried per allocation (geometrically spaced).
 BATCH_CANDIDATES = 48
-#: Throughput grids kept (one per model fit, bounds and query; a few tens of kB each).
-GRID_CACHE_SIZE = 1024
+#: Throughput grids kept (one per fit, bounds and query; P allocations take P x 48 x 24 bytes,
+#: so 512 grids of 64 allocations about 38 MB).
+GRID_CACHE_SIZE = 512
 #: Best-goodput answers kept (one per model and query; small).
 RESULT_CACHE_SIZE = 4096
 
