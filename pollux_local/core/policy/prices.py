@@ -109,7 +109,9 @@ def _clearing_price(
         before = np.fmax.accumulate(utility_t, axis=1)
     rises = np.ones(utility_t.shape, dtype=bool)
     rises[:, 1:] = utility_t[:, 1:] > before[:, :-1]
-    columns = np.nonzero(rises.any(axis=0))[0]
+    keep = np.asarray(rises.any(axis=0), dtype=bool)
+    keep[0] = True  # (no jobs: one column all the same)
+    columns = np.nonzero(keep)[0]
     counts = columns.astype(np.float64)
     sub = utility_t[:, columns]
     with np.errstate(invalid="ignore"):
