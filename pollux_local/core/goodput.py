@@ -22,9 +22,9 @@ IntArray = NDArray[np.int64]
 
 #: Number of total-batch candidates tried per allocation (geometrically spaced).
 BATCH_CANDIDATES = 48
-#: Throughput grids kept (one per fit, bounds and query; P allocations take P x 48 x 24 bytes,
-#: so 512 grids of 64 allocations about 38 MB).
-GRID_CACHE_SIZE = 512
+#: Throughput grids kept (one per fit, bounds and query; P allocations take P x 48 x 16 bytes,
+#: so 1,024 grids of 64 allocations about 50 MB).
+GRID_CACHE_SIZE = 1024
 #: Best-goodput answers kept (one per model and query; small).
 RESULT_CACHE_SIZE = 4096
 
@@ -133,8 +133,8 @@ class _Grid:
     """Batch candidates of a query (P allocations x ``BATCH_CANDIDATES``), their feasibility
     and throughput."""
 
-    local: IntArray
-    steps: IntArray
+    local: NDArray[np.int32]
+    steps: NDArray[np.int32]
     feasible: NDArray[np.bool_]
     throughput: FloatArray
 
@@ -162,7 +162,12 @@ def _throughput_grid(
     m = np.asarray(local, dtype=float)
     s = np.asarray(steps, dtype=float)
     throughput = model.throughput(n[:, None], kk, m, s)
-    grid = _Grid(local=local, steps=steps, feasible=feasible, throughput=throughput)
+    grid = _Grid(
+        local=local.astype(np.int32),
+        steps=steps.astype(np.int32),
+        feasible=feasible,
+        throughput=throughput,
+    )
     _read_only(grid.local, grid.steps, grid.feasible, grid.throughput)
     return grid
 
