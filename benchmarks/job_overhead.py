@@ -5,22 +5,24 @@
 Overhead.  Each replica (1, then 2 CPU replicas; OMP_NUM_THREADS=1, ``torch.set_num_threads(1)``,
 each rank pinned to one core with ``os.sched_setaffinity``) holds three copies of the probe
 model (an MLP, ``--features``/``--hidden``, batch ``--base-batch``) in one process and trains
-them in interleaved blocks of ``--steps`` optimizer steps:
+them step by step, interleaved:
 
 * ``plain``: an ordinary loop (plain DDP at 2 replicas), no pollux_local;
 * ``off``: ``ElasticTrainer`` with the gradient-noise measurement off (one measuring step at
   the start, none after);
 * ``on``: ``ElasticTrainer`` as a job runs it (measurement spaced by ``measuring.py``).
 
-A round runs the three blocks in an order drawn afresh (every order equally often), so that
-load from other processes on the shared machine, and the slowdown of whichever block comes
-second, hit every arm alike.  Per round the ratios on/off (the cost of the measurement: the
-headline, goal <= 1%), off/plain (the rest of the library) and on/plain are taken; the median
-over ``--rounds`` rounds is reported with a distribution-free 95% confidence interval
-(order statistics of the binomial, no assumption on the ratios' distribution).  Times are
-process CPU time of rank 0 (wall-clock figures in ``detail``).  A block is long enough to hold
-several measuring steps, so the median of block ratios does not hide their cost; the mean
-ratio (total on / total off) is printed beside it.
+A round is ``--steps`` optimizer steps of each arm, interleaved one step at a time in an
+order drawn afresh for every triple (each of the six orders equally often), so that load from
+other processes on the shared machine, and the cache left behind by the step before, hit
+every arm alike.  Per round the ratios of the arms' summed times on/off (the cost of the
+measurement: the headline, goal <= 1%), off/plain (the rest of the library) and on/plain are
+taken; the median over ``--rounds`` rounds is reported with a distribution-free 95%
+confidence interval (order statistics of the binomial: [x_(j), x_(n+1-j)], no assumption on
+the ratios' distribution).  Times are process CPU time of rank 0 (wall-clock figures in
+``detail``).  A round holds a whole number of measuring periods at the default spacing
+(64 steps, k = 32), so the median of round ratios does not hide their cost; the mean ratio
+(total on / total off) is printed beside it.
 
 Restart.  ``restart_s``: from SIGTERM to a 1-replica job until the first optimizer step of its
 2-replica restart (checkpoint, exit 75, start two fresh processes, restore, first step), split
@@ -192,20 +194,24 @@ def worker(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     cycle: list[tuple[str, ...]] = []
     for _ in range(args.rounds):
-        if not cycle:
-            cycle = orders[:]
-            rng.shuffle(cycle)
-        row: dict[str, Any] = {}
-        for arm in cycle.pop():
-            if world > 1:
-                dist.barrier()
-            before = trainers["on"].estimator.samples
-            t, c = time.perf_counter(), time.process_time()
-            run_arm(arm, args.steps)
-            row[arm] = (time.perf_counter() - t, time.process_time() - c)
-            if arm == "on":
-                row["measured"] = trainers["on"].estimator.samples - before
+        row: dict[str, Any] = {arm: (0.0, 0.0) for arm in ARMS}
+        before = trainers["on"].estimator.samples
+        if world > 1:
+            dist.barrier()
+        for _ in range(args.steps):
+            # one step of each arm, in an order drawn afresh from the six (each equally often)
+            if not cycle:
+                cycle = orders[:]
+                rng.shuffle(cycle)
+            for arm in cycle.pop():
+                t, c = time.perf_counter(), time.process_time()
+                run_arm(arm, 1)
+                wall, cpu = row[arm]
+                row[arm] = (wall + time.perf_counter() - t, cpu + time.process_time() - c)
+        row["measured"] = trainers["on"].estimator.samples - before
         rows.append(row)
+        if rank == 0 and len(rows) % 50 == 0:
+            print(f"{world} replica(s): {len(rows)}/{args.rounds} rounds", file=sys.stderr)
     if rank == 0:
         spacing = trainers["on"]._schedule.interval
         print(json.dumps({"rows": rows, "spacing": spacing}), flush=True)

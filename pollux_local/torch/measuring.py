@@ -15,12 +15,12 @@ as it is (the EMA averages the same number of measurements, ~19 at beta = 0.9) b
 k times older (lag k * beta / (1 - beta) = 9k steps), so a drifting statistic is followed
 with a bias that grows with k while the confidence band stays put.  Measured on the probe
 model of ``benchmarks/job_overhead.py`` training at a quick pace (tr(S) falls 3x in 2,500
-steps; ``python benchmarks/job_overhead.py --spacing``, docs/benchmarks.md), the smoothed
-tr(S) lies within its own 95% band (``GradNoiseEstimator.stderr``) on about as many steps
-when measured every 16 or 32 steps as every step, with a median error under one standard
-error at k = 32, and drops out of it at 64 and beyond: MAX_STATS_INTERVAL is 32.  A job whose
-statistics drift more slowly per step (any job with longer epochs) could be measured more
-sparsely still; the cap is the quick case's.
+steps; ``python benchmarks/job_overhead.py --spacing``, docs/design-notes.md), the smoothed
+tr(S) lies within its own 95% band (``GradNoiseEstimator.stderr``) on 91% of the steps when
+measured every step, 88% every 16 steps, 80% every 32 (median error 1.05 standard errors:
+inside the band) and 68% every 64 (median error 1.44): MAX_STATS_INTERVAL is 32.  A job
+whose statistics drift more slowly per step (any job with longer epochs) could be measured
+more sparsely still; the cap is the quick case's.
 
 With several replicas the stop requests ride on the measuring steps' all-reduce, so k is also
 at most STOP_LATENCY_S / T: a rescale waits at most that long.  The spacing is rank 0's,
