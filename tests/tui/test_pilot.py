@@ -62,7 +62,7 @@ async def test_main_screen_shows_jobs_grid_and_cluster(source: FixedSource, make
         assert "utilisation 100% (2/2 devices)" in figures
         assert "running 2 · queue 1" in figures
         assert "7 jobs" in status_text(app)
-        assert row(app, "3").batch_text == "16×1×1=16" and row(app, "3").goodput
+        assert row(app, "3").batch_text == "64×1×1=64" and row(app, "3").goodput
 
 
 async def test_sort_and_filter_keys(source: FixedSource, make_app: Any) -> None:

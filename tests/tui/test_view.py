@@ -26,7 +26,7 @@ def test_rows_of_the_recorded_jobs(recording: Recording) -> None:
     rows = {r.id: r for r in job_rows(recording.status)}
     running = rows[recording.roles["running-a"]]
     assert running.state == "running" and running.gpus == 1 and running.where == "vm:0"
-    assert running.batch_text == "16×1×1=16"
+    assert running.batch_text == "64×1×1=64"
     cells = running.cells()
     assert cells[4] == "1 vm:0" and cells[6] != "-" and cells[10] != "-"
     queued = rows[recording.roles["queued"]]
