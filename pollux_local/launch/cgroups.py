@@ -34,7 +34,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -423,49 +423,52 @@ class JobGroup:
                 return d.path if self.limits.memory else None
         return None
 
+    @contextlib.contextmanager
+    def _memory_group(self) -> Iterator[int | None]:
+        """The memory group's directory, opened without following a link (``None``: the job
+        has no memory limit, or the directory cannot be opened)."""
+        directory = self.memory_dir()
+        fd = None
+        if directory is not None:
+            with contextlib.suppress(OSError):
+                fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            yield fd
+        finally:
+            if fd is not None:
+                os.close(fd)
+
     def oom_kills(self) -> int | None:
         """How many processes the OOM killer ended in the memory group (``None``: no memory
         limit, or the kernel does not count them)."""
-        directory = self.memory_dir()
-        if directory is None:
-            return None
-        try:
-            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            if self.limits.support.version == 2:
-                return _counter(_read("memory.events", fd), "oom_kill")
-            return _counter(_read("memory.oom_control", fd), "oom_kill")
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
+        with self._memory_group() as fd:
+            if fd is None:
+                return None
+            try:
+                if self.limits.support.version == 2:
+                    return _counter(_read("memory.events", fd), "oom_kill")
+                return _counter(_read("memory.oom_control", fd), "oom_kill")
+            except OSError:
+                return None
 
     def hit_limit(self) -> bool:
         """Did the memory group ever reach its limit (on v1 ``memory.failcnt``, that of
         ``memsw`` or the peak usage; on v2 ``memory.events``'s ``max``)?"""
-        directory = self.memory_dir()
-        if directory is None:
-            return False
-        try:
-            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return False
-        try:
-            if self.limits.support.version == 2:
-                events = _read("memory.events", fd)
-                return bool(_counter(events, "max") or _counter(events, "oom"))
-            for name in ("memory.failcnt", "memory.memsw.failcnt"):
-                with contextlib.suppress(FileNotFoundError):
-                    if int(_read(name, fd).strip() or "0") > 0:
-                        return True
-            peak = int(_read("memory.max_usage_in_bytes", fd).strip() or "0")
-            return bool(self.limits.memory) and peak >= int(self.limits.memory or 0) - 65536
-        except (OSError, ValueError):
-            return False
-        finally:
-            os.close(fd)
+        with self._memory_group() as fd:
+            if fd is None:
+                return False
+            try:
+                if self.limits.support.version == 2:
+                    events = _read("memory.events", fd)
+                    return bool(_counter(events, "max") or _counter(events, "oom"))
+                for name in ("memory.failcnt", "memory.memsw.failcnt"):
+                    with contextlib.suppress(FileNotFoundError):
+                        if int(_read(name, fd).strip() or "0") > 0:
+                            return True
+                peak = int(_read("memory.max_usage_in_bytes", fd).strip() or "0")
+                return bool(self.limits.memory) and peak >= int(self.limits.memory or 0) - 65536
+            except (OSError, ValueError):
+                return False
 
     def oom_killed(self, any_sigkill: bool) -> bool:
         """Did the OOM killer end a process of the job over its memory limit?  It killed one

@@ -6,9 +6,13 @@ the guide's."""
 from __future__ import annotations
 
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from pollux_local.cli import build_parser
 from pollux_local.client import Client
 from pollux_local.errors import PolluxError
 from tests.daemon_process import wait_for
@@ -83,3 +87,16 @@ def wait_for_log(client: Client, job_id: str) -> None:
         wait_for(has_log, 60, f"job {job_id} to write its log")
     except AssertionError as exc:
         raise AssertionError(f"{exc} (last answer: {last})") from None
+
+
+def check_parses(command: str) -> None:
+    """A command that is not run: the real parser takes it, and its sub-command's ``--help``
+    works and names it."""
+    argv = shlex.split(command)
+    try:
+        build_parser().parse_args(argv[1:])
+    except SystemExit as exc:
+        pytest.fail(f"{command!r} does not parse (exit {exc.code})")
+    done = subprocess.run([*cli(), argv[1], "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"pollux-local {argv[1]}" in done.stdout
