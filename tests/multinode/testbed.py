@@ -71,8 +71,10 @@ class Testbed:
 
     __test__ = False  # not a pytest class
 
-    def __init__(self, n_hosts: int = 2, tag: str | None = None) -> None:
+    def __init__(self, n_hosts: int = 2, tag: str | None = None, subnet: str = SUBNET) -> None:
         self.tag = tag or ("pt" + secrets.token_hex(2))
+        #: the first three octets of the bed's /24: two beds up at once need two subnets
+        self.subnet = subnet
         self.dir = Path(tempfile.mkdtemp(prefix=f"pollux-{self.tag}-"))
         os.chmod(self.dir, 0o755)  # readable by a second test user too
         #: A directory the hosts do NOT share with the root namespace: each host mounts its
@@ -82,7 +84,7 @@ class Testbed:
         self.hub = f"{self.tag}-hub"
         self.hosts = [
             TestHost(
-                name=f"{self.tag}-h{i}", netns=f"{self.tag}-h{i}", address=f"{SUBNET}.{10 + i}"
+                name=f"{self.tag}-h{i}", netns=f"{self.tag}-h{i}", address=f"{subnet}.{10 + i}"
             )
             for i in range(1, n_hosts + 1)
         ]
@@ -130,7 +132,7 @@ class Testbed:
         _ip("link", "add", f"{self.tag}-r", "type", "veth", "peer", "name", f"{self.tag}-rh")
         _ip("link", "set", f"{self.tag}-rh", "netns", self.hub)
         _ip("-n", self.hub, "link", "set", f"{self.tag}-rh", "master", "br0", "up")
-        _ip("addr", "add", f"{SUBNET}.1/24", "dev", f"{self.tag}-r")
+        _ip("addr", "add", f"{self.subnet}.1/24", "dev", f"{self.tag}-r")
         _ip("link", "set", f"{self.tag}-r", "up")
         for i, host in enumerate(self.hosts, start=1):
             _ip("netns", "add", host.netns)

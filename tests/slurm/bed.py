@@ -176,8 +176,7 @@ def up() -> float:
     """Build the cluster; returns the seconds it took."""
     started = time.monotonic()
     down(quiet=True)
-    testbed.SUBNET = SUBNET
-    bed = testbed.Testbed(n_hosts=N_NODES, tag=TAG)
+    bed = testbed.Testbed(n_hosts=N_NODES, tag=TAG, subnet=SUBNET)
     shutil.rmtree(bed.dir, ignore_errors=True)  # only its namespaces are used
     try:
         bed._network()

@@ -18,6 +18,9 @@ from tests.multinode.testbed import Testbed, missing_requirements
 from .conftest import SlurmAllocation, daemon_config
 from .test_slurm_daemon import checkpoint_step, ended, incarnations, job, submit
 
+#: Neither the multinode tests' bed (10.213.0) nor the Slurm bed (10.217.0).
+SSH_SUBNET = "10.219.0"
+
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(150)]
 
 
@@ -43,7 +46,8 @@ def cluster(
     reason = missing_requirements()
     if reason:
         pytest.skip(reason)
-    with Testbed(n_hosts=2) as bed:
+    # its own subnet: the multinode tests' session bed may be up on the default one
+    with Testbed(n_hosts=2, subnet=SSH_SUBNET) as bed:
         daemon = daemon_factory(config=ssh_daemon_config(bed, tmp_path), timeout_s=60)
         try:
             yield Cluster("ssh", daemon, [host.name for host in bed.hosts])
