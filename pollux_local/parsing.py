@@ -209,3 +209,18 @@ def parse_delay(text: str, now: float, option: str = "--delay") -> float:
     if seconds > MAX_BEGIN_S:
         raise PolluxError(f"{option} {text!r}: at most 366 days")
     return now + seconds
+
+
+def earliest_start(
+    begin: str | None, delay: str | None, now: float, command: str = ""
+) -> float | None:
+    """The earliest start a command line asks for (``--begin`` or ``--delay``, not both), as a
+    Unix time; ``None`` when it asks for neither.  ``command`` prefixes the refusal."""
+    if begin is not None and delay is not None:
+        prefix = f"{command}: " if command else ""
+        raise PolluxError(f"{prefix}--begin and --delay both say when to start: give one")
+    if begin is not None:
+        return parse_begin(begin, now)
+    if delay is not None:
+        return parse_delay(delay, now)
+    return None

@@ -27,7 +27,7 @@ from pollux_local.cli.common import (
     state_dir_parser,
 )
 from pollux_local.cli.submit import print_submitted
-from pollux_local.parsing import parse_begin, parse_delay, parse_job_ids, parse_time_limit
+from pollux_local.parsing import earliest_start, parse_job_ids, parse_time_limit
 from pollux_local.submission import command_argv
 from pollux_local.untrusted import printable
 
@@ -205,12 +205,9 @@ def edit_request(args: argparse.Namespace) -> Edit:
         fields["priority"] = args.priority
     if args.retries is not None:
         fields["retries"] = args.retries
-    if args.begin is not None and args.delay is not None:
-        raise PolluxError("edit: --begin and --delay both say when to start: give one")
-    if args.begin is not None:
-        fields["begin_at"] = parse_begin(args.begin, time.time())
-    elif args.delay is not None:
-        fields["begin_at"] = parse_delay(args.delay, time.time())
+    begin_at = earliest_start(args.begin, args.delay, time.time(), "edit")
+    if begin_at is not None:
+        fields["begin_at"] = begin_at
     if command:
         fields["argv"], _ = command_argv(command, os.environ, None)
     if not fields:

@@ -36,9 +36,8 @@ from pollux_local.jobspec import load_job_spec
 from pollux_local.parsing import (
     check_notify_url,
     compress_indices,
-    parse_begin,
+    earliest_start,
     parse_constraint,
-    parse_delay,
     parse_job_ids,
     parse_time_limit,
 )
@@ -56,6 +55,17 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
+def size_option(value: str | None, option: str) -> int | None:
+    """A size option's bytes (``6G``), ``None`` when not given; a bad one is one line naming
+    ``option``."""
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except SizeError as exc:
+        raise PolluxError(f"{option}: {exc}") from None
+
+
 def submit_options(args: argparse.Namespace) -> SubmitOptions:
     """The command line's options, parsed (each problem one line naming the option)."""
     after: list[str] = []
@@ -64,25 +74,9 @@ def submit_options(args: argparse.Namespace) -> SubmitOptions:
         after = parse_job_ids(args.after, "--after")
     elif args.after_any:
         after, after_any = parse_job_ids(args.after_any, "--after-any"), True
-    gpu_memory = None
-    if args.gpu_memory is not None:
-        try:
-            gpu_memory = parse_size(args.gpu_memory)
-        except SizeError as exc:
-            raise PolluxError(f"--gpu-memory: {exc}") from None
-    host_memory = None
-    if args.mem is not None:
-        try:
-            host_memory = parse_size(args.mem)
-        except SizeError as exc:
-            raise PolluxError(f"--mem: {exc}") from None
-    begin_at = None
-    if args.begin is not None and args.delay is not None:
-        raise PolluxError("--begin and --delay both say when to start: give one")
-    if args.begin is not None:
-        begin_at = parse_begin(args.begin, time.time())
-    elif args.delay is not None:
-        begin_at = parse_delay(args.delay, time.time())
+    gpu_memory = size_option(args.gpu_memory, "--gpu-memory")
+    host_memory = size_option(args.mem, "--mem")
+    begin_at = earliest_start(args.begin, args.delay, time.time())
     return SubmitOptions(
         command=[args.program, *args.args] if args.program else [],
         spec=load_job_spec(args.spec) if args.spec else None,
