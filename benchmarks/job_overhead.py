@@ -10,14 +10,17 @@ them step by step, interleaved:
 * ``plain``: an ordinary loop (plain DDP at 2 replicas), no pollux_local;
 * ``off``: ``ElasticTrainer`` with the gradient-noise measurement off (one measuring step at
   the start, none after);
-* ``on``: ``ElasticTrainer`` as a job runs it (measurement spaced by ``measuring.py``).
+* ``on``: ``ElasticTrainer`` as a job runs it (measurement spaced by ``measuring.py``);
+* ``split`` (``--with-split``, one replica): as ``on``, but measuring steps dealt out as two
+  half micro-batches (the way one replica measured before ``gradstats.HalfBatchNorm``, and
+  still does for models it does not cover), for a before/after comparison in the same run.
 
 A round is ``--steps`` optimizer steps of each arm, interleaved one step at a time in an
-order drawn afresh for every triple (each of the six orders equally often), so that load from
+order drawn afresh for every step (each of the orders of the arms equally often), so that load from
 other processes on the shared machine, and the cache left behind by the step before, hit
 every arm alike.  Per round the ratios of the arms' summed times on/off (the cost of the
 measurement: the headline, goal <= 1%), off/plain (the rest of the library) and on/plain are
-taken; the median over ``--rounds`` rounds is reported with a distribution-free 95%
+taken (split/off too with ``--with-split``); the median over ``--rounds`` rounds is reported with a distribution-free 95%
 confidence interval (order statistics of the binomial: [x_(j), x_(n+1-j)], no assumption on
 the ratios' distribution).  Times are process CPU time of rank 0 (wall-clock figures in
 ``detail``).  A round holds a whole number of measuring periods at the default spacing
@@ -51,6 +54,7 @@ from pollux_local.launch.base import pick_master_port
 REPO = Path(__file__).resolve().parents[1]
 PROBE = [sys.executable, "-m", "pollux_local.torch.probe"]
 ARMS = ("plain", "off", "on")
+WITH_SPLIT = (*ARMS, "split")
 
 
 def _envs(replicas: int, extra: dict[str, str]) -> list[dict[str, str]]:
@@ -146,7 +150,11 @@ def worker(args: argparse.Namespace) -> int:
             stats_budget=args.stats_budget if measure else None,
         )
 
+    arms = WITH_SPLIT if args.with_split and world == 1 else ARMS
     trainers = {"on": trainer(True), "off": trainer(False)}
+    if "split" in arms:
+        trainers["split"] = trainer(True)
+        trainers["split"]._half_norm = None  # measuring steps split, as before
     model_p: torch.nn.Module = make_model(args.features, args.hidden, args.classes, args.seed)
     if world > 1:
         model_p = DistributedDataParallel(model_p)
@@ -187,15 +195,15 @@ def worker(args: argparse.Namespace) -> int:
         else:
             elastic_steps(arm, n)
 
-    for arm in ARMS:  # warm-up; the "on" arm settles its spacing of measuring steps
+    for arm in arms:  # warm-up; the measuring arms settle their spacing of measuring steps
         run_arm(arm, args.warmup)
-    orders = list(itertools.permutations(ARMS))
+    orders = list(itertools.permutations(arms))
     rng = random.Random(args.seed)  # the same order on every rank
     rows: list[dict[str, Any]] = []
     cycle: list[tuple[str, ...]] = []
     for _ in range(args.rounds):
-        row: dict[str, Any] = {arm: (0.0, 0.0) for arm in ARMS}
-        before = trainers["on"].estimator.samples
+        row: dict[str, Any] = {arm: (0.0, 0.0) for arm in arms}
+        before = {name: t.estimator.samples for name, t in trainers.items()}
         if world > 1:
             dist.barrier()
         for _ in range(args.steps):
@@ -208,12 +216,14 @@ def worker(args: argparse.Namespace) -> int:
                 run_arm(arm, 1)
                 wall, cpu = row[arm]
                 row[arm] = (wall + time.perf_counter() - t, cpu + time.process_time() - c)
-        row["measured"] = trainers["on"].estimator.samples - before
+        row["measured"] = trainers["on"].estimator.samples - before["on"]
+        if "split" in arms:
+            row["measured_split"] = trainers["split"].estimator.samples - before["split"]
         rows.append(row)
         if rank == 0 and len(rows) % 50 == 0:
             print(f"{world} replica(s): {len(rows)}/{args.rounds} rounds", file=sys.stderr)
     if rank == 0:
-        spacing = trainers["on"]._schedule.interval
+        spacing = {name: t._schedule.interval for name, t in trainers.items() if name != "off"}
         print(json.dumps({"rows": rows, "spacing": spacing}), flush=True)
     for each in trainers.values():
         each.close()
@@ -228,6 +238,8 @@ def overhead(replicas: int, args: argparse.Namespace) -> dict[str, Any]:
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker"]
     for key in ("rounds", "steps", "warmup", "features", "hidden", "base_batch", "stats_budget"):
         argv += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+    if args.with_split:
+        argv.append("--with-split")
     procs = [
         subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
         for env in _envs(replicas, {})
@@ -241,13 +253,20 @@ def overhead(replicas: int, args: argparse.Namespace) -> dict[str, Any]:
     rows = result["rows"]
     figures: dict[str, Any] = {}
     for clock, index in (("cpu", 1), ("wall", 0)):
-        for num, den in (("on", "off"), ("off", "plain"), ("on", "plain")):
+        pairs = [("on", "off"), ("off", "plain"), ("on", "plain")]
+        if "split" in rows[0]:
+            pairs += [("split", "off"), ("on", "split")]
+        for num, den in pairs:
             ratios = [r[num][index] / r[den][index] for r in rows]
             summary = _summary(ratios)
             total = sum(r[num][index] for r in rows) / sum(r[den][index] for r in rows)
             summary["mean_pct"] = round(100 * (total - 1), 2)
             figures[f"{num}/{den} {clock}"] = summary
     figures["measuring steps per block"] = statistics.mean(r["measured"] for r in rows)
+    if "split" in rows[0]:
+        figures["split: measuring steps per block"] = statistics.mean(
+            r["measured_split"] for r in rows
+        )
     figures["spacing"] = result["spacing"]
     figures["step_ms_plain"] = round(
         1000 * statistics.median(r["plain"][0] for r in rows) / args.steps, 2
@@ -408,6 +427,11 @@ def main() -> int:
     )
     parser.add_argument("--no-restart", action="store_true", help="skip the restart timing")
     parser.add_argument(
+        "--with-split",
+        action="store_true",
+        help="one replica: a fourth arm measuring with split steps (the way before)",
+    )
+    parser.add_argument(
         "--spacing", action="store_true", help="only the estimate's error against k"
     )
     parser.add_argument("--spacing-steps", type=int, default=2560)
@@ -435,6 +459,10 @@ def main() -> int:
         library = figures["on/plain cpu"]
         result[f"library_pct_{replicas}"] = library["pct"]
         result[f"library_ci95_{replicas}"] = [library["ci_low"], library["ci_high"]]
+        if "split/off cpu" in figures:
+            before = figures["split/off cpu"]
+            result[f"measurement_split_pct_{replicas}"] = before["pct"]
+            result[f"measurement_split_ci95_{replicas}"] = [before["ci_low"], before["ci_high"]]
         detail[f"replicas_{replicas}"] = figures
     result["machine_load_1min"] = round(os.getloadavg()[0], 2)
     if not args.no_restart:

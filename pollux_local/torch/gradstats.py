@@ -43,7 +43,7 @@ choice of k against this lag is in ``measuring.py``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -197,3 +197,161 @@ def squared_norm(
                 tensors[i] = q
     norms = torch._foreach_norm(tensors, 2, dtype=torch.float32)
     return torch.stack(norms).square().sum()
+
+
+def _gram_or_product(rows_out: torch.Tensor, rows_in: torch.Tensor) -> torch.Tensor:
+    """|D^T X|_F^2 for D (n x out) and X (n x in), as a 0-d float32 tensor: through the Gram
+    matrices, sum((D D^T) * (X X^T)) (n^2 (in + out) multiply-adds), when n is small enough
+    for that to be cheaper than forming D^T X (n in out); otherwise directly."""
+    n, width_out = rows_out.shape
+    width_in = rows_in.shape[1]
+    if n * (width_in + width_out) <= width_in * width_out:
+        return ((rows_out @ rows_out.T) * (rows_in @ rows_in.T)).sum()
+    return (rows_out.T @ rows_in).square().sum()
+
+
+class HalfBatchNorm:
+    """|g_A|^2 of the first half A of a step's samples, from the whole step's one backward.
+
+    For a linear layer y_r = W x_r + b over rows r (a sample, or a sample's positions for
+    sequence inputs) with output gradients delta_r, the gradient of the rows R is
+    dW_R = D_R^T X_R, db_R = sum_{r in R} delta_r, and
+
+        |dW_R|_F^2 = sum_{r, s in R} (delta_r . delta_s) (x_r . x_s) = <D_R D_R^T, X_R X_R^T>
+
+    (the Gram matrices cost |R|^2 (in + out) multiply-adds, a small part of the layer's own
+    |R| in out when |R| is small; ``_gram_or_product`` takes the cheaper way).  Summed over the
+    layers this is the squared norm of the gradient of A's share of the loss, the very g_small
+    that a half micro-batch's separate backward would give, without that backward, its
+    accumulation into ``.grad``, or any copy of the gradients.  Hooks are attached on measuring
+    steps only (a forward hook per layer keeps a view of its input's first rows and hooks the
+    output's gradient); ordinary steps run no hook.
+
+    It applies (:meth:`for_model`) when every trainable parameter is the weight or bias of
+    exactly one ``torch.nn.Linear`` and no module mixes samples (batch normalisation); rows
+    are the first dimension of each layer's input, which must be the step's sample count.  The
+    first use checks the sum over *all* rows against the norm of ``.grad``
+    (:meth:`check_total`): a weight used outside its layer fails it and the trainer falls back
+    to the split step for good.  With an Adam-type preconditioner P the weight's term is
+    |D_R^T X_R / P|_F^2, formed directly.
+    """
+
+    def __init__(self, layers: list[torch.nn.Linear]) -> None:
+        self.layers = layers
+        self.usable = True
+        self._handles: list[Any] = []
+        self._sum: torch.Tensor | None = None
+        self._all_rows: torch.Tensor | None = None
+        self._called: set[int] = set()
+        self._valid = True
+        self._rows = 0
+        self._half = 0
+        self._checking = True
+        self._pre: dict[int, torch.Tensor | None] = {}
+
+    @classmethod
+    def for_model(cls, module: torch.nn.Module) -> HalfBatchNorm | None:
+        """The estimator for ``module``, or ``None`` where it does not apply."""
+        layers: list[torch.nn.Linear] = []
+        owned: set[int] = set()
+        for sub in module.modules():
+            if isinstance(sub, torch.nn.modules.batchnorm._BatchNorm):
+                return None
+            if isinstance(sub, torch.nn.Linear):
+                mine = [p for p in (sub.weight, sub.bias) if p is not None]
+                if any(id(p) in owned for p in mine):
+                    return None  # a parameter shared by two layers
+                owned.update(id(p) for p in mine)
+                layers.append(sub)
+        trainable = [p for p in module.parameters() if p.requires_grad]
+        if not layers or any(id(p) not in owned for p in trainable):
+            return None
+        return cls(layers)
+
+    @property
+    def armed(self) -> bool:
+        return bool(self._handles)
+
+    @property
+    def checking(self) -> bool:
+        """Whether the next result is checked against |.grad|^2 (the first use)."""
+        return self._checking
+
+    def arm(
+        self, rows: int, preconditioner: Callable[[torch.Tensor], torch.Tensor | None] | None
+    ) -> None:
+        """Hook the layers for the next forward/backward of ``rows`` samples; A is the first
+        ``rows // 2`` of them."""
+        self.disarm()
+        self._rows, self._half = rows, rows // 2
+        self._sum, self._all_rows = None, None
+        self._called.clear()
+        self._valid = rows >= 2
+        self._pre = {}
+        for layer in self.layers:
+            for p in (layer.weight, layer.bias):
+                if p is not None:
+                    self._pre[id(p)] = preconditioner(p) if preconditioner is not None else None
+            self._handles.append(layer.register_forward_hook(self._forward_hook))
+
+    def disarm(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def result(self) -> tuple[torch.Tensor, int] | None:
+        """(|g_A|^2 summed over the layers, as the backward left it; |A|), or ``None`` when
+        the step broke an assumption (a layer called twice, rows that are not the samples).
+        The gradients are of the loss as back-propagated (mean over all ``rows``, times any
+        loss weight): the caller rescales."""
+        self.disarm()
+        if not self._valid or self._sum is None:
+            return None
+        return self._sum, self._half
+
+    def check_total(self, grad_sq: float) -> bool:
+        """On the first use: does the sum over all rows match |.grad|^2 (``grad_sq``, the
+        same scale)?  If not, this estimator is not used again."""
+        self._checking = False
+        total = float(self._all_rows) if self._all_rows is not None else math.nan
+        self.usable = math.isclose(total, grad_sq, rel_tol=1e-3, abs_tol=1e-12)
+        return self.usable
+
+    def _forward_hook(self, layer: torch.nn.Module, inputs: Any, output: Any) -> None:
+        if id(layer) in self._called:
+            self._valid = False  # a layer used twice in one step: cross terms are missed
+            return
+        self._called.add(id(layer))
+        if not isinstance(output, torch.Tensor) or not output.requires_grad:
+            return
+        x = inputs[0]
+        if x.dim() < 2 or x.shape[0] != self._rows:
+            self._valid = False
+            return
+        assert isinstance(layer, torch.nn.Linear)
+        rows_in = x.detach()
+        output.register_hook(lambda grad: self._backward_hook(layer, rows_in, grad))  # type: ignore[no-untyped-call]
+
+    def _backward_hook(self, layer: torch.nn.Linear, x: torch.Tensor, grad: torch.Tensor) -> None:
+        width_in, width_out = x.shape[-1], grad.shape[-1]
+        parts = [(self._half, "half")]
+        if self._checking:
+            parts.append((self._rows, "all"))
+        for rows, which in parts:
+            d = grad[:rows].reshape(-1, width_out).float()
+            xs = x[:rows].reshape(-1, width_in).float()
+            term = torch.zeros((), device=grad.device)
+            if layer.weight.requires_grad:
+                pre = self._pre.get(id(layer.weight))
+                if pre is None:
+                    term = term + _gram_or_product(d, xs)
+                else:
+                    term = term + ((d.T @ xs) / pre).square().sum()
+            if layer.bias is not None and layer.bias.requires_grad:
+                summed = d.sum(0)
+                pre_b = self._pre.get(id(layer.bias))
+                term = term + (summed if pre_b is None else summed / pre_b).square().sum()
+            if which == "half":
+                self._sum = term if self._sum is None else self._sum + term
+            else:
+                self._all_rows = term if self._all_rows is None else self._all_rows + term

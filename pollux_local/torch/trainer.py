@@ -67,7 +67,12 @@ from pollux_local.torch.batching import (
 from pollux_local.torch.checkpoint import CheckpointStore, load_file
 from pollux_local.torch.collectives import average_and_agree, barrier, leave_group
 from pollux_local.torch.env import init_distributed, job_environment, torch_device
-from pollux_local.torch.gradstats import MIN_SAMPLES, GradNoiseEstimator, squared_norm
+from pollux_local.torch.gradstats import (
+    MIN_SAMPLES,
+    GradNoiseEstimator,
+    HalfBatchNorm,
+    squared_norm,
+)
 from pollux_local.torch.loader import ElasticLoader
 from pollux_local.torch.measuring import DEFAULT_STATS_BUDGET, MeasuringSchedule
 from pollux_local.torch.memory import PeakMemory
@@ -191,6 +196,8 @@ class ElasticTrainer:
         self._t0 = 0.0
         self._step_start = 0.0
         self._small: tuple[torch.Tensor, int] | None = None
+        #: g_small of a one-replica measuring step without a split (``HalfBatchNorm``)
+        self._half_norm = HalfBatchNorm.for_model(self.module)
         self._warmup_left = PROFILE_WARMUP_STEPS
         self._started = False
         self._last_report = 0.0
@@ -322,7 +329,13 @@ class ElasticTrainer:
             if order is not None:
                 self._warm_resize(order)
         measuring = self._schedule.begin_step()
-        split = measuring and self.replicas == 1 and self.accum_steps == 1 and self.local_batch >= 2
+        split = (
+            measuring
+            and self.replicas == 1
+            and self.accum_steps == 1
+            and self.local_batch >= 2
+            and not self._half_norm_usable()
+        )
         return self._sampler.plan_step(self.replicas, self.local_batch, self.accum_steps, split)
 
     def _begin_micro(self, plan: StepPlan, index: int) -> None:
@@ -331,6 +344,10 @@ class ElasticTrainer:
             last = index == len(plan.micro) - 1
             self.model.require_backward_grad_sync = last and not self._schedule.measuring
         self._micro = (plan, index)
+        if self._measures_by_hooks(plan, index):
+            assert self._half_norm is not None
+            pre = self._preconditioner if self.precondition else None
+            self._half_norm.arm(len(plan.micro[0].indices[0]), pre)
         if index == 0 and self.device.type == "cuda" and self._schedule.timed():
             torch.cuda.synchronize(self.device)  # a timed step starts on an idle device
         self._t0 = time.perf_counter()
@@ -378,7 +395,10 @@ class ElasticTrainer:
             time.sleep((slowdown - 1.0) * elapsed)
             elapsed *= slowdown
         last = index == len(plan.micro) - 1
-        if timed:
+        if self._half_norm is not None and self._half_norm.armed:
+            self._take_half_norm(plan, weight)
+        elif timed:
+            # (a step measured through hooks is a little dearer: not profiled as m)
             self._record_time(plan, index, elapsed, last)
         if not last:
             usable = plan.full or plan.split
@@ -390,6 +410,40 @@ class ElasticTrainer:
                 self._small = (small, len(plan.micro[0].indices[0]))
             return False
         return self._optimizer_step(plan, clip_grad_norm)
+
+    def _half_norm_usable(self) -> bool:
+        return self._half_norm is not None and self._half_norm.usable
+
+    def _measures_by_hooks(self, plan: StepPlan, index: int) -> bool:
+        """Whether this micro-batch is a one-replica measuring step's only one, whose g_small
+        ``HalfBatchNorm`` takes (no split)."""
+        return (
+            index == 0
+            and self._schedule.measuring
+            and self.replicas == 1
+            and len(plan.micro) == 1
+            and plan.full
+            and self._half_norm_usable()
+        )
+
+    def _take_half_norm(self, plan: StepPlan, weight: float) -> None:
+        """g_small of a one-replica measuring step from ``HalfBatchNorm``: the hooks summed
+        |sum_{r in A} delta_r x_r^T|^2 with delta the gradient of the back-propagated loss
+        w * a * (1/B) sum_r l_r (B rows, loss weight w, AMP scale a), so the mean-loss gradient
+        of the first half A is g_A = (B / |A|) / (w a) times that sum."""
+        assert self._half_norm is not None
+        found = self._half_norm.result()
+        if found is None or weight <= 0:
+            return
+        summed, half = found
+        rows = len(plan.micro[0].indices[0])
+        scale = rows / (half * weight * self._amp_scale())
+        if self._half_norm.checking and not self._half_norm.check_total(
+            float(squared_norm(*self._grads()))
+        ):
+            log.info("gradient statistics: the hooks miss some gradients; splitting steps")
+            return
+        self._small = (summed * scale * scale, half)
 
     def _amp_scale(self) -> float:
         if self.scaler is None:
