@@ -7,6 +7,7 @@ Dividing by M0 gives the rate of progress in base-batch iterations per second.
 from __future__ import annotations
 
 import functools
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +15,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from pollux_local.core.correction import TimeCorrection, corrected_times
 from pollux_local.core.efficiency import efficiency as _efficiency
+from pollux_local.core.efficiency import noise_scale
 from pollux_local.core.throughput import ThroughputParams
 from pollux_local.core.types import BatchBounds, BatchChoice, GradStats, split_batches
 
@@ -27,6 +29,8 @@ BATCH_CANDIDATES = 48
 GRID_CACHE_SIZE = 1024
 #: Best-goodput answers kept (one per model and query; small).
 RESULT_CACHE_SIZE = 4096
+#: Bounds of a model made only to compute a throughput (which no bound enters).
+_NO_BOUNDS = BatchBounds(base_batch=1, max_batch=1, min_local=1, max_local=1)
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,15 @@ class GoodputModel:
     bounds: BatchBounds
     #: Measured residuals that correct the model's times near what was measured (or None).
     correction: TimeCorrection | None = None
+
+    def __hash__(self) -> int:
+        """The fields' hash, computed once (a model is a key of the remembered answers and
+        tables, looked up for every job on every pass)."""
+        cached: int | None = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.params, self.stats, self.bounds, self.correction))
+            object.__setattr__(self, "_hash", cached)
+        return cached
 
     @property
     def max_local(self) -> int:
@@ -111,32 +124,49 @@ class GoodputModel:
         self, n: FloatArray, k: FloatArray
     ) -> tuple[FloatArray, IntArray, IntArray]:
         grid = _throughput_grid(self.params, self.correction, self.bounds, n.tobytes(), k.tobytes())
-        kk = np.maximum(k, 1.0)[:, None]
-        values = grid.throughput * self.efficiency(kk * grid.local * grid.steps)
+        # E(M) = (phi + M0) / (phi + max(M, M0)), as :meth:`efficiency` computes it
+        base = self.bounds.base_batch
+        phi = noise_scale(self.stats, base)
+        values = grid.throughput * ((phi + base) / (phi + grid.batch_floor))
         best = np.argmax(values, axis=1)
-        rows = np.arange(k.size)
+        rows = grid.rows
         good = values[rows, best]
-        ok = grid.feasible & (k > 0)
-        good = np.where(ok, good, 0.0)
-        best_m = np.where(ok, grid.local[rows, best], self.bounds.min_local)
-        best_s = np.where(ok, grid.steps[rows, best], 1)
+        best_m = grid.local[rows, best]
+        best_s = grid.steps[rows, best]
+        if not grid.all_usable:
+            ok = grid.usable
+            good = np.where(ok, good, 0.0)
+            best_m = np.where(ok, best_m, self.bounds.min_local)
+            best_s = np.where(ok, best_s, 1)
         return good, best_m.astype(np.int64), best_s.astype(np.int64)
 
     def best_choice(self, nodes: int, replicas: int) -> BatchChoice:
         """The (m, s) maximising goodput on ``replicas`` devices over ``nodes`` nodes."""
-        _, m, s = self.best_goodput([nodes], [replicas])
+        # the query's bytes as ``best_goodput`` makes them (one float64 each)
+        _, m, s = _best_goodput(self, _one_float(nodes), _one_float(replicas))
         return BatchChoice(local_batch=int(m[0]), accum_steps=int(s[0]), replicas=int(replicas))
 
 
 @dataclass(frozen=True)
 class _Grid:
     """Batch candidates of a query (P allocations x ``BATCH_CANDIDATES``), their feasibility
-    and throughput."""
+    and throughput; the total batches max(K*m*s, M0) the efficiency needs, which allocations
+    have a candidate (feasible, K > 0), and the row numbers (what every answer of the query
+    uses, computed once)."""
 
     local: NDArray[np.int32]
     steps: NDArray[np.int32]
     feasible: NDArray[np.bool_]
     throughput: FloatArray
+    batch_floor: FloatArray
+    usable: NDArray[np.bool_]
+    all_usable: bool
+    rows: IntArray
+
+
+def _one_float(value: float) -> bytes:
+    """The bytes of ``np.array([value], dtype=float)``."""
+    return struct.pack("=d", float(value))
 
 
 def _read_only(*arrays: NDArray[np.generic]) -> None:
@@ -162,13 +192,20 @@ def _throughput_grid(
     m = np.asarray(local, dtype=float)
     s = np.asarray(steps, dtype=float)
     throughput = model.throughput(n[:, None], kk, m, s)
+    local32, steps32 = local.astype(np.int32), steps.astype(np.int32)
+    usable = feasible & (k > 0)
     grid = _Grid(
-        local=local.astype(np.int32),
-        steps=steps.astype(np.int32),
+        local=local32,
+        steps=steps32,
         feasible=feasible,
         throughput=throughput,
+        batch_floor=np.maximum(kk * local32 * steps32, float(bounds.base_batch)),
+        usable=usable,
+        all_usable=bool(usable.all()),
+        rows=np.arange(k.size),
     )
-    _read_only(grid.local, grid.steps, grid.feasible, grid.throughput)
+    _read_only(grid.local, grid.steps, grid.feasible, grid.throughput, grid.batch_floor)
+    _read_only(grid.usable, grid.rows)
     return grid
 
 
@@ -186,5 +223,31 @@ def _best_goodput(
 
 @functools.lru_cache(maxsize=RESULT_CACHE_SIZE)
 def _goodput_at(model: GoodputModel, nodes: int, replicas: int, local: int, steps: int) -> float:
-    """:meth:`GoodputModel.goodput_at`, remembered."""
-    return float(np.asarray(model.goodput(nodes, replicas, local, steps)).reshape(-1)[0])
+    """:meth:`GoodputModel.goodput_at`, remembered: :meth:`GoodputModel.goodput` computed the
+    same way, its throughput remembered per fit (models that differ only in their gradient
+    statistics share it)."""
+    k = np.asarray(replicas, dtype=float)
+    m = np.asarray(local, dtype=float)
+    s = np.asarray(steps, dtype=float)
+    throughput = _throughput_at(model.params, model.correction, nodes, replicas, local, steps)
+    goodput = throughput * model.efficiency(k * m * s)
+    return float(np.asarray(goodput).reshape(-1)[0])
+
+
+@functools.lru_cache(maxsize=RESULT_CACHE_SIZE)
+def _throughput_at(
+    params: ThroughputParams,
+    correction: TimeCorrection | None,
+    nodes: int,
+    replicas: int,
+    local: int,
+    steps: int,
+) -> FloatArray:
+    """:meth:`GoodputModel.throughput` of one configuration (a read-only array), remembered."""
+    model = GoodputModel(params, GradStats(sqr=1.0, var=0.0), _NO_BOUNDS, correction)
+    k = np.asarray(replicas, dtype=float)
+    m = np.asarray(local, dtype=float)
+    s = np.asarray(steps, dtype=float)
+    throughput = model.throughput(nodes, k, m, s)
+    _read_only(throughput)
+    return throughput

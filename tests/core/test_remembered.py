@@ -24,6 +24,7 @@ def forget_everything() -> None:
     goodput_module._best_goodput.cache_clear()
     goodput_module._throughput_grid.cache_clear()
     goodput_module._goodput_at.cache_clear()
+    goodput_module._throughput_at.cache_clear()
     objective._remembered_table.cache_clear()
 
 

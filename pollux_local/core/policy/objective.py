@@ -274,7 +274,11 @@ class Objective:
             service = self._service_weights(jobs)
         else:
             weights, fair, service, moving, margin = shares
-        whole_nodes = whole_node_mask(node_sizes, total)
+        partial_nodes = ~whole_node_mask(node_sizes, total)
+        largest_node = max(node_sizes)
+        # the query of every job's table, made once per pass (``_goodput_table``)
+        nodes_query = np.ascontiguousarray(min_nodes, dtype=np.int64)
+        nodes_key = nodes_query.tobytes()
         plans: list[JobPlan] = []
         for index, job in enumerate(jobs):
             current_k = job.replicas if len(job.placement) == len(node_sizes) else 0
@@ -288,11 +292,11 @@ class Objective:
             else:
                 # nothing profiled yet: the first run stays within one node and at most the
                 # fair share (one start instead of a ladder of restarts up from one device)
-                first = max(1, min(max(node_sizes), int(fair[index]))) if current_k == 0 else 1
+                first = max(1, min(largest_node, int(fair[index]))) if current_k == 0 else 1
                 cap = min(cap, max(min_k, current_k, first))
             fair_hi = min(total, int(math.ceil(fair[index])) + 1)
             table_len = max(cap, fair_hi, 1) + 1
-            goodput = self._goodput_table(job, min_nodes, table_len)
+            goodput = _table(job.model, nodes_query, nodes_key, table_len)
             fair_goodput = self._fair_goodput(goodput, float(fair[index]))
             foreign = moving is not None and moving[index]  # runs on another device type
             if foreign:  # a move to another device type
@@ -301,27 +305,37 @@ class Objective:
                 discount = self._discount(job, margin) if current_k > 0 else 1.0
             speedup = goodput[: cap + 1] / fair_goodput
             weight = float(weights[index] * service[index])
-            utility = weight * utility_of(speedup, self.p)
+            # a running job's (and a foreign one's) utility is that of its discounted speed-up;
+            # the undiscounted one is needed only for a running job's count where it runs
             if foreign:
                 utility = weight * utility_of(speedup * discount, self.p)
+            elif current_k == 0:
+                utility = weight * utility_of(speedup, self.p)
             consolidate = False
             spread_goodput: float | None = None
             if current_k > 0:
-                keep = utility[current_k] if current_k <= cap else NEG
                 spread_goodput = self._spread_goodput(job, min_nodes)
+                keep = NEG
                 if spread_goodput is not None and current_k <= cap:
                     # staying is worth what the job really gets where it runs, not the table's
                     # value of its count on the fewest nodes
                     keep = weight * float(
                         utility_of(np.array([spread_goodput]) / fair_goodput, self.p)[0]
                     )
-                utility = weight * utility_of(speedup * discount, self.p)
+                elif current_k <= cap:
+                    # (the table's value of its count, as computed before the discount)
+                    undiscounted = utility if foreign else weight * utility_of(speedup, self.p)
+                    keep = undiscounted[current_k]
+                if not foreign:
+                    utility = weight * utility_of(speedup * discount, self.p)
                 if current_k <= cap:
                     consolidate = bool(utility[current_k] > keep) and not job.rigid
                     utility[current_k] = max(keep, utility[current_k])
             utility[1:min_k] = NEG
-            spread = ~whole_nodes[: cap + 1]
-            spread[[k for k in (current_k, min_k) if k <= cap]] = False
+            spread = partial_nodes[: cap + 1].copy()
+            for allowed in (current_k, min_k):
+                if allowed <= cap:
+                    spread[allowed] = False
             utility[spread] = NEG
             plans.append(
                 JobPlan(
@@ -429,15 +443,8 @@ class Objective:
         The model is asked for a table of a length rounded up to a power of two and the table
         cut, so that a job asks the same question pass after pass (the answer is remembered
         per model) while its table's length moves with its count and fair share."""
-        if job.model is None:
-            return np.arange(length, dtype=np.float64)  # no data yet: assume linear speed-up
-        asked = max(TABLE_LENGTH_MIN, 1 << (length - 1).bit_length())
         nodes = np.ascontiguousarray(min_nodes, dtype=np.int64)
-        if isinstance(job.model, GoodputModel | ScaledModel):  # immutable: remembered
-            table = _remembered_table(job.model, nodes.tobytes(), asked)
-        else:
-            table = _goodput_table_of(job.model, nodes, asked)
-        return table[:length].copy()
+        return _table(job.model, nodes, nodes.tobytes(), length)
 
     @staticmethod
     def _fair_goodput(goodput: np.ndarray, fair_share: float) -> float:
@@ -451,6 +458,21 @@ class Objective:
             positive = goodput[goodput > 0]
             value = float(positive.min()) if positive.size else 1.0
         return value
+
+
+def _table(
+    model: GoodputModelLike | None, min_nodes: np.ndarray, min_nodes_key: bytes, length: int
+) -> np.ndarray:
+    """:meth:`Objective._goodput_table` of a model, ``min_nodes`` (int64) given with its
+    bytes."""
+    if model is None:
+        return np.arange(length, dtype=np.float64)  # no data yet: assume linear speed-up
+    asked = max(TABLE_LENGTH_MIN, 1 << (length - 1).bit_length())
+    if isinstance(model, GoodputModel | ScaledModel):  # immutable: remembered
+        table = _remembered_table(model, min_nodes_key, asked)
+    else:
+        table = _goodput_table_of(model, min_nodes, asked)
+    return table[:length].copy()
 
 
 def _goodput_table_of(model: GoodputModelLike, min_nodes: np.ndarray, length: int) -> np.ndarray:

@@ -3,6 +3,8 @@ its current placement kept when it still fits)."""
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from pollux_local.core.policy.objective import (
@@ -127,7 +129,7 @@ class Placing(Search):
         job when it spans several nodes)."""
         if len(old) != len(free) or sum(old) == 0:
             return False
-        if any(c > f for c, f in zip(old, free, strict=True)):
+        if any(map(operator.gt, old, free)):  # (the lengths are equal)
             return False
         spans = nodes_spanned(old) > 1
         return not (spans and any(c > 0 and multi_node_on[i] for i, c in enumerate(old)))
@@ -138,10 +140,11 @@ class Placing(Search):
     ) -> None:
         spans = nodes_spanned(placement) > 1
         for i, c in enumerate(placement):
-            free[i] -= c
-            if spans and c > 0:
-                multi_node_on[i] = True
-        pl.placement = tuple(int(c) for c in placement)
+            if c:
+                free[i] -= c
+                if spans and c > 0:
+                    multi_node_on[i] = True
+        pl.placement = tuple(map(int, placement))
         pl.k = int(sum(placement))
 
     @staticmethod

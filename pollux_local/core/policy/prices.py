@@ -48,6 +48,14 @@ class ScaledModel:
     base: GoodputModelLike
     ratio: float
 
+    def __hash__(self) -> int:
+        """The fields' hash, computed once (the key of a remembered table)."""
+        cached: int | None = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.base, self.ratio))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
     def best_goodput(
         self, nodes: np.ndarray, replicas: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

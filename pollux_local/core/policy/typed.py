@@ -3,7 +3,6 @@ prices that clear each type, ``core.policy.prices``), then the search within eac
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Sequence
 
@@ -231,10 +230,12 @@ class TypedChoice(Reasons):
         model = job.model if models is None else models.get(device_type)
         # a copy with three fields changed (``dataclasses.replace`` would check every field
         # again, once per job and type of every decision)
-        view = copy.copy(job)
-        object.__setattr__(view, "placement", placement)
-        object.__setattr__(view, "allowed_nodes", allowed)
-        object.__setattr__(view, "model", model)
+        view: JobView = object.__new__(JobView)
+        fields = view.__dict__
+        fields.update(job.__dict__)
+        fields["placement"] = placement
+        fields["allowed_nodes"] = allowed
+        fields["model"] = model
         return view
 
     def _common_normaliser(
