@@ -9,6 +9,8 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     p = -1.0                  # fairness exponent of the goodput policy
     restart_cost_s = 30
     share_slowdown = 0.25     # jobs sharing a device: each of n runs at 1 / (1 + 0.25 (n - 1))
+    warm_resize = false       # resize elastic jobs on this machine in place (no restart)
+    warm_timeout_s = 120      # a warm resize not done by then falls back to a restart
 
     [daemon]
     admin_group = "wheel"     # members may cancel/hold any job and raise priorities
@@ -244,6 +246,11 @@ class DaemonConfig:
     prometheus: str | None = None
     #: the slowdown beta of jobs sharing a device: each of n runs at 1 / (1 + beta (n - 1))
     share_slowdown: float = 0.25
+    #: resize elastic jobs of this machine in place (``executor/warm.py``), and how long
+    #: joining replicas get to be ready and the job to report at its new size before the
+    #: resize falls back to a checkpoint-restart
+    warm_resize: bool = False
+    warm_timeout_s: float = 120.0
     source: str = "embedded default"
     #: what the daemon logs as it starts with this config (this machine's CUDA devices NVML
     #: does not see, scheduled with ``--force``)
@@ -372,7 +379,17 @@ NODE_KEYS = frozenset({"name", "devices", "device_type", "type", "memory", "slow
 
 #: The keys each table of the config may hold (anything else is refused, with a suggestion).
 KNOWN_KEYS: dict[str, frozenset[str]] = {
-    "scheduler": frozenset({"policy", "interval_s", "p", "restart_cost_s", "share_slowdown"}),
+    "scheduler": frozenset(
+        {
+            "policy",
+            "interval_s",
+            "p",
+            "restart_cost_s",
+            "share_slowdown",
+            "warm_resize",
+            "warm_timeout_s",
+        }
+    ),
     "daemon": frozenset(
         {
             "admin_group",
@@ -585,6 +602,9 @@ def load_config(
     notify_on = notify.get("on", "end")
     if notify_on not in ("end", "failure"):
         raise PolluxError(f"{where}: [notify] on must be 'end' or 'failure', got {notify_on!r}")
+    warm_resize = sched.get("warm_resize", False)
+    if not isinstance(warm_resize, bool):
+        raise PolluxError(f"{where}: [scheduler] warm_resize must be true or false")
     desktop = notify.get("desktop", False)
     if not isinstance(desktop, bool):
         raise PolluxError(f"{where}: [notify] desktop must be true or false")
@@ -600,6 +620,8 @@ def load_config(
         p=_number(sched, "p", -1.0, where, -1e9),
         restart_cost_s=_number(sched, "restart_cost_s", 30.0, where, 0.0),
         share_slowdown=_number(sched, "share_slowdown", 0.25, where, 0.0),
+        warm_resize=warm_resize,
+        warm_timeout_s=_number(sched, "warm_timeout_s", 120.0, where, 1.0),
         admin_group=admin_group,
         max_retries=max_retries,
         backoff_s=_number(daemon, "backoff_s", 5.0, where, 0.0),

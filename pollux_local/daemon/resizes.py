@@ -49,6 +49,8 @@ class _Pending:
     warm: bool
     progress: float | None
     launched_at: float | None = None
+    #: the replicas of the new size (a warm resize: the old ones report until they change)
+    replicas: int | None = None
 
 
 @dataclass
@@ -75,12 +77,18 @@ class ResizeBook:
         self._pending[job_id] = _Pending(asked_at=now, warm=warm, progress=progress)
 
     def launched(
-        self, job_id: int, now: float, resizing: bool, report: JobReport | None = None
+        self,
+        job_id: int,
+        now: float,
+        resizing: bool,
+        report: JobReport | None = None,
+        replicas: int | None = None,
     ) -> None:
-        """The job's new incarnation was launched at ``now``; ``resizing``: straight from its
-        resize (else it was queued meanwhile, and the resize is not measured); ``report``:
-        its newest (the old incarnation's last: a report that does not go beyond it is no
-        step of the new one)."""
+        """The job's new incarnation was launched (or, warm, its order given) at ``now``;
+        ``resizing``: straight from its resize (else it was queued meanwhile, and the resize
+        is not measured); ``report``: its newest (the old incarnation's last: a report that
+        does not go beyond it is no step of the new one); ``replicas``: the new size (only a
+        report at that size ends a warm resize)."""
         pending = self._pending.get(job_id)
         if pending is None:
             return
@@ -88,6 +96,7 @@ class ResizeBook:
             del self._pending[job_id]
             return
         pending.launched_at = now
+        pending.replicas = replicas
         if report is not None and report.progress is not None:
             pending.progress = max(report.progress, pending.progress or 0.0)
 
@@ -103,6 +112,10 @@ class ResizeBook:
             return None
         if pending.progress is not None and report.progress <= pending.progress:
             return None  # no step trained since the resize
+        if pending.replicas is not None and (
+            report.batch is None or report.batch.replicas != pending.replicas
+        ):
+            return None  # a step of the old size, before the order was acted on
         del self._pending[job_id]
         stepped = report.time if report.time is not None else now
         downtime = min(max(stepped, pending.launched_at), now) - pending.asked_at

@@ -39,6 +39,7 @@ from typing import Any
 
 import pollux_local
 from pollux_local.api.launch import replica_environ
+from pollux_local.api.resize import ResizeOrder, encode_order
 from pollux_local.errors import PolluxError
 from pollux_local.launch import cgroups
 from pollux_local.launch.base import (
@@ -171,6 +172,8 @@ class RunRecord:
     memory_limit: int | None = None
     #: the incarnation's cgroups, while its supervisor has not removed them
     cgroups: tuple[str, ...] = ()
+    #: where the newest warm resize stands (``launch/supervisor.py``), ``None``: none asked
+    warm: Mapping[str, Any] | None = None
 
     @classmethod
     def load(cls, path: Path) -> RunRecord | None:
@@ -204,6 +207,7 @@ class RunRecord:
                 cgroups=tuple(
                     str(p) for p in data.get("cgroups") or () if cgroups.is_job_group(str(p))
                 ),
+                warm=dict(data["warm"]) if isinstance(data.get("warm"), dict) else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
@@ -294,6 +298,41 @@ def _is_zombie(pid: int) -> bool:
         return data[data.rindex(b")") + 2 : data.rindex(b")") + 3] in (b"Z", b"X")
     except (OSError, ValueError):
         return False
+
+
+def replica_payload(
+    spec: LaunchSpec, slot: ReplicaSlot, what: str, stamp: str, **extra: str
+) -> dict[str, Any]:
+    """One replica as the supervisor starts it: its command, environment (``extra`` added),
+    log and the banner its log gets first."""
+    return {
+        "rank": slot.rank,
+        "argv": list(spec.argv),
+        "env": {**replica_env(spec, slot), **extra},
+        "log": f"rank{slot.rank}.log",
+        "banner": f"--- {stamp} {what}: rank {slot.rank}/{len(spec.slots)}"
+        f" on {slot.node} {slot.device}\n",
+    }
+
+
+def launch_record(spec: LaunchSpec) -> dict[str, Any]:
+    """What a run file keeps of a launch, for a restarted daemon (:func:`spec_from_launch`)."""
+    return {
+        "slots": [
+            {
+                "rank": s.rank,
+                "node": s.node,
+                "device": s.device,
+                "local_rank": s.local_rank,
+                "node_rank": s.node_rank,
+            }  # fmt: skip
+            for s in spec.slots
+        ],
+        "job_dir": str(spec.log_dir),
+        "workdir": str(spec.workdir),
+        "argv": list(spec.argv),
+        "run_as": spec.run_as,
+    }
 
 
 def spec_from_launch(job_id: str, launch: Mapping[str, Any]) -> LaunchSpec:
@@ -417,6 +456,8 @@ class LocalReplicaGroup:
         self._done = asyncio.Event()
         self._fallback: asyncio.Task[None] | None = None
         self._watcher = asyncio.ensure_future(self._watch())
+        #: the daemon's warm resize requests to the supervisor (``launch/supervisor.py``)
+        self.warm_file = run_file.with_suffix(".warm")
 
     @property
     def supervisor_pid(self) -> int:
@@ -511,6 +552,83 @@ class LocalReplicaGroup:
     def pids(self) -> Mapping[int, int]:
         return dict(self._pids)
 
+    # --- warm resizes ---------------------------------------------------------------------
+
+    @property
+    def warm_capable(self) -> bool:
+        """Whether the replicas were started to take warm resize orders (their environment
+        names an order file; an adopted group's environment is not known)."""
+        return bool(self.spec.env.get("POLLUX_RESIZE_FILE"))
+
+    async def resize_warm(
+        self, spec: LaunchSpec, order: ResizeOrder, ready_timeout_s: float
+    ) -> str | None:
+        """Change the running replicas to ``spec``'s in place (``launch/supervisor.py``):
+        ranks ``spec`` adds are started to join, ranks it drops leave.  Returns once the
+        order is written and the leavers are gone (``None``), or why the resize could not be
+        ordered (one line; the running replicas then never saw an order).  The devices of
+        ``spec`` count as the group's from the start of a grow and from the leavers' exit
+        after a shrink."""
+        old = self.spec
+        order_file = old.env.get("POLLUX_RESIZE_FILE")
+        if not order_file or self._done.is_set():
+            return "the job's replicas do not take warm resize orders"
+        kept = {slot.rank for slot in old.slots}
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        joiners = [
+            replica_payload(
+                spec,
+                slot,
+                f"joined at resize {order.generation}",
+                stamp,
+                POLLUX_RESIZE_JOIN=str(order.generation),
+            )  # fmt: skip
+            for slot in spec.slots
+            if slot.rank not in kept
+        ]
+        request = {
+            "generation": order.generation,
+            "world_size": order.world_size,
+            "order_file": order_file,
+            "order": encode_order(order).decode(),
+            "joiners": joiners,
+            "ready_timeout_s": ready_timeout_s,
+            "launch": launch_record(spec),
+        }
+        write_private_json(str(self.warm_file), request)
+        growing = len(spec.slots) > len(old.slots)
+        if growing:
+            self.spec = spec
+        self.supervisor.send(signal.SIGUSR1)
+        deadline = time.monotonic() + ready_timeout_s + STOP_MARGIN_S
+        ordered = False
+        while not self._done.is_set() and time.monotonic() < deadline:
+            record = RunRecord.load(self.run_file)
+            warm = record.warm if record is not None else None
+            if record is not None and warm and warm.get("generation") == order.generation:
+                if warm.get("state") == "failed":
+                    self.spec = old
+                    return str(warm.get("error") or "the warm resize failed")
+                if warm.get("state") == "ordered":
+                    ordered = True
+                    self._pids = record.pids()
+                    if all(int(r["rank"]) < order.world_size for r in record.replicas):
+                        self.spec = spec
+                        return None
+            await asyncio.sleep(0.02)
+        if not ordered:
+            self.spec = old
+            return (
+                "the job ended during its warm resize"
+                if self._done.is_set()
+                else "the job's supervisor did not take the warm resize in time"
+            )
+        return (
+            "the job ended during its warm resize"
+            if self._done.is_set()
+            else "the leaving replicas did not exit after the warm resize order"
+        )
+
 
 # --- the launcher ---------------------------------------------------------------------------------
 
@@ -582,9 +700,18 @@ class LocalLauncher:
     def err_file(self, job_id: str) -> Path:
         return self.run_dir / f"{job_id}.err"
 
+    def warm_file(self, job_id: str) -> Path:
+        return self.run_dir / f"{job_id}.warm"
+
     def forget(self, job_id: str) -> None:
-        """Remove an incarnation's run and control files (its result was taken in)."""
-        for path in (self.run_file(job_id), self.control_file(job_id), self.err_file(job_id)):
+        """Remove an incarnation's run, control and warm resize files (its result was taken
+        in)."""
+        for path in (
+            self.run_file(job_id),
+            self.control_file(job_id),
+            self.err_file(job_id),
+            self.warm_file(job_id),
+        ):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 
@@ -604,13 +731,13 @@ class LocalLauncher:
     def _payload(self, spec: LaunchSpec, identity: dict[str, Any] | None) -> dict[str, Any]:
         restarts = spec.env.get("POLLUX_RESTARTS", "0")
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        world = len(spec.slots)
         checkpoint = spec.env.get("POLLUX_CHECKPOINT_DIR")
         return {
             "version": RUN_FILE_VERSION,
             "job_id": spec.job_id,
             "run_file": str(self.run_file(spec.job_id)),
             "control_file": str(self.control_file(spec.job_id)),
+            "warm_file": str(self.warm_file(spec.job_id)),
             "grace_s": self.stop_grace_s,
             "failure_grace_s": LocalReplicaGroup.FAILURE_GRACE_S,
             "user": identity,
@@ -622,32 +749,10 @@ class LocalLauncher:
             "max_log_bytes": self.max_log_bytes,
             "log_keep_free": self.log_keep_free,
             "replicas": [
-                {
-                    "rank": slot.rank,
-                    "argv": list(spec.argv),
-                    "env": replica_env(spec, slot),
-                    "log": f"rank{slot.rank}.log",
-                    "banner": f"--- {stamp} start #{restarts}: rank {slot.rank}/{world}"
-                    f" on {slot.node} {slot.device}\n",
-                }
+                replica_payload(spec, slot, f"start #{restarts}", stamp)
                 for slot in sorted(spec.slots, key=lambda s: s.rank)
             ],
-            "launch": {
-                "slots": [
-                    {
-                        "rank": s.rank,
-                        "node": s.node,
-                        "device": s.device,
-                        "local_rank": s.local_rank,
-                        "node_rank": s.node_rank,
-                    }  # fmt: skip
-                    for s in spec.slots
-                ],
-                "job_dir": str(spec.log_dir),
-                "workdir": str(spec.workdir),
-                "argv": list(spec.argv),
-                "run_as": spec.run_as,
-            },
+            "launch": launch_record(spec),
         }
 
     async def launch(self, spec: LaunchSpec) -> LocalReplicaGroup:

@@ -56,6 +56,27 @@ cgroups while they exist (a daemon finding the supervisor gone kills what is lef
 ``oom_killed``: the kernel's OOM killer ended a process of the job for being over
 ``memory_limit`` (its ``--mem``).
 
+Warm resizes (``[scheduler] warm_resize``; ``api/resize.py`` is the job's side): the daemon
+writes a request to ``warm_file`` (0600, its own) and sends SIGUSR1::
+
+    {"generation", "world_size", "order_file", "order": "JSON of the order",
+     "joiners": [{"rank", "argv", "env", "log", "banner"}, ...], "ready_timeout_s",
+     "launch": {...}}
+
+The supervisor starts the joiners as it started the first replicas (the same process group,
+cgroups and user), waits until each has announced itself (its ready file in the job directory,
+``api.resize.ready_name``; only its existence is looked at), then writes the order where the
+running replicas read it (``order_file``, 0644, replaced atomically) and records the new
+``launch``.  A shrink has no joiners: the order is written at once, and the replicas whose rank
+is not below ``world_size`` exit 0 (they are recorded as ``left`` and leave the run file's
+replicas).  A joiner that fails before the order, or a group not ready within
+``ready_timeout_s``, is killed, its exit counted for nothing, and the resize recorded as
+failed: the running replicas never saw an order, and the daemon falls back to a
+checkpoint-restart.  The run file's ``warm`` says where the newest request stands::
+
+    "warm": null | {"generation", "world_size", "state": "joining" | "ordered" | "failed",
+                    "error": null | "one line"}
+
 On stdout the supervisor prints one JSON line once every replica has started or failed its
 setup (``{"ok": true, "pid", "start_time", "pgid", "replicas"}`` or ``{"ok": false,
 "error"}``), then closes it.
@@ -93,7 +114,13 @@ FAILURE_GRACE_S = 5.0
 #: ``prctl`` option that makes orphaned descendants children of the caller.
 PR_SET_CHILD_SUBREAPER = 36
 #: The signals the supervisor waits for (blocked, taken with ``sigtimedwait``).
-WAITED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+WAITED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1}
+#: Largest warm resize request read (its joiners' environments included).
+MAX_WARM_BYTES = 1 << 20
+#: How often the joiners' ready files are looked for while a warm resize waits on them.
+READY_POLL_S = 0.01
+#: The name of a joiner's ready file (``api.resize.ready_name``; kept in step by a test).
+READY_NAME = "resize-ready-{generation}-{rank}"
 #: Largest control file read.
 MAX_CONTROL_BYTES = 4096
 #: Seconds the log copiers (``logcap``) get to finish once the replicas have ended.
@@ -185,6 +212,42 @@ def write_private_json(path: str, data: dict[str, Any]) -> None:
     try:
         os.write(fd, json.dumps(data, separators=(",", ":")).encode() + b"\n")
         os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_own_json(path: object, limit: int) -> dict[str, Any] | None:
+    """A JSON object from a regular file of this process's user at ``path`` (never through a
+    symlink; at most ``limit`` bytes), else ``None``."""
+    if not path:
+        return None
+    try:
+        fd = os.open(str(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            return None
+        data = json.loads(os.read(fd, limit + 1)[: limit + 1] or b"null")
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def write_public_text(path: str, text: str) -> None:
+    """Replace ``path`` with ``text``, readable by all (0644): a temporary file beside it,
+    then a rename (the directory is the daemon's)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        os.fchmod(fd, 0o644)
+        os.write(fd, text.encode())
     finally:
         os.close(fd)
     os.replace(tmp, path)
@@ -323,6 +386,11 @@ class Supervisor:
         #: the incarnation's cgroups (``limits`` in the spec), made by :meth:`make_cgroups`
         self.cgroup: cgroups.JobGroup | None = None
         self.oom_killed = False
+        #: the newest warm resize request: where it stands (the run file's ``warm``)
+        self.warm: dict[str, Any] | None = None
+        self._warm_request: dict[str, Any] | None = None
+        self._ready_deadline: float | None = None
+        self._joining: set[int] = set()  # pids of joiners not yet ordered in
 
     # --- limits -----------------------------------------------------------------------------
 
@@ -364,8 +432,14 @@ class Supervisor:
     def start(self) -> None:
         """Fork every replica (each joins the first one's process group) and learn from each
         whether it got as far as exec."""
+        self.error, _ = self.spawn(self.spec["replicas"])
+
+    def spawn(self, replicas: Sequence[dict[str, Any]]) -> tuple[str | None, list[int]]:
+        """Fork ``replicas`` into the incarnation's process group: the first setup failure
+        (``"rank R: why"``, or ``None`` when each got as far as exec) and their pids."""
+        error: str | None = None
         reports: list[tuple[int, int]] = []  # (pid, read end)
-        for replica in self.spec["replicas"]:
+        for replica in replicas:
             read_end, write_end = os.pipe()
             pid = os.fork()
             if pid == 0:
@@ -399,8 +473,9 @@ class Supervisor:
             if text:
                 _, _, message = text.partition(" ")
                 self.replicas[pid]["error"] = message
-                if self.error is None:
-                    self.error = f"rank {self.replicas[pid]['rank']}: {message}"
+                if error is None:
+                    error = f"rank {self.replicas[pid]['rank']}: {message}"
+        return error, [pid for pid, _ in reports]
 
     # --- signals and processes --------------------------------------------------------------
 
@@ -468,7 +543,21 @@ class Supervisor:
                 continue
             code = os.waitstatus_to_exitcode(status)
             record["exit_code"] = code
+            if pid in self._joining:  # a joiner that never joined: the resize failed
+                self._joining.discard(pid)
+                record["left"] = True
+                self.warm_failed(f"joining rank {record['rank']} exited with {code} first")
+                continue
             self.codes.append(code)
+            warm = self.warm
+            if (
+                code == 0
+                and warm is not None
+                and warm["state"] == "ordered"
+                and int(record["rank"]) >= int(warm["world_size"])
+            ):
+                record["left"] = True  # left the job at a warm shrink
+                self.write("running")
             if code not in (0, RESCALE_EXIT_CODE) and not self.terminated:
                 # a crashed replica leaves its peers blocked in collectives: stop them
                 self.stop(float(self.spec.get("failure_grace_s", FAILURE_GRACE_S)))
@@ -485,11 +574,100 @@ class Supervisor:
                 if timeout <= 0:
                     self.kill_all()
                     continue
-            info = signal.sigtimedwait(WAITED, timeout)
+            if self._joining:
+                self.check_joiners()
+                timeout = min(timeout, READY_POLL_S)
+            info = signal.sigtimedwait(WAITED, max(0.0, timeout))
             if info is None:
                 continue
             if info.si_signo in (signal.SIGTERM, signal.SIGINT):
+                self.warm_failed("the job is stopping")
                 self.stop(self.control_grace())
+            elif info.si_signo == signal.SIGUSR1:
+                self.take_warm_request()
+
+    # --- warm resizes -----------------------------------------------------------------------
+
+    def take_warm_request(self) -> None:
+        """Read the daemon's newest warm resize request and start on it (a request not newer
+        than the last one, or one while stopping, is ignored)."""
+        request = read_own_json(self.spec.get("warm_file"), MAX_WARM_BYTES)
+        if request is None or self.terminated:
+            return
+        try:
+            generation = int(request["generation"])
+            world_size = int(request["world_size"])
+            joiners = list(request.get("joiners") or ())
+            str(request["order_file"]), str(request["order"])
+            timeout_s = float(request.get("ready_timeout_s") or 60.0)
+        except (KeyError, TypeError, ValueError):
+            return
+        if self.warm is not None and generation <= int(self.warm["generation"]):
+            return
+        if self._joining:
+            self.warm_failed("a newer resize came")
+        self.warm = {
+            "generation": generation,
+            "world_size": world_size,
+            "state": "joining",
+            "error": None,
+        }
+        self._warm_request = request
+        error, started = self.spawn(joiners)
+        for pid in started:
+            self.replicas[pid]["joining"] = generation
+        self._joining = {pid for pid in started if self.replicas[pid]["exit_code"] is None}
+        if error is not None:
+            self.warm_failed(error)
+            return
+        self._ready_deadline = time.monotonic() + max(0.0, timeout_s)
+        self.check_joiners()
+
+    def check_joiners(self) -> None:
+        """Order the resize once every joiner is ready; give up at the deadline."""
+        warm, request = self.warm, self._warm_request
+        if warm is None or request is None or warm["state"] != "joining":
+            return
+        job_dir = str(self.spec["job_dir"])
+        generation = int(warm["generation"])
+        ranks = [int(self.replicas[pid]["rank"]) for pid in self._joining]
+        ready = all(
+            os.path.lexists(
+                os.path.join(job_dir, READY_NAME.format(generation=generation, rank=rank))
+            )
+            for rank in ranks
+        )
+        if not ready:
+            if self._ready_deadline is not None and time.monotonic() > self._ready_deadline:
+                self.warm_failed("the joining replicas were not ready in time")
+            return
+        try:
+            write_public_text(str(request["order_file"]), str(request["order"]))
+        except OSError as exc:
+            self.warm_failed(f"cannot write the resize order: {exc.strerror}")
+            return
+        for pid in self._joining:
+            self.replicas[pid].pop("joining", None)
+        self._joining.clear()
+        warm["state"] = "ordered"
+        if isinstance(request.get("launch"), dict):
+            self.spec["launch"] = request["launch"]
+        self.write("running")
+
+    def warm_failed(self, why: str) -> None:
+        """The warm resize under way failed before its order: its joiners are killed and
+        forgotten (the running replicas never saw an order)."""
+        warm = self.warm
+        if warm is None or warm["state"] != "joining":
+            return
+        for pid in self._joining:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            self.replicas[pid]["left"] = True
+        self._joining.clear()
+        warm["state"] = "failed"
+        warm["error"] = one_line(why)
+        self.write("running")
 
     def clean_up(self) -> None:
         """Kill whatever is left below this process (the group, adopted orphans and their
@@ -517,7 +695,11 @@ class Supervisor:
 
     def record(self, state: str) -> dict[str, Any]:
         ended = state == "ended"
-        replicas = sorted(self.replicas.values(), key=lambda r: int(r["rank"]))
+        replicas = sorted(
+            (r for r in self.replicas.values() if not r.get("left") and not r.get("joining")),
+            key=lambda r: int(r["rank"]),
+        )
+
         return {
             "version": RUN_FILE_VERSION,
             "job_id": str(self.spec["job_id"]),
@@ -533,6 +715,7 @@ class Supervisor:
             "oom_killed": self.oom_killed,
             "memory_limit": self.memory_limit(),
             "launch": self.spec.get("launch") or {},
+            "warm": dict(self.warm) if self.warm is not None else None,
         }
 
     def write(self, state: str) -> None:

@@ -99,6 +99,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", choices=("elastic", "plain", "ab"), default="elastic")
     p.add_argument("--blocks", type=int, default=30, help="--mode ab: alternating blocks")
     p.add_argument("--time-steps", type=int, default=0)
+    p.add_argument(
+        "--pause", type=float, default=0.0, help="seconds slept per sample of each micro-batch"
+    )
     return p.parse_args(argv)
 
 
@@ -203,6 +206,8 @@ def run_elastic(args: argparse.Namespace) -> int:
             else:
                 loss = F.cross_entropy(trainer.model(xb), yb)
             stepped = trainer.step(loss)
+            if args.pause:  # a slower model: its micro-batch's compute time
+                time.sleep(args.pause * len(xb))
             if not stepped:
                 continue
             now, cpu = time.perf_counter(), time.process_time()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from typing import Any
 
 import torch.distributed as dist
@@ -73,9 +74,16 @@ def _read(path: str) -> ResizeOrder | None:
 
 def announce_ready(job_dir: str | None, generation: int, rank: int) -> None:
     """A joiner is about to rendezvous: create its ready file in the job directory (best
-    effort)."""
+    effort), and remove the ready files this rank left at earlier orders."""
     if job_dir is None:
         return
+    stale = re.compile(r"resize-ready-(\d+)-" + str(rank))
+    with contextlib.suppress(OSError), os.scandir(job_dir) as entries:
+        for entry in entries:
+            found = stale.fullmatch(entry.name)
+            if found is not None and int(found.group(1)) < generation:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
     with contextlib.suppress(OSError):
         fd = os.open(
             os.path.join(job_dir, ready_name(generation, rank)),

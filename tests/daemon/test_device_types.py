@@ -69,8 +69,16 @@ def test_an_elastic_job_moves_to_the_faster_type_when_it_frees_up(
 
     def moved() -> api.ShowReply | None:
         reply = show(daemon, elastic)
-        if reply.job.state.value == "failed":
-            raise AssertionError(f"the job failed: {reply.job.reason}\n{daemon.output()}")
+        if reply.job.state.value in ("failed", "succeeded"):
+            raise AssertionError(
+                f"the job ended {reply.job.state.value} without moving: {reply.job.reason}\n"
+                f"{[(d.kind, d.reason) for d in reply.decisions]}\n{daemon.output()[-6000:]}"
+            )
+        if time.monotonic() - started > 110:
+            raise AssertionError(
+                f"no move yet: {reply.job.state.value} {reply.job.devices} {reply.job.reason}\n"
+                f"{[(d.kind, d.reason) for d in reply.decisions]}\n{daemon.output()[-6000:]}"
+            )
         return reply if reply.job.devices == {"quick": ["cpu:0"]} else None
 
     started = time.monotonic()

@@ -15,8 +15,8 @@ import psutil
 from pollux_local.api.states import DecisionKind, JobState, StopIntent
 from pollux_local.daemon.config import busy_gpus
 from pollux_local.daemon.executor.base import Device, allocation_devices, log
-from pollux_local.daemon.executor.exits import Exits
 from pollux_local.daemon.executor.launchspec import owner_gone, prepare_dirs
+from pollux_local.daemon.executor.warm import Warm
 from pollux_local.daemon.resizes import resizes_of
 from pollux_local.daemon.scheduler import Action, ActionKind, Allocation, Plan
 from pollux_local.daemon.state import DecisionEntry, JobRecord
@@ -30,7 +30,7 @@ from pollux_local.untrusted import one_line
 SHUTDOWN_MARGIN_S = 15.0
 
 
-class Applying(Exits):
+class Applying(Warm):
     """A plan's actions, and stops asked for by requests."""
 
     # --- applying a plan ---------------------------------------------------------------------
@@ -42,17 +42,28 @@ class Applying(Exits):
         actions go on."""
         now = self.clock()
         self._deferred = {}  # the newest plan decides what waits
-        for action in plan.actions:
-            if action.kind in (ActionKind.STOP, ActionKind.RESIZE):
-                await self._guarded(action.job_id, "stop", self._stop_for(action, now))
+        # a job resizing in place is left alone until it is done (the next pass sees it)
+        actions = [action for action in plan.actions if action.job_id not in self._warming]
         claimed = [
             (action.job_id, device)
-            for action in plan.actions
+            for action in actions
             if action.kind in (ActionKind.START, ActionKind.RESIZE)
             for device in allocation_devices(action.allocation)
         ]
+        warm: list[Action] = []
+        for action in actions:
+            others = {device for job_id, device in claimed if job_id != action.job_id}
+            if (in_place := self._warm_action(action, others)) is not None:
+                warm.append(in_place)
+        warm_ids = {action.job_id for action in warm}
+        actions = [action for action in actions if action.job_id not in warm_ids]
+        for action in warm:
+            self._start_warm(action)
+        for action in actions:
+            if action.kind in (ActionKind.STOP, ActionKind.RESIZE):
+                await self._guarded(action.job_id, "stop", self._stop_for(action, now))
         shared = {job_id for job_id, _ in claimed if self._is_shared(job_id)}
-        for action in plan.actions:
+        for action in actions:
             if action.kind is ActionKind.RESIZE and action.job_id in self._resize:
                 continue  # restarts at its new size once its old incarnation has ended
             if action.kind in (ActionKind.START, ActionKind.RESIZE):

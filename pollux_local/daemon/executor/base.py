@@ -4,6 +4,8 @@ failed job."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -21,6 +23,7 @@ from pollux_local.daemon.executor.launchspec import (
 )
 from pollux_local.daemon.scheduler import Action, Allocation
 from pollux_local.daemon.state import DecisionEntry, JobRecord, StateStore
+from pollux_local.daemon.statedir import own_directory
 from pollux_local.launch.base import (
     Launcher,
     LaunchSpec,
@@ -99,6 +102,9 @@ class ExecutorBase:
         self._closing = False
         #: removals of SSH nodes' exit records under way
         self._forgetting: set[asyncio.Task[None]] = set()
+        #: warm resizes under way (``executor/warm.py``), and how many each job had
+        self._warming: dict[int, asyncio.Task[None]] = {}
+        self._warm_count: dict[int, int] = {}
 
     # --- launchers and nodes ----------------------------------------------------------------
 
@@ -145,8 +151,31 @@ class ExecutorBase:
         return self.state_dir / "jobs" / job.job_id
 
     def build_spec(self, job: JobRecord, action: Action) -> LaunchSpec:
-        """The launch spec of one incarnation (ranks in node order, env per the contract)."""
-        return build_launch_spec(job, action, self.config, self._job_dir(job), self.socket_path)
+        """The launch spec of one incarnation (ranks in node order, env per the contract);
+        an elastic job on one node of this machine is told where warm resize orders come
+        when ``[scheduler] warm_resize`` is on (``executor/warm.py``)."""
+        spec = build_launch_spec(job, action, self.config, self._job_dir(job), self.socket_path)
+        nodes = {slot.node for slot in spec.slots}
+        if (
+            self.config.warm_resize
+            and job.spec.elastic
+            and len(nodes) == 1
+            and self.config.node(next(iter(nodes))).is_local
+        ):
+            order_file = self.order_dir() / f"{job.job_id}-{job.restarts}.json"
+            with contextlib.suppress(FileNotFoundError):
+                order_file.unlink()  # never an order of an earlier incarnation
+            spec = dataclasses.replace(
+                spec, env={**spec.env, "POLLUX_RESIZE_FILE": str(order_file)}
+            )
+        return spec
+
+    def order_dir(self) -> Path:
+        """``STATE_DIR/resize``: the warm resize orders, readable by the jobs (0755; each
+        order 0644, named after its job and incarnation)."""
+        path = self.state_dir / "resize"
+        own_directory(path, "warm resize order directory", 0o755)
+        return path
 
     def _fail(self, job_id: int, reason: str) -> None:
         now = self.clock()
@@ -164,4 +193,8 @@ class ExecutorBase:
 
     async def _launch_waiting(self) -> None:
         """Start the waiting starts whose devices were released (:mod:`.applying`)."""
+        raise NotImplementedError
+
+    def _begin_stop(self, job_id: int, group: ReplicaGroup, intent: StopIntent) -> None:
+        """Move a running group to ``stopping`` and send its stop (:mod:`.applying`)."""
         raise NotImplementedError

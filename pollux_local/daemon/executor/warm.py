@@ -1,0 +1,241 @@
+"""Warm resizes: an elastic job on one node of this machine changes its replica count in
+place (``[scheduler] warm_resize``); the replicas that stay keep training state in memory.
+
+A ``RESIZE`` action is applied warm when all of these hold (:meth:`Warm._warm_action`), else
+as a checkpoint-restart as before:
+
+* the job is elastic, its group runs on this machine's launcher and was started to take
+  orders (its replicas' environment names ``POLLUX_RESIZE_FILE``), and it has reported (it
+  uses the job library);
+* it stays on the one node it runs on, and the replicas that stay keep their devices: a grow
+  keeps every device and adds others, a shrink keeps the devices of the lowest ranks (the
+  policy's choice of which to keep is swapped for those when no other start of the plan
+  claims them).
+
+Then (:meth:`Warm._resize_warm`): the job goes ``RESCALING``; the supervisor starts the
+joiners and, once they are ready, writes the order (``LocalReplicaGroup.resize_warm``); the
+job goes back to ``RUNNING`` on its new devices once it reports a step at the new size.  Until
+then a stop of the group counts as a resize's (``StopIntent.RESIZE``): a job whose new group
+did not form checkpoints and exits 75, and is restarted at its new size.  When the order
+cannot be given (a joiner failed or was not ready in ``warm_timeout_s``), or the job does not
+report at its new size in ``warm_timeout_s`` (a job library too old to take orders), the
+resize falls back to the checkpoint-restart.  The downtime is measured as a warm resize's
+(``daemon/resizes.py``), from the order to the first step at the new size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+from pollux_local.api.resize import ResizeOrder
+from pollux_local.api.states import DecisionKind, JobState, StopIntent
+from pollux_local.daemon.executor.base import Device, log
+from pollux_local.daemon.executor.exits import Exits
+from pollux_local.daemon.resizes import resizes_of
+from pollux_local.daemon.scheduler import Action, ActionKind
+from pollux_local.daemon.state import DecisionEntry
+from pollux_local.launch.base import LaunchSpec, ReplicaSlot, pick_master_port
+from pollux_local.launch.local import LocalReplicaGroup
+
+#: Orders of one incarnation are numbered from ``incarnation * GENERATIONS`` (a ready file
+#: left by an earlier incarnation's joiner never matches a newer order).
+GENERATIONS = 1000
+#: How often the job's reports are looked at while a warm resize waits for its first step.
+CONFIRM_POLL_S = 0.1
+
+
+class Warm(Exits):
+    """Resizing an elastic job in place."""
+
+    def _warm_action(self, action: Action, claimed: set[Device]) -> Action | None:
+        """``action`` (a resize) as a warm resize can apply it, with the allocation in rank
+        order (the devices that stay first); ``None`` when it must be a checkpoint-restart.
+        ``claimed``: devices other actions of the plan start on."""
+        if not self.config.warm_resize or action.kind is not ActionKind.RESIZE:
+            return None
+        job_id = action.job_id
+        group = self.groups.get(job_id)
+        job = self.store.get_job(job_id)
+        if (
+            not isinstance(group, LocalReplicaGroup)
+            or not group.warm_capable
+            or group.poll() is not None
+            or job_id in self._warming
+            or job is None
+            or not job.spec.elastic
+            or job.state is not JobState.RUNNING
+            or job.report is None
+            or len(action.allocation) != 1
+        ):
+            return None
+        nodes = {slot.node for slot in group.spec.slots}
+        [node] = action.allocation
+        if nodes != {node} or not self.config.node(node).is_local:
+            return None
+        old = [slot.device for slot in sorted(group.spec.slots, key=lambda s: s.rank)]
+        new = list(action.allocation[node])
+        if len(new) > len(old) and set(old) <= set(new):
+            devices = old + [d for d in new if d not in old]
+        elif len(new) < len(old) and set(new) <= set(old):
+            devices = old[: len(new)]
+            if any((node, d) in claimed for d in devices if d not in new):
+                return None
+        else:
+            return None
+        return dataclasses.replace(action, allocation={node: devices})
+
+    async def _resize_warm(self, action: Action) -> None:
+        """Resize ``action``'s job in place; fall back to a checkpoint-restart when the
+        order cannot be given or the job does not take it."""
+        job_id = action.job_id
+        group = self.groups.get(job_id)
+        job = self.store.get_job(job_id)
+        if not isinstance(group, LocalReplicaGroup) or job is None:
+            return
+        now = self.clock()
+        count = self._warm_count.get(job_id, 0) + 1
+        self._warm_count[job_id] = count
+        generation = min(2**31, max(1, job.restarts) * GENERATIONS + count % GENERATIONS)
+        spec = self._warm_spec(group.spec, action)
+        batch = action.batch
+        order = ResizeOrder(
+            generation=generation,
+            world_size=len(spec.slots),
+            master_addr=spec.env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(spec.env["MASTER_PORT"]),
+            local_batch=batch.local_batch if batch is not None else None,
+            accum_steps=batch.accum_steps if batch is not None else None,
+        )
+        self.store.transition(
+            job_id, JobState.RESCALING, now,
+            DecisionEntry(
+                DecisionKind.RESIZE, f"{action.reason} (in place)", action.allocation,
+                _batch_columns(action, len(spec.slots)),
+            ),
+        )  # fmt: skip
+        error = await group.resize_warm(spec, order, self.config.warm_timeout_s)
+        if self.groups.get(job_id) is not group:
+            return  # stopped meanwhile (cancel, hold, a time limit, a shutdown): its exit decides
+        if error is not None:
+            log.info("job %s: warm resize %d not ordered (%s)", job_id, generation, error)
+            self._fall_back(job_id, group, action, f"in place: {error}")
+            return
+        ordered_at = self.clock()
+        resizes = resizes_of(self.store)
+        current = self.store.get_job(job_id)
+        report = current.report if current is not None else None
+        resizes.begin(job_id, ordered_at, report, warm=True)
+        resizes.launched(job_id, ordered_at, True, report, replicas=order.world_size)
+        # until the job steps at its new size, its exit is a resize's (its own fallback
+        # checkpoints and exits 75) and the devices it goes to are its
+        self.intent[job_id] = StopIntent.RESIZE
+        self._resize[job_id] = action
+        progress = report.progress if report is not None else None
+        confirmed = await self._stepped_at(job_id, group, order.world_size, progress)
+        if self.groups.get(job_id) is not group:
+            return
+        if not confirmed:
+            log.info("job %s: no step after warm resize %d; restarting it", job_id, generation)
+            self._fall_back(job_id, group, action, "in place: the job took no step at its new size")
+            return
+        self.intent.pop(job_id, None)
+        self._resize.pop(job_id, None)
+        self.store.transition(
+            job_id, JobState.RUNNING, self.clock(), None,
+            only_from=[JobState.RESCALING],
+            placement=action.allocation,
+            batch=_batch_columns(action, len(spec.slots), total=True),
+            pids=[
+                {"rank": rank, "pid": pid, "node": spec.slots[rank].node}
+                for rank, pid in sorted(group.pids().items())
+                if rank < len(spec.slots)
+            ],
+            reason=action.reason,
+            prediction=action.prediction,
+        )  # fmt: skip
+        self.on_change()
+        await self._launch_waiting()
+
+    def _warm_spec(self, spec: LaunchSpec, action: Action) -> LaunchSpec:
+        """The running group's spec at ``action``'s size: the ranks that stay as they are,
+        joiners on the added devices, a new rendezvous port and the scheduler's batch."""
+        [(node, devices)] = action.allocation.items()
+        by_rank = sorted(spec.slots, key=lambda s: s.rank)
+        slots = [
+            by_rank[rank] if rank < len(by_rank) else ReplicaSlot(rank, node, device, rank, 0)
+            for rank, device in enumerate(devices)
+        ]
+        env = {**spec.env, "MASTER_PORT": str(pick_master_port())}
+        env.pop("POLLUX_LOCAL_BATCH", None)
+        env.pop("POLLUX_ACCUM_STEPS", None)
+        if action.batch is not None:
+            env["POLLUX_LOCAL_BATCH"] = str(action.batch.local_batch)
+            env["POLLUX_ACCUM_STEPS"] = str(action.batch.accum_steps)
+        return dataclasses.replace(spec, slots=slots, env=env)
+
+    async def _stepped_at(
+        self, job_id: int, group: LocalReplicaGroup, replicas: int, progress: float | None
+    ) -> bool:
+        """Whether the job reports a step at ``replicas`` (beyond ``progress``) within
+        ``warm_timeout_s``."""
+        deadline = time.monotonic() + self.config.warm_timeout_s
+        while time.monotonic() < deadline and self.groups.get(job_id) is group:
+            job = self.store.get_job(job_id)
+            report = job.report if job is not None else None
+            if (
+                report is not None
+                and report.batch is not None
+                and report.batch.replicas == replicas
+                and report.progress is not None
+                and (progress is None or report.progress > progress)
+            ):
+                return True
+            await asyncio.sleep(CONFIRM_POLL_S)
+        return False
+
+    def _fall_back(self, job_id: int, group: LocalReplicaGroup, action: Action, why: str) -> None:
+        """Resize ``job_id`` by checkpoint-restart after all (its group stopped for a
+        resize; the job restarts on ``action``'s devices once it has exited)."""
+        now = self.clock()
+        self.store.record_decision(job_id, now, DecisionKind.RESIZE, f"{action.reason} ({why})")
+        resizes_of(self.store).begin(job_id, now, None)
+        self._resize[job_id] = action
+        self._begin_stop(job_id, group, StopIntent.RESIZE)
+
+    def _start_warm(self, action: Action) -> None:
+        """Run :meth:`_resize_warm` as a task of its own (a pass never waits for it)."""
+        job_id = action.job_id
+
+        async def run() -> None:
+            try:
+                await self._resize_warm(action)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("job %s: warm resize failed", job_id)
+                group = self.groups.get(job_id)
+                if isinstance(group, LocalReplicaGroup):
+                    self._fall_back(job_id, group, action, "in place: failed")
+            finally:
+                if self._warming.get(job_id) is task:
+                    del self._warming[job_id]
+
+        task = asyncio.ensure_future(run())
+        self._warming[job_id] = task
+
+
+def _batch_columns(action: Action, replicas: int, total: bool = False) -> dict[str, int]:
+    """The decision's (or, with ``total``, the job's) batch columns of ``action``."""
+    batch = action.batch
+    if batch is None:
+        return {"replicas": replicas}
+    columns = {
+        "local_batch": batch.local_batch,
+        "accum_steps": batch.accum_steps,
+        "replicas": replicas,
+    }
+    if total:
+        columns["total"] = batch.total_batch
+    return columns

@@ -1,0 +1,145 @@
+"""Warm resizes through a real daemon (``[scheduler] warm_resize``): an elastic job on two CPU
+devices is shrunk when other jobs come and grown back when they end, in place (its replicas
+are never restarted), several times, and ends with the weights of an uninterrupted
+one-replica run of the same steps.
+
+The job's total batch is fixed (base = max = 32), so every step averages the gradient of the
+same 32 samples whether one replica computes it or two do (16 each, averaged by an
+all-reduce): the runs differ only in the order of floating-point reductions, which is the
+tolerance of the comparison (:data:`REDUCTION_ORDER_TOLERANCE`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pollux_local import api
+from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
+from tests.paths import REPO_ROOT
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
+
+#: The largest difference of any weight between the resized run and the reference: each step's
+#: gradient is the same mean computed in another order (one replica, or two and gloo's sum).
+REDUCTION_ORDER_TOLERANCE = 1e-4
+#: seconds slept per sample of a micro-batch: two replicas step twice as fast as one
+PAUSE_PER_SAMPLE = "0.002"
+PROBE = ["-m", "pollux_local.torch.probe", "--base-batch", "32", "--max-batch", "32"]
+PROBE += ["--no-adapt", "--samples", "2048", "--pause", PAUSE_PER_SAMPLE]
+
+
+@pytest.fixture()
+def daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
+    return daemon_factory(
+        devices="cpu:2",
+        config="[scheduler]\ninterval_s = 1\nrestart_cost_s = 2\nwarm_resize = true\n"
+        "warm_timeout_s = 90\n",
+        interval=1,
+    )
+
+
+def submit(daemon: DaemonProcess, workdir: Path, args: list[str], name: str) -> str:
+    return daemon.client.call(
+        api.Submit(
+            argv=[sys.executable, *PROBE, *args],
+            workdir=str(workdir),
+            elastic=True,
+            min_gpus=1,
+            max_gpus=2,
+            batch_size=32,
+            max_batch_size=32,
+            name=name,
+            env={"PYTHONPATH": str(REPO_ROOT)},
+        )
+    ).id
+
+
+def show(daemon: DaemonProcess, job_id: str) -> api.ShowReply:
+    return daemon.client.call(api.Show(id=job_id))
+
+
+def replicas(daemon: DaemonProcess, job_id: str) -> int:
+    job = show(daemon, job_id).job
+    if job.state.value in ("failed", "cancelled"):
+        raise AssertionError(f"job {job_id} {job.state.value}: {job.reason}\n{daemon.output()}")
+    return sum(len(d) for d in job.devices.values()) if job.state.value == "running" else 0
+
+
+def waiting(daemon: DaemonProcess, job_id: str, predicate: Any, timeout_s: float, what: str) -> Any:
+    """``wait_for``, failing with the job's decisions and the daemon's log."""
+    try:
+        return wait_for(predicate, timeout_s, what)
+    except AssertionError as exc:
+        reply = show(daemon, job_id)
+        lines = [f"{d.kind}: {d.reason} {d.placement} {d.batch}" for d in reply.decisions]
+        raise AssertionError(
+            f"{exc}\n{reply.job.state.value} {reply.job.reason}\n"
+            + "\n".join(lines)
+            + "\n"
+            + daemon.output()[-4000:]
+        ) from None
+
+
+def test_a_job_resized_in_place_several_times_ends_with_the_uninterrupted_weights(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    out = tmp_path / "resized.pt"
+    epochs = ["--epochs", "24"]
+    job = submit(daemon, tmp_path, [*epochs, "--out", str(out)], "resized")
+    waiting(
+        daemon,
+        job,
+        lambda: replicas(daemon, job) == 2 and show(daemon, job).job.report is not None,
+        120,
+        "the job to run on both devices",
+    )
+    for cycle in range(2):
+        other = submit(daemon, tmp_path, ["--epochs", "1", "--samples", "256"], f"other{cycle}")
+        waiting(daemon, job, lambda: replicas(daemon, job) == 1, 60, f"a shrink (cycle {cycle})")
+        wait_for(
+            lambda o=other: show(daemon, o).job.state.value == "succeeded",  # type: ignore[misc]
+            120,
+            f"the other job {cycle} to end",
+        )
+        waiting(daemon, job, lambda: replicas(daemon, job) == 2, 60, f"a grow (cycle {cycle})")
+    done = wait_for(
+        lambda: (j := show(daemon, job).job).state.value in ("succeeded", "failed") and j,
+        240,
+        "the job to end",
+    )
+    reply = show(daemon, job)
+    decisions = [(d.kind, d.reason) for d in reply.decisions]
+    assert done.state.value == "succeeded", (done.reason, decisions)
+    in_place = [r for kind, r in decisions if kind == "resize" and r.endswith("(in place)")]
+    fell_back = [r for kind, r in decisions if "(in place:" in r]
+    assert len(in_place) >= 4 and not fell_back, decisions
+    assert done.restarts == 0, decisions  # started once, never restarted
+    # rank 1 was started as a joiner at each grow (its log's banners), never by a restart
+    joined = daemon.client.call(api.Logs(id=job, rank=1, offset=-(1 << 20), max_bytes=1 << 20))
+    assert joined.data.count("joined at resize") >= 2, joined.data[-3000:]
+    assert "start #1" not in joined.data
+    # every warm resize's downtime was measured (from the order to the first step after)
+    assert reply.job.resizes_warm >= 4 and reply.job.resize_warm_s is not None, reply.job
+
+    reference = tmp_path / "reference.pt"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("POLLUX_", "RANK", "WORLD"))}
+    env.update(OMP_NUM_THREADS="1", POLLUX_LOCAL_BATCH="32", PYTHONPATH=str(REPO_ROOT))
+    subprocess.run(
+        [sys.executable, *PROBE, *epochs, "--pause", "0", "--out", str(reference)],
+        env=env, cwd=tmp_path, check=True, timeout=240,
+    )  # fmt: skip
+    resized: dict[str, Any] = torch.load(out, weights_only=False)
+    uninterrupted: dict[str, Any] = torch.load(reference, weights_only=False)
+    assert resized["steps"] == uninterrupted["steps"] == 24 * 2048 // 32
+    difference = max(
+        float((resized["model"][k] - uninterrupted["model"][k]).abs().max())
+        for k in uninterrupted["model"]
+    )
+    assert difference < REDUCTION_ORDER_TOLERANCE, difference
