@@ -8,7 +8,10 @@ placements.csv, fits them as a job's model is fitted (``core.fitting.fit_points`
 give fewer points) and reports the median and mean relative throughput error of the model alone
 over all rows, and the fit time (the fit and its correction); then the same model corrected by
 its residuals at the fitted points (``core.correction``): its median error over all rows, and
-both models' median error over the rows the fit did not see.
+both models' median error over the rows the fit did not see.  ``same-config spread`` is the
+median error that even an exact model of (N, K, m) would make: rows measured at the same
+(N, K, m) (other placements, other runs) differ from their group's mean, debiased for the group
+size, |exp(x - mean) - 1| with x - mean scaled by sqrt(n / (n - 1)).
 """
 
 from __future__ import annotations
@@ -26,6 +29,27 @@ from pollux_local.core.fitting import fit_points
 from pollux_local.sim.profiles import placement_rows
 
 DEFAULT_ARTIFACT = Path(__file__).resolve().parents[1].parent / "shared/data/pollux-artifact"
+
+
+def same_config_spread(
+    nodes: np.ndarray, replicas: np.ndarray, local: np.ndarray, throughput: np.ndarray
+) -> float:
+    """Median |T_row / T_group - 1| over rows sharing their (N, K, m) with others, T_group the
+    geometric mean of the group's throughputs, the log deviation scaled by sqrt(n / (n - 1))
+    (the spread about the true mean, not about a mean that includes the row)."""
+    groups: dict[tuple[float, float, float], list[float]] = {}
+    for key, value in zip(
+        zip(nodes, replicas, local, strict=True), np.log(throughput), strict=True
+    ):
+        groups.setdefault(key, []).append(float(value))
+    deviations = [
+        (np.asarray(values) - np.mean(values)) * np.sqrt(len(values) / (len(values) - 1))
+        for values in groups.values()
+        if len(values) > 1
+    ]
+    if not deviations:
+        return float("nan")
+    return float(np.median(np.abs(np.expm1(np.concatenate(deviations)))))
 
 
 def main() -> None:
@@ -73,6 +97,7 @@ def main() -> None:
             "corrected_median_error_pct": 100 * float(np.median(corrected_medians)),
             "unseen_median_error_pct": 100 * float(np.median(unseen_plain)),
             "unseen_corrected_median_error_pct": 100 * float(np.median(unseen_corrected)),
+            "same_config_spread_pct": 100 * same_config_spread(nodes, reps, local, true),
         }
     if args.json:
         print(json.dumps(results, indent=2))
@@ -80,7 +105,7 @@ def main() -> None:
     print(f"fit on {args.points} random rows, {args.trials} trials per application")
     print(
         f"{'app':<12} {'rows':>5} {'points':>6} {'median err':>11} {'mean err':>9} {'fit ms':>7}"
-        f" {'corrected':>10} {'unseen':>7} {'unseen corr.':>12}"
+        f" {'corrected':>10} {'unseen':>7} {'unseen corr.':>12} {'same-config spread':>18}"
     )
     for app, r in results.items():
         print(
@@ -89,6 +114,7 @@ def main() -> None:
             f"{r['mean_error_pct']:>8.1f}% {r['fit_ms_median']:>7.1f}"
             f" {r['corrected_median_error_pct']:>9.1f}% {r['unseen_median_error_pct']:>6.1f}%"
             f" {r['unseen_corrected_median_error_pct']:>11.1f}%"
+            f" {r['same_config_spread_pct']:>17.1f}%"
         )
 
 
