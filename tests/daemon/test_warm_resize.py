@@ -143,3 +143,63 @@ def test_a_job_resized_in_place_several_times_ends_with_the_uninterrupted_weight
         for k in uninterrupted["model"]
     )
     assert difference < REDUCTION_ORDER_TOLERANCE, difference
+
+
+#: A job whose replicas ignore resize orders (as a job library too old to take them would) and
+#: whose joiners fail at once.
+DEAF_JOB = """\
+import os, runpy, sys
+os.environ.pop("POLLUX_RESIZE_FILE", None)
+if os.environ.get("POLLUX_RESIZE_JOIN"):
+    sys.exit(3)
+sys.argv[0] = "probe"
+runpy.run_module("pollux_local.torch.probe", run_name="__main__")
+"""
+
+
+def test_a_resize_that_cannot_be_done_in_place_falls_back_to_a_restart(
+    daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    daemon = daemon_factory(
+        devices="cpu:2",
+        config="[scheduler]\ninterval_s = 1\nrestart_cost_s = 2\nwarm_resize = true\n"
+        "warm_timeout_s = 3\n",
+        interval=1,
+    )
+    script = tmp_path / "deaf.py"
+    script.write_text(DEAF_JOB)
+    out = tmp_path / "final.pt"
+    args = [*PROBE[2:], "--epochs", "16", "--out", str(out)]
+    job = daemon.client.call(
+        api.Submit(
+            argv=[sys.executable, str(script), *args],
+            workdir=str(tmp_path),
+            elastic=True,
+            min_gpus=1,
+            max_gpus=2,
+            batch_size=32,
+            max_batch_size=32,
+            name="deaf",
+            env={"PYTHONPATH": str(REPO_ROOT)},
+        )  # fmt: skip
+    ).id
+    waiting(
+        daemon, job,
+        lambda: replicas(daemon, job) == 2 and show(daemon, job).job.report is not None,
+        120, "the job to run on both devices",
+    )  # fmt: skip
+    other = submit(daemon, tmp_path, ["--epochs", "1", "--samples", "256"], "other")
+    waiting(daemon, job, lambda: replicas(daemon, job) == 1, 90, "a shrink")
+    wait_for(lambda: show(daemon, other).job.state.value == "succeeded", 120, "the other job")
+    done = waiting(
+        daemon, job,
+        lambda: (j := show(daemon, job).job).state.value in ("succeeded", "failed") and j,
+        300, "the job to end",
+    )  # fmt: skip
+    reasons = [d.reason for d in show(daemon, job).decisions]
+    assert done.state.value == "succeeded", (done.reason, reasons)
+    # the shrink's order was ignored and the grow's joiner failed: both restarted instead
+    assert any("(in place: the leaving replicas did not exit" in r for r in reasons), reasons
+    assert any("(in place: joining rank 1 exited with 3 first)" in r for r in reasons), reasons
+    assert done.restarts >= 2 and done.resizes_cold >= 1, done
+    assert torch.load(out, weights_only=False)["steps"] == 16 * 2048 // 32

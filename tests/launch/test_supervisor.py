@@ -450,3 +450,13 @@ def test_descendants_walks_the_process_tree() -> None:
                 os.kill(pid, signal.SIGKILL)
         child.kill()
         child.wait()
+
+
+def test_the_supervisor_looks_for_the_ready_files_the_job_library_makes() -> None:
+    """The supervisor (standard library only) names a joiner's ready file as
+    ``api.resize.ready_name`` does."""
+    from pollux_local.api.resize import ready_name
+    from pollux_local.launch.supervisor import READY_NAME
+
+    for generation, rank in ((1, 1), (3002, 7)):
+        assert READY_NAME.format(generation=generation, rank=rank) == ready_name(generation, rank)
