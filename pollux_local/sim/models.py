@@ -53,6 +53,7 @@ class JobModels:
         self.type_aware = type_aware
         self.pool = ProfilePool()
         self._fits: dict[tuple[object, ...], _Fit] = {}
+        self._fit_keys: dict[tuple[str, str], tuple[tuple[int, int], tuple[object, ...]]] = {}
         self._models: dict[tuple[str, str], tuple[tuple[object, ...], GoodputModel]] = {}
 
     def profile_key(self, device_type: str) -> str:
@@ -91,9 +92,20 @@ class JobModels:
             return self.pool.points_for(self.kind(job, key), own)
         return dict(own)
 
+    def _stamp(self, job: SimJob, key: str) -> tuple[int, int]:
+        """What the set of the job's points under ``key`` follows: the pooled points' version
+        (shared profiles) and how many points the job measured (its own only grow)."""
+        pooled = self.pool.version(self.kind(job, key)) if self.share_profiles else 0
+        return pooled, len(job.profiles.get(key, ()))
+
     def fit(self, job: SimJob, key: str) -> tuple[tuple[object, ...], _Fit] | None:
         """The throughput fit of the job's points under ``key`` (when refitted: the job's
-        rules)."""
+        rules).  The key of the fit is remembered per job while its points' set stays the
+        same (:meth:`_stamp`), so that asking again does not gather the points again."""
+        stamp = self._stamp(job, key)
+        known = self._fit_keys.get((job.name, key))
+        if known is not None and known[0] == stamp:
+            return known[1], self._fits[known[1]]
         points = self._points(job, key)
         if not points:
             return None
@@ -110,6 +122,7 @@ class JobModels:
             fitted = fit_points(points, correct=correct)
             hit = (fitted.params, fitted.correction)
             self._fits[cache_key] = hit
+        self._fit_keys[(job.name, key)] = (stamp, cache_key)
         return cache_key, hit
 
     def model(self, job: SimJob, key: str = "") -> GoodputModel | None:

@@ -98,12 +98,13 @@ def pack_shared(
         )
         starts.append(Action(ActionKind.START, job.id, {node_name: [device]}, None, reason))
         hosts[chosen.key].append(job)
+    hosted: dict[str, set[str]] = {}
+    for name, device in hosts:
+        hosted.setdefault(name, set()).add(device)
     policy_nodes = [
-        replace(
-            node,
-            withheld=node.withheld
-            | frozenset(device for (name, device) in hosts if name == node.name),
-        )
+        replace(node, withheld=node.withheld | frozenset(hosted[node.name]))
+        if node.name in hosted
+        else node
         for node in nodes
     ]
     kept = tuple(job.id for job in candidates if job.shared and job.phase.placed)
