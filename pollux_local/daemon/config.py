@@ -9,7 +9,7 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     p = -1.0                  # fairness exponent of the goodput policy
     restart_cost_s = 30
     share_slowdown = 0.25     # jobs sharing a device: each of n runs at 1 / (1 + 0.25 (n - 1))
-    warm_resize = false       # resize elastic jobs on this machine in place (no restart)
+    warm_resize = true        # resize elastic jobs on one node of this machine in place
     warm_timeout_s = 120      # a warm resize not done by then falls back to a restart
 
     [daemon]
@@ -249,7 +249,7 @@ class DaemonConfig:
     #: resize elastic jobs of this machine in place (``executor/warm.py``), and how long
     #: joining replicas get to be ready and the job to report at its new size before the
     #: resize falls back to a checkpoint-restart
-    warm_resize: bool = False
+    warm_resize: bool = True
     warm_timeout_s: float = 120.0
     source: str = "embedded default"
     #: what the daemon logs as it starts with this config (this machine's CUDA devices NVML
@@ -602,7 +602,7 @@ def load_config(
     notify_on = notify.get("on", "end")
     if notify_on not in ("end", "failure"):
         raise PolluxError(f"{where}: [notify] on must be 'end' or 'failure', got {notify_on!r}")
-    warm_resize = sched.get("warm_resize", False)
+    warm_resize = sched.get("warm_resize", True)
     if not isinstance(warm_resize, bool):
         raise PolluxError(f"{where}: [scheduler] warm_resize must be true or false")
     desktop = notify.get("desktop", False)

@@ -57,6 +57,24 @@ def test_warm_and_cold_have_their_own_medians_of_the_newest() -> None:
     assert costs.warm_count == 1 and costs.warm_s == pytest.approx(0.4)
 
 
+def test_a_warm_resize_ends_at_the_first_step_at_its_new_size() -> None:
+    """The replicas that stay report steps of the old size until they act on the order:
+    only a step at the new size ends a warm resize."""
+    from pollux_local.api.report import ReportBatch
+
+    def sized(progress: float, replicas: int, at: float) -> JobReport:
+        return JobReport(
+            progress=progress, time=at, batch=ReportBatch(local_batch=16, replicas=replicas)
+        )
+
+    book = ResizeBook()
+    book.begin(3, 50.0, sized(5.0, 1, 49.0), warm=True)
+    book.launched(3, 50.0, True, sized(5.0, 1, 49.0), replicas=2)
+    assert book.reported(3, sized(6.0, 1, 50.2), 50.3) is None  # still one replica
+    assert book.reported(3, sized(7.0, 2, 50.9), 51.0) == pytest.approx(0.9)
+    assert book.costs(3).warm_count == 1 and book.costs(3).cold_count == 0
+
+
 def test_a_resize_that_did_not_go_straight_to_its_new_size_is_not_measured() -> None:
     book = ResizeBook()
     book.begin(1, 0.0, report(1.0))
