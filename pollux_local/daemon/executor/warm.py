@@ -132,6 +132,7 @@ class Warm(Exits):
         # checkpoints and exits 75) and the devices it goes to are its
         self.intent[job_id] = StopIntent.RESIZE
         self._resize[job_id] = action
+        await self._launch_waiting()  # a shrink's devices are free: the leavers have exited
         progress = report.progress if report is not None else None
         confirmed = await self._stepped_at(job_id, group, order.world_size, progress)
         if self.groups.get(job_id) is not group:
