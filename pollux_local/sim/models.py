@@ -53,6 +53,10 @@ class JobModels:
         self.type_aware = type_aware
         self.pool = ProfilePool()
         self._fits: dict[tuple[object, ...], _Fit] = {}
+        #: bounds per (application and per-type profiles, device type), with the profiles
+        self._bounds: dict[
+            tuple[tuple[int, ...], str | None], tuple[BatchBounds, tuple[object, ...]]
+        ] = {}
         self._fit_keys: dict[tuple[str, str], tuple[tuple[int, int], tuple[object, ...]]] = {}
         self._models: dict[tuple[str, str], tuple[tuple[object, ...], GoodputModel]] = {}
 
@@ -68,17 +72,25 @@ class JobModels:
     def bounds(self, job: SimJob, device_type: str | None) -> BatchBounds:
         """Batch bounds a scheduler plans with on a type (``None``: the smallest memory of
         all the types)."""
+        apps = job.apps
+        profiles = (job.app, *(apps.get(t) for t in self.types))
+        memo_key = (tuple(map(id, profiles)), device_type)
+        known = self._bounds.get(memo_key)
+        if known is not None:
+            return known[0]
         types = [device_type] if device_type is not None else self.types
         limits = self.rules.scheduler_max_local
         largest = min(limits.get((job.app.name, t), job.apps[t].max_local) for t in types)
         smallest = min(job.apps[t].min_local for t in types)
-        return BatchBounds(
+        bounds = BatchBounds(
             base_batch=job.app.base_batch,
             max_batch=job.app.max_batch,
             min_local=smallest,
             max_local=max(largest, smallest),
             accumulation=True,
         )
+        self._bounds[memo_key] = (bounds, profiles)  # (kept: their ids stay theirs)
+        return bounds
 
     def _grad(self, job: SimJob) -> tuple[float, float] | None:
         if job.grad is not None or not self.share_profiles:

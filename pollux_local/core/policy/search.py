@@ -13,6 +13,9 @@ from pollux_local.core.types import (
     Waiting,
 )
 
+#: Increments the greedy step compares one by one (more: as one array operation).
+_LOOP_STEPS = 12
+
 
 class Search(Objective):
     """How many devices each job gets."""
@@ -71,6 +74,14 @@ class Search(Objective):
         top = min(pl.cap, pl.k + free)
         if top <= pl.k:
             return NEG, pl.k
+        if top - pl.k > _LOOP_STEPS:  # a long range: at once
+            here_value = pl.utility[pl.k]
+            ahead = pl.utility[pl.k + 1 : top + 1]
+            with np.errstate(invalid="ignore"):
+                gains = (ahead - here_value) / np.arange(1, top - pl.k + 1)
+            gains = np.where(np.isnan(gains), NEG, gains)
+            index = int(np.argmax(gains))
+            return float(gains[index]), pl.k + 1 + index
         values = pl.utility.tolist() if utility is None else utility
         here = values[pl.k]
         best_gain, best = NEG, pl.k + 1

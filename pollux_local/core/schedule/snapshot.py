@@ -7,6 +7,7 @@ models the fitted goodput models (``core.goodput.GoodputModel``) or ``None``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -172,8 +173,10 @@ class NodeInput:
     #: (device -> job id): no other job is placed there until they are
     stopping: Mapping[str, int] = field(default_factory=dict)
 
-    @property
+    @functools.cached_property
     def free_devices(self) -> tuple[str, ...]:
+        """The devices up and neither busy, withheld nor stopping (computed once: a node's
+        facts do not change after it is made)."""
         if not self.up:
             return ()
         return tuple(
