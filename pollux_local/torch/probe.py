@@ -102,6 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--pause", type=float, default=0.0, help="seconds slept per sample of each micro-batch"
     )
+    p.add_argument("--pause-while", type=Path, default=None, help="--pause only while it exists")
     return p.parse_args(argv)
 
 
@@ -206,8 +207,8 @@ def run_elastic(args: argparse.Namespace) -> int:
             else:
                 loss = F.cross_entropy(trainer.model(xb), yb)
             stepped = trainer.step(loss)
-            if args.pause:  # a slower model: its micro-batch's compute time
-                time.sleep(args.pause * len(xb))
+            if args.pause and (args.pause_while is None or args.pause_while.exists()):
+                time.sleep(args.pause * len(xb))  # a slower model: its micro-batch's compute
             if not stepped:
                 continue
             now, cpu = time.perf_counter(), time.process_time()

@@ -91,8 +91,12 @@ def test_a_job_resized_in_place_several_times_ends_with_the_uninterrupted_weight
     daemon: DaemonProcess, tmp_path: Path
 ) -> None:
     out = tmp_path / "resized.pt"
+    slow = tmp_path / "slow"  # the job is paced while it exists
+    slow.touch()
     epochs = ["--epochs", "24"]
-    job = submit(daemon, tmp_path, [*epochs, "--out", str(out)], "resized")
+    job = submit(
+        daemon, tmp_path, [*epochs, "--out", str(out), "--pause-while", str(slow)], "resized"
+    )
     waiting(
         daemon,
         job,
@@ -109,6 +113,7 @@ def test_a_job_resized_in_place_several_times_ends_with_the_uninterrupted_weight
             f"the other job {cycle} to end",
         )
         waiting(daemon, job, lambda: replicas(daemon, job) == 2, 60, f"a grow (cycle {cycle})")
+    slow.unlink()  # the rest of its steps at full speed
     done = wait_for(
         lambda: (j := show(daemon, job).job).state.value in ("succeeded", "failed") and j,
         240,
@@ -169,7 +174,9 @@ def test_a_resize_that_cannot_be_done_in_place_falls_back_to_a_restart(
     script = tmp_path / "deaf.py"
     script.write_text(DEAF_JOB)
     out = tmp_path / "final.pt"
-    args = [*PROBE[2:], "--epochs", "16", "--out", str(out)]
+    slow = tmp_path / "slow"
+    slow.touch()
+    args = [*PROBE[2:], "--epochs", "16", "--out", str(out), "--pause-while", str(slow)]
     job = daemon.client.call(
         api.Submit(
             argv=[sys.executable, str(script), *args],
@@ -191,6 +198,12 @@ def test_a_resize_that_cannot_be_done_in_place_falls_back_to_a_restart(
     other = submit(daemon, tmp_path, ["--epochs", "1", "--samples", "256"], "other")
     waiting(daemon, job, lambda: replicas(daemon, job) == 1, 90, "a shrink")
     wait_for(lambda: show(daemon, other).job.state.value == "succeeded", 120, "the other job")
+    waiting(
+        daemon, job,
+        lambda: any("joining rank 1 exited" in d.reason for d in show(daemon, job).decisions),
+        120, "a grow that falls back",
+    )  # fmt: skip
+    slow.unlink()
     done = waiting(
         daemon, job,
         lambda: (j := show(daemon, job).job).state.value in ("succeeded", "failed") and j,
