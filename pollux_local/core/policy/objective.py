@@ -196,8 +196,10 @@ def rank_weights(remaining: np.ndarray, exponent: float) -> np.ndarray:
 def utility_of(speedup: np.ndarray, p: float) -> np.ndarray:
     """U(x) = x^p / p (log x for p = 0); -inf for x <= 0 when p <= 0."""
     x = np.asarray(speedup, dtype=np.float64)
-    out = np.full_like(x, NEG)
     positive = x > 0
+    if p != 0 and x.flags.c_contiguous and positive.all():  # the same values, unmasked
+        return np.asarray(np.power(x, p) / p, dtype=np.float64)
+    out = np.full_like(x, NEG)
     if p == 0:
         out[positive] = np.log(x[positive])
     else:

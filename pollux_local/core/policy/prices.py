@@ -127,7 +127,7 @@ def _clearing_price(
     if np.isnan(net).any():
         net = np.where(np.isnan(net), -np.inf, net)
     best_column = np.argmax(net, axis=2)
-    value = net.max(axis=2)
+    value = np.take_along_axis(net, best_column[:, :, None], axis=2)[:, :, 0]  # the maxima
     best = columns[best_column]
     takes = (value > other[:, None]) & np.isfinite(value)
     demand = np.where(takes, best, 0).sum(axis=0)
