@@ -93,26 +93,31 @@ def complete_models(
     return out
 
 
-def _respond(utility: FloatArray, prices: FloatArray) -> tuple[FloatArray, IntArray]:
-    """Each job's best value per type at these prices, and the count that gives it."""
-    counts = np.arange(utility.shape[2], dtype=np.float64)
+def _type_values(utility_t: FloatArray, price: float) -> FloatArray:
+    """Each job's best value on one type at its price: max over k of U_t(k) - lambda_t k
+    (a NaN, -inf minus -inf, counting as -inf)."""
+    counts = np.arange(utility_t.shape[1], dtype=np.float64)
     with np.errstate(invalid="ignore"):
-        net = utility - prices[None, :, None] * counts[None, None, :]
+        net = utility_t - price * counts[None, :]
     net = np.where(np.isnan(net), -np.inf, net)
-    best = np.argmax(net, axis=2)
-    value = np.take_along_axis(net, best[:, :, None], axis=2)[:, :, 0]
-    return value, best.astype(np.int64)
+    best = np.argmax(net, axis=1)
+    return np.asarray(np.take_along_axis(net, best[:, None], axis=1)[:, 0], dtype=np.float64)
 
 
 def _clearing_price(
     utility_t: FloatArray, other: FloatArray, capacity: float, high: float
-) -> tuple[float, FloatArray, IntArray]:
+) -> float:
     """The smallest grid price at which the jobs choosing this type (its value above
     ``other``, their best elsewhere) ask for at most ``capacity`` devices.
 
-    Only the counts that some job values above every smaller count are looked at: at a price
-    >= 0 a count that a smaller one matches never wins (``argmax`` keeps the first)."""
+    A job whose best utility here is not above ``other`` never chooses this type at a price
+    >= 0 (U_t(k) - lambda k <= U_t(k)): it is left out.  Only the counts that some job values
+    above every smaller count are looked at: at a price >= 0 a count that a smaller one
+    matches never wins (``argmax`` keeps the first)."""
     grid = np.concatenate([[0.0], np.geomspace(high * 1e-6, high, PRICE_GRID)])
+    with np.errstate(invalid="ignore"):
+        candidates = np.fmax.reduce(utility_t, axis=1) > other
+    utility_t, other = utility_t[candidates], other[candidates]
     with np.errstate(invalid="ignore"):
         before = np.fmax.accumulate(utility_t, axis=1)
     rises = np.ones(utility_t.shape, dtype=bool)
@@ -133,7 +138,7 @@ def _clearing_price(
     demand = np.where(takes, best, 0).sum(axis=0)
     fits = np.nonzero(demand <= capacity)[0]
     index = int(fits[0]) if fits.size else len(grid) - 1
-    return float(grid[index]), value[:, index], best[:, index]
+    return float(grid[index])
 
 
 def assign_types(
@@ -154,19 +159,23 @@ def assign_types(
     high = max(spread, 1e-12) * 2.0
     prices = np.zeros(types)
     cap = np.asarray(capacity, dtype=np.float64)
+    # each job's best value per type at the current prices (a type's column is computed
+    # again when its price moves)
+    value = np.empty((jobs, types))
+    for t in range(types):
+        value[:, t] = _type_values(utility[:, t, :], prices[t])
     for _ in range(PRICE_ROUNDS):
         moved = False
         for t in range(types):
-            value, _ = _respond(utility, prices)
             others = np.delete(value, t, axis=1)
             other = others.max(axis=1) if others.shape[1] else np.full(jobs, -np.inf)
-            price, _, _ = _clearing_price(utility[:, t, :], other, float(cap[t]), high)
+            price = _clearing_price(utility[:, t, :], other, float(cap[t]), high)
             if not math.isclose(price, prices[t], rel_tol=1e-9, abs_tol=1e-15):
                 prices[t] = price
+                value[:, t] = _type_values(utility[:, t, :], prices[t])
                 moved = True
         if not moved:
             break
-    value, _ = _respond(utility, prices)
     choice = np.argmax(value, axis=1).astype(np.int64)
     if current is not None:
         now = np.asarray(current, dtype=np.int64)
