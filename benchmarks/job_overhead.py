@@ -12,7 +12,7 @@ them step by step, interleaved:
   the start, none after);
 * ``on``: ``ElasticTrainer`` as a job runs it (measurement spaced by ``measuring.py``);
 * ``split`` (``--with-split``, one replica): as ``on``, but measuring steps dealt out as two
-  half micro-batches (the way one replica measured before ``gradstats.HalfBatchNorm``, and
+  half micro-batches (the way one replica measured before ``gradstats.SmallBatchGradNorm``, and
   still does for models it does not cover), for a before/after comparison in the same run.
 
 A round is ``--steps`` optimizer steps of each arm, interleaved one step at a time in an
@@ -154,7 +154,7 @@ def worker(args: argparse.Namespace) -> int:
     trainers = {"on": trainer(True), "off": trainer(False)}
     if "split" in arms:
         trainers["split"] = trainer(True)
-        trainers["split"]._half_norm = None  # measuring steps split, as before
+        trainers["split"]._small_norm = None  # measuring steps split, as before
     model_p: torch.nn.Module = make_model(args.features, args.hidden, args.classes, args.seed)
     if world > 1:
         model_p = DistributedDataParallel(model_p)

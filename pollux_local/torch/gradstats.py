@@ -18,11 +18,19 @@ training time by default; see ``ElasticTrainer``), and no gradient is ever copie
   Ordinary steps use DDP's own all-reduce untouched.
 * one replica with accumulation: ``g_small`` is the first micro-batch's gradient (the norm of
   ``.grad`` right after its backward), ``g_big`` the accumulated one.
-* one replica, no accumulation: the measuring step is dealt out as two half micro-batches;
-  ``g_small`` is the first half's gradient, ``g_big`` the whole step's.  The cost is one
-  extra, smaller forward/backward launch and two norms on that step only.
+* one replica, no accumulation, a model made of linear layers (:class:`SmallBatchGradNorm`):
+  ``g_small`` is the gradient of the first quarter of the step's samples, its squared norm
+  summed by hooks from each layer's inputs and output gradients in the step's one backward
+  (Gram matrices of those rows), ``g_big`` the whole step's.  The cost is the hooks' small
+  matrix products and one norm of ``.grad``, on that step only.
+* one replica, no accumulation, any other model: the measuring step is dealt out as two
+  half micro-batches; ``g_small`` is the first half's gradient (the norm of ``.grad`` after
+  its backward), ``g_big`` the whole step's.  The cost is one extra, smaller
+  forward/backward, the second one's accumulation into ``.grad``, and two norms.
+  Both are the two-batch estimate of the same step (the hooks' with b_small = B / 4, which
+  is cheaper and less noisy than a half: see :class:`SmallBatchGradNorm`).
   The previous-gradient copy of the reference design (a full extra gradient buffer written
-  every step) is never made.
+  every step, and a g_small from another step than g_big) is never made.
 
 For Adam-type optimisers every gradient is divided elementwise by the optimiser's
 preconditioner sqrt(v_hat) + eps before its norm is taken.  Norms are fused: one
@@ -200,9 +208,9 @@ def squared_norm(
 
 
 def _gram_or_product(rows_out: torch.Tensor, rows_in: torch.Tensor) -> torch.Tensor:
-    """|D^T X|_F^2 for D (n x out) and X (n x in), as a 0-d float32 tensor: through the Gram
-    matrices, sum((D D^T) * (X X^T)) (n^2 (in + out) multiply-adds), when n is small enough
-    for that to be cheaper than forming D^T X (n in out); otherwise directly."""
+    """|D^T X|_F^2 for D (n x out) and X (n x in), as a 0-d tensor: through the Gram matrices,
+    sum((D D^T) * (X X^T)) (n^2 (in + out) multiply-adds), when n is small enough for that to
+    be cheaper than forming D^T X (n in out); otherwise directly."""
     n, width_out = rows_out.shape
     width_in = rows_in.shape[1]
     if n * (width_in + width_out) <= width_in * width_out:
@@ -210,8 +218,17 @@ def _gram_or_product(rows_out: torch.Tensor, rows_in: torch.Tensor) -> torch.Ten
     return (rows_out.T @ rows_in).square().sum()
 
 
-class HalfBatchNorm:
-    """|g_A|^2 of the first half A of a step's samples, from the whole step's one backward.
+#: With hooks, g_small is the gradient of the first 1/SMALL_SHARE of a step's samples.
+SMALL_SHARE = 4
+
+
+def small_rows(rows: int) -> int:
+    """|A|: the samples of a step of ``rows`` whose gradient is g_small (at least 1)."""
+    return max(rows // SMALL_SHARE, 1)
+
+
+class SmallBatchGradNorm:
+    """|g_A|^2 of the first quarter A of a step's samples, from the whole step's one backward.
 
     For a linear layer y_r = W x_r + b over rows r (a sample, or a sample's positions for
     sequence inputs) with output gradients delta_r, the gradient of the rows R is
@@ -221,36 +238,43 @@ class HalfBatchNorm:
 
     (the Gram matrices cost |R|^2 (in + out) multiply-adds, a small part of the layer's own
     |R| in out when |R| is small; ``_gram_or_product`` takes the cheaper way).  Summed over the
-    layers this is the squared norm of the gradient of A's share of the loss, the very g_small
-    that a half micro-batch's separate backward would give, without that backward, its
-    accumulation into ``.grad``, or any copy of the gradients.  Hooks are attached on measuring
-    steps only (a forward hook per layer keeps a view of its input's first rows and hooks the
-    output's gradient); ordinary steps run no hook.
+    layers this is the squared norm of the gradient of A's share of the loss: what a separate
+    backward over A would give, without that backward, its accumulation into ``.grad``, or
+    any copy of the gradients.  Hooks are attached on measuring steps only (a forward hook per
+    layer keeps a view of its input's rows and hooks the output's gradient); ordinary steps
+    run no hook.
+
+    A is a quarter of the step (``SMALL_SHARE``), not a half: the two-batch estimate is
+    unbiased for any |A| < B, and in the noise-dominated regime (|G|^2 << tr(S)/B, isotropic
+    noise) the variance of its tr(S), in units of tr(S^2), is 2 (1 + f)^2 + 4 f^3 / (1 - f)
+    + 2 f^2 for f = |A| / B: 6.0 for a half, 3.3 for a quarter (a simulation agrees), while
+    the Gram matrices cost a quarter as much.
 
     It applies (:meth:`for_model`) when every trainable parameter is the weight or bias of
     exactly one ``torch.nn.Linear`` and no module mixes samples (batch normalisation); rows
-    are the first dimension of each layer's input, which must be the step's sample count.  The
-    first use checks the sum over *all* rows against the norm of ``.grad``
-    (:meth:`check_total`): a weight used outside its layer fails it and the trainer falls back
-    to the split step for good.  With an Adam-type preconditioner P the weight's term is
-    |D_R^T X_R / P|_F^2, formed directly.
+    are the first dimension of each layer's input, which must be the step's sample count (a
+    layer called twice, or on other rows, voids the measurement).  The first use also sums
+    over *all* rows and checks that against the norm of ``.grad`` (:meth:`check_total`): a
+    weight used outside its layer fails it and the trainer falls back to the split step for
+    good.  With an Adam-type preconditioner P the weight's term is |D_R^T X_R / P|_F^2,
+    formed directly.
     """
 
     def __init__(self, layers: list[torch.nn.Linear]) -> None:
         self.layers = layers
         self.usable = True
         self._handles: list[Any] = []
-        self._sum: torch.Tensor | None = None
-        self._all_rows: torch.Tensor | None = None
+        self._terms: list[torch.Tensor] = []
+        self._all_terms: list[torch.Tensor] = []
         self._called: set[int] = set()
         self._valid = True
         self._rows = 0
-        self._half = 0
+        self._small = 0
         self._checking = True
         self._pre: dict[int, torch.Tensor | None] = {}
 
     @classmethod
-    def for_model(cls, module: torch.nn.Module) -> HalfBatchNorm | None:
+    def for_model(cls, module: torch.nn.Module) -> SmallBatchGradNorm | None:
         """The estimator for ``module``, or ``None`` where it does not apply."""
         layers: list[torch.nn.Linear] = []
         owned: set[int] = set()
@@ -281,23 +305,24 @@ class HalfBatchNorm:
         self, rows: int, preconditioner: Callable[[torch.Tensor], torch.Tensor | None] | None
     ) -> None:
         """Hook the layers for the next forward/backward of ``rows`` samples; A is the first
-        ``rows // 2`` of them."""
+        ``small_rows(rows)`` of them."""
         self.disarm()
-        self._rows, self._half = rows, rows // 2
-        self._sum, self._all_rows = None, None
+        self._rows, self._small = rows, small_rows(rows)
+        self._terms, self._all_terms = [], []
         self._called.clear()
         self._valid = rows >= 2
         self._pre = {}
-        for layer in self.layers:
-            for p in (layer.weight, layer.bias):
-                if p is not None:
-                    self._pre[id(p)] = preconditioner(p) if preconditioner is not None else None
-            self._handles.append(layer.register_forward_hook(self._forward_hook))
+        if preconditioner is not None:
+            for layer in self.layers:
+                for p in (layer.weight, layer.bias):
+                    if p is not None:
+                        self._pre[id(p)] = preconditioner(p)
+        self._handles = [layer.register_forward_hook(self._forward_hook) for layer in self.layers]
 
     def disarm(self) -> None:
         for handle in self._handles:
             handle.remove()
-        self._handles.clear()
+        self._handles = []
 
     def result(self) -> tuple[torch.Tensor, int] | None:
         """(|g_A|^2 summed over the layers, as the backward left it; |A|), or ``None`` when
@@ -305,15 +330,15 @@ class HalfBatchNorm:
         The gradients are of the loss as back-propagated (mean over all ``rows``, times any
         loss weight): the caller rescales."""
         self.disarm()
-        if not self._valid or self._sum is None:
+        if not self._valid or not self._terms:
             return None
-        return self._sum, self._half
+        return torch.stack(self._terms).sum(), self._small
 
     def check_total(self, grad_sq: float) -> bool:
-        """On the first use: does the sum over all rows match |.grad|^2 (``grad_sq``, the
-        same scale)?  If not, this estimator is not used again."""
+        """The first use: does the sum over all rows match |.grad|^2 (``grad_sq``, the same
+        scale)?  If not, this estimator is not used again."""
         self._checking = False
-        total = float(self._all_rows) if self._all_rows is not None else math.nan
+        total = float(torch.stack(self._all_terms).sum()) if self._all_terms else math.nan
         self.usable = math.isclose(total, grad_sq, rel_tol=1e-3, abs_tol=1e-12)
         return self.usable
 
@@ -329,29 +354,36 @@ class HalfBatchNorm:
             self._valid = False
             return
         assert isinstance(layer, torch.nn.Linear)
-        rows_in = x.detach()
-        output.register_hook(lambda grad: self._backward_hook(layer, rows_in, grad))  # type: ignore[no-untyped-call]
+        kept = x.detach() if self._checking else x.detach()[: self._small]
+        output.register_hook(lambda grad: self._backward_hook(layer, kept, grad))  # type: ignore[no-untyped-call]
 
     def _backward_hook(self, layer: torch.nn.Linear, x: torch.Tensor, grad: torch.Tensor) -> None:
-        width_in, width_out = x.shape[-1], grad.shape[-1]
-        parts = [(self._half, "half")]
+        self._add_terms(layer, x, grad, self._small, self._terms)
         if self._checking:
-            parts.append((self._rows, "all"))
-        for rows, which in parts:
-            d = grad[:rows].reshape(-1, width_out).float()
-            xs = x[:rows].reshape(-1, width_in).float()
-            term = torch.zeros((), device=grad.device)
-            if layer.weight.requires_grad:
-                pre = self._pre.get(id(layer.weight))
-                if pre is None:
-                    term = term + _gram_or_product(d, xs)
-                else:
-                    term = term + ((d.T @ xs) / pre).square().sum()
-            if layer.bias is not None and layer.bias.requires_grad:
-                summed = d.sum(0)
-                pre_b = self._pre.get(id(layer.bias))
-                term = term + (summed if pre_b is None else summed / pre_b).square().sum()
-            if which == "half":
-                self._sum = term if self._sum is None else self._sum + term
+            self._add_terms(layer, x, grad, self._rows, self._all_terms)
+
+    def _add_terms(
+        self,
+        layer: torch.nn.Linear,
+        x: torch.Tensor,
+        grad: torch.Tensor,
+        rows: int,
+        into: list[torch.Tensor],
+    ) -> None:
+        """Append the rows' |dW|^2 and |db|^2 (each over its preconditioner) to ``into``."""
+        d = grad[:rows].reshape(-1, grad.shape[-1])
+        xs = x[:rows].reshape(-1, x.shape[-1])
+        if d.dtype != torch.float32:
+            d = d.float()
+        if xs.dtype != torch.float32:
+            xs = xs.float()
+        if layer.weight.requires_grad:
+            pre = self._pre.get(id(layer.weight))
+            if pre is None:
+                into.append(_gram_or_product(d, xs))
             else:
-                self._all_rows = term if self._all_rows is None else self._all_rows + term
+                into.append(((d.T @ xs) / pre).square().sum())
+        if layer.bias is not None and layer.bias.requires_grad:
+            summed = d.sum(0)
+            pre_b = self._pre.get(id(layer.bias))
+            into.append((summed if pre_b is None else summed / pre_b).square().sum())

@@ -1,10 +1,13 @@
 """When the trainer measures gradient statistics: the spacing of *measuring* steps.
 
-A measuring step costs more than an ordinary one (one replica: the step is dealt out as two
-half micro-batches and two fused norms are read; several replicas: the gradients are
-all-reduced by hand instead of overlapped by DDP).  Ordinary steps cost nothing: no norm, no
-host synchronisation.  With T the EMA of an ordinary step's time and T' that of a measuring
-step, measuring steps are spaced
+A measuring step costs more than an ordinary one (one replica: hooks sum the first quarter's
+gradient norm and one fused norm of ``.grad`` is read, or, for models the hooks do not cover,
+the step is dealt out as two half micro-batches and two norms are read; several replicas: the
+gradients are all-reduced by hand instead of overlapped by DDP).  Ordinary steps cost
+nothing: no hook, no norm, no host synchronisation.  With T the median time of the last
+PLAIN_WINDOW ordinary steps and T' that of the last MEASURED_WINDOW measuring steps (medians:
+a step stretched by another process on the same core moves neither), measuring steps are
+spaced
 
     k = min(max(stats_interval, ceil(((T' - T) / T) / stats_budget)), MAX_STATS_INTERVAL)
 
@@ -34,6 +37,8 @@ timed.
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 
 #: The default fraction of training time that measuring steps may cost.
 DEFAULT_STATS_BUDGET = 0.005
@@ -42,6 +47,9 @@ MAX_STATS_INTERVAL = 32
 #: With several replicas, stop requests are agreed on at measuring steps, which are spaced at
 #: most this many seconds of training apart.
 STOP_LATENCY_S = 3.0
+#: Step times the spacing rule keeps, per kind of step (the last ones).
+PLAIN_WINDOW = 31
+MEASURED_WINDOW = 5
 
 
 class MeasuringSchedule:
@@ -57,8 +65,8 @@ class MeasuringSchedule:
         self.since = stats_interval  # measure the very first step
         #: Whether the current step measures.
         self.measuring = True
-        self._time_plain: float | None = None
-        self._time_measured: float | None = None
+        self._times_plain: deque[float] = deque(maxlen=PLAIN_WINDOW)
+        self._times_measured: deque[float] = deque(maxlen=MEASURED_WINDOW)
 
     def begin_step(self) -> bool:
         """Start an optimizer step; returns whether it measures."""
@@ -75,24 +83,22 @@ class MeasuringSchedule:
         self.since = 1 if self.measuring else self.since + 1
 
     def record_time(self, seconds: float) -> None:
-        """Fold a step's time into the EMA of its kind (T' <- 0.8 T' + 0.2 t for a measuring
-        step, T <- 0.9 T + 0.1 t for an ordinary one); one replica re-spaces at once."""
-        if self.measuring:
-            prev = self._time_measured
-            self._time_measured = seconds if prev is None else 0.8 * prev + 0.2 * seconds
-        else:
-            prev = self._time_plain
-            self._time_plain = seconds if prev is None else 0.9 * prev + 0.1 * seconds
-        if self.replicas == 1:
+        """Keep a step's time with the last ones of its kind; one replica re-spaces after each
+        measuring step (several: rank 0 proposes at the measuring step's all-reduce)."""
+        (self._times_measured if self.measuring else self._times_plain).append(seconds)
+        if self.replicas == 1 and self.measuring:
             self.interval = self.proposed()
 
     def proposed(self) -> int:
         """n of the module docstring (``stats_interval`` when there is no budget; the current
         spacing until both kinds of step were timed)."""
-        plain, measured = self._time_plain, self._time_measured
         if self.stats_budget is None:
             return self.stats_interval
-        if plain is None or measured is None or plain <= 0:
+        if not self._times_plain or not self._times_measured:
+            return self.interval
+        plain = statistics.median(self._times_plain)
+        measured = statistics.median(self._times_measured)
+        if plain <= 0:
             return self.interval
         extra = max(measured - plain, 0.0) / plain
         wanted = max(self.stats_interval, math.ceil(extra / self.stats_budget))

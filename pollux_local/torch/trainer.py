@@ -70,7 +70,7 @@ from pollux_local.torch.env import init_distributed, job_environment, torch_devi
 from pollux_local.torch.gradstats import (
     MIN_SAMPLES,
     GradNoiseEstimator,
-    HalfBatchNorm,
+    SmallBatchGradNorm,
     squared_norm,
 )
 from pollux_local.torch.loader import ElasticLoader
@@ -196,8 +196,8 @@ class ElasticTrainer:
         self._t0 = 0.0
         self._step_start = 0.0
         self._small: tuple[torch.Tensor, int] | None = None
-        #: g_small of a one-replica measuring step without a split (``HalfBatchNorm``)
-        self._half_norm = HalfBatchNorm.for_model(self.module)
+        #: g_small of a one-replica measuring step without a split (``SmallBatchGradNorm``)
+        self._small_norm = SmallBatchGradNorm.for_model(self.module)
         self._warmup_left = PROFILE_WARMUP_STEPS
         self._started = False
         self._last_report = 0.0
@@ -334,7 +334,7 @@ class ElasticTrainer:
             and self.replicas == 1
             and self.accum_steps == 1
             and self.local_batch >= 2
-            and not self._half_norm_usable()
+            and not self._small_norm_usable()
         )
         return self._sampler.plan_step(self.replicas, self.local_batch, self.accum_steps, split)
 
@@ -345,9 +345,9 @@ class ElasticTrainer:
             self.model.require_backward_grad_sync = last and not self._schedule.measuring
         self._micro = (plan, index)
         if self._measures_by_hooks(plan, index):
-            assert self._half_norm is not None
+            assert self._small_norm is not None
             pre = self._preconditioner if self.precondition else None
-            self._half_norm.arm(len(plan.micro[0].indices[0]), pre)
+            self._small_norm.arm(len(plan.micro[0].indices[0]), pre)
         if index == 0 and self.device.type == "cuda" and self._schedule.timed():
             torch.cuda.synchronize(self.device)  # a timed step starts on an idle device
         self._t0 = time.perf_counter()
@@ -395,8 +395,8 @@ class ElasticTrainer:
             time.sleep((slowdown - 1.0) * elapsed)
             elapsed *= slowdown
         last = index == len(plan.micro) - 1
-        if self._half_norm is not None and self._half_norm.armed:
-            self._take_half_norm(plan, weight)
+        if self._small_norm is not None and self._small_norm.armed:
+            self._take_small_norm(plan, weight)
         elif timed:
             # (a step measured through hooks is a little dearer: not profiled as m)
             self._record_time(plan, index, elapsed, last)
@@ -411,39 +411,39 @@ class ElasticTrainer:
             return False
         return self._optimizer_step(plan, clip_grad_norm)
 
-    def _half_norm_usable(self) -> bool:
-        return self._half_norm is not None and self._half_norm.usable
+    def _small_norm_usable(self) -> bool:
+        return self._small_norm is not None and self._small_norm.usable
 
     def _measures_by_hooks(self, plan: StepPlan, index: int) -> bool:
         """Whether this micro-batch is a one-replica measuring step's only one, whose g_small
-        ``HalfBatchNorm`` takes (no split)."""
+        ``SmallBatchGradNorm`` takes (no split)."""
         return (
             index == 0
             and self._schedule.measuring
             and self.replicas == 1
             and len(plan.micro) == 1
             and plan.full
-            and self._half_norm_usable()
+            and self._small_norm_usable()
         )
 
-    def _take_half_norm(self, plan: StepPlan, weight: float) -> None:
-        """g_small of a one-replica measuring step from ``HalfBatchNorm``: the hooks summed
+    def _take_small_norm(self, plan: StepPlan, weight: float) -> None:
+        """g_small of a one-replica measuring step from ``SmallBatchGradNorm``: the hooks summed
         |sum_{r in A} delta_r x_r^T|^2 with delta the gradient of the back-propagated loss
         w * a * (1/B) sum_r l_r (B rows, loss weight w, AMP scale a), so the mean-loss gradient
-        of the first half A is g_A = (B / |A|) / (w a) times that sum."""
-        assert self._half_norm is not None
-        found = self._half_norm.result()
+        of the rows A is g_A = (B / |A|) / (w a) times that sum."""
+        assert self._small_norm is not None
+        found = self._small_norm.result()
         if found is None or weight <= 0:
             return
-        summed, half = found
+        summed, small = found
         rows = len(plan.micro[0].indices[0])
-        scale = rows / (half * weight * self._amp_scale())
-        if self._half_norm.checking and not self._half_norm.check_total(
+        scale = rows / (small * weight * self._amp_scale())
+        if self._small_norm.checking and not self._small_norm.check_total(
             float(squared_norm(*self._grads()))
         ):
             log.info("gradient statistics: the hooks miss some gradients; splitting steps")
             return
-        self._small = (summed * scale * scale, half)
+        self._small = (summed * scale * scale, small)
 
     def _amp_scale(self) -> float:
         if self.scaler is None:

@@ -559,12 +559,21 @@ def test_measuring_steps_come_every_k_steps_and_cuda_times_only_around_them() ->
         budget.end_step()
     assert budget.interval == 10
     slow = MeasuringSchedule(stats_interval=2, stats_budget=0.01, replicas=1)
-    slow.begin_step()
-    slow.record_time(0.2)  # a measuring step twice as long: 100 steps wanted, capped
-    slow.end_step()
-    slow.begin_step()
-    slow.record_time(0.1)
+    for _ in range(3):  # a measuring step twice as long: 100 steps wanted, capped
+        slow.begin_step()
+        slow.record_time(0.2 if slow.measuring else 0.1)
+        slow.end_step()
     assert slow.interval == MAX_STATS_INTERVAL
+    # step times are medians of the last ones: one ordinary step stretched fivefold by
+    # another process does not move the spacing
+    spiked = MeasuringSchedule(stats_interval=2, stats_budget=0.01, replicas=1)
+    kinds = []
+    for seconds in [0.11, 0.10, 0.11] + [0.10] * 3 + [0.50] + [0.10] * 5 + [0.11]:
+        kinds.append(spiked.begin_step())
+        spiked.record_time(seconds)
+        spiked.end_step()
+    assert [i for i, measuring in enumerate(kinds) if measuring] == [0, 2, 12]
+    assert spiked.interval == 10
 
 
 def test_reports_reach_a_daemon_socket_as_report_requests(tmp_path: Path) -> None:
