@@ -281,6 +281,10 @@ class Objective:
         # the query of every job's table, made once per pass (``_goodput_table``)
         nodes_query = np.ascontiguousarray(min_nodes, dtype=np.int64)
         nodes_key = nodes_query.tobytes()
+        # per-job numbers as Python floats (the same values, read faster one by one)
+        fair_of = np.asarray(fair, dtype=np.float64).tolist()
+        weight_of = (np.asarray(weights, dtype=np.float64) * service).tolist()
+        owner_weight_of = np.asarray(weights, dtype=np.float64).tolist()
         plans: list[JobPlan] = []
         for index, job in enumerate(jobs):
             current_k = job.replicas if len(job.placement) == len(node_sizes) else 0
@@ -294,19 +298,19 @@ class Objective:
             else:
                 # nothing profiled yet: the first run stays within one node and at most the
                 # fair share (one start instead of a ladder of restarts up from one device)
-                first = max(1, min(largest_node, int(fair[index]))) if current_k == 0 else 1
+                first = max(1, min(largest_node, int(fair_of[index]))) if current_k == 0 else 1
                 cap = min(cap, max(min_k, current_k, first))
-            fair_hi = min(total, int(math.ceil(fair[index])) + 1)
+            fair_hi = min(total, int(math.ceil(fair_of[index])) + 1)
             table_len = max(cap, fair_hi, 1) + 1
             goodput = _table(job.model, nodes_query, nodes_key, table_len)
-            fair_goodput = self._fair_goodput(goodput, float(fair[index]))
+            fair_goodput = self._fair_goodput(goodput, fair_of[index])
             foreign = moving is not None and moving[index]  # runs on another device type
             if foreign:  # a move to another device type
                 discount = self._discount(job, self.type_margin, warm=False)
             else:
                 discount = self._discount(job, margin) if current_k > 0 else 1.0
             speedup = goodput[: cap + 1] / fair_goodput
-            weight = float(weights[index] * service[index])
+            weight = weight_of[index]
             # a running job's (and a foreign one's) utility is that of its discounted speed-up;
             # the undiscounted one is needed only for a running job's count where it runs
             if foreign:
@@ -347,9 +351,9 @@ class Objective:
                     min_k=min_k,
                     current_k=current_k,
                     goodput=goodput,
-                    fair_share=float(fair[index]),
+                    fair_share=fair_of[index],
                     fair_goodput=fair_goodput,
-                    weight=float(weights[index]),
+                    weight=owner_weight_of[index],
                     discount=discount,
                     utility=utility,
                     consolidate=consolidate,
@@ -455,7 +459,8 @@ class Objective:
         lo = min(lo, len(goodput) - 2)
         hi = lo + 1
         frac = fair_share - lo
-        value = float(goodput[lo] + frac * (goodput[hi] - goodput[lo]))
+        low, high = float(goodput[lo]), float(goodput[hi])
+        value = low + frac * (high - low)
         if value <= 0:
             positive = goodput[goodput > 0]
             value = float(positive.min()) if positive.size else 1.0
