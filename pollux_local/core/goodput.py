@@ -31,6 +31,10 @@ GRID_CACHE_SIZE = 1024
 RESULT_CACHE_SIZE = 4096
 #: Bounds of a model made only to compute a throughput (which no bound enters).
 _NO_BOUNDS = BatchBounds(base_batch=1, max_batch=1, min_local=1, max_local=1)
+#: Parameters of a model made only to list batch candidates (which no parameter enters).
+_NO_PARAMS = ThroughputParams(
+    alpha_c=1.0, beta_c=0.0, alpha_r=0.0, beta_r=0.0, alpha_n=0.0, beta_n=0.0, gamma=1.0
+)
 
 
 @dataclass(frozen=True)
@@ -186,27 +190,64 @@ def _throughput_grid(
     model's gradient statistics do not enter, so models that differ only there share it."""
     model = GoodputModel(params, GradStats(sqr=1.0, var=0.0), bounds, correction)
     n = np.frombuffer(nodes, dtype=np.float64)
+    part = _batch_candidates(bounds, replicas)
+    throughput = model.throughput(n[:, None], part.replicas, part.local_float, part.steps_float)
+    _read_only(throughput)
+    return _Grid(
+        local=part.local,
+        steps=part.steps,
+        feasible=part.feasible,
+        throughput=throughput,
+        batch_floor=part.batch_floor,
+        usable=part.usable,
+        all_usable=part.all_usable,
+        rows=part.rows,
+    )
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """What a query's batch candidates are, whatever the fit: K (at least 1, one row per
+    allocation), m and s (as floats for the throughput, as int32 for the answers),
+    feasibility, max(K*m*s, M0), the usable allocations and the row numbers."""
+
+    replicas: FloatArray
+    local_float: FloatArray
+    steps_float: FloatArray
+    local: NDArray[np.int32]
+    steps: NDArray[np.int32]
+    feasible: NDArray[np.bool_]
+    batch_floor: FloatArray
+    usable: NDArray[np.bool_]
+    all_usable: bool
+    rows: IntArray
+
+
+@functools.lru_cache(maxsize=GRID_CACHE_SIZE)
+def _batch_candidates(bounds: BatchBounds, replicas: bytes) -> _Candidates:
+    """:meth:`GoodputModel.candidates` of a query and what follows from them alone
+    (remembered: the fits of one application share them)."""
+    model = GoodputModel(_NO_PARAMS, GradStats(sqr=1.0, var=0.0), bounds)
     k = np.frombuffer(replicas, dtype=np.float64)
     local, steps, feasible = model.candidates(k)
     kk = np.maximum(k, 1.0)[:, None]
-    m = np.asarray(local, dtype=float)
-    s = np.asarray(steps, dtype=float)
-    throughput = model.throughput(n[:, None], kk, m, s)
     local32, steps32 = local.astype(np.int32), steps.astype(np.int32)
     usable = feasible & (k > 0)
-    grid = _Grid(
+    part = _Candidates(
+        replicas=kk,
+        local_float=np.asarray(local, dtype=float),
+        steps_float=np.asarray(steps, dtype=float),
         local=local32,
         steps=steps32,
         feasible=feasible,
-        throughput=throughput,
         batch_floor=np.maximum(kk * local32 * steps32, float(bounds.base_batch)),
         usable=usable,
         all_usable=bool(usable.all()),
         rows=np.arange(k.size),
     )
-    _read_only(grid.local, grid.steps, grid.feasible, grid.throughput, grid.batch_floor)
-    _read_only(grid.usable, grid.rows)
-    return grid
+    _read_only(part.replicas, part.local_float, part.steps_float, part.local, part.steps)
+    _read_only(part.feasible, part.batch_floor, part.usable, part.rows)
+    return part
 
 
 @functools.lru_cache(maxsize=RESULT_CACHE_SIZE)

@@ -25,6 +25,7 @@ def forget_everything() -> None:
     goodput_module._throughput_grid.cache_clear()
     goodput_module._goodput_at.cache_clear()
     goodput_module._throughput_at.cache_clear()
+    goodput_module._batch_candidates.cache_clear()
     objective._remembered_table.cache_clear()
 
 
