@@ -48,7 +48,7 @@ def test_greedy_step_equals_the_array_step() -> None:
     rng = np.random.default_rng(3)
     checked = 0
     for _ in range(3000):
-        size = int(rng.integers(2, 70))
+        size = int(rng.integers(2, 200))
         utility = -np.cumsum(rng.exponential(1.0, size)) * rng.choice([1.0, 1e-3])
         utility[rng.random(size) < 0.2] = NEG  # infeasible counts
         if rng.random() < 0.3:
@@ -56,7 +56,7 @@ def test_greedy_step_equals_the_array_step() -> None:
         if rng.random() < 0.2:
             utility[int(rng.integers(0, size))] = utility[int(rng.integers(0, size))]  # ties
         k = int(rng.integers(0, size))
-        free = int(rng.integers(0, 80))
+        free = int(rng.integers(0, 220))
         plan = plan_with(utility, k)
         expected = reference_step(utility, k, plan.cap, free)
         for values in (None, utility.tolist()):

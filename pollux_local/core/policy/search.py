@@ -14,7 +14,7 @@ from pollux_local.core.types import (
 )
 
 #: Increments the greedy step compares one by one (more: as one array operation).
-_LOOP_STEPS = 12
+_LOOP_STEPS = 96
 
 
 class Search(Objective):
