@@ -3,9 +3,9 @@
     python benchmarks/job_overhead.py [--json] [--rounds R] [--steps N] [--no-restart]
 
 Overhead.  Each replica (1, then 2 CPU replicas; OMP_NUM_THREADS=1, ``torch.set_num_threads(1)``,
-each rank pinned to one core with ``os.sched_setaffinity``) holds three copies of the probe
-model (an MLP, ``--features``/``--hidden``, batch ``--base-batch``) in one process and trains
-them step by step, interleaved:
+each rank pinned to one core with ``os.sched_setaffinity``) holds three copies (four with
+``--with-split``) of the probe model (an MLP, ``--features``/``--hidden``, batch
+``--base-batch``) in one process and trains them step by step, interleaved:
 
 * ``plain``: an ordinary loop (plain DDP at 2 replicas), no pollux_local;
 * ``off``: ``ElasticTrainer`` with the gradient-noise measurement off (one measuring step at
@@ -16,16 +16,16 @@ them step by step, interleaved:
   still does for models it does not cover), for a before/after comparison in the same run.
 
 A round is ``--steps`` optimizer steps of each arm, interleaved one step at a time in an
-order drawn afresh for every step (each of the orders of the arms equally often), so that load from
+order drawn afresh for every step (each order of the arms equally often), so that load from
 other processes on the shared machine, and the cache left behind by the step before, hit
 every arm alike.  Per round the ratios of the arms' summed times on/off (the cost of the
 measurement: the headline, goal <= 1%), off/plain (the rest of the library) and on/plain are
-taken (split/off too with ``--with-split``); the median over ``--rounds`` rounds is reported with a distribution-free 95%
-confidence interval (order statistics of the binomial: [x_(j), x_(n+1-j)], no assumption on
-the ratios' distribution).  Times are process CPU time of rank 0 (wall-clock figures in
-``detail``).  A round holds a whole number of measuring periods at the default spacing
-(64 steps, k = 32), so the median of round ratios does not hide their cost; the mean ratio
-(total on / total off) is printed beside it.
+taken (split/off and on/split too with ``--with-split``); the median over ``--rounds`` rounds
+is reported with a distribution-free 95% confidence interval (order statistics of the
+binomial: [x_(j), x_(n+1-j)], no assumption on the ratios' distribution).  Times are process
+CPU time of rank 0 (wall-clock figures in ``detail``).  A round holds a whole number of
+measuring periods at the default spacing (64 steps, k = 32), so the median of round ratios
+does not hide their cost; the mean ratio (total on / total off) is printed beside it.
 
 Restart.  ``restart_s``: from SIGTERM to a 1-replica job until the first optimizer step of its
 2-replica restart (checkpoint, exit 75, start two fresh processes, restore, first step), split
@@ -412,7 +412,9 @@ def restart(model_args: list[str]) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--rounds", type=int, default=300, help="rounds of three blocks")
+    parser.add_argument(
+        "--rounds", type=int, default=300, help="rounds of interleaved blocks, one per arm"
+    )
     parser.add_argument("--steps", type=int, default=64, help="optimizer steps per block")
     parser.add_argument("--warmup", type=int, default=128, help="steps per arm before timing")
     parser.add_argument("--replicas", default="1,2", help="replica counts to measure")

@@ -50,6 +50,7 @@ choice of k against this lag is in ``measuring.py``.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -355,7 +356,8 @@ class SmallBatchGradNorm:
             return
         assert isinstance(layer, torch.nn.Linear)
         kept = x.detach() if self._checking else x.detach()[: self._small]
-        output.register_hook(lambda grad: self._backward_hook(layer, kept, grad))  # type: ignore[no-untyped-call]
+        hook = functools.partial(self._backward_hook, layer, kept)
+        output.register_hook(hook)  # type: ignore[no-untyped-call]
 
     def _backward_hook(self, layer: torch.nn.Linear, x: torch.Tensor, grad: torch.Tensor) -> None:
         self._add_terms(layer, x, grad, self._small, self._terms)

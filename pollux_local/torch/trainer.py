@@ -195,6 +195,7 @@ class ElasticTrainer:
         self._micro: tuple[StepPlan, int] | None = None
         self._t0 = 0.0
         self._step_start = 0.0
+        self._step_start_cost = 0.0
         self._small: tuple[torch.Tensor, int] | None = None
         #: g_small of a one-replica measuring step without a split (``SmallBatchGradNorm``)
         self._small_norm = SmallBatchGradNorm.for_model(self.module)
@@ -353,6 +354,7 @@ class ElasticTrainer:
         self._t0 = time.perf_counter()
         if index == 0:
             self._step_start = self._t0
+            self._step_start_cost = self._cost_clock()
 
     def _epoch_start(self) -> None:
         if not self._started:
@@ -410,6 +412,13 @@ class ElasticTrainer:
                 self._small = (small, len(plan.micro[0].indices[0]))
             return False
         return self._optimizer_step(plan, clip_grad_norm)
+
+    def _cost_clock(self) -> float:
+        """The clock that prices a step for the spacing of measuring steps: on a CUDA device
+        the wall clock (timed steps synchronise), on the CPU this process's CPU time, which
+        other processes sharing its cores do not stretch (under contention a step's wall time
+        gains whole scheduler slices, which dilute the measuring steps' relative cost)."""
+        return time.perf_counter() if self.device.type == "cuda" else time.process_time()
 
     def _small_norm_usable(self) -> bool:
         return self._small_norm is not None and self._small_norm.usable
@@ -487,7 +496,7 @@ class ElasticTrainer:
         timed = self.device.type != "cuda" or self._schedule.timed()
         self._schedule.end_step()
         if timed and (plan.full or plan.split) and self.steps > PROFILE_WARMUP_STEPS:
-            self._schedule.record_time(time.perf_counter() - self._step_start)
+            self._schedule.record_time(self._cost_clock() - self._step_start_cost)
         assert self._sampler is not None
         self._sampler.advance(plan.total)
         if stop:
@@ -737,6 +746,7 @@ class ElasticTrainer:
             ),
             metrics=dict(self.metrics),
             memory=(self.peak_memory.points() or None) if self.peak_memory is not None else None,
+            resizes_in_place=self._resize.path is not None,
         )
 
     def _report(self, force: bool = False) -> None:
