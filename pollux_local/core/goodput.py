@@ -31,10 +31,6 @@ GRID_CACHE_SIZE = 1024
 RESULT_CACHE_SIZE = 4096
 #: Bounds of a model made only to compute a throughput (which no bound enters).
 _NO_BOUNDS = BatchBounds(base_batch=1, max_batch=1, min_local=1, max_local=1)
-#: Parameters of a model made only to list batch candidates (which no parameter enters).
-_NO_PARAMS = ThroughputParams(
-    alpha_c=1.0, beta_c=0.0, alpha_r=0.0, beta_r=0.0, alpha_n=0.0, beta_n=0.0, gamma=1.0
-)
 
 
 @dataclass(frozen=True)
@@ -96,20 +92,7 @@ class GoodputModel:
         :func:`~pollux_local.core.types.split_batches`.  An allocation is infeasible when even
         m_min per replica exceeds M_max.
         """
-        b = self.bounds
-        k = np.maximum(np.atleast_1d(np.asarray(replicas, dtype=float)), 1.0)[:, None]
-        m_max = float(self.max_local)
-        low = np.maximum(float(b.base_batch), k * b.min_local)
-        high = np.full_like(low, float(b.max_batch))
-        if not b.accumulation:
-            high = np.minimum(high, k * m_max)
-            low = np.minimum(low, high)
-        feasible = (k * b.min_local <= b.max_batch)[:, 0]
-        high = np.maximum(high, low)
-        t = np.linspace(0.0, 1.0, BATCH_CANDIDATES)[None, :]
-        total = low * (high / low) ** t
-        local, steps = split_batches(total, k, b)
-        return local, steps, feasible
+        return batch_candidates(self.bounds, replicas)
 
     def best_goodput(
         self, nodes: ArrayLike, replicas: ArrayLike
@@ -149,6 +132,26 @@ class GoodputModel:
         # the query's bytes as ``best_goodput`` makes them (one float64 each)
         _, m, s = _best_goodput(self, _one_float(nodes), _one_float(replicas))
         return BatchChoice(local_batch=int(m[0]), accum_steps=int(s[0]), replicas=int(replicas))
+
+
+def batch_candidates(
+    bounds: BatchBounds, replicas: ArrayLike
+) -> tuple[IntArray, IntArray, NDArray[np.bool_]]:
+    """:meth:`GoodputModel.candidates` of models with these bounds (no fit enters)."""
+    b = bounds
+    k = np.maximum(np.atleast_1d(np.asarray(replicas, dtype=float)), 1.0)[:, None]
+    m_max = float(b.largest_local)
+    low = np.maximum(float(b.base_batch), k * b.min_local)
+    high = np.full_like(low, float(b.max_batch))
+    if not b.accumulation:
+        high = np.minimum(high, k * m_max)
+        low = np.minimum(low, high)
+    feasible = (k * b.min_local <= b.max_batch)[:, 0]
+    high = np.maximum(high, low)
+    t = np.linspace(0.0, 1.0, BATCH_CANDIDATES)[None, :]
+    total = low * (high / low) ** t
+    local, steps = split_batches(total, k, b)
+    return local, steps, feasible
 
 
 @dataclass(frozen=True)
@@ -227,9 +230,8 @@ class _Candidates:
 def _batch_candidates(bounds: BatchBounds, replicas: bytes) -> _Candidates:
     """:meth:`GoodputModel.candidates` of a query and what follows from them alone
     (remembered: the fits of one application share them)."""
-    model = GoodputModel(_NO_PARAMS, GradStats(sqr=1.0, var=0.0), bounds)
     k = np.frombuffer(replicas, dtype=np.float64)
-    local, steps, feasible = model.candidates(k)
+    local, steps, feasible = batch_candidates(bounds, k)
     kk = np.maximum(k, 1.0)[:, None]
     local32, steps32 = local.astype(np.int32), steps.astype(np.int32)
     usable = feasible & (k > 0)
