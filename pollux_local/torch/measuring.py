@@ -6,8 +6,9 @@ the step is dealt out as two half micro-batches and two norms are read; several 
 gradients are all-reduced by hand instead of overlapped by DDP).  Ordinary steps cost
 nothing: no hook, no norm, no host synchronisation.  With T the median time of the last
 PLAIN_WINDOW ordinary steps and T' that of the last MEASURED_WINDOW measuring steps (medians:
-a step stretched by another process moves neither; times are the process's CPU time on a CPU
-device, the wall clock on CUDA: ``ElasticTrainer._cost_clock``), measuring steps are spaced
+a step stretched by another process moves neither; times are the process's CPU time for one
+replica on the CPU, the wall clock on CUDA or with several replicas:
+``ElasticTrainer._cost_clock``), measuring steps are spaced
 
     k = min(max(stats_interval, ceil(((T' - T) / T) / stats_budget)), MAX_STATS_INTERVAL)
 
