@@ -135,6 +135,9 @@ class JobReport(_Strict):
     eta_s: NonNegative | None = None
     #: peak memory per local batch on CUDA (``None``: not measured, e.g. on CPU devices)
     memory: Memory | None = None
+    #: the job acts on warm resize orders (``api/resize.py``; the job library says so when
+    #: its launcher named ``POLLUX_RESIZE_FILE``): only such a job is resized in place
+    resizes_in_place: bool = False
 
 
 def bounded_report(report: JobReport) -> JobReport:

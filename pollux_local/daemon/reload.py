@@ -43,6 +43,8 @@ SETTINGS = {
     "notify_desktop": "[notify] desktop",
     "prometheus": "[metrics] prometheus",
     "share_slowdown": "share_slowdown",
+    "warm_resize": "warm_resize",
+    "warm_timeout_s": "warm_timeout_s",
     "max_log_bytes": "max_log_size (bytes)",
     "log_keep_free": "log_keep_free (bytes)",
     "notify_backlog_per_user": "notify_backlog_per_user",

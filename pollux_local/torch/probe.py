@@ -36,10 +36,16 @@ def make_data(samples: int, features: int, classes: int, seed: int) -> TensorDat
     return TensorDataset(x, y, torch.arange(samples))
 
 
-def make_model(features: int, hidden: int, classes: int, seed: int) -> torch.nn.Module:
+def make_model(
+    features: int, hidden: int, classes: int, seed: int, activation: str = "relu"
+) -> torch.nn.Module:
+    """A two-layer MLP; ``tanh`` makes it smooth: runs that differ in the last bits of a step
+    (another summation order) stay that close, where a ReLU that flips for one sample parts
+    them by a unit's gradient."""
     torch.manual_seed(seed)
+    act = torch.nn.Tanh() if activation == "tanh" else torch.nn.ReLU()
     return torch.nn.Sequential(
-        torch.nn.Linear(features, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, classes)
+        torch.nn.Linear(features, hidden), act, torch.nn.Linear(hidden, classes)
     )
 
 
@@ -75,6 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--features", type=int, default=32)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--classes", type=int, default=4)
+    p.add_argument("--activation", choices=("relu", "tanh"), default="relu")
     p.add_argument("--base-batch", type=int, default=32)
     p.add_argument("--max-batch", type=int, default=None)
     p.add_argument("--epochs", type=int, default=2)
@@ -168,7 +175,7 @@ def run_elastic(args: argparse.Namespace) -> int:
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
     else:
         data = make_data(args.samples, args.features, args.classes, args.seed)
-        model = make_model(args.features, args.hidden, args.classes, args.seed)
+        model = make_model(args.features, args.hidden, args.classes, args.seed, args.activation)
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     trainer = ElasticTrainer(
         model,
@@ -206,9 +213,9 @@ def run_elastic(args: argparse.Namespace) -> int:
                 loss = trainer.model(xb)
             else:
                 loss = F.cross_entropy(trainer.model(xb), yb)
-            stepped = trainer.step(loss)
             if args.pause and (args.pause_while is None or args.pause_while.exists()):
                 time.sleep(args.pause * len(xb))  # a slower model: its micro-batch's compute
+            stepped = trainer.step(loss)
             if not stepped:
                 continue
             now, cpu = time.perf_counter(), time.process_time()

@@ -151,3 +151,17 @@ def test_the_pass_answers_for_every_waiting_job() -> None:
     # a queued job waiting out a back-off says so
     later = run([JobInput(id=5, retry_after=160.0)])
     assert later.reasons == {5: "waiting: retry in 1m00s (back-off after a crash)"}
+
+
+def test_a_resize_changes_only_the_devices_it_must() -> None:
+    """A shrinking job keeps its first devices (its lowest ranks': the replicas that stay
+    keep theirs), a growing one keeps all of its own, and a newcomer takes what is left."""
+    from pollux_local.core.schedule.placement import assign_devices
+    from pollux_local.core.schedule.snapshot import NodeInput
+
+    node = NodeInput(name="vm", devices=("cpu:0", "cpu:1", "cpu:2", "cpu:3"))
+    shrunk = assign_devices({5: (1,), 1: (1,)}, {1: {"vm": ["cpu:3", "cpu:1"]}}, [node])
+    # the newcomer (5) comes first and would have taken cpu:1 by the lowest-free rule
+    assert shrunk[1] == {"vm": ["cpu:3"]} and shrunk[5] == {"vm": ["cpu:0"]}
+    grown = assign_devices({1: (3,)}, {1: {"vm": ["cpu:2", "cpu:1"]}}, [node])
+    assert grown[1] == {"vm": ["cpu:2", "cpu:1", "cpu:0"]}

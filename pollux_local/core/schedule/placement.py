@@ -135,9 +135,12 @@ def assign_devices(
     current: Mapping[int, Mapping[str, Sequence[str]]],
     nodes: Sequence[NodeInput],
 ) -> dict[int, Allocation]:
-    """Concrete devices for per-node counts.  A job whose count on a node is unchanged keeps
-    its devices there; the others take the lowest free devices.  A count that cannot be met
-    (devices busy outside the scheduler) is cut to what is free."""
+    """Concrete devices for per-node counts.  A job keeps, in their order, as many of its
+    devices on a node as its count there allows: all of them when its count is unchanged or
+    grows, its first ones (its lowest ranks') when it shrinks, so that a resize changes only
+    the devices it must (the replicas that stay keep theirs: a resize can be done in place).
+    The rest take the lowest free devices.  A count that cannot be met (devices busy outside
+    the scheduler) is cut to what is free."""
     pool = {node.name: list(node.free_devices) for node in nodes}
     result: dict[int, Allocation] = {job_id: {} for job_id in targets}
     pending: list[tuple[int, str, int]] = []
@@ -145,17 +148,18 @@ def assign_devices(
         for node, count in zip(nodes, placement, strict=False):
             if count <= 0:
                 continue
-            mine = list(current.get(job_id, {}).get(node.name, ()))
-            if len(mine) == count and all(d in pool[node.name] for d in mine):
-                result[job_id][node.name] = mine
-                for device in mine:
-                    pool[node.name].remove(device)
-            else:
-                pending.append((job_id, node.name, count))
+            free = pool[node.name]
+            kept = [d for d in current.get(job_id, {}).get(node.name, ()) if d in free][:count]
+            for device in kept:
+                free.remove(device)
+            if kept:
+                result[job_id][node.name] = kept
+            if len(kept) < count:
+                pending.append((job_id, node.name, count - len(kept)))
     for job_id, node_name, count in pending:
         take, pool[node_name] = pool[node_name][:count], pool[node_name][count:]
         if take:
-            result[job_id][node_name] = take
+            result[job_id][node_name] = result[job_id].get(node_name, []) + take
     return result
 
 

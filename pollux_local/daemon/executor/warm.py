@@ -5,8 +5,8 @@ A ``RESIZE`` action is applied warm when all of these hold (:meth:`Warm._warm_ac
 as a checkpoint-restart as before:
 
 * the job is elastic, its group runs on this machine's launcher and was started to take
-  orders (its replicas' environment names ``POLLUX_RESIZE_FILE``), and it has reported (it
-  uses the job library);
+  orders (its replicas' environment names ``POLLUX_RESIZE_FILE``), and its reports say it
+  acts on them (``JobReport.resizes_in_place``: the job library's ``ElasticTrainer``);
 * it stays on the one node it runs on, and the replicas that stay keep their devices: a grow
   keeps every device and adds others, a shrink keeps the devices of the lowest ranks (the
   policy's choice of which to keep is swapped for those when no other start of the plan
@@ -67,6 +67,7 @@ class Warm(Exits):
             or not job.spec.elastic
             or job.state is not JobState.RUNNING
             or job.report is None
+            or not job.report.resizes_in_place
             or len(action.allocation) != 1
         ):
             return None
@@ -123,6 +124,11 @@ class Warm(Exits):
             self._fall_back(job_id, group, action, f"in place: {error}")
             return
         ordered_at = self.clock()
+        log.info(
+            "job %s: resize %d ordered in place: %d -> %d replica(s)",
+            job_id, generation, sum(len(d) for d in (job.placement or {}).values()),
+            order.world_size,
+        )  # fmt: skip
         resizes = resizes_of(self.store)
         current = self.store.get_job(job_id)
         report = current.report if current is not None else None
@@ -141,6 +147,10 @@ class Warm(Exits):
             log.info("job %s: no step after warm resize %d; restarting it", job_id, generation)
             self._fall_back(job_id, group, action, "in place: the job took no step at its new size")
             return
+        log.info(
+            "job %s: resized in place to %d replica(s), first step %.2f s after the order",
+            job_id, order.world_size, self.clock() - ordered_at,
+        )  # fmt: skip
         self.intent.pop(job_id, None)
         self._resize.pop(job_id, None)
         self.store.transition(
