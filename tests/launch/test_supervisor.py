@@ -27,7 +27,7 @@ from pollux_local.api.states import ExitCode
 from pollux_local.daemon.jobfiles import make_owned_dir
 from pollux_local.errors import PolluxError
 from pollux_local.launch.base import LaunchSpec, ReplicaSlot
-from pollux_local.launch.local import LocalLauncher, RunRecord, read_run_file
+from pollux_local.launch.local import LocalLauncher, LocalReplicaGroup, RunRecord, read_run_file
 from pollux_local.launch.supervisor import (
     EXEC_EXIT_CODE,
     SETUP_EXIT_CODE,
@@ -437,6 +437,89 @@ async def test_a_log_symlinked_to_a_root_only_file_is_not_opened_for_the_user(
         before.st_mode,
         before.st_mtime_ns,
     )
+
+
+#: A replica of a warm resize, in shell: rank 0 waits for the order and keeps it; a joiner
+#: notes who it runs as, announces itself ready (its file in the job directory) and exits 0 once
+#: the order is there (or 3 at once when FAIL_JOIN is set, before announcing anything).
+WARM_REPLICA = r"""
+C=$POLLUX_CHECKPOINT_DIR
+if [ -n "$POLLUX_RESIZE_JOIN" ]; then
+  [ -n "$FAIL_JOIN" ] && exit 3
+  id -u > "$C/joiner$RANK"
+  touch "$POLLUX_JOB_DIR/resize-ready-$POLLUX_RESIZE_JOIN-$RANK"
+fi
+for i in $(seq 200); do
+  if [ -f "$POLLUX_RESIZE_FILE" ]; then cat "$POLLUX_RESIZE_FILE" > "$C/seen$RANK"; exit 0; fi
+  sleep 0.05
+done
+exit 9
+"""
+
+
+async def warm_grow(
+    user: pwd.struct_passwd, lab_dir: Path, **env: str
+) -> tuple[LocalLauncher, object, str | None, Path, Path]:
+    """A one-replica group of ``user``'s grown to two in place: (launcher, group, what
+    ``resize_warm`` said, the job's checkpoint directory, the order file)."""
+    from pollux_local.api.resize import ResizeOrder
+
+    uid, gid = user.pw_uid, user.pw_gid
+    job_dir = make_owned_dir(lab_dir / "jobs", "7", uid, gid)
+    checkpoint = job_dir / "checkpoint"
+    orders = lab_dir / "resize"
+    orders.mkdir(mode=0o755)
+    order_file = orders / "7-0.json"
+    common = {"POLLUX_CHECKPOINT_DIR": str(checkpoint), "POLLUX_RESIZE_FILE": str(order_file)}
+    spec = make_spec(
+        job_dir, ["sh", "-c", WARM_REPLICA], Path("/tmp"), env={**common, **env}, run_as_uid=uid
+    )
+    launcher = LocalLauncher(run_dir=lab_dir / "run")
+    group = await launcher.launch(spec)
+    grown = make_spec(
+        job_dir, ["sh", "-c", WARM_REPLICA], Path("/tmp"), replicas=2,
+        env={**common, **env}, run_as_uid=uid,
+    )  # fmt: skip
+    order = ResizeOrder(generation=1001, world_size=2, master_addr="127.0.0.1", master_port=29999)
+    said = await group.resize_warm(grown, order, ready_timeout_s=20)
+    return launcher, group, said, checkpoint, order_file
+
+
+@pytest.mark.asyncio
+async def test_a_warm_grow_starts_the_joiner_as_the_user_and_orders_once_it_is_ready(
+    other_user: pwd.struct_passwd, lab_dir: Path
+) -> None:
+    launcher, group, said, checkpoint, order_file = await warm_grow(other_user, lab_dir)
+    assert said is None
+    assert isinstance(group, LocalReplicaGroup)
+    assert await asyncio.wait_for(group.wait(), 20) == 0
+    assert (checkpoint / "joiner1").read_text().split() == [str(other_user.pw_uid)]
+    info = order_file.lstat()  # the supervisor's (root's), readable by the job
+    assert info.st_uid == 0 and stat.S_IMODE(info.st_mode) == 0o644
+    for rank in (0, 1):
+        assert json.loads((checkpoint / f"seen{rank}").read_text())["world_size"] == 2
+    assert sorted(group.pids()) == [0, 1] and [s.device for s in group.spec.slots] == [
+        "cpu:0",
+        "cpu:1",
+    ]
+    record = RunRecord.load(launcher.run_file("7"))
+    assert record is not None and record.warm is not None and record.warm["state"] == "ordered"
+
+
+@pytest.mark.asyncio
+async def test_a_joiner_that_fails_before_it_is_ready_fails_only_the_resize(
+    other_user: pwd.struct_passwd, lab_dir: Path
+) -> None:
+    launcher, group, said, checkpoint, order_file = await warm_grow(
+        other_user, lab_dir, FAIL_JOIN="1"
+    )
+    assert said == "joining rank 1 exited with 3 first"
+    assert isinstance(group, LocalReplicaGroup)
+    assert [s.rank for s in group.spec.slots] == [0]  # the group is as it was
+    assert not order_file.exists()  # rank 0 never saw an order
+    order_file.write_text("{}")  # let rank 0 end: its exit, not the joiner's, is the group's
+    assert await asyncio.wait_for(group.wait(), 20) == 0
+    assert group.exit_codes() == {0: 0}
 
 
 def test_descendants_walks_the_process_tree() -> None:
