@@ -76,6 +76,10 @@ class LaunchSpec:
     extra: Mapping[str, str] = field(default_factory=dict)
     run_as_uid: int | None = None
     limits: Limits | None = None
+    #: where this machine's launcher writes the incarnation's warm resize orders (a file of
+    #: the daemon's, given to the replicas as ``POLLUX_RESIZE_FILE``); ``None``: resized cold
+    #: only.  Never taken from the job's environment.
+    resize_file: Path | None = None
 
 
 class ReplicaGroup(Protocol):

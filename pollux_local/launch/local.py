@@ -556,9 +556,9 @@ class LocalReplicaGroup:
 
     @property
     def warm_capable(self) -> bool:
-        """Whether the replicas were started to take warm resize orders (their environment
-        names an order file; an adopted group's environment is not known)."""
-        return bool(self.spec.env.get("POLLUX_RESIZE_FILE"))
+        """Whether the replicas were started to take warm resize orders (the daemon gave
+        them an order file; an adopted group's is not known)."""
+        return self.spec.resize_file is not None
 
     async def resize_warm(
         self, spec: LaunchSpec, order: ResizeOrder, ready_timeout_s: float
@@ -570,8 +570,8 @@ class LocalReplicaGroup:
         ``spec`` count as the group's from the start of a grow and from the leavers' exit
         after a shrink."""
         old = self.spec
-        order_file = old.env.get("POLLUX_RESIZE_FILE")
-        if not order_file or self._done.is_set():
+        order_file = old.resize_file
+        if order_file is None or self._done.is_set():
             return "the job's replicas do not take warm resize orders"
         kept = {slot.rank for slot in old.slots}
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -589,7 +589,7 @@ class LocalReplicaGroup:
         request = {
             "generation": order.generation,
             "world_size": order.world_size,
-            "order_file": order_file,
+            "order_file": str(order_file),
             "order": encode_order(order).decode(),
             "joiners": joiners,
             "ready_timeout_s": ready_timeout_s,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import pwd
@@ -474,12 +475,14 @@ async def warm_grow(
     spec = make_spec(
         job_dir, ["sh", "-c", WARM_REPLICA], Path("/tmp"), env={**common, **env}, run_as_uid=uid
     )
+    spec = dataclasses.replace(spec, resize_file=order_file)
     launcher = LocalLauncher(run_dir=lab_dir / "run")
     group = await launcher.launch(spec)
     grown = make_spec(
         job_dir, ["sh", "-c", WARM_REPLICA], Path("/tmp"), replicas=2,
         env={**common, **env}, run_as_uid=uid,
     )  # fmt: skip
+    grown = dataclasses.replace(grown, resize_file=order_file)
     order = ResizeOrder(generation=1001, world_size=2, master_addr="127.0.0.1", master_port=29999)
     said = await group.resize_warm(grown, order, ready_timeout_s=20)
     return launcher, group, said, checkpoint, order_file

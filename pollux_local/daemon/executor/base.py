@@ -156,6 +156,7 @@ class ExecutorBase:
         when ``[scheduler] warm_resize`` is on (``executor/warm.py``)."""
         spec = build_launch_spec(job, action, self.config, self._job_dir(job), self.socket_path)
         nodes = {slot.node for slot in spec.slots}
+        env = {k: v for k, v in spec.env.items() if k != "POLLUX_RESIZE_FILE"}  # never the job's
         if (
             self.config.warm_resize
             and job.spec.elastic
@@ -165,10 +166,9 @@ class ExecutorBase:
             order_file = self.order_dir() / f"{job.job_id}-{job.restarts}.json"
             with contextlib.suppress(FileNotFoundError):
                 order_file.unlink()  # never an order of an earlier incarnation
-            spec = dataclasses.replace(
-                spec, env={**spec.env, "POLLUX_RESIZE_FILE": str(order_file)}
-            )
-        return spec
+            env["POLLUX_RESIZE_FILE"] = str(order_file)
+            return dataclasses.replace(spec, env=env, resize_file=order_file)
+        return dataclasses.replace(spec, env=env)
 
     def order_dir(self) -> Path:
         """``STATE_DIR/resize``: the warm resize orders, readable by the jobs (0755; each

@@ -5,8 +5,10 @@ A ``RESIZE`` action is applied warm when all of these hold (:meth:`Warm._warm_ac
 as a checkpoint-restart as before:
 
 * the job is elastic, its group runs on this machine's launcher and was started to take
-  orders (its replicas' environment names ``POLLUX_RESIZE_FILE``), and its reports say it
-  acts on them (``JobReport.resizes_in_place``: the job library's ``ElasticTrainer``);
+  orders (the daemon gave it an order file, ``LaunchSpec.resize_file``: a path of the
+  daemon's, never one from the job's environment, since the supervisor writes there as root),
+  and its reports say it acts on them (``JobReport.resizes_in_place``: the job library's
+  ``ElasticTrainer``);
 * it stays on the one node it runs on, and the replicas that stay keep their devices: a grow
   keeps every device and adds others, a shrink keeps the devices of the lowest ranks (the
   policy's choice of which to keep is swapped for those when no other start of the plan
