@@ -265,8 +265,15 @@ def test_elastic_job_is_resized_across_nodes_by_checkpoint_restart(
         return str(reply["id"])
 
     first = submit_train(400)
+
+    def training_on_both_nodes() -> bool:
+        # placed on both nodes, and that step has begun to train (a step placed but stopped
+        # before its first line would leave no 2-replica run in the log)
+        log = daemon.client.request("logs", id=first, offset=-20000)["data"]
+        return len(job(daemon, first)["nodes"]) == 2 and "world=2" in log
+
     try:
-        wait_for(lambda: len(job(daemon, first)["nodes"]) == 2, 60, "the first job on both nodes")
+        wait_for(training_on_both_nodes, 60, "the first job training on both nodes")
     except AssertionError as exc:
         shown = daemon.client.request("show", id=first)
         raise AssertionError(f"{exc}: {shown['job']['reason']} {shown['decisions'][-3:]}") from None
