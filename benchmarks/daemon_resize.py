@@ -26,8 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pollux_local.client import Client
-from pollux_local.errors import PolluxError
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.daemon_runner import start_daemon  # noqa: E402
+from pollux_local.client import Client  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = ["-m", "pollux_local.torch.probe", "--base-batch", "32", "--max-batch", "32"]
@@ -37,25 +39,10 @@ PROBE += ["--no-adapt", "--samples", "2048"]
 def start(state: Path, warm: bool) -> tuple[subprocess.Popen[bytes], Client]:
     state.parent.mkdir(parents=True, exist_ok=True)
     config = state.parent / f"{state.name}.toml"
-    config.write_text(
-        f"[scheduler]\ninterval_s = 1\nrestart_cost_s = 2\nwarm_resize = {str(warm).lower()}\n"
-    )
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "pollux_local", "daemon", "--state-dir", str(state),
-         "--devices", "cpu:2", "--config", str(config)],
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    client = Client(state / "daemon.sock")
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            client.request("ping")
-            return daemon, client
-        except PolluxError:
-            if time.monotonic() > deadline or daemon.poll() is not None:
-                raise
-            time.sleep(0.1)
+    config.write_text(f"[scheduler]\nrestart_cost_s = 2\nwarm_resize = {str(warm).lower()}\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    daemon = start_daemon(state, policy="goodput", interval_s=1, env=env, config=config)
+    return daemon, Client(state / "daemon.sock")
 
 
 def submit(client: Client, workdir: Path, args: list[str], name: str) -> str:

@@ -21,12 +21,19 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def start_daemon(
-    state: Path, *, policy: str, interval_s: float, env: dict[str, str] | None = None
+    state: Path,
+    *,
+    policy: str,
+    interval_s: float,
+    env: dict[str, str] | None = None,
+    config: Path | None = None,
 ) -> subprocess.Popen[bytes]:
-    """``pollux-local daemon`` on ``cpu:2`` in ``state``, once it answers a ping."""
+    """``pollux-local daemon`` on ``cpu:2`` in ``state`` (with ``config``), once it answers a
+    ping."""
+    extra = ["--config", str(config)] if config is not None else []
     daemon = subprocess.Popen(
         [sys.executable, "-m", "pollux_local", "daemon", "--state-dir", str(state),
-         "--devices", "cpu:2", "--interval", f"{interval_s:g}", "--policy", policy],
+         "--devices", "cpu:2", "--interval", f"{interval_s:g}", "--policy", policy, *extra],
         env=env or {**os.environ, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip

@@ -230,7 +230,7 @@ def read_own_json(path: object, limit: int) -> dict[str, Any] | None:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
             return None
-        data = json.loads(os.read(fd, limit + 1)[: limit + 1] or b"null")
+        data = json.loads(os.read(fd, limit) or b"null")
         return data if isinstance(data, dict) else None
     except (OSError, ValueError):
         return None
@@ -507,24 +507,14 @@ class Supervisor:
     def control_grace(self) -> float:
         """The grace of the daemon's latest stop request (its control file), else the spec's."""
         grace = float(self.spec.get("grace_s", 60.0))
-        path = self.spec.get("control_file")
-        if not path:
+        data = read_own_json(self.spec.get("control_file"), MAX_CONTROL_BYTES)
+        if data is None:
             return grace
         try:
-            fd = os.open(str(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            return grace
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-                return grace
-            data = json.loads(os.read(fd, MAX_CONTROL_BYTES) or b"{}")
             value = float(data.get("grace_s", grace))
-            return value if value >= 0 else grace
-        except (OSError, ValueError, AttributeError, TypeError):
+        except (TypeError, ValueError):
             return grace
-        finally:
-            os.close(fd)
+        return value if value >= 0 else grace
 
     def reap(self) -> None:
         """Collect every child that ended: replicas get their exit codes (-N when killed by

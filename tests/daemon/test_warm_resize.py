@@ -51,10 +51,14 @@ def daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
     )
 
 
-def submit(daemon: DaemonProcess, workdir: Path, args: list[str], name: str) -> str:
+def submit(
+    daemon: DaemonProcess, workdir: Path, args: list[str], name: str, program: list[str] = PROBE
+) -> str:
+    """An elastic job of one or two devices at a fixed total batch of 32: ``program`` (the
+    probe) with ``args``."""
     return daemon.client.call(
         api.Submit(
-            argv=[sys.executable, *PROBE, *args],
+            argv=[sys.executable, *program, *args],
             workdir=str(workdir),
             elastic=True,
             min_gpus=1,
@@ -205,19 +209,7 @@ def test_a_resize_that_cannot_be_done_in_place_falls_back_to_a_restart(
     slow = tmp_path / "slow"
     slow.touch()
     args = [*PROBE[2:], "--epochs", "16", "--out", str(out), "--pause-while", str(slow)]
-    job = daemon.client.call(
-        api.Submit(
-            argv=[sys.executable, str(script), *args],
-            workdir=str(tmp_path),
-            elastic=True,
-            min_gpus=1,
-            max_gpus=2,
-            batch_size=32,
-            max_batch_size=32,
-            name="deaf",
-            env={"PYTHONPATH": str(REPO_ROOT)},
-        )  # fmt: skip
-    ).id
+    job = submit(daemon, tmp_path, args, "deaf", program=[str(script)])
     waiting(
         daemon, job,
         lambda: replicas(daemon, job) == 2 and show(daemon, job).job.report is not None,
