@@ -55,6 +55,7 @@ from pollux_local.launch.supervisor import (
     boot_id,
     combine_exit_codes,
     proc_start_time,
+    read_own_json,
     write_private_json,
 )
 from pollux_local.sizes import format_size
@@ -130,23 +131,9 @@ def ensure_private_dir(path: Path) -> Path:
 
 def read_run_file(path: Path) -> dict[str, Any] | None:
     """A run file as the supervisor wrote it (``None``: absent, unreadable, not a plain file
-    of the daemon's user, or not a version-1 record)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-            return None
-        if info.st_size > MAX_RUN_FILE_BYTES:
-            return None
-        data = json.loads(os.pread(fd, info.st_size, 0))
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
-    if not isinstance(data, dict) or data.get("version") != RUN_FILE_VERSION:
+    of the daemon's user, over :data:`MAX_RUN_FILE_BYTES`, or not a version-1 record)."""
+    data = read_own_json(path, MAX_RUN_FILE_BYTES)
+    if data is None or data.get("version") != RUN_FILE_VERSION:
         return None
     return data
 

@@ -219,7 +219,7 @@ def write_private_json(path: str, data: dict[str, Any]) -> None:
 
 def read_own_json(path: object, limit: int) -> dict[str, Any] | None:
     """A JSON object from a regular file of this process's user at ``path`` (never through a
-    symlink; at most ``limit`` bytes), else ``None``."""
+    symlink, never blocking on a FIFO; one over ``limit`` bytes is refused), else ``None``."""
     if not path:
         return None
     try:
@@ -230,7 +230,9 @@ def read_own_json(path: object, limit: int) -> dict[str, Any] | None:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
             return None
-        data = json.loads(os.read(fd, limit) or b"null")
+        if info.st_size > limit:
+            return None
+        data = json.loads(os.pread(fd, info.st_size, 0) or b"null")
         return data if isinstance(data, dict) else None
     except (OSError, ValueError):
         return None
