@@ -136,6 +136,7 @@ class Exits(Accounting):
             del self.stopping[job_id]
         intent = self.intent.pop(job_id, None)
         self._stop_tasks.pop(job_id, None)
+        self._warm_count.pop(job_id, None)  # an incarnation's warm resizes end with it
         now = self.clock()
         ended = getattr(group, "ended", None)
         self._account(job_id, min(now, ended) if isinstance(ended, float) else now)
