@@ -19,6 +19,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from pollux_local.core.lsq import solve_bounded
+
 FloatArray = NDArray[np.float64]
 
 #: Upper bound of the overlap exponent gamma.
@@ -166,6 +168,8 @@ def fit_throughput(
     scheduler bounds by capping exploration); no multi-node data -> the inter-node terms are
     ``MULTI_NODE_PRIOR_FACTOR`` x the intra-node ones; no multi-replica single-node data but
     multi-node data -> the intra-node terms equal the inter-node ones divided by that factor.
+    Solved by ``lsq.solve_bounded``; where its answer is not trusted, by scipy's trust-region
+    reflective solver from the same start.
     """
     n = np.atleast_1d(np.asarray(nodes, dtype=float))
     k = np.atleast_1d(np.asarray(replicas, dtype=float))
@@ -300,18 +304,21 @@ def fit_throughput(
     if not free.any():
         return ThroughputParams.from_array(complete(np.empty(0)))
 
-    # Imported here: scipy.optimize costs ~0.5 s to import, and job processes that only
-    # predict (never fit) should not pay it at start-up.
-    from scipy.optimize import least_squares
-
     lower = np.zeros(len(_NAMES))
     upper = np.full(len(_NAMES), np.inf)
     lower[_IDX["gamma"]] = 1.0
     upper[_IDX["gamma"]] = GAMMA_MAX
     start = np.clip(x0[free], lower[free], upper[free])
-    # least_squares needs a strictly feasible start.
+    # A strictly feasible start (the trust-region fallback needs one).
     start = np.where(start <= lower[free], lower[free] + 1e-9 + 1e-6 * np.abs(start), start)
     start = np.minimum(start, np.where(np.isfinite(upper[free]), upper[free] - 1e-9, start))
+    quick = solve_bounded(residuals, jacobian, start, lower[free], upper[free])
+    if quick.trusted:
+        return ThroughputParams.from_array(complete(quick.x))
+    # Imported here: scipy.optimize costs ~0.5 s to import, and job processes that only
+    # predict (never fit) should not pay it at start-up.
+    from scipy.optimize import least_squares
+
     result = least_squares(
         residuals,
         start,

@@ -87,11 +87,19 @@ def test_fit_points_remembered_for_the_same_points_in_the_same_order() -> None:
 
 
 def test_analytic_jacobian_fits_as_finite_differences_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default fit (the projected Levenberg-Marquardt with the analytic Jacobian) predicts
+    as scipy's trust-region solver does with finite differences and no help from it."""
     rng = np.random.default_rng(2)
     real = scipy.optimize.least_squares
+    quick = throughput.solve_bounded
+    fallbacks = []
 
     def without_jacobian(*args: Any, jac: Any = None, **kwargs: Any) -> Any:
+        fallbacks.append(1)
         return real(*args, **kwargs)
+
+    def never_trusted(*args: Any, **kwargs: Any) -> Any:
+        return replace(quick(*args, **kwargs), trusted=False)
 
     for per_node, largest in ((4, 1), (4, 4), (4, 16), (8, 8)):
         rows = np.array([(*p, *t) for p, t in measured(rng, per_node, largest).items()])
@@ -99,12 +107,14 @@ def test_analytic_jacobian_fits_as_finite_differences_do(monkeypatch: pytest.Mon
         analytic = throughput.fit_throughput(*columns)
         with monkeypatch.context() as patch:
             patch.setattr(scipy.optimize, "least_squares", without_jacobian)
+            patch.setattr(throughput, "solve_bounded", never_trusted)
             numeric = throughput.fit_throughput(*columns)
         n, k, m = columns[:3]
         ratio = throughput.predict_throughput(analytic, n, k, m) / throughput.predict_throughput(
             numeric, n, k, m
         )
         assert np.max(np.abs(ratio - 1.0)) < 1e-3
+    assert len(fallbacks) == 4  # each comparison went through the trust-region solver
 
 
 def rounds(jobs: list[JobView], nodes: list[NodeView], count: int, forget: bool) -> list[Any]:
