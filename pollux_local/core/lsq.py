@@ -6,7 +6,8 @@ of a throughput model.  Each iteration solves, over the variables not held at a 
     (J^T J + lambda * D) d = -J^T r,      D = diag(J^T J)  (Marquardt's scaling)
 
 and clips x + d into the box.  A variable at a bound whose gradient points out of the box is
-held there for the iteration (the active set).  lambda follows the gain ratio
+held there for the iteration (the active set), and so is one the residuals do not change with
+at x (a zero column of J).  lambda follows the gain ratio
 rho = (C(x) - C(x + d)) / (C(x) - 1/2 ||r + J d||^2): a step is taken when rho > 0 and lambda
 shrinks by max(1/3, 1 - (2 rho - 1)^3), otherwise it grows by a factor that doubles with each
 refusal (Nielsen's rule).  It stops when a step the linear model predicted well (rho > 1/4)
@@ -79,7 +80,8 @@ def solve_bounded(
     growth = 2.0
     for iteration in range(1, max_iterations + 1):
         grad = jac.T @ r
-        free = ~(((x <= lower) & (grad > 0)) | ((x >= upper) & (grad < 0)))
+        held = ((x <= lower) & (grad > 0)) | ((x >= upper) & (grad < 0))
+        free = ~held & np.any(jac != 0.0, axis=0)  # a variable r ignores here takes no step
         if not free.any():
             return finish(iteration, True)
         jf = jac[:, free]

@@ -120,3 +120,19 @@ def test_throughput_fit_is_as_good_as_the_trust_region_solver(
     monkeypatch.setattr(throughput, "solve_bounded", untrusted)
     reference = throughput.fit_throughput(*columns)
     assert loss(quick) <= loss(reference) * (1 + 1e-4) + 1e-9
+
+
+def test_a_variable_the_residuals_ignore_does_not_stop_the_others() -> None:
+    """r = (x0 - 1, x1 - 2, x0 x1 - 2) does not depend on x2: x0 and x1 are still solved,
+    x2 stays where it started."""
+
+    def fun(v: np.ndarray) -> np.ndarray:
+        return np.array([v[0] - 1.0, v[1] - 2.0, v[0] * v[1] - 2.0])
+
+    def jac(v: np.ndarray) -> np.ndarray:
+        return np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [v[1], v[0], 0.0]])
+
+    result = solve_bounded(fun, jac, np.array([3.0, 0.5, 7.0]), np.zeros(3), np.full(3, INF))
+    assert result.trusted
+    assert result.x == pytest.approx([1.0, 2.0, 7.0], abs=1e-7)
+    assert result.cost == pytest.approx(0.0, abs=1e-14)
