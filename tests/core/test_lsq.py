@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
 import numpy as np
 import pytest
 import scipy.optimize
@@ -10,9 +14,11 @@ from pollux_local.core import lsq, throughput
 from pollux_local.core.lsq import solve_bounded
 
 INF = np.inf
+Function = Callable[[np.ndarray], np.ndarray]
 
 
-def linear(a: np.ndarray, b: np.ndarray):  # type: ignore[no-untyped-def]
+def linear(a: np.ndarray, b: np.ndarray) -> tuple[Function, Function]:
+    """r(x) = A x - b and its Jacobian A."""
     return (lambda x: a @ x - b), (lambda x: a)
 
 
@@ -112,9 +118,7 @@ def test_throughput_fit_is_as_good_as_the_trust_region_solver(
     quick = throughput.fit_throughput(*columns)
     real = lsq.solve_bounded
 
-    def untrusted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        from dataclasses import replace
-
+    def untrusted(*args: Any, **kwargs: Any) -> lsq.LsqResult:
         return replace(real(*args, **kwargs), trusted=False)
 
     monkeypatch.setattr(throughput, "solve_bounded", untrusted)
