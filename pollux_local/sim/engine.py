@@ -380,7 +380,10 @@ class Simulator:
     def _round(self, active: list[SimJob], decision_ms: list[float]) -> None:
         """One scheduling pass over the active jobs, its plan applied."""
         snapshot = Snapshot(
-            jobs=[self._job_input(job) for job in active], nodes=self._node_inputs, now=self.now
+            jobs=[self._job_input(job) for job in active],
+            nodes=self._node_inputs,
+            now=self.now,
+            explain=False,
         )
         plan = run_pass(snapshot, _SimulatedPolicy(self, decision_ms), self.rng)
         for action in plan.actions:

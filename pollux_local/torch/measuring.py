@@ -4,11 +4,12 @@ A measuring step costs more than an ordinary one (one replica: hooks sum the fir
 gradient norm and one fused norm of ``.grad`` is read, or, for models the hooks do not cover,
 the step is dealt out as two half micro-batches and two norms are read; several replicas: the
 gradients are all-reduced by hand instead of overlapped by DDP).  Ordinary steps cost
-nothing: no hook, no norm, no host synchronisation.  With T the median time of the last
-PLAIN_WINDOW ordinary steps and T' that of the last MEASURED_WINDOW measuring steps (medians:
-a step stretched by another process moves neither; times are the process's CPU time for one
-replica on the CPU, the wall clock on CUDA or with several replicas:
-``ElasticTrainer._cost_clock``), measuring steps are spaced
+nothing: no hook, no norm, no host synchronisation.  With T the mean time of the last
+PLAIN_WINDOW ordinary steps and T' that of the last MEASURED_WINDOW measuring steps, each
+without steps stretched to a multiple of its median (:func:`typical_time`: a step stretched
+by another process moves neither; times are the process's CPU time for one replica on the CPU, the wall
+clock on CUDA or with several replicas: ``ElasticTrainer._cost_clock``), measuring steps are
+spaced
 
     k = min(max(stats_interval, ceil(((T' - T) / T) / stats_budget)), MAX_STATS_INTERVAL)
 
@@ -38,8 +39,8 @@ timed.
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
+from collections.abc import Sequence
 
 #: The default fraction of training time that measuring steps may cost.
 DEFAULT_STATS_BUDGET = 0.005
@@ -50,7 +51,24 @@ MAX_STATS_INTERVAL = 32
 STOP_LATENCY_S = 3.0
 #: Step times the spacing rule keeps, per kind of step (the last ones).
 PLAIN_WINDOW = 31
-MEASURED_WINDOW = 5
+MEASURED_WINDOW = 9
+#: A step time over this many times its window's median is a stretched step, left out.
+STRETCHED = 3.0
+
+
+def typical_time(times: Sequence[float]) -> float:
+    """The mean of ``times`` without those over STRETCHED x their median.
+
+    A mean, not a median: where step times are not one value plus noise (two replicas on
+    the CPU: some steps find the other rank waiting, some wait for it), a measuring step's
+    extra time shows whole in the mean, while the difference of medians saw about half of it
+    and the spacing let measuring cost twice its budget (``benchmarks/job_overhead.py``).
+    Steps stretched by another process (a multiple of the median) are left out."""
+    ordered = sorted(times)
+    middle = len(ordered) // 2
+    median = (ordered[middle] + ordered[~middle]) / 2
+    kept = [t for t in ordered if t <= STRETCHED * median]
+    return math.fsum(kept) / len(kept)
 
 
 class MeasuringSchedule:
@@ -97,8 +115,8 @@ class MeasuringSchedule:
             return self.stats_interval
         if not self._times_plain or not self._times_measured:
             return self.interval
-        plain = statistics.median(self._times_plain)
-        measured = statistics.median(self._times_measured)
+        plain = typical_time(self._times_plain)
+        measured = typical_time(self._times_measured)
         if plain <= 0:
             return self.interval
         extra = max(measured - plain, 0.0) / plain

@@ -165,3 +165,39 @@ def test_a_resize_changes_only_the_devices_it_must() -> None:
     assert shrunk[1] == {"vm": ["cpu:3"]} and shrunk[5] == {"vm": ["cpu:0"]}
     grown = assign_devices({1: (3,)}, {1: {"vm": ["cpu:2", "cpu:1"]}}, [node])
     assert grown[1] == {"vm": ["cpu:2", "cpu:1", "cpu:0"]}
+
+
+def test_a_pass_without_explanations_decides_the_same() -> None:
+    """``Snapshot.explain`` off (the simulator's pass): the same actions, allocations and
+    batches, without predicted figures or reason words."""
+    from pollux_local.core import BatchBounds, GoodputModel, GradStats, ThroughputParams
+    from pollux_local.core.policy import GoodputPolicy
+
+    params = ThroughputParams(
+        alpha_c=0.02, beta_c=0.0007, alpha_r=0.08, beta_r=0.01, alpha_n=0.15, beta_n=0.02,
+        gamma=2.0,
+    )  # fmt: skip
+    bounds = BatchBounds(base_batch=64, max_batch=4096, min_local=8, max_local=256)
+    model = GoodputModel(params, GradStats(sqr=0.5, var=2.0), bounds)
+    jobs = [
+        running(1, {"a": ["cpu:0"]}, model=model, batch_size=64),
+        JobInput(id=2, model=model, batch_size=64),
+        JobInput(id=3, elastic=False, min_devices=4),
+    ]
+    plans = {
+        explain: run_pass(
+            Snapshot(jobs=jobs, nodes=TWO_NODES, now=100.0, explain=explain),
+            GoodputPolicy(),
+            np.random.default_rng(0),
+        )
+        for explain in (True, False)
+    }
+    told, quiet = plans[True], plans[False]
+    assert told.actions and any(a.prediction for a in told.actions), told
+    assert any(a.reason for a in told.actions)
+    assert [(a.kind, a.job_id, a.allocation, a.batch) for a in quiet.actions] == [
+        (a.kind, a.job_id, a.allocation, a.batch) for a in told.actions
+    ]
+    assert quiet.unchanged == told.unchanged
+    assert all(a.prediction == {} and a.reason == "" for a in quiet.actions)
+    assert quiet.reasons == {} and quiet.predictions == {}

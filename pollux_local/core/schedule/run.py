@@ -75,7 +75,8 @@ def run_pass(snapshot: Snapshot, policy: Policy, rng: np.random.Generator) -> Pl
     capped = sharing.capped | pack_onto_new_hosts(
         candidates, allocations, nodes, limits.share_slowdown, limits.max_jobs_per_device
     )
-    waits = WaitingWords(decision, candidates, views, allocations, nodes, now)
+    explain = snapshot.explain
+    waits = WaitingWords(decision, candidates, views, allocations, nodes, now) if explain else None
     actions: list[Action] = []
     unchanged: list[int] = []
     reasons: dict[int, str] = {}
@@ -85,14 +86,14 @@ def run_pass(snapshot: Snapshot, policy: Policy, rng: np.random.Generator) -> Pl
         replicas = sum(len(v) for v in allocation.values())
         policy_reason = decision.reasons.get(job.job_id, "")
         if replicas == 0:
-            reason = waits.reason(job)
+            reason = waits.reason(job) if waits is not None else "waiting"
             if job.id in capped:  # a shared job that would fit but for the cap
                 reason = f"waiting: {capped[job.id]}; {reason.removeprefix('waiting: ')}"
             if job.running:
                 actions.append(Action(ActionKind.STOP, job.id, {}, None, f"preempted, {reason}"))
             else:
                 unchanged.append(job.id)
-                if reason != job.reason:
+                if explain and reason != job.reason:
                     reasons[job.id] = reason
             continue
         num_nodes = len(allocation)
@@ -102,12 +103,12 @@ def run_pass(snapshot: Snapshot, policy: Policy, rng: np.random.Generator) -> Pl
             model = job.models_by_type.get(placed_types.pop()) if len(placed_types) == 1 else None
         choice = choose_batch(job, model, num_nodes, replicas) if job.elastic else None
         try:
-            prediction = predict(model, num_nodes, choice)
+            prediction = predict(model, num_nodes, choice) if explain else {}
         except (ValueError, ArithmeticError):
             prediction = {}
         if job.running and same_allocation(allocation, job.allocation):
             unchanged.append(job.id)
-            if prediction != job.prediction:
+            if explain and prediction != job.prediction:
                 predictions[job.id] = prediction
             continue
         actions.append(
@@ -116,7 +117,7 @@ def run_pass(snapshot: Snapshot, policy: Policy, rng: np.random.Generator) -> Pl
                 job.id,
                 allocation,
                 choice,
-                describe(policy_reason, allocation, choice, prediction),
+                describe(policy_reason, allocation, choice, prediction) if explain else "",
                 prediction,
             )
         )

@@ -230,10 +230,14 @@ class Limits:
 @dataclass(frozen=True)
 class Snapshot:
     """One pass's inputs: the jobs (queued, running, rescaling), the nodes in order, the
-    devices stopping jobs still hold, the limits and the time."""
+    devices stopping jobs still hold, the limits and the time.  ``explain``: whether the plan
+    carries what people read, the predicted figures of placed jobs and the words of the
+    reasons (the simulator, which applies allocations only, asks for neither; the decisions
+    are the same either way)."""
 
     jobs: Sequence[JobInput]
     nodes: Sequence[NodeInput]
     now: float
     limits: Limits = Limits()
     holdings: Sequence[Holding] = ()
+    explain: bool = True
