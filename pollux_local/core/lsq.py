@@ -70,10 +70,11 @@ def solve_bounded(
     if not np.isfinite(cost):
         return LsqResult(x, cost, 0, False)
     jac = jacobian(x)
+    moves = np.any(jac != 0.0, axis=0)  # the variables r depends on here
 
     def finish(iteration: int, converged: bool) -> LsqResult:
         on_bound = bool(((x <= lower) | (x >= upper)).any())
-        flat = bool((~np.any(jac != 0.0, axis=0)).any())
+        flat = not bool(moves.all())
         return LsqResult(x, cost, iteration, converged and not (on_bound and flat))
 
     lam = INITIAL_DAMPING
@@ -81,7 +82,7 @@ def solve_bounded(
     for iteration in range(1, max_iterations + 1):
         grad = jac.T @ r
         held = ((x <= lower) & (grad > 0)) | ((x >= upper) & (grad < 0))
-        free = ~held & np.any(jac != 0.0, axis=0)  # a variable r ignores here takes no step
+        free = ~held & moves  # a variable r ignores here takes no step
         if not free.any():
             return finish(iteration, True)
         jf = jac[:, free]
@@ -97,7 +98,7 @@ def solve_bounded(
             if step is not None:
                 candidate = x.copy()
                 candidate[free] += step
-                candidate = np.clip(candidate, lower, upper)
+                candidate = np.minimum(np.maximum(candidate, lower), upper)
                 taken = candidate - x
                 tiny = float(np.linalg.norm(taken)) <= xtol * (xtol + float(np.linalg.norm(x)))
                 r_new = residuals(candidate)
@@ -112,6 +113,7 @@ def solve_bounded(
                     previous = cost
                     x, r, cost = candidate, r_new, cost_new
                     jac = jacobian(x)
+                    moves = np.any(jac != 0.0, axis=0)
                     if (actual <= ftol * previous and rho > 0.25) or tiny:
                         return finish(iteration, True)
                     break
