@@ -31,7 +31,7 @@ for the other rank); the other clock is in ``detail``.  A round holds a whole nu
 measuring periods at the default spacing, so the median of round ratios does not hide their
 cost; the mean ratio (total on / total off) is printed beside it.  Beside the ratio of summed
 times, the ``typical`` ratio (``measurement_typical_pct``) compares blocks whose steps each
-count at the median of their kind (measuring or not, :func:`typical_time`): the same cost,
+count at the median of their kind (measuring or not, :func:`typical_block_time`): the same cost,
 without the single steps' scheduling noise, so that two replicas' interval is narrower than
 1% in a few hundred rounds.
 
@@ -126,14 +126,15 @@ def block_time(steps: list[list[float]], clock: int) -> float:
     return math.fsum(step[clock] for step in steps)
 
 
-def typical_time(steps: list[list[float]], clock: int) -> float:
+def typical_block_time(steps: list[list[float]], clock: int) -> float:
     """A block's time with each step's noise replaced by its kind's median,
     n_meas * median(measuring steps) + n_rest * median(other steps).
 
     The measurement adds a fixed amount of work to the steps that measure; that shifts their
-    median by the same amount, so this keeps its cost.  What it drops is the right-skewed
-    scheduling noise of single steps (two ranks, their gloo threads and the machine's other
-    processes sharing two cores), which the sum carries whole: on two replicas the spread of
+    median by the same amount, so this keeps its cost.  What it drops is the scheduling noise
+    of single steps (two ranks, their gloo threads and the machine's other processes sharing
+    two cores: some steps find the other rank waiting, some wait for it), which the sum
+    carries whole: on two replicas the spread of
     the per-block ratio is about 1.7x smaller (a measured 80-block run: 2.1% against 3.7%).
     A cost that came as rare long stalls would not show here; the sum and the mean ratio
     beside it would show it."""
@@ -319,7 +320,9 @@ def overhead(replicas: int, args: argparse.Namespace) -> dict[str, Any]:
             )
             summary["mean_pct"] = round(100 * (total - 1), 2)
             figures[f"{num}/{den} {clock}"] = summary
-            typical = [typical_time(r[num], index) / typical_time(r[den], index) for r in rows]
+            typical = [
+                typical_block_time(r[num], index) / typical_block_time(r[den], index) for r in rows
+            ]
             figures[f"{num}/{den} {clock} typical"] = _summary(typical)
     for arm in ("on", "split"):
         if arm in rows[0]:
