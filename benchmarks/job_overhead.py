@@ -21,19 +21,19 @@ other processes on the shared machine, and the cache left behind by the step bef
 every arm alike.  The ``on`` and ``off`` arms are two trainers that swap roles every round
 (one turned on goes on measuring where it stopped): whatever sets one copy of the model apart
 from the other, such as where its memory lies, falls on both arms alike (before the swap, the
-two arms' ordinary steps, the same work, differed by up to 0.5% within one run).  Per round the ratios of the arms' summed times on/off (the cost of the
-measurement: the headline, goal <= 1%), off/plain (the rest of the library) and on/plain are
-taken (split/off and on/split too with ``--with-split``); the median over ``--rounds`` rounds
-is reported with a distribution-free 95% confidence interval (order statistics of the
-binomial: [x_(j), x_(n+1-j)], no assumption on the ratios' distribution).  The headline clock
+two arms' ordinary steps, the same work, differed by up to 0.5% within one run).  Per round
+the ratios of the arms' summed times on/off (the cost of the measurement: the headline, goal
+<= 1%), off/plain (the rest of the library) and on/plain are taken (split/off and on/split
+too with ``--with-split``); the median over ``--rounds`` rounds is reported with a
+distribution-free 95% confidence interval (order statistics of the binomial:
+[x_(j), x_(n+1-j)], no assumption on the ratios' distribution).  The headline clock
 is rank 0's process CPU time for one replica and wall clock for two (a step there also waits
 for the other rank); the other clock is in ``detail``.  A round holds a whole number of
 measuring periods at the default spacing, so the median of round ratios does not hide their
 cost; the mean ratio (total on / total off) is printed beside it.  Beside the ratio of summed
 times, the ``typical`` ratio (``measurement_typical_pct``) compares blocks whose steps each
-count at the median of their kind (measuring or not, :func:`typical_block_time`): the same cost,
-without the single steps' scheduling noise, so that two replicas' interval is narrower than
-1% in a few hundred rounds.
+count at the median of their kind (measuring or not, :func:`typical_block_time`): the same
+cost, without the single steps' scheduling noise.
 
 Restart.  ``restart_s``: from SIGTERM to a 1-replica job until the first optimizer step of its
 2-replica restart (checkpoint, exit 75, start two fresh processes, restore, first step), split
@@ -134,10 +134,9 @@ def typical_block_time(steps: list[list[float]], clock: int) -> float:
     median by the same amount, so this keeps its cost.  What it drops is the scheduling noise
     of single steps (two ranks, their gloo threads and the machine's other processes sharing
     two cores: some steps find the other rank waiting, some wait for it), which the sum
-    carries whole: on two replicas the spread of
-    the per-block ratio is about 1.7x smaller (a measured 80-block run: 2.1% against 3.7%).
-    A cost that came as rare long stalls would not show here; the sum and the mean ratio
-    beside it would show it."""
+    carries whole: on two replicas the spread of the per-block ratio is about 1.7x smaller
+    (a measured 80-block run: 2.1% against 3.7%).  A cost that came as rare long stalls would
+    not show here; the sum and the mean ratio beside it would show it."""
     kinds: dict[int, list[float]] = {}
     for step in steps:
         kinds.setdefault(int(step[2]), []).append(step[clock])

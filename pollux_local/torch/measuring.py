@@ -7,9 +7,9 @@ gradients are all-reduced by hand instead of overlapped by DDP).  Ordinary steps
 nothing: no hook, no norm, no host synchronisation.  With T the mean time of the last
 PLAIN_WINDOW ordinary steps and T' that of the last MEASURED_WINDOW measuring steps, each
 without steps stretched to a multiple of its median (:func:`typical_time`: a step stretched
-by another process moves neither; times are the process's CPU time for one replica on the CPU, the wall
-clock on CUDA or with several replicas: ``ElasticTrainer._cost_clock``), measuring steps are
-spaced
+by another process moves neither; times are the process's CPU time for one replica on the
+CPU, the wall clock on CUDA or with several replicas: ``ElasticTrainer._cost_clock``),
+measuring steps are spaced
 
     k = min(max(stats_interval, ceil(((T' - T) / T) / stats_budget)), MAX_STATS_INTERVAL)
 
