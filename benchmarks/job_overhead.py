@@ -62,6 +62,8 @@ from pollux_local.launch.base import pick_master_port
 REPO = Path(__file__).resolve().parents[1]
 PROBE = [sys.executable, "-m", "pollux_local.torch.probe"]
 ARMS = ("plain", "off", "on")
+#: The least spacing of the measuring arms' measuring steps.
+STATS_INTERVAL = 8
 WITH_SPLIT = (*ARMS, "split")
 
 
@@ -175,7 +177,7 @@ def worker(args: argparse.Namespace) -> int:
             report_interval_s=3600.0,
             checkpoint_interval_s=None,
             handle_sigterm=False,
-            stats_interval=8,
+            stats_interval=STATS_INTERVAL,
             stats_budget=args.stats_budget,
         )
 
@@ -193,13 +195,13 @@ def worker(args: argparse.Namespace) -> int:
     def measure(name: str, on: bool) -> None:
         """Turn a trainer's measurement on or off; turned on again it goes on where it
         stopped (its spacing, and the steps since its last measuring step)."""
-        schedule = trainers[name]._schedule
+        chosen, schedule = trainers[name], trainers[name]._schedule
         if on:
-            schedule.stats_interval, schedule.stats_budget = 8, args.stats_budget
+            chosen.stats_interval, chosen.stats_budget = STATS_INTERVAL, args.stats_budget
             schedule.interval, schedule.since = paused.pop(name, (schedule.interval, 0))
         else:
             paused[name] = (schedule.interval, schedule.since)
-            schedule.stats_interval, schedule.stats_budget = 10**9, None
+            chosen.stats_interval, chosen.stats_budget = 10**9, None
             schedule.interval = 10**9
 
     model_p: torch.nn.Module = make_model(args.features, args.hidden, args.classes, args.seed)
