@@ -331,6 +331,25 @@ def test_a_job_whose_growth_does_not_fit_stays_where_it_is() -> None:
     assert "kept" in decision.reasons["local"]
 
 
+def test_a_resize_in_place_keeps_a_node_the_job_runs_on() -> None:
+    # "grow" (it resizes in place) runs on 2 devices of n2 and grows to 4: n0, n1 and n2 could each hold 4, and a
+    # best fit by index alone would pick n0 (a restart elsewhere); it grows on n2, in place
+    nodes = cluster(3)
+    grow = job("grow", placement=(0, 0, 2), age_s=1e5, max_replicas=4, warm_resize_cost_s=5.0)
+    decision = GoodputPolicy().decide([grow], nodes, 0.0, np.random.default_rng(0))
+    assert decision.placements["grow"] == (0, 0, 4)
+    # growing onto two nodes keeps the one it runs on (n0 and n1 come first by index)
+    wide = job("wide", placement=(0, 0, 4), age_s=1e5, max_replicas=8, warm_resize_cost_s=5.0)
+    decision = GoodputPolicy().decide([wide], nodes, 0.0, np.random.default_rng(0))
+    check_invariants(decision, [wide], nodes)
+    placed = decision.placements["wide"]
+    assert sum(placed) == 8 and placed[2] == 4, placed
+    # a job that is only ever restarted has nothing to keep: the best fit, as before
+    cold = replace(grow, warm_resize_cost_s=None)
+    decision = GoodputPolicy().decide([cold], nodes, 0.0, np.random.default_rng(0))
+    assert decision.placements["grow"] == (4, 0, 0)
+
+
 def test_unchanged_jobs_keep_their_devices() -> None:
     nodes = cluster(4)
     jobs = [job(f"j{i}", age_s=5000.0) for i in range(6)]

@@ -98,9 +98,12 @@ class Placing(Search):
             if can_stay and not pl.consolidate:
                 candidate = pl.job.placement
             else:
-                candidate = self._fit(k, unheld, multi_node_on)
+                # a job that resizes in place keeps one of its nodes where it can
+                warm = pl.current_k > 0 and pl.job.warm_resize_cost_s is not None
+                now_on = pl.job.placement if warm else ()
+                candidate = self._fit(k, unheld, multi_node_on, now_on)
                 if candidate is None or nodes_spanned(candidate) > fewest:
-                    candidate = self._fit(k, free, multi_node_on)
+                    candidate = self._fit(k, free, multi_node_on, now_on)
             if candidate is None:
                 continue
             spans = nodes_spanned(candidate)
@@ -148,10 +151,17 @@ class Placing(Search):
         pl.k = int(sum(placement))
 
     @staticmethod
-    def _fit(k: int, free: list[int], multi_node_on: list[bool]) -> Placement | None:
-        """A placement of k devices on as few nodes as possible, or None."""
-        order = sorted(range(len(free)), key=lambda i: (free[i], i))
-        for i in order:  # best fit on a single node
+    def _fit(
+        k: int, free: list[int], multi_node_on: list[bool], now_on: Placement = ()
+    ) -> Placement | None:
+        """A placement of k devices on as few nodes as possible, or None.
+
+        ``now_on``: the running job's placement.  A node it runs on comes first (one that
+        holds all k, else at equal free devices), so that a resize keeps one of its nodes and
+        can be done in place instead of by a restart elsewhere."""
+        kept = [len(now_on) == len(free) and now_on[i] > 0 for i in range(len(free))]
+        order = sorted(range(len(free)), key=lambda i: (not kept[i], free[i], i))
+        for i in order:  # a node it runs on, else best fit on a single node
             if free[i] >= k:
                 placement = [0] * len(free)
                 placement[i] = k
@@ -159,7 +169,7 @@ class Placing(Search):
         # several nodes, none already used by another multi-node job; largest free first
         candidates = sorted(
             (i for i in range(len(free)) if free[i] > 0 and not multi_node_on[i]),
-            key=lambda i: (-free[i], i),
+            key=lambda i: (-free[i], not kept[i], i),
         )
         if sum(free[i] for i in candidates) < k:
             return None
