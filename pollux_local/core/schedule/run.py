@@ -101,14 +101,18 @@ def run_pass(snapshot: Snapshot, policy: Policy, rng: np.random.Generator) -> Pl
         if typed:  # the model of the type it is placed on
             placed_types = {type_of.get(name, "") for name in allocation}
             model = job.models_by_type.get(placed_types.pop()) if len(placed_types) == 1 else None
+        kept = job.running and same_allocation(allocation, job.allocation)
+        if kept and not explain:  # nothing to start, nothing to tell
+            unchanged.append(job.id)
+            continue
         choice = choose_batch(job, model, num_nodes, replicas) if job.elastic else None
         try:
             prediction = predict(model, num_nodes, choice) if explain else {}
         except (ValueError, ArithmeticError):
             prediction = {}
-        if job.running and same_allocation(allocation, job.allocation):
+        if kept:
             unchanged.append(job.id)
-            if explain and prediction != job.prediction:
+            if prediction != job.prediction:
                 predictions[job.id] = prediction
             continue
         actions.append(
