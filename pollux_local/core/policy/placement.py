@@ -1,5 +1,6 @@
 """Placement: which devices of which nodes a job's count lands on (packed, the fewest nodes,
-its current placement kept when it still fits)."""
+its current placement kept when it still fits, and a node it runs on kept when a job that
+resizes in place changes its count)."""
 
 from __future__ import annotations
 
