@@ -332,8 +332,9 @@ def test_a_job_whose_growth_does_not_fit_stays_where_it_is() -> None:
 
 
 def test_a_resize_in_place_keeps_a_node_the_job_runs_on() -> None:
-    # "grow" (it resizes in place) runs on 2 devices of n2 and grows to 4: n0, n1 and n2 could each hold 4, and a
-    # best fit by index alone would pick n0 (a restart elsewhere); it grows on n2, in place
+    # "grow" (it resizes in place) runs on 2 devices of n2 and grows to 4: n0, n1 and n2
+    # could each hold 4, and a best fit by index alone would pick n0 (a restart elsewhere);
+    # it grows on n2, in place
     nodes = cluster(3)
     grow = job("grow", placement=(0, 0, 2), age_s=1e5, max_replicas=4, warm_resize_cost_s=5.0)
     decision = GoodputPolicy().decide([grow], nodes, 0.0, np.random.default_rng(0))
