@@ -15,8 +15,9 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
+from pollux_local.api.resize import ResizeOrder
 from pollux_local.errors import PolluxError
 from pollux_local.launch.cgroups import Limits
 
@@ -77,9 +78,13 @@ class LaunchSpec:
     run_as_uid: int | None = None
     limits: Limits | None = None
     #: where this machine's launcher writes the incarnation's warm resize orders (a file of
-    #: the daemon's, given to the replicas as ``POLLUX_RESIZE_FILE``); ``None``: resized cold
-    #: only.  Never taken from the job's environment.
+    #: the daemon's, given to the replicas as ``POLLUX_RESIZE_FILE``); ``None``: none here.
+    #: Never taken from the job's environment.
     resize_file: Path | None = None
+    #: the replicas are started to take warm resize orders (this machine's: at
+    #: ``resize_file``; an SSH node's: at a file its node agent makes); ``False``: the
+    #: incarnation is only ever resized by a restart
+    takes_orders: bool = False
 
 
 class ReplicaGroup(Protocol):
@@ -107,6 +112,27 @@ class ReplicaGroup(Protocol):
 
     def pids(self) -> Mapping[int, int]:
         """rank -> pid (local pid for local replicas; remote pid when known)."""
+        ...
+
+
+@runtime_checkable
+class WarmResizable(ReplicaGroup, Protocol):
+    """A running incarnation that may change its replica count in place (``api/resize.py``,
+    ``daemon/executor/warm.py``): this machine's and an SSH node's groups."""
+
+    @property
+    def warm_capable(self) -> bool:
+        """Whether its replicas were started to take warm resize orders and it runs on one
+        node (an adopted group's are not known)."""
+        ...
+
+    async def resize_warm(
+        self, spec: LaunchSpec, order: ResizeOrder, ready_timeout_s: float
+    ) -> str | None:
+        """Change the running replicas to ``spec``'s in place: ranks ``spec`` adds are
+        started to join, ranks it drops leave.  Returns once the order is given and the
+        leavers are gone (``None``), or why the resize could not be ordered (one line; the
+        running replicas then never saw an order)."""
         ...
 
 

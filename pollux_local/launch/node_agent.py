@@ -24,6 +24,23 @@ Later stdin lines ``TERM``/``KILL`` signal every replica's process group.  When 
 (the daemon is gone, or the link was lost and the node's sshd noticed) the replicas get
 SIGTERM, then SIGKILL after ``orphan_grace_s``, so that no orphan keeps running.
 
+Warm resizes (``api/resize.py``; the local supervisor does the same on the daemon's machine).
+With ``"resize": true`` in the spec the agent makes a directory of its own for the
+incarnation's resize orders (``mkdtemp``, 0755, removed at the end) and gives every replica
+``POLLUX_RESIZE_FILE`` = its ``order.json``: no path of the job's user is ever written.  A
+stdin line ``RESIZE <json>`` (``{"generation", "world_size", "order", "joiners": [replica,
+...], "ready_timeout_s", "job_dir"}``) starts the joining replicas like the first ones, waits
+until each has created ``resize-ready-<generation>-<rank>`` in ``job_dir`` (only its existence
+is looked at), then writes ``order`` (the order's JSON, as the daemon encoded it) to the order
+file, atomically.  More lines::
+
+    ORDERED <generation>            the order is written
+    WARMFAIL <generation> <message> it was not (a joiner failed or was late, the job stops);
+                                    its joiners are killed
+    LEFT <rank> <code>              a replica is no longer one of the job's: a joiner of a
+                                    failed resize, or a rank at or above the ordered world
+                                    size that exited 0 (it left at a shrink)
+
 With ``"record": {"path", "token"}`` in the spec the agent keeps an exit record on the node
 (JSON, 0600, in a 0700 directory, replaced atomically), written once the replicas run, after
 each exit and once all have ended, so that a daemon that restarts reads what became of them
@@ -44,9 +61,11 @@ import contextlib
 import json
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import IO, Any, NoReturn
@@ -60,6 +79,11 @@ NOT_STARTED_EXIT_CODE = 127
 LOG_CHUNK = 1 << 16
 #: Seconds between two looks at the replicas' logs.
 TAIL_INTERVAL_S = 0.25
+#: Seconds between two looks for the joiners' ready files during a warm resize.
+READY_POLL_S = 0.1
+#: The file a joining replica creates in its job directory once it is about to rendezvous
+#: (``api.resize.ready_name``; tests/launch/test_node_agent.py holds them equal).
+READY_NAME = "resize-ready-{generation}-{rank}"
 
 
 class Lines:
@@ -193,12 +217,28 @@ class Supervisor:
         self.procs: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}  # pid -> (rank, proc)
         self.logs: dict[int, list[Any]] = {}  # rank -> [path, bytes already sent]
         self._pump_lock = threading.Lock()
+        #: guards the replicas' tables: the reaper, the control thread and a resize's watcher
+        self.lock = threading.RLock()
         self.record = ExitRecord(spec)
         self.pids: dict[int, int] = {}  # rank -> pid (0: could not be started)
         self.codes: dict[int, int] = {}  # rank -> exit code
         self.exits: list[int] = []  # ranks in the order they ended
         #: replicas were stopped by the agent itself because its stdin closed
         self.orphaned = False
+        self.cwd = "."
+        self.run_as: dict[str, Any] = {}
+        #: every replica has ended: nothing more is started
+        self.finished = False
+        #: a TERM or KILL came: no resize is started any more
+        self.stopping = False
+        #: the directory of the warm resize orders (``"resize"`` in the spec), and the file
+        self.order_dir: str | None = None
+        self.order_path: str | None = None
+        #: the newest warm resize: ``{"generation", "world_size", "state"}``, state one of
+        #: ``joining``, ``ordered``, ``failed``
+        self.warm: dict[str, Any] | None = None
+        self.joining: dict[int, int] = {}  # pid -> rank of the joiners not yet ordered in
+        self.left: set[int] = set()  # pids of replicas that are no longer the job's
 
     def ended(self, rank: int, code: int) -> None:
         """``rank`` ended with ``code``: recorded, then ``EXIT`` said."""
@@ -207,40 +247,68 @@ class Supervisor:
         self.record.write(self, "running")
         self.lines.say("EXIT", rank, code)
 
+    def gone(self, rank: int, code: int) -> None:
+        """``rank`` is no longer one of the job's replicas (``LEFT``): forgotten."""
+        self.pids.pop(rank, None)
+        self.codes.pop(rank, None)
+        self.exits = [r for r in self.exits if r != rank]
+        self.record.write(self, "running")
+        self.lines.say("LEFT", rank, code)
+
     def start(self, cwd: str, run_as: dict[str, Any]) -> None:
         """Start every replica, each appending to its log (after its banner); ``PID`` for each
-        started, ``EXIT <rank> 127`` for each that could not be."""
-        for r in self.spec["replicas"]:
-            path = os.path.expanduser(r["log"])
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fh = open(path, "ab")  # noqa: SIM115 - handed to the child, closed below
-            start = fh.tell()
-            fh.write(r.get("banner", "").encode())
-            fh.flush()
-            if run_as:
-                os.chown(path, run_as["user"], run_as["group"])
+        started, ``EXIT <rank> 127`` for each that could not be.  With ``"resize"`` in the
+        spec, first the directory of the incarnation's resize orders."""
+        self.cwd, self.run_as = cwd, run_as
+        if self.spec.get("resize"):
             try:
-                p = subprocess.Popen(
-                    r["argv"],
-                    cwd=cwd,
-                    env=r["env"],
-                    stdin=subprocess.DEVNULL,
-                    stdout=fh,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    **run_as,
-                )
-            except OSError as e:
-                fh.write(f"cannot start {r['argv'][0]}: {e}\n".encode())
-                fh.close()
-                self.pids[r["rank"]] = 0
-                self.ended(r["rank"], NOT_STARTED_EXIT_CODE)
-                continue
+                self.order_dir = tempfile.mkdtemp(prefix="pollux-resize-")
+                os.chmod(self.order_dir, 0o755)
+                self.order_path = os.path.join(self.order_dir, "order.json")
+            except OSError:
+                self.order_dir = self.order_path = None  # resized by restarts only
+        with self.lock:
+            for r in self.spec["replicas"]:
+                if self.spawn(r) is None:
+                    self.pids[r["rank"]] = 0
+                    self.ended(r["rank"], NOT_STARTED_EXIT_CODE)
+
+    def spawn(self, r: dict[str, Any]) -> int | None:
+        """Start replica ``r`` (under :attr:`lock`): its pid and ``PID`` said, or ``None``
+        (the reason in its log) when it could not be started."""
+        path = os.path.expanduser(r["log"])
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fh = open(path, "ab")  # noqa: SIM115 - handed to the child, closed below
+        start = fh.tell()
+        fh.write(r.get("banner", "").encode())
+        fh.flush()
+        if self.run_as:
+            os.chown(path, self.run_as["user"], self.run_as["group"])
+        env = dict(r["env"])
+        env.pop("POLLUX_RESIZE_FILE", None)
+        if self.order_path is not None:
+            env["POLLUX_RESIZE_FILE"] = self.order_path
+        try:
+            p = subprocess.Popen(
+                r["argv"],
+                cwd=self.cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                **self.run_as,
+            )
+        except OSError as e:
+            fh.write(f"cannot start {r['argv'][0]}: {e}\n".encode())
             fh.close()
-            self.procs[p.pid] = (r["rank"], p)
-            self.pids[r["rank"]] = p.pid
-            self.logs[r["rank"]] = [path, start]
-            self.lines.say("PID", r["rank"], p.pid)
+            return None
+        fh.close()
+        self.procs[p.pid] = (r["rank"], p)
+        self.pids[r["rank"]] = p.pid
+        self.logs[r["rank"]] = [path, start]
+        self.lines.say("PID", r["rank"], p.pid)
+        return p.pid
 
     def pump(self, rank: int) -> None:
         """Send what ``rank``'s log gained since the last call (``LOG`` lines)."""
@@ -265,49 +333,184 @@ class Supervisor:
                 self.pump(rank)
             time.sleep(TAIL_INTERVAL_S)
 
+    def live(self) -> list[subprocess.Popen[bytes]]:
+        return [p for _, p in list(self.procs.values()) if p.returncode is None]
+
     def signal_all(self, sig: int) -> None:
         """Send ``sig`` to the process group of every replica still running."""
-        for _, p in list(self.procs.values()):
-            if p.returncode is None:
-                with contextlib.suppress(OSError):
-                    os.killpg(p.pid, sig)
+        for p in self.live():
+            with contextlib.suppress(OSError):
+                os.killpg(p.pid, sig)
 
     def control(self, commands: IO[str]) -> None:
-        """Obey ``TERM``/``KILL`` lines; at their end (stdin closed) stop the replicas:
-        SIGTERM, up to ``orphan_grace_s`` for them to exit, then SIGKILL (a daemon thread)."""
+        """Obey ``TERM``/``KILL``/``RESIZE`` lines; at their end (stdin closed) stop the
+        replicas: SIGTERM, up to ``orphan_grace_s`` for them to exit, then SIGKILL (a daemon
+        thread)."""
         for line in commands:
-            cmd = line.strip()
-            if cmd == "TERM":
-                self.signal_all(signal.SIGTERM)
-            elif cmd == "KILL":
-                self.signal_all(signal.SIGKILL)
-        if any(p.returncode is None for _, p in self.procs.values()):
+            cmd, _, rest = line.strip().partition(" ")
+            if cmd in ("TERM", "KILL"):
+                self.stopping = True
+                self.warm_failed("the job is stopping")
+                self.signal_all(signal.SIGTERM if cmd == "TERM" else signal.SIGKILL)
+            elif cmd == "RESIZE":
+                self.take_resize(rest)
+        self.stopping = True
+        self.warm_failed("the daemon is gone")
+        if self.live():
             self.orphaned = True
             self.record.write(self, "running")
         self.signal_all(signal.SIGTERM)
         deadline = time.time() + float(self.spec.get("orphan_grace_s", 10))
-        while time.time() < deadline and any(p.returncode is None for _, p in self.procs.values()):
+        while time.time() < deadline and self.live():
             time.sleep(0.2)
         self.signal_all(signal.SIGKILL)
 
+    # --- warm resizes ---------------------------------------------------------------------
+
+    def take_resize(self, text: str) -> None:
+        """Start the warm resize of a ``RESIZE`` line: its joiners started, then watched by a
+        thread of their own until the order is written or the resize fails."""
+        try:
+            request = json.loads(text)
+            generation = int(request["generation"])
+            world_size = int(request["world_size"])
+            order = str(request["order"])
+            joiners = list(request.get("joiners") or ())
+            timeout_s = float(request.get("ready_timeout_s") or 60.0)
+            job_dir = str(request["job_dir"])
+        except (KeyError, TypeError, ValueError):
+            self.lines.say("WARMFAIL", 0, "a malformed resize request")
+            return
+        with self.lock:
+            why = None
+            if self.order_path is None:
+                why = "the replicas were not started to take resize orders"
+            elif self.finished or self.stopping:
+                why = "the job is stopping"
+            elif self.warm is not None and generation <= int(self.warm["generation"]):
+                why = "not newer than the last resize"
+            if why is not None:
+                self.lines.say("WARMFAIL", generation, why)
+                return
+            self.warm_failed("a newer resize came")
+            self.warm = {"generation": generation, "world_size": world_size, "state": "joining"}
+            for r in joiners:
+                pid = self.spawn(r)
+                if pid is None:
+                    self.warm_failed(f"rank {r['rank']}: cannot start {r['argv'][0]}")
+                    return
+                self.joining[pid] = int(r["rank"])
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        args = (generation, order, job_dir, deadline)
+        threading.Thread(target=self.watch_joiners, args=args, daemon=True).start()
+
+    def watch_joiners(self, generation: int, order: str, job_dir: str, deadline: float) -> None:
+        """Write the order once every joiner of ``generation`` is ready; give up at
+        ``deadline`` (a thread)."""
+        while True:
+            with self.lock:
+                warm = self.warm
+                if warm is None or warm["generation"] != generation or warm["state"] != "joining":
+                    return
+                ranks = list(self.joining.values())
+                ready = all(
+                    os.path.lexists(
+                        os.path.join(job_dir, READY_NAME.format(generation=generation, rank=rank))
+                    )
+                    for rank in ranks
+                )
+                if ready:
+                    self.write_order(order)
+                    return
+                if time.monotonic() > deadline:
+                    self.warm_failed("the joining replicas were not ready in time")
+                    return
+            time.sleep(READY_POLL_S)
+
+    def write_order(self, order: str) -> None:
+        """Replace the order file with ``order`` (a temporary file in the agent's own
+        directory, then a rename), then ``ORDERED``; under :attr:`lock`."""
+        warm = self.warm
+        assert warm is not None and self.order_dir is not None and self.order_path is not None
+        tmp = os.path.join(self.order_dir, ".order.tmp")
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            try:
+                os.fchmod(fd, 0o644)
+                os.write(fd, order.encode())
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.order_path)
+        except OSError as exc:
+            self.warm_failed(f"cannot write the resize order: {exc.strerror}")
+            return
+        self.joining.clear()
+        warm["state"] = "ordered"
+        self.lines.say("ORDERED", warm["generation"])
+
+    def warm_failed(self, why: str) -> None:
+        """The warm resize under way failed before its order: ``WARMFAIL``, and its joiners
+        are killed (each ``LEFT`` once reaped; the running replicas never saw an order)."""
+        with self.lock:
+            warm = self.warm
+            if warm is None or warm["state"] != "joining":
+                return
+            for pid in self.joining:
+                self.left.add(pid)
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+            self.joining.clear()
+            warm["state"] = "failed"
+            self.lines.say("WARMFAIL", warm["generation"], why.replace("\n", " "))
+
+    # --- ends -----------------------------------------------------------------------------
+
     def reap(self, stream: bool) -> None:
-        """Wait for every replica; ``EXIT <rank> <code>`` for each (after its last log bytes
-        when streaming), code 128+n for a replica killed by signal n."""
-        pending = dict(self.procs)
-        while pending:
+        """Wait for every replica, joiners included; ``EXIT <rank> <code>`` for each (after
+        its last log bytes when streaming), code 128+n for a replica killed by signal n;
+        ``LEFT`` instead for one that is no longer the job's."""
+        while True:
+            with self.lock:
+                if not self.live():
+                    self.finished = True
+                    break
             try:
                 pid, status = os.wait()
             except ChildProcessError:
-                break
-            if pid not in pending:
+                time.sleep(READY_POLL_S)
                 continue
-            rank, p = pending.pop(pid)
-            p.returncode = exit_code(status)
-            code = p.returncode if p.returncode >= 0 else 128 - p.returncode
-            if stream:
-                self.pump(rank)
-            self.ended(rank, code)
+            except InterruptedError:
+                continue
+            with self.lock:
+                entry = self.procs.get(pid)
+                if entry is None or entry[1].returncode is not None:
+                    continue
+                rank, p = entry
+                p.returncode = exit_code(status)
+                code = p.returncode if p.returncode >= 0 else 128 - p.returncode
+                if stream:
+                    self.pump(rank)
+                warm = self.warm
+                if pid in self.joining:  # a joiner that never joined: the resize failed
+                    del self.joining[pid]
+                    self.left.add(pid)
+                    self.warm_failed(f"joining rank {rank} exited with {code} first")
+                if pid in self.left:
+                    self.gone(rank, code)
+                elif (
+                    code == 0
+                    and warm is not None
+                    and warm["state"] == "ordered"
+                    and rank >= int(warm["world_size"])
+                ):
+                    self.gone(rank, code)  # left the job at a warm shrink
+                else:
+                    self.ended(rank, code)
         self.record.write(self, "ended")
+        if self.order_dir is not None:
+            shutil.rmtree(self.order_dir, ignore_errors=True)
 
 
 def main() -> None:

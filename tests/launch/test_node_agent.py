@@ -176,3 +176,205 @@ def test_the_exit_record_outlives_the_daemon_and_says_how_each_replica_ended(
     assert ended["exits"] == [0, 1]
     assert record.stat().st_mode & 0o777 == 0o600
     assert record.parent.stat().st_mode & 0o777 == 0o700
+
+
+# --- warm resizes ---------------------------------------------------------------------------------
+
+#: A replica that says where its orders come, waits for one and says what it read; then exits
+#: with the code given as its argument.
+WAIT_FOR_ORDER = """\
+import os, sys, time
+path = os.environ.get("POLLUX_RESIZE_FILE", "")
+print("file", path, flush=True)
+while not (path and os.path.exists(path)):
+    time.sleep(0.02)
+print("order", open(path).read(), flush=True)
+sys.exit(int(sys.argv[1]))
+"""
+
+#: A joiner: announces itself ready in the job directory (its first argument), then acts as
+#: :data:`WAIT_FOR_ORDER`.
+JOINER = (
+    """\
+import os, sys
+open(os.path.join(sys.argv[2], "resize-ready-" + sys.argv[3] + "-" + os.environ["RANK"]), "w")
+"""
+    + WAIT_FOR_ORDER
+)
+
+
+def send(proc: subprocess.Popen[str], line: str) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(line + "\n")
+    proc.stdin.flush()
+
+
+def protocol_until(proc: subprocess.Popen[str], last: list[str]) -> list[list[str]]:
+    """Protocol lines (``LOG`` decoded) up to and with the first whose leading parts are
+    ``last``."""
+    assert proc.stdout is not None
+    lines: list[list[str]] = []
+    while not lines or lines[-1][: len(last)] != last:
+        line = proc.stdout.readline()
+        assert line, f"the agent ended after {lines}"
+        parts = line.rstrip("\n").split(" ", 2)
+        if parts[0] == "LOG":
+            parts[2] = base64.b64decode(parts[2]).decode()
+        lines.append(parts)
+    return lines
+
+
+def logged(lines: list[list[str]], rank: int) -> str:
+    return "".join(p[2] for p in lines if p[:2] == ["LOG", str(rank)])
+
+
+def resize_line(
+    generation: int, world_size: int, joiners: list[dict[str, Any]], **extra: Any
+) -> str:
+    request = {
+        "generation": generation,
+        "world_size": world_size,
+        "order": json.dumps({"generation": generation, "world_size": world_size}),
+        "joiners": joiners,
+        "ready_timeout_s": 20,
+        **extra,
+    }
+    return "RESIZE " + json.dumps(request)
+
+
+def joiner(
+    tmp_path: Path, rank: int, generation: int, code: int = 0, program: str = JOINER
+) -> dict[str, Any]:
+    return {
+        "rank": rank,
+        "argv": [sys.executable, "-c", program, str(code), str(tmp_path), str(generation)],
+        "env": {"RANK": str(rank), "POLLUX_RESIZE_FILE": str(tmp_path / "theirs.json")},
+        "log": str(tmp_path / "logs" / f"rank{rank}.log"),
+        "banner": f"--- joined at resize {generation}\n",
+    }
+
+
+def test_the_agents_ready_file_name_is_the_apis() -> None:
+    from pollux_local.api.resize import ready_name
+
+    assert node_agent.READY_NAME.format(generation=7, rank=3) == ready_name(7, 3)
+
+
+def test_a_warm_grow_starts_the_joiners_and_writes_the_order_once_they_are_ready(
+    tmp_path: Path,
+) -> None:
+    # the job's own POLLUX_RESIZE_FILE is never where its orders come from
+    hostile = {"POLLUX_RESIZE_FILE": str(tmp_path / "theirs.json")}
+    spec = spec_for(
+        tmp_path,
+        [{"argv": [sys.executable, "-c", WAIT_FOR_ORDER, "0"], "env": hostile}],
+        resize=True,
+        record={"path": str(tmp_path / "run" / "1.json"), "token": "1:0"},
+    )
+    proc = start_agent(spec)
+    first = protocol_until(proc, ["LOG", "0"])
+    path = Path(logged(first, 0).split()[1])
+    assert path.name == "order.json" and path.parent != tmp_path
+    assert path.parent.stat().st_mode & 0o777 == 0o755 and not path.exists()
+    send(proc, resize_line(5, 2, [joiner(tmp_path, 1, 5)], job_dir=str(tmp_path)))
+    lines = protocol_until(proc, ["ORDERED"])
+    assert lines[-1] == ["ORDERED", "5"]
+    assert any(p[:2] == ["PID", "1"] for p in lines)
+    lines += lines_until_exits(proc, 2)
+    out, _ = proc.communicate(timeout=30)
+    lines += [line.split(" ", 2) for line in out.splitlines()]
+    assert ["EXIT", "0", "0"] in lines and ["EXIT", "1", "0"] in lines
+    assert not (tmp_path / "theirs.json").exists()
+    rank1 = (tmp_path / "logs" / "rank1.log").read_text()
+    assert rank1.startswith("--- joined at resize 5\n") and f"file {path}\n" in rank1
+    assert 'order {"generation": 5, "world_size": 2}' in rank1
+    assert not path.parent.exists()  # the agent's order directory goes with it
+    record = json.loads((tmp_path / "run" / "1.json").read_text())
+    assert [(r["rank"], r["exit_code"]) for r in record["replicas"]] == [(0, 0), (1, 0)]
+
+
+def test_at_a_warm_shrink_the_leaving_rank_is_left_not_exited(tmp_path: Path) -> None:
+    spec = spec_for(
+        tmp_path,
+        [
+            {
+                "argv": [
+                    sys.executable,
+                    "-c",
+                    WAIT_FOR_ORDER.replace("sys.exit", "time.sleep(0.5); sys.exit"),
+                    "0",
+                ],
+                "env": {},
+            },
+            {"argv": [sys.executable, "-c", WAIT_FOR_ORDER, "0"], "env": {}},
+        ],
+        resize=True,
+        record={"path": str(tmp_path / "run" / "2.json"), "token": "2:0"},
+    )
+    proc = start_agent(spec)
+    send(proc, resize_line(9, 1, [], job_dir=str(tmp_path)))
+    lines = protocol_until(proc, ["LEFT"])
+    assert ["ORDERED", "9"] in lines and lines[-1] == ["LEFT", "1", "0"]
+    record = json.loads((tmp_path / "run" / "2.json").read_text())
+    assert [r["rank"] for r in record["replicas"]] == [0]
+    lines += lines_until_exits(proc, 1)
+    assert [p for p in lines if p[0] == "EXIT"] == [["EXIT", "0", "0"]]
+    send(proc, resize_line(9, 1, [], job_dir=str(tmp_path)))  # not newer, and too late
+    assert proc.wait(timeout=30) == 0
+
+
+def test_a_joiner_that_fails_or_is_late_fails_the_resize_and_is_no_exit(tmp_path: Path) -> None:
+    spec = spec_for(
+        tmp_path, [{"argv": ["/bin/sleep", "30"], "env": {}}], resize=True, orphan_grace_s=0.5
+    )
+    proc = start_agent(spec)
+    next_line(proc, "PID")
+    send(
+        proc,
+        resize_line(
+            3, 2, [joiner(tmp_path, 1, 3, program="import sys; sys.exit(3)")], job_dir=str(tmp_path)
+        ),
+    )
+    lines = protocol_until(proc, ["LEFT"])
+    assert ["WARMFAIL", "3", "joining rank 1 exited with 3 first"] in lines
+    assert lines[-1] == ["LEFT", "1", "3"]
+    late = joiner(tmp_path, 1, 4, program="import time; time.sleep(30)")
+    send(proc, resize_line(4, 2, [late], job_dir=str(tmp_path), ready_timeout_s=0.5))
+    lines = protocol_until(proc, ["LEFT"])
+    assert ["WARMFAIL", "4", "the joining replicas were not ready in time"] in lines
+    assert lines[-1] == ["LEFT", "1", "137"]  # killed: 128 + SIGKILL
+    send(proc, resize_line(2, 2, [], job_dir=str(tmp_path)))
+    assert protocol_until(proc, ["WARMFAIL"])[-1] == [
+        "WARMFAIL",
+        "2",
+        "not newer than the last resize",
+    ]
+    send(proc, "garbage {")
+    send(proc, "RESIZE {not json")
+    assert protocol_until(proc, ["WARMFAIL"])[-1] == ["WARMFAIL", "0", "a malformed resize request"]
+    send(proc, "TERM")
+    assert next_line(proc, "EXIT") == ["EXIT", "0", "143"]
+    assert proc.wait(timeout=30) == 0
+
+
+def test_replicas_not_started_for_orders_get_no_order_file_and_refuse_resizes(
+    tmp_path: Path,
+) -> None:
+    spec = spec_for(
+        tmp_path,
+        [
+            {
+                "argv": ["/bin/sh", "-c", 'echo "[$POLLUX_RESIZE_FILE]"; sleep 30'],
+                "env": {"POLLUX_RESIZE_FILE": "/x"},
+            }
+        ],
+    )
+    proc = start_agent(spec)
+    assert protocol_until(proc, ["LOG", "0"])[-1][2] == "[]\n"
+    send(proc, resize_line(1, 2, [joiner(tmp_path, 1, 1)], job_dir=str(tmp_path)))
+    reply = protocol_until(proc, ["WARMFAIL"])
+    assert reply[-1] == ["WARMFAIL", "1", "the replicas were not started to take resize orders"]
+    assert not any(p[:2] == ["PID", "1"] for p in reply)
+    send(proc, "KILL")
+    assert next_line(proc, "EXIT") == ["EXIT", "0", "137"]
+    assert proc.wait(timeout=30) == 0

@@ -273,3 +273,72 @@ def _checkpoint_step(ckpt_dir: Path) -> int:
         return int(torch.load(path)["step"])
     except Exception:
         return -1
+
+
+#: A replica that says where its resize orders come, then waits; a joiner of a warm resize
+#: exits 3 when asked to fail (``FAIL_JOIN``), else announces itself ready and waits.
+WARM_SCRIPT = """
+if [ -n "$POLLUX_RESIZE_JOIN" ]; then
+  [ -n "$FAIL_JOIN" ] && exit 3
+  : > "$POLLUX_JOB_DIR/resize-ready-$POLLUX_RESIZE_JOIN-$RANK"
+fi
+echo "file=$POLLUX_RESIZE_FILE"
+exec sleep 60
+"""
+
+
+def test_a_warm_resize_on_one_node_fails_cleanly_then_grows_in_place(
+    testbed: Testbed, launcher: SshLauncher, tmp_path: Path
+) -> None:
+    from pollux_local.api.resize import ResizeOrder, decode_order
+
+    host = testbed.hosts[0]
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    env = {**job_env(tmp_path / "ckpt", world=1, port=29511), "POLLUX_JOB_DIR": str(job_dir)}
+    one = LaunchSpec(
+        job_id="41",
+        argv=["/bin/sh", "-c", WARM_SCRIPT],
+        workdir=tmp_path,
+        env={**env, "FAIL_JOIN": "1"},
+        slots=[ReplicaSlot(0, host.name, "cpu:0", 0, 0)],
+        log_dir=job_dir,
+        takes_orders=True,
+    )
+    two = LaunchSpec(
+        **{**one.__dict__, "slots": [*one.slots, ReplicaSlot(1, host.name, "cpu:1", 1, 0)]}
+    )
+
+    async def run() -> tuple[str | None, str | None, int | None, dict[int, int], int]:
+        group = await launcher.launch(one)
+        assert group.warm_capable
+        failed = await group.resize_warm(two, ResizeOrder(1, 2, "127.0.0.1", 29512), 10)
+        await asyncio.sleep(0.5)
+        still = group.poll()
+        assert group.spec is one and list(group.pids()) == [0]
+        grown = LaunchSpec(**{**two.__dict__, "env": env})
+        order = ResizeOrder(2, 2, "127.0.0.1", 29513, local_batch=8, accum_steps=1)
+        ordered = await group.resize_warm(grown, order, 10)
+        assert group.spec is grown
+        log = job_dir / "rank0.log"
+        for _ in range(100):  # the logs come back every quarter of a second
+            if log.exists() and "file=" in log.read_text():
+                break
+            await asyncio.sleep(0.1)
+        file = log.read_text().split("file=")[1].split()[0]
+        assert decode_order(Path(file).read_bytes()) == order
+        pids = dict(group.pids())
+        code = await group.stop(2.0)
+        return failed, ordered, still, pids, code
+
+    failed, ordered, still, pids, code = asyncio.run(run())
+    assert failed == "joining rank 1 exited with 3 first"  # and the group ran on
+    assert still is None and ordered is None
+    assert sorted(pids) == [0, 1]
+    assert code != 0  # both were stopped
+    file = (job_dir / "rank0.log").read_text().split("file=")[1].split()[0]
+    assert file.endswith("/order.json") and not file.startswith(str(tmp_path))
+    rank1 = (job_dir / "rank1.log").read_text()
+    assert "joined at resize 1" in rank1 and "joined at resize 2" in rank1
+    assert f"file={file}" in rank1
+    assert not Path(file).exists()  # the agent's order directory went with the incarnation

@@ -151,24 +151,25 @@ class ExecutorBase:
         return self.state_dir / "jobs" / job.job_id
 
     def build_spec(self, job: JobRecord, action: Action) -> LaunchSpec:
-        """The launch spec of one incarnation (ranks in node order, env per the contract);
-        an elastic job on one node of this machine is told where warm resize orders come
-        when ``[scheduler] warm_resize`` is on (``executor/warm.py``)."""
+        """The launch spec of one incarnation (ranks in node order, env per the contract).
+        With ``[scheduler] warm_resize`` on, an elastic job on one node (of this machine or
+        an SSH node) is started to take warm resize orders (``executor/warm.py``): here at a
+        file of the daemon's, there at one its node agent makes."""
         spec = build_launch_spec(job, action, self.config, self._job_dir(job), self.socket_path)
         nodes = {slot.node for slot in spec.slots}
         env = {k: v for k, v in spec.env.items() if k != "POLLUX_RESIZE_FILE"}  # never the job's
-        if (
-            self.config.warm_resize
-            and job.spec.elastic
-            and len(nodes) == 1
-            and self.config.node(next(iter(nodes))).is_local
-        ):
-            order_file = self.order_dir() / f"{job.job_id}-{job.restarts}.json"
-            with contextlib.suppress(FileNotFoundError):
-                order_file.unlink()  # never an order of an earlier incarnation
-            env["POLLUX_RESIZE_FILE"] = str(order_file)
-            return dataclasses.replace(spec, env=env, resize_file=order_file)
-        return dataclasses.replace(spec, env=env)
+        if not (self.config.warm_resize and job.spec.elastic and len(nodes) == 1):
+            return dataclasses.replace(spec, env=env)
+        node = self.config.node(next(iter(nodes)))
+        if node.slurm is not None:
+            return dataclasses.replace(spec, env=env)  # a job step is resized by a restart
+        if not node.is_local:
+            return dataclasses.replace(spec, env=env, takes_orders=True)
+        order_file = self.order_dir() / f"{job.job_id}-{job.restarts}.json"
+        with contextlib.suppress(FileNotFoundError):
+            order_file.unlink()  # never an order of an earlier incarnation
+        env["POLLUX_RESIZE_FILE"] = str(order_file)
+        return dataclasses.replace(spec, env=env, resize_file=order_file, takes_orders=True)
 
     def order_dir(self) -> Path:
         """``STATE_DIR/resize``: the warm resize orders, readable by the jobs (0755; each

@@ -1,21 +1,25 @@
-"""Warm resizes: an elastic job on one node of this machine changes its replica count in
-place (``[scheduler] warm_resize``); the replicas that stay keep training state in memory.
+"""Warm resizes: an elastic job on one node (of this machine or an SSH node) changes its
+replica count in place (``[scheduler] warm_resize``); the replicas that stay keep training
+state in memory.
 
 A ``RESIZE`` action is applied warm when all of these hold (:meth:`Warm._warm_action`), else
 as a checkpoint-restart as before:
 
-* the job is elastic, its group runs on this machine's launcher and was started to take
-  orders (the daemon gave it an order file, ``LaunchSpec.resize_file``: a path of the
-  daemon's, never one from the job's environment, since the supervisor writes there as root),
-  and its reports say it acts on them (``JobReport.resizes_in_place``: the job library's
+* the job is elastic, its group can resize in place (``launch.base.WarmResizable``: this
+  machine's launcher or the SSH launcher, not a Slurm step nor a group adopted after a
+  restart) and was started to take orders (``LaunchSpec.takes_orders``: here at an order file
+  of the daemon's, ``LaunchSpec.resize_file``, there at one the node agent makes, never a path
+  from the job's environment, since the supervisor or the agent writes there as root), and its
+  reports say it acts on them (``JobReport.resizes_in_place``: the job library's
   ``ElasticTrainer``);
 * it stays on the one node it runs on, and the replicas that stay keep their devices: a grow
   keeps every device and adds others, a shrink keeps the devices of the lowest ranks (the
   policy's choice of which to keep is swapped for those when no other start of the plan
   claims them).
 
-Then (:meth:`Warm._resize_warm`): the job goes ``RESCALING``; the supervisor starts the
-joiners and, once they are ready, writes the order (``LocalReplicaGroup.resize_warm``); the
+Then (:meth:`Warm._resize_warm`): the job goes ``RESCALING``; the supervisor (or the node
+agent) starts the joiners and, once they are ready, writes the order
+(``LocalReplicaGroup.resize_warm``, ``SshReplicaGroup.resize_warm``); the
 job goes back to ``RUNNING`` on its new devices once it reports a step at the new size.  Until
 then a stop of the group counts as a resize's (``StopIntent.RESIZE``): a job whose new group
 did not form checkpoints and exits 75, and is restarted at its new size.  When the order
@@ -38,8 +42,7 @@ from pollux_local.daemon.executor.exits import Exits
 from pollux_local.daemon.resizes import resizes_of
 from pollux_local.daemon.scheduler import Action, ActionKind
 from pollux_local.daemon.state import DecisionEntry
-from pollux_local.launch.base import LaunchSpec, ReplicaSlot, pick_master_port
-from pollux_local.launch.local import LocalReplicaGroup
+from pollux_local.launch.base import LaunchSpec, ReplicaSlot, WarmResizable, pick_master_port
 
 #: Orders of one incarnation are numbered from ``incarnation * GENERATIONS`` (a ready file
 #: left by an earlier incarnation's joiner never matches a newer order).
@@ -61,7 +64,7 @@ class Warm(Exits):
         group = self.groups.get(job_id)
         job = self.store.get_job(job_id)
         if (
-            not isinstance(group, LocalReplicaGroup)
+            not isinstance(group, WarmResizable)
             or not group.warm_capable
             or group.poll() is not None
             or job_id in self._warming
@@ -75,7 +78,7 @@ class Warm(Exits):
             return None
         nodes = {slot.node for slot in group.spec.slots}
         [node] = action.allocation
-        if nodes != {node} or not self.config.node(node).is_local:
+        if nodes != {node}:
             return None
         old = [slot.device for slot in sorted(group.spec.slots, key=lambda s: s.rank)]
         new = list(action.allocation[node])
@@ -95,7 +98,7 @@ class Warm(Exits):
         job_id = action.job_id
         group = self.groups.get(job_id)
         job = self.store.get_job(job_id)
-        if not isinstance(group, LocalReplicaGroup) or job is None:
+        if not isinstance(group, WarmResizable) or job is None:
             return
         now = self.clock()
         count = self._warm_count.get(job_id, 0) + 1
@@ -189,7 +192,7 @@ class Warm(Exits):
         return dataclasses.replace(spec, slots=slots, env=env)
 
     async def _stepped_at(
-        self, job_id: int, group: LocalReplicaGroup, replicas: int, progress: float | None
+        self, job_id: int, group: WarmResizable, replicas: int, progress: float | None
     ) -> bool:
         """Whether the job reports a step at ``replicas`` (beyond ``progress``) within
         ``warm_timeout_s``."""
@@ -208,7 +211,7 @@ class Warm(Exits):
             await asyncio.sleep(CONFIRM_POLL_S)
         return False
 
-    def _fall_back(self, job_id: int, group: LocalReplicaGroup, action: Action, why: str) -> None:
+    def _fall_back(self, job_id: int, group: WarmResizable, action: Action, why: str) -> None:
         """Resize ``job_id`` by checkpoint-restart after all (its group stopped for a
         resize; the job restarts on ``action``'s devices once it has exited)."""
         now = self.clock()
@@ -229,7 +232,7 @@ class Warm(Exits):
             except Exception:
                 log.exception("job %s: warm resize failed", job_id)
                 group = self.groups.get(job_id)
-                if isinstance(group, LocalReplicaGroup):
+                if isinstance(group, WarmResizable):
                     self._fall_back(job_id, group, action, "in place: failed")
             finally:
                 if self._warming.get(job_id) is task:

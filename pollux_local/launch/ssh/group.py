@@ -1,11 +1,14 @@
 """A job incarnation whose replicas run on SSH nodes: one ssh session per node, its ``PID``,
-``EXIT`` and ``LOG`` lines read back (:class:`SshReplicaGroup`)."""
+``EXIT`` and ``LOG`` lines read back (:class:`SshReplicaGroup`); on one node it may be
+resized in place (``RESIZE``, answered by ``ORDERED`` or ``WARMFAIL``, ``LEFT`` for the
+replicas that go: ``launch/node_agent.py``)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import contextlib
+import json
 import logging
 import os
 import stat
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pollux_local.api.resize import ResizeOrder, encode_order
 from pollux_local.api.states import ExitCode
 from pollux_local.launch.base import LaunchSpec
 from pollux_local.launch.logcap import (
@@ -35,6 +39,9 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger("pollux_local.launch.ssh")
+
+#: Seconds a warm resize waits for its node's answer beyond the joiners' ready timeout.
+ORDER_MARGIN_S = 10.0
 
 
 @dataclass
@@ -84,6 +91,8 @@ class SshReplicaGroup:
         self.started_at = time.monotonic()
         #: the launcher that started it (removes its exit records once its end is stored)
         self._launcher: SshLauncher | None = None
+        #: the node's answer to each warm resize under way: ``None`` once ordered, else why not
+        self._warm_replies: dict[int, asyncio.Future[str | None]] = {}
 
     # -- bookkeeping -------------------------------------------------------------------
     def _record_exit(self, session: _NodeSession, rank: int, code: int) -> None:
@@ -125,12 +134,22 @@ class SshReplicaGroup:
             try:
                 if kind == "PID" and len(parts) == 3:
                     session.remote_pids[int(parts[1])] = int(parts[2])
+                    if int(parts[1]) not in session.ranks:  # a joiner of a warm resize
+                        session.ranks.append(int(parts[1]))
                 elif kind == "LOG" and len(parts) == 3:
                     self._append_log(int(parts[1]), base64.b64decode(parts[2]))
                 elif kind == "EXIT" and len(parts) == 3:
                     self._record_exit(session, int(parts[1]), int(parts[2]))
                 elif kind == "FAIL":
                     session.failure = f"node {session.node.name}: " + " ".join(parts[1:])
+                elif kind == "ORDERED" and len(parts) == 2:
+                    self._warm_answer(int(parts[1]), None)
+                elif kind == "WARMFAIL" and len(parts) == 3:
+                    self._warm_answer(int(parts[1]), parts[2])
+                elif kind == "LEFT" and len(parts) == 3:
+                    rank = int(parts[1])
+                    session.remote_pids.pop(rank, None)
+                    session.ranks = [r for r in session.ranks if r != rank]
             except ValueError:
                 continue
         rc = await session.proc.wait()
@@ -215,6 +234,23 @@ class SshReplicaGroup:
         self._dropping[rank] = dropped + size
         return False
 
+    def _warm_answer(self, generation: int, error: str | None) -> None:
+        reply = self._warm_replies.get(generation)
+        if reply is not None and not reply.done():
+            reply.set_result(error)
+
+    async def _send(self, session: _NodeSession, line: str) -> bool:
+        """Write ``line`` to ``session``'s agent; whether it went."""
+        stdin = session.proc.stdin
+        if session.proc.returncode is not None or stdin is None or stdin.is_closing():
+            return False
+        try:
+            stdin.write(line.encode() + b"\n")
+            await asyncio.wait_for(stdin.drain(), 2.0)
+        except (ConnectionError, TimeoutError, RuntimeError):
+            return False
+        return True
+
     def _abandon_sessions(self) -> None:
         """Drop ssh clients that still run (their link is dead or the node hangs)."""
         for session in self._sessions:
@@ -224,14 +260,7 @@ class SshReplicaGroup:
 
     async def _signal_all(self, command: str) -> None:
         for session in self._sessions:
-            stdin = session.proc.stdin
-            if session.proc.returncode is not None or stdin is None or stdin.is_closing():
-                continue
-            try:
-                stdin.write(command.encode() + b"\n")
-                await asyncio.wait_for(stdin.drain(), 2.0)
-            except (ConnectionError, TimeoutError, RuntimeError):
-                continue
+            await self._send(session, command)
 
     async def _wait_for(self, timeout_s: float) -> bool:
         try:
@@ -285,6 +314,78 @@ class SshReplicaGroup:
         for session in self._sessions:
             pids.update(session.remote_pids)
         return pids
+
+    # -- warm resizes (launch.base.WarmResizable) --------------------------------------------
+    @property
+    def warm_capable(self) -> bool:
+        """Whether the replicas were started to take warm resize orders, on one node."""
+        return self.spec.takes_orders and len(self._sessions) == 1 and self._launcher is not None
+
+    async def resize_warm(
+        self, spec: LaunchSpec, order: ResizeOrder, ready_timeout_s: float
+    ) -> str | None:
+        """Change the running replicas to ``spec``'s in place, on their node: its agent starts
+        the joiners and, once they are ready, writes the order; the leavers of a shrink exit.
+        Returns once the order is written and the leavers are gone (``None``), or why the
+        resize could not be ordered (one line; the running replicas then never saw one)."""
+        if not self.warm_capable or self._done.is_set() or self._stopping:
+            return "the job's replicas do not take warm resize orders"
+        assert self._launcher is not None
+        [session] = self._sessions
+        old = self.spec
+        kept = {slot.rank for slot in old.slots}
+        added = [slot for slot in spec.slots if slot.rank not in kept]
+        what = f"joined at resize {order.generation}"
+        joiners = [
+            self._launcher.replica_payload(
+                spec, slot, session.node, None, what, POLLUX_RESIZE_JOIN=str(order.generation)
+            )
+            for slot in added
+        ]
+        request = {
+            "generation": order.generation,
+            "world_size": order.world_size,
+            "order": encode_order(order).decode(),
+            "joiners": joiners,
+            "ready_timeout_s": ready_timeout_s,
+            "job_dir": str(spec.log_dir),
+        }
+        reply: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._warm_replies[order.generation] = reply
+        for slot in added:  # their output comes back as the first replicas' does
+            self._log_files.setdefault(slot.rank, spec.log_dir / f"rank{slot.rank}.log")
+        if added:  # the joiners' devices are the group's from the start of a grow
+            self.spec = spec
+        deadline = time.monotonic() + ready_timeout_s + ORDER_MARGIN_S
+        try:
+            line = "RESIZE " + json.dumps(request, separators=(",", ":"))
+            if not await self._send(session, line):
+                reply.set_result(f"node {session.node.name} did not take the warm resize")
+            while not reply.done() and not self._done.is_set() and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            if not reply.done():
+                self.spec = old
+                return (
+                    "the job ended during its warm resize"
+                    if self._done.is_set()
+                    else f"node {session.node.name} did not answer the warm resize in time"
+                )
+            error = reply.result()
+            if error is not None:
+                self.spec = old
+                return error
+            while not self._done.is_set() and time.monotonic() < deadline:
+                if all(rank < order.world_size for rank in session.ranks):
+                    self.spec = spec
+                    return None
+                await asyncio.sleep(0.02)
+            return (
+                "the job ended during its warm resize"
+                if self._done.is_set()
+                else "the leaving replicas did not exit after the warm resize order"
+            )
+        finally:
+            self._warm_replies.pop(order.generation, None)
 
     def nodes(self) -> list[str]:
         return [s.node.name for s in self._sessions]

@@ -250,6 +250,29 @@ class SshLauncher:
             env["GLOO_SOCKET_IFNAME"] = node.gloo_ifname
         return env
 
+    def replica_payload(
+        self,
+        spec: LaunchSpec,
+        slot: ReplicaSlot,
+        node: SshNodeConfig,
+        master: str | None,
+        what: str,
+        **extra: str,
+    ) -> dict[str, Any]:
+        """One replica as the node agent starts it: its command, environment (``extra``
+        added), log on the node and the banner its log gets first (``what``: why it starts)."""
+        remote_logs = f"{node.workdir.rstrip('/')}/logs/{spec.job_id}"
+        return {
+            "rank": slot.rank,
+            "argv": list(spec.argv),
+            "env": {**self._replica_env(spec, slot, node, master), **extra},
+            "log": f"{remote_logs}/rank{slot.rank}.log",
+            "banner": (
+                f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {what}: rank {slot.rank}/"
+                f"{len(spec.slots)} on {node.name} {slot.device}\n"
+            ),
+        }
+
     async def launch(self, spec: LaunchSpec) -> SshReplicaGroup:
         """Start every replica of ``spec`` (all its slots must be on this launcher's nodes)."""
         by_node: dict[str, list[ReplicaSlot]] = {}
@@ -270,7 +293,6 @@ class SshLauncher:
         async def start(name: str, slots: list[ReplicaSlot]) -> _NodeSession:
             node = self._node(name)
             await self._ensure_master(node)
-            remote_logs = f"{node.workdir.rstrip('/')}/logs/{spec.job_id}"
             payload: dict[str, Any] = {
                 "node": name,
                 "cwd": str(spec.workdir),
@@ -283,20 +305,14 @@ class SshLauncher:
                     "token": record_token(spec.job_id, spec.env.get("POLLUX_RESTARTS", "0")),
                 },
                 "replicas": [
-                    {
-                        "rank": slot.rank,
-                        "argv": list(spec.argv),
-                        "env": self._replica_env(spec, slot, node, master),
-                        "log": f"{remote_logs}/rank{slot.rank}.log",
-                        "banner": (
-                            f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} start "
-                            f"#{spec.env.get('POLLUX_RESTARTS', '0')}: rank {slot.rank}/"
-                            f"{len(spec.slots)} on {name} {slot.device}\n"
-                        ),
-                    }
+                    self.replica_payload(
+                        spec, slot, node, master, f"start #{spec.env.get('POLLUX_RESTARTS', '0')}"
+                    )
                     for slot in slots
                 ],
             }
+            if spec.takes_orders and len(by_node) == 1:
+                payload["resize"] = True  # the agent makes the order file (node_agent.py)
             if probe is not None:
                 payload["probe"] = {"path": str(probe[0]), "token": probe[1], "dir": checkpoint_dir}
             proc = await asyncio.create_subprocess_exec(

@@ -1,0 +1,143 @@
+"""Warm resizes on an SSH node, through a real daemon: an elastic job on one namespace host
+with two CPU devices is shrunk when another job comes and grown back when it ends, in place
+(its node agent starts the joiner and writes the order; the replicas that stay are never
+restarted), and ends with every step taken exactly once.  That a job resized in place ends
+with the weights of an uninterrupted run is shown on this machine's nodes
+(``tests/daemon/test_warm_resize.py``): the job-side path is the same."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pollux_local import api
+from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
+
+from .conftest import PYTHON, REPO_ROOT
+from .testbed import Testbed
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+PROBE = ["-m", "pollux_local.torch.probe", "--base-batch", "32", "--max-batch", "32"]
+PROBE += ["--no-adapt", "--samples", "2048", "--pause", "0.002", "--activation", "tanh"]
+EPOCHS = 6
+
+
+def daemon_config(bed: Testbed, root: Path) -> str:
+    """The test bed's first host as the daemon's only node, with two CPU devices."""
+    host = bed.hosts[0]
+    options = ", ".join(json.dumps(o) for o in bed.ssh_options())
+    return (
+        "\n".join(
+            [
+                "[scheduler]",
+                "interval_s = 1",
+                "restart_cost_s = 2",
+                "warm_resize = true",
+                "warm_timeout_s = 60",
+                "[daemon]",
+                f'checkpoint_root = "{root / "ckpt"}"',
+                "pg_timeout_s = 30",
+                "stop_grace_s = 15",
+                f'[nodes."{host.name}"]',
+                f'host = "{host.name}"',
+                'devices = "cpu:2"',
+                f'address = "{host.address}"',
+                f'gloo_ifname = "{host.ifname}"',
+                f"ssh_options = [{options}]",
+                'python = "/usr/bin/python3"',
+                f'workdir = "{root / ("work-" + host.name)}"',
+            ]
+        )
+        + "\n"
+    )
+
+
+def show(daemon: DaemonProcess, job_id: str) -> api.ShowReply:
+    return daemon.client.call(api.Show(id=job_id))
+
+
+def replicas(daemon: DaemonProcess, job_id: str) -> int:
+    job = show(daemon, job_id).job
+    if job.state.value in ("failed", "cancelled"):
+        raise AssertionError(f"job {job_id} {job.state.value}: {job.reason}\n{daemon.output()}")
+    return sum(len(d) for d in job.devices.values()) if job.state.value == "running" else 0
+
+
+def waiting(daemon: DaemonProcess, job_id: str, predicate: Any, timeout_s: float, what: str) -> Any:
+    try:
+        return wait_for(predicate, timeout_s, what)
+    except AssertionError as exc:
+        reply = show(daemon, job_id)
+        lines = [f"{d.kind}: {d.reason} {d.placement}" for d in reply.decisions]
+        raise AssertionError(
+            f"{exc}\n{reply.job.state.value} {reply.job.reason}\n"
+            + "\n".join(lines)
+            + "\n"
+            + daemon.output()[-4000:]
+        ) from None
+
+
+def test_an_elastic_job_on_an_ssh_node_is_shrunk_and_grown_in_place(
+    testbed: Testbed, daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    daemon = daemon_factory(config=daemon_config(testbed, tmp_path), timeout_s=60)
+    out = tmp_path / "resized.pt"
+    slow = tmp_path / "slow"  # the job is paced while it exists
+    slow.touch()
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", "/root"),
+        "PYTHONPATH": str(REPO_ROOT),
+        "OMP_NUM_THREADS": "1",
+    }
+    args = ["--epochs", str(EPOCHS), "--out", str(out), "--pause-while", str(slow)]
+    job = daemon.client.call(
+        api.Submit(
+            argv=[PYTHON, *PROBE, *args],
+            workdir=str(tmp_path),
+            elastic=True,
+            min_gpus=1,
+            max_gpus=2,
+            batch_size=32,
+            max_batch_size=32,
+            name="resized",
+            env=env,
+        )
+    ).id
+    waiting(
+        daemon, job,
+        lambda: replicas(daemon, job) == 2 and show(daemon, job).job.report is not None,
+        120, "the job to run on both devices",
+    )  # fmt: skip
+    other = daemon.client.call(
+        api.Submit(argv=["sleep", "4"], workdir=str(tmp_path), name="other", env=env)
+    ).id
+    waiting(daemon, job, lambda: replicas(daemon, job) == 1, 60, "a shrink")
+    wait_for(lambda: show(daemon, other).job.state.value == "succeeded", 120, "the other job")
+    waiting(daemon, job, lambda: replicas(daemon, job) == 2, 60, "a grow")
+    slow.unlink()  # the rest of its steps at full speed
+    done = waiting(
+        daemon, job,
+        lambda: (j := show(daemon, job).job).state.value in ("succeeded", "failed") and j,
+        180, "the job to end",
+    )  # fmt: skip
+    reply = show(daemon, job)
+    decisions = [(d.kind, d.reason) for d in reply.decisions]
+    assert done.state.value == "succeeded", (done.reason, decisions)
+    in_place = [r for kind, r in decisions if kind == "resize" and r.endswith("(in place)")]
+    fell_back = [r for kind, r in decisions if "(in place:" in r]
+    assert len(in_place) >= 2 and not fell_back, decisions
+    assert done.restarts == 0, decisions  # started once, never restarted
+    # rank 1 was started on the node as a joiner at the grow (its log's banner came back)
+    joined = daemon.client.call(api.Logs(id=job, rank=1, offset=-(1 << 20), max_bytes=1 << 20))
+    assert "joined at resize" in joined.data and f"on {testbed.hosts[0].name}" in joined.data
+    assert reply.job.resizes_warm >= 2 and reply.job.resize_warm_s is not None, reply.job
+    # every step exactly once, through both resizes
+    assert torch.load(out, weights_only=False)["steps"] == EPOCHS * 2048 // 32
