@@ -11,11 +11,16 @@ cold runs alternate (``--rounds`` of each).  Printed per run: the daemon's media
 the job's newest resizes (it keeps 8 of each kind) and how many there were.
 
     OMP_NUM_THREADS=1 python benchmarks/daemon_resize.py --cycles 5 --rounds 2
+
+With ``--ssh`` (as root, with ``scripts/testbed-up`` done) the two devices are those of an SSH
+node instead: a network-namespace host of the test bed (``tests/multinode/testbed.py``), so
+that the node agent's resizes are timed the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -30,18 +35,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.daemon_runner import start_daemon  # noqa: E402
 from pollux_local.client import Client  # noqa: E402
+from tests.multinode.testbed import Testbed  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = ["-m", "pollux_local.torch.probe", "--base-batch", "32", "--max-batch", "32"]
 PROBE += ["--no-adapt", "--samples", "2048"]
 
 
-def start(state: Path, warm: bool) -> tuple[subprocess.Popen[bytes], Client]:
+def ssh_node(bed: Testbed, root: Path) -> str:
+    """The test bed's host as the daemon's only node, with two CPU devices."""
+    host = bed.hosts[0]
+    options = ", ".join(json.dumps(o) for o in bed.ssh_options())
+    return (
+        f'[nodes."{host.name}"]\nhost = "{host.name}"\ndevices = "cpu:2"\n'
+        f'address = "{host.address}"\ngloo_ifname = "{host.ifname}"\n'
+        f'ssh_options = [{options}]\npython = "/usr/bin/python3"\n'
+        f'workdir = "{root / "node-work"}"\n'
+    )
+
+
+def start(state: Path, warm: bool, bed: Testbed | None) -> tuple[subprocess.Popen[bytes], Client]:
     state.parent.mkdir(parents=True, exist_ok=True)
     config = state.parent / f"{state.name}.toml"
-    config.write_text(f"[scheduler]\nrestart_cost_s = 2\nwarm_resize = {str(warm).lower()}\n")
+    text = f"[scheduler]\nrestart_cost_s = 2\nwarm_resize = {str(warm).lower()}\n"
+    if bed is not None:
+        text += ssh_node(bed, state.parent)
+    config.write_text(text)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    daemon = start_daemon(state, policy="goodput", interval_s=1, env=env, config=config)
+    devices = None if bed is not None else "cpu:2"
+    daemon = start_daemon(
+        state, policy="goodput", interval_s=1, env=env, config=config, devices=devices
+    )
     return daemon, Client(state / "daemon.sock")
 
 
@@ -76,9 +100,11 @@ def wait(predicate: Any, timeout_s: float, what: str) -> None:
         time.sleep(0.1)
 
 
-def one_run(root: Path, warm: bool, cycles: int, pause: str) -> dict[str, Any]:
+def one_run(
+    root: Path, warm: bool, cycles: int, pause: str, bed: Testbed | None = None
+) -> dict[str, Any]:
     state = root / ("warm" if warm else "cold")
-    daemon, client = start(state, warm)
+    daemon, client = start(state, warm, bed)
     try:
         probe = submit(client, root, ["--epochs", "100000", "--pause", pause], "probe")
         wait(
@@ -112,14 +138,18 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=5, help="shrink-grow cycles per run")
     parser.add_argument("--rounds", type=int, default=1, help="warm and cold runs each")
     parser.add_argument("--pause", default="0.002", help="probe's seconds per sample")
+    parser.add_argument("--ssh", action="store_true", help="on an SSH node of the test bed")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="pollux-bench-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="pollux-bench-"))
+        os.chmod(tmp, 0o755)
+        bed = stack.enter_context(Testbed(n_hosts=1)) if args.ssh else None
         for round_ in range(args.rounds):
             order = (True, False) if round_ % 2 == 0 else (False, True)
             for warm in order:
-                run = one_run(Path(tmp) / f"r{round_}", warm, args.cycles, args.pause)
+                run = one_run(Path(tmp) / f"r{round_}", warm, args.cycles, args.pause, bed)
                 runs.append(run)
                 if not args.json:
                     print(json.dumps(run), flush=True)

@@ -27,13 +27,16 @@ def start_daemon(
     interval_s: float,
     env: dict[str, str] | None = None,
     config: Path | None = None,
+    devices: str | None = "cpu:2",
 ) -> subprocess.Popen[bytes]:
-    """``pollux-local daemon`` on ``cpu:2`` in ``state`` (with ``config``), once it answers a
-    ping."""
+    """``pollux-local daemon`` on ``devices`` of this machine (``None``: only the nodes of
+    ``config``) in ``state`` (with ``config``), once it answers a ping."""
     extra = ["--config", str(config)] if config is not None else []
+    if devices is not None:
+        extra += ["--devices", devices]
     daemon = subprocess.Popen(
         [sys.executable, "-m", "pollux_local", "daemon", "--state-dir", str(state),
-         "--devices", "cpu:2", "--interval", f"{interval_s:g}", "--policy", policy, *extra],
+         "--interval", f"{interval_s:g}", "--policy", policy, *extra],
         env=env or {**os.environ, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
