@@ -4,8 +4,9 @@ that they change their replica count in place (``torch/resizing.py``).
 The launcher writes the order as JSON, atomically, to the file named by
 ``POLLUX_RESIZE_FILE`` (a file of the launcher's, readable by the job: a daemon never writes
 into a job's directory); rank 0 reads it at a step agreement and every replica acts on it at
-the same step.  Replicas whose rank is below ``world_size`` stay (and keep their rank); the
-others leave with exit code 0.  Joining replicas are started with the new ``WORLD_SIZE``,
+the same step.  Replicas whose rank is below ``kept`` (by default ``world_size``) stay (and
+keep their rank); the others leave with exit code 0, and joiners take ranks ``kept`` and up
+(a move: some replicas leave while others join, on other nodes).  Joining replicas are started with the new ``WORLD_SIZE``,
 ``MASTER_PORT`` and ``POLLUX_RESIZE_JOIN`` = ``generation``, announce themselves ready
 (:func:`ready_name`: a file they create in their job directory), and receive the training state by broadcast from rank 0.
 """
@@ -30,7 +31,9 @@ class ResizeOrder(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Resize to ``world_size`` replicas, forming the new process group at
     ``master_addr:master_port``; ``generation`` counts the orders of one incarnation (an
     order not newer than the last one acted on is ignored).  ``local_batch`` and
-    ``accum_steps`` are the scheduler's (m, s) at the new size (``None``: the job chooses)."""
+    ``accum_steps`` are the scheduler's (m, s) at the new size (``None``: the job chooses).
+    ``kept``: how many of the running replicas stay, the lowest ranks (``None``: those below
+    ``world_size``); ``num_nodes``: the nodes the new group spans (``None``: as before)."""
 
     generation: Positive
     world_size: Positive
@@ -39,6 +42,12 @@ class ResizeOrder(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     local_batch: Positive | None = None
     accum_steps: Positive | None = None
     version: int = RESIZE_VERSION
+    kept: Positive | None = None
+    num_nodes: Positive | None = None
+
+    def stays(self, rank: int) -> bool:
+        """Whether the running replica of ``rank`` is one of the new group's."""
+        return rank < (self.kept if self.kept is not None else self.world_size)
 
 
 def encode_order(order: ResizeOrder) -> bytes:
@@ -58,6 +67,8 @@ def decode_order(data: bytes) -> ResizeOrder:
         raise PolluxError("bad resize order: not JSON") from None
     if order.version != RESIZE_VERSION:
         raise PolluxError(f"resize order version {order.version} is not {RESIZE_VERSION}")
+    if order.kept is not None and order.kept > order.world_size:
+        raise PolluxError(f"bad resize order: keeps {order.kept} of {order.world_size} replicas")
     return order
 
 

@@ -28,18 +28,24 @@ Warm resizes (``api/resize.py``; the local supervisor does the same on the daemo
 With ``"resize": true`` in the spec the agent makes a directory of its own for the
 incarnation's resize orders (``mkdtemp``, 0755, removed at the end) and gives every replica
 ``POLLUX_RESIZE_FILE`` = its ``order.json``: no path of the job's user is ever written.  A
-stdin line ``RESIZE <json>`` (``{"generation", "world_size", "order", "joiners": [replica,
-...], "ready_timeout_s", "job_dir"}``) starts the joining replicas like the first ones, waits
-until each has created ``resize-ready-<generation>-<rank>`` in ``job_dir`` (only its existence
-is looked at), then writes ``order`` (the order's JSON, as the daemon encoded it) to the order
-file, atomically.  More lines::
+stdin line ``RESIZE <json>`` (``{"generation", "kept", "order", "hold", "joiners": [replica,
+...], "ready_timeout_s", "job_dir"}``) starts the joining replicas like the first ones and
+waits until each has created ``resize-ready-<generation>-<rank>`` in ``job_dir`` (only its
+existence is looked at).  Then the order is given: ``order`` (the order's JSON as the daemon
+encoded it; ``null`` on a node other than rank 0's, which reads it) is written to the order
+file, atomically, and the running replicas of rank ``kept`` and up are noted as leaving.  With
+``"hold": true`` (a job on several nodes) the agent says ``READY`` instead and gives the order
+at a later ``ORDER <generation>`` line (the daemon orders rank 0's node last, once every node
+is ready and the others have noted their leavers); ``ABORT <generation>`` calls it off.  A
+spec with ``"join": {"generation", "kept", "ready_timeout_s", "job_dir"}`` starts a node's
+replicas as joiners of a held resize (a group that grows onto this node).  More lines::
 
-    ORDERED <generation>            the order is written
-    WARMFAIL <generation> <message> it was not (a joiner failed or was late, the job stops);
-                                    its joiners are killed
+    READY <generation>              every joiner here is ready (a held resize)
+    ORDERED <generation>            the order is given (written, when it is this node's)
+    WARMFAIL <generation> <message> it was not (a joiner failed or was late, the job stops,
+                                    an ABORT); its joiners are killed
     LEFT <rank> <code>              a replica is no longer one of the job's: a joiner of a
-                                    failed resize, or a rank at or above the ordered world
-                                    size that exited 0 (it left at a shrink)
+                                    failed resize, or one noted as leaving that exited 0
 
 With ``"record": {"path", "token"}`` in the spec the agent keeps an exit record on the node
 (JSON, 0600, in a 0700 directory, replaced atomically), written once the replicas run, after
@@ -239,6 +245,8 @@ class Supervisor:
         self.warm: dict[str, Any] | None = None
         self.joining: dict[int, int] = {}  # pid -> rank of the joiners not yet ordered in
         self.left: set[int] = set()  # pids of replicas that are no longer the job's
+        #: pids of the replicas that leave at the order given last (an exit 0 is ``LEFT``)
+        self.leaving: set[int] = set()
 
     def ended(self, rank: int, code: int) -> None:
         """``rank`` ended with ``code``: recorded, then ``EXIT`` said."""
@@ -267,11 +275,32 @@ class Supervisor:
                 self.order_path = os.path.join(self.order_dir, "order.json")
             except OSError:
                 self.order_dir = self.order_path = None  # resized by restarts only
+        join = self.spec.get("join")
+        if join:
+            self.start_joining(join)
+            return
         with self.lock:
             for r in self.spec["replicas"]:
                 if self.spawn(r) is None:
                     self.pids[r["rank"]] = 0
                     self.ended(r["rank"], NOT_STARTED_EXIT_CODE)
+
+    def start_joining(self, join: dict[str, Any]) -> None:
+        """This node's replicas join a running group (``"join"`` in the spec: a ``RESIZE``'s
+        fields, held): started as joiners, ``READY`` once all are, then ``ORDER``."""
+        generation = int(join["generation"])
+        with self.lock:
+            if self.order_path is None:
+                self.lines.say("WARMFAIL", generation, "no directory for resize orders")
+                return
+            self.begin_resize(generation, int(join["kept"]), None, True)
+            for r in self.spec["replicas"]:
+                pid = self.spawn(r)
+                if pid is None:
+                    self.warm_failed(f"rank {r['rank']}: cannot start {r['argv'][0]}")
+                    return
+                self.joining[pid] = int(r["rank"])
+        self.watch(generation, str(join["job_dir"]), float(join["ready_timeout_s"]))
 
     def spawn(self, r: dict[str, Any]) -> int | None:
         """Start replica ``r`` (under :attr:`lock`): its pid and ``PID`` said, or ``None``
@@ -354,6 +383,8 @@ class Supervisor:
                 self.signal_all(signal.SIGTERM if cmd == "TERM" else signal.SIGKILL)
             elif cmd == "RESIZE":
                 self.take_resize(rest)
+            elif cmd in ("ORDER", "ABORT"):
+                self.order_line(cmd, rest)
         self.stopping = True
         self.warm_failed("the daemon is gone")
         if self.live():
@@ -369,15 +400,18 @@ class Supervisor:
 
     def take_resize(self, text: str) -> None:
         """Start the warm resize of a ``RESIZE`` line: its joiners started, then watched by a
-        thread of their own until the order is written or the resize fails."""
+        thread of their own until the order is given or the resize fails."""
         try:
             request = json.loads(text)
             generation = int(request["generation"])
-            world_size = int(request["world_size"])
-            order = str(request["order"])
+            kept = int(request["kept"])
+            order = request.get("order")
             joiners = list(request.get("joiners") or ())
             timeout_s = float(request.get("ready_timeout_s") or 60.0)
             job_dir = str(request["job_dir"])
+            hold = bool(request.get("hold", False))
+            if order is not None and not isinstance(order, str):
+                raise TypeError("order")
         except (KeyError, TypeError, ValueError):
             self.lines.say("WARMFAIL", 0, "a malformed resize request")
             return
@@ -393,20 +427,36 @@ class Supervisor:
                 self.lines.say("WARMFAIL", generation, why)
                 return
             self.warm_failed("a newer resize came")
-            self.warm = {"generation": generation, "world_size": world_size, "state": "joining"}
+            self.begin_resize(generation, kept, order, hold)
             for r in joiners:
                 pid = self.spawn(r)
                 if pid is None:
                     self.warm_failed(f"rank {r['rank']}: cannot start {r['argv'][0]}")
                     return
                 self.joining[pid] = int(r["rank"])
+        self.watch(generation, job_dir, timeout_s)
+
+    def begin_resize(self, generation: int, kept: int, order: str | None, hold: bool) -> None:
+        """A warm resize of ``generation`` is under way (under :attr:`lock`): ``kept`` lowest
+        ranks stay; ``order`` is written here (``None``: not on this node; rank 0 reads it
+        elsewhere); with ``hold``, only once an ``ORDER`` line says so."""
+        self.warm = {
+            "generation": generation,
+            "kept": kept,
+            "order": order,
+            "hold": hold,
+            "state": "joining",
+        }
+
+    def watch(self, generation: int, job_dir: str, timeout_s: float) -> None:
+        """Watch the joiners of ``generation`` in a thread of their own."""
         deadline = time.monotonic() + max(0.0, timeout_s)
-        args = (generation, order, job_dir, deadline)
+        args = (generation, job_dir, deadline)
         threading.Thread(target=self.watch_joiners, args=args, daemon=True).start()
 
-    def watch_joiners(self, generation: int, order: str, job_dir: str, deadline: float) -> None:
-        """Write the order once every joiner of ``generation`` is ready; give up at
-        ``deadline`` (a thread)."""
+    def watch_joiners(self, generation: int, job_dir: str, deadline: float) -> None:
+        """Once every joiner of ``generation`` is ready: the order given, or ``READY`` said
+        when it is held; give up at ``deadline`` (a thread)."""
         while True:
             with self.lock:
                 warm = self.warm
@@ -420,32 +470,60 @@ class Supervisor:
                     for rank in ranks
                 )
                 if ready:
-                    self.write_order(order)
+                    if warm["hold"]:
+                        warm["state"] = "ready"
+                        self.lines.say("READY", generation)
+                    else:
+                        self.give_order()
                     return
                 if time.monotonic() > deadline:
                     self.warm_failed("the joining replicas were not ready in time")
                     return
             time.sleep(READY_POLL_S)
 
-    def write_order(self, order: str) -> None:
-        """Replace the order file with ``order`` (a temporary file in the agent's own
-        directory, then a rename), then ``ORDERED``; under :attr:`lock`."""
-        warm = self.warm
-        assert warm is not None and self.order_dir is not None and self.order_path is not None
-        tmp = os.path.join(self.order_dir, ".order.tmp")
+    def order_line(self, command: str, rest: str) -> None:
+        """``ORDER <generation>``: give the held order; ``ABORT <generation>``: call the
+        resize off (its joiners killed)."""
         try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-            try:
-                os.fchmod(fd, 0o644)
-                os.write(fd, order.encode())
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.order_path)
-        except OSError as exc:
-            self.warm_failed(f"cannot write the resize order: {exc.strerror}")
+            generation = int(rest)
+        except ValueError:
             return
+        with self.lock:
+            warm = self.warm
+            if warm is None or warm["generation"] != generation:
+                return
+            if command == "ABORT":
+                self.warm_failed("the resize was called off")
+            elif warm["state"] == "ready":
+                self.give_order()
+
+    def give_order(self) -> None:
+        """Write the order when it is this node's (a temporary file in the agent's own
+        directory, then a rename); the replicas that leave at it noted; then ``ORDERED``.
+        Under :attr:`lock`."""
+        warm = self.warm
+        assert warm is not None
+        if warm["order"] is not None:
+            assert self.order_dir is not None and self.order_path is not None
+            tmp = os.path.join(self.order_dir, ".order.tmp")
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+                try:
+                    os.fchmod(fd, 0o644)
+                    os.write(fd, warm["order"].encode())
+                finally:
+                    os.close(fd)
+                os.replace(tmp, self.order_path)
+            except OSError as exc:
+                self.warm_failed(f"cannot write the resize order: {exc.strerror}")
+                return
+        self.leaving = {
+            pid
+            for pid, (rank, p) in self.procs.items()
+            if p.returncode is None and pid not in self.joining and rank >= int(warm["kept"])
+        }
         self.joining.clear()
         warm["state"] = "ordered"
         self.lines.say("ORDERED", warm["generation"])
@@ -455,7 +533,7 @@ class Supervisor:
         are killed (each ``LEFT`` once reaped; the running replicas never saw an order)."""
         with self.lock:
             warm = self.warm
-            if warm is None or warm["state"] != "joining":
+            if warm is None or warm["state"] not in ("joining", "ready"):
                 return
             for pid in self.joining:
                 self.left.add(pid)
@@ -492,20 +570,12 @@ class Supervisor:
                 code = p.returncode if p.returncode >= 0 else 128 - p.returncode
                 if stream:
                     self.pump(rank)
-                warm = self.warm
                 if pid in self.joining:  # a joiner that never joined: the resize failed
                     del self.joining[pid]
                     self.left.add(pid)
                     self.warm_failed(f"joining rank {rank} exited with {code} first")
-                if pid in self.left:
-                    self.gone(rank, code)
-                elif (
-                    code == 0
-                    and warm is not None
-                    and warm["state"] == "ordered"
-                    and rank >= int(warm["world_size"])
-                ):
-                    self.gone(rank, code)  # left the job at a warm shrink
+                if pid in self.left or (code == 0 and pid in self.leaving):
+                    self.gone(rank, code)  # a joiner of a failed resize, or it left at one
                 else:
                     self.ended(rank, code)
         self.record.write(self, "ended")

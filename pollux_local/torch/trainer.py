@@ -668,14 +668,16 @@ class ElasticTrainer:
         self._resize.done(order.generation)
         payload = self._payload() if self.rank == 0 else None
         self._leave_group()
-        if self.rank >= order.world_size:
+        if not order.stays(self.rank):
             log.info("leaving at step %d (warm resize %d)", self.steps, order.generation)
             self.reporter.flush()
             sys.exit(0)
+        num_nodes = order.num_nodes or self.env.num_nodes
         self.env = dataclasses.replace(
             self.env,
             world_size=order.world_size,
-            local_world_size=order.world_size,
+            num_nodes=num_nodes,
+            local_world_size=order.world_size if num_nodes == 1 else self.env.local_world_size,
             master_addr=order.master_addr,
             master_port=order.master_port,
             local_batch=order.local_batch,

@@ -231,9 +231,10 @@ def logged(lines: list[list[str]], rank: int) -> str:
 def resize_line(
     generation: int, world_size: int, joiners: list[dict[str, Any]], **extra: Any
 ) -> str:
+    """A ``RESIZE`` line to ``world_size`` replicas, keeping those below it by default."""
     request = {
         "generation": generation,
-        "world_size": world_size,
+        "kept": min(world_size, extra.pop("kept", world_size)),
         "order": json.dumps({"generation": generation, "world_size": world_size}),
         "joiners": joiners,
         "ready_timeout_s": 20,
@@ -276,7 +277,7 @@ def test_a_warm_grow_starts_the_joiners_and_writes_the_order_once_they_are_ready
     path = Path(logged(first, 0).split()[1])
     assert path.name == "order.json" and path.parent != tmp_path
     assert path.parent.stat().st_mode & 0o777 == 0o755 and not path.exists()
-    send(proc, resize_line(5, 2, [joiner(tmp_path, 1, 5)], job_dir=str(tmp_path)))
+    send(proc, resize_line(5, 2, [joiner(tmp_path, 1, 5)], job_dir=str(tmp_path), kept=1))
     lines = protocol_until(proc, ["ORDERED"])
     assert lines[-1] == ["ORDERED", "5"]
     assert any(p[:2] == ["PID", "1"] for p in lines)
@@ -378,3 +379,79 @@ def test_replicas_not_started_for_orders_get_no_order_file_and_refuse_resizes(
     send(proc, "KILL")
     assert next_line(proc, "EXIT") == ["EXIT", "0", "137"]
     assert proc.wait(timeout=30) == 0
+
+
+def test_a_held_resize_is_ready_first_and_ordered_only_when_told(tmp_path: Path) -> None:
+    spec = spec_for(
+        tmp_path,
+        [
+            {"argv": [sys.executable, "-c", WAIT_FOR_ORDER, "0"], "env": {}},
+            {"argv": [sys.executable, "-c", WAIT_FOR_ORDER, "0"], "env": {}},
+        ],
+        resize=True,
+    )
+    proc = start_agent(spec)
+    # rank 1 leaves and a joiner takes its place (a move); the order is written here
+    line = resize_line(6, 2, [joiner(tmp_path, 2, 6)], job_dir=str(tmp_path), kept=1, hold=True)
+    send(proc, line)
+    assert protocol_until(proc, ["READY"])[-1] == ["READY", "6"]
+    order_file = Path(logged(protocol_until(proc, ["LOG", "0"]), 0).split()[1])
+    assert not order_file.exists()  # held
+    send(proc, "ORDER 5")  # not this resize's
+    send(proc, "ORDER 6")
+    lines = protocol_until(proc, ["ORDERED"])
+    assert json.loads(order_file.read_text()) == {"generation": 6, "world_size": 2}
+    assert proc.stdout is not None  # every replica ends by itself: so does the agent
+    lines += [line.split(" ", 2) for line in proc.stdout.read().splitlines()]
+    # rank 1 was running before the order and is not kept: it left; the joiner did not
+    assert ["LEFT", "1", "0"] in lines and ["EXIT", "2", "0"] in lines
+    assert ["EXIT", "0", "0"] in lines and not any(p[:2] == ["EXIT", "1"] for p in lines)
+    assert proc.wait(timeout=30) == 0
+
+
+def test_an_aborted_held_resize_kills_its_joiners(tmp_path: Path) -> None:
+    spec = spec_for(tmp_path, [{"argv": ["/bin/sleep", "30"], "env": {}}], resize=True)
+    proc = start_agent(spec)
+    next_line(proc, "PID")
+    send(
+        proc,
+        resize_line(
+            8, 2, [joiner(tmp_path, 1, 8)], job_dir=str(tmp_path), order=None, kept=1, hold=True
+        ),
+    )
+    assert protocol_until(proc, ["READY"])[-1] == ["READY", "8"]
+    send(proc, "ABORT 8")
+    lines = protocol_until(proc, ["LEFT"])
+    assert ["WARMFAIL", "8", "the resize was called off"] in lines
+    assert lines[-1][:2] == ["LEFT", "1"]
+    send(proc, "ORDER 8")  # too late: nothing
+    send(proc, "TERM")
+    assert next_line(proc, "EXIT") == ["EXIT", "0", "143"]
+    assert proc.wait(timeout=30) == 0
+
+
+def test_a_node_joined_by_a_growing_group_starts_its_replicas_as_joiners(tmp_path: Path) -> None:
+    join = {"generation": 4, "kept": 1, "ready_timeout_s": 20, "job_dir": str(tmp_path)}
+    spec = spec_for(tmp_path, [], resize=True, join=join)
+    spec["replicas"] = [joiner(tmp_path, 1, 4)]
+    proc = start_agent(spec)
+    lines = protocol_until(proc, ["READY"])
+    assert lines[-1] == ["READY", "4"] and any(p[:2] == ["PID", "1"] for p in lines)
+    send(proc, "ORDER 4")
+    assert protocol_until(proc, ["ORDERED"])[-1] == ["ORDERED", "4"]
+    # the order is read on rank 0's node: nothing is written here, and the joiner waits on
+    send(proc, "TERM")
+    assert next_line(proc, "EXIT") == ["EXIT", "1", "143"]
+    assert proc.wait(timeout=30) == 0
+
+
+def test_a_node_joined_whose_joiner_fails_ends_with_its_replica_left(tmp_path: Path) -> None:
+    join = {"generation": 4, "kept": 1, "ready_timeout_s": 20, "job_dir": str(tmp_path)}
+    spec = spec_for(tmp_path, [], resize=True, join=join)
+    spec["replicas"] = [joiner(tmp_path, 1, 4, program="import sys; sys.exit(3)")]
+    proc = start_agent(spec)
+    lines = protocol_until(proc, ["LEFT"])
+    assert ["WARMFAIL", "4", "joining rank 1 exited with 3 first"] in lines
+    assert lines[-1] == ["LEFT", "1", "3"]
+    out, _ = proc.communicate(timeout=30)  # nothing left to run: it ends by itself
+    assert proc.returncode == 0 and "EXIT" not in out

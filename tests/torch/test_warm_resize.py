@@ -69,8 +69,11 @@ def codes(procs: list[subprocess.Popen[bytes]], tmp: Path) -> list[int]:
     return result
 
 
-def run_warm(tmp: Path, before: int, after: int, at_step: int) -> tuple[list[int], Path]:
-    """``before`` replicas, an order to go to ``after`` placed after step ``at_step``."""
+def run_warm(
+    tmp: Path, before: int, after: int, at_step: int, kept: int | None = None
+) -> tuple[list[int], Path]:
+    """``before`` replicas, an order to go to ``after`` placed after step ``at_step``
+    (keeping the ``kept`` lowest ranks: the others leave and joiners take their places)."""
     tmp.mkdir(parents=True)
     (tmp / "job").mkdir()
     order_file = tmp / "job" / "resize.json"
@@ -82,6 +85,7 @@ def run_warm(tmp: Path, before: int, after: int, at_step: int) -> tuple[list[int
         master_addr="127.0.0.1",
         master_port=new_port,
         local_batch=LOCAL_BATCH,
+        kept=kept,
     )
     write_order(order_file.with_name("resize.json.next1"), order)
     common = {"POLLUX_RESIZE_FILE": str(order_file)}
@@ -91,7 +95,7 @@ def run_warm(tmp: Path, before: int, after: int, at_step: int) -> tuple[list[int
     ]
     procs += [
         replica(tmp, rank, after, new_port, log[:4], POLLUX_RESIZE_JOIN="1", **common)
-        for rank in range(before, after)
+        for rank in range(kept if kept is not None else before, after)
     ]
     return codes(procs, tmp), out
 
@@ -114,13 +118,15 @@ def run_cold(tmp: Path, before: int, after: int, at_step: int) -> tuple[list[int
     return first, second, out
 
 
-@pytest.mark.parametrize(("before", "after"), [(1, 2), (2, 1)])
+@pytest.mark.parametrize(("before", "after", "kept"), [(1, 2, None), (2, 1, None), (2, 2, 1)])
 def test_warm_resize_is_bit_identical_to_a_checkpoint_restart(
-    tmp_path: Path, before: int, after: int
+    tmp_path: Path, before: int, after: int, kept: int | None
 ) -> None:
-    warm_codes, warm_out = run_warm(tmp_path / "warm", before, after, at_step=5)
+    """A grow, a shrink, and a move (rank 1 leaves, a joiner becomes rank 1)."""
+    warm_codes, warm_out = run_warm(tmp_path / "warm", before, after, at_step=5, kept=kept)
     cold_first, cold_second, cold_out = run_cold(tmp_path / "cold", before, after, at_step=5)
-    assert warm_codes == [0] * max(before, after)  # a leaving replica exits 0
+    joined = after - (kept if kept is not None else min(before, after))
+    assert warm_codes == [0] * (before + joined)  # a leaving replica exits 0
     assert cold_first == [ExitCode.RESCALE] * before and cold_second == [0] * after
     warm, cold = torch.load(warm_out, weights_only=False), torch.load(cold_out, weights_only=False)
     assert warm["steps"] == cold["steps"] > 5
