@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -122,15 +122,21 @@ class WarmResizable(ReplicaGroup, Protocol):
 
     @property
     def warm_capable(self) -> bool:
-        """Whether its replicas were started to take warm resize orders and it runs on one
-        node (an adopted group's are not known)."""
+        """Whether its replicas were started to take warm resize orders (an adopted group's
+        are not known)."""
+        ...
+
+    def resizes_onto(self, nodes: Collection[str]) -> bool:
+        """Whether it can be resized in place onto ``nodes`` (this machine's: its one node;
+        SSH nodes: any of its launcher's)."""
         ...
 
     async def resize_warm(
         self, spec: LaunchSpec, order: ResizeOrder, ready_timeout_s: float
     ) -> str | None:
-        """Change the running replicas to ``spec``'s in place: ranks ``spec`` adds are
-        started to join, ranks it drops leave.  Returns once the order is given and the
+        """Change the running replicas to ``spec``'s in place: the ranks below
+        ``order.kept`` (by default those ``spec`` keeps) stay, ``spec``'s others are started
+        to join, the running others leave.  Returns once the order is given and the
         leavers are gone (``None``), or why the resize could not be ordered (one line; the
         running replicas then never saw an order)."""
         ...

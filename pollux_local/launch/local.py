@@ -32,7 +32,7 @@ import stat
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -546,6 +546,11 @@ class LocalReplicaGroup:
         """Whether the replicas were started to take warm resize orders (the daemon gave
         them an order file; an adopted group's is not known)."""
         return self.spec.resize_file is not None
+
+    def resizes_onto(self, nodes: Collection[str]) -> bool:
+        """Whether it can be resized in place onto ``nodes``: only onto the one node it runs
+        on (this machine's other nodes hold other device types)."""
+        return set(nodes) == {slot.node for slot in self.spec.slots}
 
     async def resize_warm(
         self, spec: LaunchSpec, order: ResizeOrder, ready_timeout_s: float

@@ -492,7 +492,12 @@ class Supervisor:
             warm = self.warm
             if warm is None or warm["generation"] != generation:
                 return
-            if command == "ABORT":
+            if command == "ABORT" and warm["state"] == "ordered" and warm["order"] is None:
+                # given here but not on rank 0's node: nobody leaves after all
+                self.leaving.clear()
+                warm["state"] = "failed"
+                self.lines.say("WARMFAIL", generation, "the resize was called off")
+            elif command == "ABORT":
                 self.warm_failed("the resize was called off")
             elif warm["state"] == "ready":
                 self.give_order()

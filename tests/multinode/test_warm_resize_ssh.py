@@ -1,9 +1,10 @@
-"""Warm resizes on an SSH node, through a real daemon: an elastic job on one namespace host
+"""Warm resizes on SSH nodes, through a real daemon: an elastic job on one namespace host
 with two CPU devices is shrunk when another job comes and grown back when it ends, in place
 (its node agent starts the joiner and writes the order; the replicas that stay are never
-restarted), and ends with every step taken exactly once.  That a job resized in place ends
-with the weights of an uninterrupted run is shown on this machine's nodes
-(``tests/daemon/test_warm_resize.py``): the job-side path is the same."""
+restarted), and ends with every step taken exactly once; a job across two hosts gives one up
+and grows back onto it (a new agent there starts the joiner) the same way.  That a job
+resized in place ends with the weights of an uninterrupted run is shown on this machine's
+nodes (``tests/daemon/test_warm_resize.py``): the job-side path is the same."""
 
 from __future__ import annotations
 
@@ -27,36 +28,40 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 PROBE = ["-m", "pollux_local.torch.probe", "--base-batch", "32", "--max-batch", "32"]
 PROBE += ["--no-adapt", "--samples", "2048", "--pause", "0.002", "--activation", "tanh"]
 EPOCHS = 6
+ENV = {
+    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+    "HOME": os.environ.get("HOME", "/root"),
+    "PYTHONPATH": str(REPO_ROOT),
+    "OMP_NUM_THREADS": "1",
+}
 
 
-def daemon_config(bed: Testbed, root: Path) -> str:
-    """The test bed's first host as the daemon's only node, with two CPU devices."""
-    host = bed.hosts[0]
+def daemon_config(bed: Testbed, root: Path, hosts: int = 1, devices: str = "cpu:2") -> str:
+    """The test bed's first ``hosts`` hosts as the daemon's only nodes, with ``devices``."""
     options = ", ".join(json.dumps(o) for o in bed.ssh_options())
-    return (
-        "\n".join(
-            [
-                "[scheduler]",
-                "interval_s = 1",
-                "restart_cost_s = 2",
-                "warm_resize = true",
-                "warm_timeout_s = 60",
-                "[daemon]",
-                f'checkpoint_root = "{root / "ckpt"}"',
-                "pg_timeout_s = 30",
-                "stop_grace_s = 15",
-                f'[nodes."{host.name}"]',
-                f'host = "{host.name}"',
-                'devices = "cpu:2"',
-                f'address = "{host.address}"',
-                f'gloo_ifname = "{host.ifname}"',
-                f"ssh_options = [{options}]",
-                'python = "/usr/bin/python3"',
-                f'workdir = "{root / ("work-" + host.name)}"',
-            ]
-        )
-        + "\n"
-    )
+    lines = [
+        "[scheduler]",
+        "interval_s = 1",
+        "restart_cost_s = 2",
+        "warm_resize = true",
+        "warm_timeout_s = 60",
+        "[daemon]",
+        f'checkpoint_root = "{root / "ckpt"}"',
+        "pg_timeout_s = 30",
+        "stop_grace_s = 15",
+    ]
+    for host in bed.hosts[:hosts]:
+        lines += [
+            f'[nodes."{host.name}"]',
+            f'host = "{host.name}"',
+            f'devices = "{devices}"',
+            f'address = "{host.address}"',
+            f'gloo_ifname = "{host.ifname}"',
+            f"ssh_options = [{options}]",
+            'python = "/usr/bin/python3"',
+            f'workdir = "{root / ("work-" + host.name)}"',
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def show(daemon: DaemonProcess, job_id: str) -> api.ShowReply:
@@ -84,50 +89,36 @@ def waiting(daemon: DaemonProcess, job_id: str, predicate: Any, timeout_s: float
         ) from None
 
 
-def test_an_elastic_job_on_an_ssh_node_is_shrunk_and_grown_in_place(
-    testbed: Testbed, daemon_factory: DaemonFactory, tmp_path: Path
-) -> None:
-    daemon = daemon_factory(config=daemon_config(testbed, tmp_path), timeout_s=60)
-    out = tmp_path / "resized.pt"
-    slow = tmp_path / "slow"  # the job is paced while it exists
-    slow.touch()
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": os.environ.get("HOME", "/root"),
-        "PYTHONPATH": str(REPO_ROOT),
-        "OMP_NUM_THREADS": "1",
-    }
+def submit_probe(daemon: DaemonProcess, workdir: Path, out: Path, slow: Path) -> str:
+    """The elastic probe job of one or two devices at a fixed total batch of 32, paced while
+    ``slow`` exists."""
     args = ["--epochs", str(EPOCHS), "--out", str(out), "--pause-while", str(slow)]
-    job = daemon.client.call(
+    return daemon.client.call(
         api.Submit(
             argv=[PYTHON, *PROBE, *args],
-            workdir=str(tmp_path),
+            workdir=str(workdir),
             elastic=True,
             min_gpus=1,
             max_gpus=2,
             batch_size=32,
             max_batch_size=32,
             name="resized",
-            env=env,
+            env=ENV,
         )
     ).id
-    waiting(
-        daemon, job,
-        lambda: replicas(daemon, job) == 2 and show(daemon, job).job.report is not None,
-        120, "the job to run on both devices",
-    )  # fmt: skip
-    other = daemon.client.call(
-        api.Submit(argv=["sleep", "4"], workdir=str(tmp_path), name="other", env=env)
-    ).id
-    waiting(daemon, job, lambda: replicas(daemon, job) == 1, 60, "a shrink")
-    wait_for(lambda: show(daemon, other).job.state.value == "succeeded", 120, "the other job")
-    waiting(daemon, job, lambda: replicas(daemon, job) == 2, 60, "a grow")
-    slow.unlink()  # the rest of its steps at full speed
-    done = waiting(
+
+
+def until_done(daemon: DaemonProcess, job: str) -> Any:
+    return waiting(
         daemon, job,
         lambda: (j := show(daemon, job).job).state.value in ("succeeded", "failed") and j,
         180, "the job to end",
     )  # fmt: skip
+
+
+def check_resized_in_place(daemon: DaemonProcess, job: str, done: Any, out: Path) -> str:
+    """Succeeded, resized in place (at least a shrink and a grow), never restarted, every
+    step taken exactly once; returns rank 1's log."""
     reply = show(daemon, job)
     decisions = [(d.kind, d.reason) for d in reply.decisions]
     assert done.state.value == "succeeded", (done.reason, decisions)
@@ -135,9 +126,62 @@ def test_an_elastic_job_on_an_ssh_node_is_shrunk_and_grown_in_place(
     fell_back = [r for kind, r in decisions if "(in place:" in r]
     assert len(in_place) >= 2 and not fell_back, decisions
     assert done.restarts == 0, decisions  # started once, never restarted
-    # rank 1 was started on the node as a joiner at the grow (its log's banner came back)
-    joined = daemon.client.call(api.Logs(id=job, rank=1, offset=-(1 << 20), max_bytes=1 << 20))
-    assert "joined at resize" in joined.data and f"on {testbed.hosts[0].name}" in joined.data
     assert reply.job.resizes_warm >= 2 and reply.job.resize_warm_s is not None, reply.job
-    # every step exactly once, through both resizes
     assert torch.load(out, weights_only=False)["steps"] == EPOCHS * 2048 // 32
+    return daemon.client.call(api.Logs(id=job, rank=1, offset=-(1 << 20), max_bytes=1 << 20)).data
+
+
+def test_an_elastic_job_on_an_ssh_node_is_shrunk_and_grown_in_place(
+    testbed: Testbed, daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    daemon = daemon_factory(config=daemon_config(testbed, tmp_path), timeout_s=60)
+    out, slow = tmp_path / "resized.pt", tmp_path / "slow"
+    slow.touch()  # the job is paced while it exists
+    job = submit_probe(daemon, tmp_path, out, slow)
+    waiting(
+        daemon, job,
+        lambda: replicas(daemon, job) == 2 and show(daemon, job).job.report is not None,
+        120, "the job to run on both devices",
+    )  # fmt: skip
+    other = daemon.client.call(
+        api.Submit(argv=["sleep", "4"], workdir=str(tmp_path), name="other", env=ENV)
+    ).id
+    waiting(daemon, job, lambda: replicas(daemon, job) == 1, 60, "a shrink")
+    wait_for(lambda: show(daemon, other).job.state.value == "succeeded", 120, "the other job")
+    waiting(daemon, job, lambda: replicas(daemon, job) == 2, 60, "a grow")
+    slow.unlink()  # the rest of its steps at full speed
+    rank1 = check_resized_in_place(daemon, job, until_done(daemon, job), out)
+    # rank 1 was started on the node as a joiner at the grow (its log's banner came back)
+    assert "joined at resize" in rank1 and f"on {testbed.hosts[0].name}" in rank1
+
+
+def test_a_job_across_two_ssh_nodes_gives_one_up_and_grows_back_onto_it_in_place(
+    testbed: Testbed, daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    h1, h2 = testbed.hosts
+    config = daemon_config(testbed, tmp_path, hosts=2, devices="cpu:1")
+    daemon = daemon_factory(config=config, timeout_s=60)
+    out, slow = tmp_path / "resized.pt", tmp_path / "slow"
+    slow.touch()
+    job = submit_probe(daemon, tmp_path, out, slow)
+    waiting(
+        daemon, job,
+        lambda: replicas(daemon, job) == 2 and show(daemon, job).job.report is not None,
+        120, "the job to run on both hosts",
+    )  # fmt: skip
+    assert sorted(show(daemon, job).job.devices) == [h1.name, h2.name]
+    # a job that may only run on the second host: rank 0, on the first, stays
+    other = daemon.client.call(
+        api.Submit(
+            argv=["sleep", "4"], workdir=str(tmp_path), name="other", env=ENV,
+            constraint=api.Constraint(nodes=[h2.name]),
+        )
+    ).id  # fmt: skip
+    waiting(daemon, job, lambda: replicas(daemon, job) == 1, 60, "a shrink off the second host")
+    assert list(show(daemon, job).job.devices) == [h1.name]
+    wait_for(lambda: show(daemon, other).job.state.value == "succeeded", 120, "the other job")
+    waiting(daemon, job, lambda: replicas(daemon, job) == 2, 60, "a grow back onto it")
+    slow.unlink()
+    rank1 = check_resized_in_place(daemon, job, until_done(daemon, job), out)
+    # rank 1 joined on the second host, whose agent the grow started
+    assert "joined at resize" in rank1 and f"on {h2.name}" in rank1

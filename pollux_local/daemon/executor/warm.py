@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Collection, Mapping, Sequence
 
 from pollux_local.api.resize import ResizeOrder
 from pollux_local.api.states import DecisionKind, JobState, StopIntent
@@ -49,6 +50,51 @@ from pollux_local.launch.base import LaunchSpec, ReplicaSlot, WarmResizable, pic
 GENERATIONS = 1000
 #: How often the job's reports are looked at while a warm resize waits for its first step.
 CONFIRM_POLL_S = 0.1
+
+
+def plan_in_place(
+    old: Sequence[Device], new: Mapping[str, Sequence[str]], claimed: Collection[Device]
+) -> tuple[list[Device], int] | None:
+    """How the running replicas (``old``: (node, device) by rank) become ``new``'s (node ->
+    devices, the policy's choice) in place: the new group's (node, device) by rank, and how
+    many of the running ranks stay (``kept``); ``None`` when it must be a checkpoint-restart.
+
+    The ranks that stay are the longest prefix of ``old`` that ``new``'s count on each node
+    holds (rank 0 among them: it holds the state the others receive); they keep their
+    devices, in place of the policy's choice on their node where it differs, unless another
+    start of the plan claims one (``claimed``).  The others leave, and joiners take ranks
+    ``kept`` and up on the devices of the policy's choice that no running replica holds: a
+    joiner never waits for a leaver's device, and a node never has both (its agent knows a
+    replica by rank)."""
+    counts = {node: len(devices) for node, devices in new.items() if devices}
+    on: dict[str, int] = {}
+    kept = 0
+    for node, _ in old:
+        if on.get(node, 0) >= counts.get(node, 0):
+            break
+        on[node] = on.get(node, 0) + 1
+        kept += 1
+    if kept == 0:
+        return None  # rank 0's node is not in the new allocation
+    stay = list(old[:kept])
+    held = set(old)
+    leaving = {node for node, _ in old[kept:]}
+    slots = list(stay)
+    for node, devices in new.items():
+        need = counts.get(node, 0) - on.get(node, 0)
+        if need <= 0:
+            continue
+        if node in leaving:
+            return None
+        free = [device for device in devices if (node, device) not in held]
+        if len(free) < need:
+            return None
+        slots += [(node, device) for device in free[:need]]
+    if any((node, device) in claimed for node, device in stay if device not in new.get(node, ())):
+        return None
+    if len(slots) == len(old) and kept == len(old):
+        return None  # nothing changes
+    return slots, kept
 
 
 class Warm(Exits):
@@ -73,24 +119,20 @@ class Warm(Exits):
             or job.state is not JobState.RUNNING
             or job.report is None
             or not job.report.resizes_in_place
-            or len(action.allocation) != 1
         ):
             return None
-        nodes = {slot.node for slot in group.spec.slots}
-        [node] = action.allocation
-        if nodes != {node}:
+        old = [(slot.node, slot.device) for slot in sorted(group.spec.slots, key=lambda s: s.rank)]
+        wanted = {node: list(devices) for node, devices in action.allocation.items() if devices}
+        if not group.resizes_onto(wanted):
             return None
-        old = [slot.device for slot in sorted(group.spec.slots, key=lambda s: s.rank)]
-        new = list(action.allocation[node])
-        if len(new) > len(old) and set(old) <= set(new):
-            devices = old + [d for d in new if d not in old]
-        elif len(new) < len(old) and set(new) <= set(old):
-            devices = old[: len(new)]
-            if any((node, d) in claimed for d in devices if d not in new):
-                return None
-        else:
+        planned = plan_in_place(old, wanted, claimed)
+        if planned is None:
             return None
-        return dataclasses.replace(action, allocation={node: devices})
+        slots, _ = planned
+        allocation: dict[str, list[str]] = {}
+        for node, device in slots:
+            allocation.setdefault(node, []).append(device)
+        return dataclasses.replace(action, allocation=allocation)
 
     async def _resize_warm(self, action: Action) -> None:
         """Resize ``action``'s job in place; fall back to a checkpoint-restart when the
@@ -104,7 +146,7 @@ class Warm(Exits):
         count = self._warm_count.get(job_id, 0) + 1
         self._warm_count[job_id] = count
         generation = min(2**31, max(1, job.restarts) * GENERATIONS + count % GENERATIONS)
-        spec = self._warm_spec(group.spec, action)
+        spec, kept = self._warm_spec(group.spec, action)
         batch = action.batch
         order = ResizeOrder(
             generation=generation,
@@ -113,6 +155,9 @@ class Warm(Exits):
             master_port=int(spec.env["MASTER_PORT"]),
             local_batch=batch.local_batch if batch is not None else None,
             accum_steps=batch.accum_steps if batch is not None else None,
+            # a move (some leave while others join) says who stays; else the default
+            kept=kept if kept != min(len(group.spec.slots), len(spec.slots)) else None,
+            num_nodes=len({slot.node for slot in spec.slots}),
         )
         self.store.transition(
             job_id, JobState.RESCALING, now,
@@ -174,22 +219,27 @@ class Warm(Exits):
         self.on_change()
         await self._launch_waiting()
 
-    def _warm_spec(self, spec: LaunchSpec, action: Action) -> LaunchSpec:
-        """The running group's spec at ``action``'s size: the ranks that stay as they are,
-        joiners on the added devices, a new rendezvous port and the scheduler's batch."""
-        [(node, devices)] = action.allocation.items()
+    def _warm_spec(self, spec: LaunchSpec, action: Action) -> tuple[LaunchSpec, int]:
+        """The running group's spec at ``action``'s allocation (:func:`plan_in_place`): the
+        ranks that stay as they are, joiners on the added devices, a new rendezvous port and
+        the scheduler's batch; and how many ranks stay."""
         by_rank = sorted(spec.slots, key=lambda s: s.rank)
-        slots = [
-            by_rank[rank] if rank < len(by_rank) else ReplicaSlot(rank, node, device, rank, 0)
-            for rank, device in enumerate(devices)
-        ]
+        planned = plan_in_place([(s.node, s.device) for s in by_rank], action.allocation, ())
+        assert planned is not None  # the allocation is :meth:`_warm_action`'s
+        placed, kept = planned
+        order = list(dict.fromkeys(node for node, _ in placed))
+        slots = list(by_rank[:kept])
+        for rank, (node, device) in enumerate(placed[kept:], start=kept):
+            local = sum(1 for other, _ in placed[:rank] if other == node)
+            slots.append(ReplicaSlot(rank, node, device, local, order.index(node)))
         env = {**spec.env, "MASTER_PORT": str(pick_master_port())}
         env.pop("POLLUX_LOCAL_BATCH", None)
         env.pop("POLLUX_ACCUM_STEPS", None)
         if action.batch is not None:
             env["POLLUX_LOCAL_BATCH"] = str(action.batch.local_batch)
             env["POLLUX_ACCUM_STEPS"] = str(action.batch.accum_steps)
-        return dataclasses.replace(spec, slots=slots, env=env)
+        env["POLLUX_NUM_NODES"] = str(len(order))
+        return dataclasses.replace(spec, slots=slots, env=env), kept
 
     async def _stepped_at(
         self, job_id: int, group: WarmResizable, replicas: int, progress: float | None

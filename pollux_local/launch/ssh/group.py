@@ -13,14 +13,17 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from pollux_local.api.resize import ResizeOrder, encode_order
 from pollux_local.api.states import ExitCode
-from pollux_local.launch.base import LaunchSpec
+from pollux_local.errors import PolluxError
+from pollux_local.launch.base import LaunchSpec, ReplicaSlot
 from pollux_local.launch.logcap import (
     disk_note,
     floor_of,
@@ -55,6 +58,11 @@ class _NodeSession:
     remote_pids: dict[int, int] = field(default_factory=dict)
     failure: str | None = None
     reader: asyncio.Task[None] | None = None
+    #: the warm resize this session's replicas joined and that is not ordered yet (a node the
+    #: group grew onto): until it is, their end is the resize's failure, not the job's
+    joining: int | None = None
+    #: where each warm resize stands on this node: ``ready``, ``ordered`` or why it failed
+    warm: dict[int, str] = field(default_factory=dict)
 
 
 class SshReplicaGroup:
@@ -91,8 +99,6 @@ class SshReplicaGroup:
         self.started_at = time.monotonic()
         #: the launcher that started it (removes its exit records once its end is stored)
         self._launcher: SshLauncher | None = None
-        #: the node's answer to each warm resize under way: ``None`` once ordered, else why not
-        self._warm_replies: dict[int, asyncio.Future[str | None]] = {}
 
     # -- bookkeeping -------------------------------------------------------------------
     def _record_exit(self, session: _NodeSession, rank: int, code: int) -> None:
@@ -142,10 +148,13 @@ class SshReplicaGroup:
                     self._record_exit(session, int(parts[1]), int(parts[2]))
                 elif kind == "FAIL":
                     session.failure = f"node {session.node.name}: " + " ".join(parts[1:])
-                elif kind == "ORDERED" and len(parts) == 2:
-                    self._warm_answer(int(parts[1]), None)
+                elif kind in ("READY", "ORDERED") and len(parts) == 2:
+                    generation = int(parts[1])
+                    session.warm[generation] = kind.lower()
+                    if kind == "ORDERED" and session.joining == generation:
+                        session.joining = None
                 elif kind == "WARMFAIL" and len(parts) == 3:
-                    self._warm_answer(int(parts[1]), parts[2])
+                    session.warm[int(parts[1])] = f"failed: {parts[2]}"
                 elif kind == "LEFT" and len(parts) == 3:
                     rank = int(parts[1])
                     session.remote_pids.pop(rank, None)
@@ -153,6 +162,10 @@ class SshReplicaGroup:
             except ValueError:
                 continue
         rc = await session.proc.wait()
+        if session.joining is not None:  # joiners that never joined: the resize failed
+            why = session.failure or f"node {session.node.name}'s agent ended (ssh exit {rc})"
+            session.warm.setdefault(session.joining, f"failed: {why}")
+            session.ranks = []
         for rank in session.ranks:
             if rank not in session.exit_codes:
                 if session.failure:
@@ -164,8 +177,12 @@ class SshReplicaGroup:
                 self._record_exit(session, rank, code)
 
     async def _watch(self) -> None:
-        readers = [s.reader for s in self._sessions if s.reader is not None]
-        await asyncio.gather(*readers, return_exceptions=True)
+        """The group is done once every session has ended, those a warm resize added too."""
+        while True:
+            readers = [s.reader for s in self._sessions if s.reader is not None]
+            await asyncio.gather(*readers, return_exceptions=True)
+            if all(s.reader is None or s.reader.done() for s in self._sessions):
+                break
         self._done.set()
 
     def _append_log(self, rank: int, data: bytes) -> None:
@@ -233,11 +250,6 @@ class SshReplicaGroup:
             return True
         self._dropping[rank] = dropped + size
         return False
-
-    def _warm_answer(self, generation: int, error: str | None) -> None:
-        reply = self._warm_replies.get(generation)
-        if reply is not None and not reply.done():
-            reply.set_result(error)
 
     async def _send(self, session: _NodeSession, line: str) -> bool:
         """Write ``line`` to ``session``'s agent; whether it went."""
@@ -318,77 +330,151 @@ class SshReplicaGroup:
     # -- warm resizes (launch.base.WarmResizable) --------------------------------------------
     @property
     def warm_capable(self) -> bool:
-        """Whether the replicas were started to take warm resize orders, on one node."""
-        return self.spec.takes_orders and len(self._sessions) == 1 and self._launcher is not None
+        """Whether the replicas were started to take warm resize orders."""
+        return self.spec.takes_orders and self._launcher is not None and not self._done.is_set()
+
+    def resizes_onto(self, nodes: Collection[str]) -> bool:
+        """Whether this group can be resized in place onto ``nodes``: all are its launcher's."""
+        return self._launcher is not None and all(n in self._launcher.nodes for n in nodes)
 
     async def resize_warm(
         self, spec: LaunchSpec, order: ResizeOrder, ready_timeout_s: float
     ) -> str | None:
-        """Change the running replicas to ``spec``'s in place, on their node: its agent starts
-        the joiners and, once they are ready, writes the order; the leavers of a shrink exit.
-        Returns once the order is written and the leavers are gone (``None``), or why the
-        resize could not be ordered (one line; the running replicas then never saw one)."""
-        if not self.warm_capable or self._done.is_set() or self._stopping:
+        """Change the running replicas to ``spec``'s in place (``launch/node_agent.py``).  The
+        ranks below ``order.kept`` stay where they are; ``spec``'s ranks from there on are
+        started to join, by the agents of their nodes (a node new to the group gets one);
+        the other running ones leave.  On one node its agent gives the order once the joiners
+        are ready.  On several, each agent says when its joiners are ready and is then told
+        to give the order, rank 0's node last (it writes the order its replicas read), so
+        that every node knows its leavers before any leaves.  Returns once the order is given
+        and the leavers are gone (``None``), or why the resize could not be ordered (one
+        line; the running replicas then never saw an order, and joiners were killed)."""
+        if not self.warm_capable or self._stopping:
             return "the job's replicas do not take warm resize orders"
-        assert self._launcher is not None
-        [session] = self._sessions
+        launcher = self._launcher
+        assert launcher is not None
         old = self.spec
-        kept = {slot.rank for slot in old.slots}
-        added = [slot for slot in spec.slots if slot.rank not in kept]
-        what = f"joined at resize {order.generation}"
-        joiners = [
-            self._launcher.replica_payload(
-                spec, slot, session.node, None, what, POLLUX_RESIZE_JOIN=str(order.generation)
-            )
-            for slot in added
-        ]
-        request = {
-            "generation": order.generation,
-            "world_size": order.world_size,
-            "order": encode_order(order).decode(),
-            "joiners": joiners,
-            "ready_timeout_s": ready_timeout_s,
-            "job_dir": str(spec.log_dir),
-        }
-        reply: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        self._warm_replies[order.generation] = reply
-        for slot in added:  # their output comes back as the first replicas' does
-            self._log_files.setdefault(slot.rank, spec.log_dir / f"rank{slot.rank}.log")
-        if added:  # the joiners' devices are the group's from the start of a grow
+        kept = order.kept if order.kept is not None else min(len(old.slots), order.world_size)
+        master = launcher.master_of(spec)
+        if master is not None:
+            order = msgspec.structs.replace(order, master_addr=master)
+        rank0 = min(old.slots, key=lambda s: s.rank).node
+        joiners: dict[str, list[ReplicaSlot]] = {}
+        for slot in sorted(spec.slots, key=lambda s: s.rank):
+            if slot.rank >= kept:
+                joiners.setdefault(slot.node, []).append(slot)
+                self._log_files.setdefault(slot.rank, spec.log_dir / f"rank{slot.rank}.log")
+        generation = order.generation
+        what = f"joined at resize {generation}"
+        extra = {"POLLUX_RESIZE_JOIN": str(generation)}
+        # the sessions with replicas (one whose replicas all left ends, or is about to)
+        running = {s.node.name: s for s in self._sessions if s.ranks and s.proc.returncode is None}
+        hold = len(running.keys() | joiners.keys()) > 1
+        common = {"ready_timeout_s": ready_timeout_s, "job_dir": str(spec.log_dir)}
+        involved: list[_NodeSession] = []
+        for name, session in running.items():
+            request = {
+                "generation": generation,
+                "kept": kept,
+                "order": encode_order(order).decode() if name == rank0 else None,
+                "hold": hold,
+                "joiners": [
+                    launcher.replica_payload(spec, slot, session.node, master, what, **extra)
+                    for slot in joiners.get(name, ())
+                ],
+                **common,
+            }
+            if not await self._send(
+                session, "RESIZE " + json.dumps(request, separators=(",", ":"))
+            ):
+                session.warm[generation] = f"failed: node {name} did not take the warm resize"
+            involved.append(session)
+        if joiners:  # the joiners' devices are the group's from the start of a grow
             self.spec = spec
-        deadline = time.monotonic() + ready_timeout_s + ORDER_MARGIN_S
-        try:
-            line = "RESIZE " + json.dumps(request, separators=(",", ":"))
-            if not await self._send(session, line):
-                reply.set_result(f"node {session.node.name} did not take the warm resize")
-            while not reply.done() and not self._done.is_set() and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
-            if not reply.done():
-                self.spec = old
-                return (
-                    "the job ended during its warm resize"
-                    if self._done.is_set()
-                    else f"node {session.node.name} did not answer the warm resize in time"
+        new_nodes = [name for name in joiners if name not in running]
+        if new_nodes:
+            try:
+                probe = launcher.checkpoint_probe(spec)
+            except PolluxError as exc:
+                return await self._call_off(involved, generation, old, str(exc))
+            join = {"generation": generation, "kept": kept, **common}
+            try:
+                started = await asyncio.gather(
+                    *(
+                        launcher.start_session(
+                            spec, name, joiners[name], master, what, probe, join, **extra
+                        )
+                        for name in new_nodes
+                    )
                 )
-            error = reply.result()
-            if error is not None:
-                self.spec = old
-                return error
-            while not self._done.is_set() and time.monotonic() < deadline:
-                if all(rank < order.world_size for rank in session.ranks):
-                    self.spec = spec
-                    return None
-                await asyncio.sleep(0.02)
-            return (
-                "the job ended during its warm resize"
-                if self._done.is_set()
-                else "the leaving replicas did not exit after the warm resize order"
-            )
-        finally:
-            self._warm_replies.pop(order.generation, None)
+            finally:
+                if probe is not None:
+                    asyncio.get_running_loop().call_later(ready_timeout_s, probe[0].unlink, True)
+            for session in started:
+                self._sessions.append(session)
+                session.reader = asyncio.ensure_future(self._read_session(session))
+                involved.append(session)
+        deadline = time.monotonic() + ready_timeout_s + ORDER_MARGIN_S
+        wanted = "ready" if hold else "ordered"
+        error = await self._answers(involved, generation, wanted, deadline)
+        if error is None and hold:
+            first = [s for s in involved if s.node.name != rank0]
+            last = [s for s in involved if s.node.name == rank0]
+            for batch in (first, last):
+                for session in batch:
+                    await self._send(session, f"ORDER {generation}")
+                error = await self._answers(batch, generation, "ordered", deadline)
+                if error is not None:
+                    break
+        if error is not None:
+            return await self._call_off(involved, generation, old, error)
+        while not self._done.is_set() and time.monotonic() < deadline:
+            if all(  # the leavers are gone, every node holds its ranks of ``spec``
+                sorted(session.ranks)
+                == sorted(s.rank for s in spec.slots if s.node == session.node.name)
+                for session in involved
+            ):
+                self.spec = spec
+                return None
+            await asyncio.sleep(0.02)
+        return (
+            "the job ended during its warm resize"
+            if self._done.is_set()
+            else "the leaving replicas did not exit after the warm resize order"
+        )
+
+    async def _answers(
+        self, sessions: list[_NodeSession], generation: int, wanted: str, deadline: float
+    ) -> str | None:
+        """Wait until each of ``sessions`` says ``wanted`` (or is past it) for ``generation``:
+        ``None``, or the first failure, or why none came in time."""
+        passed = {"ready": ("ready", "ordered"), "ordered": ("ordered",)}[wanted]
+        while True:
+            for session in sessions:
+                state = session.warm.get(generation, "")
+                if state.startswith("failed: "):
+                    return state.removeprefix("failed: ")
+            if all(session.warm.get(generation) in passed for session in sessions):
+                return None
+            if self._done.is_set():
+                return "the job ended during its warm resize"
+            if time.monotonic() > deadline:
+                late = next(s for s in sessions if s.warm.get(generation) not in passed)
+                return f"node {late.node.name} did not answer the warm resize in time"
+            await asyncio.sleep(0.02)
+
+    async def _call_off(
+        self, sessions: list[_NodeSession], generation: int, old: LaunchSpec, why: str
+    ) -> str:
+        """The resize failed before its order: every node told (their joiners are killed);
+        the group is ``old`` again.  Returns ``why``."""
+        for session in sessions:
+            await self._send(session, f"ABORT {generation}")
+        self.spec = old
+        return why
 
     def nodes(self) -> list[str]:
-        return [s.node.name for s in self._sessions]
+        return list(dict.fromkeys(s.node.name for s in self._sessions))
 
     async def forget(self) -> None:
         """Remove the exit records of this incarnation from its nodes (its end is in the

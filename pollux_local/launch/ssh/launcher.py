@@ -13,7 +13,7 @@ import os
 import secrets
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -273,6 +273,75 @@ class SshLauncher:
             ),
         }
 
+    async def start_session(
+        self,
+        spec: LaunchSpec,
+        name: str,
+        slots: Sequence[ReplicaSlot],
+        master: str | None,
+        what: str,
+        probe: tuple[Path, str] | None,
+        join: Mapping[str, Any] | None = None,
+        **extra: str,
+    ) -> _NodeSession:
+        """Start node ``name``'s agent with ``slots``' replicas (``what``: their banner; with
+        ``join``, joiners of a held warm resize: ``node_agent.py``)."""
+        node = self._node(name)
+        await self._ensure_master(node)
+        payload: dict[str, Any] = {
+            "node": name,
+            "cwd": str(spec.workdir),
+            "node_workdir": node.workdir,
+            "cwd_required": True,
+            "user": spec.run_as,
+            "orphan_grace_s": self.orphan_grace_s,
+            "record": {
+                "path": self.record_path(node, spec.job_id),
+                "token": record_token(spec.job_id, spec.env.get("POLLUX_RESTARTS", "0")),
+            },
+            "replicas": [
+                self.replica_payload(spec, slot, node, master, what, **extra) for slot in slots
+            ],
+        }
+        if spec.takes_orders:
+            payload["resize"] = True  # the agent makes the order file (node_agent.py)
+        if join is not None:
+            payload["join"] = dict(join)
+        if probe is not None:
+            payload["probe"] = {
+                "path": str(probe[0]),
+                "token": probe[1],
+                "dir": spec.env.get("POLLUX_CHECKPOINT_DIR"),
+            }
+        proc = await asyncio.create_subprocess_exec(
+            *self.ssh_argv(node),
+            f"{shlex.quote(node.python)} -u -c {shlex.quote(node_agent_source())}",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(payload).encode() + b"\n")
+        with contextlib.suppress(ConnectionError):
+            await proc.stdin.drain()
+        joining = int(join["generation"]) if join is not None else None
+        return _NodeSession(node=node, ranks=[s.rank for s in slots], proc=proc, joining=joining)
+
+    def checkpoint_probe(self, spec: LaunchSpec) -> tuple[Path, str] | None:
+        """A probe file in ``spec``'s checkpoint dir, which each node's agent must see before
+        it starts anything (``None``: the job has no checkpoint dir)."""
+        checkpoint_dir = spec.env.get("POLLUX_CHECKPOINT_DIR")
+        return _write_probe(Path(checkpoint_dir)) if checkpoint_dir else None
+
+    def master_of(self, spec: LaunchSpec) -> str | None:
+        """The address of rank 0's node when ``spec`` spans several nodes (``None``: one node,
+        where the replicas meet at 127.0.0.1)."""
+        if len({slot.node for slot in spec.slots}) < 2:
+            return None
+        rank0 = min(spec.slots, key=lambda s: s.rank)
+        return self._node(rank0.node).master_addr
+
     async def launch(self, spec: LaunchSpec) -> SshReplicaGroup:
         """Start every replica of ``spec`` (all its slots must be on this launcher's nodes)."""
         by_node: dict[str, list[ReplicaSlot]] = {}
@@ -281,55 +350,17 @@ class SshLauncher:
             by_node.setdefault(slot.node, []).append(slot)
         if not by_node:
             raise PolluxError(f"job {spec.job_id}: nothing to launch (no replica slots)")
-        rank0 = min(spec.slots, key=lambda s: s.rank)
-        master = self._node(rank0.node).master_addr if len(by_node) > 1 else None
+        master = self.master_of(spec)
         spec.log_dir.mkdir(parents=True, exist_ok=True)
         log_files = {slot.rank: spec.log_dir / f"rank{slot.rank}.log" for slot in spec.slots}
-        probe: tuple[Path, str] | None = None
-        checkpoint_dir = spec.env.get("POLLUX_CHECKPOINT_DIR")
-        if checkpoint_dir:
-            probe = _write_probe(Path(checkpoint_dir))
+        probe = self.checkpoint_probe(spec)
 
-        async def start(name: str, slots: list[ReplicaSlot]) -> _NodeSession:
-            node = self._node(name)
-            await self._ensure_master(node)
-            payload: dict[str, Any] = {
-                "node": name,
-                "cwd": str(spec.workdir),
-                "node_workdir": node.workdir,
-                "cwd_required": True,
-                "user": spec.run_as,
-                "orphan_grace_s": self.orphan_grace_s,
-                "record": {
-                    "path": self.record_path(node, spec.job_id),
-                    "token": record_token(spec.job_id, spec.env.get("POLLUX_RESTARTS", "0")),
-                },
-                "replicas": [
-                    self.replica_payload(
-                        spec, slot, node, master, f"start #{spec.env.get('POLLUX_RESTARTS', '0')}"
-                    )
-                    for slot in slots
-                ],
-            }
-            if spec.takes_orders and len(by_node) == 1:
-                payload["resize"] = True  # the agent makes the order file (node_agent.py)
-            if probe is not None:
-                payload["probe"] = {"path": str(probe[0]), "token": probe[1], "dir": checkpoint_dir}
-            proc = await asyncio.create_subprocess_exec(
-                *self.ssh_argv(node),
-                f"{shlex.quote(node.python)} -u -c {shlex.quote(node_agent_source())}",
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL,
-                start_new_session=True,
+        what = f"start #{spec.env.get('POLLUX_RESTARTS', '0')}"
+        sessions = list(
+            await asyncio.gather(
+                *(self.start_session(spec, n, s, master, what, probe) for n, s in by_node.items())
             )
-            assert proc.stdin is not None
-            proc.stdin.write(json.dumps(payload).encode() + b"\n")
-            with contextlib.suppress(ConnectionError):
-                await proc.stdin.drain()
-            return _NodeSession(node=node, ranks=[s.rank for s in slots], proc=proc)
-
-        sessions = list(await asyncio.gather(*(start(n, s) for n, s in by_node.items())))
+        )
         group = SshReplicaGroup(
             spec, sessions, log_files, self.failure_grace_s, self.max_log_bytes,
             self.log_keep_free,
