@@ -20,7 +20,7 @@ published figures can be reproduced.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -35,6 +35,7 @@ from pollux_local.core.schedule import (
     Snapshot,
     run_pass,
 )
+from pollux_local.core.schedule.inplace import plan_in_place
 from pollux_local.core.types import Decision, JobView, NodeView, Placement, Policy, split_batch
 from pollux_local.errors import PolluxError
 from pollux_local.sim.cluster import Cluster, NodeGroup
@@ -332,9 +333,15 @@ class Simulator:
             if c > 0
         }
 
-    def _apply(self, job: SimJob, allocation: Mapping[str, Sequence[str]]) -> None:
+    def _apply(
+        self,
+        job: SimJob,
+        allocation: Mapping[str, Sequence[str]],
+        claimed: Collection[tuple[str, str]] = (),
+    ) -> None:
         """Move the job to ``allocation`` (node -> devices), cut to one device type; a
-        change of configuration (the job's rules) restarts it."""
+        change of configuration (the job's rules) restarts it, or resizes it in place
+        (:meth:`_in_place`; ``claimed``: the devices other jobs of the plan go to)."""
         new = tuple(len(allocation.get(node.name, ())) for node in self.nodes)
         if sum(new) > 0:
             new = self.cluster.one_type(new, self.rules.type_rank)
@@ -344,6 +351,7 @@ class Simulator:
             if c > 0
         }
         if sum(new) == 0:
+            job.ranks = []
             if job.placement:
                 job.placement, job.shape, job.device_type = (), (), None
                 job.restart_left_s = 0.0
@@ -351,31 +359,50 @@ class Simulator:
         types = self.cluster.node_types
         device_type = next(types[i] for i, c in enumerate(new) if c > 0)
         shape = tuple(sorted((c for c in new if c > 0), reverse=True))
+        in_order = [
+            (node.name, device)
+            for node in self.nodes
+            for device in job.allocation.get(node.name, ())
+        ]
         if job.placement and device_type == job.device_type:
             moved = new != job.placement
             if not moved or (self.rules.by_shape and shape == job.shape):
                 job.placement = new  # other nodes of the same shape: no restart
+                job.ranks = in_order if moved else _relabelled(job.ranks, job.allocation)
                 return
-        if self._warm(job, new, device_type):
+        ranks = self._in_place(job, device_type, claimed)
+        if ranks is not None:
             job.warm_resizes += 1
             job.restart_left_s = float(self.config.warm_resize_cost_s or 0.0)
+            job.ranks = ranks
+            job.allocation = {}
+            for node, device in ranks:  # the devices that stay are kept
+                job.allocation.setdefault(node, []).append(device)
         else:
             job.starts += 1
             job.restart_left_s = self.rules.restore_delay(job.app.name, self.config.restart_cost_s)
+            job.ranks = in_order
         job.placement, job.shape, job.device_type = new, shape, device_type
         self.models.choose_batch(job)
 
-    def _warm(self, job: SimJob, new: Placement, device_type: str) -> bool:
-        """Whether moving the running ``job`` to ``new`` is a warm resize: one is modelled
-        (``warm_resize_cost_s``), the job is elastic, stays on its device type and keeps
-        replicas on at least one of its nodes (a move to other nodes only restarts it)."""
-        return (
-            self.config.warm_resize_cost_s is not None
-            and job.adaptive
-            and bool(job.placement)
-            and device_type == job.device_type
-            and any(a > 0 and b > 0 for a, b in zip(job.placement, new, strict=True))
-        )
+    def _in_place(
+        self, job: SimJob, device_type: str, claimed: Collection[tuple[str, str]]
+    ) -> list[tuple[str, str]] | None:
+        """The job's ranks after a warm resize to its (new) allocation, or ``None`` when the
+        change restarts it.  A warm resize is modelled (``warm_resize_cost_s``) for an
+        elastic job that stays on its device type, where the daemon does one
+        (``core.schedule.inplace.plan_in_place``: the node of its rank 0 keeps replicas, the
+        ranks that stay are a prefix and keep their devices, no joiner waits for a leaver's
+        device)."""
+        if (
+            self.config.warm_resize_cost_s is None
+            or not job.adaptive
+            or not job.placement
+            or device_type != job.device_type
+        ):
+            return None
+        planned = plan_in_place(job.ranks, job.allocation, claimed)
+        return planned[0] if planned is not None else None
 
     def _round(self, active: list[SimJob], decision_ms: list[float]) -> None:
         """One scheduling pass over the active jobs, its plan applied."""
@@ -386,8 +413,15 @@ class Simulator:
             explain=False,
         )
         plan = run_pass(snapshot, _SimulatedPolicy(self, decision_ms), self.rng)
+        claimed = [
+            (action.job_id, (node, device))
+            for action in plan.actions
+            for node, devices in action.allocation.items()
+            for device in devices
+        ]
         for action in plan.actions:
-            self._apply(self.jobs[action.job_id], action.allocation)
+            others = {device for job_id, device in claimed if job_id != action.job_id}
+            self._apply(self.jobs[action.job_id], action.allocation, others)
 
     def _advance(self, job: SimJob, seconds: float) -> None:
         advance(job, self.now, seconds, self.rules, self.models)
@@ -512,3 +546,12 @@ class _SimulatedPolicy:
         placements = {k: tuple(v) for k, v in decision.placements.items()}
         self.sim.cluster.check(self.name, placements, {view.id for view in views})
         return decision
+
+
+def _relabelled(
+    ranks: Sequence[tuple[str, str]], allocation: Mapping[str, Sequence[str]]
+) -> list[tuple[str, str]]:
+    """``ranks`` on the same nodes with ``allocation``'s devices (as many per node), each
+    node's devices taken in rank order."""
+    left = {node: list(devices) for node, devices in allocation.items()}
+    return [(node, left[node].pop(0)) for node, _ in ranks]

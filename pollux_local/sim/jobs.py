@@ -138,6 +138,9 @@ class SimJob:
     placement: Placement = ()
     #: its devices (node -> device ids), as the pass assigned them
     allocation: dict[str, list[str]] = field(default_factory=dict)
+    #: (node, device) of each rank: in node order from each start, as a resize in place
+    #: leaves them after one (``core.schedule.inplace``)
+    ranks: list[tuple[str, str]] = field(default_factory=list)
     #: devices per used node, largest first
     shape: tuple[int, ...] = ()
     local_batch: int = 0

@@ -1,6 +1,6 @@
-"""Warm resizes: an elastic job on one node (of this machine or an SSH node) changes its
-replica count in place (``[scheduler] warm_resize``); the replicas that stay keep training
-state in memory.
+"""Warm resizes: an elastic job (on one node of this machine, or on SSH nodes) changes its
+replicas in place (``[scheduler] warm_resize``); the replicas that stay keep training state in
+memory.
 
 A ``RESIZE`` action is applied warm when all of these hold (:meth:`Warm._warm_action`), else
 as a checkpoint-restart as before:
@@ -12,10 +12,12 @@ as a checkpoint-restart as before:
   from the job's environment, since the supervisor or the agent writes there as root), and its
   reports say it acts on them (``JobReport.resizes_in_place``: the job library's
   ``ElasticTrainer``);
-* it stays on the one node it runs on, and the replicas that stay keep their devices: a grow
-  keeps every device and adds others, a shrink keeps the devices of the lowest ranks (the
-  policy's choice of which to keep is swapped for those when no other start of the plan
-  claims them).
+* the group reaches the new nodes (``resizes_onto``: this machine's only its one node, the
+  SSH launcher any of its nodes), and ``core.schedule.inplace.plan_in_place`` allows it:
+  rank 0's node keeps replicas, the ranks that stay are a prefix and keep their devices (the
+  policy's choice on their node is swapped for those when no other start of the plan claims
+  them), joiners get devices no running replica holds (a move keeps fewer ranks than the new
+  size: ``ResizeOrder.kept``).
 
 Then (:meth:`Warm._resize_warm`): the job goes ``RESCALING``; the supervisor (or the node
 agent) starts the joiners and, once they are ready, writes the order
@@ -34,10 +36,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Collection, Mapping, Sequence
 
 from pollux_local.api.resize import ResizeOrder
 from pollux_local.api.states import DecisionKind, JobState, StopIntent
+from pollux_local.core.schedule.inplace import plan_in_place
 from pollux_local.daemon.executor.base import Device, log
 from pollux_local.daemon.executor.exits import Exits
 from pollux_local.daemon.resizes import resizes_of
@@ -50,51 +52,6 @@ from pollux_local.launch.base import LaunchSpec, ReplicaSlot, WarmResizable, pic
 GENERATIONS = 1000
 #: How often the job's reports are looked at while a warm resize waits for its first step.
 CONFIRM_POLL_S = 0.1
-
-
-def plan_in_place(
-    old: Sequence[Device], new: Mapping[str, Sequence[str]], claimed: Collection[Device]
-) -> tuple[list[Device], int] | None:
-    """How the running replicas (``old``: (node, device) by rank) become ``new``'s (node ->
-    devices, the policy's choice) in place: the new group's (node, device) by rank, and how
-    many of the running ranks stay (``kept``); ``None`` when it must be a checkpoint-restart.
-
-    The ranks that stay are the longest prefix of ``old`` that ``new``'s count on each node
-    holds (rank 0 among them: it holds the state the others receive); they keep their
-    devices, in place of the policy's choice on their node where it differs, unless another
-    start of the plan claims one (``claimed``).  The others leave, and joiners take ranks
-    ``kept`` and up on the devices of the policy's choice that no running replica holds: a
-    joiner never waits for a leaver's device, and a node never has both (its agent knows a
-    replica by rank)."""
-    counts = {node: len(devices) for node, devices in new.items() if devices}
-    on: dict[str, int] = {}
-    kept = 0
-    for node, _ in old:
-        if on.get(node, 0) >= counts.get(node, 0):
-            break
-        on[node] = on.get(node, 0) + 1
-        kept += 1
-    if kept == 0:
-        return None  # rank 0's node is not in the new allocation
-    stay = list(old[:kept])
-    held = set(old)
-    leaving = {node for node, _ in old[kept:]}
-    slots = list(stay)
-    for node, devices in new.items():
-        need = counts.get(node, 0) - on.get(node, 0)
-        if need <= 0:
-            continue
-        if node in leaving:
-            return None
-        free = [device for device in devices if (node, device) not in held]
-        if len(free) < need:
-            return None
-        slots += [(node, device) for device in free[:need]]
-    if any((node, device) in claimed for node, device in stay if device not in new.get(node, ())):
-        return None
-    if len(slots) == len(old) and kept == len(old):
-        return None  # nothing changes
-    return slots, kept
 
 
 class Warm(Exits):

@@ -1,10 +1,10 @@
-"""Which resizes are done in place, and how (``daemon/executor/warm.py``
-:func:`plan_in_place`): the running ranks that stay are a prefix and keep their devices;
-joiners get devices no running replica holds."""
+"""Which resizes are done in place, and how (``core/schedule/inplace.py``
+:func:`plan_in_place`, what the daemon does and the simulator models): the running ranks that
+stay are a prefix and keep their devices; joiners get devices no running replica holds."""
 
 from __future__ import annotations
 
-from pollux_local.daemon.executor.warm import plan_in_place
+from pollux_local.core.schedule.inplace import plan_in_place
 
 A0, A1, A2, A3 = ("a", "cpu:0"), ("a", "cpu:1"), ("a", "cpu:2"), ("a", "cpu:3")
 B0, B1 = ("b", "cpu:0"), ("b", "cpu:1")
