@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -11,7 +12,7 @@ import pytest
 
 from pollux_local.launch.ssh import SshLauncher, SshNodeConfig
 
-from .testbed import Testbed, missing_requirements
+from .testbed import Testbed, TestHost, missing_requirements
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GLOO_JOB = Path(__file__).with_name("gloo_job.py")
@@ -77,3 +78,19 @@ def job_env(checkpoint_dir: Path, world: int, port: int) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+def node_table(bed: Testbed, host: TestHost, devices: str, root: Path) -> list[str]:
+    """The daemon config's ``[nodes."NAME"]`` table of a test bed host (workdir under
+    ``root``)."""
+    options = ", ".join(json.dumps(o) for o in bed.ssh_options())
+    return [
+        f'[nodes."{host.name}"]',
+        f'host = "{host.name}"',
+        f'devices = "{devices}"',
+        f'address = "{host.address}"',
+        f'gloo_ifname = "{host.ifname}"',
+        f"ssh_options = [{options}]",
+        'python = "/usr/bin/python3"',
+        f'workdir = "{root / ("work-" + host.name)}"',
+    ]

@@ -19,7 +19,7 @@ import pytest
 
 from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
 
-from .conftest import GLOO_JOB, PYTHON, REPO_ROOT
+from .conftest import GLOO_JOB, PYTHON, REPO_ROOT, node_table
 from .testbed import Testbed
 
 pytestmark = pytest.mark.timeout(150)
@@ -43,18 +43,8 @@ def daemon_config(bed: Testbed, root: Path) -> str:
         "stop_grace_s = 15",
         "backoff_s = 0.5",
     ]
-    options = ", ".join(json.dumps(o) for o in bed.ssh_options())
     for host in bed.hosts:
-        lines += [
-            f'[nodes."{host.name}"]',
-            f'host = "{host.name}"',
-            'devices = "cpu:1"',
-            f'address = "{host.address}"',
-            f'gloo_ifname = "{host.ifname}"',
-            f"ssh_options = [{options}]",
-            'python = "/usr/bin/python3"',
-            f'workdir = "{root / ("work-" + host.name)}"',
-        ]
+        lines += node_table(bed, host, "cpu:1", root)
     return "\n".join(lines) + "\n"
 
 

@@ -8,7 +8,6 @@ nodes (``tests/daemon/test_warm_resize.py``): the job-side path is the same."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -16,9 +15,10 @@ from typing import Any
 import pytest
 
 from pollux_local import api
+from tests.daemon.test_warm_resize import replicas, show, waiting
 from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
 
-from .conftest import PYTHON, REPO_ROOT
+from .conftest import PYTHON, REPO_ROOT, node_table
 from .testbed import Testbed
 
 torch = pytest.importorskip("torch")
@@ -38,7 +38,6 @@ ENV = {
 
 def daemon_config(bed: Testbed, root: Path, hosts: int = 1, devices: str = "cpu:2") -> str:
     """The test bed's first ``hosts`` hosts as the daemon's only nodes, with ``devices``."""
-    options = ", ".join(json.dumps(o) for o in bed.ssh_options())
     lines = [
         "[scheduler]",
         "interval_s = 1",
@@ -51,42 +50,8 @@ def daemon_config(bed: Testbed, root: Path, hosts: int = 1, devices: str = "cpu:
         "stop_grace_s = 15",
     ]
     for host in bed.hosts[:hosts]:
-        lines += [
-            f'[nodes."{host.name}"]',
-            f'host = "{host.name}"',
-            f'devices = "{devices}"',
-            f'address = "{host.address}"',
-            f'gloo_ifname = "{host.ifname}"',
-            f"ssh_options = [{options}]",
-            'python = "/usr/bin/python3"',
-            f'workdir = "{root / ("work-" + host.name)}"',
-        ]
+        lines += node_table(bed, host, devices, root)
     return "\n".join(lines) + "\n"
-
-
-def show(daemon: DaemonProcess, job_id: str) -> api.ShowReply:
-    return daemon.client.call(api.Show(id=job_id))
-
-
-def replicas(daemon: DaemonProcess, job_id: str) -> int:
-    job = show(daemon, job_id).job
-    if job.state.value in ("failed", "cancelled"):
-        raise AssertionError(f"job {job_id} {job.state.value}: {job.reason}\n{daemon.output()}")
-    return sum(len(d) for d in job.devices.values()) if job.state.value == "running" else 0
-
-
-def waiting(daemon: DaemonProcess, job_id: str, predicate: Any, timeout_s: float, what: str) -> Any:
-    try:
-        return wait_for(predicate, timeout_s, what)
-    except AssertionError as exc:
-        reply = show(daemon, job_id)
-        lines = [f"{d.kind}: {d.reason} {d.placement}" for d in reply.decisions]
-        raise AssertionError(
-            f"{exc}\n{reply.job.state.value} {reply.job.reason}\n"
-            + "\n".join(lines)
-            + "\n"
-            + daemon.output()[-4000:]
-        ) from None
 
 
 def submit_probe(daemon: DaemonProcess, workdir: Path, out: Path, slow: Path) -> str:

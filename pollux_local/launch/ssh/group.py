@@ -1,7 +1,7 @@
 """A job incarnation whose replicas run on SSH nodes: one ssh session per node, its ``PID``,
-``EXIT`` and ``LOG`` lines read back (:class:`SshReplicaGroup`); on one node it may be
-resized in place (``RESIZE``, answered by ``ORDERED`` or ``WARMFAIL``, ``LEFT`` for the
-replicas that go: ``launch/node_agent.py``)."""
+``EXIT`` and ``LOG`` lines read back (:class:`SshReplicaGroup`); it may be resized in place
+(``RESIZE``, ``READY``, ``ORDER``, ``ORDERED`` or ``WARMFAIL``, ``LEFT`` for the replicas that
+go: ``launch/node_agent.py``)."""
 
 from __future__ import annotations
 
