@@ -106,6 +106,19 @@ def waiting(daemon: DaemonProcess, job_id: str, predicate: Any, timeout_s: float
         ) from None
 
 
+def resized_in_place(daemon: DaemonProcess, job: str, done: Any, at_least: int) -> api.ShowReply:
+    """The job succeeded, was resized in place ``at_least`` times and never by a restart
+    (nor did a resize in place fall back to one); its ``show``."""
+    reply = show(daemon, job)
+    decisions = [(d.kind, d.reason) for d in reply.decisions]
+    assert done.state.value == "succeeded", (done.reason, decisions)
+    in_place = [r for kind, r in decisions if kind == "resize" and r.endswith("(in place)")]
+    fell_back = [r for kind, r in decisions if "(in place:" in r]
+    assert len(in_place) >= at_least and not fell_back, decisions
+    assert done.restarts == 0, decisions  # started once, never restarted
+    return reply
+
+
 def test_a_job_resized_in_place_several_times_ends_with_the_uninterrupted_weights(
     daemon: DaemonProcess, tmp_path: Path
 ) -> None:
@@ -149,13 +162,7 @@ def test_a_job_resized_in_place_several_times_ends_with_the_uninterrupted_weight
         240,
         "the job to end",
     )
-    reply = show(daemon, job)
-    decisions = [(d.kind, d.reason) for d in reply.decisions]
-    assert done.state.value == "succeeded", (done.reason, decisions)
-    in_place = [r for kind, r in decisions if kind == "resize" and r.endswith("(in place)")]
-    fell_back = [r for kind, r in decisions if "(in place:" in r]
-    assert len(in_place) >= 4 and not fell_back, decisions
-    assert done.restarts == 0, decisions  # started once, never restarted
+    reply = resized_in_place(daemon, job, done, at_least=4)
     # rank 1 was started as a joiner at each grow (its log's banners), never by a restart
     joined = daemon.client.call(api.Logs(id=job, rank=1, offset=-(1 << 20), max_bytes=1 << 20))
     assert joined.data.count("joined at resize") >= 2, joined.data[-3000:]

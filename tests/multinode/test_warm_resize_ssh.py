@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from pollux_local import api
-from tests.daemon.test_warm_resize import replicas, show, waiting
+from tests.daemon.test_warm_resize import replicas, resized_in_place, show, waiting
 from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
 
 from .conftest import PYTHON, REPO_ROOT, node_table
@@ -84,13 +84,7 @@ def until_done(daemon: DaemonProcess, job: str) -> Any:
 def check_resized_in_place(daemon: DaemonProcess, job: str, done: Any, out: Path) -> str:
     """Succeeded, resized in place (at least a shrink and a grow), never restarted, every
     step taken exactly once; returns rank 1's log."""
-    reply = show(daemon, job)
-    decisions = [(d.kind, d.reason) for d in reply.decisions]
-    assert done.state.value == "succeeded", (done.reason, decisions)
-    in_place = [r for kind, r in decisions if kind == "resize" and r.endswith("(in place)")]
-    fell_back = [r for kind, r in decisions if "(in place:" in r]
-    assert len(in_place) >= 2 and not fell_back, decisions
-    assert done.restarts == 0, decisions  # started once, never restarted
+    reply = resized_in_place(daemon, job, done, at_least=2)
     assert reply.job.resizes_warm >= 2 and reply.job.resize_warm_s is not None, reply.job
     assert torch.load(out, weights_only=False)["steps"] == EPOCHS * 2048 // 32
     return daemon.client.call(api.Logs(id=job, rank=1, offset=-(1 << 20), max_bytes=1 << 20)).data
