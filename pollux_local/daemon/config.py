@@ -9,7 +9,7 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     p = -1.0                  # fairness exponent of the goodput policy
     restart_cost_s = 30
     share_slowdown = 0.25     # jobs sharing a device: each of n runs at 1 / (1 + 0.25 (n - 1))
-    warm_resize = true        # resize elastic jobs on one node (here or over SSH) in place
+    warm_resize = true        # resize elastic jobs in place where they can (here or over SSH)
     warm_timeout_s = 120      # a warm resize not done by then falls back to a restart
 
     [daemon]
