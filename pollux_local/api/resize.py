@@ -6,9 +6,10 @@ The launcher writes the order as JSON, atomically, to the file named by
 into a job's directory); rank 0 reads it at a step agreement and every replica acts on it at
 the same step.  Replicas whose rank is below ``kept`` (by default ``world_size``) stay (and
 keep their rank); the others leave with exit code 0, and joiners take ranks ``kept`` and up
-(a move: some replicas leave while others join, on other nodes).  Joining replicas are started with the new ``WORLD_SIZE``,
-``MASTER_PORT`` and ``POLLUX_RESIZE_JOIN`` = ``generation``, announce themselves ready
-(:func:`ready_name`: a file they create in their job directory), and receive the training state by broadcast from rank 0.
+(a move: some replicas leave while others join, on other nodes).  Joining replicas are
+started with the new ``WORLD_SIZE``, ``MASTER_PORT`` and ``POLLUX_RESIZE_JOIN`` =
+``generation``, announce themselves ready (:func:`ready_name`: a file they create in their
+job directory), and receive the training state by broadcast from rank 0.
 """
 
 from __future__ import annotations

@@ -365,17 +365,28 @@ async def test_a_stopping_group_holds_its_devices_until_it_is_gone(setup) -> Non
 def test_the_order_file_of_a_warm_resize_is_the_daemons_never_the_jobs(tmp_path: Path) -> None:
     """The job's supervisor writes warm resize orders as root: their path comes from the
     daemon (``LaunchSpec.resize_file`` under ``STATE_DIR/resize``), and a ``POLLUX_RESIZE_FILE``
-    in a submitted environment (a raw request can carry any) is dropped, on every node."""
+    in a submitted environment (a raw request can carry any) is dropped, on every node.  An
+    elastic job on SSH nodes, one or several, takes orders at a file its node agents make;
+    one on this machine's and an SSH node does not."""
     config = DaemonConfig(
         nodes=(
             NodeConfig("here", ("cpu:0", "cpu:1")),
             NodeConfig("far", ("cpu:0",), host="far.example"),
+            NodeConfig("farther", ("cpu:0",), host="farther.example"),
         ),
     )
     store = StateStore(tmp_path / "s.db")
     executor = Executor(store, config, tmp_path, tmp_path / "daemon.sock", clock=lambda: 100.0)
     forged = {"POLLUX_RESIZE_FILE": "/etc/cron.d/owned"}
-    for elastic, node in ((True, "here"), (False, "here"), (True, "far")):
+    cases = [
+        (True, ("here",), True),
+        (False, ("here",), False),
+        (True, ("far",), True),
+        (True, ("far", "farther"), True),
+        (False, ("far", "farther"), False),
+        (True, ("here", "far"), False),
+    ]
+    for elastic, nodes, takes_orders in cases:
         job_id = store.add_job(
             name="j", owner_uid=0, owner_gid=0, owner_name="root",
             spec={"argv": ["x"], "workdir": "/", "min_gpus": 1, "elastic": elastic},
@@ -383,10 +394,10 @@ def test_the_order_file_of_a_warm_resize_is_the_daemons_never_the_jobs(tmp_path:
         ).id  # fmt: skip
         job = store.get_job(job_id)
         assert job is not None
-        spec = executor.build_spec(
-            job, Action(ActionKind.START, job_id, {node: ["cpu:0"]}, None, "")
-        )
-        if elastic and node == "here":
+        allocation = {node: ["cpu:0"] for node in nodes}
+        spec = executor.build_spec(job, Action(ActionKind.START, job_id, allocation, None, ""))
+        assert spec.takes_orders == takes_orders, (elastic, nodes)
+        if elastic and nodes == ("here",):
             assert spec.resize_file == tmp_path / "resize" / f"{job_id}-0.json"
             assert spec.env["POLLUX_RESIZE_FILE"] == str(spec.resize_file)
         else:

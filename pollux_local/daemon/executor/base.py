@@ -152,19 +152,20 @@ class ExecutorBase:
 
     def build_spec(self, job: JobRecord, action: Action) -> LaunchSpec:
         """The launch spec of one incarnation (ranks in node order, env per the contract).
-        With ``[scheduler] warm_resize`` on, an elastic job on one node (of this machine or
-        an SSH node) is started to take warm resize orders (``executor/warm.py``): here at a
-        file of the daemon's, there at one its node agent makes."""
+        With ``[scheduler] warm_resize`` on, an elastic job on one node of this machine, or
+        on SSH nodes (one or several), is started to take warm resize orders
+        (``executor/warm.py``): here at a file of the daemon's, there at one its node agent
+        makes.  A Slurm step, or a job on this machine's and other nodes, is resized by a
+        restart."""
         spec = build_launch_spec(job, action, self.config, self._job_dir(job), self.socket_path)
-        nodes = {slot.node for slot in spec.slots}
+        nodes = [self.config.node(name) for name in dict.fromkeys(s.node for s in spec.slots)]
         env = {k: v for k, v in spec.env.items() if k != "POLLUX_RESIZE_FILE"}  # never the job's
-        if not (self.config.warm_resize and job.spec.elastic and len(nodes) == 1):
+        if not (self.config.warm_resize and job.spec.elastic and nodes):
             return dataclasses.replace(spec, env=env)
-        node = self.config.node(next(iter(nodes)))
-        if node.slurm is not None:
-            return dataclasses.replace(spec, env=env)  # a job step is resized by a restart
-        if not node.is_local:
+        if all(node.ssh is not None and node.slurm is None for node in nodes):
             return dataclasses.replace(spec, env=env, takes_orders=True)
+        if len(nodes) != 1 or not nodes[0].is_local:
+            return dataclasses.replace(spec, env=env)
         order_file = self.order_dir() / f"{job.job_id}-{job.restarts}.json"
         with contextlib.suppress(FileNotFoundError):
             order_file.unlink()  # never an order of an earlier incarnation
