@@ -35,6 +35,10 @@ times, the ``typical`` ratio (``measurement_typical_pct``) compares blocks whose
 count at the median of their kind (measuring or not, :func:`typical_block_time`): the same
 cost, without the single steps' scheduling noise.
 
+``--device cuda`` runs the replicas on GPUs (one each): the batches are copied to the device
+as a job copies them, every timed step ends with ``torch.cuda.synchronize`` (in every arm
+alike) and the headline clock is the wall clock.
+
 Restart.  ``restart_s``: from SIGTERM to a 1-replica job until the first optimizer step of its
 2-replica restart (checkpoint, exit 75, start two fresh processes, restore, first step), split
 into its parts (``detail.restart_parts_s``).
@@ -74,7 +78,7 @@ def _envs(replicas: int, extra: dict[str, str]) -> list[dict[str, str]]:
         env = dict(os.environ)
         env.update(
             OMP_NUM_THREADS="1",
-            PYTHONPATH=str(REPO),
+            PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
             RANK=str(rank),
             WORLD_SIZE=str(replicas),
             LOCAL_RANK=str(rank),
@@ -164,6 +168,8 @@ def worker(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
+    device = torch.device(args.device)
+    on_gpu = device.type == "cuda"
     data = make_data(args.samples, args.features, args.classes, args.seed)
     x, y, _ = data.tensors
 
@@ -205,6 +211,7 @@ def worker(args: argparse.Namespace) -> int:
             schedule.interval = 10**9
 
     model_p: torch.nn.Module = make_model(args.features, args.hidden, args.classes, args.seed)
+    model_p = model_p.to(device)
     if world > 1:
         model_p = DistributedDataParallel(model_p)
     opt_p = torch.optim.SGD(model_p.parameters(), lr=args.lr, momentum=0.9)
@@ -219,7 +226,8 @@ def worker(args: argparse.Namespace) -> int:
                 cursor = 0
             idx = perm[cursor + rank * local : cursor + (rank + 1) * local]
             cursor += args.base_batch
-            torch.autograd.backward(F.cross_entropy(model_p(x[idx]), y[idx]))
+            xb, yb = x[idx].to(device), y[idx].to(device)
+            torch.autograd.backward(F.cross_entropy(model_p(xb), yb))
             opt_p.step()
             opt_p.zero_grad(set_to_none=True)
 
@@ -235,6 +243,7 @@ def worker(args: argparse.Namespace) -> int:
             except StopIteration:
                 batches[name] = iter(loaders[name])
                 continue
+            xb, yb = xb.to(t.device), yb.to(t.device)
             if t.step(F.cross_entropy(t.model(xb), yb)):
                 done += 1
 
@@ -268,6 +277,8 @@ def worker(args: argparse.Namespace) -> int:
                 samples = estimator.samples if estimator is not None else 0
                 t, c = time.perf_counter(), time.process_time()
                 run_arm(arm, 1)
+                if on_gpu:  # a step's time includes its device work
+                    torch.cuda.synchronize(device)
                 wall, cpu = time.perf_counter() - t, time.process_time() - c
                 measured = estimator is not None and estimator.samples > samples
                 row[arm].append((wall, cpu, int(measured)))
@@ -290,13 +301,23 @@ def overhead(replicas: int, args: argparse.Namespace) -> dict[str, Any]:
     """Run ``replicas`` workers; the three comparisons' medians and intervals (CPU time and
     wall clock), the measuring steps per block and the spacing the schedule settled on."""
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker"]
-    for key in ("rounds", "steps", "warmup", "features", "hidden", "base_batch", "stats_budget"):
+    keys = (
+        "rounds",
+        "steps",
+        "warmup",
+        "features",
+        "hidden",
+        "base_batch",
+        "stats_budget",
+        "device",
+    )
+    for key in keys:
         argv += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
     if args.with_split:
         argv.append("--with-split")
     procs = [
         subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
-        for env in _envs(replicas, {})
+        for env in _envs(replicas, {"POLLUX_DEVICE": args.device})
     ]
     out, _ = procs[0].communicate(timeout=3600)
     for p in procs[1:]:
@@ -490,6 +511,12 @@ def main() -> int:
         default=0.005,
         help="the 'on' arm's budget (the trainer's default)",
     )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the replicas compute (cuda: one GPU per replica, timed by the wall clock)",
+    )
     parser.add_argument("--no-restart", action="store_true", help="skip the restart timing")
     parser.add_argument(
         "--keep-steps", metavar="PATH", help="write every step's times (JSON) to PATH"
@@ -522,7 +549,7 @@ def main() -> int:
     for replicas in (int(r) for r in args.replicas.split(",")):
         figures = overhead(replicas, args)
         # one replica: its CPU time is its cost; two: a step also waits for the other rank
-        clock = "cpu" if replicas == 1 else "wall"
+        clock = "cpu" if replicas == 1 and args.device == "cpu" else "wall"
         result[f"clock_{replicas}"] = clock
         for name, key in (
             ("measurement", f"on/off {clock}"),

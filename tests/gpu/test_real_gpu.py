@@ -1,0 +1,135 @@
+"""On a real NVIDIA GPU: NVML discovery against what CUDA reports, a GPU kept busy by a process
+the scheduler did not start, a shared job's memory cap, and a daemon that schedules the GPU it
+discovered and runs a job of ``jobs/`` there to its quality target."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pollux_local.daemon import gpus
+from tests.daemon_process import DaemonFactory, activated_environ, wait_for
+from tests.paths import REPO_ROOT
+
+torch = pytest.importorskip("torch")
+
+GIB = 1 << 30
+
+
+def _pythonpath() -> str:
+    """This checkout first, then what the caller's ``PYTHONPATH`` already holds."""
+    return os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+
+
+def _child(code: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**os.environ, "PYTHONPATH": _pythonpath(), **(env or {})},
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def test_nvml_describes_the_gpus_cuda_sees() -> None:
+    found = gpus.discover()
+    assert [g.index for g in found] == list(range(torch.cuda.device_count()))
+    for gpu in found:
+        props = torch.cuda.get_device_properties(gpu.index)
+        assert abs(gpu.total_bytes - props.total_memory) <= 0.02 * props.total_memory
+        assert 0 < gpu.free_bytes <= gpu.total_bytes
+        assert gpu.device_type not in ("gpu", "cpu"), gpu.name
+        model = gpu.device_type.split("-")[0]
+        assert model in gpu.name.lower().replace(" ", "").replace("-", ""), (gpu.name, model)
+        assert gpu.uuid.startswith("GPU-"), gpu.uuid
+
+
+def test_a_process_outside_the_scheduler_makes_its_gpu_busy() -> None:
+    before = gpus.free_memory(0)
+    assert before is not None
+    hog = _child(
+        """
+        import sys, torch
+        block = torch.empty(3 << 30, dtype=torch.uint8, device="cuda:0")
+        torch.cuda.synchronize()
+        print("ready", flush=True)
+        sys.stdin.read()
+        """
+    )
+    try:
+        assert hog.stdout is not None and hog.stdout.readline().strip() == "ready"
+        during = gpus.free_memory(0)
+        assert during is not None and before - during >= 3 * GIB
+        busy = gpus.processes_outside({os.getpid()}, gpus.DEFAULT_BUSY_BYTES)
+        assert 0 in busy, f"NVML listed no process on GPU 0 ({busy})"
+        assert not gpus.processes_outside({os.getpid(), *busy[0]}, gpus.DEFAULT_BUSY_BYTES)
+        assert 0 not in gpus.processes_outside({os.getpid()}, 8 * GIB)  # under the threshold
+    finally:
+        hog.communicate(timeout=60)
+    wait_for(lambda: (gpus.free_memory(0) or 0) > before - GIB, 30, "the memory to be freed")
+
+
+def test_a_shared_jobs_memory_fraction_caps_its_allocator() -> None:
+    probe = _child(
+        """
+        import torch
+        from pollux_local.torch import job_environment, torch_device
+        device = torch_device(job_environment())
+        total = torch.cuda.get_device_properties(device).total_memory
+        small = torch.empty(int(0.02 * total), dtype=torch.uint8, device=device)
+        try:
+            torch.empty(int(0.10 * total), dtype=torch.uint8, device=device)
+        except torch.cuda.OutOfMemoryError:
+            print("capped")
+        else:
+            print("not capped")
+        """,
+        {"POLLUX_DEVICE": "cuda", "POLLUX_GPU_MEMORY_FRACTION": "0.05"},
+    )
+    out, err = probe.communicate(timeout=120)
+    assert probe.returncode == 0, err[-2000:]
+    assert out.strip() == "capped"
+
+
+@pytest.mark.timeout(600)
+def test_a_daemon_schedules_the_discovered_gpu_and_runs_a_job_there(
+    tmp_path: Path, daemon_factory: DaemonFactory
+) -> None:
+    env = activated_environ(POLLUX_LOCAL_STATE_DIR=str(tmp_path / "state"))
+    daemon = daemon_factory(
+        config="[scheduler]\ninterval_s = 1\n", env=env, cwd=tmp_path, timeout_s=60
+    )
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "pollux_local", *args],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    found = gpus.discover()
+    nodes = cli("nodes")
+    assert "cuda:0" in nodes and found[0].device_type in nodes, nodes
+    job = json.loads(cli("submit", "--json", "--spec", str(REPO_ROOT / "jobs/digits_cnn/job.toml")))
+    job_id = str(job["id"])
+
+    def finished() -> dict[str, object] | None:
+        jobs = {str(j["id"]): j for j in json.loads(cli("status", "--json"))["jobs"]}
+        one = jobs[job_id]
+        return one if one["state"] in ("succeeded", "failed", "cancelled") else None
+
+    started = time.monotonic()
+    final = wait_for(finished, 540, f"job {job_id} to finish")
+    log = cli("logs", job_id)
+    assert final["state"] == "succeeded", (final, log[-3000:], daemon.output())
+    assert "TARGET REACHED" in log
+    shown = json.loads(cli("show", job_id, "--json"))
+    text = json.dumps(shown)
+    assert found[0].device_type in text, text[:3000]
+    print(f"job {job_id} on {found[0].name}: {time.monotonic() - started:.1f} s")
