@@ -133,3 +133,70 @@ def test_a_daemon_schedules_the_discovered_gpu_and_runs_a_job_there(
     text = json.dumps(shown)
     assert found[0].device_type in text, text[:3000]
     print(f"job {job_id} on {found[0].name}: {time.monotonic() - started:.1f} s")
+
+
+SHARED_JOB = """
+import json, os, sys, time
+from pathlib import Path
+import torch
+from pollux_local.torch import job_environment, torch_device
+
+env = job_environment()
+device = torch_device(env)
+total = torch.cuda.get_device_properties(device).total_memory
+held = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+try:
+    torch.empty(int(1.5 * env.gpu_memory_fraction * total), dtype=torch.uint8, device=device)
+    capped = False
+except torch.cuda.OutOfMemoryError:
+    capped = True
+name = sys.argv[1]
+Path(f"{name}.json").write_text(json.dumps({
+    "fraction": env.gpu_memory_fraction, "capped": capped,
+    "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "total": total,
+}))
+while not Path("go").exists():
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_two_shared_jobs_run_together_on_one_gpu_each_held_to_its_memory(
+    tmp_path: Path, daemon_factory: DaemonFactory
+) -> None:
+    env = activated_environ(POLLUX_LOCAL_STATE_DIR=str(tmp_path / "state"))
+    daemon_factory(config="[scheduler]\ninterval_s = 1\n", env=env, cwd=tmp_path, timeout_s=60)
+    (tmp_path / "shared.py").write_text(SHARED_JOB)
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "pollux_local", *args],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    ids = [
+        str(json.loads(cli("submit", "--json", "--shared", "--gpu-memory", "8G", "shared.py", name))["id"])
+        for name in ("a", "b")
+    ]  # fmt: skip
+
+    def both_ready() -> bool:
+        return all((tmp_path / f"{name}.json").exists() for name in ("a", "b"))
+
+    wait_for(both_ready, 200, "both shared jobs to start on the GPU")
+    jobs = {str(j["id"]): j for j in json.loads(cli("status", "--json"))["jobs"]}
+    assert [jobs[i]["state"] for i in ids] == ["running", "running"], jobs
+    (tmp_path / "go").touch()
+
+    def ended() -> list[str] | None:
+        now = {str(j["id"]): j["state"] for j in json.loads(cli("status", "--json"))["jobs"]}
+        states = [now[i] for i in ids]
+        return states if all(s in ("succeeded", "failed", "cancelled") for s in states) else None
+
+    assert wait_for(ended, 60, "both shared jobs to end") == ["succeeded", "succeeded"]
+    for name in ("a", "b"):
+        seen = json.loads((tmp_path / f"{name}.json").read_text())
+        assert seen["fraction"] == pytest.approx(8 * GIB / seen["total"], rel=0.02), seen
+        assert seen["capped"], seen
+        assert seen["visible"] == "0", seen
