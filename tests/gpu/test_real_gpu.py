@@ -177,7 +177,7 @@ def test_two_shared_jobs_run_together_on_one_gpu_each_held_to_its_memory(
         return done.stdout
 
     ids = [
-        str(json.loads(cli("submit", "--json", "--shared", "--gpu-memory", "8G", "shared.py", name))["id"])
+        str(json.loads(cli("submit", "--json", "--rigid", "--shared", "--gpu-memory", "8G", "shared.py", name))["id"])
         for name in ("a", "b")
     ]  # fmt: skip
 

@@ -38,7 +38,8 @@ def _clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLLUX_")}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO_ROOT))
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=path)
     return env
 
 
