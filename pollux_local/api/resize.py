@@ -4,9 +4,11 @@ that they change their replica count in place (``torch/resizing.py``).
 The launcher writes the order as JSON, atomically, to the file named by
 ``POLLUX_RESIZE_FILE`` (a file of the launcher's, readable by the job: a daemon never writes
 into a job's directory); rank 0 reads it at a step agreement and every replica acts on it at
-the same step.  Replicas whose rank is below ``kept`` (by default ``world_size``) stay (and
-keep their rank); the others leave with exit code 0, and joiners take ranks ``kept`` and up
-(a move: some replicas leave while others join, on other nodes).  Joining replicas are
+the same step.  The replicas named in ``ranks`` stay and are renumbered (old rank
+``ranks[i]`` becomes rank i; without ``ranks``, those below ``kept``, by default
+``world_size``, stay and keep their rank); the others leave with exit code 0, and joiners
+take the ranks after the stayers (a move: some replicas leave while others join, on other
+nodes; rank 0 itself may leave, the lowest rank that stays taking its place).  Joining replicas are
 started with the new ``WORLD_SIZE``, ``MASTER_PORT`` and ``POLLUX_RESIZE_JOIN`` =
 ``generation``, announce themselves ready (:func:`ready_name`: a file they create in their
 job directory), and receive the training state by broadcast from rank 0.
@@ -25,6 +27,7 @@ RESIZE_VERSION = 1
 MAX_ORDER_BYTES = 4096
 
 Positive = Annotated[int, msgspec.Meta(ge=1, le=2**31)]
+Rank = Annotated[int, msgspec.Meta(ge=0, le=2**31)]
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 
 
@@ -34,7 +37,9 @@ class ResizeOrder(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     order not newer than the last one acted on is ignored).  ``local_batch`` and
     ``accum_steps`` are the scheduler's (m, s) at the new size (``None``: the job chooses).
     ``kept``: how many of the running replicas stay, the lowest ranks (``None``: those below
-    ``world_size``); ``num_nodes``: the nodes the new group spans (``None``: as before)."""
+    ``world_size``); ``ranks``: the running replicas that stay, by rank, in their new order
+    (``None``: as ``kept`` says); ``num_nodes``: the nodes the new group spans (``None``: as
+    before)."""
 
     generation: Positive
     world_size: Positive
@@ -45,10 +50,18 @@ class ResizeOrder(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     version: int = RESIZE_VERSION
     kept: Positive | None = None
     num_nodes: Positive | None = None
+    ranks: tuple[Rank, ...] | None = None
+
+    def new_rank(self, rank: int) -> int | None:
+        """The rank in the new group of the running replica of ``rank`` (``None``: it
+        leaves)."""
+        if self.ranks is not None:
+            return self.ranks.index(rank) if rank in self.ranks else None
+        return rank if rank < (self.kept if self.kept is not None else self.world_size) else None
 
     def stays(self, rank: int) -> bool:
         """Whether the running replica of ``rank`` is one of the new group's."""
-        return rank < (self.kept if self.kept is not None else self.world_size)
+        return self.new_rank(rank) is not None
 
 
 def encode_order(order: ResizeOrder) -> bytes:
@@ -70,6 +83,15 @@ def decode_order(data: bytes) -> ResizeOrder:
         raise PolluxError(f"resize order version {order.version} is not {RESIZE_VERSION}")
     if order.kept is not None and order.kept > order.world_size:
         raise PolluxError(f"bad resize order: keeps {order.kept} of {order.world_size} replicas")
+    if order.ranks is not None:
+        if not order.ranks or len(order.ranks) > order.world_size:
+            raise PolluxError(
+                f"bad resize order: keeps {len(order.ranks)} of {order.world_size} replicas"
+            )
+        if len(set(order.ranks)) != len(order.ranks):
+            raise PolluxError("bad resize order: a rank kept twice")
+        if order.kept is not None and order.kept != len(order.ranks):
+            raise PolluxError("bad resize order: kept and ranks disagree")
     return order
 
 

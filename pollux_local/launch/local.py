@@ -565,6 +565,8 @@ class LocalReplicaGroup:
         order_file = old.resize_file
         if order_file is None or self._done.is_set():
             return "the job's replicas do not take warm resize orders"
+        if order.ranks is not None and list(order.ranks) != list(range(len(order.ranks))):
+            return "ranks are renumbered in place on SSH nodes only"
         kept = {slot.rank for slot in old.slots}
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         joiners = [

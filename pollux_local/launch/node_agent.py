@@ -28,18 +28,24 @@ Warm resizes (``api/resize.py``; the local supervisor does the same on the daemo
 With ``"resize": true`` in the spec the agent makes a directory of its own for the
 incarnation's resize orders (``mkdtemp``, 0755, removed at the end) and gives every replica
 ``POLLUX_RESIZE_FILE`` = its ``order.json``: no path of the job's user is ever written.  A
-stdin line ``RESIZE <json>`` (``{"generation", "kept", "order", "hold", "joiners": [replica,
-...], "ready_timeout_s", "job_dir"}``) starts the joining replicas like the first ones and
+stdin line ``RESIZE <json>`` (``{"generation", "ranks", "order", "hold", "joiners": [replica,
+...], "ready_timeout_s", "job_dir"}``; ``ranks``: the running ranks that stay, in their new
+order, or ``"kept"``: the lowest that many) starts the joining replicas like the first ones and
 waits until each has created ``resize-ready-<generation>-<rank>`` in ``job_dir`` (only its
 existence is looked at).  Then the order is given: ``order`` (the order's JSON as the daemon
 encoded it; ``null`` on a node other than rank 0's, which reads it) is written to the order
-file, atomically, and the running replicas of rank ``kept`` and up are noted as leaving.  With
+file, atomically, and the running replicas that do not stay are noted as leaving.  When the
+ranks that stay are renumbered (:func:`relabelling`), every line about a running replica uses
+its new rank from the ``RESIZE`` on, a leaver's being ``-1 - rank`` (they stay renamed when
+the resize fails: the daemon then restarts the job from a checkpoint).  With
 ``"hold": true`` (a job on several nodes) the agent says ``READY`` instead and gives the order
 at a later ``ORDER <generation>`` line (the daemon orders rank 0's node last, once every node
 is ready and the others have noted their leavers); ``ABORT <generation>`` calls it off.  A
-spec with ``"join": {"generation", "kept", "ready_timeout_s", "job_dir"}`` starts a node's
+spec with ``"join": {"generation", "ready_timeout_s", "job_dir"}`` starts a node's
 replicas as joiners of a held resize (a group that grows onto this node).  More lines::
 
+    RENAMED <generation>            the running replicas took their new ranks (a resize
+                                    that renumbers them), before any joiner starts
     READY <generation>              every joiner here is ready (a held resize)
     ORDERED <generation>            the order is given (written, when it is this node's)
     WARMFAIL <generation> <message> it was not (a joiner failed or was late, the job stops,
@@ -74,6 +80,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from typing import IO, Any, NoReturn
 
 #: Exit status when nothing could be started (bad working dir, unshared checkpoint dir, user):
@@ -90,6 +97,18 @@ READY_POLL_S = 0.1
 #: The file a joining replica creates in its job directory once it is about to rendezvous
 #: (``api.resize.ready_name``; tests/launch/test_node_agent.py holds them equal).
 READY_NAME = "resize-ready-{generation}-{rank}"
+
+
+def relabelling(labels: Iterable[int], ranks: Sequence[int]) -> dict[int, int]:
+    """How a warm resize that keeps ``ranks`` (old ranks, in their new order) renames the
+    running replicas known by ``labels``: none when the ranks that stay are the lowest ones
+    (they keep their ranks); else a stayer takes its new rank and a leaver ``-1 - rank``, so
+    that no two replicas share a rank while the leavers run on.  The daemon's side of an SSH
+    group renames its records by the same rule."""
+    if list(ranks) == list(range(len(ranks))):
+        return {}
+    new = {old: index for index, old in enumerate(ranks)}
+    return {label: new.get(label, -1 - label) for label in labels}
 
 
 class Lines:
@@ -293,7 +312,7 @@ class Supervisor:
             if self.order_path is None:
                 self.lines.say("WARMFAIL", generation, "no directory for resize orders")
                 return
-            self.begin_resize(generation, int(join["kept"]), None, True)
+            self.begin_resize(generation, len(self.spec["replicas"]), None, True)
             for r in self.spec["replicas"]:
                 pid = self.spawn(r)
                 if pid is None:
@@ -342,6 +361,8 @@ class Supervisor:
     def pump(self, rank: int) -> None:
         """Send what ``rank``'s log gained since the last call (``LOG`` lines)."""
         with self._pump_lock:
+            if rank not in self.logs:
+                return  # renamed meanwhile (a warm resize): sent under its new rank
             path, pos = self.logs[rank]
             try:
                 with open(path, "rb") as f:
@@ -404,7 +425,10 @@ class Supervisor:
         try:
             request = json.loads(text)
             generation = int(request["generation"])
-            kept = int(request["kept"])
+            if request.get("ranks") is not None:
+                ranks = [int(rank) for rank in request["ranks"]]
+            else:
+                ranks = list(range(int(request["kept"])))
             order = request.get("order")
             joiners = list(request.get("joiners") or ())
             timeout_s = float(request.get("ready_timeout_s") or 60.0)
@@ -427,7 +451,11 @@ class Supervisor:
                 self.lines.say("WARMFAIL", generation, why)
                 return
             self.warm_failed("a newer resize came")
-            self.begin_resize(generation, kept, order, hold)
+            self.begin_resize(generation, len(ranks), order, hold)
+            mapping = relabelling([rank for rank, _ in self.procs.values()], ranks)
+            self.relabel(mapping)
+            if mapping:
+                self.lines.say("RENAMED", generation)
             for r in joiners:
                 pid = self.spawn(r)
                 if pid is None:
@@ -437,8 +465,8 @@ class Supervisor:
         self.watch(generation, job_dir, timeout_s)
 
     def begin_resize(self, generation: int, kept: int, order: str | None, hold: bool) -> None:
-        """A warm resize of ``generation`` is under way (under :attr:`lock`): ``kept`` lowest
-        ranks stay; ``order`` is written here (``None``: not on this node; rank 0 reads it
+        """A warm resize of ``generation`` is under way (under :attr:`lock`): ``kept``
+        replicas stay (ranks below ``kept`` once renamed); ``order`` is written here (``None``: not on this node; rank 0 reads it
         elsewhere); with ``hold``, only once an ``ORDER`` line says so."""
         self.warm = {
             "generation": generation,
@@ -447,6 +475,17 @@ class Supervisor:
             "hold": hold,
             "state": "joining",
         }
+
+    def relabel(self, mapping: dict[int, int]) -> None:
+        """Rename the replicas' ranks (``old -> new``) in every table (under :attr:`lock`)."""
+        if not mapping:
+            return
+        self.procs = {pid: (mapping.get(r, r), p) for pid, (r, p) in self.procs.items()}
+        self.pids = {mapping.get(r, r): pid for r, pid in self.pids.items()}
+        self.codes = {mapping.get(r, r): code for r, code in self.codes.items()}
+        self.exits = [mapping.get(r, r) for r in self.exits]
+        with self._pump_lock:
+            self.logs = {mapping.get(r, r): log for r, log in self.logs.items()}
 
     def watch(self, generation: int, job_dir: str, timeout_s: float) -> None:
         """Watch the joiners of ``generation`` in a thread of their own."""
@@ -527,7 +566,9 @@ class Supervisor:
         self.leaving = {
             pid
             for pid, (rank, p) in self.procs.items()
-            if p.returncode is None and pid not in self.joining and rank >= int(warm["kept"])
+            if p.returncode is None
+            and pid not in self.joining
+            and not 0 <= rank < int(warm["kept"])
         }
         self.joining.clear()
         warm["state"] = "ordered"

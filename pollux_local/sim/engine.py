@@ -391,9 +391,8 @@ class Simulator:
         """The job's ranks after a warm resize to its (new) allocation, or ``None`` when the
         change restarts it.  A warm resize is modelled (``warm_resize_cost_s``) for an
         elastic job that stays on its device type, where the daemon does one
-        (``core.schedule.inplace.plan_in_place``: the node of its rank 0 keeps replicas, the
-        ranks that stay are a prefix and keep their devices, no joiner waits for a leaver's
-        device)."""
+        (``core.schedule.inplace.plan_in_place``: the first ranks on each node it keeps stay,
+        renumbered, on their devices; no joiner waits for a leaver's device)."""
         if (
             self.config.warm_resize_cost_s is None
             or not job.adaptive

@@ -661,20 +661,27 @@ class ElasticTrainer:
 
     def _warm_resize(self, order: ResizeOrder | None) -> None:
         """Act on a resize order every replica agreed on at this step (``resizing.py``):
-        leave the group, form the new one (or exit 0: a leaving replica), and load rank 0's
-        state as a restarted replica would load its checkpoint."""
+        leave the group, form the new one under this replica's new rank (or exit 0: a leaving
+        replica), and load the new rank 0's state as a restarted replica would load its
+        checkpoint (every replica holds the same state; the new rank 0 may be another than
+        the old one, whose node the job left)."""
         data = broadcast_object(encode_order(order) if order is not None else None, self.replicas)
         order = decode_order(data)
         self._resize.done(order.generation)
-        payload = self._payload() if self.rank == 0 else None
+        rank = order.new_rank(self.rank)
+        payload = self._payload() if rank == 0 else None
         self._leave_group()
-        if not order.stays(self.rank):
+        if rank is None:
             log.info("leaving at step %d (warm resize %d)", self.steps, order.generation)
             self.reporter.flush()
             sys.exit(0)
+        if rank != self.rank:
+            log.info("rank %d becomes rank %d (warm resize %d)", self.rank, rank, order.generation)
+        self.rank = rank
         num_nodes = order.num_nodes or self.env.num_nodes
         self.env = dataclasses.replace(
             self.env,
+            rank=rank,
             world_size=order.world_size,
             num_nodes=num_nodes,
             local_world_size=order.world_size if num_nodes == 1 else self.env.local_world_size,

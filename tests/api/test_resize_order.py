@@ -20,6 +20,13 @@ def test_a_move_keeps_only_the_lowest_ranks_it_names() -> None:
     assert decode_order(encode_order(order)) == order
 
 
+def test_named_ranks_stay_renumbered_and_rank_0_may_leave() -> None:
+    order = ResizeOrder(4, 3, "10.0.0.2", 29500, ranks=(2, 3), num_nodes=2)
+    assert [order.new_rank(rank) for rank in range(4)] == [None, None, 0, 1]
+    assert not order.stays(0) and order.stays(3)
+    assert decode_order(encode_order(order)) == order
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
@@ -29,6 +36,16 @@ def test_a_move_keeps_only_the_lowest_ranks_it_names() -> None:
          "bad resize order"),
         (b'{"generation":1,"world_size":2,"master_addr":"a","master_port":1,"num_nodes":0}',
          "bad resize order"),
+        (b'{"generation":1,"world_size":2,"master_addr":"a","master_port":1,"ranks":[1,1]}',
+         "a rank kept twice"),
+        (b'{"generation":1,"world_size":2,"master_addr":"a","master_port":1,"ranks":[0,1,2]}',
+         "keeps 3 of 2 replicas"),
+        (b'{"generation":1,"world_size":2,"master_addr":"a","master_port":1,"ranks":[]}',
+         "keeps 0 of 2 replicas"),
+        (b'{"generation":1,"world_size":2,"master_addr":"a","master_port":1,"ranks":[-1]}',
+         "bad resize order"),
+        (b'{"generation":1,"world_size":3,"master_addr":"a","master_port":1,"ranks":[2],"kept":2}',
+         "kept and ranks disagree"),
     ],
 )  # fmt: skip
 def test_an_order_keeping_more_than_it_has_or_none_is_refused(data: bytes, message: str) -> None:

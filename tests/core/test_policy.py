@@ -536,3 +536,14 @@ def test_a_spread_out_job_stays_when_no_tighter_room_or_no_payback() -> None:
     decision = GoodputPolicy().decide(jobs, nodes, 0.0, np.random.default_rng(0))
     check_invariants(decision, jobs, nodes)
     assert decision.placements["s"] == (2, 2, 0)
+
+
+def test_a_job_that_may_use_one_node_gets_it_before_a_job_free_to_go_anywhere() -> None:
+    """Two nodes of one device: a job running on both, resizing in place, and a newcomer that
+    may only use the first.  Both get one device, and the newcomer's is the first node's."""
+    nodes = cluster(2, devices=1)
+    spread = job("spread", placement=(1, 1), warm_resize_cost_s=5.0)
+    pinned = job("pinned", allowed_nodes=frozenset({0}), max_replicas=1)
+    decision = GoodputPolicy().decide([spread, pinned], nodes, 0.0, np.random.default_rng(0))
+    assert decision.placements["pinned"] == (1, 0)
+    assert decision.placements["spread"] == (0, 1)

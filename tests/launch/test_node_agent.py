@@ -455,3 +455,43 @@ def test_a_node_joined_whose_joiner_fails_ends_with_its_replica_left(tmp_path: P
     assert lines[-1] == ["LEFT", "1", "3"]
     out, _ = proc.communicate(timeout=30)  # nothing left to run: it ends by itself
     assert proc.returncode == 0 and "EXIT" not in out
+
+
+def test_the_renaming_rule_keeps_a_prefix_and_moves_leavers_out_of_the_way() -> None:
+    assert node_agent.relabelling([0, 1, 2], [0, 1]) == {}
+    assert node_agent.relabelling([0, 1, 2], [1, 2]) == {0: -1, 1: 0, 2: 1}
+    assert node_agent.relabelling([3, 5], [0, 3, 5]) == {3: 1, 5: 2}
+
+
+def test_a_resize_that_renumbers_renames_the_replicas_before_any_joiner_starts(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 leaves, rank 1 becomes rank 0, and a joiner takes rank 1: the joiner's rank was
+    the stayer's until the rename, which comes first (``RENAMED``)."""
+    spec = spec_for(
+        tmp_path,
+        [
+            {"argv": [sys.executable, "-c", WAIT_FOR_ORDER, "0"], "env": {}},
+            {"argv": [sys.executable, "-c", WAIT_FOR_ORDER, "0"], "env": {}},
+        ],
+        resize=True,
+        record={"path": str(tmp_path / "run" / "7.json"), "token": "7:0"},
+    )
+    proc = start_agent(spec)
+    next_line(proc, "PID")
+    next_line(proc, "PID")
+    line = resize_line(7, 2, [joiner(tmp_path, 1, 7)], job_dir=str(tmp_path), ranks=[1], hold=True)
+    send(proc, line)
+    lines = protocol_until(proc, ["READY"])
+    kinds = [p[:2] for p in lines if p[0] in ("RENAMED", "PID")]
+    assert kinds == [["RENAMED", "7"], ["PID", "1"]]  # renamed, then the joiner
+    send(proc, "ORDER 7")
+    lines += protocol_until(proc, ["ORDERED"])
+    assert proc.stdout is not None  # every replica ends by itself: so does the agent
+    lines += [line.split(" ", 2) for line in proc.stdout.read().splitlines()]
+    # the old rank 0 left under its new name; the old rank 1 ended as rank 0; the joiner as 1
+    assert ["LEFT", "-1", "0"] in lines
+    assert sorted(p for p in lines if p[0] == "EXIT") == [["EXIT", "0", "0"], ["EXIT", "1", "0"]]
+    assert proc.wait(timeout=30) == 0
+    record = json.loads((tmp_path / "run" / "7.json").read_text())
+    assert [(r["rank"], r["exit_code"]) for r in record["replicas"]] == [(0, 0), (1, 0)]

@@ -144,3 +144,44 @@ def test_a_job_across_two_ssh_nodes_gives_one_up_and_grows_back_onto_it_in_place
     rank1 = check_resized_in_place(daemon, job, until_done(daemon, job), out)
     # rank 1 joined on the second host, whose agent the grow started
     assert "joined at resize" in rank1 and f"on {h2.name}" in rank1
+
+
+def test_a_job_that_gives_up_rank_0s_node_hands_rank_0_over_in_place(
+    testbed: Testbed, daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    """The first host (rank 0's) is wanted by another job: rank 1, on the second host, becomes
+    rank 0 and the job goes on there alone, then grows back onto the first host, never
+    restarted; rank 0's log goes on with the new rank 0's output."""
+    h1, h2 = testbed.hosts
+    config = daemon_config(testbed, tmp_path, hosts=2, devices="cpu:1")
+    daemon = daemon_factory(config=config, timeout_s=60)
+    out, slow = tmp_path / "resized.pt", tmp_path / "slow"
+    slow.touch()
+    job = submit_probe(daemon, tmp_path, out, slow)
+    waiting(
+        daemon, job,
+        lambda: replicas(daemon, job) == 2 and show(daemon, job).job.report is not None,
+        120, "the job to run on both hosts",
+    )  # fmt: skip
+    pids = {p.rank: p.node for p in show(daemon, job).job.pids}
+    assert pids == {0: h1.name, 1: h2.name}, pids
+    other = daemon.client.call(
+        api.Submit(
+            argv=["sleep", "4"], workdir=str(tmp_path), name="other", env=ENV,
+            constraint=api.Constraint(nodes=[h1.name]),
+        )
+    ).id  # fmt: skip
+    waiting(
+        daemon, job,
+        lambda: replicas(daemon, job) == 1 and list(show(daemon, job).job.devices) == [h2.name],
+        60, "a shrink off rank 0's host",
+    )  # fmt: skip
+    assert {p.rank: p.node for p in show(daemon, job).job.pids} == {0: h2.name}
+    wait_for(lambda: show(daemon, other).job.state.value == "succeeded", 120, "the other job")
+    waiting(daemon, job, lambda: replicas(daemon, job) == 2, 60, "a grow back onto it")
+    slow.unlink()
+    done = until_done(daemon, job)
+    check_resized_in_place(daemon, job, done, out)
+    rank0 = daemon.client.call(api.Logs(id=job, rank=0, offset=-(1 << 20), max_bytes=1 << 20)).data
+    assert "start #0: rank 0/1 on " + h1.name in rank0  # the first rank 0's output,
+    assert "[pollux-local] continued from rank1.log" in rank0  # then the new rank 0's

@@ -70,10 +70,16 @@ def codes(procs: list[subprocess.Popen[bytes]], tmp: Path) -> list[int]:
 
 
 def run_warm(
-    tmp: Path, before: int, after: int, at_step: int, kept: int | None = None
+    tmp: Path,
+    before: int,
+    after: int,
+    at_step: int,
+    kept: int | None = None,
+    ranks: tuple[int, ...] | None = None,
 ) -> tuple[list[int], Path]:
     """``before`` replicas, an order to go to ``after`` placed after step ``at_step``
-    (keeping the ``kept`` lowest ranks: the others leave and joiners take their places)."""
+    (keeping the ``kept`` lowest ranks, or the ``ranks`` named, renumbered: the others leave
+    and joiners take the ranks after them)."""
     tmp.mkdir(parents=True)
     (tmp / "job").mkdir()
     order_file = tmp / "job" / "resize.json"
@@ -86,6 +92,7 @@ def run_warm(
         master_port=new_port,
         local_batch=LOCAL_BATCH,
         kept=kept,
+        ranks=ranks,
     )
     write_order(order_file.with_name("resize.json.next1"), order)
     common = {"POLLUX_RESIZE_FILE": str(order_file)}
@@ -95,7 +102,9 @@ def run_warm(
     ]
     procs += [
         replica(tmp, rank, after, new_port, log[:4], POLLUX_RESIZE_JOIN="1", **common)
-        for rank in range(kept if kept is not None else before, after)
+        for rank in range(
+            len(ranks) if ranks is not None else kept if kept is not None else before, after
+        )
     ]
     return codes(procs, tmp), out
 
@@ -118,14 +127,20 @@ def run_cold(tmp: Path, before: int, after: int, at_step: int) -> tuple[list[int
     return first, second, out
 
 
-@pytest.mark.parametrize(("before", "after", "kept"), [(1, 2, None), (2, 1, None), (2, 2, 1)])
+@pytest.mark.parametrize(
+    ("before", "after", "kept", "ranks"),
+    [(1, 2, None, None), (2, 1, None, None), (2, 2, 1, None), (2, 2, None, (1,))],
+)
 def test_warm_resize_is_bit_identical_to_a_checkpoint_restart(
-    tmp_path: Path, before: int, after: int, kept: int | None
+    tmp_path: Path, before: int, after: int, kept: int | None, ranks: tuple[int, ...] | None
 ) -> None:
-    """A grow, a shrink, and a move (rank 1 leaves, a joiner becomes rank 1)."""
-    warm_codes, warm_out = run_warm(tmp_path / "warm", before, after, at_step=5, kept=kept)
+    """A grow, a shrink, a move (rank 1 leaves, a joiner becomes rank 1), and a handover
+    (rank 0 leaves, rank 1 becomes rank 0 and sends the state to a joiner, rank 1)."""
+    warm = run_warm(tmp_path / "warm", before, after, at_step=5, kept=kept, ranks=ranks)
+    warm_codes, warm_out = warm
     cold_first, cold_second, cold_out = run_cold(tmp_path / "cold", before, after, at_step=5)
-    joined = after - (kept if kept is not None else min(before, after))
+    stayed = len(ranks) if ranks is not None else kept if kept is not None else min(before, after)
+    joined = after - stayed
     assert warm_codes == [0] * (before + joined)  # a leaving replica exits 0
     assert cold_first == [ExitCode.RESCALE] * before and cold_second == [0] * after
     warm, cold = torch.load(warm_out, weights_only=False), torch.load(cold_out, weights_only=False)

@@ -33,8 +33,8 @@ class Placing(Search):
         min_nodes: np.ndarray,
         multi_node_on: list[bool] | None = None,
     ) -> None:
-        """Put replica counts onto nodes: keep unchanged jobs, pack the rest, no shared
-        node between two multi-node jobs (``multi_node_on``: nodes already used by one); a job
+        """Put replica counts onto nodes: keep unchanged jobs, pack the rest (largest first,
+        the most constrained first among equals), no shared node between two multi-node jobs (``multi_node_on``: nodes already used by one); a job
         that cannot be placed shrinks."""
         free = list(node_sizes)
         multi_node_on = list(multi_node_on) if multi_node_on else [False] * len(node_sizes)
@@ -58,7 +58,9 @@ class Placing(Search):
         for pl in pending:
             if len(pl.job.placement) == len(node_sizes):
                 held = [h + c for h, c in zip(held, pl.job.placement, strict=True)]
-        for pl in sorted(pending, key=lambda q: (-q.k, q.index)):
+        # (at equal counts, a job that may use fewer nodes first: its nodes go to it, and a
+        # job free to go anywhere takes another)
+        for pl in sorted(pending, key=lambda q: (-q.k, allowed_count(q, len(free)), q.index)):
             if len(pl.job.placement) == len(node_sizes):
                 held = [h - c for h, c in zip(held, pl.job.placement, strict=True)]
             placement = self._choose_placement(pl, free, multi_node_on, min_nodes, held)
@@ -191,3 +193,9 @@ class Placing(Search):
         last = min(rest, key=lambda i: (free[i], i)) if rest else chosen[-1]
         placement[last] = left
         return tuple(placement)
+
+
+def allowed_count(plan: JobPlan, nodes: int) -> int:
+    """How many of the ``nodes`` nodes the job may use (``allowed_nodes``; all without)."""
+    allowed = plan.job.allowed_nodes
+    return nodes if allowed is None else len(allowed)

@@ -11,32 +11,34 @@ Device = tuple[str, str]
 
 def plan_in_place(
     old: Sequence[Device], new: Mapping[str, Sequence[str]], claimed: Collection[Device]
-) -> tuple[list[Device], int] | None:
+) -> tuple[list[Device], list[int]] | None:
     """How the running replicas (``old``: (node, device) by rank) become ``new``'s (node ->
-    devices, the policy's choice) in place: the new group's (node, device) by rank, and how
-    many of the running ranks stay (``kept``); ``None`` when it must be a checkpoint-restart.
+    devices, the policy's choice) in place: the new group's (node, device) by rank, and the
+    running ranks that stay, in their new order (``stayers``: new rank i is old rank
+    ``stayers[i]``); ``None`` when it must be a checkpoint-restart.
 
-    The ranks that stay are the longest prefix of ``old`` that ``new``'s count on each node
-    holds (rank 0 among them: it holds the state the others receive); they keep their
-    devices, in place of the policy's choice on their node where it differs, unless another
-    start of the plan claims one (``claimed``).  The others leave, and joiners take ranks
-    ``kept`` and up on the devices of the policy's choice that no running replica holds: a
-    joiner never waits for a leaver's device, and a node never has both (its agent knows a
-    replica by rank)."""
+    On each node of ``new`` the first running ranks there (by rank) stay, as many as ``new``
+    puts on that node; they keep their devices, in place of the policy's choice on their node
+    where it differs, unless another start of the plan claims one (``claimed``), and take the
+    new ranks 0, 1, ... in the order of their old ranks (rank 0, when it stays, stays rank 0;
+    when its node is given up, the lowest rank that stays takes over: every replica holds the
+    same training state, which the new rank 0 sends to the joiners).  The others leave, and
+    joiners take the ranks after the stayers on the devices of the policy's choice that no
+    running replica holds: a joiner never waits for a leaver's device, and a node never has
+    both (its agent knows a replica by rank)."""
     counts = {node: len(devices) for node, devices in new.items() if devices}
     on: dict[str, int] = {}
-    kept = 0
-    for node, _ in old:
-        if on.get(node, 0) >= counts.get(node, 0):
-            break
-        on[node] = on.get(node, 0) + 1
-        kept += 1
-    if kept == 0:
-        return None  # rank 0's node is not in the new allocation
-    stay = list(old[:kept])
+    stayers: list[int] = []
+    for rank, (node, _) in enumerate(old):
+        if on.get(node, 0) < counts.get(node, 0):
+            on[node] = on.get(node, 0) + 1
+            stayers.append(rank)
+    if not stayers:
+        return None  # no node keeps a replica
     held = set(old)
-    leaving = {node for node, _ in old[kept:]}
-    slots = list(stay)
+    staying = set(stayers)
+    leaving = {node for rank, (node, _) in enumerate(old) if rank not in staying}
+    slots = [old[rank] for rank in stayers]
     for node, devices in new.items():
         need = counts.get(node, 0) - on.get(node, 0)
         if need <= 0:
@@ -47,8 +49,9 @@ def plan_in_place(
         if len(free) < need:
             return None
         slots += [(node, device) for device in free[:need]]
-    if any((node, device) in claimed for node, device in stay if device not in new.get(node, ())):
+    if any((node, device) in claimed for node, device in slots[: len(stayers)]
+           if device not in new.get(node, ())):  # fmt: skip
         return None
-    if len(slots) == len(old) and kept == len(old):
+    if slots == list(old):
         return None  # nothing changes
-    return slots, kept
+    return slots, stayers

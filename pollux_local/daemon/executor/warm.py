@@ -14,10 +14,11 @@ as a checkpoint-restart as before:
   ``ElasticTrainer``);
 * the group reaches the new nodes (``resizes_onto``: this machine's only its one node, the
   SSH launcher any of its nodes), and ``core.schedule.inplace.plan_in_place`` allows it:
-  rank 0's node keeps replicas, the ranks that stay are a prefix and keep their devices (the
-  policy's choice on their node is swapped for those when no other start of the plan claims
-  them), joiners get devices no running replica holds (a move keeps fewer ranks than the new
-  size: ``ResizeOrder.kept``).
+  the first ranks on each node the job keeps stay on their devices (the policy's choice on
+  their node is swapped for those when no other start of the plan claims them), renumbered
+  in their order when some rank before them leaves (``ResizeOrder.ranks``; rank 0's node
+  may be given up, the lowest rank that stays becoming rank 0), and joiners get devices no
+  running replica holds (a move keeps fewer ranks than the new size: ``ResizeOrder.kept``).
 
 Then (:meth:`Warm._resize_warm`): the job goes ``RESCALING``; the supervisor (or the node
 agent) starts the joiners and, once they are ready, writes the order
@@ -103,7 +104,9 @@ class Warm(Exits):
         count = self._warm_count.get(job_id, 0) + 1
         self._warm_count[job_id] = count
         generation = min(2**31, max(1, job.restarts) * GENERATIONS + count % GENERATIONS)
-        spec, kept = self._warm_spec(group.spec, action)
+        spec, stayers = self._warm_spec(group.spec, action)
+        kept = len(stayers)
+        renumbered = stayers != list(range(kept))
         batch = action.batch
         order = ResizeOrder(
             generation=generation,
@@ -114,6 +117,7 @@ class Warm(Exits):
             accum_steps=batch.accum_steps if batch is not None else None,
             # a move (some leave while others join) says who stays; else the default
             kept=kept if kept != min(len(group.spec.slots), len(spec.slots)) else None,
+            ranks=tuple(stayers) if renumbered else None,
             num_nodes=len({slot.node for slot in spec.slots}),
         )
         self.store.transition(
@@ -168,7 +172,7 @@ class Warm(Exits):
             pids=[
                 {"rank": rank, "pid": pid, "node": spec.slots[rank].node}
                 for rank, pid in sorted(group.pids().items())
-                if rank < len(spec.slots)
+                if 0 <= rank < len(spec.slots)
             ],
             reason=action.reason,
             prediction=action.prediction,
@@ -176,16 +180,18 @@ class Warm(Exits):
         self.on_change()
         await self._launch_waiting()
 
-    def _warm_spec(self, spec: LaunchSpec, action: Action) -> tuple[LaunchSpec, int]:
+    def _warm_spec(self, spec: LaunchSpec, action: Action) -> tuple[LaunchSpec, list[int]]:
         """The running group's spec at ``action``'s allocation (:func:`plan_in_place`): the
-        ranks that stay as they are, joiners on the added devices, a new rendezvous port and
-        the scheduler's batch; and how many ranks stay."""
+        ranks that stay where they are (renumbered), joiners on the added devices, a new
+        rendezvous port and the scheduler's batch; and the old ranks that stay, in their new
+        order."""
         by_rank = sorted(spec.slots, key=lambda s: s.rank)
         planned = plan_in_place([(s.node, s.device) for s in by_rank], action.allocation, ())
         assert planned is not None  # the allocation is :meth:`_warm_action`'s
-        placed, kept = planned
+        placed, stayers = planned
+        kept = len(stayers)
         order = list(dict.fromkeys(node for node, _ in placed))
-        slots = list(by_rank[:kept])
+        slots = [dataclasses.replace(by_rank[old], rank=new) for new, old in enumerate(stayers)]
         for rank, (node, device) in enumerate(placed[kept:], start=kept):
             local = sum(1 for other, _ in placed[:rank] if other == node)
             slots.append(ReplicaSlot(rank, node, device, local, order.index(node)))
@@ -196,7 +202,7 @@ class Warm(Exits):
             env["POLLUX_LOCAL_BATCH"] = str(action.batch.local_batch)
             env["POLLUX_ACCUM_STEPS"] = str(action.batch.accum_steps)
         env["POLLUX_NUM_NODES"] = str(len(order))
-        return dataclasses.replace(spec, slots=slots, env=env), kept
+        return dataclasses.replace(spec, slots=slots, env=env), stayers
 
     async def _stepped_at(
         self, job_id: int, group: WarmResizable, replicas: int, progress: float | None

@@ -31,6 +31,7 @@ from pollux_local.launch.logcap import (
     resumed_note,
     truncation_note,
 )
+from pollux_local.launch.node_agent import relabelling
 from pollux_local.launch.ssh.nodes import (
     SETUP_FAILED_EXIT_CODE,
     UNREACHABLE_EXIT_CODE,
@@ -45,6 +46,8 @@ log = logging.getLogger("pollux_local.launch.ssh")
 
 #: Seconds a warm resize waits for its node's answer beyond the joiners' ready timeout.
 ORDER_MARGIN_S = 10.0
+#: Most output of one joiner kept while its log is still another replica's (bytes).
+MAX_HELD_LOG_BYTES = 1 << 20
 
 
 @dataclass
@@ -63,6 +66,9 @@ class _NodeSession:
     joining: int | None = None
     #: where each warm resize stands on this node: ``ready``, ``ordered`` or why it failed
     warm: dict[int, str] = field(default_factory=dict)
+    #: the ranks that stay at a warm resize that renumbers them (by generation), until the
+    #: agent says it renamed its replicas (``RENAMED``)
+    renames: dict[int, list[int]] = field(default_factory=dict)
 
 
 class SshReplicaGroup:
@@ -85,7 +91,17 @@ class SshReplicaGroup:
         #: ranks whose output is discarded for lack of room, with the bytes dropped so far
         self._dropping: dict[int, int] = {}
         self._sessions = sessions
-        self._log_files = dict(log_files)
+        #: (node, rank) -> the local log its replica's output goes to
+        self._log_files = {
+            (session.node.name, rank): log_files[rank]
+            for session in sessions
+            for rank in session.ranks
+            if rank in log_files
+        }
+        #: the logs of joiners not started yet, and the output of joiners whose log another
+        #: replica still writes (a renumbering resize), kept until the resize is over
+        self._joiner_logs: dict[tuple[str, int], Path] = {}
+        self._held_logs: dict[tuple[str, int], bytearray] = {}
         self._failure_grace_s = failure_grace_s
         self._first_failure: tuple[int, int] | None = None  # (rank, code), in order of arrival
         #: One line explaining why the group failed, when it did (unreachable node, ...).
@@ -142,8 +158,11 @@ class SshReplicaGroup:
                     session.remote_pids[int(parts[1])] = int(parts[2])
                     if int(parts[1]) not in session.ranks:  # a joiner of a warm resize
                         session.ranks.append(int(parts[1]))
+                    self._joiner_started(session, int(parts[1]))
                 elif kind == "LOG" and len(parts) == 3:
-                    self._append_log(int(parts[1]), base64.b64decode(parts[2]))
+                    self._append_log(session, int(parts[1]), base64.b64decode(parts[2]))
+                elif kind == "RENAMED" and len(parts) == 2:
+                    self._rename(session, int(parts[1]))
                 elif kind == "EXIT" and len(parts) == 3:
                     self._record_exit(session, int(parts[1]), int(parts[2]))
                 elif kind == "FAIL":
@@ -185,13 +204,66 @@ class SshReplicaGroup:
                 break
         self._done.set()
 
-    def _append_log(self, rank: int, data: bytes) -> None:
+    def _rename(self, session: _NodeSession, generation: int) -> None:
+        """``session``'s agent renamed its replicas for the renumbering resize
+        ``generation`` (``node_agent.relabelling``): the same renaming here.  Each keeps its
+        log until the resize is over (:meth:`_settle_logs`)."""
+        ranks = session.renames.pop(generation, None)
+        if ranks is None:
+            return
+        name = session.node.name
+        mapping = relabelling([*session.ranks, *session.exit_codes], ranks)
+        session.ranks = [mapping.get(r, r) for r in session.ranks]
+        session.remote_pids = {mapping.get(r, r): p for r, p in session.remote_pids.items()}
+        session.exit_codes = {mapping.get(r, r): c for r, c in session.exit_codes.items()}
+        moved = {
+            (name, mapping.get(rank, rank)): path
+            for (node, rank), path in self._log_files.items()
+            if node == name
+        }
+        self._log_files = {k: v for k, v in self._log_files.items() if k[0] != name} | moved
+
+    def _joiner_started(self, session: _NodeSession, rank: int) -> None:
+        """A replica's first line: a joiner's log is the one planned for it, held while
+        another replica still writes that file (nothing for the others)."""
+        key = (session.node.name, rank)
+        path = self._joiner_logs.pop(key, None)
+        if path is None:
+            return
+        if path in self._log_files.values():
+            self._held_logs[key] = bytearray()
+        self._log_files[key] = path
+
+    def _settle_logs(self, spec: LaunchSpec, generation: int) -> None:
+        """A renumbering resize is over (the leavers are gone): every replica's output goes
+        on in its new rank's log (``rank<N>.log``, which ``logs`` reads), after one line
+        saying where it came from; the joiners' held output follows."""
+        for session in self._sessions:
+            name = session.node.name
+            for rank in session.ranks:
+                key = (name, rank)
+                target = spec.log_dir / f"rank{rank}.log"
+                current = self._log_files.get(key)
+                if current is not None and current != target:
+                    self._log_files[key] = target
+                    note = f"[pollux-local] continued from {current.name} (resize {generation})"
+                    self._append_log(session, rank, note.encode() + b"\n")
+                held = self._held_logs.pop(key, None)
+                if held:
+                    self._append_log(session, rank, bytes(held))
+
+    def _append_log(self, session: _NodeSession, rank: int, data: bytes) -> None:
         """Append a remote rank's output to its local log, which lies in a directory the job's
         user can write: never following a symlink, never blocking on a FIFO, never writing
         through a hard link or into a file the job's user does not own (the daemon may be
         root).  A log the daemon makes is given to the job's user, as a local replica's own
         log is theirs.  An unsafe log loses the bytes."""
-        path = self._log_files.get(rank)
+        key = (session.node.name, rank)
+        held = self._held_logs.get(key)
+        if held is not None:
+            held += data[: max(0, MAX_HELD_LOG_BYTES - len(held))]
+            return
+        path = self._log_files.get(key)
         if path is None:
             return
         flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -355,6 +427,8 @@ class SshReplicaGroup:
         assert launcher is not None
         old = self.spec
         kept = order.kept if order.kept is not None else min(len(old.slots), order.world_size)
+        ranks = list(order.ranks) if order.ranks is not None else list(range(kept))
+        kept = len(ranks)
         master = launcher.master_of(spec)
         if master is not None:
             order = msgspec.structs.replace(order, master_addr=master)
@@ -363,7 +437,8 @@ class SshReplicaGroup:
         for slot in sorted(spec.slots, key=lambda s: s.rank):
             if slot.rank >= kept:
                 joiners.setdefault(slot.node, []).append(slot)
-                self._log_files.setdefault(slot.rank, spec.log_dir / f"rank{slot.rank}.log")
+                path = spec.log_dir / f"rank{slot.rank}.log"
+                self._joiner_logs[(slot.node, slot.rank)] = path
         generation = order.generation
         what = f"joined at resize {generation}"
         extra = {"POLLUX_RESIZE_JOIN": str(generation)}
@@ -373,9 +448,11 @@ class SshReplicaGroup:
         common = {"ready_timeout_s": ready_timeout_s, "job_dir": str(spec.log_dir)}
         involved: list[_NodeSession] = []
         for name, session in running.items():
+            if relabelling(session.ranks, ranks):
+                session.renames[generation] = ranks
             request = {
                 "generation": generation,
-                "kept": kept,
+                **({"ranks": ranks} if order.ranks is not None else {"kept": kept}),
                 "order": encode_order(order).decode() if name == rank0 else None,
                 "hold": hold,
                 "joiners": [
@@ -397,7 +474,7 @@ class SshReplicaGroup:
                 probe = launcher.checkpoint_probe(spec)
             except PolluxError as exc:
                 return await self._call_off(involved, generation, old, str(exc))
-            join = {"generation": generation, "kept": kept, **common}
+            join = {"generation": generation, **common}
             try:
                 started = await asyncio.gather(
                     *(
@@ -435,6 +512,7 @@ class SshReplicaGroup:
                 for session in involved
             ):
                 self.spec = spec
+                self._settle_logs(spec, generation)
                 return None
             await asyncio.sleep(0.02)
         return (
