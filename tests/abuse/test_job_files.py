@@ -81,7 +81,7 @@ def test_an_ssh_ranks_local_log_is_the_jobs_users_and_never_root_file(
     os.chown(job_dir, alice.uid, alice.gid)
 
     async def write(data: bytes) -> None:
-        _ssh_group(job_dir, alice.uid)._append_log(0, data)
+        _ssh_group(job_dir, alice.uid)._append_log("n1", 0, data)
 
     asyncio.run(write(b"first line\n"))
     log = job_dir / "rank0.log"
@@ -107,7 +107,7 @@ def test_an_ssh_ranks_local_log_is_cut_at_the_log_limit(lab: Lab, alice: LabUser
     async def flood() -> None:
         group = _ssh_group(job_dir, alice.uid, max_log_bytes=1000)
         for _ in range(50):
-            group._append_log(0, b"x" * 99 + b"\n")
+            group._append_log("n1", 0, b"x" * 99 + b"\n")
 
     asyncio.run(flood())
     data = (job_dir / "rank0.log").read_bytes()

@@ -10,12 +10,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from pollux_local.daemon import gpus
-from tests.daemon_process import DaemonFactory, activated_environ, wait_for
+from tests.daemon_process import DaemonFactory, DaemonProcess, activated_environ, wait_for
 from tests.paths import REPO_ROOT
 
 torch = pytest.importorskip("torch")
@@ -96,10 +97,11 @@ def test_a_shared_jobs_memory_fraction_caps_its_allocator() -> None:
     assert out.strip() == "capped"
 
 
-@pytest.mark.timeout(600)
-def test_a_daemon_schedules_the_discovered_gpu_and_runs_a_job_there(
+def gpu_daemon(
     tmp_path: Path, daemon_factory: DaemonFactory
-) -> None:
+) -> tuple[DaemonProcess, Callable[..., str]]:
+    """A daemon on this machine's GPUs (found through NVML: no ``--devices``), and the CLI as
+    its user's shell runs it (its stdout; a failing command fails the test)."""
     env = activated_environ(POLLUX_LOCAL_STATE_DIR=str(tmp_path / "state"))
     daemon = daemon_factory(
         config="[scheduler]\ninterval_s = 1\n", env=env, cwd=tmp_path, timeout_s=60
@@ -113,6 +115,14 @@ def test_a_daemon_schedules_the_discovered_gpu_and_runs_a_job_there(
         assert done.returncode == 0, done.stderr
         return done.stdout
 
+    return daemon, cli
+
+
+@pytest.mark.timeout(600)
+def test_a_daemon_schedules_the_discovered_gpu_and_runs_a_job_there(
+    tmp_path: Path, daemon_factory: DaemonFactory
+) -> None:
+    daemon, cli = gpu_daemon(tmp_path, daemon_factory)
     found = gpus.discover()
     nodes = cli("nodes")
     assert "cuda:0" in nodes and found[0].device_type in nodes, nodes
@@ -164,18 +174,8 @@ while not Path("go").exists():
 def test_two_shared_jobs_run_together_on_one_gpu_each_held_to_its_memory(
     tmp_path: Path, daemon_factory: DaemonFactory
 ) -> None:
-    env = activated_environ(POLLUX_LOCAL_STATE_DIR=str(tmp_path / "state"))
-    daemon_factory(config="[scheduler]\ninterval_s = 1\n", env=env, cwd=tmp_path, timeout_s=60)
+    _, cli = gpu_daemon(tmp_path, daemon_factory)
     (tmp_path / "shared.py").write_text(SHARED_JOB)
-
-    def cli(*args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "pollux_local", *args],
-            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        return done.stdout
-
     ids = [
         str(json.loads(cli("submit", "--json", "--rigid", "--shared", "--gpu-memory", "8G", "shared.py", name))["id"])
         for name in ("a", "b")

@@ -114,12 +114,14 @@ def test_an_elastic_job_on_an_ssh_node_is_shrunk_and_grown_in_place(
     assert "joined at resize" in rank1 and f"on {testbed.hosts[0].name}" in rank1
 
 
-def test_a_job_across_two_ssh_nodes_gives_one_up_and_grows_back_onto_it_in_place(
+def on_two_hosts(
     testbed: Testbed, daemon_factory: DaemonFactory, tmp_path: Path
-) -> None:
-    h1, h2 = testbed.hosts
-    config = daemon_config(testbed, tmp_path, hosts=2, devices="cpu:1")
-    daemon = daemon_factory(config=config, timeout_s=60)
+) -> tuple[DaemonProcess, str, Path, Path]:
+    """A daemon on the test bed's two hosts (one device each) running the paced probe job on
+    both: (daemon, job, its final model's path, the file that paces it while it exists)."""
+    daemon = daemon_factory(
+        config=daemon_config(testbed, tmp_path, hosts=2, devices="cpu:1"), timeout_s=60
+    )
     out, slow = tmp_path / "resized.pt", tmp_path / "slow"
     slow.touch()
     job = submit_probe(daemon, tmp_path, out, slow)
@@ -128,6 +130,14 @@ def test_a_job_across_two_ssh_nodes_gives_one_up_and_grows_back_onto_it_in_place
         lambda: replicas(daemon, job) == 2 and show(daemon, job).job.report is not None,
         120, "the job to run on both hosts",
     )  # fmt: skip
+    return daemon, job, out, slow
+
+
+def test_a_job_across_two_ssh_nodes_gives_one_up_and_grows_back_onto_it_in_place(
+    testbed: Testbed, daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    h1, h2 = testbed.hosts
+    daemon, job, out, slow = on_two_hosts(testbed, daemon_factory, tmp_path)
     assert sorted(show(daemon, job).job.devices) == [h1.name, h2.name]
     # a job that may only run on the second host: rank 0, on the first, stays
     other = daemon.client.call(
@@ -153,16 +163,7 @@ def test_a_job_that_gives_up_rank_0s_node_hands_rank_0_over_in_place(
     rank 0 and the job goes on there alone, then grows back onto the first host, never
     restarted; rank 0's log goes on with the new rank 0's output."""
     h1, h2 = testbed.hosts
-    config = daemon_config(testbed, tmp_path, hosts=2, devices="cpu:1")
-    daemon = daemon_factory(config=config, timeout_s=60)
-    out, slow = tmp_path / "resized.pt", tmp_path / "slow"
-    slow.touch()
-    job = submit_probe(daemon, tmp_path, out, slow)
-    waiting(
-        daemon, job,
-        lambda: replicas(daemon, job) == 2 and show(daemon, job).job.report is not None,
-        120, "the job to run on both hosts",
-    )  # fmt: skip
+    daemon, job, out, slow = on_two_hosts(testbed, daemon_factory, tmp_path)
     pids = {p.rank: p.node for p in show(daemon, job).job.pids}
     assert pids == {0: h1.name, 1: h2.name}, pids
     other = daemon.client.call(

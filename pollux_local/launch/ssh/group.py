@@ -93,10 +93,9 @@ class SshReplicaGroup:
         self._sessions = sessions
         #: (node, rank) -> the local log its replica's output goes to
         self._log_files = {
-            (session.node.name, rank): log_files[rank]
-            for session in sessions
-            for rank in session.ranks
-            if rank in log_files
+            (slot.node, slot.rank): log_files[slot.rank]
+            for slot in spec.slots
+            if slot.rank in log_files
         }
         #: the logs of joiners not started yet, and the output of joiners whose log another
         #: replica still writes (a renumbering resize), kept until the resize is over
@@ -160,7 +159,7 @@ class SshReplicaGroup:
                         session.ranks.append(int(parts[1]))
                     self._joiner_started(session, int(parts[1]))
                 elif kind == "LOG" and len(parts) == 3:
-                    self._append_log(session, int(parts[1]), base64.b64decode(parts[2]))
+                    self._append_log(session.node.name, int(parts[1]), base64.b64decode(parts[2]))
                 elif kind == "RENAMED" and len(parts) == 2:
                     self._rename(session, int(parts[1]))
                 elif kind == "EXIT" and len(parts) == 3:
@@ -247,18 +246,18 @@ class SshReplicaGroup:
                 if current is not None and current != target:
                     self._log_files[key] = target
                     note = f"[pollux-local] continued from {current.name} (resize {generation})"
-                    self._append_log(session, rank, note.encode() + b"\n")
+                    self._append_log(name, rank, note.encode() + b"\n")
                 held = self._held_logs.pop(key, None)
                 if held:
-                    self._append_log(session, rank, bytes(held))
+                    self._append_log(name, rank, bytes(held))
 
-    def _append_log(self, session: _NodeSession, rank: int, data: bytes) -> None:
-        """Append a remote rank's output to its local log, which lies in a directory the job's
+    def _append_log(self, node: str, rank: int, data: bytes) -> None:
+        """Append the output of ``node``'s replica ``rank`` to its local log, which lies in a directory the job's
         user can write: never following a symlink, never blocking on a FIFO, never writing
         through a hard link or into a file the job's user does not own (the daemon may be
         root).  A log the daemon makes is given to the job's user, as a local replica's own
         log is theirs.  An unsafe log loses the bytes."""
-        key = (session.node.name, rank)
+        key = (node, rank)
         held = self._held_logs.get(key)
         if held is not None:
             held += data[: max(0, MAX_HELD_LOG_BYTES - len(held))]
