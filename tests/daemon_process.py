@@ -103,6 +103,9 @@ class DaemonProcess:
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
+                # where it is stuck goes to its log (faulthandler, SIGUSR2), then SIGKILL
+                os.kill(self.proc.pid, signal.SIGUSR2)
+                time.sleep(1.0)
                 self.kill()
 
 

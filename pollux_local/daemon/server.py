@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import faulthandler
 import grp
 import logging
 import os
@@ -245,6 +246,8 @@ class Daemon:
             log.info("stopped")
 
     def request_stop(self) -> None:
+        if not self._stop.is_set():
+            log.info("stopping")
         self._stop.set()
 
     def install_signal_handlers(self) -> None:
@@ -446,5 +449,8 @@ def run_daemon(
         daemon.install_signal_handlers()
         await daemon.run()
 
+    # ``kill -USR2``: every thread's Python stack on stderr (the journal), for a daemon that
+    # seems stuck; the event loop does not have to answer for it
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     asyncio.run(main())
     return 0

@@ -568,3 +568,17 @@ def test_a_full_disk_under_the_daemon_log_is_one_line_on_stderr(
     stream.full = True
     handler.emit(record)
     assert capsys.readouterr().err.count("cannot write") == 1
+
+
+def test_sigusr2_writes_the_daemons_stacks_to_its_log_and_it_goes_on(
+    daemon_factory: DaemonFactory,
+) -> None:
+    daemon = daemon_factory(devices="cpu:1")
+    os.kill(daemon.pid, signal.SIGUSR2)
+    dumped = wait_for(
+        lambda: "Current thread" in (out := daemon.output()) and out, 10, "the stacks"
+    )
+    assert 'File "' in dumped and "server.py" in dumped
+    assert daemon.client.request("ping")  # still serving
+    daemon.stop()
+    assert "INFO stopping" in daemon.output() and "INFO stopped" in daemon.output()
