@@ -199,6 +199,7 @@ class SchedulingLoop:
         self.write_failures = 0
         #: the current back-off after failed writes (0: the last pass wrote)
         self.retry_s = 0.0
+        self._stopped = False
         #: announces job ends after each pass (``notify.Notifier``; ``None``: nobody)
         self.notifier: Announcer | None = None
         #: every queued and running job's expected start and finish, after each pass
@@ -209,15 +210,16 @@ class SchedulingLoop:
 
     async def run(self) -> None:
         """Pass after pass, each after ``interval_s`` or a wake-up; a failing pass is logged
-        and the next one runs as usual."""
+        and the next one runs as usual; none after :meth:`stop`."""
         wait_s = self.config.interval_s
-        while True:
+        while not self._stopped:
             if self.retry_s > 0:  # backing off: no wake-up shortens it
                 await asyncio.sleep(wait_s)
             else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), wait_s)
+                await self._woken(wait_s)
             await asyncio.sleep(COALESCE_S)
+            if self._stopped:
+                return  # the daemon stops (and holds the mutex a pass would wait for)
             self._wake.clear()
             wait_s = self.config.interval_s
             try:
@@ -236,6 +238,21 @@ class SchedulingLoop:
             deadline = self.next_time_limit()
             if deadline is not None:
                 wait_s = max(0.05, min(wait_s, deadline - self.clock()))
+
+    def stop(self) -> None:
+        """No pass after the one under way (if any): the daemon is stopping."""
+        self._stopped = True
+
+    async def _woken(self, timeout_s: float) -> None:
+        """Until a wake-up or ``timeout_s``.  Not ``asyncio.wait_for``: on Python 3.11 it
+        returns, swallowing the cancellation, when the wake-up comes in the same turn as a
+        cancel, and the cancelled loop ran on into a pass that waited for the mutex the
+        stopping daemon held (a daemon that never stopped)."""
+        woken = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({woken}, timeout=timeout_s)
+        finally:
+            woken.cancel()
 
     async def schedule_once(self) -> None:
         """One pass: reports -> models -> policy -> plan -> executor."""

@@ -233,6 +233,7 @@ class Daemon:
         finally:
             server.close()
             await self._stop_reload_work()
+            self.scheduler.stop()
             async with self._mutex:  # let a pass in progress finish its launches and stops
                 loop_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -1,0 +1,64 @@
+"""The scheduling loop stops when the daemon stops (``daemon/loop.py``): a cancel that comes
+in the same turn as a wake-up is not lost, and no pass starts after ``stop()``.
+
+A lost cancel left the loop running into a pass that waited for the mutex the stopping daemon
+held: the daemon never stopped (seen as 30 s teardowns in the test suite)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from pollux_local.daemon.loop import SchedulingLoop
+
+
+def bare_loop() -> tuple[SchedulingLoop, list[int]]:
+    """A loop with only what ``run`` touches; its passes are counted, not run."""
+    loop = SchedulingLoop.__new__(SchedulingLoop)
+    loop.config = SimpleNamespace(interval_s=30.0)  # type: ignore[assignment]
+    loop.retry_s = 0.0
+    loop._stopped = False
+    loop._wake = asyncio.Event()
+    passes: list[int] = []
+
+    async def schedule_once() -> None:
+        passes.append(1)
+
+    loop.schedule_once = schedule_once  # type: ignore[method-assign]
+    loop.next_time_limit = lambda: None  # type: ignore[method-assign]
+    return loop, passes
+
+
+@pytest.mark.parametrize("turns", [0, 1, 2])
+def test_a_cancel_in_the_same_turn_as_a_wake_up_stops_the_loop(turns: int) -> None:
+    async def scenario() -> list[int]:
+        loop, passes = bare_loop()
+        task = asyncio.ensure_future(loop.run())
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        loop.wake()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 5)
+        return passes
+
+    assert asyncio.run(scenario()) == []
+
+
+def test_no_pass_starts_after_stop() -> None:
+    async def scenario() -> list[int]:
+        loop, passes = bare_loop()
+        task = asyncio.ensure_future(loop.run())
+        await asyncio.sleep(0)
+        loop.wake()
+        await asyncio.sleep(0.3)  # one pass after the wake-up
+        loop.stop()
+        loop.wake()
+        await asyncio.wait_for(task, 5)  # returns by itself
+        return passes
+
+    assert asyncio.run(scenario()) == [1]
