@@ -73,6 +73,20 @@ def submit_probe(daemon: DaemonProcess, workdir: Path, out: Path, slow: Path) ->
     ).id
 
 
+def start_probe(daemon: DaemonProcess, tmp_path: Path, where: str) -> tuple[str, Path, Path]:
+    """The paced probe job, once it runs on two devices (``where``: which) and has reported:
+    (job, its final model's path, the file that paces it while it exists)."""
+    out, slow = tmp_path / "resized.pt", tmp_path / "slow"
+    slow.touch()
+    job = submit_probe(daemon, tmp_path, out, slow)
+    waiting(
+        daemon, job,
+        lambda: replicas(daemon, job) == 2 and show(daemon, job).job.report is not None,
+        120, f"the job to run on {where}",
+    )  # fmt: skip
+    return job, out, slow
+
+
 def until_done(daemon: DaemonProcess, job: str) -> Any:
     return waiting(
         daemon, job,
@@ -94,14 +108,7 @@ def test_an_elastic_job_on_an_ssh_node_is_shrunk_and_grown_in_place(
     testbed: Testbed, daemon_factory: DaemonFactory, tmp_path: Path
 ) -> None:
     daemon = daemon_factory(config=daemon_config(testbed, tmp_path), timeout_s=60)
-    out, slow = tmp_path / "resized.pt", tmp_path / "slow"
-    slow.touch()  # the job is paced while it exists
-    job = submit_probe(daemon, tmp_path, out, slow)
-    waiting(
-        daemon, job,
-        lambda: replicas(daemon, job) == 2 and show(daemon, job).job.report is not None,
-        120, "the job to run on both devices",
-    )  # fmt: skip
+    job, out, slow = start_probe(daemon, tmp_path, "both devices")
     other = daemon.client.call(
         api.Submit(argv=["sleep", "4"], workdir=str(tmp_path), name="other", env=ENV)
     ).id
@@ -122,14 +129,7 @@ def on_two_hosts(
     daemon = daemon_factory(
         config=daemon_config(testbed, tmp_path, hosts=2, devices="cpu:1"), timeout_s=60
     )
-    out, slow = tmp_path / "resized.pt", tmp_path / "slow"
-    slow.touch()
-    job = submit_probe(daemon, tmp_path, out, slow)
-    waiting(
-        daemon, job,
-        lambda: replicas(daemon, job) == 2 and show(daemon, job).job.report is not None,
-        120, "the job to run on both hosts",
-    )  # fmt: skip
+    job, out, slow = start_probe(daemon, tmp_path, "both hosts")
     return daemon, job, out, slow
 
 
