@@ -466,8 +466,9 @@ class Supervisor:
 
     def begin_resize(self, generation: int, kept: int, order: str | None, hold: bool) -> None:
         """A warm resize of ``generation`` is under way (under :attr:`lock`): ``kept``
-        replicas stay (ranks below ``kept`` once renamed); ``order`` is written here (``None``: not on this node; rank 0 reads it
-        elsewhere); with ``hold``, only once an ``ORDER`` line says so."""
+        replicas stay (ranks below ``kept`` once renamed); ``order`` is written here
+        (``None``: not on this node; rank 0 reads it elsewhere); with ``hold``, only once an
+        ``ORDER`` line says so."""
         self.warm = {
             "generation": generation,
             "kept": kept,

@@ -177,6 +177,7 @@ class SshReplicaGroup:
                     rank = int(parts[1])
                     session.remote_pids.pop(rank, None)
                     session.ranks = [r for r in session.ranks if r != rank]
+                    self._log_files.pop((session.node.name, rank), None)  # its output ended
             except ValueError:
                 continue
         rc = await session.proc.wait()
@@ -252,11 +253,11 @@ class SshReplicaGroup:
                     self._append_log(name, rank, bytes(held))
 
     def _append_log(self, node: str, rank: int, data: bytes) -> None:
-        """Append the output of ``node``'s replica ``rank`` to its local log, which lies in a directory the job's
-        user can write: never following a symlink, never blocking on a FIFO, never writing
-        through a hard link or into a file the job's user does not own (the daemon may be
-        root).  A log the daemon makes is given to the job's user, as a local replica's own
-        log is theirs.  An unsafe log loses the bytes."""
+        """Append the output of ``node``'s replica ``rank`` to its local log, which lies in a
+        directory the job's user can write: never following a symlink, never blocking on a
+        FIFO, never writing through a hard link or into a file the job's user does not own
+        (the daemon may be root).  A log the daemon makes is given to the job's user, as a
+        local replica's own log is theirs.  An unsafe log loses the bytes."""
         key = (node, rank)
         held = self._held_logs.get(key)
         if held is not None:
