@@ -8,10 +8,10 @@ the same step.  The replicas named in ``ranks`` stay and are renumbered (old ran
 ``ranks[i]`` becomes rank i; without ``ranks``, those below ``kept``, by default
 ``world_size``, stay and keep their rank); the others leave with exit code 0, and joiners
 take the ranks after the stayers (a move: some replicas leave while others join, on other
-nodes; rank 0 itself may leave, the lowest rank that stays taking its place).  Joining replicas are
-started with the new ``WORLD_SIZE``, ``MASTER_PORT`` and ``POLLUX_RESIZE_JOIN`` =
-``generation``, announce themselves ready (:func:`ready_name`: a file they create in their
-job directory), and receive the training state by broadcast from rank 0.
+nodes; rank 0 itself may leave, the lowest rank that stays taking its place).  Joining
+replicas are started with the new ``WORLD_SIZE``, ``MASTER_PORT`` and ``POLLUX_RESIZE_JOIN``
+= ``generation``, announce themselves ready (:func:`ready_name`: a file they create in their
+job directory), and receive the training state by broadcast from the new rank 0.
 """
 
 from __future__ import annotations

@@ -430,11 +430,17 @@ def test_an_aborted_held_resize_kills_its_joiners(tmp_path: Path) -> None:
     assert proc.wait(timeout=30) == 0
 
 
-def test_a_node_joined_by_a_growing_group_starts_its_replicas_as_joiners(tmp_path: Path) -> None:
-    join = {"generation": 4, "kept": 1, "ready_timeout_s": 20, "job_dir": str(tmp_path)}
+def joining_agent(tmp_path: Path, program: str = JOINER) -> subprocess.Popen[str]:
+    """An agent started for a node the group grows onto (resize 4): its one replica, rank 1,
+    runs ``program`` as a joiner."""
+    join = {"generation": 4, "ready_timeout_s": 20, "job_dir": str(tmp_path)}
     spec = spec_for(tmp_path, [], resize=True, join=join)
-    spec["replicas"] = [joiner(tmp_path, 1, 4)]
-    proc = start_agent(spec)
+    spec["replicas"] = [joiner(tmp_path, 1, 4, program=program)]
+    return start_agent(spec)
+
+
+def test_a_node_joined_by_a_growing_group_starts_its_replicas_as_joiners(tmp_path: Path) -> None:
+    proc = joining_agent(tmp_path)
     lines = protocol_until(proc, ["READY"])
     assert lines[-1] == ["READY", "4"] and any(p[:2] == ["PID", "1"] for p in lines)
     send(proc, "ORDER 4")
@@ -446,10 +452,7 @@ def test_a_node_joined_by_a_growing_group_starts_its_replicas_as_joiners(tmp_pat
 
 
 def test_a_node_joined_whose_joiner_fails_ends_with_its_replica_left(tmp_path: Path) -> None:
-    join = {"generation": 4, "kept": 1, "ready_timeout_s": 20, "job_dir": str(tmp_path)}
-    spec = spec_for(tmp_path, [], resize=True, join=join)
-    spec["replicas"] = [joiner(tmp_path, 1, 4, program="import sys; sys.exit(3)")]
-    proc = start_agent(spec)
+    proc = joining_agent(tmp_path, program="import sys; sys.exit(3)")
     lines = protocol_until(proc, ["LEFT"])
     assert ["WARMFAIL", "4", "joining rank 1 exited with 3 first"] in lines
     assert lines[-1] == ["LEFT", "1", "3"]

@@ -34,8 +34,9 @@ class Placing(Search):
         multi_node_on: list[bool] | None = None,
     ) -> None:
         """Put replica counts onto nodes: keep unchanged jobs, pack the rest (largest first,
-        the most constrained first among equals), no shared node between two multi-node jobs (``multi_node_on``: nodes already used by one); a job
-        that cannot be placed shrinks."""
+        the most constrained first among equals), no shared node between two multi-node jobs
+        (``multi_node_on``: nodes already used by one); a job that cannot be placed
+        shrinks."""
         free = list(node_sizes)
         multi_node_on = list(multi_node_on) if multi_node_on else [False] * len(node_sizes)
         running = [pl for pl in plans if pl.admitted and pl.k > 0]
