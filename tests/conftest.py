@@ -14,6 +14,8 @@ from tests.daemon_process import DaemonFactory
 from tests.labinstall import LabInstall, missing_tools, run_lab_install, world_readable_tempdir
 from tests.paths import REPO_ROOT
 
+TESTS = Path(__file__).resolve().parent
+
 ARTIFACT_DIR = Path(
     os.environ.get("POLLUX_ARTIFACT_DIR", REPO_ROOT.parent / "shared" / "data" / "pollux-artifact")
 )
@@ -24,6 +26,45 @@ def artifact_dir() -> Path:
     if not (ARTIFACT_DIR / "models").is_dir():
         pytest.skip(f"artifact data not found at {ARTIFACT_DIR}")
     return ARTIFACT_DIR
+
+
+# --- running in parallel (``pytest -n 2 --dist loadgroup``) --------------------------------
+
+#: Test files whose tests must share one pytest-xdist worker with each other, by what they
+#: share: the SSH test bed of ``tests/multinode`` (one fixed subnet) and the Slurm cluster of
+#: ``tests/slurm``; and the job cgroups ``BASE/pollux-local/job-<id>-<n>``, where ``BASE`` is
+#: the daemon's own cgroup, the same for every worker: two daemons of these files running job 1
+#: at once would take each other's group for a stale one.  Every other file is a group of its
+#: own, so that its module fixtures (users, a tmux session) are made once, on one worker.
+SHARED_GROUPS = {
+    "tests/multinode": "ssh-testbed",
+    "tests/slurm": "slurm-testbed",
+    "tests/daemon/test_host_limits.py": "cgroups",
+    "tests/abuse/test_host_limits.py": "cgroups",
+    "tests/launch/test_cgroups.py": "cgroups",
+}
+
+
+def xdist_group(path: Path) -> str:
+    """The ``xdist_group`` of the tests in ``path``: a shared group, or the file's own."""
+    relative = path.resolve().relative_to(TESTS.parent).as_posix()
+    for prefix, group in SHARED_GROUPS.items():
+        if relative == prefix or relative.startswith(prefix + "/"):
+            return group
+    return relative
+
+
+#: The longest groups, handed out first so that no worker is left with one at the end.
+FIRST = ("ssh-testbed", "slurm-testbed")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    groups: dict[pytest.Item, str] = {}
+    for item in items:
+        groups[item] = xdist_group(Path(str(item.fspath)))
+        item.add_marker(pytest.mark.xdist_group(groups[item]))
+    items.sort(key=lambda item: FIRST.index(groups[item]) if groups[item] in FIRST else len(FIRST))
 
 
 # --- real daemons ---------------------------------------------------------------------------

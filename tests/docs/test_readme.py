@@ -52,7 +52,7 @@ NOT_RUN = {
     "bash .ci/run": "installs system packages and runs the whole test suite",
     "bash scripts/install": "creates .venv (this test runs inside it)",
     ". .venv/bin/activate": "changes the user's shell",
-    "python -m pytest -q --timeout=600": "the whole test suite, this file included",
+    "python -m pytest -q --timeout=600 -n 2 --dist loadgroup": "the whole test suite, this file included",
     "export POLLUX_LOCAL_STATE_DIR=/var/lib/pollux-local": (
         "changes the user's shell; the test sets the variable to its own state dir"
     ),
