@@ -363,29 +363,44 @@ def spacing_figure(args: argparse.Namespace) -> dict[str, Any]:
     """How measuring every k steps changes the gradient-noise estimate's error.
 
     The probe model trains ``--spacing-steps`` steps on a fresh data set (65,536 samples, no
-    memorising) with a measurement on every step; each step's raw two-batch estimate is kept.
-    Replaying every k-th of them (each of the k offsets) through ``GradNoiseEstimator`` gives
-    the estimate a job measuring every k steps would hold at every step.  It is compared with
-    the truth of that step, the mean of the raw estimates within +-100 steps (a centred
-    average of 201 measurements: its own noise is a third of the EMA's), over the steps from
-    640 on (so that k = 128 has 5 measurements).  Printed per k: the share of steps whose
-    error is within the estimate's own 95% band (1.96 ``stderr``), and the median error in
-    standard errors, for |G|^2 and for var = tr(S)/M0."""
+    memorising) with a measurement on every step, once per learning rate of
+    ``--spacing-lr-scales`` (x the probe's 0.05: another rate moves the statistics at another
+    pace against their noise); each step's raw two-batch estimate is kept.  Replaying every
+    k-th of them (each of the k offsets) through ``GradNoiseEstimator`` gives the estimate a job
+    measuring every k steps would hold at every step.  It is compared with the truth of that
+    step, the mean of the raw estimates within +-100 steps (a centred average of 201
+    measurements: its own noise is a third of the EMA's), over the steps from 640 on (so that
+    k = 128 has 5 measurements).  Printed per k: the share of steps whose error is within the
+    estimate's own 95% band (1.96 ``stderr``), and the median error in standard errors, for
+    |G|^2 and for var = tr(S)/M0."""
     rank_core = sorted(os.sched_getaffinity(0))[-1]
     os.sched_setaffinity(0, {rank_core})
+    import torch
+
+    torch.set_num_threads(1)
+    figure: dict[str, Any] = {}
+    for scale in (float(x) for x in args.spacing_lr_scales.split(",")):
+        raw = _every_step_estimates(args, args.lr * scale)
+        figure[f"lr x{scale:g}"] = _replay_spacings(raw, args.base_batch)
+    return figure
+
+
+def _every_step_estimates(
+    args: argparse.Namespace, lr: float
+) -> list[tuple[float, float, float, float]]:
+    """The probe trained ``--spacing-steps`` steps at ``lr``, measuring every step: each
+    step's (small norm, small batch, big norm, big batch)."""
     import torch
     import torch.nn.functional as F
 
     from pollux_local.torch import ElasticTrainer, LaunchEnvironment
-    from pollux_local.torch.gradstats import GradNoiseEstimator, two_batch_estimate
     from pollux_local.torch.probe import make_data, make_model
 
-    torch.set_num_threads(1)
     data = make_data(65536, args.features, args.classes, args.seed)
     model = make_model(args.features, args.hidden, args.classes, args.seed)
     trainer = ElasticTrainer(
         model,
-        torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
+        torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
         base_batch=args.base_batch,
         adapt=False,
         env=LaunchEnvironment(),
@@ -410,11 +425,20 @@ def spacing_figure(args: argparse.Namespace) -> dict[str, Any]:
             if len(raw) >= args.spacing_steps:
                 break
     trainer.close()
+    return raw
+
+
+def _replay_spacings(
+    raw: list[tuple[float, float, float, float]], base_batch: int
+) -> dict[str, Any]:
+    """The errors of the estimate at each spacing k (every k-th measurement, each offset)."""
+    from pollux_local.torch.gradstats import GradNoiseEstimator, two_batch_estimate
+
     n, half, start = len(raw), 100, 640
     estimates = [two_batch_estimate(*r) for r in raw]
     truth = {
         "sqr": [e[0] for e in estimates],
-        "var": [e[1] / args.base_batch for e in estimates],
+        "var": [e[1] / base_batch for e in estimates],
     }
     for name, series in truth.items():
         truth[name] = [statistics.fmean(series[max(0, t - half) : t + half + 1]) for t in range(n)]
@@ -426,7 +450,7 @@ def spacing_figure(args: argparse.Namespace) -> dict[str, Any]:
         within = {"sqr": 0, "var": 0}
         errors: dict[str, list[float]] = {"sqr": [], "var": []}
         for offset in range(k):
-            est = GradNoiseEstimator(args.base_batch, min_samples=1)
+            est = GradNoiseEstimator(base_batch, min_samples=1)
             for t in range(n):
                 if t % k == offset:
                     est.update(*raw[t])
@@ -530,6 +554,11 @@ def main() -> int:
         "--spacing", action="store_true", help="only the estimate's error against k"
     )
     parser.add_argument("--spacing-steps", type=int, default=2560)
+    parser.add_argument(
+        "--spacing-lr-scales",
+        default="1,0.25",
+        help="--spacing: the learning rates trained at, x the probe's (comma-separated)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--samples", type=int, default=8192, help=argparse.SUPPRESS)
     parser.add_argument("--classes", type=int, default=10, help=argparse.SUPPRESS)

@@ -36,8 +36,11 @@ ENV = {
 }
 
 
-def daemon_config(bed: Testbed, root: Path, hosts: int = 1, devices: str = "cpu:2") -> str:
-    """The test bed's first ``hosts`` hosts as the daemon's only nodes, with ``devices``."""
+def daemon_config(
+    bed: Testbed, root: Path, hosts: int = 1, devices: str = "cpu:2", shared: bool = False
+) -> str:
+    """The test bed's first ``hosts`` hosts as the daemon's only nodes, with ``devices``
+    (``shared``: all with one work directory, as nodes with a home on NFS have)."""
     lines = [
         "[scheduler]",
         "interval_s = 1",
@@ -50,7 +53,13 @@ def daemon_config(bed: Testbed, root: Path, hosts: int = 1, devices: str = "cpu:
         "stop_grace_s = 15",
     ]
     for host in bed.hosts[:hosts]:
-        lines += node_table(bed, host, devices, root)
+        table = node_table(bed, host, devices, root)
+        if shared:
+            table = [
+                f'workdir = "{root / "work-shared"}"' if t.startswith("workdir") else t
+                for t in table
+            ]
+        lines += table
     return "\n".join(lines) + "\n"
 
 
@@ -122,12 +131,14 @@ def test_an_elastic_job_on_an_ssh_node_is_shrunk_and_grown_in_place(
 
 
 def on_two_hosts(
-    testbed: Testbed, daemon_factory: DaemonFactory, tmp_path: Path
+    testbed: Testbed, daemon_factory: DaemonFactory, tmp_path: Path, shared: bool = False
 ) -> tuple[DaemonProcess, str, Path, Path]:
-    """A daemon on the test bed's two hosts (one device each) running the paced probe job on
-    both: (daemon, job, its final model's path, the file that paces it while it exists)."""
+    """A daemon on the test bed's two hosts (one device each; ``shared``: one work directory)
+    running the paced probe job on both: (daemon, job, its final model's path, the file that
+    paces it while it exists)."""
     daemon = daemon_factory(
-        config=daemon_config(testbed, tmp_path, hosts=2, devices="cpu:1"), timeout_s=60
+        config=daemon_config(testbed, tmp_path, hosts=2, devices="cpu:1", shared=shared),
+        timeout_s=60,
     )
     job, out, slow = start_probe(daemon, tmp_path, "both hosts")
     return daemon, job, out, slow
@@ -156,14 +167,17 @@ def test_a_job_across_two_ssh_nodes_gives_one_up_and_grows_back_onto_it_in_place
     assert "joined at resize" in rank1 and f"on {h2.name}" in rank1
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["own-workdirs", "one-shared-workdir"])
 def test_a_job_that_gives_up_rank_0s_node_hands_rank_0_over_in_place(
-    testbed: Testbed, daemon_factory: DaemonFactory, tmp_path: Path
+    testbed: Testbed, daemon_factory: DaemonFactory, tmp_path: Path, shared: bool
 ) -> None:
     """The first host (rank 0's) is wanted by another job: rank 1, on the second host, becomes
     rank 0 and the job goes on there alone, then grows back onto the first host, never
-    restarted; rank 0's log goes on with the new rank 0's output."""
+    restarted; rank 0's log goes on with the new rank 0's output.  With one work directory
+    for both hosts the joining rank 1 writes a log file of its own on the nodes, not the one
+    the renamed rank 0 still writes."""
     h1, h2 = testbed.hosts
-    daemon, job, out, slow = on_two_hosts(testbed, daemon_factory, tmp_path)
+    daemon, job, out, slow = on_two_hosts(testbed, daemon_factory, tmp_path, shared)
     pids = {p.rank: p.node for p in show(daemon, job).job.pids}
     assert pids == {0: h1.name, 1: h2.name}, pids
     other = daemon.client.call(
@@ -186,3 +200,16 @@ def test_a_job_that_gives_up_rank_0s_node_hands_rank_0_over_in_place(
     rank0 = daemon.client.call(api.Logs(id=job, rank=0, offset=-(1 << 20), max_bytes=1 << 20)).data
     assert "start #0: rank 0/1 on " + h1.name in rank0  # the first rank 0's output,
     assert "[pollux-local] continued from rank1.log" in rank0  # then the new rank 0's
+    if shared:
+        # one file per replica started (each begins with its banner, "--- ..."), the joiners'
+        # named by their resize: rank1.join<G>.log
+        remote = tmp_path / "work-shared" / "logs" / job
+        banners = {
+            p.name: sum(line.startswith("--- ") for line in p.read_text().splitlines())
+            for p in remote.glob("rank*.log")
+        }
+        assert any(".join" in name for name in banners), banners
+        assert all(count == 1 for count in banners.values()), banners
+        # the renamed rank 0's agent follows its own file only: none of the joiner's output
+        # reaches rank 0's log
+        assert "joined at resize" not in rank0, rank0

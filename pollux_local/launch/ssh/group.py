@@ -456,7 +456,9 @@ class SshReplicaGroup:
                 "order": encode_order(order).decode() if name == rank0 else None,
                 "hold": hold,
                 "joiners": [
-                    launcher.replica_payload(spec, slot, session.node, master, what, **extra)
+                    launcher.replica_payload(
+                        spec, slot, session.node, master, what, joining=generation, **extra
+                    )
                     for slot in joiners.get(name, ())
                 ],
                 **common,

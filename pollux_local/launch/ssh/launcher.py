@@ -257,16 +257,25 @@ class SshLauncher:
         node: SshNodeConfig,
         master: str | None,
         what: str,
+        *,
+        joining: int | None = None,
         **extra: str,
     ) -> dict[str, Any]:
         """One replica as the node agent starts it: its command, environment (``extra``
-        added), log on the node and the banner its log gets first (``what``: why it starts)."""
+        added), log on the node and the banner its log gets first (``what``: why it starts).
+
+        The log on the node is ``rank<N>.log``, or ``rank<N>.join<G>.log`` for a replica
+        joining at warm resize ``joining`` = G: after a resize that renumbers the ranks a
+        joiner may take the rank of a replica that still runs (and still writes its own log),
+        and nodes often share their work directory (a home on NFS), so every replica started
+        in one incarnation writes a file of its own."""
         remote_logs = f"{node.workdir.rstrip('/')}/logs/{spec.job_id}"
+        name = f"rank{slot.rank}" if joining is None else f"rank{slot.rank}.join{joining}"
         return {
             "rank": slot.rank,
             "argv": list(spec.argv),
             "env": {**self._replica_env(spec, slot, node, master), **extra},
-            "log": f"{remote_logs}/rank{slot.rank}.log",
+            "log": f"{remote_logs}/{name}.log",
             "banner": (
                 f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {what}: rank {slot.rank}/"
                 f"{len(spec.slots)} on {node.name} {slot.device}\n"
@@ -288,6 +297,7 @@ class SshLauncher:
         ``join``, joiners of a held warm resize: ``node_agent.py``)."""
         node = self._node(name)
         await self._ensure_master(node)
+        joining = int(join["generation"]) if join is not None else None
         payload: dict[str, Any] = {
             "node": name,
             "cwd": str(spec.workdir),
@@ -300,7 +310,8 @@ class SshLauncher:
                 "token": record_token(spec.job_id, spec.env.get("POLLUX_RESTARTS", "0")),
             },
             "replicas": [
-                self.replica_payload(spec, slot, node, master, what, **extra) for slot in slots
+                self.replica_payload(spec, slot, node, master, what, joining=joining, **extra)
+                for slot in slots
             ],
         }
         if spec.takes_orders:
