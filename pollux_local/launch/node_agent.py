@@ -200,6 +200,7 @@ class ExitRecord:
         record = spec.get("record") or {}
         self.path = os.path.expanduser(str(record["path"])) if record.get("path") else None
         self.token = str(record.get("token", ""))
+        self.node = str(spec.get("node", ""))
         self._lock = threading.Lock()
 
     def write(self, supervisor: Supervisor, state: str) -> None:
@@ -214,6 +215,7 @@ class ExitRecord:
         data = {
             "version": 1,
             "token": self.token,
+            "node": self.node,
             "state": state,
             "agent_pid": os.getpid(),
             "orphaned": supervisor.orphaned,

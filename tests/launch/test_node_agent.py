@@ -167,6 +167,7 @@ def test_the_exit_record_outlives_the_daemon_and_says_how_each_replica_ended(
         seen.append(parts)
     running = json.loads(record.read_text())
     assert running["state"] == "running" and running["token"] == "7:0"
+    assert running["node"] == "n1"  # whose record it is (nodes may share the file system)
     proc.stdin.close()  # the daemon is gone; so is whoever read stdout
     proc.stdout.close()
     assert proc.wait(timeout=30) == 0

@@ -1,12 +1,18 @@
-"""What an SSH node's agent is told to start: every replica of an incarnation writes a log
-file of its own on the node, even when a joiner takes the rank of a replica still running."""
+"""What an SSH node's agent is told and keeps, where nodes may share one work directory: every
+replica of an incarnation writes a log file of its own, even when a joiner takes the rank of a
+replica still running, and every node keeps an exit record of its own."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 from pollux_local.launch.base import LaunchSpec, ReplicaSlot
+from pollux_local.launch.node_agent import ExitRecord
 from pollux_local.launch.ssh import SshLauncher, SshNodeConfig
 
 
@@ -27,3 +33,58 @@ def test_a_joiner_writes_its_own_log_file_on_the_node(tmp_path: Path) -> None:
     assert joined["log"] == "/nfs/u/.pl/logs/7/rank1.join3.log"
     assert len({started["log"], joined["log"], again["log"]}) == 3
     assert started["rank"] == joined["rank"] == 1
+
+
+class LocalNodes(SshLauncher):
+    """An SSH launcher whose nodes' commands run here (``sh -c``): every node sees this
+    machine's file system, as nodes with one shared work directory do."""
+
+    async def run(
+        self, node_name: str, command: str, timeout_s: float = 20.0, stdin: bytes | None = None
+    ) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/sh", "-c", command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await proc.communicate()
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
+
+
+def write_record(path: str, node: str, state: str) -> None:
+    """What the node agent of ``node`` writes (``node_agent.ExitRecord``)."""
+    spec = {"node": node, "record": {"path": path, "token": "7:0"}, "replicas": []}
+    record = ExitRecord(spec)
+    record.write(SimpleNamespace(codes={}, pids={}, orphaned=False, exits=[]), state)  # type: ignore[arg-type]
+
+
+def test_nodes_sharing_a_work_directory_keep_an_exit_record_each(tmp_path: Path) -> None:
+    """Two nodes of one job, one work directory: each node's record is its own file and a
+    restarted daemon reads each node's from its own (a record naming another node is not
+    taken); a record at the path of earlier versions is still read, then both forgotten."""
+    shared = str(tmp_path / "work")
+    nodes = [
+        SshNodeConfig(name=n, host=n, workdir=shared, python=sys.executable) for n in ("a", "b/x")
+    ]
+    with tempfile.TemporaryDirectory(prefix="pl", dir="/tmp") as short:
+        launcher = LocalNodes(nodes, control_dir=Path(short))
+        paths = [launcher.record_path(node, "7") for node in nodes]
+        assert len(set(paths)) == 2
+        assert paths[1].endswith("/7@b_x.json")
+        write_record(paths[0], "a", "ended")
+        write_record(paths[1], "b/x", "running")
+        read = (
+            asyncio.run(launcher.read_record("a", "7")),
+            asyncio.run(launcher.read_record("b/x", "7")),
+        )
+        assert [r and (r["node"], r["state"]) for r in read] == [("a", "ended"), ("b/x", "running")]
+        # another node's record where this node's should be: not taken
+        write_record(paths[1], "a", "ended")
+        assert asyncio.run(launcher.read_record("b/x", "7")) is None
+        # an incarnation started before the upgrade: JOB.json, no node in it
+        Path(paths[1]).unlink()
+        legacy = Path(shared) / "run" / launcher.record_key / "7.json"
+        legacy.write_text(json.dumps({"version": 1, "token": "7:0", "state": "running"}))
+        old = asyncio.run(launcher.read_record("b/x", "7"))
+        assert old is not None and old["state"] == "running"
+        asyncio.run(launcher.forget_records("7", ["a", "b/x"]))
+        assert not legacy.exists() and not Path(paths[0]).exists()

@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import shlex
 import time
@@ -33,6 +34,11 @@ from pollux_local.launch.ssh.recovery import (
 )
 
 log = logging.getLogger("pollux_local.launch.ssh")
+
+
+def _path_word(name: str) -> str:
+    """``name`` as one word of a file name (anything but letters, digits, ``_.-`` as ``_``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name).lstrip(".") or "_"
 
 
 class SshLauncher:
@@ -77,35 +83,51 @@ class SshLauncher:
         self.record_key = hashlib.sha1(str(self.control_dir).encode()).hexdigest()[:12]
 
     def record_path(self, node: SshNodeConfig, job_id: str) -> str:
-        """Where ``node``'s supervisor keeps the exit record of ``job_id`` (``~`` unexpanded)."""
-        return f"{node.workdir.rstrip('/')}/run/{self.record_key}/{job_id}.json"
+        """Where ``node``'s supervisor keeps the exit record of ``job_id`` (``~`` unexpanded):
+        ``WORKDIR/run/KEY/JOB@NODE.json``, one per node, since nodes may share their work
+        directory (a home on NFS)."""
+        return f"{self._record_dir(node)}/{job_id}@{_path_word(node.name)}.json"
 
-    async def _record_command(self, name: str, action: str, job_id: str) -> tuple[int, str]:
+    def _record_dir(self, node: SshNodeConfig) -> str:
+        return f"{node.workdir.rstrip('/')}/run/{self.record_key}"
+
+    async def _record_command(self, name: str, action: str, path: str) -> tuple[int, str]:
         node = self._node(name)
         command = " ".join(
-            shlex.quote(part)
-            for part in (node.python, "-c", _RECORD_SCRIPT, action, self.record_path(node, job_id))
+            shlex.quote(part) for part in (node.python, "-c", _RECORD_SCRIPT, action, path)
         )
         rc, out, _ = await self.run(name, command, timeout_s=self.connect_timeout_s + 10)
         return rc, out
 
+    def _record_paths(self, name: str, job_id: str) -> list[str]:
+        """The record's path, then the one of versions before records were per node
+        (``JOB.json``: incarnations started before an upgrade still write there)."""
+        node = self._node(name)
+        return [self.record_path(node, job_id), f"{self._record_dir(node)}/{job_id}.json"]
+
     async def read_record(self, name: str, job_id: str) -> dict[str, Any] | None:
         """The exit record of ``job_id`` on node ``name``; ``None`` when there is none, it
-        cannot be read or the node does not answer."""
-        rc, out = await self._record_command(name, "cat", job_id)
-        if rc != 0:
+        cannot be read, it is another node's or the node does not answer."""
+        for path in self._record_paths(name, job_id):
+            rc, out = await self._record_command(name, "cat", path)
+            if rc == 0:
+                break
+        else:
             return None
         try:
             record = json.loads(out)
         except ValueError:
             return None
-        return record if isinstance(record, dict) and record.get("version") == 1 else None
+        if not isinstance(record, dict) or record.get("version") != 1:
+            return None
+        return record if record.get("node", name) == name else None
 
     async def forget_records(self, job_id: str, names: Sequence[str]) -> None:
         """Remove the exit records of ``job_id`` from ``names`` (best effort)."""
         for name in names:
-            with contextlib.suppress(PolluxError, OSError):
-                await self._record_command(name, "rm", job_id)
+            for path in self._record_paths(name, job_id):
+                with contextlib.suppress(PolluxError, OSError):
+                    await self._record_command(name, "rm", path)
 
     async def recover(self, spec: LaunchSpec, token: str) -> SshRecordedGroup | None:
         """The incarnation ``token`` of a job recorded as running when the daemon stopped,
