@@ -11,7 +11,8 @@ Both layouts are supported:
   ``cpu.cfs_period_us``/``cpu.cfs_quota_us``; ``memory.oom_control``'s ``oom_kill`` (older
   kernels: ``memory.failcnt`` and a replica killed by SIGKILL) tells whether it fired.
 
-A job's groups are ``BASE/pollux-local/job-<id>-<incarnation>`` where ``BASE`` is the daemon's
+A job's groups are ``BASE/pollux-local/job-<daemon>-<id>-<incarnation>`` (``<daemon>``: eight
+hex digits of the daemon's state directory, :func:`daemon_key`) where ``BASE`` is the daemon's
 own cgroup in that hierarchy (``/proc/self/cgroup``, so that it works in a container or a
 delegated service) or ``[limits] cgroup_parent`` (which must exist).  On v2 a cgroup that
 passes controllers to its children may hold no process: when the daemon is alone in its own
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import re
 import signal
@@ -53,7 +55,9 @@ CONTROLLERS = ("memory", "cpu")
 #: On v2, the leaf the daemon moves itself into when its own cgroup must pass the controllers
 #: on to the jobs' groups (a cgroup that does may hold no process itself).
 DAEMON_LEAF = "pollux-local-daemon"
-_NAME = re.compile(r"job-[0-9]{1,19}-[0-9]{1,9}")
+#: ``job-<daemon>-<id>-<incarnation>`` (``job-<id>-<incarnation>`` of earlier versions, which
+#: a daemon upgraded while such jobs ran still removes)
+_NAME = re.compile(r"job-(?:[0-9a-f]{8}-)?[0-9]{1,19}-[0-9]{1,9}")
 
 
 class CgroupError(Exception):
@@ -318,9 +322,18 @@ def cpu_quota_us(cpus: float) -> int:
     return max(MIN_QUOTA_US, round(cpus * CPU_PERIOD_US))
 
 
-def group_name(job_id: str, incarnation: int) -> str:
-    """``job-<id>-<incarnation>``: a plain name, or :class:`CgroupError`."""
-    name = f"job-{job_id}-{incarnation}"
+def daemon_key(state: str) -> str:
+    """Eight hex digits naming the daemon whose state directory (or a directory in it) is
+    ``state``: two daemons whose jobs' groups go under one base (started from one shell, or
+    one service's cgroup) never share a group name, so neither takes the other's group for
+    a stale one of its own."""
+    return hashlib.sha1(os.path.normpath(state).encode()).hexdigest()[:8]
+
+
+def group_name(job_id: str, incarnation: int, daemon: str) -> str:
+    """``job-<daemon>-<id>-<incarnation>`` (``daemon``: :func:`daemon_key`): a plain name, or
+    :class:`CgroupError`."""
+    name = f"job-{daemon}-{job_id}-{incarnation}"
     if not _NAME.fullmatch(name):
         raise CgroupError(f"not a cgroup name for a job: {name!r}")
     return name
@@ -550,7 +563,7 @@ def _procs(directory: str) -> list[int]:
 
 
 def is_job_group(path: str) -> bool:
-    """Is ``path`` (from a run file) an absolute ``.../pollux-local/job-<id>-<n>``?"""
+    """Is ``path`` (from a run file) an absolute ``.../pollux-local/job-[<daemon>-]<id>-<n>``?"""
     return (
         os.path.isabs(path)
         and os.path.basename(os.path.dirname(path)) == GROUP_DIR

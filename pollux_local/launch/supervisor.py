@@ -19,7 +19,7 @@ What it does:
 * it makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, best effort), so that
   whatever a replica leaves behind (a ``setsid`` grandchild, say) becomes its child;
 * with ``limits`` (``--mem``, ``--cpus``: ``launch/cgroups.py``) it makes the incarnation's
-  cgroups ``job-<id>-<incarnation>`` and writes the limits into them; a failure there is a
+  cgroups ``job-<daemon>-<id>-<incarnation>`` and writes the limits into them; a failure there is a
   failed setup (nothing runs);
 * for each replica it forks a child that first joins those cgroups (as root, so the job
   cannot leave them: they stay root's), then drops privileges to the job's user
@@ -409,7 +409,9 @@ class Supervisor:
         try:
             limits = cgroups.Limits.from_json(data)
             name = cgroups.group_name(
-                str(self.spec["job_id"]), int(self.spec.get("incarnation") or 0)
+                str(self.spec["job_id"]),
+                int(self.spec.get("incarnation") or 0),
+                cgroups.daemon_key(os.path.dirname(str(self.spec["run_file"]))),
             )
             self.cgroup = cgroups.JobGroup.create(limits, name)
         except (cgroups.CgroupError, KeyError, TypeError, ValueError) as exc:

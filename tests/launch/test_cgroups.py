@@ -22,7 +22,7 @@ import pytest
 
 from pollux_local.errors import PolluxError
 from pollux_local.launch import cgroups
-from pollux_local.launch.cgroups import CgroupError, JobGroup, Limits, Support
+from pollux_local.launch.cgroups import CgroupError, JobGroup, Limits, Support, group_name
 from pollux_local.launch.local import LocalLauncher
 from tests.launch.test_supervisor import ESCAPEE, alive, make_spec
 
@@ -280,6 +280,33 @@ def test_a_stale_group_of_the_same_name_is_made_again(fake_fs: Path) -> None:
     again.remove()
 
 
+def test_two_daemons_in_one_cgroup_never_share_a_job_group(fake_fs: Path) -> None:
+    """Two daemons started in one cgroup (from one shell, or one service) both run their job
+    1: the groups are named by each daemon's state directory, so the second's is made beside
+    the first's instead of taking it for a stale group of its own (and killing its replicas)."""
+    make_v1(fake_fs)
+    support = cgroups.detect(str(fake_fs), own={"memory": "/", "cpu": "/"})
+    first_key = cgroups.daemon_key("/var/lib/pollux-local/run")
+    second_key = cgroups.daemon_key("/home/ann/.local/state/pollux-local/run")
+    assert first_key != second_key and len(first_key) == 8
+    assert cgroups.daemon_key("/var/lib/pollux-local/run/") == first_key
+    first = JobGroup.create(Limits(support, memory=8 << 20), group_name("1", 0, first_key))
+    (Path(first.paths[0]) / "cgroup.procs").write_text("4242\n")  # its replica
+    second = JobGroup.create(Limits(support, memory=16 << 20), group_name("1", 0, second_key))
+    assert first.paths != second.paths
+    assert (Path(first.paths[0]) / "cgroup.procs").read_text().split() == ["4242"]
+    assert (Path(first.paths[0]) / "memory.limit_in_bytes").read_text() == str(8 << 20)
+    assert Path(first.paths[0]).name == f"job-{first_key}-1-0"
+    second.remove()
+    assert Path(first.paths[0]).is_dir()
+    # a group of an earlier version (no daemon in its name), read from a run file, is still
+    # one of a job's: a daemon upgraded while it ran removes it
+    assert cgroups.is_job_group(str(fake_fs / "memory/pollux-local/job-1-0"))
+    assert cgroups.is_job_group(first.paths[0])
+    for name in (f"job-{first_key}-1", f"job-{first_key.upper()}-1-0", "job-xyz-1-0"):
+        assert not cgroups.is_job_group(str(fake_fs / "memory/pollux-local" / name))
+
+
 # --- this machine's real cgroups (as root) ------------------------------------------------------------
 
 
@@ -389,7 +416,8 @@ async def test_a_dead_supervisors_groups_are_swept_of_escaped_processes(tmp_path
         make_spec(tmp_path / "job", argv, tmp_path), limits=Limits(support, memory=64 << 20)
     )
     group = await launcher.launch(spec)
-    path = Path(support.memory) / "pollux-local/job-7-0"
+    key = cgroups.daemon_key(str(tmp_path / "run"))
+    path = Path(support.memory) / f"pollux-local/job-{key}-7-0"
     for _ in range(200):
         if pid_file.exists():
             break
