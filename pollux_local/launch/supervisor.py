@@ -19,8 +19,8 @@ What it does:
 * it makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, best effort), so that
   whatever a replica leaves behind (a ``setsid`` grandchild, say) becomes its child;
 * with ``limits`` (``--mem``, ``--cpus``: ``launch/cgroups.py``) it makes the incarnation's
-  cgroups ``job-<daemon>-<id>-<incarnation>`` and writes the limits into them; a failure there is a
-  failed setup (nothing runs);
+  cgroups ``job-<daemon>-<id>-<incarnation>`` and writes the limits into them; a failure
+  there is a failed setup (nothing runs);
 * for each replica it forks a child that first joins those cgroups (as root, so the job
   cannot leave them: they stay root's), then drops privileges to the job's user
   (``setgroups``, ``setgid``, ``setuid``: only when ``user`` is given), then, as that user,
