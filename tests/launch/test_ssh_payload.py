@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -69,7 +70,12 @@ def test_nodes_sharing_a_work_directory_keep_an_exit_record_each(tmp_path: Path)
         launcher = LocalNodes(nodes, control_dir=Path(short))
         paths = [launcher.record_path(node, "7") for node in nodes]
         assert len(set(paths)) == 2
-        assert paths[1].endswith("/7@b_x.json")
+        assert paths[0].endswith("/7@a.json")
+        assert re.search(r"/7@b_x-[0-9a-f]{8}\.json$", paths[1]), paths[1]  # not b_x's
+        assert (
+            launcher.record_path(SshNodeConfig(name="b_x", host="b", workdir=shared), "7")
+            != paths[1]
+        )
         write_record(paths[0], "a", "ended")
         write_record(paths[1], "b/x", "running")
         read = (

@@ -37,8 +37,13 @@ log = logging.getLogger("pollux_local.launch.ssh")
 
 
 def _path_word(name: str) -> str:
-    """``name`` as one word of a file name (anything but letters, digits, ``_.-`` as ``_``)."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name).lstrip(".") or "_"
+    """``name`` as one word of a file name: itself when it is letters, digits and ``_.-`` (not
+    starting with a dot), else those kept, the rest as ``_``, and eight hex digits of the name
+    (so that two names never share a word)."""
+    if re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*", name):
+        return name
+    kept = re.sub(r"[^A-Za-z0-9_.-]", "_", name).lstrip(".")
+    return f"{kept}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
 
 class SshLauncher:
