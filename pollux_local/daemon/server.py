@@ -18,7 +18,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -453,5 +453,41 @@ def run_daemon(
     # ``kill -USR2``: every thread's Python stack on stderr (the journal), for a daemon that
     # seems stuck; the event loop does not have to answer for it
     faulthandler.register(signal.SIGUSR2, all_threads=True)
-    asyncio.run(main())
+    run_to_the_end(main())
     return 0
+
+
+#: How long the tasks still running when the daemon has stopped get to end once cancelled.
+LEFTOVER_TIMEOUT_S = 5.0
+
+
+def run_to_the_end(
+    main: Coroutine[Any, Any, None], leftover_timeout_s: float = LEFTOVER_TIMEOUT_S
+) -> None:
+    """Run ``main`` on a new event loop, then cancel the tasks still running and give them
+    ``leftover_timeout_s`` to end.  ``asyncio.run`` would wait for them without a bound: one
+    task that does not end when cancelled kept a stopped daemon's process alive until it was
+    killed.  Each such task is logged with where it waits, and left."""
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(main)
+        left = [task for task in asyncio.all_tasks(loop) if not task.done()]
+        for task in left:
+            task.cancel()
+        if left:
+            done, pending = loop.run_until_complete(asyncio.wait(left, timeout=leftover_timeout_s))
+            for task in done:
+                if not task.cancelled():
+                    task.exception()  # retrieved: not reported again at exit
+            for task in pending:
+                where = "; ".join(
+                    f"{frame.f_code.co_name} ({frame.f_code.co_filename}:{frame.f_lineno})"
+                    for frame in task.get_stack()
+                )
+                log.warning(
+                    "a task did not end when cancelled at stop: %s at %s", task.get_name(), where
+                )
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.run_until_complete(loop.shutdown_default_executor())
+    finally:
+        loop.close()

@@ -2,16 +2,21 @@
 in the same turn as a wake-up is not lost, and no pass starts after ``stop()``.
 
 A lost cancel left the loop running into a pass that waited for the mutex the stopping daemon
-held: the daemon never stopped (seen as 30 s teardowns in the test suite)."""
+held: the daemon never stopped (seen as 30 s teardowns in the test suite).  And after the
+daemon has stopped, a task that does not end when cancelled no longer keeps its process
+alive (``server.run_to_the_end``)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from types import SimpleNamespace
 
 import pytest
 
 from pollux_local.daemon.loop import SchedulingLoop
+from pollux_local.daemon.server import run_to_the_end
 
 
 def bare_loop() -> tuple[SchedulingLoop, list[int]]:
@@ -62,3 +67,38 @@ def test_no_pass_starts_after_stop() -> None:
         return passes
 
     assert asyncio.run(scenario()) == [1]
+
+
+def test_a_task_that_ignores_its_cancel_does_not_keep_a_stopped_daemon_alive(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``run_to_the_end``: once ``main`` has returned, the tasks still running are cancelled
+    and given a bounded time to end; one that swallows its cancel is logged with where it
+    waits and left behind, where ``asyncio.run`` would wait for it for ever."""
+    ended: list[str] = []
+
+    async def stubborn() -> None:
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                continue  # the bug being guarded against
+
+    async def polite() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            ended.append("polite")
+
+    async def main() -> None:
+        asyncio.ensure_future(stubborn()).set_name("stubborn-task")
+        asyncio.ensure_future(polite())
+        await asyncio.sleep(0)
+
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="pollux_local.daemon"):
+        run_to_the_end(main(), leftover_timeout_s=0.5)
+    assert time.monotonic() - started < 5.0
+    assert ended == ["polite"]
+    [warning] = [r.getMessage() for r in caplog.records if "did not end" in r.getMessage()]
+    assert "stubborn-task" in warning and "stubborn (" in warning and "test_loop_stop.py" in warning
