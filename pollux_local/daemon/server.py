@@ -471,23 +471,28 @@ def run_to_the_end(
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(main)
-        left = [task for task in asyncio.all_tasks(loop) if not task.done()]
-        for task in left:
-            task.cancel()
-        if left:
-            done, pending = loop.run_until_complete(asyncio.wait(left, timeout=leftover_timeout_s))
-            for task in done:
-                if not task.cancelled():
-                    task.exception()  # retrieved: not reported again at exit
-            for task in pending:
-                where = "; ".join(
-                    f"{frame.f_code.co_name} ({frame.f_code.co_filename}:{frame.f_lineno})"
-                    for frame in task.get_stack()
-                )
-                log.warning(
-                    "a task did not end when cancelled at stop: %s at %s", task.get_name(), where
-                )
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.run_until_complete(loop.shutdown_default_executor())
-    finally:
-        loop.close()
+    finally:  # (after a failed start too, as asyncio.run does)
+        try:
+            _end_leftover_tasks(loop, leftover_timeout_s)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            loop.close()
+
+
+def _end_leftover_tasks(loop: asyncio.AbstractEventLoop, timeout_s: float) -> None:
+    left = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in left:
+        task.cancel()
+    if not left:
+        return
+    done, pending = loop.run_until_complete(asyncio.wait(left, timeout=timeout_s))
+    for task in done:
+        if not task.cancelled():
+            task.exception()  # retrieved: not reported again at exit
+    for task in pending:
+        where = "; ".join(
+            f"{frame.f_code.co_name} ({frame.f_code.co_filename}:{frame.f_lineno})"
+            for frame in task.get_stack()
+        )
+        log.warning("a task did not end when cancelled at stop: %s at %s", task.get_name(), where)

@@ -102,3 +102,24 @@ def test_a_task_that_ignores_its_cancel_does_not_keep_a_stopped_daemon_alive(
     assert ended == ["polite"]
     [warning] = [r.getMessage() for r in caplog.records if "did not end" in r.getMessage()]
     assert "stubborn-task" in warning and "stubborn (" in warning and "test_loop_stop.py" in warning
+
+
+def test_the_tasks_left_by_a_failed_start_are_ended_too() -> None:
+    """``main`` raising (a daemon that could not start): its error comes out, and the tasks
+    it left are cancelled and ended first, as ``asyncio.run`` ends them."""
+    ended: list[str] = []
+
+    async def polite() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            ended.append("polite")
+
+    async def main() -> None:
+        asyncio.ensure_future(polite())
+        await asyncio.sleep(0)
+        raise RuntimeError("cannot start")
+
+    with pytest.raises(RuntimeError, match="cannot start"):
+        run_to_the_end(main(), leftover_timeout_s=0.5)
+    assert ended == ["polite"]
