@@ -1,6 +1,7 @@
 """What an SSH node's agent is told and keeps, where nodes may share one work directory: every
-replica of an incarnation writes a log file of its own, even when a joiner takes the rank of a
-replica still running, and every node keeps an exit record of its own."""
+replica writes a log file of its own, even when a joiner takes the rank of a replica still
+running or the next incarnation starts while a cut-off node's replicas run on, and every node
+keeps an exit record of its own."""
 
 from __future__ import annotations
 
@@ -25,15 +26,42 @@ def test_a_joiner_writes_its_own_log_file_on_the_node(tmp_path: Path) -> None:
         ReplicaSlot(rank=r, node="b", device=f"cpu:{r}", local_rank=r, node_rank=0) for r in (0, 1)
     ]
     spec = LaunchSpec(
-        job_id="7", argv=["train.py"], workdir=tmp_path, env={}, slots=slots, log_dir=tmp_path
+        job_id="7",
+        argv=["train.py"],
+        workdir=tmp_path,
+        env={"POLLUX_RESTARTS": "2"},
+        slots=slots,
+        log_dir=tmp_path,
     )
-    started = launcher.replica_payload(spec, slots[1], node, None, "start #0")
+    started = launcher.replica_payload(spec, slots[1], node, None, "start #2")
     joined = launcher.replica_payload(spec, slots[1], node, None, "joined", joining=3)
     again = launcher.replica_payload(spec, slots[1], node, None, "joined", joining=4)
-    assert started["log"] == "/nfs/u/.pl/logs/7/rank1.log"
-    assert joined["log"] == "/nfs/u/.pl/logs/7/rank1.join3.log"
+    assert started["log"] == "/nfs/u/.pl/logs/7/rank1.start2.log"
+    assert joined["log"] == "/nfs/u/.pl/logs/7/rank1.start2.join3.log"
     assert len({started["log"], joined["log"], again["log"]}) == 3
     assert started["rank"] == joined["rank"] == 1
+
+
+def test_the_next_incarnation_writes_other_log_files_on_the_node(tmp_path: Path) -> None:
+    """A node whose link was cut runs its replicas on until its sshd notices, while the next
+    incarnation starts elsewhere: on a shared work directory the two rank 0s must not write
+    (and stream) one file.  The incarnation in the name is a number whatever the variable
+    holds."""
+    node = SshNodeConfig(name="b", host="b", devices=("cpu:0",), workdir="/nfs/u/.pl")
+    with tempfile.TemporaryDirectory(prefix="pl", dir="/tmp") as short:
+        launcher = SshLauncher([node], control_dir=Path(short))
+    slot = ReplicaSlot(rank=0, node="b", device="cpu:0", local_rank=0, node_rank=0)
+
+    def log_of(restarts: str | None) -> str:
+        env = {} if restarts is None else {"POLLUX_RESTARTS": restarts}
+        spec = LaunchSpec(
+            job_id="7", argv=["t"], workdir=tmp_path, env=env, slots=[slot], log_dir=tmp_path
+        )
+        return str(launcher.replica_payload(spec, slot, node, None, "start")["log"])
+
+    assert log_of("0") != log_of("1") != log_of("2")
+    assert log_of(None) == log_of("0") == "/nfs/u/.pl/logs/7/rank0.start0.log"
+    assert log_of("../../etc/x") == log_of("0")
 
 
 class LocalNodes(SshLauncher):

@@ -106,7 +106,7 @@ def test_environment_arrives_exactly_and_logs_come_back(
         TORCHELASTIC_USE_AGENT_STORE="False",
     )
     assert seen == expected  # nothing added, nothing lost, no CUDA_VISIBLE_DEVICES for a CPU
-    remote_log = Path(launcher.nodes[host.name].workdir) / "logs" / "envjob" / "rank0.log"
+    remote_log = Path(launcher.nodes[host.name].workdir) / "logs" / "envjob" / "rank0.start0.log"
     assert remote_log.read_text() == (tmp_path / "logs" / "rank0.log").read_text()
 
 

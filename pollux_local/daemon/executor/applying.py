@@ -16,7 +16,7 @@ from pollux_local.api.states import DecisionKind, JobState, StopIntent
 from pollux_local.daemon.config import busy_gpus
 from pollux_local.daemon.executor.base import Device, allocation_devices, log
 from pollux_local.daemon.executor.launchspec import owner_gone, prepare_dirs
-from pollux_local.daemon.executor.warm import Warm
+from pollux_local.daemon.executor.warm import InPlace, Warm
 from pollux_local.daemon.resizes import resizes_of
 from pollux_local.daemon.scheduler import Action, ActionKind, Allocation, Plan
 from pollux_local.daemon.state import DecisionEntry, JobRecord
@@ -50,15 +50,15 @@ class Applying(Warm):
             if action.kind in (ActionKind.START, ActionKind.RESIZE)
             for device in allocation_devices(action.allocation)
         ]
-        warm: list[Action] = []
+        warm: list[InPlace] = []
         for action in actions:
             others = {device for job_id, device in claimed if job_id != action.job_id}
             if (in_place := self._warm_action(action, others)) is not None:
                 warm.append(in_place)
-        warm_ids = {action.job_id for action in warm}
+        warm_ids = {in_place.action.job_id for in_place in warm}
         actions = [action for action in actions if action.job_id not in warm_ids]
-        for action in warm:
-            self._start_warm(action)
+        for in_place in warm:
+            self._start_warm(in_place)
         for action in actions:
             if action.kind in (ActionKind.STOP, ActionKind.RESIZE):
                 await self._guarded(action.job_id, "stop", self._stop_for(action, now))

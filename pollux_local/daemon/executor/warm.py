@@ -55,13 +55,23 @@ GENERATIONS = 1000
 CONFIRM_POLL_S = 0.1
 
 
+@dataclasses.dataclass(frozen=True)
+class InPlace:
+    """A resize as it is done in place (:func:`plan_in_place`, computed once): the action
+    with its allocation in rank order, the new group's (node, device) by rank and the old
+    ranks that stay, in their new order."""
+
+    action: Action
+    slots: list[Device]
+    stayers: list[int]
+
+
 class Warm(Exits):
     """Resizing an elastic job in place."""
 
-    def _warm_action(self, action: Action, claimed: set[Device]) -> Action | None:
-        """``action`` (a resize) as a warm resize can apply it, with the allocation in rank
-        order (the devices that stay first); ``None`` when it must be a checkpoint-restart.
-        ``claimed``: devices other actions of the plan start on."""
+    def _warm_action(self, action: Action, claimed: set[Device]) -> InPlace | None:
+        """How ``action`` (a resize) is done in place; ``None`` when it must be a
+        checkpoint-restart.  ``claimed``: devices other actions of the plan start on."""
         if not self.config.warm_resize or action.kind is not ActionKind.RESIZE:
             return None
         job_id = action.job_id
@@ -86,15 +96,16 @@ class Warm(Exits):
         planned = plan_in_place(old, wanted, claimed)
         if planned is None:
             return None
-        slots, _ = planned
+        slots, stayers = planned
         allocation: dict[str, list[str]] = {}
         for node, device in slots:
             allocation.setdefault(node, []).append(device)
-        return dataclasses.replace(action, allocation=allocation)
+        return InPlace(dataclasses.replace(action, allocation=allocation), slots, stayers)
 
-    async def _resize_warm(self, action: Action) -> None:
-        """Resize ``action``'s job in place; fall back to a checkpoint-restart when the
+    async def _resize_warm(self, in_place: InPlace) -> None:
+        """Resize the job in place as planned; fall back to a checkpoint-restart when the
         order cannot be given or the job does not take it."""
+        action = in_place.action
         job_id = action.job_id
         group = self.groups.get(job_id)
         job = self.store.get_job(job_id)
@@ -104,7 +115,8 @@ class Warm(Exits):
         count = self._warm_count.get(job_id, 0) + 1
         self._warm_count[job_id] = count
         generation = min(2**31, max(1, job.restarts) * GENERATIONS + count % GENERATIONS)
-        spec, stayers = self._warm_spec(group.spec, action)
+        spec = self._warm_spec(group.spec, in_place)
+        stayers = in_place.stayers
         kept = len(stayers)
         renumbered = stayers != list(range(kept))
         batch = action.batch
@@ -180,15 +192,12 @@ class Warm(Exits):
         self.on_change()
         await self._launch_waiting()
 
-    def _warm_spec(self, spec: LaunchSpec, action: Action) -> tuple[LaunchSpec, list[int]]:
-        """The running group's spec at ``action``'s allocation (:func:`plan_in_place`): the
-        ranks that stay where they are (renumbered), joiners on the added devices, a new
-        rendezvous port and the scheduler's batch; and the old ranks that stay, in their new
-        order."""
+    def _warm_spec(self, spec: LaunchSpec, in_place: InPlace) -> LaunchSpec:
+        """The running group's spec after the resize: the ranks that stay where they are
+        (renumbered), joiners on the added devices, a new rendezvous port and the
+        scheduler's batch."""
+        action, placed, stayers = in_place.action, in_place.slots, in_place.stayers
         by_rank = sorted(spec.slots, key=lambda s: s.rank)
-        planned = plan_in_place([(s.node, s.device) for s in by_rank], action.allocation, ())
-        assert planned is not None  # the allocation is :meth:`_warm_action`'s
-        placed, stayers = planned
         kept = len(stayers)
         order = list(dict.fromkeys(node for node, _ in placed))
         slots = [dataclasses.replace(by_rank[old], rank=new) for new, old in enumerate(stayers)]
@@ -202,7 +211,7 @@ class Warm(Exits):
             env["POLLUX_LOCAL_BATCH"] = str(action.batch.local_batch)
             env["POLLUX_ACCUM_STEPS"] = str(action.batch.accum_steps)
         env["POLLUX_NUM_NODES"] = str(len(order))
-        return dataclasses.replace(spec, slots=slots, env=env), stayers
+        return dataclasses.replace(spec, slots=slots, env=env)
 
     async def _stepped_at(
         self, job_id: int, group: WarmResizable, replicas: int, progress: float | None
@@ -233,13 +242,14 @@ class Warm(Exits):
         self._resize[job_id] = action
         self._begin_stop(job_id, group, StopIntent.RESIZE)
 
-    def _start_warm(self, action: Action) -> None:
+    def _start_warm(self, in_place: InPlace) -> None:
         """Run :meth:`_resize_warm` as a task of its own (a pass never waits for it)."""
+        action = in_place.action
         job_id = action.job_id
 
         async def run() -> None:
             try:
-                await self._resize_warm(action)
+                await self._resize_warm(in_place)
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -46,6 +46,15 @@ def _path_word(name: str) -> str:
     return f"{kept}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
 
+def _incarnation(spec: LaunchSpec) -> int:
+    """The incarnation ``spec`` starts (``POLLUX_RESTARTS``, which only the daemon sets), as
+    a number: it names files on the node, so nothing else of the variable gets there."""
+    try:
+        return max(0, int(spec.env.get("POLLUX_RESTARTS", "0")))
+    except ValueError:
+        return 0
+
+
 class SshLauncher:
     """Starts replica groups on SSH nodes (implements the ``Launcher`` interface)."""
 
@@ -291,13 +300,18 @@ class SshLauncher:
         """One replica as the node agent starts it: its command, environment (``extra``
         added), log on the node and the banner its log gets first (``what``: why it starts).
 
-        The log on the node is ``rank<N>.log``, or ``rank<N>.join<G>.log`` for a replica
-        joining at warm resize ``joining`` = G: after a resize that renumbers the ranks a
-        joiner may take the rank of a replica that still runs (and still writes its own log),
-        and nodes often share their work directory (a home on NFS), so every replica started
-        in one incarnation writes a file of its own."""
+        The log on the node is ``rank<N>.start<I>.log`` for incarnation I
+        (``POLLUX_RESTARTS``), or ``rank<N>.start<I>.join<G>.log`` for a replica joining at
+        warm resize ``joining`` = G.  Nodes often share their work directory (a home on NFS),
+        and two replicas of one rank may run at once: after a resize that renumbers the
+        ranks a joiner may take the rank of a replica that still runs, and after a node's
+        link is cut its replicas run on until its sshd notices, while the next incarnation
+        starts elsewhere.  So every replica writes a file of its own, and no node's agent
+        streams another replica's output as its own."""
         remote_logs = f"{node.workdir.rstrip('/')}/logs/{spec.job_id}"
-        name = f"rank{slot.rank}" if joining is None else f"rank{slot.rank}.join{joining}"
+        name = f"rank{slot.rank}.start{_incarnation(spec)}"
+        if joining is not None:
+            name += f".join{joining}"
         return {
             "rank": slot.rank,
             "argv": list(spec.argv),
