@@ -349,6 +349,8 @@ class ElasticTrainer:
             assert self._small_norm is not None
             pre = self._preconditioner if self.precondition else None
             self._small_norm.arm(len(plan.micro[0].indices[0]), pre)
+        if index == 0 and self.peak_memory is not None:
+            self.peak_memory.before_step(plan, self.rank)
         if index == 0 and self.device.type == "cuda" and self._schedule.timed():
             torch.cuda.synchronize(self.device)  # a timed step starts on an idle device
         self._t0 = time.perf_counter()

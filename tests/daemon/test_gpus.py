@@ -13,6 +13,7 @@ import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -468,7 +469,70 @@ def test_the_job_library_reports_peak_memory_per_local_batch() -> None:
                      b' "peak_bytes": 1, "total_bytes": 1}]}')  # fmt: skip
 
 
-def test_the_trainer_measures_after_every_step_on_cuda_only() -> None:
+def _plan(local: int, full: bool = True) -> Any:
+    """A one-replica optimizer step of ``local`` samples (``full``: of the configured size)."""
+    torch = pytest.importorskip("torch")
+    from pollux_local.torch.sampler import MicroBatch, StepPlan
+
+    micro = MicroBatch(indices=(torch.arange(local),), weights=(1.0,))
+    return StepPlan(micro=(micro,), total=local, full=full)
+
+
+class FakeAllocator:
+    """The allocator's peak as the tracker reads it: the largest allocation since the last
+    restart; every read counted."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self.reads = 0
+
+    def step(self, peak: int) -> None:
+        self.peak = max(self.peak, peak)
+
+    def read(self) -> int:
+        self.reads += 1
+        return self.peak
+
+    def reset(self) -> None:
+        self.peak = 0
+
+
+def test_the_peak_is_read_once_per_run_of_steps_of_one_local_batch() -> None:
+    """The allocator's statistics are dear to read (a Python table of every statistic), so the
+    peak of a run of same-size steps is read together: every READ_EVERY steps, before a step
+    of another size or one left out (an epoch's tail), and for a report.  A step left out
+    never counts for any local batch."""
+    pytest.importorskip("torch")
+    from pollux_local.torch.memory import READ_EVERY, PeakMemory
+
+    alloc = FakeAllocator()
+    tracker = PeakMemory("t4", 15360 * MIB, alloc.read, alloc.reset)
+
+    def run(local: int, peak: int, full: bool = True) -> None:
+        plan = _plan(local, full)
+        tracker.before_step(plan, 0)
+        alloc.step(peak)
+        tracker.after_step(plan, 0)
+
+    for i in range(READ_EVERY - 1):
+        run(16, GIB + i * MIB)
+    assert alloc.reads == 0  # nothing read step by step
+    run(16, GIB)  # the READ_EVERY-th: read
+    assert alloc.reads == 1
+    run(16, 2 * GIB)
+    run(16, 3 * GIB, full=False)  # an epoch's tail: 16's peak read before it, its own dropped
+    assert alloc.reads == 2
+    run(32, 4 * GIB)
+    run(64, 5 * GIB)  # another local batch: 32's peak read before it
+    assert alloc.reads == 3
+    points = {p.local_batch: p.peak_bytes for p in tracker.points()}  # a report reads 64's
+    assert alloc.reads == 4
+    assert points == {16: 2 * GIB, 32: 4 * GIB, 64: 5 * GIB}
+    tracker.points()
+    assert alloc.reads == 4  # nothing unread: nothing read
+
+
+def test_the_trainer_measures_peak_memory_on_cuda_only() -> None:
     torch = pytest.importorskip("torch")
     from pollux_local.api.launch import LaunchEnvironment
     from pollux_local.torch import ElasticTrainer
@@ -486,17 +550,24 @@ def test_the_trainer_measures_after_every_step_on_cuda_only() -> None:
         checkpoint_dir=None,
     )
     assert trainer.peak_memory is None and trainer.build_report().memory is None  # on CPU
-    measured: list[int] = []
-    trainer.peak_memory = PeakMemory(
-        "t4", 15360 * MIB, lambda: GIB + len(measured) * MIB, lambda: measured.append(1)
-    )
-    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+    alloc = FakeAllocator()
+    trainer.peak_memory = PeakMemory("t4", 15360 * MIB, alloc.read, alloc.reset)
+    allocated = iter(range(1, 100))
+    original = trainer.optimizer.step
+
+    def step_allocating(*args: Any, **kwargs: Any) -> Any:
+        alloc.step(GIB + next(allocated) * MIB)  # each step peaks a little higher
+        return original(*args, **kwargs)
+
+    trainer.optimizer.step = step_allocating  # type: ignore[method-assign]
+    data = torch.utils.data.TensorDataset(torch.randn(36, 4), torch.randint(0, 2, (36,)))
     loader = trainer.loader(data)
     for _ in trainer.epochs(1):
         for x, y in loader:
             trainer.step(torch.nn.functional.cross_entropy(trainer.model(x), y))
-    assert len(measured) == trainer.steps == 4
+    assert trainer.steps == 5  # four of 8 samples, then the epoch's tail of 4
+    assert alloc.reads == 1  # before the tail
     (point,) = trainer.build_report().memory or []
     assert (point.device_type, point.local_batch) == ("t4", trainer.local_batch)
-    assert point.peak_bytes == GIB + 3 * MIB and point.total_bytes == 15360 * MIB
+    assert point.peak_bytes == GIB + 4 * MIB and point.total_bytes == 15360 * MIB  # not the tail's
     assert isinstance(point, MemoryPoint)

@@ -97,6 +97,49 @@ def test_a_shared_jobs_memory_fraction_caps_its_allocator() -> None:
     assert out.strip() == "capped"
 
 
+def test_the_trainer_reports_its_peak_memory_read_once_per_run_of_steps() -> None:
+    """On CUDA the job library reports the allocator's peak per local batch, read for a run
+    of steps together (``torch/memory.py``), not after every step: over 150 steps of one
+    local batch and a report, at most ``150 / READ_EVERY + 2`` reads, and the peak lies
+    between what the model and a batch hold and the device's size."""
+    probe = _child(
+        """
+        import torch
+        import torch.nn.functional as F
+        from pollux_local.torch import ElasticTrainer
+        from pollux_local.torch.memory import READ_EVERY
+        reads = []
+        real = torch.cuda.max_memory_allocated
+        torch.cuda.max_memory_allocated = lambda device=None: reads.append(1) or real(device)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                                    torch.nn.Linear(1024, 10))
+        trainer = ElasticTrainer(model, torch.optim.SGD(model.parameters(), lr=0.01),
+                                 base_batch=64, adapt=False, checkpoint_dir=None,
+                                 report_interval_s=1e9, handle_sigterm=False)
+        data = torch.utils.data.TensorDataset(torch.randn(64 * 150, 256),
+                                              torch.randint(0, 10, (64 * 150,)))
+        loader = trainer.loader(data)
+        for _ in trainer.epochs(1):
+            for x, y in loader:
+                trainer.step(F.cross_entropy(trainer.model(x.to(trainer.device)),
+                                             y.to(trainer.device)))
+        during = len(reads)
+        (point,) = trainer.build_report().memory
+        print(trainer.steps, during, len(reads), READ_EVERY, point.local_batch,
+              point.peak_bytes, point.total_bytes)
+        """,
+        {"POLLUX_DEVICE": "cuda"},
+    )
+    out, err = probe.communicate(timeout=300)
+    assert probe.returncode == 0, err[-2000:]
+    steps, during, total, every, local, peak, device_bytes = (int(w) for w in out.split())
+    assert steps == 150 and local == 64
+    assert during <= steps // every + 1 and total <= during + 1, out
+    weights = (256 * 1024 + 1024 + 1024 * 10 + 10) * 4
+    assert 2 * weights < peak < device_bytes, out
+
+
 def gpu_daemon(
     tmp_path: Path, daemon_factory: DaemonFactory
 ) -> tuple[DaemonProcess, Callable[..., str]]:
