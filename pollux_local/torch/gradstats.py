@@ -208,15 +208,22 @@ def squared_norm(
     return torch.stack(norms).square().sum()
 
 
-def _gram_or_product(rows_out: torch.Tensor, rows_in: torch.Tensor) -> torch.Tensor:
-    """|D^T X|_F^2 for D (n x out) and X (n x in), as a 0-d tensor: through the Gram matrices,
-    sum((D D^T) * (X X^T)) (n^2 (in + out) multiply-adds), when n is small enough for that to
-    be cheaper than forming D^T X (n in out); otherwise directly."""
+def _gram_or_product(
+    rows_out: torch.Tensor, rows_in: torch.Tensor, with_bias: bool = False
+) -> torch.Tensor:
+    """|D^T X|_F^2 for D (n x out) and X (n x in), as a 0-d tensor, plus with ``with_bias``
+    the bias's |sum_r d_r|^2 = <D D^T, 1 1^T>: through the Gram matrices,
+    sum((D D^T) * (X X^T + [1])) (n^2 (in + out) multiply-adds), when n is small enough for
+    that to be cheaper than forming D^T X (n in out); otherwise directly."""
     n, width_out = rows_out.shape
     width_in = rows_in.shape[1]
     if n * (width_in + width_out) <= width_in * width_out:
-        return ((rows_out @ rows_out.T) * (rows_in @ rows_in.T)).sum()
-    return (rows_out.T @ rows_in).square().sum()
+        inner = rows_in @ rows_in.T
+        if with_bias:
+            inner = inner + 1.0
+        return ((rows_out @ rows_out.T) * inner).sum()
+    weight = (rows_out.T @ rows_in).square().sum()
+    return weight + rows_out.sum(0).square().sum() if with_bias else weight
 
 
 #: With hooks, g_small is the gradient of the first 1/SMALL_SHARE of a step's samples.
@@ -379,13 +386,19 @@ class SmallBatchGradNorm:
             d = d.float()
         if xs.dtype != torch.float32:
             xs = xs.float()
+        bias = layer.bias is not None and layer.bias.requires_grad
         if layer.weight.requires_grad:
             pre = self._pre.get(id(layer.weight))
             if pre is None:
-                into.append(_gram_or_product(d, xs))
+                # an unscaled bias rides on the weight's Gram matrices (fewer kernels)
+                joint = bias and self._pre.get(id(layer.bias)) is None
+                into.append(_gram_or_product(d, xs, with_bias=joint))
+                if joint:
+                    return
             else:
                 into.append(((d.T @ xs) / pre).square().sum())
-        if layer.bias is not None and layer.bias.requires_grad:
+        if bias:
+            assert layer.bias is not None
             summed = d.sum(0)
             pre_b = self._pre.get(id(layer.bias))
             into.append((summed if pre_b is None else summed / pre_b).square().sum())

@@ -196,7 +196,9 @@ class ElasticTrainer:
         self._t0 = 0.0
         self._step_start = 0.0
         self._step_start_cost = 0.0
-        self._small: tuple[torch.Tensor, int] | None = None
+        #: a one-replica measuring step's |g_small|^2 as a device tensor times a factor, and
+        #: b_small (read with |g_big|^2 at the optimizer step: one read, ``_collect_stats``)
+        self._small: tuple[torch.Tensor, float, int] | None = None
         #: g_small of a one-replica measuring step without a split (``SmallBatchGradNorm``)
         self._small_norm = SmallBatchGradNorm.for_model(self.module)
         self._warmup_left = PROFILE_WARMUP_STEPS
@@ -410,8 +412,8 @@ class ElasticTrainer:
             if index == 0 and measuring and self.replicas == 1 and usable and weight > 0:
                 grads, pre = self._grads()
                 amp = self._amp_scale()
-                small = squared_norm(grads, pre) / (weight * amp) ** 2
-                self._small = (small, len(plan.micro[0].indices[0]))
+                factor = 1.0 / (weight * amp) ** 2
+                self._small = (squared_norm(grads, pre), factor, len(plan.micro[0].indices[0]))
             return False
         return self._optimizer_step(plan, clip_grad_norm)
 
@@ -459,7 +461,7 @@ class ElasticTrainer:
         ):
             log.info("gradient statistics: the hooks miss some gradients; splitting steps")
             return
-        self._small = (summed * scale * scale, small)
+        self._small = (summed, scale * scale, small)
 
     def _amp_scale(self) -> float:
         if self.scaler is None:
@@ -522,12 +524,17 @@ class ElasticTrainer:
         usable = plan.full or plan.split
         if self.replicas == 1:
             if self._small is not None and usable:
-                small, small_batch = self._small
+                small_sq, factor, small_batch = self._small
                 grads, pre = self._grads()
                 amp = self._amp_scale()
-                big = float(squared_norm(grads, pre)) / (amp * amp)
+                # both norms in one read from the device (one synchronisation)
+                small_raw, big_raw = torch.stack(
+                    [small_sq.float(), squared_norm(grads, pre)]
+                ).tolist()
                 if small_batch < plan.total:
-                    self.estimator.update(float(small), small_batch, big, plan.total)
+                    self.estimator.update(
+                        small_raw * factor, small_batch, big_raw / (amp * amp), plan.total
+                    )
             self._small = None
             return self._stop.requested, self._checkpoint_due()
         if not self._schedule.measuring:
