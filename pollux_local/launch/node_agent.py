@@ -70,11 +70,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import json
 import os
 import pwd
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -327,13 +329,15 @@ class Supervisor:
         """Start replica ``r`` (under :attr:`lock`): its pid and ``PID`` said, or ``None``
         (the reason in its log) when it could not be started."""
         path = os.path.expanduser(r["log"])
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fh = open(path, "ab")  # noqa: SIM115 - handed to the child, closed below
+        try:
+            fh = self.open_log(path)
+        except OSError as e:
+            why = f"cannot open its log {path} on node {self.spec.get('node')}: {e}\n"
+            self.lines.say("LOG", r["rank"], base64.b64encode(why.encode()).decode())
+            return None
         start = fh.tell()
         fh.write(r.get("banner", "").encode())
         fh.flush()
-        if self.run_as:
-            os.chown(path, self.run_as["user"], self.run_as["group"])
         env = dict(r["env"])
         env.pop("POLLUX_RESIZE_FILE", None)
         if self.order_path is not None:
@@ -359,6 +363,38 @@ class Supervisor:
         self.logs[r["rank"]] = [path, start]
         self.lines.say("PID", r["rank"], p.pid)
         return p.pid
+
+    def open_log(self, path: str) -> IO[bytes]:
+        """A replica's log, opened to append as safely as a root agent must: never through a
+        link (the file), in a directory (made when missing) and a parent that, when the
+        replicas run as another user, are no links and this agent's user's alone (no one
+        else may write there), the file handed to the replica's user by its descriptor.
+        Every replica has a file of its own (``rank<N>.start<I>...log``), so a user who could
+        write there could plant one in advance."""
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        if self.run_as:
+            for each in (os.path.dirname(directory), directory):
+                info = os.lstat(each)
+                foreign = (
+                    info.st_uid != os.geteuid()
+                    or info.st_mode & 0o002
+                    or (info.st_mode & 0o020 and info.st_gid != os.getegid())
+                )
+                if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or foreign:
+                    raise OSError(
+                        errno.EPERM, f"{each} is not a directory of the agent's user alone"
+                    )
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o644)
+        try:
+            if self.run_as:
+                os.fchown(fd, self.run_as["user"], self.run_as["group"])
+            os.lseek(fd, 0, os.SEEK_END)
+            return os.fdopen(fd, "ab")
+        except BaseException:
+            os.close(fd)
+            raise
 
     def pump(self, rank: int) -> None:
         """Send what ``rank``'s log gained since the last call (``LOG`` lines)."""

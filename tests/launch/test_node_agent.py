@@ -112,6 +112,30 @@ def test_replicas_start_with_their_environment_and_report_logs_and_exits(
     assert "cannot start" in (tmp_path / "logs" / "rank1.log").read_text()
 
 
+def test_a_log_planted_as_a_link_is_not_followed(tmp_path: Path) -> None:
+    """A replica's log file is opened without following a link at its name: a link planted
+    there in advance (to a file of someone else's) leaves its target as it was, that replica
+    is not started and says why in its log lines; the others run."""
+    target = tmp_path / "someone-elses"
+    target.write_text("KEEP\n")
+    spec = spec_for(
+        tmp_path,
+        [{"argv": ["/bin/sh", "-c", "echo ran"], "env": {}} for _ in range(2)],
+    )
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "rank1.log").symlink_to(target)
+    proc = start_agent(spec)
+    lines = lines_until_exits(proc, 2)
+    out, _ = proc.communicate(timeout=30)
+    lines += [line.split(" ", 2) for line in out.splitlines()]
+    assert target.read_text() == "KEEP\n"
+    assert ["EXIT", "0", "0"] in lines
+    assert ["EXIT", "1", str(node_agent.NOT_STARTED_EXIT_CODE)] in lines
+    said = b"".join(base64.b64decode(p[2]) for p in lines if p[:2] == ["LOG", "1"])
+    assert b"cannot open its log" in said and b"node n1" in said
+    assert not any(p[:2] == ["PID", "1"] for p in lines)
+
+
 def test_a_missing_working_dir_fails_the_setup(tmp_path: Path) -> None:
     spec = spec_for(tmp_path, [{"argv": ["/bin/true"], "env": {}}])
     spec["cwd"] = str(tmp_path / "absent")
