@@ -365,8 +365,8 @@ class Supervisor:
         return p.pid
 
     def open_log(self, path: str) -> IO[bytes]:
-        """A replica's log, opened to append as safely as a root agent must: never through a
-        link (the file), in a directory (made when missing) and a parent that, when the
+        """A replica's log, opened to append as safely as a root agent must: a plain file,
+        never through a link, in a directory (made when missing) and a parent that, when the
         replicas run as another user, are no links and this agent's user's alone (no one
         else may write there), the file handed to the replica's user by its descriptor.
         Every replica has a file of its own (``rank<N>.start<I>...log``), so a user who could
@@ -385,9 +385,13 @@ class Supervisor:
                     raise OSError(
                         errno.EPERM, f"{each} is not a directory of the agent's user alone"
                     )
+        # (O_NONBLOCK: a FIFO there fails at once instead of waiting for a reader; a plain
+        # file ignores it)
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(path, flags, 0o644)
+        fd = os.open(path, flags | os.O_NONBLOCK, 0o644)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, f"{path} is not a plain file")
             if self.run_as:
                 os.fchown(fd, self.run_as["user"], self.run_as["group"])
             os.lseek(fd, 0, os.SEEK_END)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import base64
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -124,16 +125,21 @@ def test_a_log_planted_as_a_link_is_not_followed(tmp_path: Path) -> None:
     )
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "rank1.log").symlink_to(target)
+    os.mkfifo(tmp_path / "logs" / "rank2.log")  # and a FIFO is never waited on
+    spec["replicas"].append(
+        {**spec["replicas"][1], "rank": 2, "log": str(tmp_path / "logs" / "rank2.log")}
+    )
     proc = start_agent(spec)
-    lines = lines_until_exits(proc, 2)
+    lines = lines_until_exits(proc, 3)
     out, _ = proc.communicate(timeout=30)
     lines += [line.split(" ", 2) for line in out.splitlines()]
     assert target.read_text() == "KEEP\n"
     assert ["EXIT", "0", "0"] in lines
-    assert ["EXIT", "1", str(node_agent.NOT_STARTED_EXIT_CODE)] in lines
-    said = b"".join(base64.b64decode(p[2]) for p in lines if p[:2] == ["LOG", "1"])
-    assert b"cannot open its log" in said and b"node n1" in said
-    assert not any(p[:2] == ["PID", "1"] for p in lines)
+    for rank in ("1", "2"):
+        assert ["EXIT", rank, str(node_agent.NOT_STARTED_EXIT_CODE)] in lines
+        said = b"".join(base64.b64decode(p[2]) for p in lines if p[:2] == ["LOG", rank])
+        assert b"cannot open its log" in said and b"node n1" in said
+        assert not any(p[:2] == ["PID", rank] for p in lines)
 
 
 def test_a_missing_working_dir_fails_the_setup(tmp_path: Path) -> None:
