@@ -107,6 +107,35 @@ class Lab:
         path.chmod(0o755)
         return path
 
+    def node_agent(
+        self, user: LabUser, replicas: list[dict[str, Any]], **extra: Any
+    ) -> subprocess.Popen[str]:
+        """The SSH launcher's node agent, run here as root (as a root login runs it on a
+        node), told to start ``replicas`` as ``user`` in the work directory; its stdin is left
+        open (closing it tells the agent that the daemon is gone)."""
+        import sys
+
+        from pollux_local.launch.ssh import node_agent_source
+
+        spec = {
+            "node": "n1",
+            "cwd": str(self.work),
+            "node_workdir": str(self.work),
+            "cwd_required": True,
+            "user": user.name,
+            "orphan_grace_s": 1,
+            "replicas": replicas,
+            **extra,
+        }
+        agent = subprocess.Popen(
+            [sys.executable, "-u", "-c", node_agent_source()],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert agent.stdin is not None and agent.stdout is not None
+        agent.stdin.write(json.dumps(spec) + "\n")
+        agent.stdin.flush()
+        return agent
+
     def close(self) -> None:
         for daemon in self.daemons:
             daemon.stop()

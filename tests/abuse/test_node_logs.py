@@ -9,14 +9,11 @@ descriptor."""
 from __future__ import annotations
 
 import base64
-import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from pollux_local.launch.ssh import node_agent_source
 from tests.abuse.lab import Lab
 from tests.labinstall import LabUser
 
@@ -26,30 +23,15 @@ pytestmark = [pytest.mark.timeout(60)]
 def run_agent(lab: Lab, alice: LabUser, log: Path) -> tuple[list[str], str]:
     """One replica of alice's, logging to ``log``: the agent's lines and what its LOG lines
     carried."""
-    spec = {
-        "node": "n1",
-        "cwd": str(lab.work),
-        "node_workdir": str(lab.work),
-        "cwd_required": True,
-        "user": alice.name,
-        "orphan_grace_s": 1,
-        "replicas": [
-            {
-                "rank": 0,
-                "argv": ["/bin/sh", "-c", 'echo "uid=$(id -u)"'],
-                "env": {"PATH": "/usr/bin:/bin"},
-                "log": str(log),
-                "banner": "--- start\n",
-            }
-        ],
+    replica = {
+        "rank": 0,
+        "argv": ["/bin/sh", "-c", 'echo "uid=$(id -u)"'],
+        "env": {"PATH": "/usr/bin:/bin"},
+        "log": str(log),
+        "banner": "--- start\n",
     }
-    agent = subprocess.Popen(
-        [sys.executable, "-u", "-c", node_agent_source()],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    agent = lab.node_agent(alice, [replica])
     assert agent.stdin is not None and agent.stdout is not None
-    agent.stdin.write(json.dumps(spec) + "\n")
-    agent.stdin.flush()
     lines: list[str] = []
     while not any(line.startswith("EXIT") for line in lines):
         line = agent.stdout.readline()

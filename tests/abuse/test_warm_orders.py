@@ -16,11 +16,9 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import sys
 
 import pytest
 
-from pollux_local.launch.ssh import node_agent_source
 from tests.abuse.lab import Lab
 from tests.labinstall import LabUser
 
@@ -61,23 +59,8 @@ def test_the_order_file_is_the_agents_and_read_only_to_the_jobs_user(
             "log": str(logs / f"rank{rank}.log"),
         }
 
-    spec = {
-        "node": "n1",
-        "cwd": str(lab.work),
-        "node_workdir": str(lab.work),
-        "cwd_required": True,
-        "user": alice.name,
-        "orphan_grace_s": 1,
-        "resize": True,
-        "replicas": [replica(0)],
-    }
-    agent = subprocess.Popen(
-        [sys.executable, "-u", "-c", node_agent_source()],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    agent = lab.node_agent(alice, [replica(0)], resize=True)
     assert agent.stdin is not None and agent.stdout is not None
-    agent.stdin.write(json.dumps(spec) + "\n")
-    agent.stdin.flush()
     order = {"generation": 5, "world_size": 10}
     request = {
         "generation": 5, "kept": 1, "order": json.dumps(order), "hold": False,

@@ -69,6 +69,14 @@ def test_no_pass_starts_after_stop() -> None:
     assert asyncio.run(scenario()) == [1]
 
 
+async def polite(ended: list[str]) -> None:
+    """A task that sleeps until cancelled and notes, as it ends, that it did."""
+    try:
+        await asyncio.sleep(3600)
+    finally:
+        ended.append("polite")
+
+
 def test_a_task_that_ignores_its_cancel_does_not_keep_a_stopped_daemon_alive(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -84,15 +92,9 @@ def test_a_task_that_ignores_its_cancel_does_not_keep_a_stopped_daemon_alive(
             except asyncio.CancelledError:
                 continue  # the bug being guarded against
 
-    async def polite() -> None:
-        try:
-            await asyncio.sleep(3600)
-        finally:
-            ended.append("polite")
-
     async def main() -> None:
         asyncio.ensure_future(stubborn()).set_name("stubborn-task")
-        asyncio.ensure_future(polite())
+        asyncio.ensure_future(polite(ended))
         await asyncio.sleep(0)
 
     started = time.monotonic()
@@ -109,14 +111,8 @@ def test_the_tasks_left_by_a_failed_start_are_ended_too() -> None:
     it left are cancelled and ended first, as ``asyncio.run`` ends them."""
     ended: list[str] = []
 
-    async def polite() -> None:
-        try:
-            await asyncio.sleep(3600)
-        finally:
-            ended.append("polite")
-
     async def main() -> None:
-        asyncio.ensure_future(polite())
+        asyncio.ensure_future(polite(ended))
         await asyncio.sleep(0)
         raise RuntimeError("cannot start")
 
