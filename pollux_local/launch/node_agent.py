@@ -150,15 +150,24 @@ def working_dir(spec: dict[str, Any], lines: Lines) -> str:
     return cwd
 
 
+#: The most of a probe file read (its token is 32 characters).
+PROBE_BYTES = 256
+
+
 def check_probe(spec: dict[str, Any], lines: Lines) -> None:
     """Fail unless the daemon's probe file (written into the checkpoint dir) is visible here
     with its token: the checkpoint dir must be shared by every node of the job."""
     probe = spec.get("probe")
     if not probe:
         return
-    try:
-        with open(probe["path"]) as f:
-            seen: str | None = f.read().strip()
+    seen: str | None = None
+    try:  # a file in the job's own directory: no link, no FIFO to wait on, no more than a token
+        fd = os.open(probe["path"], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                seen = os.read(fd, PROBE_BYTES).decode(errors="replace").strip()
+        finally:
+            os.close(fd)
     except OSError:
         seen = None
     if seen != probe["token"]:

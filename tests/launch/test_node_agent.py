@@ -142,6 +142,28 @@ def test_a_log_planted_as_a_link_is_not_followed(tmp_path: Path) -> None:
         assert not any(p[:2] == ["PID", rank] for p in lines)
 
 
+@pytest.mark.parametrize("swapped", ["fifo", "link"])
+def test_a_probe_file_swapped_by_the_job_fails_the_setup_at_once(
+    tmp_path: Path, swapped: str
+) -> None:
+    """The probe file lies in the job's own checkpoint directory, which its user may change
+    at any time: it is read as a plain file only (a FIFO in its place fails at once instead
+    of holding the agent, a link is not followed), and no more than a token's worth of it."""
+    probe = tmp_path / ".pollux-probe-x"
+    token = "a" * 32
+    if swapped == "fifo":
+        os.mkfifo(probe)
+    else:
+        (tmp_path / "elsewhere").write_text(token)
+        probe.symlink_to(tmp_path / "elsewhere")
+    spec = spec_for(tmp_path, [{"argv": ["/bin/true"], "env": {}}])
+    spec["probe"] = {"path": str(probe), "token": token, "dir": str(tmp_path)}
+    proc = start_agent(spec)
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == SETUP_FAILED_EXIT_CODE
+    assert out.startswith("FAIL checkpoint dir ") and "is not shared" in out
+
+
 def test_a_missing_working_dir_fails_the_setup(tmp_path: Path) -> None:
     spec = spec_for(tmp_path, [{"argv": ["/bin/true"], "env": {}}])
     spec["cwd"] = str(tmp_path / "absent")
