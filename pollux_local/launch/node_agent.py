@@ -82,7 +82,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import IO, Any, NoReturn
 
 #: Exit status when nothing could be started (bad working dir, unshared checkpoint dir, user):
@@ -148,6 +148,30 @@ def working_dir(spec: dict[str, Any], lines: Lines) -> str:
             lines.fail(f"working directory {cwd} does not exist on node {spec['node']}")
         cwd = alt
     return cwd
+
+
+#: The exit code of a replica that could not enter its working directory (as this
+#: machine's supervisor's).
+WORKDIR_EXIT_CODE = 252
+
+
+def entering(directory: str) -> Callable[[], None]:
+    """What a replica run as another user does before it becomes its program, with that
+    user's identity already taken (``Popen``'s ``preexec_fn`` runs after the privileges are
+    dropped, while its ``cwd`` is entered before, as root, which would let a user work in a
+    directory one of whose parents shuts them out, such as another user's 0700 home): enter
+    the working directory, or say why not in the log and exit ``WORKDIR_EXIT_CODE``.  Only a
+    system call and a write: safe in the child of a process with threads."""
+
+    def enter() -> None:
+        try:
+            os.chdir(directory)
+        except OSError as e:
+            message = f"cannot enter working directory {directory}: {e.strerror}\n"
+            os.write(2, message.encode())
+            os._exit(WORKDIR_EXIT_CODE)
+
+    return enter
 
 
 #: The most of a probe file read (its token is 32 characters).
@@ -351,10 +375,13 @@ class Supervisor:
         env.pop("POLLUX_RESIZE_FILE", None)
         if self.order_path is not None:
             env["POLLUX_RESIZE_FILE"] = self.order_path
+        # run as another user, it enters its working directory as that user, not as root
+        as_user = bool(self.run_as)
         try:
             p = subprocess.Popen(
                 r["argv"],
-                cwd=self.cwd,
+                cwd="/" if as_user else self.cwd,
+                preexec_fn=entering(self.cwd) if as_user else None,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=fh,

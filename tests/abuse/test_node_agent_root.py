@@ -1,10 +1,16 @@
-"""Replica logs on an SSH node, with a real second user (``launch/node_agent.py``): the node
-agent runs as root and opens each replica's log before starting it as the job's user.  Each
-incarnation's replicas write files of their own (``rank<N>.start<I>.log``), so a user who
-could write in the log directory could plant one in advance as a link to a root-only file,
-for root to append to and hand over.  The agent opens a log only in a directory (and its
-parent) that are root's alone, never through a link, and gives the file to the user by its
-descriptor."""
+"""The SSH launcher's node agent run as root (a root login), with a real second user
+(``launch/node_agent.py``): it opens each replica's log, then starts the replica as the job's
+user.
+
+* Logs.  Each incarnation's replicas write files of their own (``rank<N>.start<I>.log``), so
+  a user who could write in the log directory could plant one in advance as a link to a
+  root-only file, for root to append to and hand over.  The agent opens a log only in a
+  directory (and its parent) that are root's alone, never through a link, and gives the file
+  to the user by its descriptor.
+* The working directory is entered as the user, after the privileges are dropped: a
+  directory the user may enter but one of whose parents shuts them out (another user's 0700
+  home) is refused, as on this machine (``test_adversarial.py``, attack d).
+"""
 
 from __future__ import annotations
 
@@ -20,17 +26,19 @@ from tests.labinstall import LabUser
 pytestmark = [pytest.mark.timeout(60)]
 
 
-def run_agent(lab: Lab, alice: LabUser, log: Path) -> tuple[list[str], str]:
-    """One replica of alice's, logging to ``log``: the agent's lines and what its LOG lines
-    carried."""
+def run_agent(
+    lab: Lab, alice: LabUser, log: Path, script: str = 'echo "uid=$(id -u)"', **extra: str
+) -> tuple[list[str], str]:
+    """One replica of alice's running ``script``, logging to ``log``: the agent's lines and
+    what its LOG lines carried."""
     replica = {
         "rank": 0,
-        "argv": ["/bin/sh", "-c", 'echo "uid=$(id -u)"'],
+        "argv": ["/bin/sh", "-c", script],
         "env": {"PATH": "/usr/bin:/bin"},
         "log": str(log),
         "banner": "--- start\n",
     }
-    agent = lab.node_agent(alice, [replica])
+    agent = lab.node_agent(alice, [replica], **extra)
     assert agent.stdin is not None and agent.stdout is not None
     lines: list[str] = []
     while not any(line.startswith("EXIT") for line in lines):
@@ -80,3 +88,36 @@ def test_a_log_in_roots_directory_is_the_users_and_never_a_link(lab: Lab, alice:
     lines, said = run_agent(lab, alice, logs / "rank0.start1.log")
     assert "EXIT 0 127" in lines and "cannot open its log" in said
     assert secret.read_text() == "ROOT ONLY\n" and secret.stat().st_uid == 0
+
+
+def test_the_working_directory_is_entered_as_the_user(
+    lab: Lab, alice: LabUser, bob: LabUser
+) -> None:
+    """bob's home is 0700; inside it a directory of his is open to all, with a file. Root
+    could enter it for alice and leave her there, reading what bob's home shuts away; the
+    agent enters it as alice, who cannot."""
+    home = lab.base / "bob-home"
+    shared = home / "projects"
+    shared.mkdir(parents=True)
+    (shared / "plan.txt").write_text("BOB'S PLAN\n")
+    (shared / "plan.txt").chmod(0o644)
+    shared.chmod(0o755)
+    home.chmod(0o700)
+    subprocess.run(["chown", "-R", f"{bob.uid}:{bob.gid}", str(home)], check=True)
+    assert alice.run("cat", str(shared / "plan.txt")).returncode != 0  # shut out by path
+    logs = lab.base / "node-logs" / "8"
+    lines, said = run_agent(
+        lab, alice, logs / "rank0.start0.log", "pwd; cat plan.txt", cwd=str(shared)
+    )
+    assert "EXIT 0 252" in lines, lines
+    assert f"cannot enter working directory {shared}: Permission denied" in said
+    assert "BOB'S PLAN" not in said and "BOB'S PLAN" not in (logs / "rank0.start0.log").read_text()
+    # her own directory is entered as usual, and the replica's environment is as given
+    mine = lab.base / "alice-work"
+    mine.mkdir()
+    subprocess.run(["chown", f"{alice.uid}:{alice.gid}", str(mine)], check=True)
+    lines, said = run_agent(lab, alice, logs / "rank0.start1.log", "pwd; env", cwd=str(mine))
+    assert "EXIT 0 0" in lines, lines
+    shown = said.split("--- start\n", 1)[1].splitlines()
+    assert shown[0] == str(mine)
+    assert sorted(shown[1:]) == ["PATH=/usr/bin:/bin", f"PWD={mine}"]  # sh's own PWD only
