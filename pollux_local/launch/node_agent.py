@@ -139,9 +139,14 @@ class Lines:
         sys.exit(SETUP_FAILED_EXIT_CODE)
 
 
-def working_dir(spec: dict[str, Any], lines: Lines) -> str:
-    """The replicas' working directory: the job's, else (when the spec allows) the node's."""
+def working_dir(spec: dict[str, Any], lines: Lines, as_user: bool = False) -> str:
+    """The replicas' working directory: the job's, else (when the spec allows) the node's.
+    Replicas run as another user (``as_user``) check it themselves, as that user, when they
+    enter it (:func:`entering`): root's answer would tell the user whether a path exists
+    where they cannot look."""
     cwd = str(spec["cwd"])
+    if as_user:
+        return cwd
     if not os.path.isdir(cwd):
         alt = os.path.expanduser(spec["node_workdir"])
         if spec.get("cwd_required", True) or not os.path.isdir(alt):
@@ -712,9 +717,9 @@ def main() -> None:
     """Read the spec from stdin, check the node, start the replicas, supervise them."""
     spec = json.loads(sys.stdin.readline())
     lines = Lines(sys.stdout)
-    cwd = working_dir(spec, lines)
-    check_probe(spec, lines)
     run_as = identity(spec, lines)
+    cwd = working_dir(spec, lines, as_user=bool(run_as))
+    check_probe(spec, lines)
     supervisor = Supervisor(spec, lines)
     supervisor.start(cwd, run_as)
     supervisor.record.write(supervisor, "running")

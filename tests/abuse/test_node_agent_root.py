@@ -112,6 +112,10 @@ def test_the_working_directory_is_entered_as_the_user(
     assert "EXIT 0 252" in lines, lines
     assert f"cannot enter working directory {shared}: Permission denied" in said
     assert "BOB'S PLAN" not in said and "BOB'S PLAN" not in (logs / "rank0.start0.log").read_text()
+    # a path that does not exist in there gets the same answer: nothing tells her what is
+    lines, said = run_agent(lab, alice, logs / "rank0.start2.log", "pwd", cwd=str(home / "nope"))
+    assert "EXIT 0 252" in lines, lines
+    assert f"cannot enter working directory {home / 'nope'}: Permission denied" in said
     # her own directory is entered as usual, and the replica's environment is as given
     mine = lab.base / "alice-work"
     mine.mkdir()
