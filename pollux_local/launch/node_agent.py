@@ -155,8 +155,8 @@ def working_dir(spec: dict[str, Any], lines: Lines, as_user: bool = False) -> st
     return cwd
 
 
-#: The exit code of a replica that could not enter its working directory (as this
-#: machine's supervisor's).
+#: The exit code of a replica that could not enter its working directory
+#: (``api.states.ExitCode.WORKDIR``, as this machine's supervisor's; tests/api/test_exit_codes.py).
 WORKDIR_EXIT_CODE = 252
 
 
@@ -428,8 +428,8 @@ class Supervisor:
                     )
         # (O_NONBLOCK: a FIFO there fails at once instead of waiting for a reader; a plain
         # file ignores it)
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(path, flags | os.O_NONBLOCK, 0o644)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+        fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise OSError(errno.EINVAL, f"{path} is not a plain file")

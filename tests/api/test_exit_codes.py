@@ -22,6 +22,7 @@ def test_the_stdlib_only_launch_modules_agree_with_the_table() -> None:
     assert supervisor.EXEC_EXIT_CODE == ExitCode.EXEC_FAILED
     assert node_agent.SETUP_FAILED_EXIT_CODE == ExitCode.NODE_SETUP
     assert node_agent.NOT_STARTED_EXIT_CODE == ExitCode.EXEC_FAILED
+    assert node_agent.WORKDIR_EXIT_CODE == ExitCode.WORKDIR
     assert keeper.RESCALE == ExitCode.RESCALE
 
 
