@@ -24,7 +24,7 @@ from typing import Any
 
 from pollux_local.api.errors import PolluxError
 from pollux_local.api.launch import LAUNCH_VARIABLES, POLLUX_PREFIX
-from pollux_local.api.messages import ArrayTask, Submit
+from pollux_local.api.messages import ArrayTask, Submit, default_job_name, job_name
 from pollux_local.api.spec import Constraint
 from pollux_local.client import build_request
 from pollux_local.jobspec import JobSpec, check_sweep_args, substitute, sweep_grid
@@ -35,9 +35,6 @@ _USES_JOB_LIBRARY = re.compile(rb"pollux_local\.torch|\bElasticTrainer\b")
 _SCAN_BYTES = 1 << 20
 #: Program names that are a Python interpreter (``submit python train.py``).
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
-#: The longest job name the daemon takes (``api.messages.JobName``).
-_MAX_NAME = 128
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True)
@@ -363,24 +360,14 @@ def sweep_tasks(
     name (``train.py[lr=0.1,seed=1]``)."""
     head, rest = argv[: len(argv) - own_args], argv[len(argv) - own_args :]
     check_sweep_args(rest, list(sweep), where)
-    base = name or default_name(argv)
+    base = name or default_job_name(argv)
     tasks = []
     for index, values in enumerate(sweep_grid(list(sweep.items()))):
         label = ",".join(f"{key}={value}" for key, value in values.items())
-        task_name: str | None = f"{base}[{label}]"
-        if len(task_name or "") > _MAX_NAME or _CONTROL.search(task_name or ""):
-            task_name = None  # the daemon names it base[index]
+        wanted = f"{base}[{label}]"
+        # a name the daemon would not take: the daemon names the task base[index]
+        task_name = wanted if job_name(wanted) == wanted else None
         tasks.append(
             ArrayTask(index=index, argv=[*head, *substitute(rest, values)], name=task_name)
         )
     return tasks
-
-
-def default_name(argv: list[str]) -> str:
-    """The name the daemon gives a job without one: its script's file name, else its program's."""
-    program = os.path.basename(argv[0])
-    if program.startswith("python"):
-        for arg in argv[1:]:
-            if not arg.startswith("-"):
-                return os.path.basename(arg)
-    return program

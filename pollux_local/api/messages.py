@@ -11,6 +11,9 @@ A reply is ``{"v": 1, "ok": true, ...fields of T.Reply}`` or ``{"v": 1, "ok": fa
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar, Generic, TypeVar
 
 import msgspec
@@ -41,10 +44,43 @@ PROTOCOL_VERSION = 1
 # --- field types ---------------------------------------------------------------------------
 
 Priority = Annotated[int, msgspec.Meta(ge=-1000, le=1000)]
+#: The most characters a job name has.
+JOB_NAME_MAX = 128
+#: What a job name may not hold: C0 and C1 control characters and the Unicode controls that
+#: reorder text (bidirectional embeddings, overrides and isolates; as ``untrusted`` escapes).
+_NAME_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 #: A job name: printable (no control characters or escapes), at most 128 characters.
 JobName = Annotated[
-    str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f-\x9f]+$")
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=JOB_NAME_MAX,
+        pattern=r"^[^\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]+$",
+    ),
 ]
+
+
+def job_name(base: str, suffix: str = "") -> str:
+    """``base + suffix`` as :data:`JobName` takes it, for a name the submitter did not give
+    (a script's file name, an array task's ``name[3]``): control characters as ``?``, ``base``
+    cut so that the whole has at most :data:`JOB_NAME_MAX` characters, ``job`` for an empty
+    ``base``."""
+    clean = _NAME_CONTROL.sub("?", base) or "job"
+    return clean[: max(JOB_NAME_MAX - len(suffix), 1)] + suffix
+
+
+def default_job_name(argv: Sequence[str]) -> str:
+    """The name of a job submitted without one: its script's file name (skipping a Python
+    interpreter and its options), else its program's, made a :data:`JobName`
+    (:func:`job_name`)."""
+    program = os.path.basename(argv[0]) if argv else ""
+    if program.startswith("python"):
+        for arg in argv[1:]:
+            if not arg.startswith("-"):
+                return job_name(os.path.basename(arg))
+    return job_name(program)
+
+
 #: An absolute path.
 AbsPath = Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern=r"^/[^\x00]*$")]
 Argument = Annotated[str, msgspec.Meta(max_length=131072, pattern=r"^[^\x00]*$")]
@@ -438,10 +474,10 @@ class Cancel(Request[CancelReply], tag="cancel", kw_only=True):
     arrays ``arrays`` (an array's id is its first task's id)."""
 
     Reply = CancelReply
-    ids: Annotated[list[JobId], msgspec.Meta(max_length=100_000)] = msgspec.field(
+    ids: Annotated[list[JobId], msgspec.Meta(max_length=10_000)] = msgspec.field(
         default_factory=list
     )
-    arrays: Annotated[list[JobId], msgspec.Meta(max_length=1000)] = msgspec.field(
+    arrays: Annotated[list[JobId], msgspec.Meta(max_length=100)] = msgspec.field(
         default_factory=list
     )
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +48,20 @@ class Context:
         if job is None:
             raise NotFound(f"no job with id {job_id!r}")
         return job
+
+    def jobs(self, job_ids: Sequence[str]) -> list[JobRecord]:
+        """The jobs with these ids, each once, in the order first named, without their
+        environments (:class:`NotFound` for the first id no job has).  One query for them all:
+        a request naming one job many times costs what naming it once does."""
+        for job_id in job_ids:
+            if not job_id.strip().isdigit():
+                raise NotFound(f"no job with id {job_id!r}")
+        wanted = list(dict.fromkeys(int(job_id) for job_id in job_ids))
+        found = {job.id: job for job in self.store.jobs_by_id(sorted(wanted))}
+        for number in wanted:
+            if number not in found:
+                raise NotFound(f"no job with id {str(number)!r}")
+        return [found[number] for number in wanted]
 
     def is_admin(self) -> bool:
         """Is the caller root, the daemon's user or a member of the admin group?"""

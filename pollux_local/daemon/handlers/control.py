@@ -88,26 +88,28 @@ async def cancel(ctx: Context, request: Cancel) -> CancelReply:
     refuses the whole request.  Jobs already finished are listed as skipped."""
     if not request.ids and not request.arrays:
         raise InvalidRequest("cancel: name at least one job or array")
-    jobs = [ctx.job(job_id) for job_id in request.ids]
+    jobs = ctx.jobs(request.ids)  # each once, whatever a request repeats
     listed = {job.id for job in jobs}
-    for array_id in request.arrays:
-        jobs.extend(task for task in array_tasks(ctx, array_id) if task.id not in listed)
-        listed.update(job.id for job in jobs)
+    for array_id in dict.fromkeys(request.arrays):
+        tasks = [task for task in array_tasks(ctx, array_id) if task.id not in listed]
+        jobs.extend(tasks)
+        listed.update(task.id for task in tasks)
     for job in jobs:
         ctx.require_owner(job, "cancel")
     cancelled: list[str] = []
     skipped: list[SkippedJob] = []
     try:
         async with ctx.mutex:
+            states = ctx.store.states_of(job.id for job in jobs)  # as they are now
             for job in jobs:
-                current = ctx.job(job.job_id)
-                if current.state in TERMINAL_STATES:
-                    skipped.append(SkippedJob(id=job.job_id, state=current.state))
+                state = states.get(job.id)
+                if state is None or state in TERMINAL_STATES:
+                    skipped.append(SkippedJob(id=job.job_id, state=state or job.state))
                     continue
                 try:
-                    await stop_as(ctx, current, JobState.CANCELLED)
+                    await stop_as(ctx, job, JobState.CANCELLED)
                 except sqlite3.Error as exc:
-                    raise _write_failed("cancel", current, exc, cancelled) from None
+                    raise _write_failed("cancel", job, exc, cancelled) from None
                 cancelled.append(job.job_id)
     finally:
         ctx.wake()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from contextlib import nullcontext
 
-from pollux_local.api.messages import Estimate, EstimateReply, JobForecast
+from pollux_local.api.messages import Estimate, EstimateReply, JobForecast, Submit
 from pollux_local.api.states import JobState
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.forecasting import remaining_s
@@ -24,6 +24,12 @@ from pollux_local.daemon.state import JobRecord
 async def estimate(ctx: Context, request: Estimate) -> EstimateReply:
     """One :class:`JobForecast` per job the submit would make."""
     sub = request.submit
+    pacing = ctx.estimate_pacer.slot(ctx.peer.uid) if ctx.estimate_pacer else nullcontext()
+    with pacing:  # the request's checks too: they read the store
+        return await _estimate(ctx, sub)
+
+
+async def _estimate(ctx: Context, sub: Submit) -> EstimateReply:
     names, specs = checked_jobs(ctx, sub)
     now = ctx.clock()
     held = JobState.HELD if sub.hold else JobState.QUEUED
@@ -48,12 +54,10 @@ async def estimate(ctx: Context, request: Estimate) -> EstimateReply:
         return EstimateReply(
             now=now, jobs=[_unknown(job, "no scheduling loop runs") for job in extra]
         )
-    pacing = ctx.estimate_pacer.slot(ctx.peer.uid) if ctx.estimate_pacer else nullcontext()
-    with pacing:
-        async with ctx.mutex:  # the passes' models and store, one at a time
-            jobs = ctx.store.jobs(SCHEDULED_STATES)
-            predictions, reasons = await asyncio.to_thread(forecasts.estimate, jobs, extra, now)
-            lengths = {job.id: remaining_s(job, now, forecasts.durations) for job in extra}
+    async with ctx.mutex:  # the passes' models and store, one at a time
+        jobs = ctx.store.jobs(SCHEDULED_STATES)
+        predictions, reasons = await asyncio.to_thread(forecasts.estimate, jobs, extra, now)
+        lengths = {job.id: remaining_s(job, now, forecasts.durations) for job in extra}
     out = []
     for job in extra:
         if sub.hold:

@@ -22,7 +22,13 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from pollux_local.api.errors import InvalidRequest, LimitExceeded
-from pollux_local.api.messages import Submit, SubmitReply
+from pollux_local.api.messages import (
+    JOB_NAME_MAX,
+    Submit,
+    SubmitReply,
+    default_job_name,
+    job_name,
+)
 from pollux_local.api.spec import Constraint, JobSpec
 from pollux_local.api.states import DecisionKind
 from pollux_local.daemon.config import DaemonConfig
@@ -30,18 +36,9 @@ from pollux_local.daemon.context import Context
 from pollux_local.daemon.executor.exits import most_retries
 from pollux_local.daemon.executor.launchspec import check_host_limits
 from pollux_local.daemon.handlers.groups import check_job_groups
+from pollux_local.daemon.state import stored_row
 from pollux_local.durations import format_duration
 from pollux_local.sizes import format_size
-
-
-def default_job_name(argv: list[str]) -> str:
-    """The script's file name (skipping the interpreter and its options), else the program."""
-    program = os.path.basename(argv[0])
-    if program.startswith("python"):
-        for arg in argv[1:]:
-            if not arg.startswith("-"):
-                return os.path.basename(arg)
-    return program
 
 
 def validate_jobs(
@@ -81,10 +78,12 @@ def validate_jobs(
     checked = [check_job(spec, config, env_bytes=env_bytes) for spec in specs]
     commands = list({id(spec.argv): spec.argv for spec in specs}.values())
     kept, new = ctx.store.stored_bytes(owner_uid, [dict(env), *commands])
+    if adding:  # each new job's own row: its settings (an array's tasks each) and its name
+        new += sum(len(stored_row(spec)) + JOB_NAME_MAX for spec in checked)
     if new and kept + new > config.max_stored_per_user:
         raise LimitExceeded(
-            f"limit exceeded: {owner_name}'s jobs keep {format_size(kept)} of commands and"
-            f" environments and this adds {format_size(new)}, more than"
+            f"limit exceeded: {owner_name}'s jobs keep {format_size(kept)} of commands,"
+            f" environments and settings and this adds {format_size(new)}, more than"
             f" {format_size(config.max_stored_per_user)}, the most a user's jobs may keep"
             " ([limits] max_stored_per_user)"
         )
@@ -252,9 +251,12 @@ def check_constraint(constraint: Constraint, min_gpus: int, config: DaemonConfig
 
 
 def check_dependencies(ctx: Context, after: list[str]) -> None:
-    for job_id in after:
-        if ctx.store.get_job(int(job_id)) is None:
-            raise InvalidRequest(f"submit: --after names job {job_id}, which does not exist")
+    """Every job ``after`` names exists (one query, each id once)."""
+    wanted = list(dict.fromkeys(int(job_id) for job_id in after))
+    known = ctx.store.states_of(wanted)
+    for number in wanted:
+        if number not in known:
+            raise InvalidRequest(f"submit: --after names job {number}, which does not exist")
 
 
 def spec_of(request: Submit) -> JobSpec:
@@ -302,7 +304,7 @@ def checked_jobs(ctx: Context, request: Submit) -> tuple[list[str], list[JobSpec
     if request.array is None:
         names, specs = [name], [spec]
     else:
-        names = [task.name or f"{name}[{task.index}]" for task in request.array]
+        names = [task.name or job_name(name, f"[{task.index}]") for task in request.array]
         # tasks that keep the array's command share its list: the store keeps it once
         specs = [
             msgspec.structs.replace(

@@ -44,6 +44,7 @@ from pollux_local.daemon.state.records import (
     IllegalTransition,
     JobEnd,
     JobRecord,
+    stored_row,
 )
 from pollux_local.daemon.state.schema import HISTORY_LIMIT, MIGRATIONS, SCHEMA_VERSION
 
@@ -69,6 +70,7 @@ __all__ = [
     "StateError",
     "StateStore",
     "open_state",
+    "stored_row",
 ]
 
 

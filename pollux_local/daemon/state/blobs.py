@@ -23,8 +23,9 @@ class Blobs(StoreBase):
         self, owner_uid: int, adding: Sequence[list[str] | dict[str, str]] = ()
     ) -> tuple[int, int]:
         """``(held, new)``: bytes of the commands and environments that ``owner_uid``'s queued,
-        held and running jobs keep in the state (each blob once, however many jobs share it),
-        and bytes of those among ``adding`` that are not kept yet: what ``[limits]
+        held and running jobs keep in the state (each blob once, however many jobs share it)
+        and of the jobs' own rows (settings and names: one per job, an array's tasks each),
+        and bytes of the blobs among ``adding`` that are not kept yet: what ``[limits]
         max_stored_per_user`` bounds."""
         wanted = sorted(state.value for state in ACTIVE_STATES)
         marks = ",".join("?" * len(wanted))
@@ -40,12 +41,16 @@ class Blobs(StoreBase):
             f"SELECT COALESCE(SUM(LENGTH(env)), 0) FROM jobs WHERE {mine} AND env_ref IS NULL",
             (owner_uid, *wanted),
         ).fetchone()
+        (rows_bytes,) = self.db.execute(  # each job's own row: its settings and name
+            f"SELECT COALESCE(SUM(LENGTH(spec) + LENGTH(name)), 0) FROM jobs WHERE {mine}",
+            (owner_uid, *wanted),
+        ).fetchone()
         new: dict[str, int] = {}
         for value in adding:
             digest, text = blob_text(value)
             if digest not in kept:
                 new[digest] = len(text)
-        return sum(kept.values()) + int(inline), sum(new.values())
+        return sum(kept.values()) + int(inline) + int(rows_bytes), sum(new.values())
 
     def _put_blob(self, value: list[str] | dict[str, str]) -> str:
         """Store ``value`` (JSON) under the SHA-256 of its text, once; its digest."""

@@ -24,6 +24,7 @@ from pollux_local.daemon.state.records import (
     IllegalTransition,
     JobRecord,
     column_value,
+    stored_row,
 )
 
 
@@ -93,7 +94,7 @@ class Jobs(Outbox):
                     argv_ref = argv_refs.get(id(spec.argv))
                     if argv_ref is None:
                         argv_ref = argv_refs[id(spec.argv)] = self._put_blob(spec.argv)
-                    bare.append(msgspec.structs.replace(spec, argv=[]))
+                    bare.append(msgspec.structs.replace(spec, argv=[]))  # as stored_row
                     cursor = self.db.execute(
                         "INSERT INTO jobs (name, owner_uid, owner_gid, owner_name, state, spec,"
                         " env, env_ref, argv_ref, priority, submit_time)"
@@ -120,9 +121,9 @@ class Jobs(Outbox):
                         )
         finally:
             self.db.execute("PRAGMA synchronous=NORMAL")
-        return self._jobs_by_id(ids)
+        return self.jobs_by_id(ids)
 
-    def _jobs_by_id(self, ids: Sequence[int]) -> list[JobRecord]:
+    def jobs_by_id(self, ids: Sequence[int]) -> list[JobRecord]:
         """The jobs among ``ids`` that exist, in id order, without environments."""
         found: list[JobRecord] = []
         for start in range(0, len(ids), 500):
@@ -303,7 +304,7 @@ class Jobs(Outbox):
         if "spec" in changes:  # the command is stored as a blob (shared with equal ones)
             spec = changes["spec"]
             spec = decode_spec(spec) if isinstance(spec, dict) else spec
-            columns["spec"] = msgspec.structs.replace(spec, argv=[]).to_json()
+            columns["spec"] = stored_row(spec)
             columns["argv_ref"] = self._put_blob(spec.argv)
         if "env" in changes:
             columns["env"], columns["env_ref"] = "{}", self._put_blob(changes["env"] or {})

@@ -135,6 +135,11 @@ def blob_text(value: list[str] | dict[str, str]) -> tuple[str, bytes]:
     return hashlib.sha256(text).hexdigest(), text
 
 
+def stored_row(spec: JobSpec) -> str:
+    """The ``spec`` column of a job's row: its settings without its command (a blob)."""
+    return msgspec.structs.replace(spec, argv=[]).to_json()
+
+
 def row_to_job(row: sqlite3.Row) -> JobRecord:
     values: dict[str, Any] = {}
     present = set(row.keys())
