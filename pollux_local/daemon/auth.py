@@ -50,6 +50,18 @@ def user_name(uid: int) -> str:
         return f"uid{uid}"
 
 
+def account(uid: int) -> pwd.struct_passwd | None:
+    """``uid``'s entry in the user database; ``None`` when there is no such user.  NSS answers
+    "no such user" also when the lookup could not be made (the daemon out of descriptors):
+    that case raises the ``OSError`` of opening a descriptor instead, so that a job is never
+    failed as its owner's for the daemon's own trouble."""
+    try:
+        return pwd.getpwuid(uid)
+    except KeyError:
+        os.close(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))  # EMFILE, ENFILE: not gone
+        return None
+
+
 def peer_credentials(sock: socket.socket) -> Peer:
     """``SO_PEERCRED`` of a connected Unix socket: the client's pid, uid and gid."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))

@@ -70,6 +70,9 @@ SCHEDULED_STATES = (JobState.QUEUED, JobState.RUNNING, JobState.RESCALING)
 #: long after each further failure, at most :data:`RETRY_S`.
 RETRY_FIRST_S = 0.5
 RETRY_S = 5.0
+#: The least time between two warnings about one job's unusable ``report.json`` (a job
+#: rewriting it many times a second must not fill the daemon's log).
+REPORT_WARNING_INTERVAL_S = 60.0
 
 
 def node_snapshot(
@@ -193,6 +196,8 @@ class SchedulingLoop:
         self.rng = rng
         self._wake = wake_event
         self._report_mtimes: dict[int, float] = {}
+        #: when each job's unusable report was last warned about
+        self._report_warned: dict[int, float] = {}
         self._last_sample: dict[int, float] = {}
         self.ticks = 0
         #: database writes that failed in passes (each logged; the pass was retried)
@@ -413,7 +418,7 @@ class SchedulingLoop:
             if mtime is None:
                 if os.path.lexists(path) and self._report_mtimes.get(job.id) != -1.0:
                     self._report_mtimes[job.id] = -1.0
-                    log.warning("job %s: ignoring %s: not a regular file", job.id, path)
+                    self._warn_report(job.id, f"ignoring {path}: not a regular file")
                 continue
             if self._report_mtimes.get(job.id) == mtime:
                 continue
@@ -421,7 +426,7 @@ class SchedulingLoop:
                 report = read_job_report(directory, job)
             except InvalidReport as exc:
                 self._report_mtimes[job.id] = mtime
-                log.warning("job %s: ignoring its report %s: %s", job.id, path, exc)
+                self._warn_report(job.id, f"ignoring its report {path}: {exc}")
                 continue
             if report is None:
                 continue
@@ -430,6 +435,16 @@ class SchedulingLoop:
             job.report = report
             self.metrics.note(job, report, self.clock())
             resizes_of(self.store).reported(job.id, report, self.clock())
+
+    def _warn_report(self, job_id: int, what: str) -> None:
+        """Log that job ``job_id``'s report was not taken, at most once every
+        :data:`REPORT_WARNING_INTERVAL_S` per job (the job keeps its previous report)."""
+        now = self.clock()
+        last = self._report_warned.get(job_id)
+        if last is not None and now - last < REPORT_WARNING_INTERVAL_S:
+            return
+        self._report_warned[job_id] = now
+        log.warning("job %s: %s", job_id, what)
 
     def sample_history(self, now: float) -> None:
         """One (goodput, noise scale) sample per running job, at most one per half interval

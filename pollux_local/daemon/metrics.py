@@ -17,6 +17,11 @@ used from that thread only) and turned into metric families by :class:`DaemonCol
 
 Without ``prometheus-client`` installed the endpoint is not served (one line in the log says
 how to install it) and the daemon runs on.
+
+Anyone who reaches the address may connect, so the endpoint holds at most
+:data:`MAX_CONNECTIONS` connections at once (one more is closed as soon as it is accepted) and
+drops a client that has not sent its request within :data:`REQUEST_TIMEOUT_S`: a flood of
+half-open scrapes cannot take the descriptors the daemon needs to launch and watch jobs.
 """
 
 from __future__ import annotations
@@ -34,8 +39,10 @@ from pollux_local.daemon.state import StateStore
 
 log = logging.getLogger("pollux_local.daemon")
 
-#: A request must be read whole within this (a silent client is dropped).
-REQUEST_TIMEOUT_S = 10.0
+#: A request must be read whole within this (a silent client is dropped); so must the answer.
+REQUEST_TIMEOUT_S = 2.0
+#: Connections served at once (a scraper needs one); more are closed when accepted.
+MAX_CONNECTIONS = 8
 #: The longest request head (request line and headers) read.
 MAX_REQUEST_BYTES = 16 * 1024
 PREFIX = "pollux_local"
@@ -201,6 +208,8 @@ class PrometheusEndpoint:
         self.server = server
         self.registry = registry
         self.address = address
+        #: connections being served now (at most :data:`MAX_CONNECTIONS`)
+        self.serving = 0
 
     @classmethod
     async def start(
@@ -223,7 +232,14 @@ class PrometheusEndpoint:
 
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             assert endpoint is not None
-            await endpoint._answer(reader, writer)
+            if endpoint.serving >= MAX_CONNECTIONS:
+                writer.close()  # its descriptor back at once
+                return
+            endpoint.serving += 1
+            try:
+                await endpoint._answer(reader, writer)
+            finally:
+                endpoint.serving -= 1
 
         try:
             host, port = parse_address(address)

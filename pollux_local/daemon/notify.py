@@ -45,7 +45,6 @@ import html
 import json
 import logging
 import os
-import pwd
 import shutil
 import signal
 import stat
@@ -59,6 +58,7 @@ from typing import Any
 
 from pollux_local.api.states import JobState
 from pollux_local.daemon import notify_send
+from pollux_local.daemon.auth import account
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.state import JobEnd, JobRecord, StateStore
 from pollux_local.untrusted import one_line, printable
@@ -363,8 +363,11 @@ class Notifier:
             )
             return None
         try:
-            entry = pwd.getpwuid(job.owner_uid)
-        except KeyError:
+            entry = account(job.owner_uid)
+        except OSError as exc:
+            log.warning("notify: job %s: cannot look up its owner: %s", job.id, exc)
+            return None
+        if entry is None:
             if job.owner_uid == self.daemon_uid:
                 home = os.environ.get("HOME", "/")
                 return Owner(job.owner_uid, job.owner_gid, None, job.owner_name, home)

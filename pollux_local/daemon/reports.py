@@ -31,12 +31,15 @@ from pollux_local.api.report import JobReport
 from pollux_local.api.states import TERMINAL_STATES
 from pollux_local.daemon.jobfiles import UnsafeJobFile, read_whole_job_file, runs_as
 from pollux_local.daemon.state import JobRecord
+from pollux_local.untrusted import one_line
 
 _decoder = msgspec.json.Decoder(JobReport)
 
 #: The shortest time between two reports of one job the daemon takes over the socket (the job
 #: library reports every 10 s by default; its probe every second).
 MIN_REPORT_INTERVAL_S = 0.5
+#: The most characters of why a report was refused (it may quote what the job wrote).
+MAX_REASON_CHARS = 300
 
 
 class ReportPace:
@@ -93,7 +96,8 @@ def parse_report(data: bytes) -> JobReport:
     try:
         return _decoder.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise InvalidReport(" ".join(str(exc).split())) from None
+        # msgspec quotes what it refused (an unknown field's whole name): one short line
+        raise InvalidReport(one_line(exc, MAX_REASON_CHARS)) from None
 
 
 def read_report_file(path: Path, owner_uid: int | None = None) -> JobReport | None:

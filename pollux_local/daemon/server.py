@@ -16,6 +16,7 @@ import faulthandler
 import grp
 import logging
 import os
+import resource
 import signal
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -415,6 +416,27 @@ class Daemon:
         )
 
 
+#: Descriptors the daemon asks for: its soft limit is raised to this (at most its hard
+#: limit).  Each running replica, client connection and state file holds some, and a limit
+#: of 1,024 (systemd's default soft limit) is reached by one job of many ranks and a few
+#: hundred clients.
+OPEN_FILES_WANTED = 65536
+
+
+def raise_open_files_limit() -> int:
+    """Raise the soft limit on open descriptors to :data:`OPEN_FILES_WANTED` (at most the
+    hard limit; never lowered); the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = OPEN_FILES_WANTED if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES_WANTED)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (OSError, ValueError) as exc:
+            log.warning("cannot raise the open-files limit from %s to %s: %s", soft, wanted, exc)
+    return soft
+
+
 def run_daemon(
     config: DaemonConfig,
     state_dir: Path,
@@ -434,6 +456,7 @@ def run_daemon(
         setup_logging(state_dir, verbose)
     finally:
         os.umask(started_umask)
+    raise_open_files_limit()
     for warning in config.warnings:  # in the log and on stderr
         log.warning("%s", warning)
     daemon = Daemon(

@@ -7,7 +7,8 @@ refused)::
     daemon.sock    the socket: 0666 for a root daemon (identity from SO_PEERCRED), 0600 for a
                    user's, 0660 with [daemon] allow_group's group (see auth.py)
     daemon.lock    held (flock) while a daemon runs on this directory, 0600
-    daemon.log     the daemon's own log, 0600
+    daemon.log     the daemon's own log, 0600; at MAX_LOG_BYTES moved to daemon.log.1 (the
+                   one older file kept) and begun again
     state.db       SQLite (WAL), 0600 from the first byte, like its -wal and -shm (state/)
     jobs/<id>/     per-job logs (rank<r>.log), report.json and, by default, checkpoint/
 
@@ -29,8 +30,13 @@ from typing import IO
 from pollux_local.api.errors import (
     PolluxError,
 )
+from pollux_local.untrusted import printable
 
 log = logging.getLogger("pollux_local.daemon")
+
+#: Size at which ``daemon.log`` is moved to ``daemon.log.1`` and begun again: the two files
+#: take at most twice this on the state's disk, whatever is logged.
+MAX_LOG_BYTES = 64 * 1024 * 1024
 
 
 def own_directory(path: Path, what: str, create_mode: int) -> None:
@@ -96,7 +102,16 @@ def acquire_lock(state_dir: Path) -> IO[str]:
     return handle
 
 
-class JournalFormatter(logging.Formatter):
+class EscapedFormatter(logging.Formatter):
+    """A log line with every control character but the newline shown as an escape
+    (``untrusted.printable``): a line may quote what a user or a job wrote (a report's field
+    name, a path), and an admin reading the log on a terminal must not get its escapes."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
+
+
+class JournalFormatter(EscapedFormatter):
     """Lines for journald: each line of a record starts with its syslog priority (``<3>``
     error, ``<4>`` warning, ``<6>`` info, ``<7>`` debug) and has no time (the journal adds
     it), so that a traceback's lines keep the priority of their record."""
@@ -123,14 +138,25 @@ def stderr_is_journal() -> bool:
 
 class LogFileHandler(logging.StreamHandler[IO[str]]):
     """``daemon.log``: a line it cannot write (a full disk) is lost from the file alone (every
-    line goes to stderr too), said once on stderr in one line instead of a traceback a line."""
+    line goes to stderr too), said once on stderr in one line instead of a traceback a line.
+    With ``path``, once the file reaches ``max_bytes`` it is moved to ``PATH.1`` (replacing
+    the one there) and a new one begun."""
 
     failing = False
+
+    def __init__(
+        self, stream: IO[str], path: Path | None = None, max_bytes: int = MAX_LOG_BYTES
+    ) -> None:
+        super().__init__(stream)
+        self.path = path
+        self.max_bytes = max_bytes
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             self.stream.write(self.format(record) + self.terminator)
             self.flush()
+            if self.path is not None and self.stream.tell() >= self.max_bytes:
+                self._begin_again(self.path)
         except RecursionError:
             raise
         except Exception as exc:  # noqa: BLE001 - whatever the file refuses, the daemon goes on
@@ -141,6 +167,15 @@ class LogFileHandler(logging.StreamHandler[IO[str]]):
             return
         self.failing = False
 
+    def _begin_again(self, path: Path) -> None:
+        """Move the full file to ``PATH.1`` and write to a new one (both the daemon's own, in
+        its own directory)."""
+        os.replace(path, path.with_name(path.name + ".1"))
+        fresh = os.fdopen(open_private(path, os.O_WRONLY | os.O_APPEND), "a", encoding="utf-8")
+        old = self.setStream(fresh)
+        if old is not None:
+            old.close()
+
 
 def setup_logging(state_dir: Path, verbose: bool = False) -> None:
     """Log to stderr and to ``STATE_DIR/daemon.log`` (0600, never through a symlink); on a
@@ -148,12 +183,12 @@ def setup_logging(state_dir: Path, verbose: bool = False) -> None:
     lines."""
     root = logging.getLogger("pollux_local")
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s")
+    fmt = EscapedFormatter("%(asctime)s %(levelname)s %(message)s")
     path = state_dir / "daemon.log"
     stream = os.fdopen(open_private(path, os.O_WRONLY | os.O_APPEND), "a", encoding="utf-8")
     stderr = logging.StreamHandler()
     stderr.setFormatter(JournalFormatter("%(message)s") if stderr_is_journal() else fmt)
-    logfile = LogFileHandler(stream)
+    logfile = LogFileHandler(stream, path)
     logfile.setFormatter(fmt)
     root.addHandler(stderr)
     root.addHandler(logfile)

@@ -243,6 +243,10 @@ def profile_points(detail: JobDetail) -> list[tuple[int, int, int, float]]:
 # --------------------------------------------------------------------------------------------
 
 
+#: The most devices a throughput plot's axis spans (a cluster larger than this is cut).
+MAX_PLOT_DEVICES = 4096
+
+
 def throughput_plot(detail: JobDetail, max_devices: int, devices_per_node: int) -> PlotSpec:
     """Predicted examples/s vs device count at the job's micro-batch (s = 1), observed points."""
     from pollux_local.core.throughput import predict_throughput
@@ -263,7 +267,10 @@ def throughput_plot(detail: JobDetail, max_devices: int, devices_per_node: int) 
         bounds = batch_bounds(detail)
         local = float(points[-1][2]) if points else float(bounds.base_batch if bounds else 1)
     per_node = max(devices_per_node, 1)
-    top = max([max_devices, 2] + [p[1] for p in points])
+    # the axis spans the devices there are: a point the job reports beyond them (its report is
+    # its own word) is left out, not allowed to stretch the axis to millions of devices
+    top = min(max(max_devices, 2), MAX_PLOT_DEVICES)
+    points = [p for p in points if 1 <= p[1] <= top]
     ks = np.arange(1, top + 1)
     nodes = np.ceil(ks / per_node)
     predicted = predict_throughput(params, nodes, ks, np.full(ks.shape, local), 1)

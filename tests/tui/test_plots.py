@@ -75,3 +75,23 @@ def test_render_draws_axes_title_and_legend(recording: Recording) -> None:
     assert "throughput vs devices" in lines[0]
     assert "observed" in lines[-1] and "model m=" in lines[-1]
     assert any("┤" in line for line in lines)  # y-axis ticks were drawn
+
+
+def test_a_reported_point_beyond_the_cluster_does_not_stretch_the_axis(
+    recording: Recording,
+) -> None:
+    """A job's report is its own word: a profile row on two million replicas (the report allows
+    up to 2**40) made another user's TUI build and draw an axis of that many devices, frozen
+    for most of a minute at each refresh.  The axis spans the cluster's devices."""
+    detail = running(recording)
+    assert detail.report is not None and detail.report.profile
+    first = detail.report.profile[0]
+    hostile = [*detail.report.profile, msgspec.structs.replace(first, replicas=2_097_152)]
+    detail = msgspec.structs.replace(
+        detail, report=msgspec.structs.replace(detail.report, profile=hostile)
+    )
+    spec = plots.throughput_plot(detail, max_devices=8, devices_per_node=4)
+    model, observed = spec.series
+    assert list(model.x) == list(range(1, 9))
+    assert max(observed.x) <= 8
+    assert "throughput vs devices" in plots.render(spec, 50, 14)

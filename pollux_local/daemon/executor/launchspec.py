@@ -25,6 +25,7 @@ from pollux_local.api.errors import InvalidRequest, LimitExceeded
 from pollux_local.api.launch import LaunchEnvironment
 from pollux_local.api.spec import JobSpec
 from pollux_local.core.types import BatchChoice
+from pollux_local.daemon.auth import account
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.jobfiles import make_owned_dir
 from pollux_local.daemon.scheduler import Action
@@ -261,13 +262,15 @@ async def prepare_dirs(
 
 
 def owner_gone(job: JobRecord) -> str | None:
-    """Why the job cannot run as its owner (a deleted Unix user), or ``None``."""
+    """Why the job cannot run as its owner (a deleted Unix user), or ``None`` (also when the
+    user database could not be read: the start then fails, or not, on its own)."""
     if job.owner_uid == os.geteuid():
         return None
     try:
-        pwd.getpwuid(job.owner_uid)
-    except KeyError:
-        return f"owner uid {job.owner_uid} no longer exists"
+        if account(job.owner_uid) is None:
+            return f"owner uid {job.owner_uid} no longer exists"
+    except OSError as exc:
+        log.warning("job %s: cannot look up its owner uid %s: %s", job.id, job.owner_uid, exc)
     return None
 
 
