@@ -98,6 +98,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
 from pollux_local.launch import cgroups, logcap
+from pollux_local.launch.userdirs import foreign_directory
 from pollux_local.untrusted import one_line
 
 RUN_FILE_VERSION = 1
@@ -340,6 +341,9 @@ def replica_child(
                 raise SetupFailed(
                     SETUP_EXIT_CODE, f"cannot create checkpoint dir {checkpoint}: {exc.strerror}"
                 ) from None
+            foreign = foreign_directory(str(checkpoint), os.getuid())  # one planted there
+            if foreign is not None:
+                raise SetupFailed(SETUP_EXIT_CODE, f"refusing the checkpoint dir: {foreign}")
         workdir = str(spec["workdir"])
         try:
             os.chdir(workdir)

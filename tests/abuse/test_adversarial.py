@@ -122,6 +122,41 @@ fi
     ), "the root-only directory was chowned or chmodded through the symlink"
 
 
+def test_a_checkpoint_dir_planted_under_a_shared_checkpoint_root_is_refused(
+    lab: Lab, alice: LabUser, bob: LabUser
+) -> None:
+    # Under a checkpoint_root others may write to (a 1777 directory, an NFS export squashing
+    # root), the daemon cannot make the job's directory and leaves it to the job's user.  Job
+    # ids are sequential and shown to all: alice makes bob's next one first, open to her, with
+    # a checkpoint of hers in it.  Bob's job must not use it (she would read his checkpoints,
+    # and he would load hers, code included): it fails, naming the directory's owner.
+    root = lab.base / "ckpt"
+    root.mkdir()
+    root.chmod(0o1777)
+    daemon = lab.daemon(checkpoint_root=f'"{root}"')
+    probe = submit(bob, daemon, lab, "--hold", "--name", "probe", "/bin/true")
+    planted = root / str(int(probe) + 1)
+    made = alice.python(
+        "import os, sys; os.mkdir(sys.argv[1], 0o777); os.chmod(sys.argv[1], 0o777);"
+        " open(os.path.join(sys.argv[1], 'ckpt-9999999999.pt'), 'w').write('hers')",
+        str(planted),
+    )
+    assert made.returncode == 0, made.stderr
+    victim = lab.script(
+        "victim_ckpt.sh",
+        'echo "bob-secret" > "$POLLUX_CHECKPOINT_DIR/model.pt"\n'
+        'cat "$POLLUX_CHECKPOINT_DIR/ckpt-9999999999.pt" > "$POLLUX_JOB_DIR/loaded" || true\n',
+    )
+    job_id = submit(bob, daemon, lab, "--name", "victim", str(victim))
+    assert job_id == planted.name
+    final = wait_state(daemon, job_id, TERMINAL, 30)
+    assert final["state"] == "failed", final
+    assert "refusing the checkpoint dir" in final["reason"], final["reason"]
+    assert f"belongs to uid {alice.uid}" in final["reason"], final["reason"]
+    assert sorted(os.listdir(planted)) == ["ckpt-9999999999.pt"], "bob's job wrote into hers"
+    assert not (daemon.state_dir / "jobs" / job_id / "loaded").exists(), "bob's job ran"
+
+
 def test_b_logs_of_a_symlink_to_a_shadow_like_file_are_refused_in_one_line(
     lab: Lab, alice: LabUser, bob: LabUser
 ) -> None:

@@ -27,7 +27,7 @@ from pollux_local.api.spec import JobSpec
 from pollux_local.core.types import BatchChoice
 from pollux_local.daemon.auth import account
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
-from pollux_local.daemon.jobfiles import make_owned_dir
+from pollux_local.daemon.jobfiles import make_owned_dir, runs_as
 from pollux_local.daemon.scheduler import Action
 from pollux_local.daemon.state import JobRecord
 from pollux_local.errors import PolluxError
@@ -40,6 +40,7 @@ from pollux_local.launch.base import (
 )
 from pollux_local.launch.local import memory_text
 from pollux_local.launch.ssh.nodes import SshNodeConfig
+from pollux_local.launch.userdirs import foreign_directory
 from pollux_local.untrusted import one_line
 
 log = logging.getLogger("pollux_local.daemon")
@@ -279,7 +280,14 @@ async def make_user_dir(job: JobRecord, path: Path) -> None:
     or when the daemon is not root)."""
     if os.geteuid() != 0 or job.owner_uid in (0, os.geteuid()):
         path.mkdir(parents=True, exist_ok=True)
-        return
+    else:
+        await _mkdir_as_owner(job, path)
+    foreign = foreign_directory(str(path), runs_as(job.owner_uid))  # one planted there first
+    if foreign is not None:
+        raise PolluxError(f"refusing the checkpoint dir: {foreign}")
+
+
+async def _mkdir_as_owner(job: JobRecord, path: Path) -> None:
     entry = pwd.getpwuid(job.owner_uid)
     proc = await asyncio.create_subprocess_exec(
         "mkdir", "-p", "--", str(path),
