@@ -54,8 +54,10 @@ from pollux_local.launch.supervisor import (
     WORKDIR_EXIT_CODE,
     boot_id,
     combine_exit_codes,
+    descendants,
     proc_start_time,
     read_own_json,
+    signal_group_of,
     write_private_json,
 )
 from pollux_local.sizes import format_size
@@ -471,8 +473,7 @@ class LocalReplicaGroup:
             if record is not None:
                 record.kill_replicas()
             elif self.pgid:
-                with contextlib.suppress(OSError):
-                    os.killpg(self.pgid, signal.SIGKILL)
+                signal_group_of(self.pgid, signal.SIGKILL, self._members())
             self.supervisor_failure = (
                 f"the job's supervisor (pid {self.supervisor.pid}) ended without a result: "
                 + _tail(self.run_file.with_suffix(".err"))
@@ -532,12 +533,27 @@ class LocalReplicaGroup:
             self.spec.job_id, self.supervisor.pid, delay_s,
         )  # fmt: skip
         if self.pgid:
-            with contextlib.suppress(OSError):
-                os.killpg(self.pgid, signal.SIGKILL)
+            signal_group_of(self.pgid, signal.SIGKILL, self._members())
         self.supervisor.send(signal.SIGKILL)
 
     def pids(self) -> Mapping[int, int]:
         return dict(self._pids)
+
+    def _members(self) -> list[tuple[int, int | None]]:
+        """The processes known to be this incarnation's: its supervisor (while it is that
+        process) and what runs below it, its replicas as its run file names them (each with
+        its start time)."""
+        members: list[tuple[int, int | None]] = []
+        if self.supervisor.alive():
+            members.extend((pid, None) for pid in descendants(self.supervisor.pid))
+        record = RunRecord.load(self.run_file)
+        if record is not None:
+            members.extend(
+                (int(r["pid"]), int(r["start_time"]))
+                for r in record.replicas
+                if r.get("start_time") is not None
+            )
+        return members
 
     # --- warm resizes ---------------------------------------------------------------------
 

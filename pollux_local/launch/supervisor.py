@@ -162,6 +162,33 @@ def boot_id() -> str:
         return ""
 
 
+def proc_group(pid: int) -> int | None:
+    """The process group of process ``pid`` (``None``: no such process)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+        return int(data[data.rindex(b")") + 2 :].split()[2])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def signal_group_of(pgid: int, signum: int, members: Iterable[tuple[int, int | None]]) -> bool:
+    """``killpg(pgid, signum)``, but only while a process known to be the job's is in that
+    group: a ``(pid, start time)`` still that process (start ``None``: a process seen below
+    this one just now).  A group's id is given out again once no process is in it: a job whose
+    leader exited and whose other processes left the group could otherwise have the id taken
+    by another user's new group, which a stop would then signal as root.  ``True`` when
+    signalled."""
+    if pgid <= 1:
+        return False
+    for pid, start in members:
+        if (start is None or proc_start_time(pid) == start) and proc_group(pid) == pgid:
+            with contextlib.suppress(OSError):
+                os.killpg(pgid, signum)
+            return True
+    return False
+
+
 def parent_map() -> dict[int, int]:
     """pid -> parent pid of every process (from ``/proc``)."""
     parents: dict[int, int] = {}
@@ -491,9 +518,10 @@ class Supervisor:
         return [pid for pid, rec in self.replicas.items() if rec["exit_code"] is None]
 
     def signal_group(self, signum: int) -> None:
+        """Signal the incarnation's process group while a process below this one is in it
+        (:func:`signal_group_of`)."""
         if self.pgid:
-            with contextlib.suppress(OSError):
-                os.killpg(self.pgid, signum)
+            signal_group_of(self.pgid, signum, ((pid, None) for pid in descendants(self.pid)))
 
     def stop(self, grace_s: float) -> None:
         """SIGTERM the group (once), SIGKILL everything ``grace_s`` from now (or earlier)."""

@@ -546,3 +546,76 @@ def test_the_supervisor_looks_for_the_ready_files_the_job_library_makes() -> Non
 
     for generation, rank in ((1, 1), (3002, 7)):
         assert READY_NAME.format(generation=generation, rank=rank) == ready_name(generation, rank)
+
+
+#: A two-replica job (``python -c GROUP_LEAVER``): rank 0 ends at once; rank 1 leaves the
+#: job's process group for one of its own and waits.  The group, whose id was rank 0's pid,
+#: is then empty: the id is free to be given to another process's new group.
+GROUP_LEAVER = """
+import os, time
+if os.environ["RANK"] == "0":
+    raise SystemExit(0)
+os.setpgid(0, 0)
+open(os.environ["POLLUX_JOB_DIR"] + "/left", "w").close()
+time.sleep(60)
+"""
+
+
+def test_a_group_is_signalled_only_while_one_of_its_own_is_in_it() -> None:
+    from pollux_local.launch.supervisor import signal_group_of
+
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    ours = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        mine = (ours.pid, proc_start_time(ours.pid))
+        # the stranger's group, with only ours (in another group) known: not signalled
+        assert not signal_group_of(stranger.pid, signal.SIGKILL, [mine])
+        gone = (stranger.pid, (proc_start_time(stranger.pid) or 0) + 1)  # another process's
+        assert not signal_group_of(stranger.pid, signal.SIGKILL, [gone])
+        time.sleep(0.1)
+        assert stranger.poll() is None
+        # a member known to be in the group: signalled
+        assert signal_group_of(ours.pid, signal.SIGKILL, [mine])
+        assert ours.wait(5) == -signal.SIGKILL
+    finally:
+        for proc in (stranger, ours):
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.asyncio
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a chosen pid needs root (ns_last_pid)")
+async def test_a_stop_does_not_signal_a_group_that_took_the_jobs_group_id(
+    launcher: LocalLauncher, tmp_path: Path
+) -> None:
+    """Rank 0 (whose pid is the group's id) ends, rank 1 leaves the group: another process
+    given that pid as its new group's id (a user who cycles the pids can make that happen)
+    must survive the job's stop, which the supervisor sends as root."""
+    job_dir = tmp_path / "job"
+    spec = make_spec(job_dir, [sys.executable, "-c", GROUP_LEAVER], tmp_path, replicas=2)
+    group = await launcher.launch(spec)
+    leader = group.pids()[0]
+    wait_until(lambda: (job_dir / "left").exists() and not alive(leader), 20, "rank 0 gone")
+    wait_until(lambda: proc_start_time(leader) is None, 10, "rank 0 reaped")
+    stranger = None
+    for _ in range(20):  # another process may take the pid first: try again
+        with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
+            fh.write(str(leader - 1))
+        candidate = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        if candidate.pid == leader:
+            stranger = candidate
+            break
+        candidate.kill()
+        candidate.wait()
+    if stranger is None:
+        await group.stop(grace_s=1.0)
+        pytest.skip(f"could not give pid {leader} to a new process (the machine took it)")
+    try:
+        assert os.getpgid(stranger.pid) == leader  # the job's old group id, now its
+        await asyncio.wait_for(group.stop(grace_s=1.0), 20)
+        time.sleep(0.2)
+        assert stranger.poll() is None, "the stop signalled another process's group"
+        assert not alive(group.pids()[1])  # rank 1 (rank 0's pid is the stranger's now)
+    finally:
+        stranger.kill()
+        stranger.wait()

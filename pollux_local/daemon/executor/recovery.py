@@ -233,5 +233,6 @@ class Recovery(Applying):
             if _alive(proc):
                 with contextlib.suppress(psutil.Error):
                     proc.kill()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(procs[0].pid, signal.SIGKILL)
+        if _alive(procs[0]):  # still that process: its group is still the job's
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(procs[0].pid, signal.SIGKILL)
