@@ -21,6 +21,8 @@ import errno
 import os
 import signal
 
+from pollux_local.launch.identity import settle_ids
+
 __all__ = [
     "COPIER_NAME",
     "capped_log",
@@ -179,6 +181,7 @@ def capped_log(log_fd: int, limit: int, keep: tuple[int, ...] = (), keep_free: i
     if pid == 0:  # the copier
         code = 0
         try:
+            settle_ids()  # forked during a replica's setup: the user's alone, for good
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
                 signal.signal(signum, signal.SIG_IGN)
             _name_process(COPIER_NAME)

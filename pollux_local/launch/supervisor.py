@@ -23,7 +23,8 @@ What it does:
   there is a failed setup (nothing runs);
 * for each replica it forks a child that first joins those cgroups (as root, so the job
   cannot leave them: they stay root's), then drops privileges to the job's user
-  (``setgroups``, ``setgid``, ``setuid``: only when ``user`` is given), then, as that user,
+  (``setgroups``, ``setgid``, the effective uid: only when ``user`` is given; root stays its
+  real and saved uid until right before ``exec``, ``launch/identity.py``), then, as that user,
   opens (or creates) its log ``JOB_DIR/<log>`` for appending (never through a symlink, never
   a FIFO), writes the banner, creates the checkpoint directory, enters the working directory
   and execs the command with exactly the replica's environment.  A child that cannot do one
@@ -90,6 +91,7 @@ import errno
 import fcntl
 import json
 import os
+import select
 import signal
 import stat
 import sys
@@ -98,6 +100,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
 from pollux_local.launch import cgroups, logcap
+from pollux_local.launch.identity import IdentityError, become_user_for_setup, settle_ids
 from pollux_local.launch.userdirs import foreign_directory
 from pollux_local.untrusted import one_line
 
@@ -112,6 +115,9 @@ SETUP_EXIT_CODE = 253
 EXEC_EXIT_CODE = 127
 #: Seconds the others get after one replica failed, unless the spec says otherwise.
 FAILURE_GRACE_S = 5.0
+#: The longest a replica's child may take to set itself up and reach the job's command (it
+#: is killed then, and the start fails naming it); below the daemon's wait for the start.
+SPAWN_TIMEOUT_S = 30.0
 #: ``prctl`` option that makes orphaned descendants children of the caller.
 PR_SET_CHILD_SUBREAPER = 36
 #: The signals the supervisor waits for (blocked, taken with ``sigtimedwait``).
@@ -160,6 +166,39 @@ def boot_id() -> str:
             return fh.read().strip()
     except OSError:
         return ""
+
+
+def read_until_closed(ends: dict[int, int], deadline: float) -> dict[int, str]:
+    """Read each pipe of ``ends`` (key -> read end) until its writer closes it, or until
+    ``deadline`` (monotonic): key -> what was read, for the pipes closed in time; every read
+    end is closed here."""
+    chunks: dict[int, list[bytes]] = {key: [] for key in ends}
+    open_ends = {fd: key for key, fd in ends.items()}
+    done: dict[int, str] = {}
+    poller = select.poll()
+    for fd in open_ends:
+        poller.register(fd, select.POLLIN | select.POLLHUP)
+    try:
+        while open_ends:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                break
+            for fd, _ in poller.poll(left_ms):
+                try:
+                    chunk = os.read(fd, 4096)
+                except InterruptedError:
+                    continue
+                if chunk:
+                    chunks[open_ends[fd]].append(chunk)
+                    continue
+                key = open_ends.pop(fd)
+                poller.unregister(fd)
+                done[key] = b"".join(chunks[key]).decode(errors="replace")
+    finally:
+        for fd in ends.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    return done
 
 
 def proc_group(pid: int) -> int | None:
@@ -311,18 +350,13 @@ def open_log(path: str) -> int:
 
 
 def drop_privileges(user: dict[str, Any] | None) -> None:
-    """Become the job's user (groups, then gid, then uid) when ``user`` is given."""
-    if not user:
-        return
-    uid, gid = int(user["uid"]), int(user["gid"])
+    """Become the job's user for the replica's setup (``identity.become_user_for_setup``:
+    groups, gid and effective uid; root stays the real and saved uid, so that the user cannot
+    stop the child before it runs the command) when ``user`` is given."""
     try:
-        os.setgroups([int(g) for g in user.get("groups") or [gid]])
-        os.setgid(gid)
-        os.setuid(uid)
-    except OSError as exc:
-        raise SetupFailed(SETUP_EXIT_CODE, f"cannot become uid {uid}: {exc.strerror}") from None
-    if os.getuid() != uid or os.geteuid() != uid:
-        raise SetupFailed(SETUP_EXIT_CODE, f"cannot become uid {uid}")
+        become_user_for_setup(user)
+    except IdentityError as exc:
+        raise SetupFailed(SETUP_EXIT_CODE, str(exc)) from None
 
 
 def replica_child(
@@ -368,7 +402,7 @@ def replica_child(
                 raise SetupFailed(
                     SETUP_EXIT_CODE, f"cannot create checkpoint dir {checkpoint}: {exc.strerror}"
                 ) from None
-            foreign = foreign_directory(str(checkpoint), os.getuid())  # one planted there
+            foreign = foreign_directory(str(checkpoint), os.geteuid())  # one planted there
             if foreign is not None:
                 raise SetupFailed(SETUP_EXIT_CODE, f"refusing the checkpoint dir: {foreign}")
         workdir = str(spec["workdir"])
@@ -384,6 +418,10 @@ def replica_child(
         os.dup2(log_fd, 2)
         argv = [str(arg) for arg in replica["argv"]]
         env = {str(k): str(v) for k, v in dict(replica["env"]).items()}
+        try:
+            settle_ids()  # the user's in every way from here: the command is theirs
+        except IdentityError as exc:
+            raise SetupFailed(SETUP_EXIT_CODE, str(exc)) from None
         code = EXEC_EXIT_CODE
         try:
             os.execvpe(argv[0], argv, env)
@@ -493,18 +531,13 @@ class Supervisor:
                 "error": None,
             }
             reports.append((pid, read_end))
-        for pid, read_end in reports:
-            chunks = []
-            while True:
-                try:
-                    chunk = os.read(read_end, 4096)
-                except InterruptedError:
-                    continue
-                if not chunk:
-                    break
-                chunks.append(chunk)
-            os.close(read_end)
-            text = b"".join(chunks).decode(errors="replace")
+        texts = read_until_closed(dict(reports), time.monotonic() + SPAWN_TIMEOUT_S)
+        for pid, _ in reports:
+            text = texts.get(pid)
+            if text is None:  # still setting up: killed (it never ran the command)
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                text = f"{SETUP_EXIT_CODE} did not reach its command within {SPAWN_TIMEOUT_S:g} s"
             if text:
                 _, _, message = text.partition(" ")
                 self.replicas[pid]["error"] = message

@@ -619,3 +619,87 @@ async def test_a_stop_does_not_signal_a_group_that_took_the_jobs_group_id(
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_a_replica_setting_up_cannot_be_stopped_by_its_user(
+    other_user: pwd.struct_passwd,
+) -> None:
+    """While a replica's child sets itself up as the job's user, only its effective ids are
+    the user's: a ``kill -STOP`` of the user's is refused (it would hold the supervisor and
+    the daemon waiting for the start).  Once settled, right before ``exec``, every id is the
+    user's."""
+    from pollux_local.launch.identity import become_user_for_setup, settle_ids
+
+    uid, gid = other_user.pw_uid, other_user.pw_gid
+    user = {"uid": uid, "gid": gid, "groups": [gid]}
+    child_reads, parent_writes = os.pipe()
+    parent_reads, child_writes = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the replica's child, as the supervisor forks it
+        code = 1
+        try:
+            os.close(parent_writes)
+            os.close(parent_reads)
+            become_user_for_setup(user)
+            os.write(child_writes, f"{os.getresuid()} {os.getresgid()}\n".encode())
+            os.read(child_reads, 1)  # the parent tried to stop us
+            settle_ids()
+            os.write(child_writes, f"{os.getresuid()} {os.getresgid()}\n".encode())
+            os.read(child_reads, 1)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(child_reads)
+    os.close(child_writes)
+    try:
+        reader = os.fdopen(parent_reads)
+        assert reader.readline().split(") (")[0] == f"(0, {uid}, 0"  # setting up
+        as_user = subprocess.run(
+            ["kill", "-STOP", str(pid)], user=uid, group=gid, capture_output=True, text=True
+        )
+        assert as_user.returncode != 0 and "not permitted" in as_user.stderr, as_user
+        os.write(parent_writes, b"g")
+        assert reader.readline().strip() == f"({uid}, {uid}, {uid}) ({gid}, {gid}, {gid})"
+        settled = subprocess.run(["kill", "-0", str(pid)], user=uid, group=gid)
+        assert settled.returncode == 0  # the user's own process now
+        os.write(parent_writes, b"g")
+        assert os.waitpid(pid, 0)[1] == 0
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+@pytest.mark.asyncio
+async def test_a_replica_runs_with_every_id_its_users(
+    other_user: pwd.struct_passwd, lab_dir: Path
+) -> None:
+    uid, gid = other_user.pw_uid, other_user.pw_gid
+    job_dir = make_owned_dir(lab_dir / "jobs", "7", uid, gid)
+    spec = make_spec(
+        job_dir, ["sh", "-c", "grep -E '^(Uid|Gid):' /proc/self/status"], Path("/tmp"),
+        run_as_uid=uid,
+    )  # fmt: skip
+    launcher = LocalLauncher(run_dir=lab_dir / "run", max_log_bytes=1 << 20)
+    group = await launcher.launch(spec)
+    assert await asyncio.wait_for(group.wait(), 20) == 0
+    text = (job_dir / "rank0.log").read_text()
+    ids = {line.split(":")[0]: line.split()[1:] for line in text.splitlines() if ":" in line}
+    assert ids["Uid"] == [str(uid)] * 4 and ids["Gid"] == [str(gid)] * 4, text
+
+
+def test_a_replica_that_never_reaches_its_command_is_not_waited_for_past_the_deadline() -> None:
+    from pollux_local.launch.supervisor import read_until_closed
+
+    done_r, done_w = os.pipe()
+    stuck_r, stuck_w = os.pipe()
+    os.write(done_w, b"253 cannot create job directory")
+    os.close(done_w)
+    started = time.monotonic()
+    texts = read_until_closed({1: done_r, 2: stuck_r}, time.monotonic() + 0.5)
+    assert 0.4 < time.monotonic() - started < 5.0
+    assert texts == {1: "253 cannot create job directory"}  # 2: still open at the deadline
+    with pytest.raises(OSError):
+        os.fstat(stuck_r)  # closed for the caller
+    os.close(stuck_w)
