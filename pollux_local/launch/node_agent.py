@@ -227,6 +227,17 @@ def identity(spec: dict[str, Any], lines: Lines) -> dict[str, Any]:
     }
 
 
+def start_time(pid: int) -> int | None:
+    """Process ``pid``'s start time in clock ticks since boot (``None``: no such process):
+    with its pid, what tells the process apart from a later one given the same pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+        return int(data[data.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def exit_code(status: int) -> int:
     """``Popen.returncode`` of a wait status: the exit code, or -signal when killed."""
     to_code = getattr(os, "waitstatus_to_exitcode", None)  # Python >= 3.9
@@ -249,7 +260,12 @@ class ExitRecord:
         if self.path is None:
             return
         replicas = [
-            {"rank": rank, "pid": pid, "exit_code": supervisor.codes.get(rank)}
+            {
+                "rank": rank,
+                "pid": pid,
+                "start_time": supervisor.start_times.get(pid),
+                "exit_code": supervisor.codes.get(rank),
+            }
             for rank, pid in sorted(supervisor.pids.items())
         ]
         data = {
@@ -288,6 +304,7 @@ class Supervisor:
         self.lock = threading.RLock()
         self.record = ExitRecord(spec)
         self.pids: dict[int, int] = {}  # rank -> pid (0: could not be started)
+        self.start_times: dict[int, int | None] = {}  # pid -> its start time
         self.codes: dict[int, int] = {}  # rank -> exit code
         self.exits: list[int] = []  # ranks in the order they ended
         #: replicas were stopped by the agent itself because its stdin closed
@@ -401,6 +418,7 @@ class Supervisor:
         fh.close()
         self.procs[p.pid] = (r["rank"], p)
         self.pids[r["rank"]] = p.pid
+        self.start_times[p.pid] = start_time(p.pid)
         self.logs[r["rank"]] = [path, start]
         self.lines.say("PID", r["rank"], p.pid)
         return p.pid

@@ -220,6 +220,10 @@ def test_the_exit_record_outlives_the_daemon_and_says_how_each_replica_ended(
     running = json.loads(record.read_text())
     assert running["state"] == "running" and running["token"] == "7:0"
     assert running["node"] == "n1"  # whose record it is (nodes may share the file system)
+    # each replica named by pid and start time (what a restarted daemon signals by)
+    alive = {r["rank"]: r for r in running["replicas"] if r["exit_code"] is None}
+    assert 1 in alive and alive[1]["start_time"] == node_agent.start_time(alive[1]["pid"])
+    assert alive[1]["start_time"] is not None
     proc.stdin.close()  # the daemon is gone; so is whoever read stdout
     proc.stdout.close()
     assert proc.wait(timeout=30) == 0

@@ -83,7 +83,10 @@ def write_record(path: str, node: str, state: str) -> None:
     """What the node agent of ``node`` writes (``node_agent.ExitRecord``)."""
     spec = {"node": node, "record": {"path": path, "token": "7:0"}, "replicas": []}
     record = ExitRecord(spec)
-    record.write(SimpleNamespace(codes={}, pids={}, orphaned=False, exits=[]), state)  # type: ignore[arg-type]
+    record.write(
+        SimpleNamespace(codes={}, pids={}, start_times={}, orphaned=False, exits=[]),  # type: ignore[arg-type]
+        state,
+    )
 
 
 def test_nodes_sharing_a_work_directory_keep_an_exit_record_each(tmp_path: Path) -> None:
@@ -122,3 +125,50 @@ def test_nodes_sharing_a_work_directory_keep_an_exit_record_each(tmp_path: Path)
         assert old is not None and old["state"] == "running"
         asyncio.run(launcher.forget_records("7", ["a", "b/x"]))
         assert not legacy.exists() and not Path(paths[0]).exists()
+
+
+def test_a_restarted_daemon_signals_only_the_processes_its_records_name(tmp_path: Path) -> None:
+    """A record read after a daemon's restart names each replica by pid and start time: a
+    stop signals the group of a pid that is still that process, and leaves alone a pid the
+    node gave to another process since (after a reboot, or once the pids cycled)."""
+    import signal
+    import subprocess
+
+    from pollux_local.launch.node_agent import start_time
+    from pollux_local.launch.ssh.recovery import SshRecordedGroup
+
+    node = SshNodeConfig(name="a", host="a", workdir=str(tmp_path), python=sys.executable)
+    replica = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        started = start_time(replica.pid)
+        assert started is not None
+        records = {
+            "a": {
+                "state": "running",
+                "token": "7:0",
+                "replicas": [
+                    {"rank": 0, "pid": replica.pid, "start_time": started, "exit_code": None},
+                    # the record's pid 1 is the stranger's now: it started at another time
+                    {"rank": 1, "pid": stranger.pid, "start_time": started - 1, "exit_code": None},
+                    # an older agent's record: no start time, never signalled
+                    {"rank": 2, "pid": stranger.pid, "exit_code": None},
+                ],
+            }
+        }
+        slots = [
+            ReplicaSlot(rank=r, node="a", device=f"cpu:{r}", local_rank=r, node_rank=0)
+            for r in range(3)
+        ]
+        spec = LaunchSpec(
+            job_id="7", argv=["x"], workdir=tmp_path, env={}, slots=slots, log_dir=tmp_path
+        )
+        with tempfile.TemporaryDirectory(prefix="pl", dir="/tmp") as short:
+            group = SshRecordedGroup(LocalNodes([node], control_dir=Path(short)), spec, records)
+            asyncio.run(group._signal("TERM"))
+        assert replica.wait(10) == -signal.SIGTERM
+        assert stranger.poll() is None, "a process the record does not name was signalled"
+    finally:
+        for proc in (replica, stranger):
+            proc.kill()
+            proc.wait()

@@ -189,7 +189,9 @@ class SlurmStepGroup:
         if self._done.is_set():
             return await self.wait()
         step = await self._step_id(10.0)
-        if step is None and not self._done.is_set():
+        # the keeper is signalled only while it is the process started then (its pid, after a
+        # daemon's restart, may be another's now), its group as long as it leads it
+        if step is None and not self._done.is_set() and self._keeper_alive():
             # srun has not made its step yet: its keeper forwards SIGTERM to it
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(self.keeper_pid, signal.SIGTERM)
@@ -199,12 +201,15 @@ class SlurmStepGroup:
             return await self.wait()
         if step is not None:
             await self._scancel(step)
-        else:
+        elif self._keeper_alive():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.keeper_pid, signal.SIGKILL)
         if await self._wait_for(KILL_WAIT_S):
             return await self.wait()
         return None
+
+    def _keeper_alive(self) -> bool:
+        return _alive(self.keeper_pid, self.keeper_started)
 
     def pids(self) -> Mapping[int, int]:
         """rank -> pid: the ranks run on Slurm's nodes, out of sight; none known."""

@@ -102,6 +102,10 @@ class SshLauncher:
         directory (a home on NFS)."""
         return f"{self._record_dir(node)}/{job_id}@{_path_word(node.name)}.json"
 
+    def node_python(self, name: str) -> str:
+        """The interpreter the agents run with on node ``name``."""
+        return self._node(name).python
+
     def _record_dir(self, node: SshNodeConfig) -> str:
         return f"{node.workdir.rstrip('/')}/run/{self.record_key}"
 

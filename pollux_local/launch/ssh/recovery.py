@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shlex
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,19 @@ RECORD_POLL_S = 1.0
 RECORD_LOST_S = 60.0
 
 #: Reads (``cat``) or removes (``rm``) an exit record on a node, its path as the argument.
+#: Run on a node: signal (``sys.argv[1]``, a name) the process group of each ``PID:START``
+#: that is still the process started then (its start time in clock ticks since boot, as the
+#: agent recorded it): a pid reused since (the node rebooted, the pids cycled) is left alone.
+_SIGNAL_SCRIPT = (
+    "import os,signal,sys\n"
+    "sig=getattr(signal,'SIG'+sys.argv[1])\n"
+    "for a in sys.argv[2:]:\n"
+    "  pid,start=(int(x) for x in a.split(':'))\n"
+    "  try:\n"
+    "    d=open('/proc/%d/stat'%pid,'rb').read()\n"
+    "    if int(d[d.rindex(b')')+2:].split()[19])==start: os.killpg(pid,sig)\n"
+    "  except (OSError,ValueError,IndexError): pass\n"
+)
 _RECORD_SCRIPT = (
     "import os,sys\n"
     "p=os.path.expanduser(sys.argv[2])\n"
@@ -116,15 +130,23 @@ class SshRecordedGroup:
         return code
 
     async def _signal(self, sig: str) -> None:
+        """Signal the process group of each replica still running, on its node, while it is
+        the process the record names (its pid and start time; a record of an agent that kept
+        no start times names no process it can be told apart from a later one: none)."""
         for name, record in self.records.items():
-            pids = [
-                int(r["pid"])
+            pairs = [
+                f"{int(r['pid'])}:{int(r['start_time'])}"
                 for r in record.get("replicas", ())
-                if r.get("exit_code") is None and int(r.get("pid") or 0) > 1
+                if r.get("exit_code") is None
+                and int(r.get("pid") or 0) > 1
+                and r.get("start_time") is not None
             ]
-            if pids and record.get("state") != "ended":
-                groups = " ".join(f"-{pid}" for pid in pids)
-                await self._launcher.run(name, f"kill -{sig} -- {groups} 2>/dev/null; true")
+            if pairs and record.get("state") != "ended":
+                python = self._launcher.node_python(name)
+                command = " ".join(
+                    shlex.quote(p) for p in (python, "-c", _SIGNAL_SCRIPT, sig, *pairs)
+                )
+                await self._launcher.run(name, f"{command} 2>/dev/null; true")
 
     async def stop(self, grace_s: float) -> int | None:
         """SIGTERM every replica still running (its process group), SIGKILL after
