@@ -86,7 +86,7 @@ async def dispatch(ctx: Context, request: Request[Any]) -> Reply:
         case Restart():
             return resubmit.restart(ctx, request)
         case Edit():
-            return resubmit.edit(ctx, request)
+            return await resubmit.edit(ctx, request)
         case Usage():
             return usage.usage(ctx, request)
         case Drain():

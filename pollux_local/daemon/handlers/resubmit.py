@@ -57,7 +57,14 @@ def restart(ctx: Context, request: Restart) -> SubmitReply:
     return SubmitReply(id=job.job_id, state=job.state)
 
 
-def edit(ctx: Context, request: Edit) -> JobStateReply:
+async def edit(ctx: Context, request: Edit) -> JobStateReply:
+    """Change a queued or held job, under the daemon's mutex: never between a pass's plan
+    (made from the job as it was) and the starts that follow it."""
+    async with ctx.mutex:
+        return _edit(ctx, request)
+
+
+def _edit(ctx: Context, request: Edit) -> JobStateReply:
     job = ctx.job(request.id)
     ctx.require_owner(job, "edit")
     if job.state not in (JobState.QUEUED, JobState.HELD):
