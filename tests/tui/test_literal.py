@@ -78,6 +78,9 @@ def test_literal_never_reads_markup_and_escapes_controls() -> None:
     assert both.plain == "[b]x[/b]\\u202e!"
     assert plain("a\nb\x07") == "a\\x0ab\\x07"
     assert plain_lines(["\x1b[2J", "ok"]) == ["\\x1b[2J", "ok"]
+    # invisible characters that would let one name pass for another are shown too
+    spoof = plain("job\u200b1\ufeff\u2028\u061c")
+    assert spoof == "job\\u200b1\\ufeff\\u2028\\u061c", spoof
 
 
 # --- the structural check ----------------------------------------------------------------------
