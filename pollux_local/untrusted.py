@@ -12,13 +12,17 @@ import re
 
 __all__ = ["PartialEscape", "one_line", "printable", "printable_log"]
 
-#: The Unicode characters that reorder or hide text: bidirectional marks, embeddings,
-#: overrides and isolates, zero-width spaces and joiners, the line and paragraph separators,
-#: the invisible operators and the byte-order mark (a name could pass for another with them).
-_INVISIBLE = r"\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff"
-#: C0 and C1 control characters, the newline aside, and :data:`_INVISIBLE`.
-_CONTROL = re.compile(rf"[\x00-\x09\x0b-\x1f\x7f-\x9f{_INVISIBLE}]")
-_CONTROL_OR_NEWLINE = re.compile(rf"[\x00-\x1f\x7f-\x9f{_INVISIBLE}]")
+#: The Unicode controls that reorder text: bidirectional embeddings, overrides and isolates
+#: (escaped wherever a job's text is shown, its log too).
+_REORDER = r"\u202a-\u202e\u2066-\u2069"
+#: Besides, in text that names a job or a user (names, command lines, reasons): characters that
+#: hide text or break a line, with which one name could pass for another (zero-width space,
+#: the bidirectional marks, the line separators, the invisible operators, the byte-order
+#: mark).  The zero-width joiners stay: Persian, Indic scripts and emoji need them.
+_INVISIBLE = r"\u061c\u200b\u200e\u200f\u2028\u2029\u2060-\u2064\ufeff"
+#: C0 and C1 control characters, the newline aside, and both sets above.
+_CONTROL = re.compile(rf"[\x00-\x09\x0b-\x1f\x7f-\x9f{_REORDER}{_INVISIBLE}]")
+_CONTROL_OR_NEWLINE = re.compile(rf"[\x00-\x1f\x7f-\x9f{_REORDER}{_INVISIBLE}]")
 
 
 def one_line(text: object, limit: int = 500) -> str:
@@ -45,7 +49,7 @@ def printable(text: str, *, newline: bool = True) -> str:
 
 #: In a job's log: a colour (SGR) sequence, kept, or any other control character but the
 #: newline and the tab, escaped.
-_LOG = re.compile(rf"(\x1b\[[0-9;:]{{0,64}}m)|[\x00-\x08\x0b-\x1f\x7f-\x9f{_INVISIBLE}]")
+_LOG = re.compile(rf"(\x1b\[[0-9;:]{{0,64}}m)|[\x00-\x08\x0b-\x1f\x7f-\x9f{_REORDER}]")
 #: The end of a chunk that may be the start of a colour sequence cut by the chunk's end.
 _PARTIAL_SGR = re.compile(r"\x1b(\[[0-9;:]{0,64})?$")
 

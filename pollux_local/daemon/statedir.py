@@ -170,7 +170,8 @@ class LogFileHandler(logging.StreamHandler[IO[str]]):
     def _begin_again(self, path: Path) -> None:
         """Move the full file to ``PATH.1`` and write to a new one (both the daemon's own, in
         its own directory)."""
-        os.replace(path, path.with_name(path.name + ".1"))
+        with contextlib.suppress(FileNotFoundError):  # moved already by a try that failed
+            os.replace(path, path.with_name(path.name + ".1"))
         fresh = os.fdopen(open_private(path, os.O_WRONLY | os.O_APPEND), "a", encoding="utf-8")
         old = self.setStream(fresh)
         if old is not None:

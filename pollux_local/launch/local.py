@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import pwd
+import resource
 import signal
 import stat
 import sys
@@ -430,6 +431,7 @@ class LocalReplicaGroup:
         supervisor: _Watched,
         pgid: int,
         pids: Mapping[int, int],
+        starts: Mapping[int, int] | None = None,
     ) -> None:
         self.spec = spec
         self.run_file = run_file
@@ -437,6 +439,8 @@ class LocalReplicaGroup:
         self.supervisor = supervisor
         self.pgid = pgid
         self._pids = dict(pids)
+        #: pid -> start time of the replicas started (as the supervisor said)
+        self._starts = dict(starts or {})
         self.started = time.time()
         self.record: RunRecord | None = None
         #: why the group ended without a result of its supervisor's (it was killed)
@@ -543,7 +547,7 @@ class LocalReplicaGroup:
         """The processes known to be this incarnation's: its supervisor (while it is that
         process) and what runs below it, its replicas as its run file names them (each with
         its start time)."""
-        members: list[tuple[int, int | None]] = []
+        members: list[tuple[int, int | None]] = list(self._starts.items())
         if self.supervisor.alive():
             members.extend((pid, None) for pid in descendants(self.supervisor.pid))
         record = RunRecord.load(self.run_file)
@@ -667,6 +671,12 @@ def _identity(spec: LaunchSpec) -> dict[str, Any] | None:
     }
 
 
+#: The soft limit on open files a job's processes start with: this process's when it was
+#: first imported, before the daemon raised its own (``server.raise_open_files_limit``), so
+#: that a job gets what it would get started by hand (``select()`` breaks past 1,024).
+JOB_OPEN_FILES = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 def _package_root() -> str:
     return str(Path(pollux_local.__file__).resolve().parent.parent)
 
@@ -757,6 +767,7 @@ class LocalLauncher:
             "limits": spec.limits.to_json() if spec.limits is not None else None,
             "incarnation": int(restarts) if restarts.isdigit() else 0,
             "max_log_bytes": self.max_log_bytes,
+            "open_files": JOB_OPEN_FILES,
             "log_keep_free": self.log_keep_free,
             "replicas": [
                 replica_payload(spec, slot, f"start #{restarts}", stamp)
@@ -814,7 +825,9 @@ class LocalLauncher:
             self.forget(spec.job_id)
             raise PolluxError(reason)
         watched = _Watched(int(answer["pid"]), answer.get("start_time"), proc)
-        pids = {int(r["rank"]): int(r["pid"]) for r in answer.get("replicas") or ()}
+        replicas = answer.get("replicas") or ()
+        pids = {int(r["rank"]): int(r["pid"]) for r in replicas}
+        starts = {int(r["pid"]): int(r["start_time"]) for r in replicas if r.get("start_time")}
         return LocalReplicaGroup(
             spec,
             self.run_file(spec.job_id),
@@ -822,6 +835,7 @@ class LocalLauncher:
             watched,
             int(answer.get("pgid") or 0),
             pids,
+            starts,
         )
 
     def adopt(self, record: RunRecord) -> LocalReplicaGroup | None:
@@ -847,6 +861,7 @@ class LocalLauncher:
             watched,
             record.pgid,
             record.pids(),
+            {int(r["pid"]): int(r["start_time"]) for r in record.replicas if r.get("start_time")},
         )
 
     async def check_node(self, node: str) -> NodeHealth:

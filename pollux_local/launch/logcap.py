@@ -181,18 +181,20 @@ def capped_log(log_fd: int, limit: int, keep: tuple[int, ...] = (), keep_free: i
     if pid == 0:  # the copier
         code = 0
         try:
-            settle_ids()  # forked during a replica's setup: the user's alone, for good
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
                 signal.signal(signum, signal.SIG_IGN)
             _name_process(COPIER_NAME)
             os.close(write_end)
-            for fd in range(3, 1024):
+            for fd in range(3, max(read_end, log_fd, *keep, 1023) + 1):  # the report pipe too
                 if fd not in (read_end, log_fd, *keep):
                     with contextlib.suppress(OSError):
                         os.close(fd)
             for fd in (0, 1, 2):
                 with contextlib.suppress(OSError):
                     os.close(fd)
+            # forked during a replica's setup: the user's alone, for good, once it holds
+            # nothing of the setup's (a stop of the user's must not hold the supervisor)
+            settle_ids()
             copy_capped(read_end, log_fd, limit, keep_free)
         except BaseException:  # noqa: BLE001 - the copier never returns into the job's code
             code = 1

@@ -91,6 +91,7 @@ import errno
 import fcntl
 import json
 import os
+import resource
 import select
 import signal
 import stat
@@ -101,7 +102,7 @@ from typing import Any, NoReturn
 
 from pollux_local.launch import cgroups, logcap
 from pollux_local.launch.identity import IdentityError, become_user_for_setup, settle_ids
-from pollux_local.launch.userdirs import foreign_directory
+from pollux_local.launch.userdirs import make_own_directory
 from pollux_local.untrusted import one_line
 
 RUN_FILE_VERSION = 1
@@ -118,6 +119,11 @@ FAILURE_GRACE_S = 5.0
 #: The longest a replica's child may take to set itself up and reach the job's command (it
 #: is killed then, and the start fails naming it); below the daemon's wait for the start.
 SPAWN_TIMEOUT_S = 30.0
+#: What a replica's child writes to its report pipe right before it becomes the user in
+#: every way (from then on its user may stop it: the supervisor waits for it
+#: :data:`SETTLED_WAIT_S` more at most, then takes it as started).
+SETTLED = b"S"
+SETTLED_WAIT_S = 1.0
 #: ``prctl`` option that makes orphaned descendants children of the caller.
 PR_SET_CHILD_SUBREAPER = 36
 #: The signals the supervisor waits for (blocked, taken with ``sigtimedwait``).
@@ -168,32 +174,51 @@ def boot_id() -> str:
         return ""
 
 
-def read_until_closed(ends: dict[int, int], deadline: float) -> dict[int, str]:
+def read_until_closed(
+    ends: dict[int, int], deadline: float, settled: bytes = b"", settled_wait_s: float = 1.0
+) -> dict[int, str]:
     """Read each pipe of ``ends`` (key -> read end) until its writer closes it, or until
-    ``deadline`` (monotonic): key -> what was read, for the pipes closed in time; every read
-    end is closed here."""
+    ``deadline`` (monotonic): key -> what was read, for the pipes closed in time.  A pipe
+    whose text begins with ``settled`` is waited for at most ``settled_wait_s`` more, and
+    taken as it is then.  Every read end is closed here."""
     chunks: dict[int, list[bytes]] = {key: [] for key in ends}
     open_ends = {fd: key for key, fd in ends.items()}
+    own_deadline: dict[int, float] = {}  # fd -> when a settled pipe is taken as it is
     done: dict[int, str] = {}
     poller = select.poll()
     for fd in open_ends:
         poller.register(fd, select.POLLIN | select.POLLHUP)
+
+    def finish(fd: int) -> None:
+        key = open_ends.pop(fd)
+        poller.unregister(fd)
+        done[key] = b"".join(chunks[key]).decode(errors="replace")
+
     try:
         while open_ends:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0:
+            now = time.monotonic()
+            for fd in [fd for fd, at in own_deadline.items() if at <= now and fd in open_ends]:
+                finish(fd)
+            if not open_ends:
                 break
+            until = min([deadline, *(own_deadline[fd] for fd in open_ends if fd in own_deadline)])
+            left_ms = int((until - now) * 1000)
+            if left_ms <= 0:
+                if until >= deadline:
+                    break
+                continue
             for fd, _ in poller.poll(left_ms):
                 try:
                     chunk = os.read(fd, 4096)
                 except InterruptedError:
                     continue
-                if chunk:
-                    chunks[open_ends[fd]].append(chunk)
+                if not chunk:
+                    finish(fd)
                     continue
-                key = open_ends.pop(fd)
-                poller.unregister(fd)
-                done[key] = b"".join(chunks[key]).decode(errors="replace")
+                key = open_ends[fd]
+                chunks[key].append(chunk)
+                if settled and fd not in own_deadline and b"".join(chunks[key]).startswith(settled):
+                    own_deadline[fd] = time.monotonic() + settled_wait_s
     finally:
         for fd in ends.values():
             with contextlib.suppress(OSError):
@@ -395,16 +420,10 @@ def replica_child(
                 log_fd, int(spec["max_log_bytes"]), keep_free=int(spec.get("log_keep_free") or 0)
             )
         checkpoint = spec.get("checkpoint_dir")
-        if checkpoint:
-            try:
-                os.makedirs(str(checkpoint), exist_ok=True)
-            except OSError as exc:
-                raise SetupFailed(
-                    SETUP_EXIT_CODE, f"cannot create checkpoint dir {checkpoint}: {exc.strerror}"
-                ) from None
-            foreign = foreign_directory(str(checkpoint), os.geteuid())  # one planted there
-            if foreign is not None:
-                raise SetupFailed(SETUP_EXIT_CODE, f"refusing the checkpoint dir: {foreign}")
+        if checkpoint:  # made as the user, and theirs alone (not one planted there first)
+            problem = make_own_directory(str(checkpoint))
+            if problem is not None:
+                raise SetupFailed(SETUP_EXIT_CODE, f"refusing the checkpoint dir: {problem}")
         workdir = str(spec["workdir"])
         try:
             os.chdir(workdir)
@@ -418,6 +437,12 @@ def replica_child(
         os.dup2(log_fd, 2)
         argv = [str(arg) for arg in replica["argv"]]
         env = {str(k): str(v) for k, v in dict(replica["env"]).items()}
+        open_files = spec.get("open_files")
+        if open_files:  # what the job would have started by hand (the daemon raised its own)
+            _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            with contextlib.suppress(OSError, ValueError):
+                resource.setrlimit(resource.RLIMIT_NOFILE, (min(int(open_files), hard), hard))
+        os.write(report, SETTLED)  # the supervisor waits for the rest SETTLED_WAIT_S at most
         try:
             settle_ids()  # the user's in every way from here: the command is theirs
         except IdentityError as exc:
@@ -531,13 +556,18 @@ class Supervisor:
                 "error": None,
             }
             reports.append((pid, read_end))
-        texts = read_until_closed(dict(reports), time.monotonic() + SPAWN_TIMEOUT_S)
+        texts = read_until_closed(
+            dict(reports), time.monotonic() + SPAWN_TIMEOUT_S, SETTLED, SETTLED_WAIT_S
+        )
         for pid, _ in reports:
             text = texts.get(pid)
             if text is None:  # still setting up: killed (it never ran the command)
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
                 text = f"{SETUP_EXIT_CODE} did not reach its command within {SPAWN_TIMEOUT_S:g} s"
+            # settled as the user: its command is its own from there (an exec that fails
+            # after the wait is seen as the replica's exit code)
+            text = text.removeprefix(SETTLED.decode())
             if text:
                 _, _, message = text.partition(" ")
                 self.replicas[pid]["error"] = message

@@ -1,31 +1,78 @@
-"""A directory a job's processes are to use as theirs (its checkpoint directory), checked as
-theirs.
+"""A directory a job's processes are to use as theirs (its checkpoint directory), made and
+checked as theirs.
 
 A job's checkpoint directory is chosen by the daemon (``jobs/ID/checkpoint``, or
 ``[daemon] checkpoint_root``/ID); where the daemon cannot make it (a root others may write to,
-a network file system that squashes root), the job's user makes it, and ``mkdir -p`` takes a
-directory already there.  Another user who put one there first (job ids are sequential and
-visible) would read the job's checkpoints and hand it theirs to load, code included.  So the
-directory, once made, must be a directory of the job's user (a link to one of theirs is
-theirs to make).  Stdlib only: the supervisor imports it.
+a network file system that squashes root), the job's user makes it, and ``mkdir -p`` takes
+whatever is already there.  Another user who put something there first (job ids are
+sequential and visible) would read the job's checkpoints and hand it theirs to load, code
+included.  So the directory, once made, must be the user's: a directory of theirs, or a link
+of theirs (where it leads is theirs to choose), in a directory others cannot swap it in (not
+writable by others, or sticky).  The check runs as the job's user: the replica's child does
+it itself; for SSH nodes the daemon runs this module as the user
+(``python -m pollux_local.launch.userdirs PATH``), since root may not see into a file system
+that squashes it.  Stdlib only: the supervisor imports it.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import sys
 
-__all__ = ["foreign_directory"]
+__all__ = ["foreign_directory", "make_own_directory"]
 
 
 def foreign_directory(path: str, uid: int) -> str | None:
-    """Why ``path`` is not a directory of user ``uid`` (links followed), or ``None``."""
+    """Why ``path`` is not a directory of user ``uid`` that only they can swap, or ``None``."""
     try:
-        info = os.stat(path)
+        entry = os.lstat(path)
     except OSError as exc:
         return f"cannot check {path}: {exc.strerror}"
-    if not stat.S_ISDIR(info.st_mode):
+    if entry.st_uid != uid:
+        what = "a link" if stat.S_ISLNK(entry.st_mode) else "it"
+        return f"{path}: {what} belongs to uid {entry.st_uid}, not to the job's user (uid {uid})"
+    if stat.S_ISLNK(entry.st_mode):
+        try:
+            entry = os.stat(path)
+        except OSError as exc:
+            return f"cannot check {path}: {exc.strerror}"
+    if not stat.S_ISDIR(entry.st_mode):
         return f"{path} is not a directory"
-    if info.st_uid != uid:
-        return f"{path} belongs to uid {info.st_uid}, not to the job's user (uid {uid})"
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        above = os.lstat(parent)
+    except OSError as exc:
+        return f"cannot check {parent}: {exc.strerror}"
+    if above.st_mode & 0o022 and not above.st_mode & stat.S_ISVTX and above.st_uid != uid:
+        return (
+            f"{parent} may be changed by others (writable, not sticky): another user could swap"
+            f" {os.path.basename(path)} there; make it sticky (chmod +t)"
+        )
     return None
+
+
+def make_own_directory(path: str) -> str | None:
+    """``mkdir -p PATH`` as the caller, then :func:`foreign_directory` for the caller's uid:
+    why it cannot be used, or ``None``."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create {path}: {exc.strerror}"
+    return foreign_directory(path, os.geteuid())
+
+
+def main(argv: list[str]) -> int:
+    """``python -m pollux_local.launch.userdirs PATH``: 0, or 1 with why on stdout."""
+    if len(argv) != 1:
+        sys.stdout.write("usage: python -m pollux_local.launch.userdirs PATH\n")
+        return 2
+    problem = make_own_directory(argv[0])
+    if problem is not None:
+        sys.stdout.write(problem + "\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -243,8 +243,8 @@ def profile_points(detail: JobDetail) -> list[tuple[int, int, int, float]]:
 # --------------------------------------------------------------------------------------------
 
 
-#: The most devices a throughput plot's axis spans (a cluster larger than this is cut).
-MAX_PLOT_DEVICES = 4096
+#: The most devices a throughput plot's axis spans (what a job reports beyond is left out).
+MAX_PLOT_DEVICES = 1024
 
 
 def throughput_plot(detail: JobDetail, max_devices: int, devices_per_node: int) -> PlotSpec:
@@ -267,9 +267,10 @@ def throughput_plot(detail: JobDetail, max_devices: int, devices_per_node: int) 
         bounds = batch_bounds(detail)
         local = float(points[-1][2]) if points else float(bounds.base_batch if bounds else 1)
     per_node = max(devices_per_node, 1)
-    # the axis spans the devices there are: a point the job reports beyond them (its report is
-    # its own word) is left out, not allowed to stretch the axis to millions of devices
-    top = min(max(max_devices, 2), MAX_PLOT_DEVICES)
+    # the axis spans the devices there are and those the job ran on (a node down now), at
+    # most MAX_PLOT_DEVICES: a point the job reports beyond (its report is its own word) is
+    # left out, not allowed to stretch the axis to millions of devices
+    top = min(max([max_devices, 2] + [p[1] for p in points]), MAX_PLOT_DEVICES)
     points = [p for p in points if 1 <= p[1] <= top]
     ks = np.arange(1, top + 1)
     nodes = np.ceil(ks / per_node)

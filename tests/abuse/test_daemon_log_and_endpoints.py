@@ -166,3 +166,28 @@ def test_a_lookup_without_a_descriptor_left_is_not_a_deleted_user() -> None:
         for fd in opened:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_rotation_that_failed_is_tried_again(tmp_path: Path, monkeypatch: Any) -> None:
+    from pollux_local.api.errors import PolluxError
+    from pollux_local.daemon import statedir
+
+    path = tmp_path / "daemon.log"
+    stream = os.fdopen(open_private(path, os.O_WRONLY | os.O_APPEND), "a", encoding="utf-8")
+    handler = LogFileHandler(stream, path, max_bytes=1000)
+    handler.setFormatter(EscapedFormatter("%(message)s"))
+    real = statedir.open_private
+    failures = [1]
+
+    def out_of_descriptors(*args: Any) -> int:
+        if failures:
+            failures.pop()
+            raise PolluxError("cannot open daemon.log: Too many open files")
+        return real(*args)
+
+    monkeypatch.setattr(statedir, "open_private", out_of_descriptors)
+    for i in range(40):  # the first rotation fails after moving the file; the next one opens
+        handler.emit(record("line %s %s", i, "x" * 90))
+    handler.close()
+    assert path.exists() and path.stat().st_size <= 1000 + 200
+    assert path.read_text().splitlines()[-1].startswith("line 39 ")

@@ -703,3 +703,33 @@ def test_a_replica_that_never_reaches_its_command_is_not_waited_for_past_the_dea
     with pytest.raises(OSError):
         os.fstat(stuck_r)  # closed for the caller
     os.close(stuck_w)
+    # a child that settled as its user (and was stopped by it before exec): taken as started
+    # after the short wait, not held to the long deadline
+    settled_r, settled_w = os.pipe()
+    os.write(settled_w, b"S")
+    started = time.monotonic()
+    texts = read_until_closed({3: settled_r}, time.monotonic() + 30, b"S", 0.3)
+    assert time.monotonic() - started < 5.0
+    assert texts == {3: "S"}
+    os.close(settled_w)
+
+
+@pytest.mark.asyncio
+async def test_a_job_starts_with_the_descriptor_limit_the_daemon_started_with(
+    launcher: LocalLauncher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon raises its own limit on open files (it holds many); a job gets the one the
+    daemon started with (``local.JOB_OPEN_FILES``, taken before the raise), as it would
+    started by hand.  Here the daemon's is this process's, and the one it started with is
+    made lower."""
+    import resource
+
+    from pollux_local.launch import local
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    started_with = min(soft, 4096) // 2
+    monkeypatch.setattr(local, "JOB_OPEN_FILES", started_with)
+    job_dir = tmp_path / "job"
+    group = await launcher.launch(make_spec(job_dir, ["sh", "-c", "ulimit -n"], tmp_path))
+    assert await asyncio.wait_for(group.wait(), 20) == 0
+    assert (job_dir / "rank0.log").read_text().split()[-1] == str(started_with)

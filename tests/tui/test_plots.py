@@ -82,7 +82,8 @@ def test_a_reported_point_beyond_the_cluster_does_not_stretch_the_axis(
 ) -> None:
     """A job's report is its own word: a profile row on two million replicas (the report allows
     up to 2**40) made another user's TUI build and draw an axis of that many devices, frozen
-    for most of a minute at each refresh.  The axis spans the cluster's devices."""
+    for most of a minute at each refresh.  The axis spans the cluster's devices and the points
+    the job measured, at most ``MAX_PLOT_DEVICES``."""
     detail = running(recording)
     assert detail.report is not None and detail.report.profile
     first = detail.report.profile[0]
@@ -92,6 +93,13 @@ def test_a_reported_point_beyond_the_cluster_does_not_stretch_the_axis(
     )
     spec = plots.throughput_plot(detail, max_devices=8, devices_per_node=4)
     model, observed = spec.series
-    assert list(model.x) == list(range(1, 9))
-    assert max(observed.x) <= 8
+    assert len(model.x) <= plots.MAX_PLOT_DEVICES
+    assert max(observed.x) <= plots.MAX_PLOT_DEVICES  # the two million left out
     assert "throughput vs devices" in plots.render(spec, 50, 14)
+    # a point the job measured on more devices than are up now (a node down) is kept
+    wider = [*hostile[:-1], msgspec.structs.replace(first, replicas=12)]
+    detail = msgspec.structs.replace(
+        detail, report=msgspec.structs.replace(detail.report, profile=wider)
+    )
+    model, observed = plots.throughput_plot(detail, max_devices=8, devices_per_node=4).series
+    assert list(model.x) == list(range(1, 13)) and 12 in observed.x

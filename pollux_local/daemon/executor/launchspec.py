@@ -18,16 +18,18 @@ import logging
 import os
 import pwd
 import stat
+import sys
 import tempfile
 from pathlib import Path
 
+import pollux_local
 from pollux_local.api.errors import InvalidRequest, LimitExceeded
 from pollux_local.api.launch import LaunchEnvironment
 from pollux_local.api.spec import JobSpec
 from pollux_local.core.types import BatchChoice
 from pollux_local.daemon.auth import account
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
-from pollux_local.daemon.jobfiles import make_owned_dir, runs_as
+from pollux_local.daemon.jobfiles import make_owned_dir
 from pollux_local.daemon.scheduler import Action
 from pollux_local.daemon.state import JobRecord
 from pollux_local.errors import PolluxError
@@ -40,7 +42,7 @@ from pollux_local.launch.base import (
 )
 from pollux_local.launch.local import memory_text
 from pollux_local.launch.ssh.nodes import SshNodeConfig
-from pollux_local.launch.userdirs import foreign_directory
+from pollux_local.launch.userdirs import make_own_directory
 from pollux_local.untrusted import one_line
 
 log = logging.getLogger("pollux_local.daemon")
@@ -277,35 +279,37 @@ def owner_gone(job: JobRecord) -> str | None:
 
 async def make_user_dir(job: JobRecord, path: Path) -> None:
     """``mkdir -p PATH`` as the job's user (as the daemon's own user when that is the job's,
-    or when the daemon is not root)."""
+    or when the daemon is not root), then the check that it is theirs alone
+    (``launch.userdirs``), made as them too."""
     if os.geteuid() != 0 or job.owner_uid in (0, os.geteuid()):
-        path.mkdir(parents=True, exist_ok=True)
+        problem = make_own_directory(str(path))
     else:
-        await _mkdir_as_owner(job, path)
-    foreign = foreign_directory(str(path), runs_as(job.owner_uid))  # one planted there first
-    if foreign is not None:
-        raise PolluxError(f"refusing the checkpoint dir: {foreign}")
+        problem = await _make_as_owner(job, path)
+    if problem is not None:
+        raise PolluxError(f"refusing the checkpoint dir: {problem}")
 
 
-async def _mkdir_as_owner(job: JobRecord, path: Path) -> None:
+async def _make_as_owner(job: JobRecord, path: Path) -> str | None:
     entry = pwd.getpwuid(job.owner_uid)
+    package_root = str(Path(pollux_local.__file__).resolve().parent.parent)
     proc = await asyncio.create_subprocess_exec(
-        "mkdir", "-p", "--", str(path),
+        sys.executable, "-s", "-m", "pollux_local.launch.userdirs", str(path),
         user=entry.pw_uid, group=entry.pw_gid,
         extra_groups=os.getgrouplist(entry.pw_name, entry.pw_gid),
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE, cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C"},
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, cwd="/",
+        env={"PATH": "/usr/bin:/bin", "LANG": "C", "PYTHONPATH": package_root},
     )  # fmt: skip
     try:
-        _, err = await asyncio.wait_for(proc.communicate(), 30)
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         raise PolluxError(f"mkdir {path} as {entry.pw_name} did not finish in 30 s") from None
-    if proc.returncode != 0:
-        raise PolluxError(
-            f"cannot create checkpoint dir {path} as {entry.pw_name}: {one_line(err.decode())}"
-        )
+    if proc.returncode == 0:
+        return None
+    said = out.decode(errors="replace").strip() or err.decode(errors="replace")
+    return one_line(f"as {entry.pw_name}: {said}")
 
 
 def make_ssh_launcher(config: DaemonConfig, state_dir: Path) -> Launcher:
