@@ -88,8 +88,10 @@ from __future__ import annotations
 
 import dataclasses
 import grp
+import os
 import re
 import socket
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -454,6 +456,35 @@ def _whole(
     return value
 
 
+def changeable_by_others(path: Path) -> str | None:
+    """Why a user other than root and this process's could change what ``path`` holds (the
+    file, where a link leads, or a directory above either that another user owns or may
+    write to; a sticky directory's entries only their owners may replace), or ``None``."""
+    me = os.geteuid()
+    seen: set[str] = set()
+    for start in (Path(os.path.abspath(path)), Path(os.path.realpath(path))):
+        for part in (start, *start.parents):
+            if str(part) in seen:
+                continue
+            seen.add(str(part))
+            try:
+                info = os.lstat(part)
+            except OSError as exc:
+                return f"cannot check {part}: {exc.strerror}"
+            if info.st_uid not in (0, me):
+                return f"{part} belongs to uid {info.st_uid}"
+            if stat.S_ISLNK(info.st_mode):
+                continue  # its parent is checked; where it leads, on the second walk
+            sticky = stat.S_ISDIR(info.st_mode) and bool(info.st_mode & stat.S_ISVTX)
+            if part != start and sticky:
+                continue  # only the owner of the entry below (checked) may replace it
+            if info.st_mode & 0o002:
+                return f"{part} is writable by every user"
+            if info.st_mode & 0o020 and info.st_gid != 0:
+                return f"{part} is writable by group {info.st_gid}"
+    return None
+
+
 def load_config(
     path: str | Path | None = None, devices: str | None = None, force: bool = False
 ) -> DaemonConfig:
@@ -464,6 +495,13 @@ def load_config(
         local = local_nodes(devices)
         return DaemonConfig(nodes=local, warnings=check_local_gpus(local, "--devices", force))
     where = str(path)
+    if os.geteuid() == 0:
+        changeable = changeable_by_others(Path(path))
+        if changeable is not None:
+            raise PolluxError(
+                f"{where}: a daemon run as root reads only a config no other user can change:"
+                f" {changeable}"
+            )
     data = read_toml(path, "config file")
 
     unknown = set(data) - set(SECTIONS)

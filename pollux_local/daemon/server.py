@@ -18,6 +18,7 @@ import logging
 import os
 import resource
 import signal
+import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
@@ -25,12 +26,13 @@ from typing import IO, Any
 
 import numpy as np
 
+import pollux_local
 from pollux_local.api.errors import (
     PolluxError,
 )
 from pollux_local.core.types import Policy
 from pollux_local.daemon.auth import Peer, socket_mode
-from pollux_local.daemon.config import DaemonConfig, load_config
+from pollux_local.daemon.config import DaemonConfig, changeable_by_others, load_config
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.dispatch import answer
 from pollux_local.daemon.executor import Executor
@@ -437,6 +439,27 @@ def raise_open_files_limit() -> int:
     return soft
 
 
+def warn_of_changeable_code() -> list[str]:
+    """Log, once at the start of a root daemon, the code it runs that a user other than root
+    could change (its interpreter, its package): whoever can change it runs as root.  The
+    lines logged."""
+    said = []
+    for what, path in (
+        ("interpreter", Path(sys.executable)),
+        ("package", Path(pollux_local.__file__).resolve().parent),
+    ):
+        problem = changeable_by_others(path)
+        if problem is not None:
+            line = (
+                f"this root daemon's {what} {path} can be changed by others ({problem}):"
+                " whoever can change it runs as root; install it where only root can write"
+                " (docs/deploy.md)"
+            )
+            log.warning("%s", line)
+            said.append(line)
+    return said
+
+
 def run_daemon(
     config: DaemonConfig,
     state_dir: Path,
@@ -457,6 +480,8 @@ def run_daemon(
     finally:
         os.umask(started_umask)
     raise_open_files_limit()
+    if os.geteuid() == 0:
+        warn_of_changeable_code()
     for warning in config.warnings:  # in the log and on stderr
         log.warning("%s", warning)
     daemon = Daemon(

@@ -28,6 +28,11 @@ from pollux_local.launch.cgroups import Limits
 MASTER_PORT_RANGE = (20000, 32000)
 
 
+class NoFreePort(PolluxError):
+    """No master port could be bound: another process holds them (it may be a user holding
+    the range on purpose); a start waits and tries again rather than fail its job."""
+
+
 def pick_master_port(host: str = "127.0.0.1", rng: random.Random | None = None) -> int:
     """A port in ``MASTER_PORT_RANGE`` that can be bound on ``host`` right now."""
     draw = rng or random.Random()
@@ -40,7 +45,7 @@ def pick_master_port(host: str = "127.0.0.1", rng: random.Random | None = None) 
                 continue
         return port
     low, high = MASTER_PORT_RANGE
-    raise PolluxError(f"no free master port in {low}-{high - 1} on {host}")
+    raise NoFreePort(f"no free master port in {low}-{high - 1} on {host}")
 
 
 @dataclass(frozen=True)

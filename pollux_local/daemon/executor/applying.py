@@ -22,6 +22,7 @@ from pollux_local.daemon.scheduler import Action, ActionKind, Allocation, Plan
 from pollux_local.daemon.state import DecisionEntry, JobRecord
 from pollux_local.errors import PolluxError
 from pollux_local.launch.base import (
+    NoFreePort,
     ReplicaGroup,
 )
 from pollux_local.untrusted import one_line
@@ -273,6 +274,10 @@ class Applying(Warm):
                 job, spec, self.config, self.state_dir, local=launcher is self._local
             )
             group = await launcher.launch(spec)
+        except NoFreePort as exc:  # not the job's fault: it waits and is planned again
+            log.warning("job %s: not started: %s", job.id, exc)
+            self.store.update_job(job.id, reason=f"waiting: {one_line(exc)}; tried again")
+            return
         except (PolluxError, OSError) as exc:
             self._fail(job.id, f"could not start: {one_line(exc)}")
             return

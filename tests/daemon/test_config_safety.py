@@ -1,0 +1,77 @@
+"""A daemon run as root reads only a config no other user can change: the file, where a link
+leads, and every directory above them (a sticky one's entries only their owners replace)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pollux_local.daemon.config import changeable_by_others, load_config
+from pollux_local.errors import PolluxError
+
+OTHER = 54321
+
+
+def config_in(directory: Path) -> Path:
+    directory.mkdir(mode=0o755)
+    path = directory / "config.toml"
+    path.write_text('[scheduler]\npolicy = "fifo"\n')
+    path.chmod(0o644)
+    return path
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the check is a root daemon's")
+def test_a_root_daemon_refuses_a_config_others_can_change(tmp_path: Path) -> None:
+    base = tmp_path / "etc"
+    base.mkdir(mode=0o755)
+    path = config_in(base / "pollux-local")
+    assert load_config(path).policy == "fifo"  # root's own, 0644 in 0755 directories
+
+    path.chmod(0o666)
+    with pytest.raises(PolluxError) as caught:
+        load_config(path)
+    line = str(caught.value)
+    assert "writable by every user" in line and str(path) in line and "\n" not in line
+    path.chmod(0o644)
+
+    path.parent.chmod(0o775)
+    os.chown(path.parent, 0, OTHER)  # a group that is not root's may write there
+    assert f"writable by group {OTHER}" in (changeable_by_others(path) or "")
+    path.parent.chmod(0o755)
+
+    os.chown(path, OTHER, OTHER)  # another user's file
+    assert f"belongs to uid {OTHER}" in (changeable_by_others(path) or "")
+    os.chown(path, 0, 0)
+
+    # a link to a file in a directory another user owns: where it leads is theirs
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, OTHER, OTHER)
+    (theirs / "config.toml").write_text("")
+    link = base / "linked.toml"
+    link.symlink_to(theirs / "config.toml")
+    assert f"{theirs} belongs to uid {OTHER}" in (changeable_by_others(link) or "")
+
+    # a sticky directory others may write to (/tmp): its root-owned entries stay root's
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    assert changeable_by_others(config_in(sticky / "conf")) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the check is a root daemon's")
+def test_a_root_daemon_says_when_others_can_change_its_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pollux_local.daemon import server
+
+    loose = tmp_path / "venv" / "bin"
+    loose.mkdir(parents=True)
+    (tmp_path / "venv").chmod(0o777)
+    python = loose / "python"
+    python.write_text("")
+    monkeypatch.setattr(server.sys, "executable", str(python))
+    (line,) = server.warn_of_changeable_code()
+    assert f"interpreter {python}" in line and "writable by every user" in line
