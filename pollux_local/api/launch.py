@@ -17,6 +17,10 @@ Besides the torchrun variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCA
 ``POLLUX_PG_TIMEOUT_S``    process-group timeout in seconds (no collective hangs unbounded)
 ``POLLUX_RESIZE_FILE``     where the launcher writes warm resize orders (``api/resize.py``)
 ``POLLUX_RESIZE_JOIN``     a replica joining a warm resize: the order's generation
+``POLLUX_JOB_SECRET``      the incarnation's secret (random, the job's processes alone see
+                           it): every replica of a process group proves it holds it before
+                           anything of the job's crosses the group (:func:`member_tag`), so
+                           that a process that took the group's port is found out
 =========================  ===============================================================
 
 A shared job (``submit --shared``) on a GPU also gets ``POLLUX_GPU_MEMORY_FRACTION``, its
@@ -36,6 +40,8 @@ Without any of them (``python train.py``) a job is one process on one device.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -152,6 +158,8 @@ class LaunchEnvironment:
     #: warm resizes (``api/resize.py``): the order file, and the generation a joiner joins at
     resize_file: str | None = None
     resize_join: int | None = None
+    #: the incarnation's secret (``POLLUX_JOB_SECRET``; ``None``: started by hand)
+    job_secret: str | None = None
 
     @property
     def distributed(self) -> bool:
@@ -185,6 +193,7 @@ class LaunchEnvironment:
             "POLLUX_DEVICE_TYPE": self.device_type,
             "POLLUX_RESIZE_FILE": self.resize_file,
             "POLLUX_RESIZE_JOIN": self.resize_join,
+            "POLLUX_JOB_SECRET": self.job_secret,
             "POLLUX_DEVICE_SLOWDOWN": (
                 None if self.device_slowdown is None else f"{self.device_slowdown:g}"
             ),
@@ -270,7 +279,17 @@ class LaunchEnvironment:
             gpu_memory_fraction=fraction,
             resize_file=env.get("POLLUX_RESIZE_FILE") or None,
             resize_join=_int(env, "POLLUX_RESIZE_JOIN", None),
+            job_secret=env.get("POLLUX_JOB_SECRET") or None,
         )
+
+
+def member_tag(secret: str, port: int, world_size: int, rank: int) -> bytes:
+    """What rank ``rank`` of the process group meeting at ``port`` with ``world_size``
+    replicas sends to prove that it holds the incarnation's secret:
+    HMAC-SHA256(secret, "port|world|rank").  Another process cannot make it for any rank,
+    nor reuse one seen at another group or rank."""
+    message = f"{int(port)}|{int(world_size)}|{int(rank)}".encode()
+    return hmac.new(secret.encode(), message, hashlib.sha256).digest()
 
 
 def replica_environ(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hmac
 import os
 from collections.abc import Mapping
 
@@ -18,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from pollux_local.api.errors import PolluxError
-from pollux_local.api.launch import LaunchEnvironment
+from pollux_local.api.launch import LaunchEnvironment, member_tag
 
 
 def job_environment(environ: Mapping[str, str] | None = None) -> LaunchEnvironment:
@@ -79,3 +80,34 @@ def init_distributed(env: LaunchEnvironment) -> None:
         world_size=env.world_size,
         timeout=datetime.timedelta(seconds=env.pg_timeout_s),
     )
+    try:
+        verify_members(env, torch_device(env) if backend == "nccl" else torch.device("cpu"))
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+
+
+def verify_members(env: LaunchEnvironment, device: torch.device) -> None:
+    """Every replica of the group just formed holds the incarnation's secret
+    (``POLLUX_JOB_SECRET``): each sends its tag (``api.launch.member_tag``) to all, and each
+    checks every other's, before anything of the job's crosses the group.  The group's
+    address is known to others (a warm resize's order file may be read by anyone) and its
+    port may be taken by another process before rank 0 binds it: that process, whoever it
+    poses as, cannot make a tag, and the replicas stop here (:class:`PolluxError`) instead of
+    taking its weights or unpickling what it sends.  Nothing without a secret (started by
+    hand)."""
+    if env.job_secret is None or env.world_size <= 1:
+        return
+    address = f"{env.master_addr}:{env.master_port}"
+    port = int(env.master_port or 0)
+    mine = member_tag(env.job_secret, port, env.world_size, env.rank)
+    sent = torch.tensor(list(mine), dtype=torch.uint8, device=device)
+    got = [torch.empty_like(sent) for _ in range(env.world_size)]
+    dist.all_gather(got, sent)
+    for rank, tag in enumerate(got):
+        expected = member_tag(env.job_secret, port, env.world_size, rank)
+        if not hmac.compare_digest(bytes(tag.cpu().tolist()), expected):
+            raise PolluxError(
+                f"the process group at {address} has a rank {rank} that does not hold the"
+                " job's secret: another process took its port; leaving it"
+            )

@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import pwd
+import secrets
 import stat
 import sys
 import tempfile
@@ -72,6 +73,7 @@ def build_launch_spec(
         world_size=len(slots),
         master_addr="127.0.0.1",
         master_port=pick_master_port(),
+        job_secret=secrets.token_hex(16),
         job_id=job.job_id,
         restarts=job.restarts,
         job_dir=str(job_dir),
