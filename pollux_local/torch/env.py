@@ -94,18 +94,22 @@ def verify_members(env: LaunchEnvironment, device: torch.device) -> None:
     address is known to others (a warm resize's order file may be read by anyone) and its
     port may be taken by another process before rank 0 binds it: that process, whoever it
     poses as, cannot make a tag, and the replicas stop here (:class:`PolluxError`) instead of
-    taking its weights or unpickling what it sends.  Nothing without a secret (started by
-    hand)."""
-    if env.job_secret is None or env.world_size <= 1:
+    taking its weights or unpickling what it sends.  A replica without a secret (started
+    by hand) takes part and checks nothing."""
+    if env.world_size <= 1:
         return
     address = f"{env.master_addr}:{env.master_port}"
     port = int(env.master_port or 0)
-    mine = member_tag(env.job_secret, port, env.world_size, env.rank)
+    # a replica without a secret sends zeros (every replica takes part: none waits alone)
+    secret = env.job_secret
+    mine = member_tag(secret, port, env.world_size, env.rank) if secret else bytes(32)
     sent = torch.tensor(list(mine), dtype=torch.uint8, device=device)
     got = [torch.empty_like(sent) for _ in range(env.world_size)]
     dist.all_gather(got, sent)
+    if secret is None:
+        return  # started by hand: nothing to check against
     for rank, tag in enumerate(got):
-        expected = member_tag(env.job_secret, port, env.world_size, rank)
+        expected = member_tag(secret, port, env.world_size, rank)
         if not hmac.compare_digest(bytes(tag.cpu().tolist()), expected):
             raise PolluxError(
                 f"the process group at {address} has a rank {rank} that does not hold the"
