@@ -460,6 +460,8 @@ def changeable_by_others(path: Path) -> str | None:
     """Why a user other than root and this process's could change what ``path`` holds (the
     file, where a link leads, or a directory above either that another user owns or may
     write to; a sticky directory's entries only their owners may replace), or ``None``."""
+    if not os.path.lexists(path):
+        return None  # nothing there to change (reading it says so)
     me = os.geteuid()
     seen: set[str] = set()
     for start in (Path(os.path.abspath(path)), Path(os.path.realpath(path))):

@@ -160,9 +160,10 @@ async def test_replica_environment_follows_the_launch_contract(setup) -> None:  
     assert pollux == {
         "POLLUX_JOB_ID", "POLLUX_RESTARTS", "POLLUX_JOB_DIR", "POLLUX_CHECKPOINT_DIR",
         "POLLUX_DAEMON_SOCKET", "POLLUX_NUM_NODES", "POLLUX_PG_TIMEOUT_S", "POLLUX_DEVICE",
-        "POLLUX_DEVICE_TYPE",
+        "POLLUX_DEVICE_TYPE", "POLLUX_JOB_SECRET",
     }  # fmt: skip
     assert env["POLLUX_DEVICE_TYPE"] == "cpu"  # the node's devices' type
+    assert len(env["POLLUX_JOB_SECRET"]) == 32  # random per start (verify_members)
     assert env["A"] == "1" and env["POLLUX_JOB_ID"] == str(job_id)
     assert env["WORLD_SIZE"] == "2" and env["MASTER_ADDR"] == "127.0.0.1"
     assert env["POLLUX_DEVICE"] == "cpu" and env["POLLUX_PG_TIMEOUT_S"] == "60"
@@ -172,6 +173,7 @@ async def test_replica_environment_follows_the_launch_contract(setup) -> None:  
     with_batch = executor.build_spec(
         job, Action(ActionKind.START, job_id, {"far": ["cpu:0"]}, BatchChoice(16, 2, 1), "")
     )
+    assert with_batch.env["POLLUX_JOB_SECRET"] != env["POLLUX_JOB_SECRET"]
     assert with_batch.env["POLLUX_LOCAL_BATCH"] == "16"
     assert with_batch.env["POLLUX_ACCUM_STEPS"] == "2"
 
