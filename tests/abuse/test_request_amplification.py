@@ -17,7 +17,6 @@ real state database.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +26,13 @@ import pytest
 from pollux_local.api.errors import LimitExceeded, PermissionDenied
 from pollux_local.api.messages import JOB_NAME_MAX, ArrayTask, Cancel, JobName, Submit
 from pollux_local.api.states import JobState
-from pollux_local.daemon.auth import Peer
-from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers import control, submit
-from pollux_local.daemon.readmodel import MetricHistory
-from pollux_local.daemon.scheduler import ModelCache
 from pollux_local.daemon.state import StateStore
+from tests.daemon.test_limits import ALICE, BOB
+from tests.daemon.test_limits import context as limits_context
 
 pytestmark = pytest.mark.timeout(120)
-ALICE, BOB, DAEMON_UID = 41000, 41001, 40000
 
 
 class _Executor:
@@ -52,21 +48,7 @@ class _Executor:
 def context(
     store: StateStore, uid: int, executor: _Executor | None = None, **config: Any
 ) -> Context:
-    settings = DaemonConfig(nodes=(NodeConfig("n0", ("cpu:0", "cpu:1")),))
-    return Context(
-        peer=Peer(pid=1, uid=uid, gid=uid),
-        store=store,
-        executor=executor or _Executor(),  # type: ignore[arg-type]
-        config=replace(settings, **config),
-        state_dir=store.path.parent,
-        clock=lambda: 100.0,
-        models=ModelCache(),
-        metrics=MetricHistory(),
-        mutex=asyncio.Lock(),
-        wake=lambda: None,
-        daemon_uid=DAEMON_UID,
-        policy_name="fifo",
-    )
+    return limits_context(store, uid, executor or _Executor(), **config)
 
 
 def held(argv: list[str], **fields: Any) -> Submit:

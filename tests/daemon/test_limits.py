@@ -37,12 +37,14 @@ pytestmark = pytest.mark.timeout(120)
 ALICE, BOB, DAEMON_UID = 41000, 41001, 40000
 
 
-def context(store: StateStore, uid: int, **config: Any) -> Context:
+def context(store: StateStore, uid: int, executor: Any = None, **config: Any) -> Context:
+    """A handler's context for ``uid`` on a two-device node (``executor``: what stops jobs;
+    none is needed by submit and set_priority)."""
     settings = DaemonConfig(nodes=(NodeConfig("n0", ("cpu:0", "cpu:1")),))
     return Context(
         peer=Peer(pid=1, uid=uid, gid=uid),
         store=store,
-        executor=None,  # type: ignore[arg-type]  (submit and set_priority stop nothing)
+        executor=executor,
         config=replace(settings, **config),
         state_dir=store.path.parent,
         clock=lambda: 100.0,
