@@ -174,6 +174,7 @@ def test_the_launch_table_is_what_a_replica_gets() -> None:
         gpu_memory_fraction=0.25,
         resize_file="/state/resize/7.json",
         resize_join=1,
+        job_secret="0123456789abcdef0123456789abcdef",
     )
     given = {name for name in every_field.to_environ() if name.startswith("POLLUX_")}
     assert given == first_column_variables("### Launch environment (daemon → job)")
