@@ -153,7 +153,11 @@ class ElasticSampler:
             "position": self.position,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], resume: bool = True) -> None:
+        """Take a saved state: with ``resume``, as a job starting from it does
+        (:func:`resume_point`: an epoch saved at its end is begun afresh as the next one);
+        without, exactly as saved (a replica that stays through a warm resize, its loop in
+        the middle of that epoch, finishes it as it would have)."""
         if int(state["num_samples"]) != self.num_samples:
             raise PolluxError(
                 f"checkpoint was taken on a data set of {state['num_samples']} samples, "
@@ -161,4 +165,7 @@ class ElasticSampler:
             )
         self.shuffle = bool(state["shuffle"])
         self.seed = int(state["seed"])
-        self.epoch, self.position = resume_point(state)
+        if resume:
+            self.epoch, self.position = resume_point(state)
+        else:
+            self.epoch, self.position = int(state["epoch"]), int(state["position"])

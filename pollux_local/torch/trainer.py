@@ -720,7 +720,9 @@ class ElasticTrainer:
         self._checkpoint_timer.reset()
         self._load(payload)
         if self._sampler is not None and self._sampler_state is not None:
-            self._sampler.load_state_dict(self._sampler_state)
+            # as saved: this replica's loop is in that epoch (saved at its very end, the loop
+            # ends it as without a resize; a joiner starts the next one, as a restart would)
+            self._sampler.load_state_dict(self._sampler_state, resume=False)
         self._wrap()
         if not self._env_choice:
             self._adapt()  # what a restarted job does as its loader starts

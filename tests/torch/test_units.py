@@ -119,6 +119,13 @@ def test_a_checkpoint_at_an_epochs_end_resumes_at_the_next_epoch() -> None:
     sampler.position = 7  # mid-epoch: resumed where it was
     resumed.load_state_dict(sampler.state_dict())
     assert (resumed.epoch, resumed.position) == (3, 7)
+    # a replica staying through a warm resize at an epoch's end keeps that epoch's end: its
+    # loop, in that epoch, ends it (jumping to the next epoch inside it served the next
+    # epoch's samples under the last epoch's number)
+    sampler.position = 10
+    stays = ElasticSampler(10)
+    stays.load_state_dict(sampler.state_dict(), resume=False)
+    assert (stays.epoch, stays.position, stays.remaining) == (3, 10, 0)
 
 
 # ----------------------------------------------------------------------------- estimator
