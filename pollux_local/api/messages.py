@@ -48,15 +48,12 @@ Priority = Annotated[int, msgspec.Meta(ge=-1000, le=1000)]
 JOB_NAME_MAX = 128
 #: What a job name may not hold: C0 and C1 control characters and the Unicode controls that
 #: reorder text (bidirectional embeddings, overrides and isolates; as ``untrusted`` escapes).
-_NAME_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_NAME_CONTROLS = r"\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069"
+_NAME_CONTROL = re.compile(f"[{_NAME_CONTROLS}]")
 #: A job name: printable (no control characters or escapes), at most 128 characters.
 JobName = Annotated[
     str,
-    msgspec.Meta(
-        min_length=1,
-        max_length=JOB_NAME_MAX,
-        pattern=r"^[^\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]+$",
-    ),
+    msgspec.Meta(min_length=1, max_length=JOB_NAME_MAX, pattern=f"^[^{_NAME_CONTROLS}]+$"),
 ]
 
 

@@ -33,7 +33,7 @@ import stat
 import sys
 import tempfile
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -552,11 +552,7 @@ class LocalReplicaGroup:
             members.extend((pid, None) for pid in descendants(self.supervisor.pid))
         record = RunRecord.load(self.run_file)
         if record is not None:
-            members.extend(
-                (int(r["pid"]), int(r["start_time"]))
-                for r in record.replicas
-                if r.get("start_time") is not None
-            )
+            members.extend(replica_starts(record.replicas).items())
         return members
 
     # --- warm resizes ---------------------------------------------------------------------
@@ -677,7 +673,13 @@ def _identity(spec: LaunchSpec) -> dict[str, Any] | None:
 JOB_OPEN_FILES = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def _package_root() -> str:
+def replica_starts(replicas: Iterable[Mapping[str, Any]]) -> dict[int, int]:
+    """pid -> start time of the replicas a supervisor named (those it gave one)."""
+    return {int(r["pid"]): int(r["start_time"]) for r in replicas if r.get("start_time")}
+
+
+def package_root() -> str:
+    """The directory holding ``pollux_local`` (a helper's ``PYTHONPATH``)."""
     return str(Path(pollux_local.__file__).resolve().parent.parent)
 
 
@@ -796,7 +798,7 @@ class LocalLauncher:
                 start_new_session=True, cwd="/",
                 env={
                     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                    "PYTHONPATH": _package_root(), "LANG": "C.UTF-8",
+                    "PYTHONPATH": package_root(), "LANG": "C.UTF-8",
                 },
             )  # fmt: skip
         finally:
@@ -827,7 +829,6 @@ class LocalLauncher:
         watched = _Watched(int(answer["pid"]), answer.get("start_time"), proc)
         replicas = answer.get("replicas") or ()
         pids = {int(r["rank"]): int(r["pid"]) for r in replicas}
-        starts = {int(r["pid"]): int(r["start_time"]) for r in replicas if r.get("start_time")}
         return LocalReplicaGroup(
             spec,
             self.run_file(spec.job_id),
@@ -835,7 +836,7 @@ class LocalLauncher:
             watched,
             int(answer.get("pgid") or 0),
             pids,
-            starts,
+            replica_starts(replicas),
         )
 
     def adopt(self, record: RunRecord) -> LocalReplicaGroup | None:
@@ -861,7 +862,7 @@ class LocalLauncher:
             watched,
             record.pgid,
             record.pids(),
-            {int(r["pid"]): int(r["start_time"]) for r in record.replicas if r.get("start_time")},
+            replica_starts(record.replicas),
         )
 
     async def check_node(self, node: str) -> NodeHealth:

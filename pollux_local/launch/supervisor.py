@@ -151,18 +151,24 @@ def combine_exit_codes(codes_in_exit_order: Sequence[int]) -> int:
     return 0
 
 
-def proc_start_time(pid: int) -> int | None:
-    """The start time of process ``pid`` in clock ticks since boot (``None``: no such
-    process)."""
+def _stat_field(pid: int, index: int) -> int | None:
+    """Field ``index`` of ``/proc/PID/stat`` counted from the one after the command's name
+    (0: the state; 2: the process group; 19: the start time), ``None``: no such process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             data = fh.read()
     except OSError:
         return None
     try:
-        return int(data[data.rindex(b")") + 2 :].split()[19])
+        return int(data[data.rindex(b")") + 2 :].split()[index])
     except (ValueError, IndexError):
         return None
+
+
+def proc_start_time(pid: int) -> int | None:
+    """The start time of process ``pid`` in clock ticks since boot (``None``: no such
+    process)."""
+    return _stat_field(pid, 19)
 
 
 def boot_id() -> str:
@@ -228,12 +234,7 @@ def read_until_closed(
 
 def proc_group(pid: int) -> int | None:
     """The process group of process ``pid`` (``None``: no such process)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-        return int(data[data.rindex(b")") + 2 :].split()[2])
-    except (OSError, ValueError, IndexError):
-        return None
+    return _stat_field(pid, 2)
 
 
 def signal_group_of(pgid: int, signum: int, members: Iterable[tuple[int, int | None]]) -> bool:

@@ -23,7 +23,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import pollux_local
 from pollux_local.api.errors import InvalidRequest, LimitExceeded
 from pollux_local.api.launch import LaunchEnvironment
 from pollux_local.api.spec import JobSpec
@@ -41,7 +40,7 @@ from pollux_local.launch.base import (
     ReplicaSlot,
     pick_master_port,
 )
-from pollux_local.launch.local import memory_text
+from pollux_local.launch.local import memory_text, package_root
 from pollux_local.launch.ssh.nodes import SshNodeConfig
 from pollux_local.launch.userdirs import make_own_directory
 from pollux_local.untrusted import one_line
@@ -293,14 +292,13 @@ async def make_user_dir(job: JobRecord, path: Path) -> None:
 
 async def _make_as_owner(job: JobRecord, path: Path) -> str | None:
     entry = pwd.getpwuid(job.owner_uid)
-    package_root = str(Path(pollux_local.__file__).resolve().parent.parent)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-s", "-m", "pollux_local.launch.userdirs", str(path),
         user=entry.pw_uid, group=entry.pw_gid,
         extra_groups=os.getgrouplist(entry.pw_name, entry.pw_gid),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, cwd="/",
-        env={"PATH": "/usr/bin:/bin", "LANG": "C", "PYTHONPATH": package_root},
+        env={"PATH": "/usr/bin:/bin", "LANG": "C", "PYTHONPATH": package_root()},
     )  # fmt: skip
     try:
         out, err = await asyncio.wait_for(proc.communicate(), 30)

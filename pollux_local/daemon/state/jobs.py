@@ -89,12 +89,10 @@ class Jobs(Outbox):
             with self.transaction():
                 env_ref = self._env_ref(env_of) if env_of is not None else self._put_blob(env or {})
                 argv_refs: dict[int, str] = {}  # id(argv) -> digest: tasks sharing one list
-                bare: list[JobSpec] = []
                 for job_name, spec in zip(name, specs, strict=True):
                     argv_ref = argv_refs.get(id(spec.argv))
                     if argv_ref is None:
                         argv_ref = argv_refs[id(spec.argv)] = self._put_blob(spec.argv)
-                    bare.append(msgspec.structs.replace(spec, argv=[]))  # as stored_row
                     cursor = self.db.execute(
                         "INSERT INTO jobs (name, owner_uid, owner_gid, owner_name, state, spec,"
                         " env, env_ref, argv_ref, priority, submit_time)"
@@ -105,7 +103,7 @@ class Jobs(Outbox):
                             owner_gid,
                             owner_name,
                             state.value,
-                            bare[-1].to_json(),
+                            stored_row(spec),
                             env_ref,
                             argv_ref,
                             priority,
@@ -114,10 +112,10 @@ class Jobs(Outbox):
                     )
                     ids.append(int(cursor.lastrowid or 0))
                 if array and ids:
-                    for job_id, spec in zip(ids, bare, strict=True):
+                    for job_id, spec in zip(ids, specs, strict=True):
                         tagged = msgspec.structs.replace(spec, array_id=str(ids[0]))
                         self.db.execute(
-                            "UPDATE jobs SET spec = ? WHERE id = ?", (tagged.to_json(), job_id)
+                            "UPDATE jobs SET spec = ? WHERE id = ?", (stored_row(tagged), job_id)
                         )
         finally:
             self.db.execute("PRAGMA synchronous=NORMAL")
