@@ -408,7 +408,12 @@ class SchedulingLoop:
     def refresh_reports(self, jobs: list[JobRecord]) -> None:
         """Take in the ``report.json`` files written since the last pass.  A report that does
         not follow the schema, or a file that is not the job's owner's plain file, is ignored
-        (once per version of the file, with a logged reason); the job keeps its previous one."""
+        (once per version of the file, with a logged reason); the job keeps its previous one.
+        What is remembered per job is forgotten once the job is no longer scheduled."""
+        scheduled = {job.id for job in jobs if job.state in SCHEDULED_STATES}
+        for remembered in (self._report_mtimes, self._report_warned):
+            for job_id in [key for key in remembered if key not in scheduled]:
+                del remembered[job_id]
         for job in jobs:
             if job.state not in SCHEDULED_STATES:
                 continue

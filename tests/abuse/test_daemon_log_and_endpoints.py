@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from pollux_local.api.states import JobState
 from pollux_local.daemon import auth, metrics
 from pollux_local.daemon.loop import REPORT_WARNING_INTERVAL_S, SchedulingLoop
 from pollux_local.daemon.reports import MAX_REASON_CHARS, InvalidReport, parse_report
@@ -77,6 +78,19 @@ def test_a_job_rewriting_a_bad_report_is_warned_about_once_a_minute(caplog: Any)
     said = [r.getMessage() for r in caplog.records]
     assert said == ["job 7: ignoring its report: bad", "job 8: ignoring its report: bad",
                     "job 7: ignoring its report: bad"]  # fmt: skip
+
+
+def test_what_is_remembered_of_reports_is_forgotten_with_the_job(tmp_path: Path) -> None:
+    """A long-lived daemon keeps a report's mtime and last warning per scheduled job only."""
+    loop = types.SimpleNamespace(
+        clock=lambda: 1000.0,
+        state_dir=tmp_path,
+        _report_mtimes={7: 1.0, 8: 2.0},
+        _report_warned={7: 900.0, 9: 950.0},
+    )
+    running = types.SimpleNamespace(id=8, job_id="8", state=JobState.RUNNING, owner_uid=os.getuid())
+    SchedulingLoop.refresh_reports(loop, [running])  # type: ignore[arg-type]
+    assert set(loop._report_mtimes) <= {8} and set(loop._report_warned) <= {8}
 
 
 def test_the_daemon_log_is_moved_aside_at_its_size(tmp_path: Path) -> None:
