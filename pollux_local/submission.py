@@ -229,6 +229,20 @@ def _size(options: SubmitOptions, elastic: bool) -> tuple[int, int | None]:
     return int(min_gpus), None if max_gpus is None else int(max_gpus)
 
 
+def current_umask() -> int:
+    """This process's file-mode creation mask (``/proc/self/status``; else set and put back)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8) & 0o777
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask & 0o777
+
+
 def build_submit(options: SubmitOptions, environ: Mapping[str, str] | None = None) -> Submit:
     """The ``submit`` request for ``options`` (over the job file's values) in the submitter's
     environment ``environ`` (default: this process's)."""
@@ -252,6 +266,7 @@ def build_submit(options: SubmitOptions, environ: Mapping[str, str] | None = Non
         "argv": argv,
         "workdir": str(workdir),
         "env": env,
+        "umask": current_umask(),  # the job's files are as private as the submitter's
         "min_gpus": min_gpus,
         "priority": int(_pick(options, "priority") or 0),
         "elastic": elastic,

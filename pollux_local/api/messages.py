@@ -80,6 +80,12 @@ def default_job_name(argv: Sequence[str]) -> str:
 
 #: An absolute path.
 AbsPath = Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern=r"^/[^\x00]*$")]
+#: a file-mode creation mask (``umask``), 0 to 0o777
+Umask = Annotated[int, msgspec.Meta(ge=0, le=0o777)]
+#: an environment variable's name: what ``execve`` can pass (no ``=``, no NUL, not empty)
+EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern=r"^[^=\x00]+$")]
+#: an environment variable's value (no NUL)
+EnvValue = Annotated[str, msgspec.Meta(max_length=131072, pattern=r"^[^\x00]*$")]
 Argument = Annotated[str, msgspec.Meta(max_length=131072, pattern=r"^[^\x00]*$")]
 
 
@@ -381,7 +387,9 @@ class Submit(Request[SubmitReply], tag="submit", kw_only=True):
     argv: Annotated[list[Argument], msgspec.Meta(min_length=1, max_length=4096)]
     workdir: AbsPath
     name: JobName | None = None
-    env: dict[str, str] = msgspec.field(default_factory=dict)
+    env: dict[EnvName, EnvValue] = msgspec.field(default_factory=dict)
+    #: the submitter's umask, which the job's processes get (``None``: the daemon's)
+    umask: Umask | None = None
     min_gpus: Count = 1
     max_gpus: Count | None = None
     batch_size: BatchSize | None = None

@@ -133,6 +133,8 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: host memory (bytes) and CPUs it may use, enforced with cgroups (``--mem``, ``--cpus``)
     host_memory: int | None = None
     cpus: float | None = None
+    #: the file-mode creation mask its processes get (the submitter's; ``None``: the daemon's)
+    umask: int | None = None
 
     def to_json(self) -> str:
         return msgspec.json.encode(self).decode()

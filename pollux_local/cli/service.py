@@ -208,8 +208,10 @@ def write_unit(path: Path, text: str) -> bool:
         fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         try:
             with os.fdopen(fd, "w") as fh:
+                # by the descriptor: in a directory others may write to, the name could be
+                # swapped for a link to any file before a chmod by path (root would chmod it)
+                os.fchmod(fh.fileno(), 0o644)
                 fh.write(text)
-            os.chmod(temporary, 0o644)
             os.replace(temporary, path)
         except BaseException:
             os.unlink(temporary)

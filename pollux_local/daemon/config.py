@@ -21,7 +21,7 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     stop_grace_s = 60         # SIGTERM -> checkpoint exit wait before SIGKILL
     pg_timeout_s = 60         # POLLUX_PG_TIMEOUT_S given to jobs
     node_retry_s = 30         # how often a node marked down is checked again
-    checkpoint_root = "/shared/ckpt"  # jobs checkpoint under ROOT/<job id> (default: the
+    checkpoint_root = "/shared/ckpt"  # jobs checkpoint under ROOT/<job id>-<hash> (default: the
                               # job's directory in the state dir; must be shared by all nodes)
 
     [[nodes]]
@@ -92,6 +92,7 @@ import os
 import re
 import socket
 import stat
+import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -458,33 +459,118 @@ def _whole(
 
 def changeable_by_others(path: Path) -> str | None:
     """Why a user other than root and this process's could change what ``path`` holds (the
-    file, where a link leads, or a directory above either that another user owns or may
-    write to; a sticky directory's entries only their owners may replace), or ``None``."""
-    if not os.path.lexists(path):
-        return None  # nothing there to change (reading it says so)
-    me = os.geteuid()
-    seen: set[str] = set()
-    for start in (Path(os.path.abspath(path)), Path(os.path.realpath(path))):
-        for part in (start, *start.parents):
-            if str(part) in seen:
-                continue
-            seen.add(str(part))
+    file, a link on the way to it or where one leads, or a directory any of them is in that
+    another user owns or may write to; a sticky directory's entries only their owners may
+    replace), or ``None``."""
+    return _walk_unchangeable(path)[0]
+
+
+#: links followed on the way to a file at most (the kernel's own limit)
+_MAX_LINKS = 40
+
+
+def _walk_unchangeable(path: Path) -> tuple[str | None, os.stat_result | None]:
+    """Follow ``path`` one component and one link at a time, as the kernel does, checking
+    each directory entered, each link and the file reached (:func:`_changeable`): why
+    another user could change it (or ``None``), and the file reached (``None``: nothing
+    there).  A link is read where it is: a link in another user's directory, however its
+    target looks, is refused (that user could point it elsewhere once it was checked)."""
+    todo = list(reversed(Path(os.path.abspath(path)).parts[1:]))
+    current = Path("/")
+    try:
+        info = os.lstat(current)
+    except OSError as exc:
+        return f"cannot check /: {exc.strerror}", None
+    problem = _changeable(current, info, last=not todo)
+    if problem is not None:
+        return problem, None
+    links = 0
+    while todo:
+        name = todo.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            current = current.parent
+            continue
+        part = current / name
+        try:
+            info = os.lstat(part)
+        except FileNotFoundError:
+            return None, None  # nothing there to change (reading it says so)
+        except OSError as exc:
+            return f"cannot check {part}: {exc.strerror}", None
+        problem = _changeable(part, info, last=not todo)
+        if problem is not None:
+            return problem, None
+        if stat.S_ISLNK(info.st_mode):
+            links += 1
+            if links > _MAX_LINKS:
+                return f"{path}: too many levels of links", None
             try:
-                info = os.lstat(part)
+                target = os.readlink(part)
             except OSError as exc:
-                return f"cannot check {part}: {exc.strerror}"
-            if info.st_uid not in (0, me):
-                return f"{part} belongs to uid {info.st_uid}"
-            if stat.S_ISLNK(info.st_mode):
-                continue  # its parent is checked; where it leads, on the second walk
-            sticky = stat.S_ISDIR(info.st_mode) and bool(info.st_mode & stat.S_ISVTX)
-            if part != start and sticky:
-                continue  # only the owner of the entry below (checked) may replace it
-            if info.st_mode & 0o002:
-                return f"{part} is writable by every user"
-            if info.st_mode & 0o020 and info.st_gid != 0:
-                return f"{part} is writable by group {info.st_gid}"
+                return f"cannot check {part}: {exc.strerror}", None
+            parts = Path(target).parts
+            if target.startswith("/"):
+                current, parts = Path("/"), parts[1:]
+            todo.extend(reversed(parts))
+            continue
+        if todo and not stat.S_ISDIR(info.st_mode):
+            return f"cannot check {part}: not a directory", None
+        current = part
+    return None, info
+
+
+def _changeable(part: Path, info: os.stat_result, last: bool) -> str | None:
+    """Why another user could change the entry ``part`` (``info``, not followed): theirs,
+    or writable by them; a directory on the way (not ``last``) that is sticky keeps its
+    entries their owners' (each checked in turn)."""
+    if info.st_uid not in (0, os.geteuid()):
+        return f"{part} belongs to uid {info.st_uid}"
+    if stat.S_ISLNK(info.st_mode):
+        return None  # a link's mode means nothing; its directory is checked
+    sticky = stat.S_ISDIR(info.st_mode) and bool(info.st_mode & stat.S_ISVTX)
+    if not last and sticky:
+        return None
+    if info.st_mode & 0o002:
+        return f"{part} is writable by every user"
+    if info.st_mode & 0o020 and info.st_gid != 0:
+        return f"{part} is writable by group {info.st_gid}"
     return None
+
+
+def read_unchangeable_toml(path: Path, what: str) -> dict[str, Any]:
+    """Read the TOML file at ``path`` as a daemon run as root does: only when no user other
+    than root and this process's could change it (:func:`changeable_by_others`), from one
+    descriptor that ``fstat`` shows is the very file checked (a link repointed once it was
+    checked is refused, never read), a regular file."""
+    where = str(path)
+    problem, checked = _walk_unchangeable(path)
+    if problem is not None:
+        raise PolluxError(
+            f"{where}: a daemon run as root reads only a {what} no other user can change: {problem}"
+        )
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise PolluxError(f"{what} {path} does not exist") from None
+    except OSError as exc:
+        raise PolluxError(f"cannot read {what} {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if checked is None or (info.st_dev, info.st_ino) != (checked.st_dev, checked.st_ino):
+            raise PolluxError(
+                f"{where}: a daemon run as root reads only a {what} no other user can change:"
+                " it changed while it was checked"
+            )
+        if not stat.S_ISREG(info.st_mode):
+            raise PolluxError(f"cannot read {what} {path}: not a regular file")
+        try:
+            return tomllib.load(handle)
+        except tomllib.TOMLDecodeError as exc:
+            raise PolluxError(f"{what} {path} is not valid TOML: {exc}") from None
+        except OSError as exc:
+            raise PolluxError(f"cannot read {what} {path}: {exc.strerror}") from None
 
 
 def load_config(
@@ -497,14 +583,10 @@ def load_config(
         local = local_nodes(devices)
         return DaemonConfig(nodes=local, warnings=check_local_gpus(local, "--devices", force))
     where = str(path)
-    if os.geteuid() == 0:
-        changeable = changeable_by_others(Path(path))
-        if changeable is not None:
-            raise PolluxError(
-                f"{where}: a daemon run as root reads only a config no other user can change:"
-                f" {changeable}"
-            )
-    data = read_toml(path, "config file")
+    if os.geteuid() == 0:  # read from the file checked, once: never again by its path
+        data = read_unchangeable_toml(Path(path), "config file")
+    else:
+        data = read_toml(path, "config file")
 
     unknown = set(data) - set(SECTIONS)
     if unknown:

@@ -141,13 +141,15 @@ def job_file_mtime(directory: Path, name: str, owner_uid: int) -> float | None:
     return info.st_mtime
 
 
-def make_owned_dir(parent: Path, name: str, uid: int, gid: int, mode: int = 0o755) -> Path:
-    """``parent/name`` as a directory of ``uid``:``gid`` (``jobs/<id>`` for a job): made by
-    the daemon in ``parent``, a directory of the daemon's own user (so no one else can put
-    anything at ``name``), then given to the user through a descriptor opened with
-    ``O_NOFOLLOW | O_DIRECTORY`` (``fchown``: never a path that could have been swapped).  A
-    directory already there is taken as it is if it is the user's or the daemon's (and
-    given to the user); anything else is :class:`UnsafeJobFile`."""
+def make_owned_dir(parent: Path, name: str, uid: int, gid: int) -> Path:
+    """``parent/name`` as a directory of ``uid``:``gid`` that only they may enter (0700:
+    ``jobs/<id>`` holds the job's logs and checkpoints, which other users read only through
+    the daemon): made by the daemon in ``parent``, a directory of the daemon's own user (so no
+    one else can put anything at ``name``), then given to the user through a descriptor
+    opened with ``O_NOFOLLOW | O_DIRECTORY`` (``fchown``, ``fchmod``: never a path that could
+    have been swapped).  A directory already there is taken if it is the user's or the
+    daemon's (given to the user, closed to others); anything else is
+    :class:`UnsafeJobFile`."""
     if "/" in name or name in ("", ".", ".."):
         raise UnsafeJobFile(f"bad directory name {name!r}")
     parent_fd = _open_directory(parent)
@@ -156,7 +158,7 @@ def make_owned_dir(parent: Path, name: str, uid: int, gid: int, mode: int = 0o75
         if info.st_uid != os.geteuid() or info.st_mode & 0o022:
             raise UnsafeJobFile(f"{parent} is not a directory only the daemon's user may change")
         with contextlib.suppress(FileExistsError):
-            os.mkdir(name, mode, dir_fd=parent_fd)
+            os.mkdir(name, 0o700, dir_fd=parent_fd)
         fd = _open_directory(parent, name, dir_fd=parent_fd)
         try:
             info = os.fstat(fd)
@@ -164,6 +166,8 @@ def make_owned_dir(parent: Path, name: str, uid: int, gid: int, mode: int = 0o75
                 raise UnsafeJobFile(f"{parent / name} belongs to uid {info.st_uid}")
             if (info.st_uid, info.st_gid) != (uid, gid) and os.geteuid() == 0:
                 os.fchown(fd, uid, gid)
+            if info.st_mode & 0o077:  # one made before jobs' directories were private
+                os.fchmod(fd, stat.S_IMODE(info.st_mode) & 0o700)
         finally:
             os.close(fd)
     finally:

@@ -61,6 +61,7 @@ from pollux_local.daemon import notify_send
 from pollux_local.daemon.auth import account
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.state import JobEnd, JobRecord, StateStore
+from pollux_local.launch.supervisor import proc_start_time, signal_group_of
 from pollux_local.untrusted import one_line, printable
 
 __all__ = [
@@ -467,17 +468,21 @@ class Notifier:
         stdin: bytes | None = None,
     ) -> None:
         """Run ``argv`` as ``owner`` in a session of its own, at most :data:`SEND_TIMEOUT_S`
-        (then its process group is killed, as it is when something it left behind still holds
-        its output after it exited); a failure is one log line."""
+        (then its process group is killed, while its leader is still the process started
+        here: :func:`_kill_group`); a failure is one log line.  Its exit is waited for, not
+        its output: something it left running that still holds the output a moment after
+        it exited is no longer read (one log line), never waited for."""
         switch: dict[str, Any] = {}
         if owner.groups is not None:
             switch = {"user": owner.uid, "group": owner.gid, "extra_groups": owner.groups}
+        loop = asyncio.get_running_loop()
         try:
-            proc = await asyncio.create_subprocess_exec(
+            transport, watched = await loop.subprocess_exec(
+                functools.partial(_Watched, loop),
                 *argv,
-                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
                 cwd="/",
                 env=environ,
                 start_new_session=True,
@@ -488,32 +493,38 @@ class Notifier:
                 "notify: job %s: %s as %s cannot start: %s", job.id, what, owner.name, error
             )
             return
-        assert proc.stdout is not None
-        output = bytearray()
-        reader = asyncio.create_task(_read_tail(proc.stdout, output))
+        # the leader, as it is known from here on: its pid is its group's id (a session of
+        # its own) until it is reaped; then both may be given to another user's process
+        pid = transport.get_pid()
+        leader = (pid, proc_start_time(pid))
         try:
-            await self._wait(what, job, owner, proc, stdin, reader, output)
+            await self._wait(what, job, owner, transport, watched, leader, stdin)
         finally:
-            reader.cancel()
+            _let_go(transport)
 
     async def _wait(
         self,
         what: str,
         job: JobRecord,
         owner: Owner,
-        proc: asyncio.subprocess.Process,
+        transport: asyncio.SubprocessTransport,
+        watched: _Watched,
+        leader: tuple[int, int | None],
         stdin: bytes | None,
-        reader: asyncio.Task[None],
-        output: bytearray,
     ) -> None:
         """Feed ``stdin``, wait for the exit (killing the group on time-out or cancellation),
-        then log a failure with the tail of its output."""
+        give its output :data:`OUTPUT_GRACE_S` to close, then log a failure with the tail of
+        its output."""
+        feed = transport.get_pipe_transport(0)
+        if isinstance(feed, asyncio.WriteTransport):
+            with contextlib.suppress(OSError, RuntimeError):
+                feed.write(stdin or b"")
+                feed.write_eof()
         try:
-            await asyncio.wait_for(_feed_and_wait(proc, stdin), self.timeout_s)
+            await asyncio.wait_for(asyncio.shield(watched.exited), self.timeout_s)
         except (TimeoutError, asyncio.CancelledError) as error:
-            _kill_group(proc)
-            with contextlib.suppress(Exception):
-                await asyncio.shield(proc.wait())
+            if _kill_group(leader):  # its end and its group's (its output closed), a moment
+                await asyncio.wait({watched.exited, watched.closed}, timeout=OUTPUT_GRACE_S)
             if isinstance(error, asyncio.CancelledError):
                 raise
             log.warning(
@@ -524,38 +535,69 @@ class Notifier:
                 self.timeout_s,
             )
             return
-        _, holding = await asyncio.wait({reader}, timeout=OUTPUT_GRACE_S)
-        if holding:  # something it started still holds its output: not kept
-            _kill_group(proc)
-            await asyncio.wait({reader}, timeout=OUTPUT_GRACE_S)
-        if proc.returncode != 0:
+        _, holding = await asyncio.wait({watched.closed}, timeout=OUTPUT_GRACE_S)
+        if holding:
+            # something it started still holds its output; its leader is gone, and with it
+            # the one process known to be in its group: that id is signalled no more
+            log.warning(
+                "notify: job %s: %s as %s exited (exit %s) but left something running that"
+                " holds its output; no longer read",
+                job.id,
+                what,
+                owner.name,
+                transport.get_returncode(),
+            )
+            return
+        returncode = transport.get_returncode()
+        if returncode != 0:
             log.warning(
                 "notify: job %s: %s as %s failed (exit %s): %s",
                 job.id,
                 what,
                 owner.name,
-                proc.returncode,
-                one_line(output.decode("utf-8", "replace")) or "no output",
+                returncode,
+                one_line(watched.output.decode("utf-8", "replace")) or "no output",
             )
 
 
-async def _feed_and_wait(proc: asyncio.subprocess.Process, stdin: bytes | None) -> None:
-    if proc.stdin is not None:
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            proc.stdin.write(stdin or b"")
-            await proc.stdin.drain()
-        proc.stdin.close()
-    await proc.wait()
+class _Watched(asyncio.SubprocessProtocol):
+    """One notification process: the tail of its output (:data:`OUTPUT_LIMIT` bytes), when
+    it exited and when its output closed, each known on its own (``asyncio``'s
+    ``Process.wait`` returns only once the output is closed too)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.output = bytearray()
+        self.exited: asyncio.Future[None] = loop.create_future()
+        self.closed: asyncio.Future[None] = loop.create_future()
+
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        self.output.extend(data.encode() if isinstance(data, str) else data)
+        del self.output[:-OUTPUT_LIMIT]
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if fd == 1 and not self.closed.done():
+            self.closed.set_result(None)
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
 
 
-async def _read_tail(stream: asyncio.StreamReader, kept: bytearray) -> None:
-    """Read ``stream`` to its end, keeping its last :data:`OUTPUT_LIMIT` bytes in ``kept``."""
-    while chunk := await stream.read(65536):
-        kept.extend(chunk)
-        del kept[:-OUTPUT_LIMIT]
+def _let_go(transport: asyncio.SubprocessTransport) -> None:
+    """Stop feeding and reading a notification process: its pipes are closed here (what
+    its input still held is dropped), whatever holds their other ends."""
+    feed = transport.get_pipe_transport(0)
+    if isinstance(feed, asyncio.WriteTransport) and not feed.is_closing():
+        feed.abort()
+    transport.close()
 
 
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL the process group a notification process leads (its own session)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+def _kill_group(leader: tuple[int, int | None]) -> bool:
+    """SIGKILL the process group a notification process leads (its own session), only while
+    that process, ``(pid, start time)``, is still in it: once it is reaped, its pid and so
+    its group's id may be another user's (:func:`signal_group_of`).  ``True`` when
+    signalled."""
+    pid, start = leader
+    if start is None:  # gone before it could be known: nothing is known to be its group
+        return False
+    return signal_group_of(pid, signal.SIGKILL, [leader])

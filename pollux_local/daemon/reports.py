@@ -38,27 +38,54 @@ _decoder = msgspec.json.Decoder(JobReport)
 #: The shortest time between two reports of one job the daemon takes over the socket (the job
 #: library reports every 10 s by default; its probe every second).
 MIN_REPORT_INTERVAL_S = 0.5
+#: Reports over the socket taken per second for all the jobs of one user together (each is a
+#: write to the state database), and the burst allowed above that rate: a user's thousand
+#: jobs each at the per-job pace were 583 writes a second, and other users' requests waited.
+USER_REPORTS_PER_S = 20.0
+USER_REPORT_BURST = 40.0
 #: The most characters of why a report was refused (it may quote what the job wrote).
 MAX_REASON_CHARS = 300
 
 
 class ReportPace:
     """When each job's last report over the socket was taken (monotonic seconds), per daemon
-    (:func:`pace_of` its store); entries older than the interval are dropped as it grows."""
+    (:func:`pace_of` its store), and each user's budget of reports: a token bucket per owner,
+    refilled at ``per_user_s`` a second up to ``burst``.  Entries older than they matter are
+    dropped as the tables grow."""
 
-    def __init__(self, interval_s: float = MIN_REPORT_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        interval_s: float = MIN_REPORT_INTERVAL_S,
+        per_user_s: float = USER_REPORTS_PER_S,
+        burst: float = USER_REPORT_BURST,
+    ) -> None:
         self.interval_s = interval_s
+        self.per_user_s = per_user_s
+        self.burst = burst
         self._taken: dict[int, float] = {}
+        #: owner uid -> (tokens, when they were counted)
+        self._budget: dict[int, tuple[float, float]] = {}
 
-    def take(self, job_id: int, now: float | None = None) -> bool:
-        """Whether a report of ``job_id`` arriving now is taken (then it is noted)."""
+    def take(self, job_id: int, owner_uid: int = -1, now: float | None = None) -> bool:
+        """Whether a report of ``job_id`` (a job of ``owner_uid``) arriving now is taken
+        (then it is noted): not sooner than ``interval_s`` after the job's last one, and only
+        while its owner has a token (tokens = min(burst, tokens + per_user_s * elapsed))."""
         now = time.monotonic() if now is None else now
         last = self._taken.get(job_id)
         if last is not None and now - last < self.interval_s:
             return False
+        tokens, counted = self._budget.get(owner_uid, (self.burst, now))
+        tokens = min(self.burst, tokens + self.per_user_s * max(0.0, now - counted))
+        if tokens < 1.0:
+            self._budget[owner_uid] = (tokens, now)
+            return False
+        self._budget[owner_uid] = (tokens - 1.0, now)
         self._taken[job_id] = now
         if len(self._taken) > 1024:
             self._taken = {k: t for k, t in self._taken.items() if now - t < self.interval_s}
+        if len(self._budget) > 1024:  # a full bucket is what an absent entry means
+            refill = self.burst / self.per_user_s
+            self._budget = {k: v for k, v in self._budget.items() if now - v[1] < refill}
         return True
 
 

@@ -90,6 +90,8 @@ class LaunchSpec:
     #: ``resize_file``; an SSH node's: at a file its node agent makes); ``False``: the
     #: incarnation is only ever resized by a restart
     takes_orders: bool = False
+    #: the file-mode creation mask of the replicas (the submitter's); ``None``: the launcher's
+    umask: int | None = None
 
 
 class ReplicaGroup(Protocol):

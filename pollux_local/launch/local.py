@@ -88,8 +88,10 @@ REAP_MARGIN_S = 1.0
 STOP_MARGIN_S = 10.0
 #: How often an adopted supervisor is looked at where no pidfd can be had.
 POLL_S = 0.5
-#: Largest run file read.
-MAX_RUN_FILE_BYTES = 1 << 20
+#: Largest run file read: it holds the job's command (``launch``), which a request may make
+#: as large as its 16 MiB frame (control characters written as JSON escapes); the file is the
+#: daemon's own, the cap only bounds memory.
+MAX_RUN_FILE_BYTES = 64 << 20
 
 
 def replica_env(spec: LaunchSpec, slot: ReplicaSlot) -> dict[str, str]:
@@ -766,6 +768,7 @@ class LocalLauncher:
             "job_dir": str(spec.log_dir),
             "workdir": str(spec.workdir),
             "checkpoint_dir": checkpoint or None,
+            "umask": spec.umask,
             "limits": spec.limits.to_json() if spec.limits is not None else None,
             "incarnation": int(restarts) if restarts.isdigit() else 0,
             "max_log_bytes": self.max_log_bytes,

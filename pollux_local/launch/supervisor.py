@@ -8,7 +8,7 @@ line on stdin (so that environments never appear in ``ps``)::
 
     {"version": 1, "job_id", "run_file", "control_file", "grace_s", "failure_grace_s",
      "user": {"uid", "gid", "groups", "name"} | null,
-     "job_dir", "workdir", "checkpoint_dir" | null,
+     "job_dir", "workdir", "checkpoint_dir" | null, "umask" | null,
      "replicas": [{"rank", "argv", "env", "log", "banner"}, ...],
      "limits": null | {"version", "memory_base", "cpu_base", "memory", "cpus"},
      "incarnation": N,
@@ -24,8 +24,8 @@ What it does:
 * for each replica it forks a child that first joins those cgroups (as root, so the job
   cannot leave them: they stay root's), then drops privileges to the job's user
   (``setgroups``, ``setgid``, the effective uid: only when ``user`` is given; root stays its
-  real and saved uid until right before ``exec``, ``launch/identity.py``), then, as that user,
-  opens (or creates) its log ``JOB_DIR/<log>`` for appending (never through a symlink, never
+  real and saved uid until right before ``exec``, ``launch/identity.py``), takes the
+  submitter's ``umask`` (when given), then, as that user, opens (or creates) its log ``JOB_DIR/<log>`` for appending (never through a symlink, never
   a FIFO), writes the banner, creates the checkpoint directory, enters the working directory
   and execs the command with exactly the replica's environment.  A child that cannot do one
   of these writes one line saying why to its log (when it has one) and to the supervisor, and
@@ -128,8 +128,9 @@ SETTLED_WAIT_S = 1.0
 PR_SET_CHILD_SUBREAPER = 36
 #: The signals the supervisor waits for (blocked, taken with ``sigtimedwait``).
 WAITED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1}
-#: Largest warm resize request read (its joiners' environments included).
-MAX_WARM_BYTES = 1 << 20
+#: Largest warm resize request read (its joiners' commands and environments included, as
+#: large as a request's 16 MiB frame allows; the file is the daemon's own).
+MAX_WARM_BYTES = 64 << 20
 #: How often the joiners' ready files are looked for while a warm resize waits on them.
 READY_POLL_S = 0.01
 #: The name of a joiner's ready file (``api.resize.ready_name``; kept in step by a test).
@@ -407,6 +408,9 @@ def replica_child(
             except cgroups.CgroupError as exc:
                 raise SetupFailed(SETUP_EXIT_CODE, str(exc)) from None
         drop_privileges(spec.get("user"))
+        umask = spec.get("umask")
+        if umask is not None:  # the submitter's: what the job creates is as private as theirs
+            os.umask(int(umask) & 0o777)
         job_dir = str(spec["job_dir"])
         try:
             os.makedirs(job_dir, exist_ok=True)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +19,14 @@ from tests.daemon_process import DaemonFactory
 
 pytestmark = pytest.mark.timeout(180)
 
-#: Sleeps a moment, then exits with the code given (a task of an array: 3 for index 2).
+#: Sleeps a moment, then exits with the code given (a task of an array: 3 for index 2); with a
+#: third argument it first waits (60 s at most) for a file ``go`` beside it.
 JOB = """
 import os, sys, time
+gate = os.path.join(os.path.dirname(os.path.abspath(__file__)), "go")
+deadline = time.time() + 60
+while len(sys.argv) > 3 and not os.path.exists(gate) and time.time() < deadline:
+    time.sleep(0.1)
 time.sleep(float(sys.argv[1]))
 index = os.environ.get("POLLUX_ARRAY_INDEX")
 sys.exit(3 if index == "2" else int(sys.argv[2]))
@@ -47,11 +54,22 @@ def test_wait_all_waits_for_every_active_job_of_mine_and_fails_if_one_failed(
 ) -> None:
     early = daemon.submit("job.py", "0", "5")
     daemon.wait_for(lambda j: j[early]["state"] == "failed", 30)  # ended before the wait
-    fine = [daemon.submit("job.py", "4", "0") for _ in range(2)]
-    crash = daemon.submit("job.py", "2", "4")
-    held = daemon.submit("--hold", "job.py", "0", "0")
+    # the jobs wait for ``go``, made once the wait has had time to list them (on a loaded
+    # machine the submissions alone can take longer than a job that only sleeps)
+    fine = [daemon.submit("job.py", "1", "0", "gated") for _ in range(2)]
+    crash = daemon.submit("job.py", "0.5", "4", "gated")
+    held = daemon.submit("--hold", "job.py", "0", "0", "gated")
     daemon.cli("release", held)
-    done = wait(daemon, "--all", "--json")
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "pollux_local", "wait", "--interval", "0.2", "--timeout", "90",
+         "--all", "--json"],
+        env=daemon.env, cwd=daemon.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    time.sleep(5)
+    (daemon.root / "go").touch()
+    stdout, stderr = waiting.communicate(timeout=120)
+    done = subprocess.CompletedProcess(waiting.args, waiting.returncode, stdout, stderr)
     assert done.returncode == 1, done.stderr
     found = rows(done)
     assert set(found) == {*fine, crash, held}, found  # not the job that ended before

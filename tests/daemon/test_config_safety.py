@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,3 +76,70 @@ def test_a_root_daemon_says_when_others_can_change_its_code(
     monkeypatch.setattr(server.sys, "executable", str(python))
     (line,) = server.warn_of_changeable_code()
     assert f"interpreter {python}" in line and "writable by every user" in line
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the check is a root daemon's")
+def test_a_link_on_the_way_in_another_users_directory_is_refused(tmp_path: Path) -> None:
+    """``config.toml -> THEIRS/link2 -> root's real.toml``: the first link and the file it
+    finally reaches are root's, but the link between is in a directory of another user's,
+    who could point it anywhere once it was checked."""
+    etc = tmp_path / "etc"
+    real = config_in(etc)  # root's, 0644, in a 0755 directory of root's
+    theirs = tmp_path / "usershared"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, OTHER, OTHER)
+    link2 = theirs / "link2"
+    link2.symlink_to(real)
+    os.lchown(link2, OTHER, OTHER)
+    config = etc / "chained.toml"
+    config.symlink_to(link2)
+    line = changeable_by_others(config) or ""
+    assert f"{theirs} belongs to uid {OTHER}" in line, line
+    with pytest.raises(PolluxError) as caught:
+        load_config(config)
+    assert f"{theirs} belongs to uid {OTHER}" in str(caught.value)
+
+    # relative links and `..` are followed as the kernel does: each directory passed checked
+    (etc / "sub").mkdir(mode=0o755)
+    relative = etc / "sub" / "relative.toml"
+    relative.symlink_to("../../usershared/link2")
+    assert f"{theirs} belongs to uid {OTHER}" in (changeable_by_others(relative) or "")
+    fine = etc / "sub" / "fine.toml"
+    fine.symlink_to("../config.toml")
+    assert changeable_by_others(fine) is None
+    assert load_config(fine).policy == "fifo"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the check is a root daemon's")
+def test_the_config_is_read_from_the_file_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checked, then read again by its path, a config could be another file by then: it is
+    opened once and ``fstat`` must show the file the check reached."""
+    from pollux_local.daemon import config as config_module
+
+    etc = tmp_path / "etc"
+    real = config_in(etc)
+    other = etc / "other.toml"
+    other.write_text('[scheduler]\npolicy = "goodput"\n')
+    link = etc / "linked.toml"
+    link.symlink_to(real)
+    walk = config_module._walk_unchangeable
+
+    def then_swapped(path: Path) -> Any:
+        checked = walk(path)
+        link.unlink()
+        link.symlink_to(other)  # repointed between the check and the read
+        return checked
+
+    monkeypatch.setattr(config_module, "_walk_unchangeable", then_swapped)
+    with pytest.raises(PolluxError) as caught:
+        load_config(link)
+    assert "changed while it was checked" in str(caught.value)
+
+    monkeypatch.setattr(config_module, "_walk_unchangeable", walk)
+    fifo = etc / "fifo.toml"
+    os.mkfifo(fifo, 0o644)
+    with pytest.raises(PolluxError) as caught:  # never waited on
+        load_config(fifo)
+    assert "not a regular file" in str(caught.value)

@@ -359,6 +359,68 @@ async def test_close_kills_running_hooks_and_leaves_ends_not_started_in_the_outb
 
 
 @pytest.mark.asyncio
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a chosen pid needs root (ns_last_pid)")
+async def test_a_group_whose_leader_is_gone_is_not_signalled_nor_its_output_waited_for(
+    store: StateStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The hook (the owner's code) starts a ``setsid`` child that keeps its output open, and
+    exits: its group empties and its pid, the group's id, is free.  Another process given
+    that pid (a user who cycles the pids can make that happen) leads a group of that id: the
+    notification's time-out, as root, must not kill it.  And the child that never closes the
+    output must not keep the notification (a task of the daemon's) waiting."""
+    from pollux_local.launch.supervisor import proc_start_time
+
+    leader_file, holder_file = tmp_path / "leader", tmp_path / "holder"
+    command = f"echo $$ > {leader_file}; setsid sleep 30 & echo $! > {holder_file}"
+    end_job(store, add_job(store, "holder"), "failed", "x")
+    notifier = Notifier(
+        store, lambda: daemon_config(notify_command=command), os.geteuid(), timeout_s=3.0
+    )
+    caplog.set_level(logging.INFO, logger="pollux_local")
+    started = time.monotonic()
+    assert await notifier.announce_pending() == 1
+    while not (lines(leader_file) and lines(holder_file)) and time.monotonic() - started < 10:
+        await asyncio.sleep(0.02)
+    leader, holder = int(lines(leader_file)[0]), int(lines(holder_file)[0])
+    stranger = None
+    try:
+        while proc_start_time(leader) is not None and time.monotonic() - started < 2.5:
+            await asyncio.sleep(0.01)  # the hook's shell ends and is reaped
+        assert proc_start_time(leader) is None, "the hook's shell did not end"
+        for _ in range(20):  # another process may take the pid first: try again
+            try:
+                with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
+                    fh.write(str(leader - 1))
+            except OSError as exc:  # a read-only /proc/sys (some containers)
+                pytest.skip(f"cannot choose the next pid here: {exc}")
+            candidate = subprocess.Popen(["sleep", "60"], start_new_session=True)
+            if candidate.pid == leader:
+                stranger = candidate
+                break
+            candidate.kill()
+            candidate.wait()
+        if stranger is None:
+            pytest.skip(f"could not give pid {leader} to a new process (the machine took it)")
+        assert os.getpgid(stranger.pid) == leader  # the hook's old group id, now its
+
+        assert await notifier.wait_idle(10)  # not the 30 s the child holds the output
+        assert time.monotonic() - started < 8
+        await asyncio.sleep(3.5)  # past the time-out, had it been waited for
+        assert stranger.poll() is None, "the notification signalled another process's group"
+        messages = [record.getMessage() for record in caplog.records]
+        assert any(
+            "left something running that holds its output; no longer read" in m for m in messages
+        ), messages
+    finally:
+        if stranger is not None:
+            stranger.kill()
+            stranger.wait()
+        with contextlib.suppress(OSError, psutil.Error):
+            if "sleep" in psutil.Process(holder).name():
+                os.kill(holder, 9)
+
+
+@pytest.mark.asyncio
 async def test_a_daemon_not_run_by_root_notifies_only_for_its_own_users_jobs(
     store: StateStore, tmp_path: Path
 ) -> None:

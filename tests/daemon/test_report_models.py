@@ -123,6 +123,22 @@ def test_only_the_jobs_user_root_or_the_daemon_may_report_for_it() -> None:
     assert not check_reporter(job(9, owner=2001, state="cancelled"), 2001, daemon_uid)
 
 
+def test_one_users_many_jobs_share_a_budget_of_reports() -> None:
+    """A thousand jobs of one user, each at the per-job pace, were 583 database writes a
+    second; now one user's reports together are taken at USER_REPORTS_PER_S (a burst above
+    it), and another user's are not affected."""
+    pace = ReportPace(interval_s=0.5, per_user_s=20.0, burst=40.0)
+    now = 50.0
+    taken = 0
+    for step in range(100):  # one second: 1,000 jobs of uid 2001, 10 reports each ms apart
+        for job_id in range(step * 10, step * 10 + 10):
+            taken += pace.take(job_id, 2001, now=now + step * 0.01)
+    assert 40 <= taken <= 40 + 20 + 1, taken  # the burst, then the rate
+    assert pace.take(5000, 2002, now=now + 1.0)  # another user's job: its own budget
+    later = now + 10.0  # refilled (to the burst, not beyond)
+    assert sum(pace.take(6000 + i, 2001, now=later) for i in range(100)) == 40
+
+
 def test_a_jobs_reports_are_taken_at_most_every_half_second_per_daemon() -> None:
     pace = ReportPace(interval_s=0.5)
     assert pace.take(1, now=10.0) and pace.take(2, now=10.1)

@@ -148,6 +148,19 @@ async def test_run_file_while_running_and_after(launcher: LocalLauncher, tmp_pat
 
 
 @pytest.mark.asyncio
+async def test_a_command_as_large_as_a_request_allows_runs(
+    launcher: LocalLauncher, tmp_path: Path
+) -> None:
+    """Two arguments of 131,000 control characters (``Submit`` allows 131,072 each) are 1.5 MB
+    in the run file's JSON: over the 1 MiB its reader took, the job was recorded as ended
+    without a result and its supervisor killed."""
+    big = "\x01" * 131_000
+    spec = make_spec(tmp_path / "job", ["sh", "-c", "exit 4", big, big], tmp_path)
+    group = await launcher.launch(spec)
+    assert await asyncio.wait_for(group.wait(), 30) == 4
+
+
+@pytest.mark.asyncio
 async def test_stop_kills_a_setsid_grandchild_that_ignores_sigterm(
     launcher: LocalLauncher, tmp_path: Path
 ) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
+from tests.paths import job_checkpoint_dir
 
 from .conftest import GLOO_JOB, PYTHON, REPO_ROOT, node_table
 from .testbed import Testbed
@@ -107,7 +108,7 @@ def test_daemon_runs_a_job_across_two_ssh_hosts(
     h1, h2 = testbed.hosts
     assert node_up(daemon, h1.name) and node_up(daemon, h2.name)
     job_id = submit_gloo_job(daemon, tmp_path, steps=60, sleep_s=0.02)
-    ckpt = tmp_path / "ckpt" / job_id
+    ckpt = job_checkpoint_dir(tmp_path / "ckpt", daemon.state_dir, job_id)
     state = wait_for(
         lambda: (s := job(daemon, job_id)["state"]) in ("succeeded", "failed") and s, 90, "the end"
     )
@@ -130,7 +131,7 @@ def test_cut_link_daemon_marks_node_down_and_job_resumes_on_the_other_host(
     h1, h2 = testbed.hosts
     total = 400
     job_id = submit_gloo_job(daemon, tmp_path, steps=total, sleep_s=0.03)
-    ckpt = tmp_path / "ckpt" / job_id
+    ckpt = job_checkpoint_dir(tmp_path / "ckpt", daemon.state_dir, job_id)
     wait_for(lambda: checkpoint_step(ckpt) >= 20, 60, "the two-host job to make progress")
     assert job(daemon, job_id)["nodes"] == [h1.name, h2.name]
 

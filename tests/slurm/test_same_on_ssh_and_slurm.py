@@ -14,6 +14,7 @@ import pytest
 from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
 from tests.multinode.test_daemon_multinode import daemon_config as ssh_daemon_config
 from tests.multinode.testbed import Testbed, missing_requirements
+from tests.paths import job_checkpoint_dir
 
 from .conftest import SlurmAllocation, daemon_config
 from .test_slurm_daemon import checkpoint_step, ended, incarnations, job, submit
@@ -59,7 +60,7 @@ def test_a_two_rank_job_spans_both_nodes_and_succeeds(cluster: Cluster, tmp_path
     daemon = cluster.daemon
     job_id = submit(daemon, tmp_path, steps=40, sleep_s=0.02)
     assert ended(daemon, job_id) == "succeeded", daemon.client.request("logs", id=job_id)
-    ckpt = tmp_path / "ckpt" / job_id
+    ckpt = job_checkpoint_dir(tmp_path / "ckpt", daemon.state_dir, job_id)
     assert incarnations(ckpt) == [{"start_step": 0, "world": 2, "hosts": cluster.nodes}]
     shown = job(daemon, job_id)
     assert shown["exit_code"] == 0 and shown["exit_signal"] is None
@@ -81,7 +82,7 @@ def test_a_cancelled_job_checkpoints_and_its_exit_is_recorded(
 ) -> None:
     daemon = cluster.daemon
     job_id = submit(daemon, tmp_path, steps=100_000, sleep_s=0.05)
-    ckpt = tmp_path / "ckpt" / job_id
+    ckpt = job_checkpoint_dir(tmp_path / "ckpt", daemon.state_dir, job_id)
     wait_for(lambda: checkpoint_step(ckpt) >= 5, 60, "the job to make progress")
     daemon.client.request("cancel", ids=[job_id])
     assert ended(daemon, job_id, 40) == "cancelled"

@@ -25,7 +25,7 @@ import pytest
 
 from tests.daemon.test_e2e import TRAIN
 from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
-from tests.paths import REPO_ROOT
+from tests.paths import REPO_ROOT, job_checkpoint_dir
 
 from . import bed
 from .conftest import SlurmAllocation, daemon_config, make_allocation
@@ -112,7 +112,7 @@ def test_two_rank_job_runs_as_one_step_across_both_nodes(
     assert state == "succeeded", logs
     shown = job(slurm_daemon, job_id)
     assert shown["exit_code"] == 0 and shown["exit_signal"] is None, shown
-    ckpt = tmp_path / "ckpt" / job_id
+    ckpt = job_checkpoint_dir(tmp_path / "ckpt", slurm_daemon.state_dir, job_id)
     assert incarnations(ckpt) == [{"start_step": 0, "world": 2, "hosts": [h1, h2]}]
     assert json.loads((ckpt / "done.json").read_text())["step"] == 40
     envs = [json.loads((ckpt / f"env-{rank}.json").read_text()) for rank in (0, 1)]
@@ -141,7 +141,7 @@ def test_cancelled_job_ends_its_step(
     allocation: SlurmAllocation, slurm_daemon: DaemonProcess, tmp_path: Path
 ) -> None:
     job_id = submit(slurm_daemon, tmp_path, steps=100_000, sleep_s=0.05)
-    ckpt = tmp_path / "ckpt" / job_id
+    ckpt = job_checkpoint_dir(tmp_path / "ckpt", slurm_daemon.state_dir, job_id)
     wait_for(lambda: checkpoint_step(ckpt) >= 5, 60, "the job to make progress")
     assert f"pollux-{job_id}" in steps_of(allocation)
     slurm_daemon.client.request("cancel", ids=[job_id])
@@ -166,7 +166,7 @@ def test_daemon_killed_and_restarted_in_the_allocation_loses_nothing(
     )
     total = 150
     first = submit(daemon, tmp_path, steps=total, sleep_s=0.05)
-    ckpt = tmp_path / "ckpt" / first
+    ckpt = job_checkpoint_dir(tmp_path / "ckpt", daemon.state_dir, first)
     wait_for(lambda: checkpoint_step(ckpt) >= 10, 60, "the job to make progress")
     second = submit(daemon, tmp_path, steps=20, sleep_s=0.02)  # queued: the devices are taken
     assert job(daemon, second)["state"] == "queued"
@@ -184,7 +184,12 @@ def test_daemon_killed_and_restarted_in_the_allocation_loses_nothing(
     decisions = daemon.client.request("show", id=first)["decisions"]
     assert any(d["kind"] == "recovered" for d in decisions), decisions
     assert ended(daemon, second, 90) == "succeeded"
-    assert incarnations(tmp_path / "ckpt" / second)[0]["start_step"] == 0
+    assert (
+        incarnations(job_checkpoint_dir(tmp_path / "ckpt", daemon.state_dir, second))[0][
+            "start_step"
+        ]
+        == 0
+    )
 
 
 def test_timed_out_job_ends_its_step(
@@ -211,7 +216,7 @@ def test_node_lost_mid_job_resumes_on_the_other_node_from_its_checkpoint(
     job_id = submit(
         slurm_daemon, tmp_path, steps=400, sleep_s=0.03, ranks=1, elastic=True, max_gpus=2
     )
-    ckpt = tmp_path / "ckpt" / job_id
+    ckpt = job_checkpoint_dir(tmp_path / "ckpt", slurm_daemon.state_dir, job_id)
     wait_for(lambda: len(job(slurm_daemon, job_id)["nodes"]) == 2, 30, "the job on both nodes")
     wait_for(lambda: checkpoint_step(ckpt) >= 20, 60, "the two-node job to make progress")
     killed = time.monotonic()
@@ -305,7 +310,7 @@ def test_daemon_restarted_in_a_new_allocation_recovers_its_queue(
     )
     running = submit(daemon, tmp_path, steps=150, sleep_s=0.05)
     held = submit(daemon, tmp_path, steps=10, sleep_s=0.02, hold=True)
-    ckpt = tmp_path / "ckpt" / running
+    ckpt = job_checkpoint_dir(tmp_path / "ckpt", daemon.state_dir, running)
     wait_for(lambda: checkpoint_step(ckpt) >= 10, 60, "the job to make progress")
     daemon.kill()
     allocation.cancel()  # Slurm ends its steps

@@ -23,6 +23,7 @@ from tests.labinstall import (
     wait_until,
     world_readable_tempdir,
 )
+from tests.paths import job_checkpoint_dir
 
 from .conftest import SlurmAllocation
 
@@ -102,7 +103,7 @@ def test_a_members_job_runs_in_her_allocation_as_her(
         shown = wait_until(final, 90, "the member's job to end")
         assert shown is not None and shown["state"] == "succeeded", (shown, daemon.output())
         assert shown["owner"] == bob.name
-        ckpt = home / "ckpt" / job_id
+        ckpt = job_checkpoint_dir(home / "ckpt", state, job_id)
         lines = [(ckpt / f"rank-{rank}").read_text().split() for rank in (0, 1)]
         nodes = subprocess.run(
             ["scontrol", "show", "hostnames", owner[1]], capture_output=True, text=True,

@@ -60,7 +60,8 @@ def build_launch_spec(
             slots.append(ReplicaSlot(len(slots), node.name, device, local_rank, node_rank))
             spec = job.spec
     if config.checkpoint_root:
-        checkpoint_dir = str(Path(config.checkpoint_root) / job.job_id)
+        state_dir = job_dir.parent.parent  # job_dir is STATE_DIR/jobs/<id>
+        checkpoint_dir = str(checkpoint_dir_under(Path(config.checkpoint_root), job, state_dir))
     else:
         checkpoint_dir = str(job_dir / "checkpoint")
     batch: BatchChoice | None = action.batch
@@ -118,6 +119,7 @@ def build_launch_spec(
         run_as=run_as,
         run_as_uid=run_as_uid,
         limits=limits,
+        umask=spec.umask,
     )
 
 
@@ -258,11 +260,80 @@ async def prepare_dirs(
     checkpoint = Path(spec.env["POLLUX_CHECKPOINT_DIR"])
     if config.checkpoint_root:
         try:
-            make_owned_dir(Path(config.checkpoint_root), job.job_id, job.owner_uid, job.owner_gid)
+            make_owned_dir(checkpoint.parent, checkpoint.name, job.owner_uid, job.owner_gid)
         except OSError as exc:  # not a directory of the daemon's: the job's user makes it
             log.debug("job %s: checkpoint dir left to the job's user: %s", job.id, exc)
     if not local:
         await make_user_dir(job, checkpoint)
+
+
+def checkpoint_dir_under(root: Path, job: JobRecord, state_dir: Path) -> Path:
+    """The job's checkpoint directory under a ``checkpoint_root``: ``ROOT/<id>-<tag>``, the
+    tag a keyed hash of the job's id (:func:`checkpoint_key`), so the same at every restart
+    of the job and of the daemon, and one no other user can know before the job makes it:
+    ids are sequential and shown to all, and under a root others may write to, a
+    ``ROOT/<id>`` made first by another user would fail the job (``launch.userdirs``).  A
+    ``ROOT/<id>`` already there that is the job's own user's (made before this naming) is
+    kept, with the checkpoints in it."""
+    legacy = root / job.job_id
+    with contextlib.suppress(OSError):
+        info = os.lstat(legacy)
+        if info.st_uid == job.owner_uid and (
+            stat.S_ISDIR(info.st_mode) or stat.S_ISLNK(info.st_mode)
+        ):
+            return legacy
+    return root / checkpoint_name(job.job_id, checkpoint_key(state_dir))
+
+
+def checkpoint_name(job_id: str, key: bytes) -> str:
+    """``<id>-<tag>``: tag = BLAKE2b(id, key), 8 bytes in hex."""
+    tag = hashlib.blake2b(job_id.encode(), key=key, digest_size=8).hexdigest()
+    return f"{job_id}-{tag}"
+
+
+#: the name of the daemon's key for checkpoint directory names, in its state dir
+CHECKPOINT_KEY = "checkpoint.key"
+_checkpoint_keys: dict[str, bytes] = {}
+
+
+def checkpoint_key(state_dir: Path) -> bytes:
+    """The daemon's secret key for checkpoint directory names (``STATE_DIR/checkpoint.key``,
+    0600, made once: written whole into a temporary file, then linked in place, so a crash
+    leaves no empty key; never through a link)."""
+    cached = _checkpoint_keys.get(str(state_dir))
+    if cached is not None:
+        return cached
+    path = state_dir / CHECKPOINT_KEY
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        if not os.path.lexists(path):
+            fd, temporary = tempfile.mkstemp(dir=state_dir, prefix=f".{CHECKPOINT_KEY}.")  # 0600
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(secrets.token_bytes(32))
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                with contextlib.suppress(FileExistsError):  # made meanwhile: that one is used
+                    os.link(temporary, path)
+            finally:
+                os.unlink(temporary)
+        with os.fdopen(os.open(path, flags), "rb") as fh:
+            info = os.fstat(fh.fileno())
+            key = fh.read(64)
+    except OSError as exc:
+        raise PolluxError(f"cannot read the daemon's key {path}: {exc.strerror or exc}") from None
+    if (
+        not stat.S_ISREG(info.st_mode)
+        or info.st_uid != os.geteuid()
+        or info.st_mode & 0o077
+        or len(key) < 16
+    ):
+        raise PolluxError(
+            f"the daemon's key {path} is not a private file of its own (0600, 32 bytes);"
+            " remove it and the daemon makes a new one (jobs then checkpoint afresh)"
+        )
+    _checkpoint_keys[str(state_dir)] = key
+    return key
 
 
 def owner_gone(job: JobRecord) -> str | None:
@@ -328,17 +399,56 @@ def make_ssh_launcher(config: DaemonConfig, state_dir: Path) -> Launcher:
 
 def ssh_control_dir(state_dir: Path) -> Path:
     """Where ssh keeps its shared connections: ``STATE_DIR/ssh``, or, when that path is too
-    long for a Unix socket, a private directory under /tmp named after the state dir."""
+    long for a Unix socket, a private directory named after the state dir (the SSH
+    launcher names its exit records on the nodes after it) in a directory only this
+    process's user (or root) may write to: ``/run`` for root, the user's runtime directory
+    otherwise.  Where there is none, a directory of a name nobody can guess beforehand
+    (``mkdtemp``, once per daemon process): a name in ``/tmp`` that anyone could take first
+    would stop the daemon's SSH."""
     preferred = state_dir / "ssh"
     if len(str(preferred)) + 42 <= 104:
         return preferred
     digest = hashlib.sha1(str(state_dir).encode()).hexdigest()[:12]
-    short = Path(tempfile.gettempdir()) / f"pollux-ssh-{os.geteuid()}-{digest}"
-    short.mkdir(mode=0o700, exist_ok=True)
-    info = short.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
-        raise PolluxError(f"{short} is not a private directory of the daemon's user")
-    return short
+    me = os.geteuid()
+    bases = ["/run"] if me == 0 else [os.environ.get("XDG_RUNTIME_DIR", ""), f"/run/user/{me}"]
+    for base in filter(None, bases):
+        short = Path(base) / f"pollux-ssh-{digest}"
+        if len(str(short)) + 42 > 104 or not _only_writable_by_me(Path(base)):
+            continue
+        with contextlib.suppress(OSError):
+            os.mkdir(short, 0o700)
+        if _private_dir(short):
+            return short
+    made = _SSH_CONTROL_DIRS.get(str(state_dir))
+    if made is None or not _private_dir(made):
+        made = Path(tempfile.mkdtemp(prefix=f"pollux-ssh-{me}-"))  # 0700, a fresh name
+        _SSH_CONTROL_DIRS[str(state_dir)] = made
+    return made
+
+
+#: the control directories :func:`ssh_control_dir` made with ``mkdtemp``, by state dir
+_SSH_CONTROL_DIRS: dict[str, Path] = {}
+
+
+def _only_writable_by_me(path: Path) -> bool:
+    """``path`` is a directory (no link) of root's or this user's that no one else may
+    write to."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(info.st_mode) and info.st_uid in (0, os.geteuid()) and not info.st_mode & 0o022
+    )
+
+
+def _private_dir(path: Path) -> bool:
+    """``path`` is a directory (no link) of this user's that only they may enter."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
 
 
 def ssh_nodes(config: DaemonConfig) -> list[SshNodeConfig]:

@@ -4,7 +4,8 @@ The report was checked against ``api.JobReport`` (its bounds included) when the 
 decoded.  Who may send it is ``reports.check_reporter``, the rule a ``report.json`` file is
 read under too: the job's own user, root or the daemon's user, for a job that has not ended.
 It is stored as the ``JobReport`` it is, exactly as a file read by the loop, at
-most every ``reports.MIN_REPORT_INTERVAL_S`` per job (a report sooner is not taken)."""
+most every ``reports.MIN_REPORT_INTERVAL_S`` per job and ``reports.USER_REPORTS_PER_S`` per
+user (a burst of ``USER_REPORT_BURST`` above it; a report beyond is not taken)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def report(ctx: Context, request: Report) -> ReportReply:
     job = ctx.job(request.job_id)
     if not check_reporter(job, ctx.peer.uid, ctx.daemon_uid):
         return ReportReply(accepted=False)
-    if not pace_of(ctx.store).take(job.id):
+    if not pace_of(ctx.store).take(job.id, job.owner_uid):
         return ReportReply(accepted=False)
     ctx.store.update_job(job.id, report=request.report)
     ctx.metrics.note(job, request.report, ctx.clock())

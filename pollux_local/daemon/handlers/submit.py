@@ -290,6 +290,7 @@ def spec_of(request: Submit) -> JobSpec:
         group=request.group,
         host_memory=request.host_memory,
         cpus=request.cpus,
+        umask=request.umask,
     )
 
 

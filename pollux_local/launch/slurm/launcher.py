@@ -117,7 +117,10 @@ class SlurmLauncher:
             argv += ["--distribution=arbitrary", f"--nodelist={','.join(s.node for s in slots)}"]
             if gpus:
                 argv.append("--gpus-per-task=1")
-        return [*argv, "/bin/sh", "-c", RANK_WRAPPER, "pollux-rank", *spec.argv]
+        wrapper = RANK_WRAPPER
+        if spec.umask is not None:  # the submitter's (an int: nothing of the user's in the text)
+            wrapper = f"umask {int(spec.umask) & 0o777:04o} && {wrapper}"
+        return [*argv, "/bin/sh", "-c", wrapper, "pollux-rank", *spec.argv]
 
     def step_env(self, spec: LaunchSpec) -> dict[str, str]:
         """What every task gets (srun exports it): the launch environment common to all
