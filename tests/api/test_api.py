@@ -75,6 +75,13 @@ def test_every_request_type_round_trips_through_a_frame() -> None:
          "$.name"),
         ({"v": 1, "type": "report", "job_id": "1", "report": {"profile": [{"nodes": 1}]}},
          "$.report.profile[0]"),
+        # what execve cannot pass (it ended a node agent with a traceback nobody saw)
+        ({"v": 1, "type": "submit", "argv": ["x"], "workdir": "/", "env": {"A=B": "1"}},
+         "$.env"),
+        ({"v": 1, "type": "submit", "argv": ["x"], "workdir": "/", "env": {"A": "1\x002"}},
+         "$.env"),
+        ({"v": 1, "type": "submit", "argv": ["x"], "workdir": "/", "env": {"": "1"}}, "$.env"),
+        ({"v": 1, "type": "submit", "argv": ["x"], "workdir": "/", "umask": 0o1000}, "$.umask"),
     ],
 )  # fmt: skip
 def test_bad_requests_are_refused_with_one_line_naming_the_problem(
