@@ -47,6 +47,7 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     max_array_size = 1000     # tasks one array may have (default 1000)
     max_command_size = "4M"   # a job's command line and environment together (default 4M)
     max_stored_per_user = "64M"  # commands and environments of one user's jobs, all in all
+    max_ended_per_user = 10000  # ended jobs kept per user, the oldest removed (0: all kept)
     user_groups = 4           # groups each user may make for their own jobs (0: none)
 
     [groups.gpu]              # a group any job may join (submit --group gpu)
@@ -221,6 +222,8 @@ class DaemonConfig:
     #: bytes of commands and environments one user's queued, held and running jobs keep in
     #: the state (each stored once: an array's tasks share theirs)
     max_stored_per_user: int = 64 * 1024 * 1024
+    #: ended jobs kept per user (their newest); older ones are removed (0: every one kept)
+    max_ended_per_user: int = 10_000
     #: the admin's groups (``[groups.NAME]``), and how many groups each user may make
     groups: tuple[GroupConfig, ...] = ()
     user_groups: int = 4
@@ -420,6 +423,7 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
             "max_array_size",
             "max_command_size",
             "max_stored_per_user",
+            "max_ended_per_user",
             "user_groups",
             "default_mem",
             "max_mem",
@@ -768,6 +772,7 @@ def load_config(
         # run is refused
         max_command_bytes=_size(limits, "limits", "max_command_size", "4M", where),
         max_stored_per_user=_size(limits, "limits", "max_stored_per_user", "64M", where),
+        max_ended_per_user=_whole(limits, "max_ended_per_user", 10_000, where, 0, 100_000_000),
         groups=admin_groups(data.get("groups", {}), where),
         user_groups=_whole(limits, "user_groups", 4, where, 0, 1000),
         **host_limits(limits, where),

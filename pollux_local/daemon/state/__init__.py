@@ -46,6 +46,7 @@ from pollux_local.daemon.state.records import (
     JobRecord,
     stored_row,
 )
+from pollux_local.daemon.state.retention import Retention
 from pollux_local.daemon.state.schema import HISTORY_LIMIT, MIGRATIONS, SCHEMA_VERSION
 
 __all__ = [
@@ -74,14 +75,15 @@ __all__ = [
 ]
 
 
-class StateStore(Jobs, Groups):
+class StateStore(Jobs, Groups, Retention):
     """SQLite-backed store; one instance per daemon, used from the event-loop thread only.
 
     Opening it creates the file 0600 when absent, checks it (``quick_check``) and brings its
     schema up to :data:`SCHEMA_VERSION`; :class:`StateError` when it cannot be used.  Its
     parts, one module each: :mod:`.base` (the connection), :mod:`.blobs`, :mod:`.history`
     (decisions, history, usage, withheld devices), :mod:`.outbox` (job ends), :mod:`.jobs`
-    (jobs and :meth:`transition`), :mod:`.groups` (users' groups, every group's pause);
+    (jobs and :meth:`transition`), :mod:`.groups` (users' groups, every group's pause),
+    :mod:`.retention` (how many ended jobs are kept);
     :mod:`.schema` and :mod:`.files` below them."""
 
 

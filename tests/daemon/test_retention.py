@@ -1,0 +1,100 @@
+"""Each user's newest ``[limits] max_ended_per_user`` ended jobs are kept; older ones go, with
+their decisions, history and announced ends and the stored commands no job names any more.
+Kept whatever their age: jobs an active job waits for, every task of an array with an
+active task, and a job whose end is not announced yet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pollux_local.api.spec import JobSpec
+from pollux_local.api.states import DecisionKind, JobState
+from pollux_local.daemon.state import DecisionEntry, StateStore
+
+
+def add(store: StateStore, uid: int, now: float, **spec: object) -> int:
+    job = store.add_job(
+        name=f"j{now:g}", owner_uid=uid, owner_gid=uid, owner_name=f"u{uid}",
+        spec=JobSpec(argv=["train", str(now)], workdir="/", **spec),  # type: ignore[arg-type]
+        priority=0, submit_time=now, env={"SEED": str(now)},
+    )  # fmt: skip
+    return job.id
+
+
+def end(store: StateStore, job_id: int, now: float) -> None:
+    store.transition(job_id, JobState.CANCELLED, now, DecisionEntry(DecisionKind.CANCELLED, "cancelled"),
+                     end_time=now)  # fmt: skip
+    store.add_history(job_id, now, 1.0, 2.0)
+
+
+def announce_all(store: StateStore) -> None:
+    store.mark_announced(*[entry.seq for entry in store.pending_ends(10_000)])
+
+
+def test_each_users_oldest_ended_jobs_beyond_the_cap_are_removed(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    mine = [add(store, 1001, float(t)) for t in range(10)]
+    theirs = [add(store, 1002, 100.0 + t) for t in range(3)]
+    for number, job_id in enumerate(mine + theirs):
+        end(store, job_id, 1000.0 + number)
+    announce_all(store)
+    (blobs_before,) = store.db.execute("SELECT COUNT(*) FROM blobs").fetchone()
+
+    removed = store.prune_ended(keep_per_user=4)
+    assert sorted(removed) == mine[:6]  # the six oldest of uid 1001; uid 1002 under the cap
+    assert [store.get_job(i) is None for i in mine] == [True] * 6 + [False] * 4
+    assert all(store.get_job(i) is not None for i in theirs)
+    for table in ("decisions", "history", "job_ends"):
+        (left,) = store.db.execute(
+            f"SELECT COUNT(*) FROM {table} WHERE job_id IN ({','.join('?' * 6)})", mine[:6]
+        ).fetchone()
+        assert left == 0, table
+    (blobs_after,) = store.db.execute("SELECT COUNT(*) FROM blobs").fetchone()
+    assert blobs_after == blobs_before - 12  # each removed job's own command and environment
+    kept = store.get_job(mine[-1])
+    assert kept is not None and kept.env == {"SEED": "9.0"}  # a kept job still reads whole
+    assert store.prune_ended(keep_per_user=4) == []
+    assert store.prune_ended(keep_per_user=0) == []  # 0: everything kept
+
+
+def test_jobs_that_must_stay_are_kept_whatever_their_age(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    waited = add(store, 1001, 1.0)
+    array_first = add(store, 1001, 2.0)
+    array_spec = {"array_id": str(array_first), "array_index": 1}
+    array_ended = add(store, 1001, 3.0, **array_spec)
+    unannounced = add(store, 1001, 4.0)
+    plain = add(store, 1001, 5.0)
+    for number, job_id in enumerate((waited, array_ended, plain)):
+        end(store, job_id, 10.0 + number)
+    announce_all(store)
+    end(store, unannounced, 20.0)  # its end not announced yet
+    newer = [add(store, 1001, 30.0 + t) for t in range(3)]
+    for number, job_id in enumerate(newer):
+        end(store, job_id, 40.0 + number)
+    announce_all_but = [e.seq for e in store.pending_ends(100) if e.job_id != unannounced]
+    store.mark_announced(*announce_all_but)
+    add(store, 1001, 50.0, after=[str(waited)])  # queued, waits for ``waited``
+    add(store, 1001, 51.0, array_id=str(array_first), array_index=2)  # the array's live task
+    # array_first itself is queued (a task of the array): nothing else is active
+
+    removed = store.prune_ended(keep_per_user=1)
+    assert removed == [plain] + newer[:2]
+    for job_id in (waited, array_ended, unannounced):
+        assert store.get_job(job_id) is not None
+
+
+def test_the_cap_is_a_setting_of_its_own(tmp_path: Path) -> None:
+    import pytest
+
+    from pollux_local.api.errors import PolluxError
+    from pollux_local.daemon.config import load_config
+
+    path = tmp_path / "config.toml"
+    path.write_text("[limits]\n")
+    assert load_config(path, devices="cpu:1").max_ended_per_user == 10_000
+    path.write_text("[limits]\nmax_ended_per_user = 0\n")
+    assert load_config(path, devices="cpu:1").max_ended_per_user == 0
+    path.write_text("[limits]\nmax_ended_per_user = -1\n")
+    with pytest.raises(PolluxError, match="max_ended_per_user must be between 0 and"):
+        load_config(path, devices="cpu:1")
