@@ -9,11 +9,24 @@ Protocol.  The first line of stdin is the launch spec, one JSON object::
 
     {"node", "cwd", "node_workdir", "cwd_required", "user", "orphan_grace_s",
      "stream_logs", "probe": {"path", "token", "dir"},
-     "replicas": [{"rank", "argv", "env", "log", "banner"}, ...]}
+     "replicas": [{"rank", "argv", "env", "log", "banner", "umask"}, ...]}
 
-(so that environments never appear in the node's process list).  Each replica runs in its own
-session and process group with exactly the environment given, its output appended to its log
-file.  Lines on stdout, one per event::
+(so that environments never appear in the node's process list; ``umask``, optional, 0..0o777:
+the replica's umask, else the agent's).  Each replica runs in its own session and process
+group with exactly the environment given, its output appended to its log file.  A replica is
+started through a small launcher of its own (:data:`REPLICA_SOURCE`, run as this agent's
+user with no environment and ``-I -S``) that takes the job user's groups, gid and effective
+uid, enters the working directory as that user, and only right before ``exec`` gives up root
+as its real and saved uid: until then no signal of the user's reaches it, and the agent waits
+for each start :data:`SPAWN_TIMEOUT_S` at most, holding no lock.  The control thread (stdin)
+runs before anything is started.
+
+The work directory (``node_workdir``, where the logs and the exit records lie) is refused,
+in one ``FAIL`` line, unless every component of its path, and of the path it resolves to, is
+root's or this agent's user's and not writable by anyone else (a sticky root directory such
+as ``/tmp`` is fine above it; the work directory itself is writable by its owner only); it
+is made, 0755, when missing.  Each log is read back from the descriptor opened at the start,
+never again by its path.  Lines on stdout, one per event::
 
     PID <rank> <pid>        replica started
     LOG <rank> <base64>     new bytes of the replica's log
@@ -63,7 +76,15 @@ each exit and once all have ended, so that a daemon that restarts reads what bec
 
 ``orphaned`` says that the agent stopped replicas itself because its stdin closed (the
 daemon was gone); ``exits`` lists the ranks in the order they ended.  Once stdout is gone the
-agent goes on without it: the record is what a restarted daemon reads.
+agent goes on without it: the record is what a restarted daemon reads.  Lines are written by a
+thread of their own, so that a daemon that stops reading blocks no lock: ``LOG`` lines wait
+(the logs are read no further) while :data:`MAX_BACKLOG_BYTES` are unsent; every line is
+shorter than :data:`MAX_LINE_BYTES` (a ``LOG`` line carries :data:`LOG_CHUNK` bytes at most).
+
+Run with arguments, the same source is the daemon's tool for the exit records
+(:func:`tool`): ``record cat|rm WORKDIR RELPATH`` prints or removes one (at most
+:data:`MAX_RECORD_BYTES`), ``signal SIG WORKDIR USER PID:START...`` signals the process
+groups a recovered record names; both refuse a work directory as the agent does.
 """
 
 from __future__ import annotations
@@ -74,6 +95,8 @@ import errno
 import json
 import os
 import pwd
+import queue
+import select
 import shutil
 import signal
 import stat
@@ -90,12 +113,91 @@ from typing import IO, Any, NoReturn
 SETUP_FAILED_EXIT_CODE = 254
 #: Exit code reported for a replica whose program could not be executed (``ExitCode.EXEC_FAILED``).
 NOT_STARTED_EXIT_CODE = 127
-#: Largest piece of a log sent in one ``LOG`` line (bytes, before base64).
-LOG_CHUNK = 1 << 16
+#: Largest piece of a log sent in one ``LOG`` line (bytes, before base64: the line stays
+#: below 48 KiB, far below what the daemon reads, ``ssh.group.MAX_LINE_BYTES``).
+LOG_CHUNK = 1 << 15
+#: Longest protocol line written (a longer one, never a ``LOG`` line, is cut).
+MAX_LINE_BYTES = 1 << 16
+#: Bytes of lines not yet written past which the logs are not read further (the daemon
+#: stopped reading; the logs' bytes wait on the node).
+MAX_BACKLOG_BYTES = 1 << 22
+#: Seconds the last lines get once the replicas ended (while the daemon reads; after its
+#: stdin closed, :data:`DRAIN_AFTER_EOF_S` at most).
+FINAL_DRAIN_S = 300.0
+DRAIN_AFTER_EOF_S = 5.0
+#: Seconds an ended replica's last log bytes wait for a daemon that takes no line at all.
+FINAL_STALL_S = 30.0
+#: The longest a replica's launcher may take to reach the point where it becomes the user
+#: for good (it is killed then); and how long after that its ``exec`` is waited for (then
+#: it is taken as started: from there on it is the user's, who may stop it).
+SPAWN_TIMEOUT_S = 30.0
+SETTLED_WAIT_S = 1.0
+#: Largest exit record read back (``tool record cat``).
+MAX_RECORD_BYTES = 1 << 20
 #: Seconds between two looks at the replicas' logs.
 TAIL_INTERVAL_S = 0.25
 #: Seconds between two looks for the joiners' ready files during a warm resize.
 READY_POLL_S = 0.1
+#: The launcher of one replica, run as ``python -I -S -c REPLICA_SOURCE SPEC_FD REPORT_FD``
+#: by this agent's user, in a session of its own, its stdout and stderr the replica's log:
+#: it reads the replica (``{"argv", "env", "cwd", "user", "umask"}``, JSON) from SPEC_FD,
+#: takes the user's groups, gid and effective uid (root stays its real and saved uid: the
+#: user's signals do not reach it), enters ``cwd`` as the user (else exit 252), applies
+#: ``umask``, writes ``S`` to REPORT_FD (closed at ``exec``), becomes the user for good and
+#: runs the command (else ``E`` to REPORT_FD, exit 127).  No environment of the job's reaches
+#: the interpreter (``-I``; the environment is the command's only).
+REPLICA_SOURCE = r"""
+import json, os, signal, sys
+def fail(code, message):
+    try:
+        os.write(2, (message + "\n").encode("utf-8", "replace"))
+    finally:
+        os._exit(code)
+def main():
+    spec_fd, report = int(sys.argv[1]), int(sys.argv[2])
+    os.set_inheritable(report, False)
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    try:
+        with os.fdopen(spec_fd, "rb") as fh:
+            spec = json.loads(fh.read().decode("utf-8", "surrogateescape"))
+        argv, env, cwd = list(spec["argv"]), dict(spec["env"]), spec["cwd"]
+        user, mask = spec.get("user"), spec.get("umask")
+    except Exception as e:
+        fail(127, "cannot start: no launch order (%r)" % (e,))
+    if user:
+        uid, gid = int(user["uid"]), int(user["gid"])
+        try:
+            os.setgroups([int(g) for g in user.get("groups") or [gid]])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(0, uid, 0)
+        except OSError as e:
+            fail(127, "cannot become uid %d: %s" % (uid, e.strerror))
+    try:
+        os.chdir(cwd)
+    except OSError as e:
+        fail(252, "cannot enter working directory %s: %s" % (cwd, e.strerror))
+    if mask is not None:
+        os.umask(int(mask))
+    os.write(report, b"S")
+    if user:
+        try:
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+        except OSError as e:
+            fail(127, "cannot settle as uid %d: %s" % (uid, e.strerror))
+        if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
+            fail(127, "cannot settle as uid %d" % uid)
+    try:
+        os.execvpe(argv[0], argv, env)
+    except (OSError, ValueError, IndexError) as e:
+        try:
+            os.write(report, b"E")
+        finally:
+            fail(127, "cannot start %s: %s" % (argv[0] if argv else "", e))
+main()
+"""
 #: The file a joining replica creates in its job directory once it is about to rendezvous
 #: (``api.resize.ready_name``; tests/launch/test_node_agent.py holds them equal).
 READY_NAME = "resize-ready-{generation}-{rank}"
@@ -114,28 +216,93 @@ def relabelling(labels: Iterable[int], ranks: Sequence[int]) -> dict[int, int]:
 
 
 class Lines:
-    """Protocol lines on ``stream``, whole and flushed, whichever thread writes them; a
-    stream that is gone (the daemon died) is given up, silently."""
+    """Protocol lines on ``stream``, whole, whichever thread says them, written in order by a
+    thread of their own (:meth:`say` never blocks: a daemon that stops reading holds up no
+    lock of the agent's); a stream that is gone (the daemon died) is given up, silently."""
 
     def __init__(self, stream: IO[str]) -> None:
         self._stream = stream
-        self._lock = threading.Lock()
+        try:
+            self._fd: int | None = stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            self._fd = None  # a stream without a descriptor (tests): written as text
+        self._cond = threading.Condition()
+        self._queue: list[bytes] = []
+        self._queued = 0  # bytes said and not yet written
+        self._writer: threading.Thread | None = None
         self.gone = False
+        #: bytes written so far
+        self.written = 0
 
     def say(self, *parts: object) -> None:
-        """Write ``parts`` joined by spaces as one line."""
-        with self._lock:
+        """Queue ``parts`` joined by spaces as one line (cut at :data:`MAX_LINE_BYTES`)."""
+        data = " ".join(str(p) for p in parts).replace("\n", " ").encode(errors="replace")
+        data = data[: MAX_LINE_BYTES - 1] + b"\n"
+        with self._cond:
             if self.gone:
                 return
+            self._queue.append(data)
+            self._queued += len(data)
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_all, daemon=True)
+                self._writer.start()
+            self._cond.notify_all()
+
+    def room(self) -> bool:
+        """Whether more log lines may be said now (the backlog is small, or nobody reads)."""
+        with self._cond:
+            return self.gone or self._queued < MAX_BACKLOG_BYTES
+
+    def wait_room(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for :meth:`room`."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self.gone or self._queued < MAX_BACKLOG_BYTES, timeout_s
+            )
+
+    def drain(self, timeout_s: float | None, give_up: Callable[[], bool] = lambda: False) -> bool:
+        """Wait until every line said is written (``True``), or ``timeout_s`` passed, or
+        ``give_up()`` says so (looked at every 0.1 s)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while self._queued and not self.gone:
+                if give_up() or (deadline is not None and time.monotonic() > deadline):
+                    return False
+                self._cond.wait(0.1)
+            return True
+
+    def _write_all(self) -> None:
+        """The writer thread: every queued line, in order, until the stream is gone."""
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                data = b"".join(self._queue)
+                self._queue.clear()
             try:
-                self._stream.write(" ".join(str(p) for p in parts) + "\n")
-                self._stream.flush()
+                if self._fd is not None:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(self._fd, view) :]
+                else:
+                    self._stream.write(data.decode(errors="replace"))
+                    self._stream.flush()
             except (OSError, ValueError):
-                self.gone = True
+                with self._cond:
+                    self.gone = True
+                    self._queue.clear()
+                    self._queued = 0
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._queued -= len(data)
+                self.written += len(data)
+                self._cond.notify_all()
 
     def fail(self, message: str) -> NoReturn:
         """Report that nothing was started (``FAIL``) and exit with 254."""
         self.say("FAIL", message.replace("\n", " "))
+        self.drain(30.0)
         sys.exit(SETUP_FAILED_EXIT_CODE)
 
 
@@ -158,25 +325,6 @@ def working_dir(spec: dict[str, Any], lines: Lines, as_user: bool = False) -> st
 #: The exit code of a replica that could not enter its working directory
 #: (``api.states.ExitCode.WORKDIR``, as this machine's supervisor's; tests/api/test_exit_codes.py).
 WORKDIR_EXIT_CODE = 252
-
-
-def entering(directory: str) -> Callable[[], None]:
-    """What a replica run as another user does before it becomes its program, with that
-    user's identity already taken (``Popen``'s ``preexec_fn`` runs after the privileges are
-    dropped, while its ``cwd`` is entered before, as root, which would let a user work in a
-    directory one of whose parents shuts them out, such as another user's 0700 home): enter
-    the working directory, or say why not in the log and exit ``WORKDIR_EXIT_CODE``.  Only a
-    system call and a write: safe in the child of a process with threads."""
-
-    def enter() -> None:
-        try:
-            os.chdir(directory)
-        except OSError as e:
-            message = f"cannot enter working directory {directory}: {e.strerror}\n"
-            os.write(2, message.encode())
-            os._exit(WORKDIR_EXIT_CODE)
-
-    return enter
 
 
 #: The most of a probe file read (its token is 32 characters).
@@ -208,7 +356,8 @@ def check_probe(spec: dict[str, Any], lines: Lines) -> None:
 
 
 def identity(spec: dict[str, Any], lines: Lines) -> dict[str, Any]:
-    """``Popen`` keywords that run the replicas as the spec's ``user`` (empty: as this login)."""
+    """The ids the replicas run with, as the spec's ``user`` (``{"uid", "gid", "groups"}``;
+    empty: as this login)."""
     user = spec.get("user")
     if not user:
         return {}
@@ -220,11 +369,7 @@ def identity(spec: dict[str, Any], lines: Lines) -> dict[str, Any]:
         return {}
     if os.getuid() != 0:
         lines.fail(f"cannot run as {user} on node {spec['node']}: the ssh login there is not root")
-    return {
-        "user": pw.pw_uid,
-        "group": pw.pw_gid,
-        "extra_groups": os.getgrouplist(user, pw.pw_gid),
-    }
+    return {"uid": pw.pw_uid, "gid": pw.pw_gid, "groups": os.getgrouplist(user, pw.pw_gid)}
 
 
 def start_time(pid: int) -> int | None:
@@ -244,12 +389,134 @@ def exit_code(status: int) -> int:
     return int(to_code(status)) if to_code is not None else status >> 8
 
 
+def trusted_owner(uid: int) -> bool:
+    """Whether files of ``uid`` are as trusted as this agent's own: root's or its user's."""
+    return uid in (0, os.geteuid())
+
+
+def component_problem(path: str, info: os.stat_result, last: bool) -> str | None:
+    """Why ``path`` (``info``: its ``lstat``) cannot be a component of a work directory's path
+    (``last``: the work directory itself), or ``None``: a link must be root's or this
+    agent's user's; a directory too, and writable by no one else, but for a sticky root
+    directory above the work directory (such as ``/tmp``)."""
+    if stat.S_ISLNK(info.st_mode):
+        return None if trusted_owner(info.st_uid) else f"{path} is a link of uid {info.st_uid}"
+    if not stat.S_ISDIR(info.st_mode):
+        return f"{path} is not a directory"
+    if not trusted_owner(info.st_uid):
+        return f"{path} belongs to uid {info.st_uid}"
+    if last:
+        if info.st_mode & 0o022:
+            return f"{path} may be written by others (mode {stat.S_IMODE(info.st_mode):o})"
+        return None
+    others = info.st_mode & 0o002 or (info.st_mode & 0o020 and info.st_gid != 0)
+    if others and not (info.st_mode & stat.S_ISVTX and info.st_uid == 0):
+        return f"{path} may be written by others (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def prefixes(path: str) -> list[str]:
+    """``/``, then every longer prefix of the absolute ``path``, ``path`` last."""
+    parts = [part for part in path.split("/") if part]
+    return ["/"] + ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def workdir_problem(path: str, make: bool = False) -> str | None:
+    """Why the work directory ``path`` (absolute, normalized) is not this agent's to trust,
+    or ``None``: each component of ``path``, then of the path it resolves to, checked by
+    :func:`component_problem`.  With ``make``, missing components are made (0755)."""
+    if not os.path.isabs(path) or os.path.normpath(path) != path:
+        return f"{path} is not an absolute, normalized path"
+    try:
+        steps = prefixes(path)
+        for index, each in enumerate(steps):
+            try:
+                info = os.lstat(each)
+            except FileNotFoundError:
+                if not make:
+                    return f"{each} does not exist"
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(each, 0o755)
+                    os.chmod(each, 0o755)  # whatever the umask
+                info = os.lstat(each)
+            problem = component_problem(each, info, index == len(steps) - 1)
+            if problem is not None:
+                return problem
+        real = os.path.realpath(path)
+        steps = prefixes(real)
+        for index, each in enumerate(steps):
+            problem = component_problem(each, os.lstat(each), index == len(steps) - 1)
+            if problem is not None:
+                return problem + (f" (resolving {path})" if real != path else "")
+    except OSError as exc:
+        return f"cannot look at {exc.filename or path}: {exc.strerror}"
+    return None
+
+
+def node_workdir(spec: dict[str, Any]) -> str:
+    """The node's work directory of ``spec`` (``~`` expanded), absolute and normalized."""
+    return os.path.normpath(os.path.expanduser(str(spec.get("node_workdir") or "~/.pollux-local")))
+
+
+def check_workdir(spec: dict[str, Any], lines: Lines) -> str:
+    """The node's work directory, made when missing; ``FAIL`` when it is not this agent's
+    alone (:func:`workdir_problem`)."""
+    path = node_workdir(spec)
+    problem = workdir_problem(path, make=True)
+    if problem is not None:
+        lines.fail(
+            f"refusing the work directory {path} on node {spec.get('node')}: {problem} (it and "
+            "every directory above it must be root's, or the ssh login's, and writable by no "
+            "one else; a sticky directory such as /tmp may be above it)"
+        )
+    return path
+
+
+def relative_under(path: str, workdir: str) -> list[str] | None:
+    """The components of ``path`` below ``workdir`` (``None``: not below it, or ``..``)."""
+    path = os.path.normpath(os.path.expanduser(path))
+    if not path.startswith(workdir.rstrip("/") + "/"):
+        return None
+    parts = path[len(workdir.rstrip("/")) + 1 :].split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return None
+    return parts
+
+
+def open_own_dirs(workdir: str, names: Sequence[str], make: bool) -> int:
+    """A descriptor of ``workdir/names...``, each of ``names`` opened from the one above it,
+    never through a link, made 0700 when missing (with ``make``), and refused unless it is a
+    directory of this agent's user writable by no one else."""
+    fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for name in names:
+            if make:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o700, dir_fd=fd)
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            below = os.open(name, flags, dir_fd=fd)
+            os.close(fd)
+            fd = below
+            info = os.fstat(fd)
+            if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+                raise OSError(errno.EPERM, f"{name} is not a directory of the agent's user alone")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class ExitRecord:
-    """The exit record a restarted daemon reads (``spec["record"]``; none without it)."""
+    """The exit record a restarted daemon reads (``spec["record"]``; none without it).  It is
+    kept only below the node's work directory (checked by :func:`check_workdir`), each
+    directory on the way opened from the one above it, never through a link."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         record = spec.get("record") or {}
-        self.path = os.path.expanduser(str(record["path"])) if record.get("path") else None
+        self.workdir = node_workdir(spec)
+        self.names = (
+            relative_under(str(record["path"]), self.workdir) if record.get("path") else None
+        )
         self.token = str(record.get("token", ""))
         self.node = str(spec.get("node", ""))
         self._lock = threading.Lock()
@@ -257,7 +524,7 @@ class ExitRecord:
     def write(self, supervisor: Supervisor, state: str) -> None:
         """Replace the record with ``supervisor``'s replicas as they are now (best effort:
         a node that cannot keep it only loses what a restarted daemon could learn)."""
-        if self.path is None:
+        if not self.names:
             return
         replicas = [
             {
@@ -279,16 +546,32 @@ class ExitRecord:
             "exits": list(supervisor.exits),
             "ended": time.time() if state == "ended" else None,
         }
+        name = self.names[-1]
+        tmp = f".{name}.{os.getpid()}.tmp"
         with self._lock:
             try:
-                os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-                tmp = f"{self.path}.{os.getpid()}.tmp"
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+                dir_fd = open_own_dirs(self.workdir, self.names[:-1], make=True)
+            except OSError:
+                return
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=dir_fd)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
                 with os.fdopen(fd, "w") as fh:
                     json.dump(data, fh)
-                os.replace(tmp, self.path)
+                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             except OSError:
                 pass
+            finally:
+                os.close(dir_fd)
+
+
+def close_all(*fds: int) -> None:
+    """Close each of ``fds`` (one already closed is no matter)."""
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 class Supervisor:
@@ -298,7 +581,8 @@ class Supervisor:
         self.spec = spec
         self.lines = lines
         self.procs: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}  # pid -> (rank, proc)
-        self.logs: dict[int, list[Any]] = {}  # rank -> [path, bytes already sent]
+        #: pid -> [the descriptor its log was opened with at its start, bytes already sent]
+        self.logs: dict[int, list[int]] = {}
         self._pump_lock = threading.Lock()
         #: guards the replicas' tables: the reaper, the control thread and a resize's watcher
         self.lock = threading.RLock()
@@ -313,8 +597,15 @@ class Supervisor:
         self.run_as: dict[str, Any] = {}
         #: every replica has ended: nothing more is started
         self.finished = False
-        #: a TERM or KILL came: no resize is started any more
+        #: a TERM or KILL came (or stdin closed): nothing more is started
         self.stopping = False
+        #: the signal sent last to every replica (given at once to one started after it)
+        self.last_signal = signal.SIGTERM
+        #: stdin closed: the daemon is gone
+        self.daemon_gone = False
+        #: the first replicas are started (warm resize lines wait for it)
+        self.started = threading.Event()
+        self.warm_lines: queue.Queue[tuple[str, str]] | None = None
         #: the directory of the warm resize orders (``"resize"`` in the spec), and the file
         self.order_dir: str | None = None
         self.order_path: str | None = None
@@ -326,20 +617,23 @@ class Supervisor:
         #: pids of the replicas that leave at the order given last (an exit 0 is ``LEFT``)
         self.leaving: set[int] = set()
 
-    def ended(self, rank: int, code: int) -> None:
-        """``rank`` ended with ``code``: recorded, then ``EXIT`` said."""
+    def ended(self, rank: int, code: int, say: bool = True) -> None:
+        """``rank`` ended with ``code``: recorded, then ``EXIT`` said (unless ``say`` is
+        false: the caller says it later)."""
         self.codes[rank] = code
         self.exits.append(rank)
         self.record.write(self, "running")
-        self.lines.say("EXIT", rank, code)
+        if say:
+            self.lines.say("EXIT", rank, code)
 
-    def gone(self, rank: int, code: int) -> None:
+    def gone(self, rank: int, code: int, say: bool = True) -> None:
         """``rank`` is no longer one of the job's replicas (``LEFT``): forgotten."""
         self.pids.pop(rank, None)
         self.codes.pop(rank, None)
         self.exits = [r for r in self.exits if r != rank]
         self.record.write(self, "running")
-        self.lines.say("LEFT", rank, code)
+        if say:
+            self.lines.say("LEFT", rank, code)
 
     def start(self, cwd: str, run_as: dict[str, Any]) -> None:
         """Start every replica, each appending to its log (after its banner); ``PID`` for each
@@ -357,79 +651,198 @@ class Supervisor:
         if join:
             self.start_joining(join)
             return
-        with self.lock:
-            for r in self.spec["replicas"]:
-                if self.spawn(r) is None:
+        for r in self.spec["replicas"]:
+            pid, why = self.spawn(r)
+            if pid is None:
+                with self.lock:
                     self.pids[r["rank"]] = 0
-                    self.ended(r["rank"], NOT_STARTED_EXIT_CODE)
+                    code = 128 + int(self.last_signal) if why == "stopping" else None
+                    self.ended(r["rank"], code or NOT_STARTED_EXIT_CODE)
 
     def start_joining(self, join: dict[str, Any]) -> None:
         """This node's replicas join a running group (``"join"`` in the spec: a ``RESIZE``'s
         fields, held): started as joiners, ``READY`` once all are, then ``ORDER``."""
         generation = int(join["generation"])
+        deadline = time.monotonic() + max(0.0, float(join["ready_timeout_s"]))
         with self.lock:
             if self.order_path is None:
                 self.lines.say("WARMFAIL", generation, "no directory for resize orders")
                 return
             self.begin_resize(generation, len(self.spec["replicas"]), None, True)
-            for r in self.spec["replicas"]:
-                pid = self.spawn(r)
-                if pid is None:
-                    self.warm_failed(f"rank {r['rank']}: cannot start {r['argv'][0]}")
-                    return
-                self.joining[pid] = int(r["rank"])
-        self.watch(generation, str(join["job_dir"]), float(join["ready_timeout_s"]))
+        if self.spawn_joiners(generation, list(self.spec["replicas"])):  # then watched
+            args = (generation, str(join["job_dir"]), deadline)  # while this thread reaps
+            threading.Thread(target=self.watch_joiners, args=args, daemon=True).start()
 
-    def spawn(self, r: dict[str, Any]) -> int | None:
-        """Start replica ``r`` (under :attr:`lock`): its pid and ``PID`` said, or ``None``
-        (the reason in its log) when it could not be started."""
+    def start_joiners(
+        self, generation: int, joiners: list[dict[str, Any]], job_dir: str, deadline: float
+    ) -> None:
+        """Start the joiners of ``generation``, then wait for them (:meth:`watch_joiners`);
+        the resize fails at the first that cannot be started."""
+        if self.spawn_joiners(generation, joiners):
+            self.watch_joiners(generation, job_dir, deadline)
+
+    def spawn_joiners(self, generation: int, joiners: list[dict[str, Any]]) -> bool:
+        """Start the joiners of ``generation``: whether all could be (else the resize
+        failed)."""
+        for r in joiners:
+            pid, why = self.spawn(r, generation)
+            if pid is None or why is not None:
+                self.warm_failed(f"rank {r['rank']}: cannot start {r['argv'][0]}")
+                return False
+        return True
+
+    def spawn(
+        self, r: dict[str, Any], generation: int | None = None
+    ) -> tuple[int | None, str | None]:
+        """Start replica ``r`` (a joiner of ``generation`` when given) through its launcher
+        (:data:`REPLICA_SOURCE`), holding :attr:`lock` only while it is forked and noted
+        (``PID`` said): the launcher is this agent's user's until right before the job's
+        command, so nothing of the job's user can hold it up there.  Returns its pid and
+        ``None`` once it runs the command (or ended before: its exit code says why), or its
+        pid and why not (``"cannot start"``: the launcher ends with 127, or was killed when
+        late) or ``None`` and why nothing was started (its log, or ``"stopping"``)."""
+        rank = int(r["rank"])
         path = os.path.expanduser(r["log"])
+        mask = r.get("umask")
+        if mask is not None and (type(mask) is not int or not 0 <= mask <= 0o777):
+            self.say_log(rank, f"cannot start: umask {mask!r} is not a number 0..0o777\n")
+            return None, "umask"
         try:
-            fh = self.open_log(path)
+            fd = self.open_log(path)
         except OSError as e:
-            why = f"cannot open its log {path} on node {self.spec.get('node')}: {e}\n"
-            self.lines.say("LOG", r["rank"], base64.b64encode(why.encode()).decode())
-            return None
-        start = fh.tell()
-        fh.write(r.get("banner", "").encode())
-        fh.flush()
+            self.say_log(rank, f"cannot open its log {path} on node {self.spec.get('node')}: {e}\n")
+            return None, "log"
+        start = os.lseek(fd, 0, os.SEEK_END)
+        with contextlib.suppress(OSError):
+            os.write(fd, str(r.get("banner", "")).encode())
         env = dict(r["env"])
         env.pop("POLLUX_RESIZE_FILE", None)
         if self.order_path is not None:
             env["POLLUX_RESIZE_FILE"] = self.order_path
-        # run as another user, it enters its working directory as that user, not as root
-        as_user = bool(self.run_as)
+        order = {
+            "argv": [str(a) for a in r["argv"]],
+            "env": {str(k): str(v) for k, v in env.items()},
+            "cwd": self.cwd,
+            "user": self.run_as or None,
+            "umask": mask,
+        }
+        spec_r, spec_w = os.pipe()
+        report_r, report_w = os.pipe()
         try:
-            p = subprocess.Popen(
-                r["argv"],
-                cwd="/" if as_user else self.cwd,
-                preexec_fn=entering(self.cwd) if as_user else None,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                **self.run_as,
-            )
-        except OSError as e:
-            fh.write(f"cannot start {r['argv'][0]}: {e}\n".encode())
-            fh.close()
-            return None
-        fh.close()
-        self.procs[p.pid] = (r["rank"], p)
-        self.pids[r["rank"]] = p.pid
-        self.start_times[p.pid] = start_time(p.pid)
-        self.logs[r["rank"]] = [path, start]
-        self.lines.say("PID", r["rank"], p.pid)
-        return p.pid
+            with self.lock:
+                if self.stopping if generation is None else not self.joins(generation):
+                    close_all(fd, spec_w, report_r)
+                    return None, "stopping"
+                try:
+                    p = subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-I",
+                            "-S",
+                            "-c",
+                            REPLICA_SOURCE,
+                            str(spec_r),
+                            str(report_w),
+                        ],
+                        cwd="/",
+                        stdin=subprocess.DEVNULL,
+                        stdout=fd,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        pass_fds=(spec_r, report_w),
+                    )
+                except OSError as e:
+                    with contextlib.suppress(OSError):
+                        os.write(fd, f"cannot start {r['argv'][0]}: {e}\n".encode())
+                    close_all(fd, spec_w, report_r)
+                    return None, "launcher"
+                self.procs[p.pid] = (rank, p)
+                self.pids[rank] = p.pid
+                self.start_times[p.pid] = start_time(p.pid)
+                with self._pump_lock:
+                    self.logs[p.pid] = [fd, start]
+                if generation is not None:
+                    self.joining[p.pid] = rank
+                elif self.stopping:
+                    with contextlib.suppress(OSError):
+                        os.killpg(p.pid, self.last_signal)
+                self.lines.say("PID", rank, p.pid)
+        finally:
+            os.close(spec_r)
+            os.close(report_w)
+        try:
+            data = json.dumps(order).encode()
+            view = memoryview(data)
+            while view:
+                view = view[os.write(spec_w, view) :]
+        except OSError:
+            pass  # the launcher is gone: its exit says so
+        finally:
+            os.close(spec_w)
+        return p.pid, self.await_start(p.pid, report_r, fd)
 
-    def open_log(self, path: str) -> IO[bytes]:
-        """A replica's log, opened to append as safely as a root agent must: a plain file,
-        never through a link, in a directory (made when missing) and a parent that, when the
-        replicas run as another user, are no links and this agent's user's alone (no one
-        else may write there), the file handed to the replica's user by its descriptor.
-        Every replica has a file of its own (``rank<N>.start<I>...log``), so a user who could
-        write there could plant one in advance."""
+    def joins(self, generation: int) -> bool:
+        """Whether joiners of ``generation`` may still start (under :attr:`lock`)."""
+        warm = self.warm
+        return (
+            not self.stopping
+            and warm is not None
+            and warm["generation"] == generation
+            and warm["state"] == "joining"
+        )
+
+    def await_start(self, pid: int, report: int, log_fd: int) -> str | None:
+        """Wait (holding no lock) for replica ``pid``'s launcher to run the command: ``None``
+        once it did (its report pipe closed at ``exec``, or it settled as the user
+        :data:`SETTLED_WAIT_S` ago: from there on it is the user's, who may stop it), or
+        ended before it settled (its exit code says why); ``"cannot start"`` when its
+        ``exec`` failed, or when it did not settle within :data:`SPAWN_TIMEOUT_S` (killed)."""
+        got = b""
+        closed = False
+        settled_at: float | None = None
+        deadline = time.monotonic() + SPAWN_TIMEOUT_S
+        poller = select.poll()
+        poller.register(report, select.POLLIN)
+        try:
+            while True:
+                limit = deadline if settled_at is None else settled_at + SETTLED_WAIT_S
+                left = limit - time.monotonic()
+                if left <= 0:
+                    break
+                if not poller.poll(left * 1000):
+                    continue
+                chunk = os.read(report, 64)
+                if not chunk:
+                    closed = True
+                    break
+                got += chunk
+                if settled_at is None and b"S" in got:
+                    settled_at = time.monotonic()
+        finally:
+            os.close(report)
+        if b"E" in got:
+            return "cannot start"
+        if not closed and settled_at is None:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                note = f"did not reach its command within {SPAWN_TIMEOUT_S:g} s: killed\n"
+                os.write(log_fd, note.encode())
+            return "cannot start"
+        return None
+
+    def say_log(self, rank: int, text: str) -> None:
+        """Tell the daemon ``text`` as output of ``rank`` (a replica that has no log)."""
+        self.lines.say("LOG", rank, base64.b64encode(text.encode()[:LOG_CHUNK]).decode())
+
+    def open_log(self, path: str) -> int:
+        """A replica's log, opened to append (and to be read back from, :meth:`pump`) as
+        safely as a root agent must: a plain file, never through a link, in a directory
+        (made when missing) and a parent that, when the replicas run as another user, are no
+        links and this agent's user's alone (no one else may write there), the file handed
+        to the replica's user by its descriptor.  Every replica has a file of its own
+        (``rank<N>.start<I>...log``), so a user who could write there could plant one in
+        advance."""
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
         if self.run_as:
@@ -446,42 +859,72 @@ class Supervisor:
                     )
         # (O_NONBLOCK: a FIFO there fails at once instead of waiting for a reader; a plain
         # file ignores it)
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
         fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise OSError(errno.EINVAL, f"{path} is not a plain file")
             if self.run_as:
-                os.fchown(fd, self.run_as["user"], self.run_as["group"])
-            os.lseek(fd, 0, os.SEEK_END)
-            return os.fdopen(fd, "ab")
+                os.fchown(fd, self.run_as["uid"], self.run_as["gid"])
+            return fd
         except BaseException:
             os.close(fd)
             raise
 
-    def pump(self, rank: int) -> None:
-        """Send what ``rank``'s log gained since the last call (``LOG`` lines)."""
+    def pump(self, pid: int, final: bool = False) -> None:
+        """Send what replica ``pid``'s log gained since the last call (``LOG`` lines, under
+        its rank of now), read from the descriptor it was opened with, while the daemon
+        takes them (:meth:`Lines.room`); ``final`` (it ended): all it holds, waiting for
+        room as long as it takes, holding no lock meanwhile."""
+        end: int | None = None
+        progress = (self.lines.written, time.monotonic())
+        while True:
+            with self._pump_lock:
+                entry = self.logs.get(pid)
+                proc = self.procs.get(pid)
+                if entry is None or proc is None:
+                    return
+                fd, pos = entry
+                if final and end is None:
+                    try:
+                        end = os.fstat(fd).st_size
+                    except OSError:
+                        return
+                while self.lines.room():
+                    size = LOG_CHUNK if end is None else min(LOG_CHUNK, end - pos)
+                    try:
+                        data = os.pread(fd, size, pos) if size > 0 else b""
+                    except OSError:
+                        data = b""
+                    if not data:
+                        return
+                    pos += len(data)
+                    entry[1] = pos
+                    self.lines.say("LOG", proc[0], base64.b64encode(data).decode())
+            if not final:
+                return
+            # the daemon does not take lines as fast: wait while it takes some, not after
+            # stdin closed nor once nothing was taken for FINAL_STALL_S (the rest stays in
+            # the log on the node)
+            if self.daemon_gone or time.monotonic() - progress[1] > FINAL_STALL_S:
+                return
+            self.lines.wait_room(1.0)
+            if self.lines.written != progress[0]:
+                progress = (self.lines.written, time.monotonic())
+
+    def close_log(self, pid: int) -> None:
+        """Replica ``pid`` ended and its log was sent: its descriptor closed."""
         with self._pump_lock:
-            if rank not in self.logs:
-                return  # renamed meanwhile (a warm resize): sent under its new rank
-            path, pos = self.logs[rank]
-            try:
-                with open(path, "rb") as f:
-                    f.seek(pos)
-                    data = f.read(LOG_CHUNK)
-                    while data:
-                        pos += len(data)
-                        self.lines.say("LOG", rank, base64.b64encode(data).decode())
-                        data = f.read(LOG_CHUNK)
-            except OSError:
-                pass
-            self.logs[rank][1] = pos
+            entry = self.logs.pop(pid, None)
+        if entry is not None:
+            with contextlib.suppress(OSError):
+                os.close(entry[0])
 
     def tail(self) -> None:
         """Stream every log, for ever (a daemon thread)."""
         while True:
-            for rank in list(self.logs):
-                self.pump(rank)
+            for pid in list(self.logs):
+                self.pump(pid)
             time.sleep(TAIL_INTERVAL_S)
 
     def live(self) -> list[subprocess.Popen[bytes]]:
@@ -500,23 +943,44 @@ class Supervisor:
         for line in commands:
             cmd, _, rest = line.strip().partition(" ")
             if cmd in ("TERM", "KILL"):
-                self.stopping = True
+                self.stop_all(signal.SIGTERM if cmd == "TERM" else signal.SIGKILL)
                 self.warm_failed("the job is stopping")
-                self.signal_all(signal.SIGTERM if cmd == "TERM" else signal.SIGKILL)
-            elif cmd == "RESIZE":
-                self.take_resize(rest)
-            elif cmd in ("ORDER", "ABORT"):
-                self.order_line(cmd, rest)
-        self.stopping = True
+            elif cmd in ("RESIZE", "ORDER", "ABORT"):
+                if self.warm_lines is None:
+                    self.warm_lines = queue.Queue()
+                    threading.Thread(target=self.warm_commands, daemon=True).start()
+                self.warm_lines.put((cmd, rest))
+        self.daemon_gone = True
+        with self.lock:
+            self.stopping = True
+            if self.live():
+                self.orphaned = True
+                self.record.write(self, "running")
         self.warm_failed("the daemon is gone")
-        if self.live():
-            self.orphaned = True
-            self.record.write(self, "running")
-        self.signal_all(signal.SIGTERM)
+        self.stop_all(signal.SIGTERM)
         deadline = time.time() + float(self.spec.get("orphan_grace_s", 10))
         while time.time() < deadline and self.live():
             time.sleep(0.2)
-        self.signal_all(signal.SIGKILL)
+        self.stop_all(signal.SIGKILL)
+
+    def warm_commands(self) -> None:
+        """Obey the warm resize lines, in order, once the replicas are started (a thread)."""
+        self.started.wait()
+        assert self.warm_lines is not None
+        while True:
+            cmd, rest = self.warm_lines.get()
+            if cmd == "RESIZE":
+                self.take_resize(rest)
+            else:
+                self.order_line(cmd, rest)
+
+    def stop_all(self, sig: int) -> None:
+        """Nothing more is started; ``sig`` to every replica's process group, and to any
+        that is started yet (:meth:`spawn`)."""
+        with self.lock:
+            self.stopping = True
+            self.last_signal = signal.Signals(sig)
+            self.signal_all(sig)
 
     # --- warm resizes ---------------------------------------------------------------------
 
@@ -557,13 +1021,10 @@ class Supervisor:
             self.relabel(mapping)
             if mapping:
                 self.lines.say("RENAMED", generation)
-            for r in joiners:
-                pid = self.spawn(r)
-                if pid is None:
-                    self.warm_failed(f"rank {r['rank']}: cannot start {r['argv'][0]}")
-                    return
-                self.joining[pid] = int(r["rank"])
-        self.watch(generation, job_dir, timeout_s)
+        # started by a thread of their own: this one goes on reading TERM, KILL and ABORT
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        args = (generation, joiners, job_dir, deadline)
+        threading.Thread(target=self.start_joiners, args=args, daemon=True).start()
 
     def begin_resize(self, generation: int, kept: int, order: str | None, hold: bool) -> None:
         """A warm resize of ``generation`` is under way (under :attr:`lock`): ``kept``
@@ -582,18 +1043,11 @@ class Supervisor:
         """Rename the replicas' ranks (``old -> new``) in every table (under :attr:`lock`)."""
         if not mapping:
             return
-        self.procs = {pid: (mapping.get(r, r), p) for pid, (r, p) in self.procs.items()}
+        with self._pump_lock:  # a log being sent goes on under its old rank until then
+            self.procs = {pid: (mapping.get(r, r), p) for pid, (r, p) in self.procs.items()}
         self.pids = {mapping.get(r, r): pid for r, pid in self.pids.items()}
         self.codes = {mapping.get(r, r): code for r, code in self.codes.items()}
         self.exits = [mapping.get(r, r) for r in self.exits]
-        with self._pump_lock:
-            self.logs = {mapping.get(r, r): log for r, log in self.logs.items()}
-
-    def watch(self, generation: int, job_dir: str, timeout_s: float) -> None:
-        """Watch the joiners of ``generation`` in a thread of their own."""
-        deadline = time.monotonic() + max(0.0, timeout_s)
-        args = (generation, job_dir, deadline)
-        threading.Thread(target=self.watch_joiners, args=args, daemon=True).start()
 
     def watch_joiners(self, generation: int, job_dir: str, deadline: float) -> None:
         """Once every joiner of ``generation`` is ready: the order given, or ``READY`` said
@@ -716,37 +1170,158 @@ class Supervisor:
                 rank, p = entry
                 p.returncode = exit_code(status)
                 code = p.returncode if p.returncode >= 0 else 128 - p.returncode
-                if stream:
-                    self.pump(rank)
                 if pid in self.joining:  # a joiner that never joined: the resize failed
                     del self.joining[pid]
                     self.left.add(pid)
                     self.warm_failed(f"joining rank {rank} exited with {code} first")
                 if pid in self.left or (code == 0 and pid in self.leaving):
-                    self.gone(rank, code)  # a joiner of a failed resize, or it left at one
+                    kind = "LEFT"  # a joiner of a failed resize, or it left at one
+                    self.gone(rank, code, say=False)
                 else:
-                    self.ended(rank, code)
+                    kind = "EXIT"
+                    self.ended(rank, code, say=False)
+            if stream:  # its last bytes, before its end is said (holding no lock meanwhile)
+                self.pump(pid, final=True)
+            self.close_log(pid)
+            with self.lock:  # under its rank of now: a resize may have renamed it
+                self.lines.say(kind, self.procs[pid][0], code)
         self.record.write(self, "ended")
         if self.order_dir is not None:
             shutil.rmtree(self.order_dir, ignore_errors=True)
 
 
 def main() -> None:
-    """Read the spec from stdin, check the node, start the replicas, supervise them."""
+    """Read the spec from stdin, check the node, start the replicas, supervise them; with
+    arguments, the daemon's tool for the exit records (:func:`tool`)."""
+    if len(sys.argv) > 1:
+        sys.exit(tool(sys.argv[1:]))
     spec = json.loads(sys.stdin.readline())
     lines = Lines(sys.stdout)
     run_as = identity(spec, lines)
+    check_workdir(spec, lines)
     cwd = working_dir(spec, lines, as_user=bool(run_as))
     check_probe(spec, lines)
     supervisor = Supervisor(spec, lines)
-    supervisor.start(cwd, run_as)
-    supervisor.record.write(supervisor, "running")
-    stream = spec.get("stream_logs", True)
+    # TERM, KILL and the end of stdin are obeyed from now on, while the replicas start
     threading.Thread(target=supervisor.control, args=(sys.stdin,), daemon=True).start()
+    stream = spec.get("stream_logs", True)
     if stream:
         threading.Thread(target=supervisor.tail, daemon=True).start()
+    try:
+        supervisor.start(cwd, run_as)
+    finally:
+        supervisor.started.set()
+    supervisor.record.write(supervisor, "running")
     supervisor.reap(stream)
+    # the last lines, while the daemon reads them (not for ever once it is gone)
+    gone_since: list[float] = []
+
+    def give_up() -> bool:
+        if supervisor.daemon_gone and not gone_since:
+            gone_since.append(time.monotonic())
+        return bool(gone_since) and time.monotonic() - gone_since[0] > DRAIN_AFTER_EOF_S
+
+    lines.drain(FINAL_DRAIN_S, give_up)
     sys.exit(0)
+
+
+def tool(args: Sequence[str]) -> int:
+    """The daemon's tool for exit records on this node (``launch/ssh``), refusing a work
+    directory as the agent does (:func:`workdir_problem`; one line on stderr, exit 2):
+
+    ``record cat WORKDIR RELPATH``: print the record (a plain file of this user's, at most
+    :data:`MAX_RECORD_BYTES`; exit 3 when there is none); ``record rm WORKDIR RELPATH``:
+    remove it; ``signal SIG WORKDIR USER PID:START...``: send SIG to the process group of
+    each pid that is still the process started then and, with a ``USER`` (not ``-``), runs
+    as that user."""
+    try:
+        if args[0] == "record" and args[1] in ("cat", "rm") and len(args) == 4:
+            workdir, relpath = args[2], args[3]
+        elif args[0] == "signal" and len(args) >= 4:
+            workdir, relpath = args[2], ""
+        else:
+            raise IndexError
+    except IndexError:
+        sys.stderr.write(
+            "usage: record cat|rm WORKDIR RELPATH | signal SIG WORKDIR USER PID:START...\n"
+        )
+        return 2
+    workdir = node_workdir({"node_workdir": workdir})
+    problem = workdir_problem(workdir)
+    if problem is not None:
+        sys.stderr.write(f"refusing the work directory {workdir}: {problem}\n")
+        return 2
+    if args[0] == "signal":
+        return signal_replicas(args[1], args[3], args[4:])
+    names = relative_under(os.path.join(workdir, relpath), workdir)
+    if not names:
+        sys.stderr.write(f"{relpath} is not below {workdir}\n")
+        return 2
+    try:
+        dir_fd = open_own_dirs(workdir, names[:-1], make=False)
+    except OSError:
+        return 3
+    try:
+        if args[1] == "rm":
+            with contextlib.suppress(OSError):
+                os.unlink(names[-1], dir_fd=dir_fd)
+            return 0
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(names[-1], flags, dir_fd=dir_fd)
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                return 3
+            data = os.read(fd, MAX_RECORD_BYTES + 1)
+        finally:
+            os.close(fd)
+        if len(data) > MAX_RECORD_BYTES:
+            sys.stderr.write(f"the record is over {MAX_RECORD_BYTES} bytes\n")
+            return 3
+        sys.stdout.write(data.decode(errors="replace"))
+        return 0
+    except OSError:
+        return 3
+    finally:
+        os.close(dir_fd)
+
+
+def signal_replicas(name: str, user: str, pairs: Sequence[str]) -> int:
+    """Send signal ``name`` to the process group of each ``PID:START`` in ``pairs`` that is
+    still the process started then (its start time in clock ticks since boot) and, unless
+    ``user`` is ``-``, one of that user's (its real uid): never a process of anyone else."""
+    sig = getattr(signal, "SIG" + name, None)
+    if not isinstance(sig, int):
+        return 2
+    uid = None
+    if user != "-":
+        try:
+            uid = pwd.getpwnam(user).pw_uid
+        except KeyError:
+            return 2
+    for pair in pairs:
+        try:
+            pid, start = (int(x) for x in pair.split(":"))
+            if pid <= 1 or start_time(pid) != start:
+                continue
+            if uid is not None and real_uid(pid) != uid:
+                continue
+            os.killpg(pid, sig)
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
+def real_uid(pid: int) -> int | None:
+    """Process ``pid``'s real user id (``None``: no such process)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 if __name__ == "__main__":

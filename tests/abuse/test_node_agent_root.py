@@ -38,6 +38,7 @@ def run_agent(
         "log": str(log),
         "banner": "--- start\n",
     }
+    extra.setdefault("node_workdir", str(lab.base / "node-work"))  # root's (work is 1777)
     agent = lab.node_agent(alice, [replica], **extra)
     assert agent.stdin is not None and agent.stdout is not None
     lines: list[str] = []

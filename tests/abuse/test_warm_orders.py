@@ -59,7 +59,8 @@ def test_the_order_file_is_the_agents_and_read_only_to_the_jobs_user(
             "log": str(logs / f"rank{rank}.log"),
         }
 
-    agent = lab.node_agent(alice, [replica(0)], resize=True)
+    node_work = str(lab.base / "node-work")  # root's alone (lab.work is 1777: refused)
+    agent = lab.node_agent(alice, [replica(0)], resize=True, node_workdir=node_work)
     assert agent.stdin is not None and agent.stdout is not None
     order = {"generation": 5, "world_size": 10}
     request = {

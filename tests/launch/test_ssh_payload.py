@@ -42,6 +42,21 @@ def test_a_joiner_writes_its_own_log_file_on_the_node(tmp_path: Path) -> None:
     assert started["rank"] == joined["rank"] == 1
 
 
+def test_the_submitters_umask_goes_to_the_nodes_agent(tmp_path: Path) -> None:
+    node = SshNodeConfig(name="b", host="b", devices=("cpu:0",), workdir="/nfs/u/.pl")
+    with tempfile.TemporaryDirectory(prefix="pl", dir="/tmp") as short:
+        launcher = SshLauncher([node], control_dir=Path(short))
+    slot = ReplicaSlot(rank=0, node="b", device="cpu:0", local_rank=0, node_rank=0)
+
+    def payload(umask: int | None) -> dict[str, object]:
+        spec = LaunchSpec(job_id="7", argv=["train.py"], workdir=tmp_path, env={},
+                          slots=[slot], log_dir=tmp_path, umask=umask)  # fmt: skip
+        return dict(launcher.replica_payload(spec, slot, node, None, "start #0"))
+
+    assert payload(0o077)["umask"] == 0o077
+    assert "umask" not in payload(None)  # a job stored before: the agent's own
+
+
 def test_the_next_incarnation_writes_other_log_files_on_the_node(tmp_path: Path) -> None:
     """A node whose link was cut runs its replicas on until its sshd notices, while the next
     incarnation starts elsewhere: on a shared work directory the two rank 0s must not write
@@ -79,9 +94,14 @@ class LocalNodes(SshLauncher):
         return proc.returncode, out.decode(), err.decode()
 
 
-def write_record(path: str, node: str, state: str) -> None:
+def write_record(path: str, node: str, state: str, workdir: str) -> None:
     """What the node agent of ``node`` writes (``node_agent.ExitRecord``)."""
-    spec = {"node": node, "record": {"path": path, "token": "7:0"}, "replicas": []}
+    spec = {
+        "node": node,
+        "node_workdir": workdir,
+        "record": {"path": path, "token": "7:0"},
+        "replicas": [],
+    }
     record = ExitRecord(spec)
     record.write(
         SimpleNamespace(codes={}, pids={}, start_times={}, orphaned=False, exits=[]),  # type: ignore[arg-type]
@@ -94,6 +114,7 @@ def test_nodes_sharing_a_work_directory_keep_an_exit_record_each(tmp_path: Path)
     restarted daemon reads each node's from its own (a record naming another node is not
     taken); a record at the path of earlier versions is still read, then both forgotten."""
     shared = str(tmp_path / "work")
+    Path(shared).mkdir(mode=0o755)  # as the agent makes it (node_agent.check_workdir)
     nodes = [
         SshNodeConfig(name=n, host=n, workdir=shared, python=sys.executable) for n in ("a", "b/x")
     ]
@@ -107,15 +128,15 @@ def test_nodes_sharing_a_work_directory_keep_an_exit_record_each(tmp_path: Path)
             launcher.record_path(SshNodeConfig(name="b_x", host="b", workdir=shared), "7")
             != paths[1]
         )
-        write_record(paths[0], "a", "ended")
-        write_record(paths[1], "b/x", "running")
+        write_record(paths[0], "a", "ended", shared)
+        write_record(paths[1], "b/x", "running", shared)
         read = (
             asyncio.run(launcher.read_record("a", "7")),
             asyncio.run(launcher.read_record("b/x", "7")),
         )
         assert [r and (r["node"], r["state"]) for r in read] == [("a", "ended"), ("b/x", "running")]
         # another node's record where this node's should be: not taken
-        write_record(paths[1], "a", "ended")
+        write_record(paths[1], "a", "ended", shared)
         assert asyncio.run(launcher.read_record("b/x", "7")) is None
         # an incarnation started before the upgrade: JOB.json, no node in it
         Path(paths[1]).unlink()

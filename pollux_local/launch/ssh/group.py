@@ -48,6 +48,9 @@ log = logging.getLogger("pollux_local.launch.ssh")
 ORDER_MARGIN_S = 10.0
 #: Most output of one joiner kept while its log is still another replica's (bytes).
 MAX_HELD_LOG_BYTES = 1 << 20
+#: Longest line read from a node's agent (its ``LOG`` lines carry ``node_agent.LOG_CHUNK``
+#: bytes, under 48 KiB once encoded): a longer one is skipped, never the session's end.
+MAX_LINE_BYTES = 1 << 20
 
 
 @dataclass
@@ -145,42 +148,79 @@ class SshReplicaGroup:
         self._abandon_sessions()
 
     async def _read_session(self, session: _NodeSession) -> None:
+        """Take ``session``'s lines until its agent's stdout ends, then its ranks' ends.
+        Only the end of the session ends it: a line too long or not understood is skipped
+        (logged), and should reading fail otherwise, the agent is told to kill its replicas
+        and the session is ended and waited for before its ranks count as ended."""
+        try:
+            await self._read_lines(session)
+        except Exception:  # noqa: BLE001 - whatever it was, the replicas must not run on
+            log.exception(
+                "node %s: reading its agent failed; killing its replicas", session.node.name
+            )
+            await self._send(session, "KILL")
+            await asyncio.sleep(1.0)
+            with contextlib.suppress(ProcessLookupError):
+                session.proc.kill()
+        rc = await session.proc.wait()
+        self._session_ended(session, rc)
+
+    async def _read_lines(self, session: _NodeSession) -> None:
         assert session.proc.stdout is not None
+        skipped = 0
         while True:
-            raw = await session.proc.stdout.readline()
+            try:
+                raw = await session.proc.stdout.readline()
+            except ValueError:  # over MAX_LINE_BYTES: dropped by the reader, up to its end
+                skipped += 1
+                log.warning(
+                    "node %s: skipped a line over %d bytes from its agent (%d so far)",
+                    session.node.name, MAX_LINE_BYTES, skipped,
+                )  # fmt: skip
+                continue
             if not raw:
                 break
-            parts = raw.decode(errors="replace").rstrip("\n").split(" ", 2)
-            kind = parts[0]
             try:
-                if kind == "PID" and len(parts) == 3:
-                    session.remote_pids[int(parts[1])] = int(parts[2])
-                    if int(parts[1]) not in session.ranks:  # a joiner of a warm resize
-                        session.ranks.append(int(parts[1]))
-                    self._joiner_started(session, int(parts[1]))
-                elif kind == "LOG" and len(parts) == 3:
-                    self._append_log(session.node.name, int(parts[1]), base64.b64decode(parts[2]))
-                elif kind == "RENAMED" and len(parts) == 2:
-                    self._rename(session, int(parts[1]))
-                elif kind == "EXIT" and len(parts) == 3:
-                    self._record_exit(session, int(parts[1]), int(parts[2]))
-                elif kind == "FAIL":
-                    session.failure = f"node {session.node.name}: " + " ".join(parts[1:])
-                elif kind in ("READY", "ORDERED") and len(parts) == 2:
-                    generation = int(parts[1])
-                    session.warm[generation] = kind.lower()
-                    if kind == "ORDERED" and session.joining == generation:
-                        session.joining = None
-                elif kind == "WARMFAIL" and len(parts) == 3:
-                    session.warm[int(parts[1])] = f"failed: {parts[2]}"
-                elif kind == "LEFT" and len(parts) == 3:
-                    rank = int(parts[1])
-                    session.remote_pids.pop(rank, None)
-                    session.ranks = [r for r in session.ranks if r != rank]
-                    self._log_files.pop((session.node.name, rank), None)  # its output ended
-            except ValueError:
-                continue
-        rc = await session.proc.wait()
+                self._take_line(session, raw)
+            except (ValueError, TypeError, KeyError, OSError) as exc:
+                log.warning("node %s: a line of its agent not taken: %s", session.node.name, exc)
+
+    def _take_line(self, session: _NodeSession, raw: bytes) -> None:
+        """One line of ``session``'s agent (``node_agent.py``)."""
+        parts = raw.decode(errors="replace").rstrip("\n").split(" ", 2)
+        kind = parts[0]
+        try:
+            if kind == "PID" and len(parts) == 3:
+                session.remote_pids[int(parts[1])] = int(parts[2])
+                if int(parts[1]) not in session.ranks:  # a joiner of a warm resize
+                    session.ranks.append(int(parts[1]))
+                self._joiner_started(session, int(parts[1]))
+            elif kind == "LOG" and len(parts) == 3:
+                self._append_log(session.node.name, int(parts[1]), base64.b64decode(parts[2]))
+            elif kind == "RENAMED" and len(parts) == 2:
+                self._rename(session, int(parts[1]))
+            elif kind == "EXIT" and len(parts) == 3:
+                self._record_exit(session, int(parts[1]), int(parts[2]))
+            elif kind == "FAIL":
+                session.failure = f"node {session.node.name}: " + " ".join(parts[1:])
+            elif kind in ("READY", "ORDERED") and len(parts) == 2:
+                generation = int(parts[1])
+                session.warm[generation] = kind.lower()
+                if kind == "ORDERED" and session.joining == generation:
+                    session.joining = None
+            elif kind == "WARMFAIL" and len(parts) == 3:
+                session.warm[int(parts[1])] = f"failed: {parts[2]}"
+            elif kind == "LEFT" and len(parts) == 3:
+                rank = int(parts[1])
+                session.remote_pids.pop(rank, None)
+                session.ranks = [r for r in session.ranks if r != rank]
+                self._log_files.pop((session.node.name, rank), None)  # its output ended
+        except ValueError:
+            return
+
+    def _session_ended(self, session: _NodeSession, rc: int) -> None:
+        """``session``'s ssh ended with ``rc``: its ranks that did not say how they ended
+        count as lost (or failed at the setup)."""
         if session.joining is not None:  # joiners that never joined: the resize failed
             why = session.failure or f"node {session.node.name}'s agent ended (ssh exit {rc})"
             session.warm.setdefault(session.joining, f"failed: {why}")

@@ -21,17 +21,13 @@ from typing import Any
 from pollux_local.errors import PolluxError
 from pollux_local.launch.base import LaunchSpec, NodeHealth, ReplicaSlot
 from pollux_local.launch.local import replica_env
-from pollux_local.launch.ssh.group import SshReplicaGroup, _NodeSession
+from pollux_local.launch.ssh.group import MAX_LINE_BYTES, SshReplicaGroup, _NodeSession
 from pollux_local.launch.ssh.nodes import (
     UNREACHABLE_EXIT_CODE,
     SshNodeConfig,
     node_agent_source,
 )
-from pollux_local.launch.ssh.recovery import (
-    _RECORD_SCRIPT,
-    SshRecordedGroup,
-    record_token,
-)
+from pollux_local.launch.ssh.recovery import SshRecordedGroup, agent_tool, record_token
 
 log = logging.getLogger("pollux_local.launch.ssh")
 
@@ -107,21 +103,29 @@ class SshLauncher:
         return self._node(name).python
 
     def _record_dir(self, node: SshNodeConfig) -> str:
-        return f"{node.workdir.rstrip('/')}/run/{self.record_key}"
+        return f"{node.workdir.rstrip('/')}/{self._record_subdir()}"
 
-    async def _record_command(self, name: str, action: str, path: str) -> tuple[int, str]:
+    def _record_subdir(self) -> str:
+        return f"run/{self.record_key}"
+
+    async def _record_command(self, name: str, action: str, relpath: str) -> tuple[int, str]:
+        """``record ACTION WORKDIR RELPATH`` of the agent's tool on node ``name``
+        (``node_agent.tool``: it refuses a work directory others could write to, and reads
+        no more than ``MAX_RECORD_BYTES``)."""
         node = self._node(name)
-        command = " ".join(
-            shlex.quote(part) for part in (node.python, "-c", _RECORD_SCRIPT, action, path)
-        )
-        rc, out, _ = await self.run(name, command, timeout_s=self.connect_timeout_s + 10)
+        command = agent_tool(node.python, "record", action, node.workdir, relpath)
+        rc, out, err = await self.run(name, command, timeout_s=self.connect_timeout_s + 10)
+        if rc == 2:
+            log.warning("node %s: exit record not read: %s", name, err.strip()[-300:])
         return rc, out
 
     def _record_paths(self, name: str, job_id: str) -> list[str]:
-        """The record's path, then the one of versions before records were per node
-        (``JOB.json``: incarnations started before an upgrade still write there)."""
+        """The record's path below the node's work directory, then the one of versions
+        before records were per node (``JOB.json``: incarnations started before an upgrade
+        still write there)."""
         node = self._node(name)
-        return [self.record_path(node, job_id), f"{self._record_dir(node)}/{job_id}.json"]
+        subdir = self._record_subdir()
+        return [f"{subdir}/{job_id}@{_path_word(node.name)}.json", f"{subdir}/{job_id}.json"]
 
     async def read_record(self, name: str, job_id: str) -> dict[str, Any] | None:
         """The exit record of ``job_id`` on node ``name``; ``None`` when there is none, it
@@ -316,7 +320,7 @@ class SshLauncher:
         name = f"rank{slot.rank}.start{_incarnation(spec)}"
         if joining is not None:
             name += f".join{joining}"
-        return {
+        replica: dict[str, Any] = {
             "rank": slot.rank,
             "argv": list(spec.argv),
             "env": {**self._replica_env(spec, slot, node, master), **extra},
@@ -326,6 +330,9 @@ class SshLauncher:
                 f"{len(spec.slots)} on {node.name} {slot.device}\n"
             ),
         }
+        if spec.umask is not None:  # the submitter's, applied by the agent before exec
+            replica["umask"] = int(spec.umask)
+        return replica
 
     async def start_session(
         self,
@@ -376,6 +383,7 @@ class SshLauncher:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,
             start_new_session=True,
+            limit=MAX_LINE_BYTES,  # the agent's lines are far shorter (node_agent.LOG_CHUNK)
         )
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(payload).encode() + b"\n")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pollux_local.api.states import ExitCode
 from pollux_local.launch.base import LaunchSpec
-from pollux_local.launch.ssh.nodes import UNREACHABLE_EXIT_CODE
+from pollux_local.launch.ssh.nodes import UNREACHABLE_EXIT_CODE, node_agent_source
 
 if TYPE_CHECKING:
     from pollux_local.launch.ssh.launcher import SshLauncher
@@ -23,30 +23,14 @@ RECORD_POLL_S = 1.0
 #: How long a recovered group's node may stay unanswering before its ranks count as lost.
 RECORD_LOST_S = 60.0
 
-#: Reads (``cat``) or removes (``rm``) an exit record on a node, its path as the argument.
-#: Run on a node: signal (``sys.argv[1]``, a name) the process group of each ``PID:START``
-#: that is still the process started then (its start time in clock ticks since boot, as the
-#: agent recorded it): a pid reused since (the node rebooted, the pids cycled) is left alone.
-_SIGNAL_SCRIPT = (
-    "import os,signal,sys\n"
-    "sig=getattr(signal,'SIG'+sys.argv[1])\n"
-    "for a in sys.argv[2:]:\n"
-    "  pid,start=(int(x) for x in a.split(':'))\n"
-    "  try:\n"
-    "    d=open('/proc/%d/stat'%pid,'rb').read()\n"
-    "    if int(d[d.rindex(b')')+2:].split()[19])==start: os.killpg(pid,sig)\n"
-    "  except (OSError,ValueError,IndexError): pass\n"
-)
-_RECORD_SCRIPT = (
-    "import os,sys\n"
-    "p=os.path.expanduser(sys.argv[2])\n"
-    "if sys.argv[1]=='rm':\n"
-    "  try: os.unlink(p)\n"
-    "  except OSError: pass\n"
-    "else:\n"
-    "  try: sys.stdout.write(open(p).read())\n"
-    "  except OSError: sys.exit(3)\n"
-)
+
+def agent_tool(python: str, *args: str) -> str:
+    """The shell command that runs the node agent's tool (``node_agent.tool``: the agent's
+    own source, given ``args``) with the node's ``python``: exit records read or removed,
+    recorded replicas signalled, each only in a work directory that is root's (or the
+    login's) alone."""
+    return " ".join(shlex.quote(part) for part in (python, "-c", node_agent_source(), *args))
+
 
 log = logging.getLogger("pollux_local.launch.ssh")
 
@@ -132,7 +116,9 @@ class SshRecordedGroup:
     async def _signal(self, sig: str) -> None:
         """Signal the process group of each replica still running, on its node, while it is
         the process the record names (its pid and start time; a record of an agent that kept
-        no start times names no process it can be told apart from a later one: none)."""
+        no start times names no process it can be told apart from a later one: none) and a
+        process of the job's user (``node_agent.signal_replicas``), and only while the
+        node's work directory, where the record lies, is root's alone."""
         for name, record in self.records.items():
             pairs = [
                 f"{int(r['pid'])}:{int(r['start_time'])}"
@@ -142,10 +128,9 @@ class SshRecordedGroup:
                 and r.get("start_time") is not None
             ]
             if pairs and record.get("state") != "ended":
-                python = self._launcher.node_python(name)
-                command = " ".join(
-                    shlex.quote(p) for p in (python, "-c", _SIGNAL_SCRIPT, sig, *pairs)
-                )
+                node = self._launcher.nodes[name]
+                user = self.spec.run_as or "-"  # only that user's processes are signalled
+                command = agent_tool(node.python, "signal", sig, node.workdir, user, *pairs)
                 await self._launcher.run(name, f"{command} 2>/dev/null; true")
 
     async def stop(self, grace_s: float) -> int | None:
