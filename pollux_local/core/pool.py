@@ -94,6 +94,11 @@ class ProfilePool:
         merged.update(own)
         return merged
 
+    def covered_by(self, kind: str, own: Mapping[Point, Times]) -> bool:
+        """Whether ``own`` measured every configuration the kind pooled (then
+        :meth:`points_for` is ``own``)."""
+        return self._points.get(kind, {}).keys() <= own.keys()
+
     def start_stats(self, kind: str) -> GradStats | None:
         """Gradient statistics of the kind's first epoch, or ``None`` if none was reported."""
         return self._start_stats.get(kind)

@@ -16,21 +16,21 @@ stored one: the pass orders jobs that are equal to it by id.
 from __future__ import annotations
 
 import statistics
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from pollux_local.api.states import PLACED_STATES, JobState
 from pollux_local.core.schedule import Holding, Limits, NodeInput
 from pollux_local.core.schedule.forecast import Prediction, forecast
-from pollux_local.core.schedule.views import run_time_s
 from pollux_local.core.types import Policy
 from pollux_local.daemon.readmodel import MetricHistory, job_eta
 from pollux_local.daemon.scheduler import (
+    AfterSummary,
     ModelCache,
-    job_input,
     job_kind,
     progress_eta,
+    run_time_s,
     snapshot_of,
     time_left_s,
 )
@@ -38,16 +38,22 @@ from pollux_local.daemon.state import JobRecord, StateStore
 
 #: Run times kept per kind (the newest).
 KEPT_PER_KIND = 20
+#: Kinds remembered per owner (the least recently finished is forgotten first).
+KINDS_PER_OWNER = 64
 #: Finished jobs read per refresh.
 READ_AT_ONCE = 1000
 
 
 class Durations:
     """How long jobs of a kind run: the run times of its owner's finished (succeeded) jobs of
-    that kind (``scheduler.job_kind``), the newest :data:`KEPT_PER_KIND` per kind."""
+    that kind (``scheduler.job_kind``, a fixed-size digest), the newest :data:`KEPT_PER_KIND`
+    per kind and :data:`KINDS_PER_OWNER` kinds per owner (the one whose last job finished
+    longest ago is forgotten first), so one owner's thousands of kinds hold a bounded
+    memory."""
 
-    def __init__(self) -> None:
-        self._times: dict[tuple[int, str], deque[float]] = {}
+    def __init__(self, kinds_per_owner: int = KINDS_PER_OWNER) -> None:
+        self._times: dict[int, OrderedDict[str, deque[float]]] = {}
+        self.kinds_per_owner = kinds_per_owner
         self._since: float | None = None
         self._seen: set[int] = set()
 
@@ -55,8 +61,17 @@ class Durations:
         if job.id in self._seen or job.run_time_s <= 0:
             return
         self._seen.add(job.id)
-        key = (job.owner_uid, job_kind(job))
-        self._times.setdefault(key, deque(maxlen=KEPT_PER_KIND)).append(job.run_time_s)
+        kinds = self._times.setdefault(job.owner_uid, OrderedDict())
+        kind = job_kind(job)
+        times = kinds.pop(kind, None) or deque(maxlen=KEPT_PER_KIND)
+        times.append(job.run_time_s)
+        kinds[kind] = times  # the most recently finished last
+        while len(kinds) > self.kinds_per_owner:
+            kinds.popitem(last=False)
+
+    def kinds(self, owner_uid: int) -> int:
+        """How many kinds of ``owner_uid`` are remembered."""
+        return len(self._times.get(owner_uid, ()))
 
     def refresh(self, store: StateStore) -> None:
         """Take in the jobs that succeeded since the last refresh (the newest
@@ -73,7 +88,8 @@ class Durations:
 
     def typical(self, job: JobRecord) -> float | None:
         """The median run time of the job's kind (``None``: none finished)."""
-        times = self._times.get((job.owner_uid, job_kind(job)))
+        kinds = self._times.get(job.owner_uid)
+        times = None if kinds is None else kinds.get(job_kind(job))
         return statistics.median(times) if times else None
 
 
@@ -82,7 +98,7 @@ def remaining_s(
 ) -> float | None:
     """Expected seconds of running the job still has (``None``: unknown)."""
     typical = durations.typical(job)
-    done = run_time_s(job_input(job), now)
+    done = run_time_s(job, now)
     if job.state in PLACED_STATES:
         left = job_eta(job, now, metrics)
         if left is None and typical is not None:
@@ -119,10 +135,14 @@ class Forecasts:
         now: float,
         *,
         states: Mapping[int, JobState] | None = None,
+        dependencies: Mapping[int, AfterSummary] | None = None,
         stopping: Sequence[Holding] = (),
     ) -> None:
         """Forecast every job of a pass (its inputs, as ``scheduler.plan_round`` takes them)."""
-        self.inputs = _Inputs(policy, list(nodes), models, limits, dict(states or {}), stopping)
+        self.inputs = _Inputs(
+            policy, list(nodes), models, limits, dict(states or {}), stopping,
+            dict(dependencies or {}),
+        )  # fmt: skip
         self.latest, _ = self._run(jobs, now)
 
     def estimate(
@@ -147,7 +167,7 @@ class Forecasts:
         active = [job for job in jobs if job.state in (JobState.QUEUED, *PLACED_STATES)]
         snapshot = snapshot_of(
             active, got.nodes, got.models, now, got.limits, states=got.states,
-            stopping=got.stopping,
+            dependencies=got.dependencies, stopping=got.stopping,
         )  # fmt: skip
         remaining = {job.id: remaining_s(job, now, self.durations, self.metrics) for job in active}
         # the jobs not yet submitted get, in order, ids above every stored one, as a submit
@@ -157,12 +177,16 @@ class Forecasts:
         if not ids:
             return forecast(snapshot, got.policy, remaining)
         back = {fresh: old for old, fresh in ids.items()}
+        # only the jobs not yet submitted change: no stored job can name one of them
         jobs_in = [
             replace(
                 job,
-                id=ids.get(job.id, job.id),
+                id=ids[job.id],
                 after=tuple(replace(d, job_id=ids.get(d.job_id, d.job_id)) for d in job.after),
+                after_pending=tuple(ids.get(d, d) for d in job.after_pending),
             )
+            if job.id in ids
+            else job
             for job in snapshot.jobs
         ]
         predictions, reasons = forecast(
@@ -187,3 +211,4 @@ class _Inputs:
     limits: Limits
     states: Mapping[int, JobState]
     stopping: Sequence[Holding]
+    dependencies: Mapping[int, AfterSummary] = field(default_factory=dict)

@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -35,12 +36,11 @@ import psutil
 
 from pollux_local.api.states import (
     PLACED_STATES,
-    TERMINAL_STATES,
     DecisionKind,
     JobState,
     StopIntent,
 )
-from pollux_local.core.schedule import Holding, Limits, NodeInput, Verdict, dependency_verdict
+from pollux_local.core.schedule import Holding, Limits, NodeInput
 from pollux_local.core.types import Policy
 from pollux_local.daemon import gpus
 from pollux_local.daemon.config import DaemonConfig, busy_gpus
@@ -51,10 +51,12 @@ from pollux_local.daemon.readmodel import MetricHistory, job_noise_scale
 from pollux_local.daemon.reports import InvalidReport, read_job_report
 from pollux_local.daemon.resizes import resizes_of
 from pollux_local.daemon.scheduler import (
+    AfterSummary,
     ModelCache,
-    dependencies_of,
+    dependency_ids,
     group_limits,
     plan_round,
+    resolve_dependencies,
     time_left_s,
 )
 from pollux_local.daemon.state import DecisionEntry, JobRecord, StateStore
@@ -73,6 +75,8 @@ RETRY_S = 5.0
 #: The least time between two warnings about one job's unusable ``report.json`` (a job
 #: rewriting it many times a second must not fill the daemon's log).
 REPORT_WARNING_INTERVAL_S = 60.0
+#: How often ended jobs beyond each user's cap are looked for (``prune_ended``).
+PRUNE_INTERVAL_S = 60.0
 
 
 def node_snapshot(
@@ -199,6 +203,8 @@ class SchedulingLoop:
         #: when each job's unusable report was last warned about
         self._report_warned: dict[int, float] = {}
         self._last_sample: dict[int, float] = {}
+        #: when ended jobs beyond the cap are next looked for (monotonic seconds)
+        self._next_prune = 0.0
         self.ticks = 0
         #: database writes that failed in passes (each logged; the pass was retried)
         self.write_failures = 0
@@ -212,6 +218,21 @@ class SchedulingLoop:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def prune_ended(self) -> None:
+        """Every :data:`PRUNE_INTERVAL_S` at most: each user's ended jobs beyond ``[limits]
+        max_ended_per_user`` are removed (``state.retention``; a batch at a time)."""
+        now = time.monotonic()
+        if now < self._next_prune:
+            return
+        self._next_prune = now + PRUNE_INTERVAL_S
+        removed = self.store.prune_ended(self.config.max_ended_per_user)
+        if removed:
+            log.info(
+                "removed %d ended job(s) beyond %d per user ([limits] max_ended_per_user):"
+                " %s%s", len(removed), self.config.max_ended_per_user,
+                ", ".join(map(str, removed[:10])), " …" if len(removed) > 10 else "",
+            )  # fmt: skip
 
     async def run(self) -> None:
         """Pass after pass, each after ``interval_s`` or a wake-up; a failing pass is logged
@@ -265,9 +286,10 @@ class SchedulingLoop:
             await self.executor.check_nodes(background=True)
             await self.executor.record_unrecorded()  # ends a full disk kept from the store
             await self.reconcile()
+            self.prune_ended()
             now = self.clock()
             await self.enforce_time_limits(now)
-            states = self.resolve_dependencies(now)
+            states, dependencies = await self.resolve_dependencies(now)
             jobs = self.store.jobs(SCHEDULED_STATES)
             self.refresh_reports(jobs)
             stopping = stopping_jobs(self.store, self.executor)
@@ -288,7 +310,8 @@ class SchedulingLoop:
                 return
             plan = await asyncio.to_thread(
                 plan_round, self.policy, jobs, nodes, self.models, now, self.rng, limits,
-                states=states, stopping=stopping, resize_costs=resizes_of(self.store).all_costs(),
+                states=states, dependencies=dependencies, stopping=stopping,
+                resize_costs=resizes_of(self.store).all_costs(),
             )  # fmt: skip
             self.ticks += 1
             await self.executor.apply(plan)
@@ -298,7 +321,7 @@ class SchedulingLoop:
             for job_id, prediction in plan.predictions.items():
                 self.store.update_job(job_id, prediction=prediction)
             self.sample_history(self.clock())
-            await self.forecast(jobs, nodes, limits, now, states, stopping)
+            await self.forecast(jobs, nodes, limits, now, states, stopping, dependencies)
             await self.announce()
 
     async def forecast(
@@ -309,6 +332,7 @@ class SchedulingLoop:
         now: float,
         states: dict[int, JobState],
         stopping: Sequence[Holding],
+        dependencies: dict[int, AfterSummary] | None = None,
     ) -> None:
         """Every queued and running job's expected start and finish (``forecasting``); a
         failing forecast is logged and leaves the jobs without one."""
@@ -316,7 +340,7 @@ class SchedulingLoop:
             self.forecasts.durations.refresh(self.store)
             await asyncio.to_thread(
                 self.forecasts.update, self.policy, jobs, nodes, self.models, limits, now,
-                states=states, stopping=stopping,
+                states=states, dependencies=dependencies, stopping=stopping,
             )  # fmt: skip
         except sqlite3.Error:
             raise
@@ -329,34 +353,30 @@ class SchedulingLoop:
         if self.notifier is not None:
             await self.notifier.announce_pending()
 
-    def resolve_dependencies(self, now: float) -> dict[int, JobState]:
+    async def resolve_dependencies(
+        self, now: float
+    ) -> tuple[dict[int, JobState], dict[int, AfterSummary]]:
         """Fail the queued and held jobs whose dependencies failed (``dependency N failed``),
         and their dependents in turn, in this pass; returns the states of every job depended
-        on (for admission: each job's ``core.schedule.Dependency`` outcomes)."""
+        on and each other job's dependencies summarised from them (``AfterSummary``, for
+        admission and the forecast: computed once a pass).  The scans run in a worker thread
+        (``scheduler.resolve_dependencies``: a thousand jobs naming a thousand ids each cost
+        a fraction of a second there), the store's reads and writes here."""
         waiting = [
             job for job in self.store.jobs([JobState.QUEUED, JobState.HELD]) if job.spec.after
         ]
         if not waiting:
-            return {}
-        states = self.store.states_of(int(dep) for job in waiting for dep in job.spec.after)
-        changed = True
-        while changed:
-            changed = False
-            for job in waiting:
-                if job.state in TERMINAL_STATES:
-                    continue
-                verdict, why = dependency_verdict(dependencies_of(job, states), job.spec.after_any)
-                if verdict is not Verdict.FAIL:
-                    continue
-                self.store.transition(
-                    job.id, JobState.FAILED, now, DecisionEntry(DecisionKind.FAILED, why),
-                    end_time=now, reason=why,
-                )  # fmt: skip
-                job.state = JobState.FAILED
-                if job.id in states:
-                    states[job.id] = JobState.FAILED
-                changed = True
-        return states
+            return {}, {}
+        wanted, parsed = await asyncio.to_thread(dependency_ids, waiting)
+        states = self.store.states_of(wanted)
+        summaries, failures = await asyncio.to_thread(resolve_dependencies, waiting, states, parsed)
+        for job, why in failures:
+            self.store.transition(
+                job.id, JobState.FAILED, now, DecisionEntry(DecisionKind.FAILED, why),
+                end_time=now, reason=why,
+            )  # fmt: skip
+            job.state = JobState.FAILED
+        return states, summaries
 
     def next_time_limit(self) -> float | None:
         """When the earliest time limit of a running job falls (``None``: none has one)."""

@@ -8,6 +8,8 @@ reports (:class:`ModelCache`) and turns the store's records into the pass's type
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -18,7 +20,7 @@ import msgspec
 import numpy as np
 
 from pollux_local.api.report import JobReport, ProfileRow, ReportBounds
-from pollux_local.api.states import JobState
+from pollux_local.api.states import TERMINAL_STATES, JobState
 from pollux_local.core.fitting import fit_points, points_from_rows
 from pollux_local.core.goodput import GoodputModel
 from pollux_local.core.memory import largest_local_batch
@@ -38,6 +40,8 @@ from pollux_local.core.schedule import (
     Outcome,
     Plan,
     Snapshot,
+    Verdict,
+    dependency_verdict,
     run_pass,
     schedulable,
     views,
@@ -95,8 +99,12 @@ _KIND_FIELDS = (
 def job_kind(job: JobRecord) -> str:
     """Jobs of one kind run the same command in the same folder with the same batch bounds;
     the jobs of one kind *and one owner* share their throughput measurements
-    (:class:`ModelCache`, one :class:`~pollux_local.core.pool.ProfilePool` per owner)."""
-    return json.dumps([getattr(job.spec, name) for name in _KIND_FIELDS], sort_keys=True)
+    (:class:`ModelCache`, one :class:`~pollux_local.core.pool.ProfilePool` per owner).  The
+    kind is the SHA-256 (hex) of those fields as JSON: 64 characters however long the
+    command, since it is a key in every pool and in ``forecasting.Durations`` (a
+    megabytes-long command as the key itself made each of them hold megabytes)."""
+    fields = json.dumps([getattr(job.spec, name) for name in _KIND_FIELDS], sort_keys=True)
+    return hashlib.sha256(fields.encode()).hexdigest()
 
 
 def _profile_points(profile: Sequence[ProfileRow]) -> dict[Point, Times] | None:
@@ -115,18 +123,42 @@ POOL_POINTS = 256
 POOL_KINDS = 64
 #: Fitted models kept (one per job, and per job and device type); least recently used dropped.
 FITS_KEPT = 4096
+#: Fits run per owner and pass (``ModelCache.begin_pass``; a fit costs 8-30 ms): past it, that
+#: owner's jobs whose points changed keep their older model (or none yet) until a later pass,
+#: the longest-waiting first.  Fits of points already fitted (jobs of a kind whose merged
+#: points are the same) are shared and not counted.
+FITS_PER_OWNER = 8
 
 
 @dataclass
 class _Fit:
     """One job's model inputs and fit: its profile rows as last seen (the report's list), its
-    points, the version of its kind's pool the fit used, and the fit."""
+    points, the version of its kind's pool it last looked at, the digest of the merged points
+    its fit is of (``b""``: none yet), the fit, and the pass since which a fit it needs has
+    been put off (0: none is)."""
 
     rows: Sequence[ProfileRow]
     own: dict[Point, Times]
     version: int = -1
+    key: bytes = b""
+    own_key: bytes = b""
     params: Any = None
     correction: Any = None
+    waiting_since: int = 0
+
+
+@dataclass(frozen=True)
+class _Fitted:
+    """A fit of one set of merged points (``params`` ``None``: they could not be fitted)."""
+
+    params: Any
+    correction: Any
+
+
+def _points_digest(points: Mapping[Point, Times]) -> bytes:
+    """A digest of merged points, in their order (what a fit is a function of)."""
+    flat = np.array([(*point, *times) for point, times in points.items()], dtype=np.float64)
+    return hashlib.sha256(flat.tobytes()).digest()
 
 
 class ModelCache:
@@ -139,10 +171,31 @@ class ModelCache:
     kinds per owner.  Before a job has reported gradient statistics it uses the first ones its
     owner's jobs of its kind reported in a first epoch."""
 
-    def __init__(self) -> None:
+    def __init__(self, fits_per_owner: int = FITS_PER_OWNER) -> None:
         self._fits: OrderedDict[int | tuple[int, str], _Fit] = OrderedDict()
         self._pools: dict[int, ProfilePool] = {}
+        #: fits by the digest of the merged points they are of, shared by the jobs (of any
+        #: owner) whose merged points are the same
+        self._shared: OrderedDict[bytes, _Fitted] = OrderedDict()
+        self.fits_per_owner = fits_per_owner
+        self._spent: dict[int, int] = {}
+        self._pass = 1
         self.fit_count = 0
+
+    def begin_pass(self) -> None:
+        """A new scheduling pass: each owner may have :data:`FITS_PER_OWNER` fits run again."""
+        self._pass += 1
+        self._spent.clear()
+
+    def fit_order(self, jobs: Sequence[JobRecord]) -> list[JobRecord]:
+        """``jobs`` with those whose fit has waited longest first (the order a pass asks for
+        models in, so that a budget spent every pass reaches every job in turn)."""
+
+        def waited(job: JobRecord) -> int:
+            slot = self._fits.get(job.id)
+            return slot.waiting_since if slot is not None and slot.waiting_since else self._pass
+
+        return sorted(jobs, key=waited)
 
     def pool(self, owner_uid: int) -> ProfilePool:
         """The pool of one owner's jobs (made on first use)."""
@@ -167,6 +220,7 @@ class ModelCache:
         job: JobRecord,
         types: Sequence[str],
         memory: Mapping[str, int] | None = None,
+        refit: bool = True,
     ) -> dict[str, Any]:
         """On a cluster of several device ``types``: the job's model per type, each fitted to
         the points its kind measured on that type (profile rows tagged ``device_type``) and
@@ -176,7 +230,11 @@ class ModelCache:
         models: dict[str, Any] = {}
         for device_type in types:
             mine = [row for row in rows if row.device_type == device_type]
-            model = self.model_for(job, device_type, mine, (memory or {}).get(device_type))
+            memory_bytes = (memory or {}).get(device_type)
+            if refit:
+                model = self.model_for(job, device_type, mine, memory_bytes)
+            else:
+                model = self.model_for(job, device_type, mine, memory_bytes, refit=False)
             if model is not None:
                 models[device_type] = model
         return models
@@ -210,13 +268,16 @@ class ModelCache:
         device_type: str | None = None,
         rows: Sequence[ProfileRow] | None = None,
         memory_bytes: int | None = None,
+        *,
+        refit: bool = True,
     ) -> Any | None:
         """The job's ``GoodputModel``, or ``None`` while neither it nor its kind has reported a
         profile and gradient statistics.  With ``device_type``, the model of that type, fitted
         to ``rows`` (the job's rows measured there) and its kind's points on that type.  With
         ``memory_bytes`` (a device's memory) and peak-memory points in the job's report, the
         local batch is bounded by what fits (``core.memory.largest_local_batch``); ``None``
-        when not even one example fits."""
+        when not even one example fits.  Without ``refit``, the fit it has (none: ``None``) even
+        when its points changed."""
         report = job.report or _NO_REPORT
         kind = job_kind(job) if device_type is None else f"{job_kind(job)}@{device_type}"
         pool = self.pool(job.owner_uid)
@@ -230,8 +291,12 @@ class ModelCache:
             if own is None:
                 return None
             pool.add(kind, own)
-            slot = _Fit(rows=list(raw), own=own)
+            if slot is None:
+                slot = _Fit(rows=list(raw), own=own)
+            else:  # new points: looked at again, its older fit kept meanwhile
+                slot.rows, slot.own, slot.own_key, slot.version = list(raw), own, b"", -1
             self._fits[slot_key] = slot
+            self._fits.move_to_end(slot_key)
             while len(self._fits) > FITS_KEPT:
                 self._fits.popitem(last=False)
         stats = report.grad_stats
@@ -247,15 +312,8 @@ class ModelCache:
         if bounds is None or grad is None:
             return None
         version = pool.version(kind)
-        if slot.version != version:  # first use, or the kind's points changed: (re)fit
-            slot.version, slot.params, slot.correction = version, None, None
-            points = pool.points_for(kind, slot.own)
-            try:
-                fitted = fit_points(dict(sorted(points.items())))
-            except ValueError:  # none, or hopeless: tried again when the points change
-                return None
-            slot.params, slot.correction = fitted.params, fitted.correction
-            self.fit_count += 1
+        if slot.version != version and refit:  # first use, or its or its kind's points changed
+            self._refit(slot, pool, kind, version, job.owner_uid)
         if slot.params is None:
             return None
         from pollux_local.core.goodput import GoodputModel
@@ -263,6 +321,51 @@ class ModelCache:
         return GoodputModel(
             params=slot.params, stats=grad, bounds=bounds, correction=slot.correction
         )
+
+    def _refit(
+        self, slot: _Fit, pool: ProfilePool, kind: str, version: int, owner_uid: int
+    ) -> None:
+        """Fit ``slot`` to its merged points (its own and its ``kind``'s in ``pool``, at the
+        pool's ``version``):
+        nothing when they are those its fit is of, a shared fit when another job's merged
+        points are the same, else a fit within its owner's budget for the pass (past it, the
+        older fit stays and the slot is looked at again next pass)."""
+        spent = self._spent.get(owner_uid, 0)
+        if spent >= self.fits_per_owner and slot.waiting_since:
+            return  # already put off, and no fit left to this owner now: not looked at again
+        own = slot.own
+        points: dict[Point, Times] | None = None
+        if pool.covered_by(kind, own):  # its own points are all of them: digested once
+            if not slot.own_key:
+                slot.own_key = _points_digest(dict(sorted(own.items())))
+            key = slot.own_key
+        else:
+            points = dict(sorted(pool.points_for(kind, own).items()))
+            key = _points_digest(points)
+        if key == slot.key:
+            slot.version, slot.waiting_since = version, 0
+            return
+        fitted = self._shared.get(key)
+        if fitted is None:
+            if spent >= self.fits_per_owner:
+                slot.waiting_since = slot.waiting_since or self._pass
+                return
+            self._spent[owner_uid] = spent + 1
+            self.fit_count += 1
+            if points is None:
+                points = dict(sorted(own.items()))
+            try:
+                done = fit_points(points)
+                fitted = _Fitted(done.params, done.correction)
+            except ValueError:  # none, or hopeless: tried again when the points change
+                fitted = _Fitted(None, None)
+            self._shared[key] = fitted
+            while len(self._shared) > FITS_KEPT:
+                self._shared.popitem(last=False)
+        else:
+            self._shared.move_to_end(key)
+        slot.version, slot.key, slot.waiting_since = version, key, 0
+        slot.params, slot.correction = fitted.params, fitted.correction
 
 
 def _single_rate(pool: ProfilePool, key: str) -> float | None:
@@ -314,15 +417,157 @@ _OUTCOMES = {
 }
 
 
+def _dependency(job_id: int, state: JobState | None) -> Dependency:
+    outcome = None if state is None else _OUTCOMES.get(state, Outcome.PENDING)
+    return Dependency(job_id, outcome, "" if state is None else state.value)
+
+
 def dependencies_of(job: JobRecord, states: Mapping[int, JobState]) -> tuple[Dependency, ...]:
     """The jobs ``job`` runs after, each with its outcome from ``states`` (job id -> state;
-    a job absent there does not exist)."""
-    found = []
-    for dep in job.spec.after:
-        state = states.get(int(dep))
-        outcome = None if state is None else _OUTCOMES.get(state, Outcome.PENDING)
-        found.append(Dependency(int(dep), outcome, "" if state is None else state.value))
-    return tuple(found)
+    a job absent there does not exist).  A pass takes :func:`after_summary` instead."""
+    return tuple(_dependency(int(dep), states.get(int(dep))) for dep in job.spec.after)
+
+
+@dataclass(frozen=True)
+class AfterSummary:
+    """A job's dependencies as a pass needs them (``JobInput.after`` and ``after_pending``):
+    ``after`` holds the first one not met (it decides the verdict and names the reason) and,
+    when one further on fails the job whatever else ends, that one; ``pending`` the ids of
+    those not ended between them.  A job naming a thousand jobs costs a pass one or two
+    objects, not a thousand."""
+
+    after: tuple[Dependency, ...] = ()
+    pending: tuple[int, ...] = ()
+
+    def verdict(self, after_any: bool) -> tuple[Verdict, str]:
+        """The same as ``dependency_verdict`` over every dependency."""
+        return dependency_verdict(self.after, after_any, self.pending)
+
+
+_NO_DEPENDENCIES = AfterSummary()
+#: The states in which a dependency is met: succeeded (``--after``), or ended (``after_any``).
+_MET = {
+    False: frozenset({JobState.SUCCEEDED}),
+    True: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}),
+}
+
+
+class DependencyStates:
+    """The states of the jobs others depend on (job id -> state; a job absent does not exist),
+    as one pass reads them: the ids met either way (``after``, ``after_any``) kept as sets of
+    integers, so that a job's list is mostly skipped at C speed (hashing a ``JobState`` is a
+    Python call), and each job's ids parsed once."""
+
+    def __init__(self, states: Mapping[int, JobState]) -> None:
+        self.states = states
+        self._met = {
+            flag: {job_id for job_id, state in states.items() if state in met}
+            for flag, met in _MET.items()
+        }
+        self._ids: dict[int, list[int]] = {}
+
+    def ids(self, job: JobRecord) -> list[int]:
+        """The ids ``job`` names, in order."""
+        ids = self._ids.get(job.id)
+        if ids is None:
+            ids = self._ids[job.id] = list(map(int, job.spec.after))
+        return ids
+
+    def failed(self, states: dict[int, JobState], job_id: int) -> None:
+        """Job ``job_id``, depended on, failed (``states``: the same mapping, writable)."""
+        states[job_id] = JobState.FAILED
+        self._met[True].add(job_id)
+        self._met[False].discard(job_id)
+
+    def summary(self, job: JobRecord) -> AfterSummary:
+        """``job``'s dependencies summarised in one scan of its list, stopping at the first
+        that fails it."""
+        spec = job.spec
+        if not spec.after:
+            return _NO_DEPENDENCIES
+        ids = self.ids(job)
+        met = self._met[spec.after_any]
+        get = self.states.get
+        first: Dependency | None = None
+        pending: list[int] = []
+        # only those not met are looked at one by one
+        for dep in itertools.filterfalse(met.__contains__, ids):
+            state = get(dep)
+            if first is None:
+                first = _dependency(dep, state)
+                if first.outcome is not Outcome.PENDING:
+                    break
+            elif state is None or state is JobState.FAILED or state is JobState.CANCELLED:
+                # it fails the job whatever else ends (``after_any``: only one that is missing)
+                return AfterSummary((first, _dependency(dep, state)), tuple(pending))
+            else:
+                pending.append(dep)
+        return AfterSummary(() if first is None else (first,), tuple(pending))
+
+
+def after_summary(job: JobRecord, states: Mapping[int, JobState]) -> AfterSummary:
+    """``job``'s dependencies summarised from ``states`` (as for :func:`dependencies_of`)."""
+    if not job.spec.after:
+        return _NO_DEPENDENCIES
+    return DependencyStates(states).summary(job)
+
+
+def dependency_ids(jobs: Sequence[JobRecord]) -> tuple[set[int], DependencyStates]:
+    """Every job id the ``jobs`` depend on, and a :class:`DependencyStates` that remembers each
+    job's ids as parsed here (its states are given to :func:`resolve_dependencies`)."""
+    parsed = DependencyStates({})
+    return set().union(*(parsed.ids(job) for job in jobs)), parsed
+
+
+def resolve_dependencies(
+    jobs: Sequence[JobRecord],
+    states: dict[int, JobState],
+    parsed: DependencyStates | None = None,
+) -> tuple[dict[int, AfterSummary], list[tuple[JobRecord, str]]]:
+    """The queued and held ``jobs`` whose dependencies fail them (``dependency N failed``), and
+    their dependents in turn, in the order found, each with its reason (``states``, of the
+    jobs depended on, is updated: each of them failed), and the :class:`AfterSummary` of every
+    other one.  Pure (the loop runs it off the event loop and records the failures): each
+    job's dependencies are scanned once, and again only when one it depends on failed in the
+    same pass, the same verdicts in the same order as scanning every job again until none
+    fails.  ``parsed``: from :func:`dependency_ids` (the ids it parsed are not parsed again)."""
+    view = DependencyStates(states)
+    if parsed is not None:
+        view._ids = parsed._ids
+    summaries: dict[int, AfterSummary] = {}
+    failures: list[tuple[JobRecord, str]] = []
+    failed: set[int] = set()
+
+    def scan(batch: Sequence[JobRecord]) -> list[int]:
+        newly = []
+        for job in batch:
+            if job.id in failed or job.state in TERMINAL_STATES:
+                continue
+            summary = view.summary(job)
+            verdict, why = summary.verdict(job.spec.after_any)
+            if verdict is not Verdict.FAIL:
+                summaries[job.id] = summary
+                continue
+            summaries.pop(job.id, None)
+            failures.append((job, why))
+            failed.add(job.id)
+            if job.id in states:
+                view.failed(states, job.id)
+                newly.append(job.id)
+        return newly
+
+    newly = scan(jobs)
+    dependents: dict[int, list[JobRecord]] | None = None
+    order = {job.id: n for n, job in enumerate(jobs)}
+    while newly:  # only the dependents of the jobs that just failed can change
+        if dependents is None:
+            dependents = {}
+            for job in jobs:
+                for dep in set(view.ids(job)):
+                    dependents.setdefault(dep, []).append(job)
+        again = {job.id: job for gone in newly for job in dependents.get(gone, ())}
+        newly = scan(sorted(again.values(), key=lambda job: order[job.id]))
+    return summaries, failures
 
 
 def progress_fraction(report: JobReport | None) -> float | None:
@@ -340,10 +585,13 @@ def job_input(
     models_by_type: Mapping[str, GoodputModel] | None = None,
     type_rates: Mapping[str, float] | None = None,
     resize_costs: ResizeCosts | None = None,
+    dependencies: AfterSummary | None = None,
 ) -> JobInput:
-    """A stored job as the pass takes it (``states``: of the jobs it depends on;
-    ``resize_costs``: what its resizes were measured to cost)."""
+    """A stored job as the pass takes it (``states``: of the jobs it depends on, or
+    ``dependencies``: its dependencies summarised from them; ``resize_costs``: what its resizes
+    were measured to cost)."""
     costs = resize_costs or ResizeCosts()
+    after = dependencies if dependencies is not None else after_summary(job, states or {})
     report = job.report or _NO_REPORT
     profiled = [row.replicas for row in report.profile]
     spec = job.spec
@@ -373,8 +621,9 @@ def job_input(
             if constraint is None
             else Constraint(frozenset(constraint.nodes), constraint.device_type)
         ),
-        after=dependencies_of(job, states or {}),
+        after=after.after,
         after_any=spec.after_any,
+        after_pending=after.pending,
         array_id=spec.array_id,
         array_max_running=spec.array_max_running,
         shared=spec.shared,
@@ -420,6 +669,7 @@ def snapshot_of(
     limits: Limits | None = None,
     *,
     states: Mapping[int, JobState] | None = None,
+    dependencies: Mapping[int, AfterSummary] | None = None,
     stopping: Sequence[Holding] = (),
     resize_costs: Mapping[int, ResizeCosts] | None = None,
 ) -> Snapshot:
@@ -427,7 +677,8 @@ def snapshot_of(
     models (the jobs the pass may schedule: queued past any back-off, and running), on the
     smallest device memory of the cluster and, on a cluster of several device types, per
     type, with its kind's speed per type; under ``limits``, with ``states`` (job id -> state,
-    any state) of the jobs others depend on and the jobs still ``stopping``, each counted as a
+    any state) of the jobs others depend on (or, per job, ``dependencies``: each job's
+    summarised from them once a pass, ``resolve_dependencies``) and the jobs still ``stopping``, each counted as a
     running job of its owner, with its devices; ``resize_costs`` by job id (measured,
     ``daemon.resizes``)."""
     types = sorted({node.device_type for node in nodes})
@@ -445,27 +696,51 @@ def snapshot_of(
         for n in nodes
         if n.devices and all(d.startswith("cpu") for d in n.devices)
     }
-    inputs = []
+    bare: dict[int, JobInput] = {}
+    view: DependencyStates | None = None
     for job in jobs:
         if job.state not in _PHASES:  # held or ended: no part in a pass
             continue
-        bare = job_input(job, states, resize_costs=(resize_costs or {}).get(job.id))
-        if not schedulable(bare, now):
-            inputs.append(bare)
-            continue
-        model = models.model_for(job, memory_bytes=smallest)
+        summary = (dependencies or {}).get(job.id)
+        if summary is None:
+            if view is None:
+                view = DependencyStates(states or {})
+            summary = view.summary(job)
+        bare[job.id] = job_input(
+            job, resize_costs=(resize_costs or {}).get(job.id), dependencies=summary
+        )
+    fitted: dict[int, JobInput] = {}
+    wanted = [job for job in jobs if job.id in bare and schedulable(bare[job.id], now)]
+    for job in models.fit_order(wanted):  # the longest waiting for a fit first
+        # a queued job that cannot start this pass (its --begin is later, its dependencies
+        # have not let it) keeps the model it has: it is not fitted for it
+        refit = _may_start(bare[job.id], now)
+        if refit:
+            model = models.model_for(job, memory_bytes=smallest)
+        else:
+            model = models.model_for(job, memory_bytes=smallest, refit=False)
         if typed:
-            inputs.append(
-                replace(
-                    bare,
-                    model=model,
-                    models_by_type=models.models_by_type(job, types, memory_of),
-                    type_rates=models.type_rates(job, types, slowdowns),
-                )
+            fitted[job.id] = replace(
+                bare[job.id],
+                model=model,
+                models_by_type=models.models_by_type(job, types, memory_of, refit=refit),
+                type_rates=models.type_rates(job, types, slowdowns),
             )
         else:
-            inputs.append(replace(bare, model=model))
+            fitted[job.id] = replace(bare[job.id], model=model)
+    inputs = [fitted.get(job_id, found) for job_id, found in bare.items()]
     return Snapshot(jobs=inputs, nodes=nodes, now=now, limits=limits or Limits(), holdings=stopping)
+
+
+def _may_start(job: JobInput, now: float) -> bool:
+    """Whether the pass may start or keep ``job`` now: running, or queued past its --begin
+    with its dependencies met."""
+    if job.phase is not JobPhase.QUEUED:
+        return True
+    if job.begin_at is not None and job.begin_at > now:
+        return False
+    verdict, _ = dependency_verdict(job.after, job.after_any, job.after_pending)
+    return verdict is Verdict.READY
 
 
 def plan_round(
@@ -478,29 +753,32 @@ def plan_round(
     limits: Limits | None = None,
     *,
     states: Mapping[int, JobState] | None = None,
+    dependencies: Mapping[int, AfterSummary] | None = None,
     stopping: Sequence[Holding] = (),
     resize_costs: Mapping[int, ResizeCosts] | None = None,
 ) -> Plan:
     """The pass (``core.schedule.run_pass``) on the stored jobs (arguments as
-    :func:`snapshot_of`)."""
+    :func:`snapshot_of`); each owner's budget of fits starts again
+    (``ModelCache.begin_pass``)."""
+    models.begin_pass()
     snapshot = snapshot_of(
-        jobs, nodes, models, now, limits, states=states, stopping=stopping,
-        resize_costs=resize_costs,
+        jobs, nodes, models, now, limits, states=states, dependencies=dependencies,
+        stopping=stopping, resize_costs=resize_costs,
     )  # fmt: skip
     return run_pass(snapshot, policy, rng)
 
 
 def run_time_s(job: JobRecord, now: float) -> float:
     """Seconds the job has run, the run in progress included."""
-    return views.run_time_s(job_input(job), now)
+    return views.run_time_s(job_input(job, dependencies=_NO_DEPENDENCIES), now)
 
 
 def time_left_s(job: JobRecord, now: float) -> float | None:
     """Seconds the job may still run before its time limit (``None``: no limit)."""
-    return views.time_left_s(job_input(job), now)
+    return views.time_left_s(job_input(job, dependencies=_NO_DEPENDENCIES), now)
 
 
 def progress_eta(job: JobRecord, now: float) -> float | None:
     """Seconds to the end of the job's declared length at its pace so far
     (``core.schedule.views.progress_eta``)."""
-    return views.progress_eta(job_input(job), now)
+    return views.progress_eta(job_input(job, dependencies=_NO_DEPENDENCIES), now)

@@ -11,7 +11,10 @@ two-user rules (who may pause, join or change which group) are ``tests/abuse/tes
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ from pollux_local.daemon.config import load_config
 from pollux_local.errors import PolluxError
 from tests.daemon.test_operations import cli, reload
 from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
+from tests.paths import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -234,11 +238,22 @@ def test_wait_group_waits_for_the_groups_active_jobs_only(
     daemon_factory: DaemonFactory, tmp_path: Path
 ) -> None:
     daemon = daemon_factory(devices="cpu:3", config=CONFIG.format(running=2))
-    fine = submit(daemon, tmp_path, "--group", "gpu", "--", "sleep", "2")
-    failing = submit(daemon, tmp_path, "--group", "gpu", "--", "sh", "-c", "sleep 1; exit 4")
+    # the group's jobs wait for ``go``, made once the wait has had time to list them (on a
+    # loaded machine the submissions alone can outlast a job that only sleeps)
+    gate = "i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; "
+    fine = submit(daemon, tmp_path, "--group", "gpu", "--", "sh", "-c", gate + "sleep 1")
+    failing = submit(daemon, tmp_path, "--group", "gpu", "--", "sh", "-c", gate + "exit 4")
     outside = submit(daemon, tmp_path, "--", "sleep", "60")
-    done = cli(*with_state_dir(daemon, ("wait", "--group", "gpu", "--json", "--interval", "0.2",
-                                       "--timeout", "60")))  # fmt: skip
+    argv = with_state_dir(daemon, ("wait", "--group", "gpu", "--json", "--interval", "0.2",
+                                   "--timeout", "60"))  # fmt: skip
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "pollux_local", *argv], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+    time.sleep(5)
+    (tmp_path / "go").touch()
+    stdout, stderr = waiting.communicate(timeout=90)
+    done = subprocess.CompletedProcess(argv, waiting.returncode, stdout, stderr)
     assert done.returncode == 1, done.stderr  # one of them failed
     ended = {row["id"]: row for row in json.loads(done.stdout)["jobs"]}
     assert set(ended) == {fine, failing}

@@ -33,10 +33,15 @@ class Verdict(Enum):
     FAIL = "fail"
 
 
-def dependency_verdict(after: Sequence[Dependency], after_any: bool) -> tuple[Verdict, str]:
+def dependency_verdict(
+    after: Sequence[Dependency], after_any: bool, pending: Sequence[int] = ()
+) -> tuple[Verdict, str]:
     """Whether dependencies let a job start, with the reason when not.  With ``after_any``
     every job named must have ended, however; else every one must have succeeded, and one
-    that failed or was cancelled (or does not exist) fails this job."""
+    that failed or was cancelled (or does not exist) fails this job.  ``pending``: the ids of
+    further dependencies, not ended (``JobInput.after_pending``), that the job waits for too.
+    The first dependency of ``after`` that decides gives the verdict and its reason, so a
+    caller may pass only that one (and the pending ids behind it): the verdict is the same."""
     for dep in after:
         outcome = dep.outcome
         if outcome is None:
@@ -51,6 +56,8 @@ def dependency_verdict(after: Sequence[Dependency], after_any: bool) -> tuple[Ve
             return Verdict.FAIL, f"dependency {dep.job_id} was cancelled"
         if outcome is not Outcome.SUCCEEDED:
             return Verdict.WAIT, f"waiting: after job {dep.job_id} ({dep.state})"
+    if pending:
+        return Verdict.WAIT, f"waiting: after job {pending[0]}"
     return Verdict.READY, ""
 
 
@@ -86,7 +93,7 @@ def admit(
         if job.begin_at is not None and job.begin_at > now:
             waiting[job.id] = f"waiting: --begin, in {in_time(job.begin_at - now)}"
             continue
-        verdict, why = dependency_verdict(job.after, job.after_any)
+        verdict, why = dependency_verdict(job.after, job.after_any, job.after_pending)
         if verdict is not Verdict.READY:
             waiting[job.id] = why if verdict is Verdict.WAIT else f"waiting: {why}"
             continue

@@ -249,23 +249,46 @@ def forecast(
     began: dict[int, float] = {}
     reasons: dict[int, str] = {}
 
+    # the dependents of each job, indexed by the one dependency each waits for now: a step
+    # touches only the jobs whose watched dependency ended (not every job's whole list)
+    waits: dict[int, tuple[int, ...]] = {}
+    at: dict[int, int] = {}
+    watch: dict[int, list[int]] = {}
+    for job in queue:
+        ids = _waits_for(job)
+        if ids:
+            waits[job.id], at[job.id] = ids, 0
+            watch.setdefault(ids[0], []).append(job.id)
+    seen: set[int] = set()
+    ready: dict[int, JobInput] = {}
+
+    def release(ended: frozenset[int]) -> None:
+        """Let the dependents of the jobs that ended since the last step go on to their next
+        dependency not ended, and mark those left with none ready."""
+        fresh = ended - seen
+        seen.update(fresh)
+        for gone in fresh:
+            for job_id in watch.pop(gone, ()):
+                ids, i = waits[job_id], at[job_id]
+                while i < len(ids) and ids[i] in seen:
+                    i += 1
+                at[job_id] = i
+                if i < len(ids):
+                    watch.setdefault(ids[i], []).append(job_id)
+                else:
+                    ready[job_id] = replace(by_id[job_id], after=(), after_pending=())
+
+    by_id = {job.id: job for job in queue}
+
     def step(t: float, running: Mapping[int, Placed], ended: frozenset[int]) -> dict[int, Placed]:
         first = t <= now
         jobs: list[JobInput] = []
         waiting = 0
+        release(ended)
         for job in queue:
             if job.id in ended:
                 continue
-            if ended and any(dep.job_id in ended for dep in job.after):
-                job = replace(
-                    job,
-                    after=tuple(
-                        replace(dep, outcome=Outcome.SUCCEEDED, state="succeeded")
-                        if dep.job_id in ended
-                        else dep
-                        for dep in job.after
-                    ),
-                )
+            job = ready.get(job.id, job)
             where = running.get(job.id)
             if where is not None:
                 if not (job.phase.placed and _same(job.allocation, where.allocation)):
@@ -343,6 +366,21 @@ def forecast(
         if not found.device_type and only:
             predictions[job_id] = replace(found, device_type=only)
     return predictions, reasons
+
+
+def _waits_for(job: JobInput) -> tuple[int, ...]:
+    """The ids of the jobs ``job``'s dependencies still wait for, each of which a replay may
+    end (then it succeeded); none when it waits for none, or when one of its dependencies
+    keeps it waiting whatever ends (one failed, or does not exist): only its first pass's
+    reason, which the replay keeps, tells these apart."""
+    ids: list[int] = []
+    for dep in job.after:
+        outcome = dep.outcome
+        if outcome is Outcome.PENDING:
+            ids.append(dep.job_id)
+        elif outcome is None or not (job.after_any or outcome is Outcome.SUCCEEDED):
+            return ()
+    return (*ids, *job.after_pending)
 
 
 def _paused(snapshot: Snapshot, job: JobInput) -> bool:

@@ -101,8 +101,13 @@ class JobInput:
     max_local_batch: int | None = None
     time_limit_s: float | None = None
     constraint: Constraint | None = None
+    #: the jobs it runs after, in order; a caller may pass only those that decide (the first
+    #: one not met: ``admission.dependency_verdict``) and the ids of the other ones not ended
+    #: as ``after_pending`` (the daemon does: a thousand ids cost a pass one object, and the
+    #: forecast lets them end one by one)
     after: tuple[Dependency, ...] = ()
     after_any: bool = False
+    after_pending: tuple[int, ...] = ()
     array_id: str | None = None
     array_max_running: int | None = None
     shared: bool = False

@@ -1,0 +1,301 @@
+"""What one user's queue makes every scheduling pass do, counted (not timed): a job's
+thousand ``--after`` ids are summarised once a pass and the forecast touches only the
+dependents of the jobs that end; a kind's pool changing refits only the jobs whose merged
+points changed, identical points share one fit and one owner's fits per pass are bounded; a
+kind is a fixed-size key and ``Durations`` keeps a bounded number of kinds per owner.
+``docs/benchmarks.md`` has the timings these counts stand for."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pollux_local.api.states import JobState
+from pollux_local.core.baselines import FifoPolicy
+from pollux_local.core.schedule import (
+    Dependency,
+    JobInput,
+    Limits,
+    NodeInput,
+    Outcome,
+    Snapshot,
+    Verdict,
+    dependency_verdict,
+)
+from pollux_local.core.schedule.forecast import forecast
+from pollux_local.daemon import scheduler
+from pollux_local.daemon.forecasting import KINDS_PER_OWNER, Durations, Forecasts
+from pollux_local.daemon.scheduler import (
+    FITS_PER_OWNER,
+    ModelCache,
+    dependencies_of,
+    job_kind,
+    plan_round,
+)
+from pollux_local.daemon.state import JobRecord
+from tests.daemon.test_report_models import job, report
+
+RNG = np.random.default_rng(0)
+NODES = [NodeInput("a", ("cpu:0", "cpu:1"))]
+
+
+def queued(job_id: int, owner: int = 1000, **spec: object) -> JobRecord:
+    return JobRecord(
+        id=job_id, name=f"j{job_id}", owner_uid=owner, owner_gid=owner, owner_name=f"u{owner}",
+        state=JobState.QUEUED, spec={"argv": ["x"], "workdir": "/", "elastic": False, **spec},
+        submit_time=float(job_id),
+    )  # fmt: skip
+
+
+# --- dependencies ------------------------------------------------------------------------
+
+
+def test_a_thousand_ids_per_job_cost_a_pass_a_few_objects_per_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """alice's queue: jobs each after one held job and a thousand cancelled ones (``after_any``).
+    Each pass built a ``Dependency`` per id and per job several times (plan, forecast): 28 s
+    a pass at 999 jobs; now one or two per job."""
+    made = 0
+
+    class Counted(Dependency):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            nonlocal made
+            made += 1
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "Dependency", Counted)
+    held, cancelled = 1, list(range(2, 1002))
+    states = {held: JobState.HELD, **dict.fromkeys(cancelled, JobState.CANCELLED)}
+    after = [str(held), *map(str, cancelled)]
+    jobs = [queued(i, after=after, after_any=True) for i in range(2000, 2040)]
+    plan = plan_round(FifoPolicy(), jobs, NODES, ModelCache(), 1.0, RNG, states=states)
+    forecasts = Forecasts()
+    forecasts.update(FifoPolicy(), jobs, NODES, ModelCache(), Limits(), 1.0, states=states)
+    assert plan.reasons[2000] == f"waiting: after job {held} (held)"
+    assert made <= 2 * 2 * len(jobs)  # was 2 x 40 x 1001
+
+
+def counting(tally: list[int], ids: tuple[Dependency, ...]) -> tuple[Dependency, ...]:
+    class Counted(tuple):  # type: ignore[type-arg]
+        def __iter__(self) -> Iterator[Dependency]:
+            for dep in super().__iter__():
+                tally[0] += 1
+                yield dep
+
+    return Counted(ids)
+
+
+def test_the_forecast_touches_only_the_dependents_of_the_jobs_that_end() -> None:
+    """Each replayed step looked through every job's whole list for the jobs that ended (15 s
+    at 999 jobs x 1000 ids, 12 steps); now each list is read once a forecast."""
+    tally = [0]
+    running = [
+        JobInput(id=i, allocation={"a": [f"cpu:{i - 1}"]}, last_start=0.0, elastic=False)
+        for i in (1, 2, 3, 4)
+    ]
+    never = tuple(Dependency(j, Outcome.PENDING, "held") for j in range(5000, 5200))
+    enders = tuple(Dependency(i, Outcome.PENDING, "running") for i in (1, 2, 3, 4))
+    waiting = [
+        JobInput(id=i, submit_time=float(i), elastic=False,
+                 after=counting(tally, never + enders), after_any=True)
+        for i in range(100, 200)
+    ]  # fmt: skip
+    nodes = [NodeInput("a", ("cpu:0", "cpu:1", "cpu:2", "cpu:3"))]
+    lengths = {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0}
+    found, reasons = forecast(
+        Snapshot(jobs=[*running, *waiting], nodes=nodes, now=0.0), FifoPolicy(), lengths
+    )
+    assert found[4].finish == 4.0 and found[150].start is None
+    assert reasons[100] == "waiting: after job 5000 (held)"
+    assert tally[0] <= 1.5 * len(waiting) * (len(never) + len(enders))  # was 5 times that
+
+
+def test_a_dependency_ending_in_the_replay_lets_a_compact_dependent_start() -> None:
+    """The daemon's summary (the first dependency not met, one that fails the job whatever
+    ends, the pending ids between): the dependent starts once every one of them ended in the
+    replay, not before; one that fails it keeps it waiting."""
+    running = [
+        JobInput(id=i, allocation={"a": [f"cpu:{i - 1}"]}, last_start=0.0, elastic=False)
+        for i in (1, 2)
+    ]
+    dependent = JobInput(
+        id=10, elastic=False, after=(Dependency(1, Outcome.PENDING, "running"),),
+        after_pending=(2,),
+    )  # fmt: skip
+    found, reasons = forecast(
+        Snapshot(jobs=[*running, dependent], nodes=NODES, now=0.0),
+        FifoPolicy(), {1: 5.0, 2: 8.0, 10: 1.0},
+    )  # fmt: skip
+    assert found[10].start == 8.0
+    assert reasons[10] == "waiting: after job 1 (running)"
+    first, failed = Dependency(1, Outcome.PENDING, "running"), Dependency(9, Outcome.FAILED, "x")
+    assert dependency_verdict((first, failed), False, (2,)) == (
+        Verdict.WAIT, "waiting: after job 1 (running)",
+    )  # fmt: skip
+    done = Dependency(1, Outcome.SUCCEEDED, "succeeded")
+    assert dependency_verdict((done, failed), False, ())[0] is Verdict.FAIL
+    assert dependency_verdict((done,), False, (2,)) == (Verdict.WAIT, "waiting: after job 2")
+
+
+def old_resolve(jobs: list[JobRecord], states: dict[int, JobState]) -> list[tuple[int, str]]:
+    """The loop's resolution before: every job scanned again until none fails."""
+    failed = []
+    changed = True
+    while changed:
+        changed = False
+        for record in jobs:
+            if record.state is JobState.FAILED:
+                continue
+            verdict, why = dependency_verdict(
+                dependencies_of(record, states), record.spec.after_any
+            )
+            if verdict is not Verdict.FAIL:
+                continue
+            failed.append((record.id, why))
+            record.state = JobState.FAILED
+            if record.id in states:
+                states[record.id] = JobState.FAILED
+            changed = True
+    return failed
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_resolving_dependencies_fails_the_same_jobs_with_the_same_reasons(seed: int) -> None:
+    rnd = random.Random(seed)
+    ended = {i: rnd.choice(list(JobState)) for i in range(1, 30)}
+    jobs: list[JobRecord] = []
+    for i in range(30, 90):
+        named = rnd.sample(range(1, i), rnd.randint(1, 6)) + [999] * (rnd.random() < 0.05)
+        state = JobState.HELD if rnd.random() < 0.2 else JobState.QUEUED
+        record = queued(i, after=[str(d) for d in named], after_any=rnd.random() < 0.3)
+        record.state = state
+        jobs.append(record)
+    wanted = {int(d) for job in jobs for d in job.spec.after}
+    states = {i: s for i, s in {**ended, **{j.id: j.state for j in jobs}}.items() if i in wanted}
+    expected_states = dict(states)
+    expected = old_resolve([_copy(j) for j in jobs], expected_states)
+    summaries, failures = scheduler.resolve_dependencies(jobs, states)
+    assert [(record.id, why) for record, why in failures] == expected
+    assert states == expected_states
+    for record in jobs:
+        if record.id in summaries:
+            assert summaries[record.id].verdict(record.spec.after_any) == dependency_verdict(
+                dependencies_of(record, states), record.spec.after_any
+            )
+
+
+def _copy(record: JobRecord) -> JobRecord:
+    copy = queued(record.id, after=list(record.spec.after), after_any=record.spec.after_any)
+    copy.state = record.state
+    return copy
+
+
+# --- fits --------------------------------------------------------------------------------
+
+CONFIGS = [(1, k, m) for k in (1, 2, 4) for m in (16, 32, 64, 128)]
+
+
+def measured(scale: float, extra: float = 2.0) -> list[tuple[int, int, int, float]]:
+    rows = [(n, k, m, 0.001 * m * scale + 0.01 * k) for n, k, m in CONFIGS]
+    return [*rows, (1, 1, 512, extra)]
+
+
+def test_one_jobs_new_report_refits_only_the_jobs_whose_points_changed() -> None:
+    """alice's 1000 queued jobs of one kind, each measured everywhere (its own points are its
+    whole model), and one job re-reporting every 0.6 s: each re-report changed the kind's
+    pool and refitted all 1000 (25-50 s a pass); now only the job whose points changed."""
+    jobs = [job(i, owner=2001, state="queued") for i in range(1, 31)]
+    for i, record in enumerate(jobs):
+        record.report = report(measured(1 + 1e-3 * i))
+    cache = ModelCache()
+    for _ in range(6):  # the first fits, spread over passes by the budget
+        plan_round(FifoPolicy(), jobs, NODES, cache, 1.0, RNG)
+    assert cache.fit_count == len(jobs)
+    for extra in (2.001, 2.002, 2.003):
+        jobs[0].report = report(measured(1.0, extra))
+        before = cache.fit_count
+        plan_round(FifoPolicy(), jobs, NODES, cache, 1.0, RNG)
+        assert cache.fit_count - before == 1  # was 30
+
+
+def test_jobs_with_the_same_merged_points_share_one_fit() -> None:
+    jobs = [job(i, owner=2001, state="queued") for i in range(1, 41)]
+    for record in jobs:
+        record.report = report(measured(1.0))
+    cache = ModelCache()
+    plan_round(FifoPolicy(), jobs, NODES, cache, 1.0, RNG)
+    assert cache.fit_count == 1  # was 40
+    assert all(cache.model_for(record) is not None for record in jobs)
+
+
+def test_one_owners_fits_per_pass_are_bounded_and_reach_every_job_in_turn() -> None:
+    """Jobs measuring one configuration each, over a pool a job keeps adding to: every pass
+    changes every job's merged points.  At most ``FITS_PER_OWNER`` fits run for that owner
+    a pass (the others keep their older model meanwhile), another owner's job is fitted in
+    the same pass, and every job is fitted in turn."""
+    jobs = [job(i, owner=2001, state="queued") for i in range(1, 41)]
+    for i, record in enumerate(jobs):
+        record.report = report([(1, 1, 32, 0.05 + 1e-4 * i), (1, 2, 32, 0.06)])
+    bob = job(100, owner=2002, state="queued", argv=["bob.py"])
+    bob.report = report([(1, 1, 32, 0.05), (1, 2, 32, 0.06)])
+    cache = ModelCache()
+    for _ in range(6):
+        plan_round(FifoPolicy(), jobs, NODES, cache, 1.0, RNG)
+    models = {record.id: cache.model_for(record) for record in jobs}
+    assert all(model is not None for model in models.values())
+    for step in range(6):
+        jobs[0].report = report([(1, 1, 32, 0.05), (1, 2, 32, 0.06), (1, 4, 32 + step, 0.07)])
+        bob.report = report([(1, 1, 32, 0.05), (1, 2, 32, 0.06), (1, 4, 32 + step, 0.07)])
+        before = cache.fit_count
+        plan_round(FifoPolicy(), [*jobs, bob], NODES, cache, 1.0, RNG)
+        assert cache.fit_count - before <= FITS_PER_OWNER + 1  # was 41
+        assert cache.model_for(bob) is not None
+    refitted = {
+        record.id for record in jobs
+        if cache.model_for(record).params is not models[record.id].params  # type: ignore[union-attr]
+    }  # fmt: skip
+    assert len(refitted) == len(jobs)  # every job got a newer model within those passes
+
+
+def test_a_job_that_cannot_start_this_pass_is_not_fitted() -> None:
+    later = job(1, owner=2001, state="queued", begin_at=1e9)
+    later.report = report(measured(1.0))
+    cache = ModelCache()
+    plan_round(FifoPolicy(), [later], NODES, cache, 1.0, RNG)
+    assert cache.fit_count == 0  # was 1
+    plan_round(FifoPolicy(), [later], NODES, cache, 2e9, RNG)  # its --begin has come
+    assert cache.fit_count == 1
+
+
+# --- kinds -------------------------------------------------------------------------------
+
+
+def test_a_kind_is_a_fixed_size_key_however_long_the_command() -> None:
+    huge = job(1, owner=2001, argv=["python", "\u00e9" * 1_000_000])
+    other = job(2, owner=2001, argv=["python", "\u00e9" * 999_999])
+    assert len(job_kind(huge)) == 64 and job_kind(huge) != job_kind(other)
+    huge.report = report(measured(1.0))
+    cache = ModelCache()
+    cache.model_for(huge)
+    assert all(len(kind) <= 64 for kind in cache.pool(2001).kinds())
+
+
+def test_durations_keep_a_bounded_number_of_kinds_per_owner() -> None:
+    durations = Durations()
+    for i in range(KINDS_PER_OWNER + 50):
+        done = job(i, owner=2001, argv=["python", f"t{i}.py"], state="succeeded")
+        done.run_time_s = 10.0 + i
+        durations.note(done)
+    bobs = job(10_000, owner=2002, state="succeeded")
+    bobs.run_time_s = 5.0
+    durations.note(bobs)
+    assert durations.kinds(2001) == KINDS_PER_OWNER and durations.kinds(2002) == 1
+    newest = KINDS_PER_OWNER + 49
+    assert durations.typical(job(0, owner=2001, argv=["python", f"t{newest}.py"])) == 10.0 + newest
+    assert durations.typical(job(0, owner=2001, argv=["python", "t0.py"])) is None  # forgotten
+    assert durations.typical(job(0, owner=2002)) == 5.0
