@@ -36,6 +36,7 @@ from pollux_local.daemon import notify, notify_send
 from pollux_local.daemon.config import DaemonConfig, load_config
 from pollux_local.daemon.notify import Notifier
 from pollux_local.daemon.state import IllegalTransition, StateStore
+from tests.pids import take_pid
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -387,18 +388,10 @@ async def test_a_group_whose_leader_is_gone_is_not_signalled_nor_its_output_wait
         while proc_start_time(leader) is not None and time.monotonic() - started < 2.5:
             await asyncio.sleep(0.01)  # the hook's shell ends and is reaped
         assert proc_start_time(leader) is None, "the hook's shell did not end"
-        for _ in range(20):  # another process may take the pid first: try again
-            try:
-                with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
-                    fh.write(str(leader - 1))
-            except OSError as exc:  # a read-only /proc/sys (some containers)
-                pytest.skip(f"cannot choose the next pid here: {exc}")
-            candidate = subprocess.Popen(["sleep", "60"], start_new_session=True)
-            if candidate.pid == leader:
-                stranger = candidate
-                break
-            candidate.kill()
-            candidate.wait()
+        try:
+            stranger = take_pid(leader)
+        except OSError as exc:  # a read-only /proc/sys (some containers)
+            pytest.skip(f"cannot choose the next pid here: {exc}")
         if stranger is None:
             pytest.skip(f"could not give pid {leader} to a new process (the machine took it)")
         assert os.getpgid(stranger.pid) == leader  # the hook's old group id, now its

@@ -39,6 +39,7 @@ from pollux_local.launch.supervisor import (
 )
 from tests.labinstall import world_readable_tempdir
 from tests.paths import REPO_ROOT
+from tests.pids import take_pid
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -610,20 +611,11 @@ async def test_a_stop_does_not_signal_a_group_that_took_the_jobs_group_id(
     leader = group.pids()[0]
     wait_until(lambda: (job_dir / "left").exists() and not alive(leader), 20, "rank 0 gone")
     wait_until(lambda: proc_start_time(leader) is None, 10, "rank 0 reaped")
-    stranger = None
-    for _ in range(20):  # another process may take the pid first: try again
-        try:
-            with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
-                fh.write(str(leader - 1))
-        except OSError as exc:  # a read-only /proc/sys (some containers)
-            await group.stop(grace_s=1.0)
-            pytest.skip(f"cannot choose the next pid here: {exc}")
-        candidate = subprocess.Popen(["sleep", "60"], start_new_session=True)
-        if candidate.pid == leader:
-            stranger = candidate
-            break
-        candidate.kill()
-        candidate.wait()
+    try:
+        stranger = take_pid(leader)
+    except OSError as exc:  # a read-only /proc/sys (some containers)
+        await group.stop(grace_s=1.0)
+        pytest.skip(f"cannot choose the next pid here: {exc}")
     if stranger is None:
         await group.stop(grace_s=1.0)
         pytest.skip(f"could not give pid {leader} to a new process (the machine took it)")
