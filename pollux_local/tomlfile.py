@@ -7,7 +7,7 @@ import difflib
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pollux_local.errors import PolluxError
 
@@ -19,10 +19,20 @@ def read_toml(path: str | Path, what: str) -> dict[str, Any]:
     the file and the problem.
     """
     try:
-        with open(path, "rb") as handle:
-            return tomllib.load(handle)
+        handle = open(path, "rb")  # noqa: SIM115 - closed below, after the parse
     except FileNotFoundError:
         raise PolluxError(f"{what} {path} does not exist") from None
+    except OSError as exc:
+        raise PolluxError(f"cannot read {what} {path}: {exc.strerror}") from None
+    with handle:
+        return parse_toml(handle, path, what)
+
+
+def parse_toml(handle: BinaryIO, path: str | Path, what: str) -> dict[str, Any]:
+    """Parse the open TOML file ``handle`` (``path``, ``what``: its name in errors), errors
+    as :func:`read_toml` words them."""
+    try:
+        return tomllib.load(handle)
     except tomllib.TOMLDecodeError as exc:
         raise PolluxError(f"{what} {path} is not valid TOML: {exc}") from None
     except OSError as exc:

@@ -93,7 +93,6 @@ import os
 import re
 import socket
 import stat
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,7 +106,7 @@ from pollux_local.errors import PolluxError
 from pollux_local.launch.slurm.allocation import Allocation, SlurmNode
 from pollux_local.launch.ssh.nodes import SSH_KEYS, SshNodeConfig
 from pollux_local.sizes import SizeError, format_size, parse_size
-from pollux_local.tomlfile import check_keys, read_toml
+from pollux_local.tomlfile import check_keys, parse_toml, read_toml
 
 LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
 POLICIES = policy_names(daemon=True)
@@ -569,12 +568,7 @@ def read_unchangeable_toml(path: Path, what: str) -> dict[str, Any]:
             )
         if not stat.S_ISREG(info.st_mode):
             raise PolluxError(f"cannot read {what} {path}: not a regular file")
-        try:
-            return tomllib.load(handle)
-        except tomllib.TOMLDecodeError as exc:
-            raise PolluxError(f"{what} {path} is not valid TOML: {exc}") from None
-        except OSError as exc:
-            raise PolluxError(f"cannot read {what} {path}: {exc.strerror}") from None
+        return parse_toml(handle, path, what)
 
 
 def load_config(

@@ -157,7 +157,9 @@ class ExecutorBase:
         (``executor/warm.py``): here at a file of the daemon's, there at one its node agent
         makes.  A Slurm step, or a job on this machine's and other nodes, is resized by a
         restart."""
-        spec = build_launch_spec(job, action, self.config, self._job_dir(job), self.socket_path)
+        spec = build_launch_spec(
+            job, action, self.config, self._job_dir(job), self.socket_path, self.state_dir
+        )
         nodes = [self.config.node(name) for name in dict.fromkeys(s.node for s in spec.slots)]
         env = {k: v for k, v in spec.env.items() if k != "POLLUX_RESIZE_FILE"}  # never the job's
         if not (self.config.warm_resize and job.spec.elastic and nodes):

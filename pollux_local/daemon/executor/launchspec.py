@@ -49,9 +49,15 @@ log = logging.getLogger("pollux_local.daemon")
 
 
 def build_launch_spec(
-    job: JobRecord, action: Action, config: DaemonConfig, job_dir: Path, socket_path: Path
+    job: JobRecord,
+    action: Action,
+    config: DaemonConfig,
+    job_dir: Path,
+    socket_path: Path,
+    state_dir: Path,
 ) -> LaunchSpec:
-    """The launch spec of one incarnation (ranks in node order, env per the contract)."""
+    """The launch spec of one incarnation (ranks in node order, env per the contract);
+    ``state_dir`` holds the key of checkpoint directory names (``checkpoint_key``)."""
     allocation = action.allocation
     order = [n for n in config.nodes if allocation.get(n.name)]
     slots: list[ReplicaSlot] = []
@@ -60,7 +66,6 @@ def build_launch_spec(
             slots.append(ReplicaSlot(len(slots), node.name, device, local_rank, node_rank))
             spec = job.spec
     if config.checkpoint_root:
-        state_dir = job_dir.parent.parent  # job_dir is STATE_DIR/jobs/<id>
         checkpoint_dir = str(checkpoint_dir_under(Path(config.checkpoint_root), job, state_dir))
     else:
         checkpoint_dir = str(job_dir / "checkpoint")
