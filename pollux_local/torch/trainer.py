@@ -101,6 +101,19 @@ log = logging.getLogger("pollux_local.torch")
 PROFILE_WARMUP_STEPS = 2
 
 
+def _never_joined(generation: int, exc: BaseException) -> NoReturn:
+    """A joiner whose group did not form exits 0: it holds nothing of the job, so its end
+    must not decide the job's.  Either the replicas that stay had already finished (the
+    order came after their last look at it: they exited 0, the job is done) or they time out
+    too and fall back to a checkpoint-restart (``ExitCode.RESCALE``)."""
+    log.warning(
+        "did not join warm resize %d (%s); this replica leaves, the job goes on without it",
+        generation,
+        exc,
+    )
+    sys.exit(0)
+
+
 class ElasticTrainer:
     """Elastic data-parallel training driven by the goodput model (see the module docstring).
 
@@ -171,8 +184,12 @@ class ElasticTrainer:
         self._proposal: ResizeOrder | None = None
         if joining is not None:
             announce_ready(self.env.job_dir, joining, self.env.rank)
-
-        init_distributed(self.env)
+            try:
+                init_distributed(self.env)
+            except Exception as exc:  # noqa: BLE001 - whatever it was, this replica is not one
+                _never_joined(joining, exc)
+        else:
+            init_distributed(self.env)
         self.rank = self.env.rank
         self.replicas = self.env.world_size
         self.device = torch_device(self.env)
@@ -216,7 +233,11 @@ class ElasticTrainer:
         )
         self._env_choice = self.env.local_batch is not None
         if joining is not None:  # a warm resize's joiner: rank 0's state by broadcast
-            self._load(broadcast_object(None, self.replicas))
+            try:
+                payload = broadcast_object(None, self.replicas)
+            except Exception as exc:  # noqa: BLE001 - as above
+                _never_joined(joining, exc)
+            self._load(payload)
             log.info("joined at step %d (warm resize %d)", self.steps, joining)
         elif restore and self.checkpoints is not None:
             found = self.checkpoints.load_latest()
@@ -724,7 +745,11 @@ class ElasticTrainer:
             # ends it as without a resize; a joiner starts the next one, as a restart would)
             self._sampler.load_state_dict(self._sampler_state, resume=False)
         self._wrap()
-        if not self._env_choice:
+        if self._sampler is not None and self._sampler.remaining <= 0:
+            # at an epoch's very end: the loop's next epoch start is this incarnation's first,
+            # as it is for a joiner (and for a restarted job), where (m, s) is chosen
+            self._started = False
+        elif not self._env_choice:
             self._adapt()  # what a restarted job does as its loader starts
         log.info(
             "resized warm to %d replica(s) at step %d (order %d)",

@@ -26,7 +26,10 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 PROBE = ["-m", "pollux_local.torch.probe", "--base-batch", "32", "--max-batch", "32"]
-PROBE += ["--no-adapt", "--samples", "2048", "--pause", "0.002", "--activation", "tanh"]
+#: paced while a file exists: 0.2 s a step on one replica, so that its 384 steps outlast a
+#: shrink, another job's 4 s and the grow back on a loaded machine (a job that ends before
+#: its grow back is not resized back)
+PROBE += ["--no-adapt", "--samples", "2048", "--pause", "0.006", "--activation", "tanh"]
 EPOCHS = 6
 ENV = {
     "PATH": os.environ.get("PATH", "/usr/bin:/bin"),

@@ -128,23 +128,38 @@ def run_cold(tmp: Path, before: int, after: int, at_step: int) -> tuple[list[int
 
 
 @pytest.mark.parametrize(
-    ("before", "after", "kept", "ranks"),
-    [(1, 2, None, None), (2, 1, None, None), (2, 2, 1, None), (2, 2, None, (1,))],
+    ("before", "after", "kept", "ranks", "at_step"),
+    [
+        (1, 2, None, None, 5),
+        (2, 1, None, None, 5),
+        (2, 2, 1, None, 5),
+        (2, 2, None, (1,), 5),
+        (1, 2, None, None, 32),  # after the last step of epoch 0 (512 samples, M = 16)
+        (2, 2, None, (1,), 16),  # the same at M = 32
+    ],
 )
 def test_warm_resize_is_bit_identical_to_a_checkpoint_restart(
-    tmp_path: Path, before: int, after: int, kept: int | None, ranks: tuple[int, ...] | None
+    tmp_path: Path,
+    before: int,
+    after: int,
+    kept: int | None,
+    ranks: tuple[int, ...] | None,
+    at_step: int,
 ) -> None:
     """A grow, a shrink, a move (rank 1 leaves, a joiner becomes rank 1), and a handover
-    (rank 0 leaves, rank 1 becomes rank 0 and sends the state to a joiner, rank 1)."""
-    warm = run_warm(tmp_path / "warm", before, after, at_step=5, kept=kept, ranks=ranks)
+    (rank 0 leaves, rank 1 becomes rank 0 and sends the state to a joiner, rank 1); mid-epoch,
+    and at an epoch's very end, where the replicas that stay begin the next epoch as the
+    joiners (and a restarted job) begin their first: choosing (m, s) together."""
+    warm = run_warm(tmp_path / "warm", before, after, at_step=at_step, kept=kept, ranks=ranks)
     warm_codes, warm_out = warm
-    cold_first, cold_second, cold_out = run_cold(tmp_path / "cold", before, after, at_step=5)
+    cold = run_cold(tmp_path / "cold", before, after, at_step=at_step)
+    cold_first, cold_second, cold_out = cold
     stayed = len(ranks) if ranks is not None else kept if kept is not None else min(before, after)
     joined = after - stayed
     assert warm_codes == [0] * (before + joined)  # a leaving replica exits 0
     assert cold_first == [ExitCode.RESCALE] * before and cold_second == [0] * after
     warm, cold = torch.load(warm_out, weights_only=False), torch.load(cold_out, weights_only=False)
-    assert warm["steps"] == cold["steps"] > 5
+    assert warm["steps"] == cold["steps"] > at_step
     assert warm["progress"] == cold["progress"]
     # the loader's position: the same samples at every step, on the same number of replicas
     assert step_sequence(tmp_path / "warm" / "samples") == step_sequence(
@@ -198,6 +213,35 @@ def test_a_joiner_that_never_comes_falls_back_to_a_checkpoint(tmp_path: Path) ->
     for name, tensor in cold.items():
         assert torch.equal(fallback[name], tensor), name
     assert step_sequence(tmp / "samples") == step_sequence(tmp_path / "cold" / "samples")
+
+
+def test_a_grow_ordered_after_the_last_step_leaves_the_job_finished(tmp_path: Path) -> None:
+    """The order comes after the replica that stays took its last look at it (its job
+    ended): the joiner, whose group never forms, exits 0 once its rendezvous times out, so
+    the job ends succeeded with the uninterrupted run's steps (not failed by the joiner)."""
+    tmp = tmp_path / "late"
+    (tmp / "job").mkdir(parents=True)
+    order_file = tmp / "job" / "resize.json"
+    out = tmp / "final.pt"
+    new_port = pick_master_port()
+    common = {"POLLUX_RESIZE_FILE": str(order_file)}
+    stayer = replica(tmp, 0, 1, pick_master_port(), ["--out", str(out)], **common)
+    assert codes([stayer], tmp) == [0]
+    order = ResizeOrder(
+        generation=1,
+        world_size=2,
+        master_addr="127.0.0.1",
+        master_port=new_port,
+        local_batch=LOCAL_BATCH,
+    )
+    write_order(order_file, order)  # too late: nobody reads it
+    joiner = replica(
+        tmp, 1, 2, new_port, [], POLLUX_RESIZE_JOIN="1", POLLUX_PG_TIMEOUT_S="3", **common
+    )
+    assert codes([joiner], tmp) == [0]
+    assert (tmp / "job" / "resize-ready-1-1").exists()  # it did come as a joiner
+    assert "did not join warm resize 1" in next(tmp.glob("rank1-*.err")).read_text()
+    assert torch.load(out, weights_only=False)["steps"] == 64  # 2 epochs of 512 at M = 16
 
 
 def test_grown_and_shrunk_warm_several_times_it_ends_where_an_uninterrupted_run_ends(
