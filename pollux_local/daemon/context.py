@@ -12,7 +12,7 @@ from pollux_local.daemon.auth import Peer, is_admin, may_modify, user_name
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.forecasting import Forecasts
-from pollux_local.daemon.pacing import UserPacer
+from pollux_local.daemon.pacing import LoopShare, UserPacer
 from pollux_local.daemon.readmodel import MetricHistory
 from pollux_local.daemon.scheduler import ModelCache
 from pollux_local.daemon.state import JobRecord, StateStore
@@ -41,6 +41,8 @@ class Context:
     forecasts: Forecasts | None = None
     #: ``estimate``'s pacing per user (``None``: unpaced, in tests of one handler)
     estimate_pacer: UserPacer | None = None
+    #: the reads' turns per user (``None``: unpaced, in tests of one handler)
+    read_share: LoopShare | None = None
 
     def job(self, job_id: str) -> JobRecord:
         """The job with this id (:class:`NotFound` when there is none)."""

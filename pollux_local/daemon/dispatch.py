@@ -58,15 +58,26 @@ from pollux_local.daemon.handlers import (
 log = logging.getLogger("pollux_local.daemon")
 
 
+#: The requests that only read: served to each user in turns (``pacing.LoopShare``).
+READS = (Status, Show, Logs, Usage, Nodes, ListGroups)
+
+
 async def dispatch(ctx: Context, request: Request[Any]) -> Reply:
-    """The handler of ``request``'s type, and its reply."""
+    """The handler of ``request``'s type, and its reply (a read in its user's turn)."""
+    if ctx.read_share is not None and isinstance(request, READS):
+        async with ctx.read_share.turn(ctx.peer.uid):
+            return await _handle(ctx, request)
+    return await _handle(ctx, request)
+
+
+async def _handle(ctx: Context, request: Request[Any]) -> Reply:
     match request:
         case Ping():
             return ping.ping(ctx, request)
         case Submit():
             return submit.submit(ctx, request)
         case Status():
-            return query.status(ctx, request)
+            return await query.status(ctx, request)
         case Show():
             return query.show(ctx, request)
         case Logs():

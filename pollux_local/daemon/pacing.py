@@ -1,19 +1,29 @@
-"""Pacing of the requests that cost the daemon real work per call (``estimate``: a forecast of
-the whole queue, tens of milliseconds): per user, one in flight and at most ``per_minute``
-started in any 60 seconds, so that one user's loop cannot take the scheduling passes' turn
-or the daemon's time from the others."""
+"""Pacing of the requests that cost the daemon real work per call, so that one user's loop
+cannot take the scheduling passes' turn or the daemon's time from the others.
+
+* ``estimate`` (a forecast of the whole queue, tens of milliseconds): per user, one in flight
+  and at most ``per_minute`` started in any 60 seconds (:class:`UserPacer`);
+* the reads (``status``, ``show``, ``logs``, ``usage``, ``nodes``, ``groups``; a page of
+  10,000 jobs takes a second): per user, one at a time, and each user's reads at most a
+  share of the daemon's time (:class:`LoopShare`), however many connections they open.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 from pollux_local.api.errors import LimitExceeded
 
 #: Estimates one user may start in any 60 seconds (a person checking a few submits is far
 #: below it; a loop is not).
 ESTIMATES_PER_MINUTE = 30
+#: The share of the daemon's time one user's reads may take over time (a person's ``status``
+#: of 10 ms waits 30 ms before their next; a loop of 10,000-job pages gets one in four
+#: seconds of the daemon).
+READ_SHARE = 0.25
 
 
 class UserPacer:
@@ -63,3 +73,57 @@ class UserPacer:
             self._in_flight.discard(uid)
             if not started:
                 self._started.pop(uid, None)
+
+
+class LoopShare:
+    """Per user, reads are served one at a time, and a read that took ``t`` seconds (from
+    its start to its reply, the event loop's turns for others included) holds that user's
+    next until ``t / share`` after it began: over time one user's reads take at most
+    ``share`` of the daemon, whatever the number of their connections.  A held read waits
+    asleep; the ``unlimited`` uids (root, the daemon's user) are never held."""
+
+    def __init__(
+        self,
+        share: float,
+        clock: Callable[[], float],
+        unlimited: frozenset[int] = frozenset(),
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if not 0.0 < share <= 1.0:
+            raise ValueError(f"a share is in (0, 1], got {share}")
+        self.share = share
+        self.clock = clock
+        self.unlimited = unlimited
+        self.sleep = sleep
+        #: per user with a read under way or waiting: its lock and how many hold or await it
+        self._turns: dict[int, tuple[asyncio.Lock, list[int]]] = {}
+        self._not_before: dict[int, float] = {}
+
+    @asynccontextmanager
+    async def turn(self, uid: int) -> AsyncIterator[None]:
+        """``uid``'s turn for one read (waited for asleep, behind its earlier reads)."""
+        if uid in self.unlimited:
+            yield
+            return
+        lock, count = self._turns.setdefault(uid, (asyncio.Lock(), [0]))
+        count[0] += 1
+        try:
+            async with lock:
+                wait = self._not_before.get(uid, 0.0) - self.clock()
+                if wait > 0:
+                    await self.sleep(wait)
+                began = self.clock()
+                try:
+                    yield
+                finally:
+                    self._not_before[uid] = began + (self.clock() - began) / self.share
+        finally:
+            count[0] -= 1
+            if count[0] == 0:  # an idle user holds nothing but a time still to come
+                del self._turns[uid]
+                if self._not_before.get(uid, 0.0) <= self.clock():
+                    self._not_before.pop(uid, None)
+
+    def users(self) -> int:
+        """How many users have a read under way or a next one held (what is kept)."""
+        return len(self._turns.keys() | self._not_before.keys())

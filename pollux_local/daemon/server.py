@@ -39,7 +39,7 @@ from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.loop import SchedulingLoop
 from pollux_local.daemon.metrics import DaemonSnapshot, PrometheusEndpoint, snapshot_of
 from pollux_local.daemon.notify import Notifier
-from pollux_local.daemon.pacing import ESTIMATES_PER_MINUTE, UserPacer
+from pollux_local.daemon.pacing import ESTIMATES_PER_MINUTE, READ_SHARE, LoopShare, UserPacer
 from pollux_local.daemon.readmodel import MetricHistory
 from pollux_local.daemon.reload import (
     POLICY_SETTINGS,
@@ -119,6 +119,7 @@ class Daemon:
         self.estimate_pacer = UserPacer(
             "estimate", ESTIMATES_PER_MINUTE, time.monotonic, unlimited=frozenset({0, self.uid})
         )
+        self.read_share = LoopShare(READ_SHARE, time.monotonic, unlimited=frozenset({0, self.uid}))
         self.book = ConnectionBook(
             per_user=config.max_user_connections,
             per_user_bytes=config.max_user_bytes,
@@ -415,6 +416,7 @@ class Daemon:
             policy_name=policy_name(self.policy),
             forecasts=self.scheduler.forecasts if self.scheduler is not None else None,
             estimate_pacer=self.estimate_pacer,
+            read_share=self.read_share,
         )
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from pollux_local.api.errors import LimitExceeded
-from pollux_local.daemon.pacing import UserPacer
+from pollux_local.daemon.pacing import LoopShare, UserPacer
 
 
 def test_one_call_in_flight_per_user_and_a_budget_per_minute() -> None:
@@ -28,3 +30,47 @@ def test_one_call_in_flight_per_user_and_a_budget_per_minute() -> None:
     for _ in range(10):  # root is not paced
         with pacer.slot(0):
             pass
+
+
+def test_a_users_reads_take_turns_and_a_share_of_the_daemon() -> None:
+    """A read that took t holds its user's next until t / share after it began; the same
+    user's reads on other connections wait their turn (asleep), another user's do not, root
+    is never held, and an idle user leaves nothing behind but a time still to come."""
+    now = [100.0]
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    share = LoopShare(0.25, lambda: now[0], unlimited=frozenset({0}), sleep=sleep)
+    began: dict[str, float] = {}
+
+    async def read(uid: int, name: str, cost: float) -> None:
+        async with share.turn(uid):
+            began[name] = now[0]
+            await asyncio.sleep(0)  # the others run meanwhile (a read yields in parts)
+            now[0] += cost
+
+    async def together(*reads: tuple[int, str, float]) -> None:
+        await asyncio.gather(*(read(*r) for r in reads))
+
+    asyncio.run(together((1000, "a1", 1.0), (1000, "a2", 0.5), (1001, "b", 0.1)))
+    # a1 and b ran side by side (100 -> 101.1); a2 waited for a1, then slept until 104
+    assert began == {"a1": 100.0, "b": 100.0, "a2": 104.0}
+    assert slept == [pytest.approx(104.0 - 101.1)]
+    assert share.users() == 2  # 1000 (until 106) and 1001 (until 104.4): no lock kept
+    slept.clear()
+    asyncio.run(together(*((0, f"r{i}", 5.0) for i in range(4))))
+    assert slept == []  # root is never held
+    asyncio.run(together((1000, "a3", 0.0)))
+    assert slept == [] and share.users() == 1  # the others' times passed; a3's is kept
+    # a held user's connections pile up asleep, in turn: each waits 4x the one before it
+    slept.clear()
+    asyncio.run(together(*((1001, f"b{i}", 1.0) for i in range(3))))
+    assert slept == [pytest.approx(3.0), pytest.approx(3.0)]
+
+
+def test_a_share_is_a_fraction() -> None:
+    with pytest.raises(ValueError, match="share"):
+        LoopShare(0.0, lambda: 0.0)

@@ -5,6 +5,7 @@ last 24 hours; ``all``, ``user``, ``states``, ``limit`` and ``before_id``; ``mor
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 
@@ -13,12 +14,23 @@ import pytest
 
 from pollux_local.api import wire
 from pollux_local.api.errors import InvalidRequest
-from pollux_local.api.messages import Status
+from pollux_local.api.messages import (
+    ListGroups,
+    Logs,
+    Nodes,
+    Ping,
+    Show,
+    Status,
+    StatusReply,
+    Usage,
+)
 from pollux_local.api.states import JobState
 from pollux_local.daemon.auth import Peer
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.context import Context
+from pollux_local.daemon.dispatch import READS, dispatch
 from pollux_local.daemon.handlers import query
+from pollux_local.daemon.pacing import LoopShare
 from pollux_local.daemon.readmodel import MetricHistory
 from pollux_local.daemon.scheduler import ModelCache
 from pollux_local.daemon.state import StateStore
@@ -71,6 +83,10 @@ def context(store: StateStore) -> Context:
     )
 
 
+def status(ctx: Context, request: Status) -> StatusReply:
+    return asyncio.run(query.status(ctx, request))
+
+
 def ids(reply: object) -> list[int]:
     return [int(job.id) for job in reply.jobs]  # type: ignore[attr-defined]
 
@@ -85,28 +101,28 @@ def test_default_window_filters_and_pages(tmp_path: Path) -> None:
     store.transition(recent.id, JobState.FAILED, NOW - 3600, None, end_time=NOW - 3600)
     ctx = context(store)
 
-    default = query.status(ctx, Status())
+    default = status(ctx, Status())
     assert ids(default) == [2, 4, 6, 8, 10, 11]  # active, and what finished within 24 h
     assert default.hidden == 5 and default.more == 0 and default.next_before_id is None
 
-    every = query.status(ctx, Status(all=True))
+    every = status(ctx, Status(all=True))
     assert ids(every) == list(range(1, 12)) and every.hidden == 0
 
-    annes = query.status(ctx, Status(all=True, user="ann"))
+    annes = status(ctx, Status(all=True, user="ann"))
     assert {j.owner for j in annes.jobs} == {"ann"} and len(annes.jobs) == 6
-    assert ids(query.status(ctx, Status(user="nobody-here"))) == []
+    assert ids(status(ctx, Status(user="nobody-here"))) == []
 
-    finished = query.status(ctx, Status(all=True, states=[JobState.SUCCEEDED, JobState.FAILED]))
+    finished = status(ctx, Status(all=True, states=[JobState.SUCCEEDED, JobState.FAILED]))
     assert ids(finished) == [1, 3, 5, 7, 9, 11]
-    recent_failed = query.status(ctx, Status(states=[JobState.FAILED]))
+    recent_failed = status(ctx, Status(states=[JobState.FAILED]))
     assert ids(recent_failed) == [11] and recent_failed.hidden == 0
 
     # pages: the newest first, each oldest first, a cursor to the next
-    page = query.status(ctx, Status(all=True, limit=4))
+    page = status(ctx, Status(all=True, limit=4))
     assert ids(page) == [8, 9, 10, 11] and page.more == 7 and page.next_before_id == "8"
-    page = query.status(ctx, Status(all=True, limit=4, before_id=page.next_before_id))
+    page = status(ctx, Status(all=True, limit=4, before_id=page.next_before_id))
     assert ids(page) == [4, 5, 6, 7] and page.more == 3 and page.next_before_id == "4"
-    page = query.status(ctx, Status(all=True, limit=4, before_id="4"))
+    page = status(ctx, Status(all=True, limit=4, before_id="4"))
     assert ids(page) == [1, 2, 3] and page.more == 0 and page.next_before_id is None
     store.close()
 
@@ -136,20 +152,89 @@ def test_ten_thousand_jobs_of_history_cost_little(tmp_path: Path) -> None:
     ctx = context(store)
     queries: list[str] = []
     store.db.set_trace_callback(queries.append)
-    query.status(ctx, Status())
-    query.status(ctx, Status(all=True, user="ann", states=[JobState.QUEUED]))
+    status(ctx, Status())
+    status(ctx, Status(all=True, user="ann", states=[JobState.QUEUED]))
     store.db.set_trace_callback(None)
     for sql in queries:  # the indexes find the rows: no walk through every job
         plan = [str(row[-1]) for row in store.db.execute("EXPLAIN QUERY PLAN " + sql)]
         assert not any(step.startswith("SCAN jobs") for step in plan), (sql, plan)
-    query.status(ctx, Status())  # warm
+    status(ctx, Status())  # warm
     took = []
     for _ in range(5):
         began = time.perf_counter()
-        reply = query.status(ctx, Status())
+        reply = status(ctx, Status())
         took.append(time.perf_counter() - began)
     assert len(reply.jobs) == 19 and reply.hidden == 10_001
     assert sorted(took)[2] < 0.05, f"status over 10,000 finished jobs took {sorted(took)[2]:.3f} s"
-    page = query.status(ctx, Status(all=True, limit=100))
+    page = status(ctx, Status(all=True, limit=100))
     assert len(page.jobs) == 100 and page.more == 10_020 - 100
+    store.close()
+
+
+def test_a_page_read_in_parts_is_the_page_read_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page longer than ``READ_CHUNK`` is read in parts, the event loop turning between two
+    (a 10,000-job page holds no other request up for its whole time); what comes back is
+    what one read gives: the same jobs, ``more``, ``hidden`` and cursor."""
+    store = StateStore(tmp_path / "state.db")
+    fill(store, 40, finished_every=3)  # every third finished two days ago (hidden by default)
+    ctx = context(store)
+    requests = [
+        Status(),
+        Status(all=True),
+        Status(all=True, limit=10),
+        Status(limit=7),
+        Status(all=True, limit=9, before_id="30"),
+        Status(limit=5, before_id="30"),
+        Status(all=True, user="bob", limit=6),
+    ]
+    whole = [status(ctx, request) for request in requests]
+    monkeypatch.setattr(query, "READ_CHUNK", 2)
+    turns = 0
+    real_sleep = asyncio.sleep
+
+    async def counted(delay: float) -> None:
+        nonlocal turns
+        turns += 1
+        await real_sleep(delay)
+
+    monkeypatch.setattr(query.asyncio, "sleep", counted)
+    for request, expected in zip(requests, whole, strict=True):
+        assert status(ctx, request) == expected, request
+    assert whole[1].jobs and len(whole[1].jobs) == 40
+    assert whole[5].hidden > 0 and whole[5].more > 0  # the counts were exercised
+    assert turns >= 40 // 2  # the loop turned between the parts
+    store.close()
+
+
+def test_status_is_served_in_its_users_turn(tmp_path: Path) -> None:
+    """Every read request goes through the daemon's ``LoopShare`` (``dispatch.READS``): a
+    user's second ``status`` waits for the first's share; a ``ping`` never waits."""
+    store = StateStore(tmp_path / "state.db")
+    fill(store, 5)
+    ticks = [0.0]
+
+    def clock() -> float:  # each look at the clock: 1 s later
+        ticks[0] += 1.0
+        return ticks[0]
+
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    share = LoopShare(0.1, clock, sleep=sleep)
+    ctx = dataclasses.replace(context(store), read_share=share)
+
+    async def main() -> None:
+        await dispatch(ctx, Ping())
+        await dispatch(ctx, Ping())
+        assert slept == []
+        await dispatch(ctx, Status())
+        await dispatch(ctx, Status(all=True))
+
+    asyncio.run(main())
+    assert len(slept) == 1 and slept[0] > 0
+    assert set(READS) >= {Status, Show, Logs, Usage, Nodes, ListGroups}
     store.close()

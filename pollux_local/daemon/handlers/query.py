@@ -8,6 +8,9 @@ hard link or someone else's file there is refused in one line and never read.
 
 from __future__ import annotations
 
+import asyncio
+from typing import NamedTuple
+
 from pollux_local.api.errors import NotFound, PermissionDenied
 from pollux_local.api.messages import Logs, LogsReply, Show, ShowReply, Status, StatusReply
 from pollux_local.api.states import PLACED_STATES, JobState
@@ -27,26 +30,55 @@ MAX_LOG_CHUNK = 1 << 20
 SHOW_DECISIONS = 100
 #: ``status`` without ``all`` shows the jobs that finished this recently (seconds).
 RECENT_S = 24 * 3600.0
+#: Jobs a ``status`` page reads (and summarises) between two turns of the event loop.
+READ_CHUNK = 500
 
 
-def status(ctx: Context, request: Status) -> StatusReply:
+class Filters(NamedTuple):
+    """A ``status`` page's filters as ``StateStore.page_jobs`` takes them."""
+
+    states: list[JobState] | None
+    user: str | None
+    group: str | None
+    finished_since: float | None
+
+
+async def status(ctx: Context, request: Status) -> StatusReply:
     """The newest ``limit`` jobs that match, oldest first, and how many more match
-    (``more``: older than the page; ``hidden``: finished before the recent window)."""
+    (``more``: older than the page; ``hidden``: finished before the recent window).  A page
+    is read and summarised :data:`READ_CHUNK` jobs at a time, the event loop served between
+    two (a page of 10,000 does not hold up the others' requests for its whole time)."""
     now = ctx.clock()
-    jobs, more, hidden = ctx.store.page_jobs(
-        states=request.states,
-        user=request.user,
-        group=request.group,
-        finished_since=None if request.all else now - RECENT_S,
-        before_id=int(request.before_id) if request.before_id is not None else None,
-        limit=request.limit,
+    finished_since = None if request.all else now - RECENT_S
+    original_before = int(request.before_id) if request.before_id is not None else None
+    filters = Filters(request.states, request.user, request.group, finished_since)
+    jobs: list[JobRecord] = []
+    before = original_before
+    while len(jobs) < request.limit:
+        want = min(READ_CHUNK, request.limit - len(jobs))
+        chunk, _, _ = ctx.store.page_jobs(
+            **filters._asdict(), before_id=before, limit=want, count=False
+        )
+        jobs.extend(chunk)
+        if len(chunk) < want:
+            break
+        before = chunk[-1].id
+        await asyncio.sleep(0)
+    last_id = jobs[-1].id if len(jobs) == request.limit else None
+    more, hidden = ctx.store.page_counts(
+        **filters._asdict(), before_id=original_before, last_id=last_id
     )
     jobs.reverse()
-    return StatusReply(
-        jobs=[
+    summaries = []
+    for start in range(0, len(jobs), READ_CHUNK):
+        if start:
+            await asyncio.sleep(0)
+        summaries += [
             job_summary(job, now, ctx.metrics, held_type(ctx, job), forecast_of(ctx, job))
-            for job in jobs
-        ],
+            for job in jobs[start : start + READ_CHUNK]
+        ]
+    return StatusReply(
+        jobs=summaries,
         more=more,
         hidden=hidden,
         next_before_id=jobs[0].job_id if more and jobs else None,

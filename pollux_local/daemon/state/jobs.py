@@ -172,36 +172,19 @@ class Jobs(Outbox):
         finished_since: float | None = None,
         before_id: int | None = None,
         limit: int = 1000,
+        count: bool = True,
     ) -> tuple[list[JobRecord], int, int]:
         """``(jobs, more, hidden)``: the newest ``limit`` jobs (without environments) that
         match, newest first; ``more`` counts those that match but are older than the page, and
-        ``hidden`` the finished jobs left out because they ended before ``finished_since``.
+        ``hidden`` the finished jobs left out because they ended before ``finished_since``
+        (both 0 without ``count``: a page read in parts is counted once, :meth:`page_counts`).
 
         Filters: ``states``; ``user`` (the owner's name); ``group`` (the job's ``--group``);
         ``finished_since`` (a time: finished jobs only if they ended since; active jobs
         always); ``before_id`` (ids below it, the next page).  The indexes on state, end time
         and owner do the work (migration 2)."""
-        where: list[str] = []
-        args: list[Any] = []
-        if states is not None:
-            wanted = sorted({JobState(state).value for state in states})
-            where.append(f"state IN ({','.join('?' * len(wanted))})" if wanted else "0")
-            args.extend(wanted)
-        if user is not None:
-            where.append("owner_name = ?")
-            args.append(user)
-        if group is not None:
-            where.append("json_extract(spec, '$.group') = ?")
-            args.append(group)
-        if before_id is not None:
-            where.append("id < ?")
-            args.append(before_id)
-        matching, matching_args = list(where), list(args)
-        if finished_since is not None:  # each term has its index: the OR is a union
-            active = sorted(state.value for state in ACTIVE_STATES)
-            marks = ",".join("?" * len(active))
-            matching.append(f"(state IN ({marks}) OR end_time IS NULL OR end_time >= ?)")
-            matching_args.extend([*active, finished_since])
+        where, args = _page_filter(states, user, group, before_id)
+        matching, matching_args = _matching(where, args, finished_since)
         clause = f" WHERE {' AND '.join(matching)}" if matching else ""
         # Filtered: find the matches through the indexes, then sort them (``+id``: not by
         # walking every row in id order, which the planner would otherwise pick for the LIMIT).
@@ -211,12 +194,40 @@ class Jobs(Outbox):
             (*matching_args, limit),
         ).fetchall()
         jobs = [self._job(row) for row in rows]
+        if not count:
+            return jobs, 0, 0
+        last_id = jobs[-1].id if len(jobs) == limit else None
+        more, hidden = self.page_counts(
+            states=states,
+            user=user,
+            group=group,
+            finished_since=finished_since,
+            before_id=before_id,
+            last_id=last_id,
+        )
+        return jobs, more, hidden
+
+    def page_counts(
+        self,
+        *,
+        states: Iterable[str] | None = None,
+        user: str | None = None,
+        group: str | None = None,
+        finished_since: float | None = None,
+        before_id: int | None = None,
+        last_id: int | None = None,
+    ) -> tuple[int, int]:
+        """``(more, hidden)`` of :meth:`page_jobs` for a page whose oldest job is ``last_id``
+        (``None``: the page was not full, nothing is older)."""
+        where, args = _page_filter(states, user, group, before_id)
         more = 0
-        if len(jobs) == limit:
+        if last_id is not None:
+            matching, matching_args = _matching(where, args, finished_since)
+            clause = f" WHERE {' AND '.join(matching)}" if matching else ""
             more = int(
                 self.db.execute(
                     f"SELECT COUNT(*) FROM jobs{clause}{' AND' if clause else ' WHERE'} id < ?",
-                    (*matching_args, jobs[-1].id),
+                    (*matching_args, last_id),
                 ).fetchone()[0]
             )
         hidden = 0
@@ -229,7 +240,7 @@ class Jobs(Outbox):
                     (*args, *terminal, finished_since),
                 ).fetchone()[0]
             )
-        return jobs, more, hidden
+        return more, hidden
 
     def update_job(self, job_id: int, **changes: Any) -> None:
         """Change a job's columns other than its state (a state changes through
@@ -346,3 +357,38 @@ class Jobs(Outbox):
 
     def count_jobs(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0])
+
+
+def _page_filter(
+    states: Iterable[str] | None, user: str | None, group: str | None, before_id: int | None
+) -> tuple[list[str], list[Any]]:
+    """The SQL terms (and their arguments) of a page's filters, finished-time aside."""
+    where: list[str] = []
+    args: list[Any] = []
+    if states is not None:
+        wanted = sorted({JobState(state).value for state in states})
+        where.append(f"state IN ({','.join('?' * len(wanted))})" if wanted else "0")
+        args.extend(wanted)
+    if user is not None:
+        where.append("owner_name = ?")
+        args.append(user)
+    if group is not None:
+        where.append("json_extract(spec, '$.group') = ?")
+        args.append(group)
+    if before_id is not None:
+        where.append("id < ?")
+        args.append(before_id)
+    return where, args
+
+
+def _matching(
+    where: list[str], args: list[Any], finished_since: float | None
+) -> tuple[list[str], list[Any]]:
+    """The filters with the finished-time window: active jobs always, finished ones only if
+    they ended since ``finished_since`` (each term has its index: the OR is a union)."""
+    if finished_since is None:
+        return list(where), list(args)
+    active = sorted(state.value for state in ACTIVE_STATES)
+    marks = ",".join("?" * len(active))
+    term = f"(state IN ({marks}) OR end_time IS NULL OR end_time >= ?)"
+    return [*where, term], [*args, *active, finished_since]
