@@ -193,3 +193,17 @@ def test_a_restarted_daemon_signals_only_the_processes_its_records_name(tmp_path
         for proc in (replica, stranger):
             proc.kill()
             proc.wait()
+
+
+def test_closing_removes_the_control_dir_once_empty() -> None:
+    """A daemon's shared-connection directory (``/run/pollux-ssh-*`` for a long state dir)
+    goes with it; one with something still in it stays."""
+    node = SshNodeConfig(name="b", host="b.invalid", devices=("cpu:0",), workdir="/nfs/u/.pl")
+    with tempfile.TemporaryDirectory(prefix="pl", dir="/tmp") as short:
+        empty, busy = Path(short) / "e", Path(short) / "f"
+        for control in (empty, busy):
+            control.mkdir(mode=0o700)
+        (busy / "a-socket-still-there").touch()
+        for control in (empty, busy):
+            asyncio.run(SshLauncher([node], control_dir=control).close())
+        assert not empty.exists() and busy.exists()

@@ -413,3 +413,5 @@ class Applying(Warm):
         left = sorted(self.stopping)
         if left:
             log.warning("job(s) %s still stopping at shutdown; left to their supervisors", left)
+        else:
+            await self.close_shared_connections()

@@ -147,6 +147,16 @@ class ExecutorBase:
                 for node in ssh_nodes(config):
                     self._ssh.nodes[node.name] = node
 
+    async def close_shared_connections(self) -> None:
+        """Close the SSH launcher's shared connections and remove their directory (at
+        shutdown, once no job runs through them: closing a connection ends its sessions)."""
+        if self._ssh is None:
+            return
+        from pollux_local.launch.ssh import SshLauncher
+
+        if isinstance(self._ssh, SshLauncher):
+            await self._ssh.close()
+
     def _job_dir(self, job: JobRecord) -> Path:
         return self.state_dir / "jobs" / job.job_id
 

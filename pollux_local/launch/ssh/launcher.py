@@ -98,10 +98,6 @@ class SshLauncher:
         directory (a home on NFS)."""
         return f"{self._record_dir(node)}/{job_id}@{_path_word(node.name)}.json"
 
-    def node_python(self, name: str) -> str:
-        """The interpreter the agents run with on node ``name``."""
-        return self._node(name).python
-
     def _record_dir(self, node: SshNodeConfig) -> str:
         return f"{node.workdir.rstrip('/')}/{self._record_subdir()}"
 
@@ -438,7 +434,8 @@ class SshLauncher:
         return group
 
     async def close(self) -> None:
-        """Close the shared connections this launcher opened."""
+        """Close the shared connections this launcher opened, then remove their directory
+        if nothing is left in it (a daemon's ``/run/pollux-ssh-*`` does not outlive it)."""
         for node in self.nodes.values():
             proc = await asyncio.create_subprocess_exec(
                 *self.ssh_argv(node)[:-3], "-O", "exit", "--", node.host,
@@ -448,6 +445,8 @@ class SshLauncher:
             )  # fmt: skip
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(proc.wait(), 5)
+        with contextlib.suppress(OSError):  # not empty (a master still closing), or gone
+            os.rmdir(self.control_dir)
 
 
 def _write_probe(directory: Path) -> tuple[Path, str]:
