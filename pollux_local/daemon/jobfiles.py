@@ -18,10 +18,13 @@ it.  So every read goes through :func:`open_job_file`:
 The daemon never creates, chmods or chowns anything inside such a directory: it only makes
 the directory itself, in a directory of its own, and gives it to the job's user
 (:func:`make_owned_dir`); whatever is inside is made by the job's processes, as its user.
+The directory of a job whose record is gone goes the same way: what is inside is removed as
+the directory's owner, never as root (:func:`remove_job_dir`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -31,6 +34,8 @@ from pathlib import Path
 
 #: Largest report.json the daemon reads (a real one is a few kB).
 MAX_REPORT_BYTES = 1 << 20
+#: The longest the removal of one job directory may take (past it, it is left as it is).
+REMOVE_TIMEOUT_S = 300.0
 
 
 class UnsafeJobFile(OSError):
@@ -173,3 +178,46 @@ def make_owned_dir(parent: Path, name: str, uid: int, gid: int) -> Path:
     finally:
         os.close(parent_fd)
     return parent / name
+
+
+async def remove_job_dir(jobs_dir: Path, job_id: int) -> str | None:
+    """Remove ``jobs_dir/<job_id>``, the directory of a job whose record is gone (its logs,
+    report and checkpoints): what is inside by ``find DIR -mindepth 1 -delete`` run as the
+    directory's owner (no link is followed, and a root daemon removes nothing its owner
+    could not; in a process of its own, off the event loop, killed after
+    :data:`REMOVE_TIMEOUT_S`), then the directory itself, which lies in the daemon's
+    ``jobs/``.  ``None`` when it is gone, else why not (one line)."""
+    path = jobs_dir / str(job_id)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot look at {path}: {exc.strerror}"
+    if not stat.S_ISDIR(info.st_mode):
+        return f"{path} is not a directory; left as it is"
+    me = os.geteuid()
+    owner: dict[str, object] = {}
+    if me == 0 and info.st_uid not in (0, me):
+        owner = {"user": info.st_uid, "group": info.st_gid, "extra_groups": []}
+    proc = await asyncio.create_subprocess_exec(
+        "find", str(path), "-mindepth", "1", "-delete",
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE, cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C"},
+        **owner,  # type: ignore[arg-type]
+    )  # fmt: skip
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), REMOVE_TIMEOUT_S)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        return f"removing what is in {path} took over {REMOVE_TIMEOUT_S:g} s; left"
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        said = err.decode(errors="replace").strip().splitlines()
+        return f"cannot remove {path}: {exc.strerror}" + (f" ({said[0]})" if said else "")
+    return None

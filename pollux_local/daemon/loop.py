@@ -27,6 +27,7 @@ import math
 import os
 import sqlite3
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -46,7 +47,7 @@ from pollux_local.daemon import gpus
 from pollux_local.daemon.config import DaemonConfig, busy_gpus
 from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.forecasting import Forecasts
-from pollux_local.daemon.jobfiles import job_file_mtime
+from pollux_local.daemon.jobfiles import job_file_mtime, remove_job_dir
 from pollux_local.daemon.readmodel import MetricHistory, job_noise_scale
 from pollux_local.daemon.reports import InvalidReport, read_job_report
 from pollux_local.daemon.resizes import resizes_of
@@ -205,6 +206,10 @@ class SchedulingLoop:
         self._last_sample: dict[int, float] = {}
         #: when ended jobs beyond the cap are next looked for (monotonic seconds)
         self._next_prune = 0.0
+        #: the ids of removed jobs whose directories are still to be removed, in order
+        self._dirs_to_remove: deque[int] = deque()
+        self._dir_remover: asyncio.Task[None] | None = None
+        self._swept = False
         self.ticks = 0
         #: database writes that failed in passes (each logged; the pass was retried)
         self.write_failures = 0
@@ -233,6 +238,28 @@ class SchedulingLoop:
                 " %s%s", len(removed), self.config.max_ended_per_user,
                 ", ".join(map(str, removed[:10])), " …" if len(removed) > 10 else "",
             )  # fmt: skip
+        if not self._swept:  # once: those an earlier daemon removed and left the directory of
+            self._swept = True
+            self._dirs_to_remove.extend(self.store.removed_ids(self._job_dir_ids()))
+        self._dirs_to_remove.extend(removed)
+        if self._dirs_to_remove and (self._dir_remover is None or self._dir_remover.done()):
+            self._dir_remover = asyncio.ensure_future(self._remove_dirs())
+
+    def _job_dir_ids(self) -> list[int]:
+        """The ids ``jobs/`` has a directory for."""
+        with contextlib.suppress(OSError), os.scandir(self.state_dir / "jobs") as entries:
+            return sorted(int(e.name) for e in entries if e.name.isdigit() and e.name.isascii())
+        return []
+
+    async def _remove_dirs(self) -> None:
+        """The directories of removed jobs, one at a time (``jobfiles.remove_job_dir``: what
+        is inside removed as their owner, off the event loop)."""
+        jobs_dir = self.state_dir / "jobs"
+        while self._dirs_to_remove and not self._stopped:
+            job_id = self._dirs_to_remove.popleft()
+            problem = await remove_job_dir(jobs_dir, job_id)
+            if problem is not None:
+                log.warning("removed job %d's directory: %s", job_id, problem)
 
     async def run(self) -> None:
         """Pass after pass, each after ``interval_s`` or a wake-up; a failing pass is logged
@@ -266,8 +293,11 @@ class SchedulingLoop:
                 wait_s = max(0.05, min(wait_s, deadline - self.clock()))
 
     def stop(self) -> None:
-        """No pass after the one under way (if any): the daemon is stopping."""
+        """No pass after the one under way (if any): the daemon is stopping (the directories
+        still to be removed are looked for again at the next start)."""
         self._stopped = True
+        if self._dir_remover is not None:
+            self._dir_remover.cancel()
 
     async def _woken(self, timeout_s: float) -> None:
         """Until a wake-up or ``timeout_s``.  Not ``asyncio.wait_for``: on Python 3.11 it

@@ -21,7 +21,7 @@ from pollux_local.launch.base import LaunchSpec, ReplicaSlot
 from pollux_local.launch.logcap import truncation_note
 from pollux_local.launch.ssh import SshReplicaGroup
 from tests.abuse.lab import TERMINAL, Lab, cli, submit, wait_state
-from tests.labinstall import LabUser, one_line
+from tests.labinstall import LabUser, one_line, wait_until
 
 pytestmark = [pytest.mark.timeout(90)]
 
@@ -114,3 +114,36 @@ def test_an_ssh_ranks_local_log_is_cut_at_the_log_limit(lab: Lab, alice: LabUser
     assert data.startswith(b"x" * 99 + b"\n")
     assert data.endswith(truncation_note(1000)), data[-120:]
     assert len(data) == 1000 + len(truncation_note(1000))
+
+
+def test_a_removed_jobs_directory_goes_as_its_owner(lab: Lab, alice: LabUser) -> None:
+    """Ended jobs beyond ``[limits] max_ended_per_user`` lose their record and then their
+    directory: what is in it is removed as the job's owner, never as root.  A link alice left
+    there to a root-only file removes the link, not the file; a directory of root's that she
+    could not empty stays, with a line in the daemon's log; the kept job's directory stays."""
+    daemon = lab.daemon(extra_toml="[limits]\nmax_ended_per_user = 1\n")
+    secret = lab.secret_file("kept-secret", "ROOT")
+    script = (
+        f'ln -s {secret} "$POLLUX_JOB_DIR/link";'
+        ' mkdir "$POLLUX_JOB_DIR/d" && echo x > "$POLLUX_JOB_DIR/d/f"'
+    )
+    ids = [submit(alice, daemon, lab, "--name", f"j{i}", "/bin/sh", "-c", script) for i in range(3)]
+    for job_id in ids:
+        wait_state(daemon, job_id, TERMINAL, 30)
+    jobs_dir = daemon.state_dir / "jobs"
+    assert all((jobs_dir / i / "link").is_symlink() for i in ids)
+    rooted = jobs_dir / ids[1] / "roots"
+    rooted.mkdir(mode=0o755)
+    (rooted / "keep").write_text("root's")  # root's, in a directory alice cannot write
+    daemon.stop()
+    daemon.start()  # its first pass prunes the two oldest, then their directories go
+
+    def gone() -> bool:
+        return not (jobs_dir / ids[0]).exists() and not (jobs_dir / ids[1] / "d").exists()
+
+    wait_until(gone, 30, "the removed jobs' directories to go")
+    assert (rooted / "keep").read_text() == "root's"  # removed as alice: not root's file
+    assert sorted(p.name for p in (jobs_dir / ids[1]).iterdir()) == ["roots"]
+    assert secret.read_text() == "ROOT"  # the link went, not what it named
+    assert (jobs_dir / ids[2] / "link").is_symlink()  # the kept job's directory is untouched
+    wait_until(lambda: f"removed job {ids[1]}'s directory" in daemon.output(), 10, "the line")

@@ -98,3 +98,18 @@ def test_the_cap_is_a_setting_of_its_own(tmp_path: Path) -> None:
     path.write_text("[limits]\nmax_ended_per_user = -1\n")
     with pytest.raises(PolluxError, match="max_ended_per_user must be between 0 and"):
         load_config(path, devices="cpu:1")
+
+
+def test_the_ids_of_removed_jobs_are_those_given_and_gone(tmp_path: Path) -> None:
+    """What ``jobs/`` may hold a directory for that no job has any more: an id given and
+    removed; never one above the highest id given (a directory there is no removed job's)."""
+    store = StateStore(tmp_path / "state.db")
+    ids = [add(store, 1001, float(t)) for t in range(4)]
+    for number, job_id in enumerate(ids):
+        end(store, job_id, 1000.0 + number)
+    announce_all(store)
+    removed = store.prune_ended(keep_per_user=2)
+    assert removed == ids[:2]
+    later = ids[-1] + 1
+    assert store.removed_ids([*ids, later, later + 7]) == ids[:2]
+    assert store.removed_ids([]) == []

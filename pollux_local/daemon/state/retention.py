@@ -5,7 +5,8 @@ cancelled): the database grew by a megabyte a second on root's disk.  Beyond the
 user's oldest ended jobs are removed with their decisions, history samples and announced
 ends, and the stored commands and environments no job names any more.  Kept whatever their
 age: a job an active job waits for (``--after``), every task of an array that still has an
-active task, and a job whose end is not yet announced (notifications)."""
+active task, and a job whose end is not yet announced (notifications).  The daemon then
+removes a removed job's directory (``jobfiles.remove_job_dir``, as its owner)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,14 @@ PRUNE_BATCH = 500
 
 class Retention(StoreBase):
     """Removing what is beyond each user's cap of ended jobs."""
+
+    def removed_ids(self, candidates: list[int]) -> list[int]:
+        """Those of ``candidates`` that were given to a job whose record is gone: not above
+        the highest id ever given (ids are never given twice) and not a job's now."""
+        row = self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
+        highest = int(row[0]) if row is not None else 0
+        present = {int(job_id) for (job_id,) in self.db.execute("SELECT id FROM jobs")}
+        return [i for i in candidates if i <= highest and i not in present]
 
     def prune_ended(self, keep_per_user: int, batch: int = PRUNE_BATCH) -> list[int]:
         """Remove each user's ended jobs beyond their newest ``keep_per_user`` (by end time),
