@@ -203,11 +203,12 @@ async def remove_job_dir(jobs_dir: Path, job_id: int) -> str | None:
     proc = await asyncio.create_subprocess_exec(
         "find", str(path), "-mindepth", "1", "-delete",
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE, cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C"},
+        stderr=asyncio.subprocess.DEVNULL,  # a line per entry it cannot remove: not kept
+        cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C"},
         **owner,  # type: ignore[arg-type]
     )  # fmt: skip
     try:
-        _, err = await asyncio.wait_for(proc.communicate(), REMOVE_TIMEOUT_S)
+        await asyncio.wait_for(proc.wait(), REMOVE_TIMEOUT_S)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
@@ -218,6 +219,5 @@ async def remove_job_dir(jobs_dir: Path, job_id: int) -> str | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        said = err.decode(errors="replace").strip().splitlines()
-        return f"cannot remove {path}: {exc.strerror}" + (f" ({said[0]})" if said else "")
+        return f"cannot remove {path}: {exc.strerror} (left as it is)"
     return None
