@@ -99,7 +99,7 @@ async def _handle(ctx: Context, request: Request[Any]) -> Reply:
         case Edit():
             return await resubmit.edit(ctx, request)
         case Usage():
-            return usage.usage(ctx, request)
+            return await usage.usage(ctx, request)
         case Drain():
             return devices.drain(ctx, request)
         case Resume():

@@ -12,8 +12,9 @@ and what is left out)."""
 
 from __future__ import annotations
 
+import asyncio
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from pollux_local.api.messages import DeviceUsage, Usage, UsageReply
 from pollux_local.api.states import PLACED_STATES, JobState
@@ -24,6 +25,8 @@ from pollux_local.daemon.state import JobRecord
 
 #: Seconds of difference between a job's total and its typed device-seconds left unnamed.
 _SLACK_S = 0.5
+#: Jobs read and summed between two turns of the event loop.
+READ_CHUNK = 1000
 
 
 def device_seconds(job: JobRecord, now: float, type_of: dict[str, str]) -> dict[str, float]:
@@ -68,41 +71,66 @@ def wait_s(job: JobRecord) -> float | None:
     return max(0.0, job.start_time - ready)
 
 
-def _row(user: str, jobs: list[JobRecord], now: float, type_of: dict[str, str]) -> DeviceUsage:
-    by_type: dict[str, float] = defaultdict(float)
-    used = measured = 0.0
-    for job in jobs:
-        held = 0.0
-        for kind, value in device_seconds(job, now, type_of).items():
-            by_type[kind] += value / 3600.0
-            held += value / 3600.0
-        if (share := report_efficiency(job)) is not None:
-            used += held * share
-            measured += held
-    waits = [wait for job in jobs if (wait := wait_s(job)) is not None]
-    states = [job.state for job in jobs]
-    return DeviceUsage(
-        user=user,
-        device_hours=sum(by_type.values()),
-        by_type=dict(sorted(by_type.items())),
-        jobs=len(jobs),
-        succeeded=states.count(JobState.SUCCEEDED),
-        failed=states.count(JobState.FAILED),
-        cancelled=states.count(JobState.CANCELLED),
-        running=sum(state in PLACED_STATES for state in states),
-        median_wait_s=statistics.median(waits) if waits else None,
-        used_device_hours=used if measured > 0 else None,
-        measured_device_hours=measured,
-    )
+class _Tally:
+    """One row of ``usage``, summed a job at a time."""
+
+    def __init__(self) -> None:
+        self.by_type: dict[str, float] = defaultdict(float)
+        self.used = 0.0
+        self.measured = 0.0
+        self.waits: list[float] = []
+        self.states: Counter[JobState] = Counter()
+
+    def add(
+        self, held: dict[str, float], share: float | None, wait: float | None, job: JobRecord
+    ) -> None:
+        """A job's device-hours by type (``held``), efficiency, wait and state."""
+        total = 0.0
+        for kind, hours in held.items():
+            self.by_type[kind] += hours
+            total += hours
+        if share is not None:
+            self.used += total * share
+            self.measured += total
+        if wait is not None:
+            self.waits.append(wait)
+        self.states[job.state] += 1
+
+    def row(self, user: str) -> DeviceUsage:
+        return DeviceUsage(
+            user=user,
+            device_hours=sum(self.by_type.values()),
+            by_type=dict(sorted(self.by_type.items())),
+            jobs=self.states.total(),
+            succeeded=self.states[JobState.SUCCEEDED],
+            failed=self.states[JobState.FAILED],
+            cancelled=self.states[JobState.CANCELLED],
+            running=sum(count for state, count in self.states.items() if state in PLACED_STATES),
+            median_wait_s=statistics.median(self.waits) if self.waits else None,
+            used_device_hours=self.used if self.measured > 0 else None,
+            measured_device_hours=self.measured,
+        )
 
 
-def usage(ctx: Context, request: Usage) -> UsageReply:
+async def usage(ctx: Context, request: Usage) -> UsageReply:
+    """Per user and in total; the history is read and summed :data:`READ_CHUNK` jobs at a
+    time, the event loop serving others between two (a lab's whole history takes seconds)."""
     now = ctx.clock()
     type_of = {node.name: node.device_type for node in ctx.config.nodes}
-    jobs = ctx.store.usage_rows(request.since, request.user)
-    by_user: dict[str, list[JobRecord]] = defaultdict(list)
-    for job in jobs:
-        by_user[job.owner_name].append(job)
-    rows = [_row(user, owned, now, type_of) for user, owned in by_user.items()]
+    tallies: dict[str, _Tally] = defaultdict(_Tally)
+    total = _Tally()
+    after: int | None = None
+    while True:
+        jobs = ctx.store.usage_rows(request.since, request.user, after, READ_CHUNK)
+        for job in jobs:
+            held = {k: v / 3600.0 for k, v in device_seconds(job, now, type_of).items()}
+            facts = (held, report_efficiency(job), wait_s(job), job)
+            tallies[job.owner_name].add(*facts)
+            total.add(*facts)
+        if len(jobs) < READ_CHUNK:
+            break
+        after = jobs[-1].id
+        await asyncio.sleep(0)
+    rows = [tally.row(user) for user, tally in tallies.items()]
     rows.sort(key=lambda row: (-row.device_hours, row.user))
-    return UsageReply(users=rows, total=_row("*", jobs, now, type_of), since=request.since)
+    return UsageReply(users=rows, total=total.row("*"), since=request.since)

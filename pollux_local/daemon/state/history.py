@@ -36,9 +36,16 @@ class History(Blobs):
 
     # --- accounting -------------------------------------------------------------------------
 
-    def usage_rows(self, since: float | None, user: str | None) -> list[JobRecord]:
+    def usage_rows(
+        self,
+        since: float | None,
+        user: str | None,
+        after_id: int | None = None,
+        limit: int | None = None,
+    ) -> list[JobRecord]:
         """The jobs that ran (or are running) and were submitted or ended since ``since``,
-        without environments: what ``usage`` counts."""
+        without environments: what ``usage`` counts; in id order, the first ``limit`` (all:
+        ``None``) above ``after_id``."""
         where = ["(attained_gpu_s > 0 OR last_start IS NOT NULL OR start_time IS NOT NULL)"]
         args: list[Any] = []
         if since is not None:
@@ -47,9 +54,13 @@ class History(Blobs):
         if user is not None:
             where.append("owner_name = ?")
             args.append(user)
+        if after_id is not None:
+            where.append("id > ?")
+            args.append(after_id)
         rows = self.db.execute(
-            f"SELECT {COLUMNS_WITHOUT_ENV} FROM jobs WHERE {' AND '.join(where)} ORDER BY id",
-            args,
+            f"SELECT {COLUMNS_WITHOUT_ENV} FROM jobs WHERE {' AND '.join(where)} ORDER BY id"
+            + (" LIMIT ?" if limit is not None else ""),
+            (*args, limit) if limit is not None else args,
         ).fetchall()
         return [self._job(row) for row in rows]
 
