@@ -558,3 +558,23 @@ def test_a_resize_that_renumbers_renames_the_replicas_before_any_joiner_starts(
     assert proc.wait(timeout=30) == 0
     record = json.loads((tmp_path / "run" / "7.json").read_text())
     assert [(r["rank"], r["exit_code"]) for r in record["replicas"]] == [(0, 0), (1, 0)]
+
+
+def test_the_agents_command_fits_in_one_argument_with_room(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An SSH node's shell gets the agent's whole source in one argument (``sh -c``), which
+    Linux caps at 128 KiB: the command stays under three quarters of it, so that the agent's
+    growth is noticed here long before ssh fails on a node; one over the cap is refused in
+    one line."""
+    from pollux_local.errors import PolluxError
+    from pollux_local.launch.ssh import nodes
+
+    for command in (
+        nodes.agent_command("/usr/bin/python3", unbuffered=True),
+        nodes.agent_command("python3", "record", "cat", "/w" * 200, "run/k/1@n.json"),
+    ):
+        assert len(command.encode()) < 0.75 * nodes.MAX_COMMAND_BYTES, len(command)
+    monkeypatch.setattr(nodes, "node_agent_source", lambda: "pass\n" * 30_000)
+    with pytest.raises(PolluxError, match="over the 131072 one argument may hold"):
+        nodes.agent_command("python3")

@@ -25,7 +25,7 @@ from pollux_local.launch.ssh.group import MAX_LINE_BYTES, SshReplicaGroup, _Node
 from pollux_local.launch.ssh.nodes import (
     UNREACHABLE_EXIT_CODE,
     SshNodeConfig,
-    node_agent_source,
+    agent_command,
 )
 from pollux_local.launch.ssh.recovery import SshRecordedGroup, agent_tool, record_token
 
@@ -374,7 +374,7 @@ class SshLauncher:
             }
         proc = await asyncio.create_subprocess_exec(
             *self.ssh_argv(node),
-            f"{shlex.quote(node.python)} -u -c {shlex.quote(node_agent_source())}",
+            agent_command(node.python, unbuffered=True),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,

@@ -31,6 +31,25 @@ def node_agent_source() -> str:
     return package.joinpath("node_agent.py").read_text(encoding="utf-8")
 
 
+#: The longest single argument Linux passes to a program (``MAX_ARG_STRLEN``): the command
+#: an SSH node's shell runs reaches it as one (``sh -c COMMAND``), the agent's source in it.
+MAX_COMMAND_BYTES = 32 * 4096
+
+
+def agent_command(python: str, *args: str, unbuffered: bool = False) -> str:
+    """The shell command that runs the node agent's source (``-c``) with the node's
+    ``python`` and ``args``; :class:`PolluxError` in one line should it not fit in one
+    argument (:data:`MAX_COMMAND_BYTES`), which ssh would fail obscurely on the node."""
+    words = [python, *(["-u"] if unbuffered else []), "-c", node_agent_source(), *args]
+    command = " ".join(shlex.quote(word) for word in words)
+    if len(command.encode()) >= MAX_COMMAND_BYTES:
+        raise PolluxError(
+            f"the node agent's command is {len(command.encode())} bytes, over the"
+            f" {MAX_COMMAND_BYTES} one argument may hold on Linux"
+        )
+    return command
+
+
 #: The keys of a node's config table that the SSH launcher reads.
 SSH_KEYS = frozenset({"host", "address", "workdir", "gloo_ifname", "ssh_options", "python"})
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shlex
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from pollux_local.api.states import ExitCode
 from pollux_local.launch.base import LaunchSpec
-from pollux_local.launch.ssh.nodes import UNREACHABLE_EXIT_CODE, node_agent_source
+from pollux_local.launch.ssh.nodes import UNREACHABLE_EXIT_CODE, agent_command
 
 if TYPE_CHECKING:
     from pollux_local.launch.ssh.launcher import SshLauncher
@@ -29,7 +28,7 @@ def agent_tool(python: str, *args: str) -> str:
     own source, given ``args``) with the node's ``python``: exit records read or removed,
     recorded replicas signalled, each only in a work directory that is root's (or the
     login's) alone."""
-    return " ".join(shlex.quote(part) for part in (python, "-c", node_agent_source(), *args))
+    return agent_command(python, *args)
 
 
 log = logging.getLogger("pollux_local.launch.ssh")
