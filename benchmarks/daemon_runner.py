@@ -1,5 +1,5 @@
 """What the daemon benchmarks share: a daemon of the working tree on ``cpu:2`` in a state
-directory of their own, and a percentile."""
+directory of their own, a percentile, and a stdlib client for another user's scripts."""
 
 from __future__ import annotations
 
@@ -12,6 +12,32 @@ from pathlib import Path
 
 from pollux_local.client import Client
 from pollux_local.errors import PolluxError
+
+#: A stdlib-only client of the daemon's socket (4-byte big-endian length, then JSON), the
+#: head of the scripts another user (``nobody``) runs with the system's interpreter.
+RAW_CLIENT = r"""
+import json, socket, sys, threading, time
+
+def connect(path):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(120)
+    sock.connect(path)
+    return sock
+
+def recv(sock, n):
+    data = bytearray()
+    while len(data) < n:
+        chunk = sock.recv(min(n - len(data), 1 << 20))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return bytes(data)
+
+def call(sock, message):
+    body = json.dumps({"v": 1, **message}).encode()
+    sock.sendall(len(body).to_bytes(4, "big") + body)
+    return json.loads(recv(sock, int.from_bytes(recv(sock, 4), "big")))
+"""
 
 
 def percentile(values: list[float], q: float) -> float:

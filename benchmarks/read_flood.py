@@ -38,32 +38,10 @@ from typing import Any
 from pollux_local.client import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from daemon_runner import percentile, start_daemon, stop_daemon  # noqa: E402
+from daemon_runner import RAW_CLIENT, percentile, start_daemon, stop_daemon  # noqa: E402
 
 #: The flooding user's side (stdlib only): make history, say ready, then flood on each line.
-FLOODER = r"""
-import json, socket, sys, threading, time
-
-def connect(path):
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(120)
-    sock.connect(path)
-    return sock
-
-def recv(sock, n):
-    data = bytearray()
-    while len(data) < n:
-        chunk = sock.recv(min(n - len(data), 1 << 20))
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return bytes(data)
-
-def call(sock, message):
-    body = json.dumps({"v": 1, **message}).encode()
-    sock.sendall(len(body).to_bytes(4, "big") + body)
-    return json.loads(recv(sock, int.from_bytes(recv(sock, 4), "big")))
-
+FLOODER = RAW_CLIENT + r"""
 path, history, connections = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 sock = connect(path)
 made = 0

@@ -40,32 +40,10 @@ import psutil
 from pollux_local.client import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from daemon_runner import percentile, start_daemon  # noqa: E402
+from daemon_runner import RAW_CLIENT, percentile, start_daemon  # noqa: E402
 
 #: The flooding user's side (stdlib only): submit a job, wait for a line on stdin, flood.
-FLOODER = r"""
-import json, socket, sys, time
-
-def connect(path):
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(120)
-    sock.connect(path)
-    return sock
-
-def recv(sock, n):
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return data
-
-def call(sock, message):
-    body = json.dumps({"v": 1, **message}).encode()
-    sock.sendall(len(body).to_bytes(4, "big") + body)
-    return json.loads(recv(sock, int.from_bytes(recv(sock, 4), "big")))
-
+FLOODER = RAW_CLIENT + r"""
 def rows(start, n):
     return [{"nodes": 1, "replicas": 1 + m % 4, "local_batch": m, "compute_s": 1e-3 * m,
              "step_s": 1.2e-3 * m, "count": 5} for m in range(start, start + n)]
