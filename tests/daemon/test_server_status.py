@@ -87,6 +87,19 @@ def status(ctx: Context, request: Status) -> StatusReply:
     return asyncio.run(query.status(ctx, request))
 
 
+def count_turns(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the turns handlers give the event loop (``asyncio.sleep``): ``[count]``."""
+    turns = [0]
+    real_sleep = asyncio.sleep
+
+    async def counted(delay: float) -> None:
+        turns[0] += 1
+        await real_sleep(delay)
+
+    monkeypatch.setattr(asyncio, "sleep", counted)
+    return turns
+
+
 def ids(reply: object) -> list[int]:
     return [int(job.id) for job in reply.jobs]  # type: ignore[attr-defined]
 
@@ -191,20 +204,12 @@ def test_a_page_read_in_parts_is_the_page_read_at_once(
     ]
     whole = [status(ctx, request) for request in requests]
     monkeypatch.setattr(query, "READ_CHUNK", 2)
-    turns = 0
-    real_sleep = asyncio.sleep
-
-    async def counted(delay: float) -> None:
-        nonlocal turns
-        turns += 1
-        await real_sleep(delay)
-
-    monkeypatch.setattr(query.asyncio, "sleep", counted)
+    turns = count_turns(monkeypatch)
     for request, expected in zip(requests, whole, strict=True):
         assert status(ctx, request) == expected, request
     assert whole[1].jobs and len(whole[1].jobs) == 40
     assert whole[5].hidden > 0 and whole[5].more > 0  # the counts were exercised
-    assert turns >= 40 // 2  # the loop turned between the parts
+    assert turns[0] >= 40 // 2  # the loop turned between the parts
     store.close()
 
 

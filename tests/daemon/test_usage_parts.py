@@ -14,7 +14,7 @@ from pollux_local.api.states import JobState
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers import usage
 from pollux_local.daemon.state import StateStore
-from tests.daemon.test_server_status import DAY, NOW, context
+from tests.daemon.test_server_status import DAY, NOW, context, count_turns
 
 
 def run(ctx: Context, request: Usage) -> UsageReply:
@@ -45,16 +45,8 @@ def test_usage_read_in_parts_is_usage_read_at_once(
     assert whole[0].total.jobs == 50 and len(whole[0].users) == 3
     assert 0 < whole[2].total.jobs < 50 and whole[0].total.device_hours > 0
     monkeypatch.setattr(usage, "READ_CHUNK", 4)
-    turns = 0
-    real_sleep = asyncio.sleep
-
-    async def counted(delay: float) -> None:
-        nonlocal turns
-        turns += 1
-        await real_sleep(delay)
-
-    monkeypatch.setattr(usage.asyncio, "sleep", counted)
+    turns = count_turns(monkeypatch)
     for request, expected in zip(requests, whole, strict=True):
         assert run(ctx, request) == expected, request
-    assert turns >= 50 // 4
+    assert turns[0] >= 50 // 4
     store.close()
