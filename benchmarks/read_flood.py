@@ -2,7 +2,7 @@
 """Read flood: another user's ``status`` latency and submit->running time while one user
 floods the daemon with large reads.
 
-    sudo python benchmarks/read_flood.py [--seconds 30] [--repeats 3] [--connections 4]
+    sudo python benchmarks/read_flood.py [--seconds 30] [--repeats 3] [--connections 4] [--flood cancel]
                                          [--history 10000] [--pythonpath PATH] [--json]
 
 Starts a daemon (``--devices cpu:2``, 0.5 s passes, policy goodput) in a temporary state
@@ -17,7 +17,9 @@ the submit->running time; the figures are the medians over the repeats.  A basel
 flood (3 s of the same probe, one submit) comes first.  ``--pythonpath`` runs the daemon with
 ``PYTHONPATH=PATH`` (say a worktree of an older commit; run the benchmark from outside the
 repository, as ``-m`` puts the working directory first on the daemon's path).  Run without
-root, the flooder is the same user (a personal daemon).
+root, the flooder is the same user (a personal daemon).  ``--flood cancel`` floods with
+``cancel`` requests naming every ended job it made (10,000 ids, each read, then skipped)
+instead of ``status`` pages.
 """
 
 from __future__ import annotations
@@ -41,8 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from daemon_runner import RAW_CLIENT, percentile, start_daemon, stop_daemon  # noqa: E402
 
 #: The flooding user's side (stdlib only): make history, say ready, then flood on each line.
-FLOODER = RAW_CLIENT + r"""
-path, history, connections = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+FLOODER = (
+    RAW_CLIENT
+    + r"""
+path, history, connections, kind = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+ids = []
 sock = connect(path)
 made = 0
 while made < history:
@@ -52,20 +57,26 @@ while made < history:
     if not reply.get("ok", True) or "ids" not in reply:
         sys.exit(f"submit failed: {reply}")
     call(sock, {"type": "cancel", "arrays": [reply["ids"][0]]})
+    ids += reply["ids"]
     made += n
 sock.close()
 print(json.dumps({"history": made}), flush=True)
+
+if kind == "status":
+    request = {"type": "status", "all": True, "limit": 10000}
+else:  # the ended jobs it made: each is skipped, after being read
+    request = {"type": "cancel", "ids": [str(i) for i in ids[:10000]]}
 
 def flood(deadline, counts, i):
     sock = connect(path)
     while time.monotonic() < deadline:
         try:
-            reply = call(sock, {"type": "status", "all": True, "limit": 10000})
+            reply = call(sock, request)
         except (OSError, ConnectionError):
             counts[i][1] += 1
             sock = connect(path)
             continue
-        counts[i][0 if reply.get("ok", True) and "jobs" in reply else 1] += 1
+        counts[i][0 if reply.get("ok", True) and ("jobs" in reply or "skipped" in reply) else 1] += 1
     sock.close()
 
 for line in sys.stdin:
@@ -80,6 +91,7 @@ for line in sys.stdin:
     print(json.dumps({"pages": sum(c[0] for c in counts),
                       "errors": sum(c[1] for c in counts)}), flush=True)
 """
+)
 
 
 def submit_to_running(client: Client) -> float:
@@ -148,6 +160,10 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=4, help="the flooder's connections")
     parser.add_argument("--history", type=int, default=10000, help="ended jobs to make first")
     parser.add_argument("--pythonpath", help="PYTHONPATH for the daemon (code to benchmark)")
+    parser.add_argument(
+        "--flood", choices=["status", "cancel"], default="status",
+        help="status --all --limit 10000, or a cancel naming every ended job it made",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -167,12 +183,13 @@ def main() -> int:
         python = shutil.which("python3", path="/usr/bin:/bin") or python
     flooder = subprocess.Popen(
         [python, "-c", FLOODER, str(state / "daemon.sock"), str(args.history),
-         str(args.connections)],
+         str(args.connections), args.flood],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/", **as_nobody,
     )  # fmt: skip
     assert flooder.stdout is not None
     results: dict[str, Any] = {
         "flooder": "nobody" if as_nobody else "the same user",
+        "flood": args.flood,
         "seconds": args.seconds,
         "connections": args.connections,
         "pythonpath": args.pythonpath,

@@ -60,11 +60,28 @@ log = logging.getLogger("pollux_local.daemon")
 
 #: The requests that only read: served to each user in turns (``pacing.LoopShare``).
 READS = (Status, Show, Logs, Usage, Nodes, ListGroups)
+#: More jobs than this named in one request (ids, array tasks, dependencies) make it costly.
+BULK = 100
+
+
+def costly(request: Request[Any]) -> bool:
+    """Whether ``request`` is served in its user's turn: a read, or one that names many
+    jobs (reading them costs what a page of ``status`` does) or whole arrays."""
+    match request:
+        case Status() | Show() | Logs() | Usage() | Nodes() | ListGroups():
+            return True
+        case Cancel():
+            return len(request.ids) > BULK or bool(request.arrays)
+        case Hold() | Release():
+            return request.all
+        case Submit():
+            return len(request.after) > BULK or len(request.array or ()) > BULK
+    return False
 
 
 async def dispatch(ctx: Context, request: Request[Any]) -> Reply:
-    """The handler of ``request``'s type, and its reply (a read in its user's turn)."""
-    if ctx.read_share is not None and isinstance(request, READS):
+    """The handler of ``request``'s type, and its reply (a costly one in its user's turn)."""
+    if ctx.read_share is not None and costly(request):
         async with ctx.read_share.turn(ctx.peer.uid):
             return await _handle(ctx, request)
     return await _handle(ctx, request)

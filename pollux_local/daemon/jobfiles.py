@@ -210,10 +210,13 @@ async def remove_job_dir(jobs_dir: Path, job_id: int) -> str | None:
     try:
         await asyncio.wait_for(proc.wait(), REMOVE_TIMEOUT_S)
     except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
         return f"removing what is in {path} took over {REMOVE_TIMEOUT_S:g} s; left"
+    finally:
+        if proc.returncode is None:  # late, or the daemon stopping: not left behind
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(proc.wait())
     try:
         os.rmdir(path)
     except FileNotFoundError:

@@ -206,9 +206,10 @@ class SchedulingLoop:
         self._last_sample: dict[int, float] = {}
         #: when ended jobs beyond the cap are next looked for (monotonic seconds)
         self._next_prune = 0.0
-        #: the ids of removed jobs whose directories are still to be removed, in order
-        self._dirs_to_remove: deque[int] = deque()
-        self._dir_remover: asyncio.Task[None] | None = None
+        #: the ids of removed jobs whose directories are still to be removed, by the owner of
+        #: the directory, each owner's in order, and the task removing each owner's
+        self._dirs_to_remove: dict[int, deque[int]] = {}
+        self._dir_removers: dict[int, asyncio.Task[None]] = {}
         self._swept = False
         self.ticks = 0
         #: database writes that failed in passes (each logged; the pass was retried)
@@ -240,10 +241,17 @@ class SchedulingLoop:
             )  # fmt: skip
         if not self._swept:  # once: those an earlier daemon removed and left the directory of
             self._swept = True
-            self._dirs_to_remove.extend(self.store.removed_ids(self._job_dir_ids()))
-        self._dirs_to_remove.extend(removed)
-        if self._dirs_to_remove and (self._dir_remover is None or self._dir_remover.done()):
-            self._dir_remover = asyncio.ensure_future(self._remove_dirs())
+            removed = list(dict.fromkeys([*self.store.removed_ids(self._job_dir_ids()), *removed]))
+        jobs_dir = self.state_dir / "jobs"
+        for job_id in removed:
+            try:
+                owner = os.lstat(jobs_dir / str(job_id)).st_uid
+            except OSError:
+                continue  # none (a job that never started), or it went
+            self._dirs_to_remove.setdefault(owner, deque()).append(job_id)
+            task = self._dir_removers.get(owner)
+            if task is None or task.done():
+                self._dir_removers[owner] = asyncio.ensure_future(self._remove_dirs(owner))
 
     def _job_dir_ids(self) -> list[int]:
         """The ids ``jobs/`` has a directory for."""
@@ -251,15 +259,20 @@ class SchedulingLoop:
             return sorted(int(e.name) for e in entries if e.name.isdigit() and e.name.isascii())
         return []
 
-    async def _remove_dirs(self) -> None:
-        """The directories of removed jobs, one at a time (``jobfiles.remove_job_dir``: what
-        is inside removed as their owner, off the event loop)."""
+    async def _remove_dirs(self, owner: int) -> None:
+        """The directories of ``owner``'s removed jobs, one at a time
+        (``jobfiles.remove_job_dir``: what is inside removed as them, off the event loop);
+        each owner's by a task of its own, so that one who stops their removal (it runs as
+        them) holds up only theirs."""
         jobs_dir = self.state_dir / "jobs"
-        while self._dirs_to_remove and not self._stopped:
-            job_id = self._dirs_to_remove.popleft()
+        queue = self._dirs_to_remove.get(owner, deque())
+        while queue and not self._stopped:
+            job_id = queue.popleft()
             problem = await remove_job_dir(jobs_dir, job_id)
             if problem is not None:
                 log.warning("removed job %d's directory: %s", job_id, problem)
+        if not queue:
+            self._dirs_to_remove.pop(owner, None)
 
     async def run(self) -> None:
         """Pass after pass, each after ``interval_s`` or a wake-up; a failing pass is logged
@@ -296,8 +309,8 @@ class SchedulingLoop:
         """No pass after the one under way (if any): the daemon is stopping (the directories
         still to be removed are looked for again at the next start)."""
         self._stopped = True
-        if self._dir_remover is not None:
-            self._dir_remover.cancel()
+        for task in self._dir_removers.values():
+            task.cancel()
 
     async def _woken(self, timeout_s: float) -> None:
         """Until a wake-up or ``timeout_s``.  Not ``asyncio.wait_for``: on Python 3.11 it

@@ -14,6 +14,7 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
 
 from pollux_local.api.errors import LimitExceeded
 
@@ -75,12 +76,50 @@ class UserPacer:
                 self._started.pop(uid, None)
 
 
+class _Meter:
+    """The time a request's handler has run, the turns it gave the others left out."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.spent = 0.0
+        self.since: float | None = clock()
+
+    def pause(self) -> None:
+        if self.since is not None:
+            self.spent += self.clock() - self.since
+            self.since = None
+
+    def resume(self) -> None:
+        self.since = self.clock()
+
+    def total(self) -> float:
+        return self.spent + (self.clock() - self.since if self.since is not None else 0.0)
+
+
+#: The meter of the request in a user's turn under way in this task (``None``: none).
+_METER: ContextVar[_Meter | None] = ContextVar("pollux_turn_meter", default=None)
+
+
+async def give_way() -> None:
+    """Let the event loop serve the others for a turn, in the middle of a long request; the
+    time away is not charged to the request's user (:class:`LoopShare`)."""
+    meter = _METER.get()
+    if meter is not None:
+        meter.pause()
+    try:
+        await asyncio.sleep(0)
+    finally:
+        if meter is not None:
+            meter.resume()
+
+
 class LoopShare:
-    """Per user, reads are served one at a time, and a read that took ``t`` seconds (from
-    its start to its reply, the event loop's turns for others included) holds that user's
-    next until ``t / share`` after it began: over time one user's reads take at most
-    ``share`` of the daemon, whatever the number of their connections.  A held read waits
-    asleep; the ``unlimited`` uids (root, the daemon's user) are never held."""
+    """Per user, costly requests (the reads, those naming many jobs) are served one at a
+    time, and one that took ``t`` seconds (from its start to its reply, less the turns it
+    gave the others, :func:`give_way`) holds that user's next until ``t / share`` after it
+    began: over time one user's costly requests take at most ``share`` of the daemon,
+    whatever the number of their connections.  A held request waits asleep; the
+    ``unlimited`` uids (root, the daemon's user) are never held."""
 
     def __init__(
         self,
@@ -113,10 +152,13 @@ class LoopShare:
                 if wait > 0:
                     await self.sleep(wait)
                 began = self.clock()
+                meter = _Meter(self.clock)
+                token = _METER.set(meter)
                 try:
                     yield
                 finally:
-                    self._not_before[uid] = began + (self.clock() - began) / self.share
+                    _METER.reset(token)
+                    self._not_before[uid] = began + meter.total() / self.share
         finally:
             count[0] -= 1
             if count[0] == 0:  # an idle user holds nothing but a time still to come

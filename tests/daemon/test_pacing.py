@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from pollux_local.api.errors import LimitExceeded
-from pollux_local.daemon.pacing import LoopShare, UserPacer
+from pollux_local.daemon.pacing import LoopShare, UserPacer, give_way
 
 
 def test_one_call_in_flight_per_user_and_a_budget_per_minute() -> None:
@@ -74,3 +74,55 @@ def test_a_users_reads_take_turns_and_a_share_of_the_daemon() -> None:
 def test_a_share_is_a_fraction() -> None:
     with pytest.raises(ValueError, match="share"):
         LoopShare(0.0, lambda: 0.0)
+
+
+def test_the_turns_a_request_gives_the_others_are_not_charged_to_it() -> None:
+    """A long request that gives way (``give_way``) between its parts is charged its own
+    time: what others ran meanwhile does not hold its user's next request."""
+    now = [0.0]
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    share = LoopShare(0.5, lambda: now[0], sleep=sleep)
+
+    async def long_read() -> None:
+        async with share.turn(1000):
+            now[0] += 1.0  # its first part
+            await give_way()
+            now[0] += 1.0  # its second part
+
+    async def others() -> None:  # started once the read gives way, it runs to its end
+        now[0] += 5.0  # another user's work while the read gave way
+
+    async def main() -> None:
+        await asyncio.gather(long_read(), others())
+        async with share.turn(1000):  # its next: held until 2 s / 0.5 after the first began
+            pass
+
+    asyncio.run(main())
+    # charged 2 s, so held until 4 s: at 7 s its next goes at once (charged the 7 s it
+    # lasted, it would have waited until 14 s)
+    assert now[0] == 7.0 and slept == []
+
+
+def test_the_time_a_request_took_is_charged_when_it_gives_no_way() -> None:
+    now = [0.0]
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    share = LoopShare(0.5, lambda: now[0], sleep=sleep)
+
+    async def main() -> None:
+        async with share.turn(1000):
+            now[0] += 2.0
+        async with share.turn(1000):
+            pass
+
+    asyncio.run(main())
+    assert slept == [pytest.approx(2.0)]  # held until 2 / 0.5 = 4 s after it began

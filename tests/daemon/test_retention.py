@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from pollux_local.api.spec import JobSpec
 from pollux_local.api.states import DecisionKind, JobState
 from pollux_local.daemon.state import DecisionEntry, StateStore
@@ -113,3 +115,50 @@ def test_the_ids_of_removed_jobs_are_those_given_and_gone(tmp_path: Path) -> Non
     later = ids[-1] + 1
     assert store.removed_ids([*ids, later, later + 7]) == ids[:2]
     assert store.removed_ids([]) == []
+
+
+def test_one_owner_whose_removal_hangs_holds_up_only_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directories of removed jobs go by a task per owner: one owner stopping the
+    removal that runs as them (a ``SIGSTOP``) delays only their own; at the stop every
+    removal still running is called off."""
+    import asyncio
+    import dataclasses
+    import os
+
+    from pollux_local.core.baselines import FifoPolicy
+    from pollux_local.daemon import loop as loop_module
+    from tests.scheduler_harness import Harness
+
+    harness = Harness(tmp_path / "d", [1], FifoPolicy())
+    harness.loop.config = dataclasses.replace(harness.config, max_ended_per_user=1)
+    store = harness.store
+    ids = {uid: [add(store, uid, float(uid * 10 + t)) for t in range(3)] for uid in (1001, 1002)}
+    for job_id in [*ids[1001], *ids[1002]]:
+        end(store, job_id, 1000.0 + job_id)
+        directory = tmp_path / "d" / "jobs" / str(job_id)
+        directory.mkdir(parents=True)
+        os.chown(directory, store.get_job(job_id).owner_uid, 0)  # type: ignore[union-attr]
+    announce_all(store)
+    removed: list[int] = []
+    stalled = asyncio.Event()
+
+    async def fake_remove(jobs_dir: Path, job_id: int) -> str | None:
+        if job_id in ids[1001]:
+            await stalled.wait()  # 1001 stopped their find: never comes back
+        removed.append(job_id)
+        return None
+
+    monkeypatch.setattr(loop_module, "remove_job_dir", fake_remove)
+
+    async def main() -> None:
+        harness.loop.prune_ended()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert removed == ids[1002][:2]  # bob's two oldest, while ann's first hangs
+        harness.loop.stop()
+        await asyncio.sleep(0)
+        assert all(task.done() for task in harness.loop._dir_removers.values())
+
+    asyncio.run(main())

@@ -15,20 +15,25 @@ import pytest
 from pollux_local.api import wire
 from pollux_local.api.errors import InvalidRequest
 from pollux_local.api.messages import (
+    ArrayTask,
+    Cancel,
+    Hold,
     ListGroups,
     Logs,
     Nodes,
     Ping,
+    Release,
     Show,
     Status,
     StatusReply,
+    Submit,
     Usage,
 )
 from pollux_local.api.states import JobState
 from pollux_local.daemon.auth import Peer
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.context import Context
-from pollux_local.daemon.dispatch import READS, dispatch
+from pollux_local.daemon.dispatch import BULK, READS, costly, dispatch
 from pollux_local.daemon.handlers import query
 from pollux_local.daemon.pacing import LoopShare
 from pollux_local.daemon.readmodel import MetricHistory
@@ -243,3 +248,17 @@ def test_status_is_served_in_its_users_turn(tmp_path: Path) -> None:
     assert len(slept) == 1 and slept[0] > 0
     assert set(READS) >= {Status, Show, Logs, Usage, Nodes, ListGroups}
     store.close()
+
+
+def test_requests_that_name_many_jobs_are_served_in_turns_too() -> None:
+    """A ``cancel`` of 10,000 ids reads them as a page of ``status`` does: it takes its
+    user's turn (``dispatch.costly``); one naming a few jobs does not wait for it."""
+    many = [str(i) for i in range(1, BULK + 2)]
+    assert costly(Cancel(ids=many)) and costly(Cancel(arrays=["1"]))
+    assert not costly(Cancel(ids=many[:BULK]))
+    assert costly(Hold(all=True)) and costly(Release(all=True))
+    assert not costly(Hold(id="1")) and not costly(Release(id="1"))
+    sub = {"argv": ["x"], "workdir": "/tmp"}
+    assert costly(Submit(**sub, after=many))  # type: ignore[arg-type]
+    assert costly(Submit(**sub, array=[ArrayTask(index=i) for i in range(BULK + 1)]))  # type: ignore[arg-type]
+    assert not costly(Submit(**sub)) and not costly(Ping())  # type: ignore[arg-type]

@@ -38,6 +38,7 @@ from pollux_local.api.messages import (
 from pollux_local.api.states import TERMINAL_STATES, DecisionKind, JobState, StopIntent
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers.submit import validate_jobs
+from pollux_local.daemon.pacing import give_way
 from pollux_local.daemon.state import DecisionEntry, JobRecord
 
 log = logging.getLogger("pollux_local.daemon")
@@ -88,9 +89,10 @@ async def cancel(ctx: Context, request: Cancel) -> CancelReply:
     refuses the whole request.  Jobs already finished are listed as skipped."""
     if not request.ids and not request.arrays:
         raise InvalidRequest("cancel: name at least one job or array")
-    jobs = ctx.jobs(request.ids)  # each once, whatever a request repeats
+    jobs = await ctx.jobs_in_parts(request.ids)  # each once, whatever a request repeats
     listed = {job.id for job in jobs}
     for array_id in dict.fromkeys(request.arrays):
+        await give_way()
         tasks = [task for task in array_tasks(ctx, array_id) if task.id not in listed]
         jobs.extend(tasks)
         listed.update(task.id for task in tasks)

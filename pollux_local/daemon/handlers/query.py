@@ -8,7 +8,6 @@ hard link or someone else's file there is refused in one line and never read.
 
 from __future__ import annotations
 
-import asyncio
 from typing import NamedTuple
 
 from pollux_local.api.errors import NotFound, PermissionDenied
@@ -17,6 +16,7 @@ from pollux_local.api.states import PLACED_STATES, JobState
 from pollux_local.core.schedule.forecast import Prediction
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.jobfiles import UnsafeJobFile, read_job_file
+from pollux_local.daemon.pacing import give_way
 from pollux_local.daemon.readmodel import decision_records, job_detail, job_summary
 from pollux_local.daemon.resizes import resizes_of
 from pollux_local.daemon.state import JobRecord
@@ -63,7 +63,7 @@ async def status(ctx: Context, request: Status) -> StatusReply:
         if len(chunk) < want:
             break
         before = chunk[-1].id
-        await asyncio.sleep(0)
+        await give_way()
     last_id = jobs[-1].id if len(jobs) == request.limit else None
     more, hidden = ctx.store.page_counts(
         **filters._asdict(), before_id=original_before, last_id=last_id
@@ -72,7 +72,7 @@ async def status(ctx: Context, request: Status) -> StatusReply:
     summaries = []
     for start in range(0, len(jobs), READ_CHUNK):
         if start:
-            await asyncio.sleep(0)
+            await give_way()
         summaries += [
             job_summary(job, now, ctx.metrics, held_type(ctx, job), forecast_of(ctx, job))
             for job in jobs[start : start + READ_CHUNK]

@@ -12,7 +12,6 @@ and what is left out)."""
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 from collections import Counter, defaultdict
 
@@ -21,6 +20,7 @@ from pollux_local.api.states import PLACED_STATES, JobState
 from pollux_local.core.efficiency import efficiency
 from pollux_local.core.types import GradStats
 from pollux_local.daemon.context import Context
+from pollux_local.daemon.pacing import give_way
 from pollux_local.daemon.state import JobRecord
 
 #: Seconds of difference between a job's total and its typed device-seconds left unnamed.
@@ -130,7 +130,7 @@ async def usage(ctx: Context, request: Usage) -> UsageReply:
         if len(jobs) < READ_CHUNK:
             break
         after = jobs[-1].id
-        await asyncio.sleep(0)
+        await give_way()
     rows = [tally.row(user) for user, tally in tallies.items()]
     rows.sort(key=lambda row: (-row.device_hours, row.user))
     return UsageReply(users=rows, total=total.row("*"), since=request.since)
