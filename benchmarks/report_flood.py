@@ -43,7 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from daemon_runner import RAW_CLIENT, percentile, start_daemon  # noqa: E402
 
 #: The flooding user's side (stdlib only): submit a job, wait for a line on stdin, flood.
-FLOODER = RAW_CLIENT + r"""
+FLOODER = (
+    RAW_CLIENT
+    + r"""
 def rows(start, n):
     return [{"nodes": 1, "replicas": 1 + m % 4, "local_batch": m, "compute_s": 1e-3 * m,
              "step_s": 1.2e-3 * m, "count": 5} for m in range(start, start + n)]
@@ -79,6 +81,7 @@ for line in sys.stdin:
         accepted += bool(reply.get("ok") and reply.get("accepted"))
     print(json.dumps({"sent": sent, "accepted": accepted}), flush=True)
 """
+)
 
 
 def wait_running(client: Client, job_id: str) -> None:
