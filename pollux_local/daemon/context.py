@@ -44,7 +44,8 @@ class Context:
     forecasts: Forecasts | None = None
     #: ``estimate``'s pacing per user (``None``: unpaced, in tests of one handler)
     estimate_pacer: UserPacer | None = None
-    #: the reads' turns per user (``None``: unpaced, in tests of one handler)
+    #: the costly requests' turns per user (``dispatch.costly``; ``None``: unpaced, in tests
+    #: of one handler)
     read_share: LoopShare | None = None
 
     def job(self, job_id: str) -> JobRecord:

@@ -67,9 +67,9 @@ BULK = 100
 def costly(request: Request[Any]) -> bool:
     """Whether ``request`` is served in its user's turn: a read, or one that names many
     jobs (reading them costs what a page of ``status`` does) or whole arrays."""
+    if isinstance(request, READS):
+        return True
     match request:
-        case Status() | Show() | Logs() | Usage() | Nodes() | ListGroups():
-            return True
         case Cancel():
             return len(request.ids) > BULK or bool(request.arrays)
         case Hold() | Release():
