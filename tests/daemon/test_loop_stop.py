@@ -20,11 +20,12 @@ from pollux_local.daemon.server import run_to_the_end
 
 
 def bare_loop() -> tuple[SchedulingLoop, list[int]]:
-    """A loop with only what ``run`` touches; its passes are counted, not run."""
+    """A loop with only what ``run`` and ``stop`` touch; its passes are counted, not run."""
     loop = SchedulingLoop.__new__(SchedulingLoop)
     loop.config = SimpleNamespace(interval_s=30.0)  # type: ignore[assignment]
     loop.retry_s = 0.0
     loop._stopped = False
+    loop._dir_removers = {}
     loop._wake = asyncio.Event()
     passes: list[int] = []
 
