@@ -76,9 +76,9 @@ def test_a_share_is_a_fraction() -> None:
         LoopShare(0.0, lambda: 0.0)
 
 
-def test_the_turns_a_request_gives_the_others_are_not_charged_to_it() -> None:
-    """A long request that gives way (``give_way``) between its parts is charged its own
-    time: what others ran meanwhile does not hold its user's next request."""
+def sleepy_share(fraction: float) -> tuple[LoopShare, list[float], list[float]]:
+    """A ``LoopShare`` on a clock that only its sleeps and the test move: (share, [now],
+    the sleeps it took)."""
     now = [0.0]
     slept: list[float] = []
 
@@ -86,7 +86,13 @@ def test_the_turns_a_request_gives_the_others_are_not_charged_to_it() -> None:
         slept.append(seconds)
         now[0] += seconds
 
-    share = LoopShare(0.5, lambda: now[0], sleep=sleep)
+    return LoopShare(fraction, lambda: now[0], sleep=sleep), now, slept
+
+
+def test_the_turns_a_request_gives_the_others_are_not_charged_to_it() -> None:
+    """A long request that gives way (``give_way``) between its parts is charged its own
+    time: what others ran meanwhile does not hold its user's next request."""
+    share, now, slept = sleepy_share(0.5)
 
     async def long_read() -> None:
         async with share.turn(1000):
@@ -109,14 +115,7 @@ def test_the_turns_a_request_gives_the_others_are_not_charged_to_it() -> None:
 
 
 def test_the_time_a_request_took_is_charged_when_it_gives_no_way() -> None:
-    now = [0.0]
-    slept: list[float] = []
-
-    async def sleep(seconds: float) -> None:
-        slept.append(seconds)
-        now[0] += seconds
-
-    share = LoopShare(0.5, lambda: now[0], sleep=sleep)
+    share, now, slept = sleepy_share(0.5)
 
     async def main() -> None:
         async with share.turn(1000):
