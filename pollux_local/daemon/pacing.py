@@ -134,13 +134,13 @@ class LoopShare:
         self.clock = clock
         self.unlimited = unlimited
         self.sleep = sleep
-        #: per user with a read under way or waiting: its lock and how many hold or await it
+        #: per user with a request under way or waiting: its lock and how many hold or await it
         self._turns: dict[int, tuple[asyncio.Lock, list[int]]] = {}
         self._not_before: dict[int, float] = {}
 
     @asynccontextmanager
     async def turn(self, uid: int) -> AsyncIterator[None]:
-        """``uid``'s turn for one read (waited for asleep, behind its earlier reads)."""
+        """``uid``'s turn for one costly request (waited for asleep, behind their earlier ones)."""
         if uid in self.unlimited:
             yield
             return
@@ -167,5 +167,5 @@ class LoopShare:
                     self._not_before.pop(uid, None)
 
     def users(self) -> int:
-        """How many users have a read under way or a next one held (what is kept)."""
+        """How many users have a request under way or a next one held (what is kept)."""
         return len(self._turns.keys() | self._not_before.keys())
