@@ -26,16 +26,17 @@ class JobState(StrEnum):
     ``QUEUED``, ``RUNNING``, ``RESCALING`` and ``HELD`` are active; ``SUCCEEDED``, ``FAILED``
     and ``CANCELLED`` are terminal: a terminal job never runs again (a new submit is a new job).
     A job that was running when the daemon stopped is queued again at its next start.  A job
-    whose replicas exit 0 while they stop for a preemption or a resize has succeeded (from
-    ``QUEUED`` or ``RESCALING``); a queued or held job whose dependency failed has failed; a
-    queued job stays queued with a new reason (a stop that found it waiting, a back-off).
+    whose replicas exit 0 while they stop for a preemption, a resize or a hold has succeeded
+    (from ``QUEUED``, ``RESCALING`` or ``HELD``: released, it would run its work again); a
+    queued or held job whose dependency failed has failed; a queued job stays queued with a
+    new reason (a stop that found it waiting, a back-off).
 
     Every move, as :data:`TRANSITIONS` has it (``can_become``; a test keeps the two equal)::
 
         queued    -> queued, running, held, succeeded, failed, cancelled
         running   -> queued, rescaling, held, succeeded, failed, cancelled
         rescaling -> queued, running, held, succeeded, failed, cancelled
-        held      -> queued, failed, cancelled
+        held      -> queued, succeeded, failed, cancelled
         succeeded -> (none)
         failed    -> (none)
         cancelled -> (none)
@@ -81,7 +82,9 @@ TRANSITIONS: Mapping[JobState, frozenset[JobState]] = MappingProxyType(
         JobState.QUEUED: frozenset({JobState.RUNNING} | _FROM_PLACED),
         JobState.RUNNING: _FROM_PLACED | {JobState.RESCALING},
         JobState.RESCALING: _FROM_PLACED | {JobState.RUNNING},
-        JobState.HELD: frozenset({JobState.QUEUED, JobState.FAILED, JobState.CANCELLED}),
+        JobState.HELD: frozenset(
+            {JobState.QUEUED, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
+        ),
         JobState.SUCCEEDED: frozenset(),
         JobState.FAILED: frozenset(),
         JobState.CANCELLED: frozenset(),

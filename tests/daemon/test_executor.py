@@ -404,3 +404,30 @@ def test_the_order_file_of_a_warm_resize_is_the_daemons_never_the_jobs(tmp_path:
             assert spec.env["POLLUX_RESIZE_FILE"] == str(spec.resize_file)
         else:
             assert spec.resize_file is None and "POLLUX_RESIZE_FILE" not in spec.env
+
+
+@pytest.mark.asyncio
+async def test_a_held_job_that_exits_0_has_finished_and_never_runs_again(setup) -> None:  # type: ignore[no-untyped-def]
+    executor, store, launcher = setup
+    launcher.stubborn = True  # its script ignores SIGTERM and ends its work
+    job_id = submit(store)
+    await start(executor, store, job_id)
+    await executor.hold(job_id)
+    assert state(store, job_id) == "held"
+    launcher.groups[0].exit.set_result(0)  # done within its grace
+    await asyncio.sleep(0.05)
+    job = store.get_job(job_id)
+    assert job is not None and job.state == "succeeded" and job.end_time == 100.0
+    # released, it would have run its finished work a second time
+    await executor.apply(plan(Action(ActionKind.START, job_id, {"far": ["cpu:0"]}, None, "")))
+    assert state(store, job_id) == "succeeded" and len(launcher.groups) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_held_job_stopped_with_its_checkpoint_stays_held(setup) -> None:  # type: ignore[no-untyped-def]
+    executor, store, launcher = setup
+    job_id = submit(store)
+    await start(executor, store, job_id)
+    await executor.hold(job_id)
+    await asyncio.sleep(0.05)  # the group obeys: checkpointed, exit 75
+    assert state(store, job_id) == "held"

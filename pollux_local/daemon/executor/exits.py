@@ -33,6 +33,11 @@ UNASKED_RESCALE = (
 )
 
 
+#: The stops after which an exit 0 means the job finished its work (a cancel and a time
+#: limit have already given it its end; a reconcile stops what the store does not run).
+FINISHED_IF_OK = frozenset(
+    {StopIntent.HOLD, StopIntent.PREEMPT, StopIntent.RESIZE, StopIntent.SHUTDOWN}
+)
 #: The most crash restarts a user may ask of a job (``--retries``) when the admin's
 #: ``[daemon] max_retries`` is lower (:func:`most_retries`).
 USER_RETRIES = 10
@@ -186,14 +191,12 @@ class Exits(Accounting):
 
     async def _on_stopped(self, job: JobRecord, intent: StopIntent, code: int, now: float) -> None:
         """The end of a group that was asked to stop.  Cancel, hold and the others set the
-        job's state when they asked; a job that exited 0 while being preempted, resized or
-        stopped for a shutdown has finished; a resized job restarts at its new size."""
+        job's state when they asked; a job that exited 0 while being held, preempted, resized
+        or stopped for a shutdown has finished (a held one too: released, it would run its
+        finished work again); a resized job restarts at its new size."""
         action = self._resize.pop(job.id, None) if intent is StopIntent.RESIZE else None
-        if (
-            intent in (StopIntent.PREEMPT, StopIntent.RESIZE, StopIntent.SHUTDOWN)
-            and code == ExitCode.OK
-        ):
-            if job.state in (JobState.QUEUED, *PLACED_STATES):
+        if intent in FINISHED_IF_OK and code == ExitCode.OK:
+            if job.state in (JobState.QUEUED, JobState.HELD, *PLACED_STATES):
                 self._finished(job.id, now)
             return
         if intent is StopIntent.SHUTDOWN and job.state in PLACED_STATES:
