@@ -14,7 +14,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
@@ -650,7 +650,7 @@ def group_limits(
     a group is the admin's), each paused as the store says."""
     paused = {row.name: row.paused for row in stored}
     limits = {
-        row.name: GroupLimit(row.max_devices, row.max_running, row.paused)
+        row.name: GroupLimit(row.max_devices, row.max_running, row.paused, owner=row.owner_name)
         for row in stored
         if row.owner_uid is not None
     }
@@ -728,8 +728,23 @@ def snapshot_of(
             )
         else:
             fitted[job.id] = replace(bare[job.id], model=model)
-    inputs = [fitted.get(job_id, found) for job_id, found in bare.items()]
-    return Snapshot(jobs=inputs, nodes=nodes, now=now, limits=limits or Limits(), holdings=stopping)
+    limits = limits or Limits()
+    inputs = [in_own_group(fitted.get(job_id, found), limits) for job_id, found in bare.items()]
+    stopping = [in_own_group(stop, limits) for stop in stopping]
+    return Snapshot(jobs=inputs, nodes=nodes, now=now, limits=limits, holdings=stopping)
+
+
+_Member = TypeVar("_Member", JobInput, Holding)
+
+
+def in_own_group(job: _Member, limits: Limits) -> _Member:
+    """``job`` (or a stopping job's holding) with no group when the group it names is another
+    user's: a user's group holds its owner's jobs alone, whatever names a job kept (an
+    admin's group the config dropped, whose name a user then took)."""
+    group = limits.groups.get(job.group) if job.group is not None else None
+    if group is None or group.has_member(job.owner):
+        return job
+    return replace(job, group=None)
 
 
 def _may_start(job: JobInput, now: float) -> bool:

@@ -9,15 +9,19 @@ As in ``test_adversarial``: a root daemon from the lab install, two ordinary Uni
   not by a raw request), nor pause the admin's group; each refusal is one line naming the group
   and nothing changes;
 * alice's pause holds her queued job back; root (an admin) resumes it and the job starts;
-* bob's own group and the admin's group take his jobs.
+* bob's own group and the admin's group take his jobs;
+* once the admin drops a group that bob's jobs are in, alice cannot make a group of that
+  name, and so cannot pause or cap bob's jobs through it.
 """
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from tests.abuse.lab import Lab, job, raw_request, submit, wait_state
-from tests.labinstall import LabDaemon, LabUser, one_line
+from tests.labinstall import LabDaemon, LabUser, one_line, wait_until
 
 pytestmark = [pytest.mark.timeout(240)]
 
@@ -93,3 +97,27 @@ def test_a_user_cannot_touch_another_users_group_or_the_admins(
     assert job(daemon, in_own)["group"] == "bobs" and job(daemon, in_lab)["group"] == "lab"
     rc, line = group(bob, daemon, "delete", "bobs")
     assert rc != 0 and "group bobs has 1 job(s) queued, held or running" in line
+
+
+def test_a_dropped_admins_group_cannot_be_taken_over_with_the_jobs_still_in_it(
+    lab: Lab, alice: LabUser, bob: LabUser
+) -> None:
+    daemon = lab.daemon(devices="cpu:2", extra_toml=CONFIG)
+    held = submit(bob, daemon, lab, "--group", "lab", "--hold", "--", "/bin/true")
+    waiting = submit(bob, daemon, lab, "--group", "lab", "--begin", "+1h", "--", "/bin/true")
+    config = lab.base / "state.toml"
+    config.write_text(config.read_text().replace("[groups.lab]\nmax_running = 2\n", ""))
+    assert daemon.proc is not None
+    daemon.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "lab" not in groups(daemon), 30, "the reload to drop group lab")
+
+    rc, line = group(alice, daemon, "set", "lab", "--max-running", "1")
+    assert rc != 0 and line.endswith(
+        "group lab is still named by 2 queued, held or running job(s) of other users"
+        " (a group the config no longer has); choose another name"
+    ), line
+    assert "lab" not in groups(daemon)
+    rc, line = group(alice, daemon, "pause", "lab")
+    assert rc != 0 and "no group 'lab'" in line, line
+    assert job(daemon, held)["state"] == "held" and job(daemon, waiting)["state"] == "queued"
+    assert "group" not in job(daemon, waiting)["reason"]

@@ -211,11 +211,18 @@ class Holding:
 @dataclass(frozen=True)
 class GroupLimit:
     """A group's caps on its jobs (``None``: none): devices they hold and jobs running at
-    once; while ``paused`` none of its queued jobs starts (its running jobs go on)."""
+    once; while ``paused`` none of its queued jobs starts (its running jobs go on).
+    ``owner``: the user whose group it is, whose jobs alone are in it (``None``: an admin's
+    group, which any job may join)."""
 
     max_devices: int | None = None
     max_running: int | None = None
     paused: bool = False
+    owner: str | None = None
+
+    def has_member(self, owner: str) -> bool:
+        """Whether a job of ``owner`` naming this group is in it."""
+        return self.owner is None or self.owner == owner
 
 
 @dataclass(frozen=True)

@@ -98,28 +98,32 @@ def group_rows(ctx: Context, names: Iterable[str] | None = None) -> list[GroupRo
     wanted = None if names is None else set(names)
     stored = ctx.store.group_rows()
     paused = {row.name: row.paused for row in stored}
+    mine = users_groups(ctx.config, stored)
+    owners = {row.name: row.owner_name for row in mine}
+
+    def member(group: str, owner: str) -> bool:  # a user's group holds its owner's jobs alone
+        return owners.get(group, owner) == owner
+
     running: dict[str, int] = {}
     devices: dict[str, int] = {}
     queued: dict[str, int] = {}
-    for job in ctx.store.jobs(ACTIVE_STATES):
+    # the waiting jobs counted by the database (a user may keep a thousand), the placed ones
+    # read (no more than the devices)
+    for name, owner, count in ctx.store.group_job_counts(ACTIVE_STATES - PLACED_STATES):
+        if member(name, owner):
+            queued[name] = queued.get(name, 0) + count
+    for job in ctx.store.jobs(PLACED_STATES):
         group = job.spec.group
-        if group is None:
-            continue
-        if job.state in PLACED_STATES:
+        if group is not None and member(group, job.owner_name):
             running[group] = running.get(group, 0) + 1
             devices[group] = devices.get(group, 0) + sum(map(len, job.placement.values()))
-        else:
-            queued[group] = queued.get(group, 0) + 1
     for stop in stopping_jobs(ctx.store, ctx.executor):
-        if stop.group is not None:
+        if stop.group is not None and member(stop.group, stop.owner):
             running[stop.group] = running.get(stop.group, 0) + 1
             devices[stop.group] = devices.get(stop.group, 0) + stop.count
     rows = [
         (group.name, None, group.max_devices, group.max_running) for group in ctx.config.groups
-    ] + [
-        (row.name, row.owner_name, row.max_devices, row.max_running)
-        for row in users_groups(ctx.config, stored)
-    ]
+    ] + [(row.name, row.owner_name, row.max_devices, row.max_running) for row in mine]
     return [
         GroupRow(
             name=name,
@@ -177,6 +181,12 @@ def set_group(ctx: Context, request: SetGroup) -> GroupReply:
             raise LimitExceeded(
                 f"limit exceeded: {ctx.peer.name} has {have} groups, the most a user may make"
                 f" ([limits] user_groups = {most}); delete one first (group delete NAME)"
+            )
+        others = ctx.store.count_group_jobs(name, other_than=uid)
+        if others:
+            raise Conflict(
+                f"group {name} is still named by {others} queued, held or running job(s) of"
+                " other users (a group the config no longer has); choose another name"
             )
         if row is not None:  # the pause of an admin's group the config no longer has
             ctx.store.delete_group(name)

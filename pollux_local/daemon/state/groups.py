@@ -84,15 +84,35 @@ class Groups(StoreBase):
         with self.transaction():
             self.db.execute("DELETE FROM groups WHERE name = ?", (name,))
 
-    def count_group_jobs(self, name: str, states: Iterable[JobState] = ACTIVE_STATES) -> int:
-        """The jobs in group ``name`` in one of ``states`` (by default: not ended)."""
+    def count_group_jobs(
+        self,
+        name: str,
+        states: Iterable[JobState] = ACTIVE_STATES,
+        *,
+        other_than: int | None = None,
+    ) -> int:
+        """The jobs naming group ``name`` in one of ``states`` (by default: not ended); with
+        ``other_than``, only those of other owners than that uid."""
         wanted = sorted(JobState(state).value for state in states)
+        owner = "" if other_than is None else " AND owner_uid != ?"
         row = self.db.execute(
             f"SELECT COUNT(*) FROM jobs WHERE state IN ({','.join('?' * len(wanted))})"
-            " AND json_extract(spec, '$.group') = ?",
-            (*wanted, name),
+            f" AND json_extract(spec, '$.group') = ?{owner}",
+            (*wanted, name, *(() if other_than is None else (other_than,))),
         ).fetchone()
         return int(row[0])
+
+    def group_job_counts(self, states: Iterable[JobState]) -> list[tuple[str, str, int]]:
+        """(group, owner's name, jobs) of the jobs in ``states`` that name a group, counted
+        by the database (no job is read)."""
+        wanted = sorted(JobState(state).value for state in states)
+        rows = self.db.execute(
+            "SELECT json_extract(spec, '$.group') AS name, owner_name, COUNT(*) FROM jobs"
+            f" WHERE state IN ({','.join('?' * len(wanted))}) AND name IS NOT NULL"
+            " GROUP BY name, owner_name",
+            wanted,
+        ).fetchall()
+        return [(str(name), str(owner), int(count)) for name, owner, count in rows]
 
 
 def _record(row: Any) -> GroupRecord:
