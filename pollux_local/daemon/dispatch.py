@@ -60,14 +60,18 @@ log = logging.getLogger("pollux_local.daemon")
 
 #: The requests that only read: served to each user in turns (``pacing.LoopShare``).
 READS = (Status, Show, Logs, Usage, Nodes, ListGroups)
+#: The group changes, each answered with its group's row (counted as ``groups`` counts):
+#: served in turns as that read is.
+GROUP_CHANGES = (SetGroup, DeleteGroup, PauseGroup, ResumeGroup)
 #: More jobs than this named in one request (ids, array tasks, dependencies) make it costly.
 BULK = 100
 
 
 def costly(request: Request[Any]) -> bool:
-    """Whether ``request`` is served in its user's turn: a read, or one that names many
-    jobs (reading them costs what a page of ``status`` does) or whole arrays."""
-    if isinstance(request, READS):
+    """Whether ``request`` is served in its user's turn: a read, a group change (its reply
+    is a read), or one that names many jobs (reading them costs what a page of ``status``
+    does) or whole arrays."""
+    if isinstance(request, READS + GROUP_CHANGES):
         return True
     if isinstance(request, Cancel):
         return len(request.ids) > BULK or bool(request.arrays)

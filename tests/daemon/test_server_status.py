@@ -17,12 +17,16 @@ from pollux_local.api.errors import InvalidRequest
 from pollux_local.api.messages import (
     ArrayTask,
     Cancel,
+    DeleteGroup,
     Hold,
     ListGroups,
     Logs,
     Nodes,
+    PauseGroup,
     Ping,
     Release,
+    ResumeGroup,
+    SetGroup,
     Show,
     Status,
     StatusReply,
@@ -262,3 +266,7 @@ def test_requests_that_name_many_jobs_are_served_in_turns_too() -> None:
     assert costly(Submit(**sub, after=many))  # type: ignore[arg-type]
     assert costly(Submit(**sub, array=[ArrayTask(index=i) for i in range(BULK + 1)]))  # type: ignore[arg-type]
     assert not costly(Submit(**sub)) and not costly(Ping())  # type: ignore[arg-type]
+    # a group change answers with its group's row, counted as the ``groups`` read counts
+    for change in (SetGroup(name="g"), DeleteGroup(name="g"), PauseGroup(name="g")):
+        assert costly(change)
+    assert costly(ResumeGroup(name="g")) and costly(ListGroups())
