@@ -469,16 +469,18 @@ class SchedulingLoop:
                 log.warning("job %s: recorded as running without replicas: queued again", job_id)
 
     def refresh_reports(self, jobs: list[JobRecord]) -> None:
-        """Take in the ``report.json`` files written since the last pass.  A report that does
+        """Take in the ``report.json`` files of the running jobs written since the last pass
+        (a waiting job has no replica to write one: its last incarnation's report was taken at
+        its end, and a file its user rewrites while it waits is not read).  A report that does
         not follow the schema, or a file that is not the job's owner's plain file, is ignored
         (once per version of the file, with a logged reason); the job keeps its previous one.
-        What is remembered per job is forgotten once the job is no longer scheduled."""
-        scheduled = {job.id for job in jobs if job.state in SCHEDULED_STATES}
+        What is remembered per job is forgotten once the job no longer runs."""
+        placed = {job.id for job in jobs if job.state in PLACED_STATES}
         for remembered in (self._report_mtimes, self._report_warned):
-            for job_id in [key for key in remembered if key not in scheduled]:
+            for job_id in [key for key in remembered if key not in placed]:
                 del remembered[job_id]
         for job in jobs:
-            if job.state not in SCHEDULED_STATES:
+            if job.state not in PLACED_STATES:
                 continue
             directory = self.state_dir / "jobs" / job.job_id
             path = directory / "report.json"

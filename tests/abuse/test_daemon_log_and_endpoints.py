@@ -93,6 +93,31 @@ def test_what_is_remembered_of_reports_is_forgotten_with_the_job(tmp_path: Path)
     assert set(loop._report_mtimes) <= {8} and set(loop._report_warned) <= {8}
 
 
+def test_a_waiting_jobs_report_file_is_never_read_by_a_pass(tmp_path: Path) -> None:
+    """A queued job has no replica to write a report: a user who rewrites its
+    ``report.json`` (a large file failing the schema late, its mtime bumped before every
+    pass) makes no pass read it, whatever the number of such jobs; a running job's is read."""
+    read: list[int] = []
+    loop = types.SimpleNamespace(
+        clock=lambda: 1000.0, state_dir=tmp_path, _report_mtimes={}, _report_warned={},
+        _warn_report=lambda job_id, what: read.append(job_id),
+    )  # fmt: skip
+    jobs = []
+    for job_id, job_state in ((1, JobState.QUEUED), (2, JobState.QUEUED), (3, JobState.RUNNING)):
+        directory = tmp_path / "jobs" / str(job_id)
+        directory.mkdir(parents=True)
+        (directory / "report.json").write_text('{"v": 1, "bad": ' + "1" * 100_000 + "}")
+        jobs.append(types.SimpleNamespace(
+            id=job_id, job_id=str(job_id), state=job_state, owner_uid=os.getuid(),
+        ))  # fmt: skip
+    for mtime in range(3):  # pass after pass, each file changed again
+        for job in jobs:
+            os.utime(tmp_path / "jobs" / job.job_id / "report.json", (mtime, mtime))
+        SchedulingLoop.refresh_reports(loop, jobs)  # type: ignore[arg-type]
+    assert read == [3, 3, 3]  # the running job's, once per version; the queued ones never
+    assert set(loop._report_mtimes) == {3}
+
+
 def test_the_daemon_log_is_moved_aside_at_its_size(tmp_path: Path) -> None:
     path = tmp_path / "daemon.log"
     stream = os.fdopen(open_private(path, os.O_WRONLY | os.O_APPEND), "a", encoding="utf-8")
