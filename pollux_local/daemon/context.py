@@ -12,7 +12,7 @@ from pollux_local.daemon.auth import Peer, is_admin, may_modify, user_name
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.forecasting import Forecasts
-from pollux_local.daemon.pacing import LoopShare, UserPacer, give_way
+from pollux_local.daemon.pacing import LoopShare, Uncharged, UserPacer, give_way
 from pollux_local.daemon.readmodel import MetricHistory
 from pollux_local.daemon.scheduler import ModelCache
 from pollux_local.daemon.state import JobRecord, StateStore
@@ -35,7 +35,7 @@ class Context:
     clock: Callable[[], float]
     models: ModelCache
     metrics: MetricHistory
-    mutex: asyncio.Lock
+    mutex: asyncio.Lock | Uncharged
     wake: Callable[[], None]
     #: the daemon's own uid (it may change every job, as root may)
     daemon_uid: int
@@ -44,8 +44,8 @@ class Context:
     forecasts: Forecasts | None = None
     #: ``estimate``'s pacing per user (``None``: unpaced, in tests of one handler)
     estimate_pacer: UserPacer | None = None
-    #: the costly requests' turns per user (``dispatch.costly``; ``None``: unpaced, in tests
-    #: of one handler)
+    #: the requests' turns per user (``dispatch.in_turns``; ``None``: unpaced, in tests of one
+    #: handler)
     read_share: LoopShare | None = None
 
     def job(self, job_id: str) -> JobRecord:

@@ -58,33 +58,24 @@ from pollux_local.daemon.handlers import (
 log = logging.getLogger("pollux_local.daemon")
 
 
-#: The requests that only read: served to each user in turns (``pacing.LoopShare``).
-READS = (Status, Show, Logs, Usage, Nodes, ListGroups)
-#: The group changes, each answered with its group's row (counted as ``groups`` counts):
-#: served in turns as that read is.
-GROUP_CHANGES = (SetGroup, DeleteGroup, PauseGroup, ResumeGroup)
-#: More jobs than this named in one request (ids, array tasks, dependencies) make it costly.
-BULK = 100
+#: The requests that are not served in turns: a ping (nothing to do), and a job's own
+#: report (limited per job and per user apart, ``handlers.report``; a job must not wait
+#: behind its user's reads).
+UNPACED = (Ping, Report)
 
 
-def costly(request: Request[Any]) -> bool:
-    """Whether ``request`` is served in its user's turn: a read, a group change (its reply
-    is a read), or one that names many jobs (reading them costs what a page of ``status``
-    does) or whole arrays."""
-    if isinstance(request, READS + GROUP_CHANGES):
-        return True
-    if isinstance(request, Cancel):
-        return len(request.ids) > BULK or bool(request.arrays)
-    if isinstance(request, Hold | Release):
-        return request.all
-    if isinstance(request, Submit):
-        return len(request.after) > BULK or len(request.array or ()) > BULK
-    return False  # (``match`` here would read as a handler's case: tests/docs/test_lists.py)
+def in_turns(request: Request[Any]) -> bool:
+    """Whether ``request`` is served in its user's turn (``pacing.LoopShare``): every one
+    but :data:`UNPACED`.  A request's cost depends on what it names (a ``status`` page, a
+    ``cancel`` of 10,000 ids, a 100-task array, a group's row): turns bound a user's share
+    of the daemon whatever they send, where a bound per request let a loop of requests each
+    under it take the daemon from the others."""
+    return not isinstance(request, UNPACED)
 
 
 async def dispatch(ctx: Context, request: Request[Any]) -> Reply:
-    """The handler of ``request``'s type, and its reply (a costly one in its user's turn)."""
-    if ctx.read_share is not None and costly(request):
+    """The handler of ``request``'s type, and its reply (in its user's turn, :func:`in_turns`)."""
+    if ctx.read_share is not None and in_turns(request):
         async with ctx.read_share.turn(ctx.peer.uid):
             return await _handle(ctx, request)
     return await _handle(ctx, request)

@@ -61,6 +61,7 @@ from pollux_local.daemon.scheduler import (
     time_left_s,
 )
 from pollux_local.daemon.state import DecisionEntry, JobRecord, StateStore
+from pollux_local.daemon.state.retention import PRUNE_BATCH
 from pollux_local.durations import format_duration
 
 log = logging.getLogger("pollux_local.daemon")
@@ -78,6 +79,10 @@ RETRY_S = 5.0
 REPORT_WARNING_INTERVAL_S = 60.0
 #: How often ended jobs beyond each user's cap are looked for (``prune_ended``).
 PRUNE_INTERVAL_S = 60.0
+#: The longest one pass removes ended jobs for, and how soon the next pass removes more
+#: while some are left.
+PRUNE_BUDGET_S = 0.2
+PRUNE_AGAIN_S = 1.0
 
 
 def node_snapshot(
@@ -206,6 +211,8 @@ class SchedulingLoop:
         self._last_sample: dict[int, float] = {}
         #: when ended jobs beyond the cap are next looked for (monotonic seconds)
         self._next_prune = 0.0
+        #: ended jobs beyond the cap may be left: the next pass comes within PRUNE_AGAIN_S
+        self.prune_soon = False
         #: the ids of removed jobs whose directories are still to be removed, by the owner of
         #: the directory, each owner's in order, and the task removing each owner's
         self._dirs_to_remove: dict[int, deque[int]] = {}
@@ -227,12 +234,21 @@ class SchedulingLoop:
 
     def prune_ended(self) -> None:
         """Every :data:`PRUNE_INTERVAL_S` at most: each user's ended jobs beyond ``[limits]
-        max_ended_per_user`` are removed (``state.retention``; a batch at a time)."""
+        max_ended_per_user`` are removed (``state.retention``), a batch at a time for at most
+        :data:`PRUNE_BUDGET_S`; while a batch comes back full (more may be left: users make
+        ended jobs faster than one batch a minute) the next pass prunes again, soon."""
         now = time.monotonic()
         if now < self._next_prune:
             return
-        self._next_prune = now + PRUNE_INTERVAL_S
-        removed = self.store.prune_ended(self.config.max_ended_per_user)
+        removed: list[int] = []
+        while True:
+            batch = self.store.prune_ended(self.config.max_ended_per_user)
+            removed.extend(batch)
+            more = len(batch) >= PRUNE_BATCH
+            if not more or time.monotonic() - now >= PRUNE_BUDGET_S:
+                break
+        self._next_prune = now + (PRUNE_AGAIN_S if more else PRUNE_INTERVAL_S)
+        self.prune_soon = more
         if removed:
             log.info(
                 "removed %d ended job(s) beyond %d per user ([limits] max_ended_per_user):"
@@ -304,6 +320,8 @@ class SchedulingLoop:
             deadline = self.next_time_limit()
             if deadline is not None:
                 wait_s = max(0.05, min(wait_s, deadline - self.clock()))
+            if self.prune_soon:
+                wait_s = min(wait_s, PRUNE_AGAIN_S)
 
     def stop(self) -> None:
         """No pass after the one under way (if any): the daemon is stopping (the directories

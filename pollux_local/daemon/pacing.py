@@ -1,11 +1,13 @@
-"""Pacing of the requests that cost the daemon real work per call, so that one user's loop
-cannot take the scheduling passes' turn or the daemon's time from the others.
+"""Pacing of the requests, so that one user's loop cannot take the scheduling passes' turn
+or the daemon's time from the others.
 
 * ``estimate`` (a forecast of the whole queue, tens of milliseconds): per user, one in flight
   and at most ``per_minute`` started in any 60 seconds (:class:`UserPacer`);
-* the reads (``status``, ``show``, ``logs``, ``usage``, ``nodes``, ``groups``; a page of
-  10,000 jobs takes a second): per user, one at a time, and each user's reads at most a
-  share of the daemon's time (:class:`LoopShare`), however many connections they open.
+* every request but a ping and a job's report (``dispatch.in_turns``; a page of 10,000 jobs
+  takes a second, a 100-task array tens of milliseconds): per user, one at a time, and each
+  user's requests at most a share of the daemon's time (:class:`LoopShare`), however many
+  connections they open.  Waiting for the daemon's mutex (a pass under way) is not charged
+  (:class:`Uncharged`).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from pollux_local.api.errors import LimitExceeded
 #: Estimates one user may start in any 60 seconds (a person checking a few submits is far
 #: below it; a loop is not).
 ESTIMATES_PER_MINUTE = 30
-#: The share of the daemon's time one user's reads may take over time (a person's ``status``
-#: of 10 ms waits 30 ms before their next; a loop of 10,000-job pages gets one in four
+#: The share of the daemon's time one user's requests may take over time (a person's
+#: ``status`` of 10 ms holds their next for 30 ms; a loop of 10,000-job pages gets one in four
 #: seconds of the daemon).
 READ_SHARE = 0.25
 
@@ -113,11 +115,33 @@ async def give_way() -> None:
             meter.resume()
 
 
+class Uncharged:
+    """A lock (the daemon's mutex, held by every pass) whose waiting is not charged to the
+    request in a user's turn that waits for it: a pass under way is not the user's work."""
+
+    def __init__(self, lock: asyncio.Lock) -> None:
+        self.lock = lock
+
+    async def __aenter__(self) -> None:
+        meter = _METER.get()
+        if meter is not None:
+            meter.pause()
+        try:
+            await self.lock.acquire()
+        finally:
+            if meter is not None:
+                meter.resume()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.lock.release()
+
+
 class LoopShare:
-    """Per user, costly requests (the reads, those naming many jobs) are served one at a
-    time, and one that took ``t`` seconds (from its start to its reply, less the turns it
-    gave the others, :func:`give_way`) holds that user's next until ``t / share`` after it
-    began: over time one user's costly requests take at most ``share`` of the daemon,
+    """Per user, requests (``dispatch.in_turns``) are served one at a time, and one that
+    took ``t`` seconds (from its start to its reply, less the turns it gave the others,
+    :func:`give_way`, and its waits for the daemon's mutex, :class:`Uncharged`) holds that
+    user's next until ``t / share`` after it began: over time one user's requests take at
+    most ``share`` of the daemon,
     whatever the number of their connections.  A held request waits asleep; the
     ``unlimited`` uids (root, the daemon's user) are never held."""
 
@@ -140,7 +164,7 @@ class LoopShare:
 
     @asynccontextmanager
     async def turn(self, uid: int) -> AsyncIterator[None]:
-        """``uid``'s turn for one costly request (waited for asleep, behind their earlier ones)."""
+        """``uid``'s turn for one request (waited for asleep, behind their earlier ones)."""
         if uid in self.unlimited:
             yield
             return

@@ -39,7 +39,13 @@ from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.loop import SchedulingLoop
 from pollux_local.daemon.metrics import DaemonSnapshot, PrometheusEndpoint, snapshot_of
 from pollux_local.daemon.notify import Notifier
-from pollux_local.daemon.pacing import ESTIMATES_PER_MINUTE, READ_SHARE, LoopShare, UserPacer
+from pollux_local.daemon.pacing import (
+    ESTIMATES_PER_MINUTE,
+    READ_SHARE,
+    LoopShare,
+    Uncharged,
+    UserPacer,
+)
 from pollux_local.daemon.readmodel import MetricHistory
 from pollux_local.daemon.reload import (
     POLICY_SETTINGS,
@@ -410,7 +416,7 @@ class Daemon:
             clock=self.clock,
             models=self.models,
             metrics=self.metrics,
-            mutex=self._mutex,
+            mutex=Uncharged(self._mutex),  # a pass under way is not the requester's work
             wake=self.wake,
             daemon_uid=self.uid,
             policy_name=policy_name(self.policy),

@@ -26,6 +26,7 @@ def bare_loop() -> tuple[SchedulingLoop, list[int]]:
     loop.retry_s = 0.0
     loop._stopped = False
     loop._dir_removers = {}
+    loop.prune_soon = False
     loop._wake = asyncio.Event()
     passes: list[int] = []
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from pollux_local.api.errors import LimitExceeded
-from pollux_local.daemon.pacing import LoopShare, UserPacer, give_way
+from pollux_local.daemon.pacing import LoopShare, Uncharged, UserPacer, give_way
 
 
 def test_one_call_in_flight_per_user_and_a_budget_per_minute() -> None:
@@ -125,3 +125,40 @@ def test_the_time_a_request_took_is_charged_when_it_gives_no_way() -> None:
 
     asyncio.run(main())
     assert slept == [pytest.approx(2.0)]  # held until 2 / 0.5 = 4 s after it began
+
+
+def charged_after_a_pass(uncharged: bool) -> float:
+    """When a user's next request may start after one that waited 5 s for a pass to let go
+    of the daemon's mutex and then worked 1 s under it (share 0.5, it began at 0)."""
+    share, now, slept = sleepy_share(0.5)
+    mutex = asyncio.Lock()
+    lock = Uncharged(mutex) if uncharged else mutex
+    asked = asyncio.Event()
+
+    async def a_pass() -> None:
+        async with mutex:
+            await asyncio.wait_for(asked.wait(), 1.0)
+            await asyncio.sleep(0)  # the request waits for the mutex now
+            now[0] += 5.0  # the pass's own work
+
+    async def request() -> None:
+        async with share.turn(1000):
+            asked.set()
+            async with lock:
+                now[0] += 1.0  # the request's own work, under the mutex
+
+    async def main() -> None:
+        await asyncio.gather(a_pass(), request())
+        async with share.turn(1000):
+            pass
+
+    asyncio.run(main())
+    return now[0]
+
+
+def test_a_wait_for_the_daemons_mutex_is_not_charged_to_the_request() -> None:
+    """A ``cancel`` that waits for a pass under way (:class:`Uncharged`, as the handlers'
+    ``Context.mutex`` is) is charged its own 1 s: held until 2 s, its next goes at once at
+    6 s; waiting on the plain lock it is charged 6 s, held until 12 s."""
+    assert charged_after_a_pass(uncharged=True) == pytest.approx(6.0)
+    assert charged_after_a_pass(uncharged=False) == pytest.approx(12.0)

@@ -86,6 +86,22 @@ def test_jobs_that_must_stay_are_kept_whatever_their_age(tmp_path: Path) -> None
         assert store.get_job(job_id) is not None
 
 
+def test_old_jobs_made_to_stay_do_not_shield_the_newer_ones_behind_them(tmp_path: Path) -> None:
+    """An owner whose oldest ended jobs must stay (a held job waits for 40 of them) still has
+    everything else beyond the cap removed, in batches, oldest first; before, each batch
+    looked at the oldest ones only, kept them all and removed nothing, for ever."""
+    store = StateStore(tmp_path / "state.db")
+    ids = [add(store, 1001, float(t)) for t in range(100)]
+    for number, job_id in enumerate(ids):
+        end(store, job_id, 1000.0 + number)
+    announce_all(store)
+    add(store, 1001, 2000.0, after=[str(i) for i in ids[:40]])  # queued, waits for 40
+    assert store.prune_ended(keep_per_user=10, batch=30) == ids[40:70]
+    assert store.prune_ended(keep_per_user=10, batch=30) == ids[70:90]
+    assert store.prune_ended(keep_per_user=10, batch=30) == []
+    assert all(store.get_job(i) is not None for i in ids[:40] + ids[90:])
+
+
 def test_the_cap_is_a_setting_of_its_own(tmp_path: Path) -> None:
     import pytest
 
@@ -162,3 +178,50 @@ def test_one_owner_whose_removal_hangs_holds_up_only_their_own(
         assert all(task.done() for task in harness.loop._dir_removers.values())
 
     asyncio.run(main())
+
+
+def test_a_backlog_beyond_the_cap_is_removed_in_batches_pass_after_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ended jobs made faster than one batch a minute (a user's loop of held arrays and
+    cancels made 1,300 a second) are removed batch after batch within a pass's budget, and
+    while a batch comes back full the next pass comes within ``PRUNE_AGAIN_S``."""
+    import dataclasses
+
+    from pollux_local.core.baselines import FifoPolicy
+    from pollux_local.daemon import loop as loop_module
+    from pollux_local.daemon.state import retention
+    from tests.scheduler_harness import Harness
+
+    harness = Harness(tmp_path / "d", [1], FifoPolicy())
+    harness.loop.config = dataclasses.replace(harness.config, max_ended_per_user=10)
+    store = harness.store
+    ids = [add(store, 1001, float(t)) for t in range(130)]
+    for job_id in ids:
+        end(store, job_id, 1000.0 + job_id)
+    announce_all(store)
+    monkeypatch.setattr(retention, "PRUNE_BATCH", 25)  # the store's batch
+    monkeypatch.setattr(loop_module, "PRUNE_BATCH", 25)
+    real = store.prune_ended
+    calls: list[int] = []
+
+    def counted(keep_per_user: int) -> list[int]:
+        calls.append(1)
+        return real(keep_per_user, batch=25)
+
+    monkeypatch.setattr(store, "prune_ended", counted)
+    monkeypatch.setattr(loop_module, "PRUNE_BUDGET_S", 60.0)
+    harness.loop.prune_ended()
+    assert len(calls) == 5 and not harness.loop.prune_soon  # 25 x 4, then the last 20
+    assert [store.get_job(i) is None for i in ids] == [True] * 120 + [False] * 10
+
+    more = [add(store, 1001, 2000.0 + t) for t in range(60)]
+    for job_id in more:
+        end(store, job_id, 3000.0 + job_id)
+    announce_all(store)
+    monkeypatch.setattr(loop_module, "PRUNE_BUDGET_S", 0.0)  # one batch a pass
+    harness.loop._next_prune = 0.0
+    harness.loop.prune_ended()
+    # one batch: the 10 kept before (the oldest now) and the 15 oldest new ones
+    assert harness.loop.prune_soon and store.get_job(more[14]) is None
+    assert store.get_job(more[15]) is not None  # left to the next pass, soon

@@ -25,6 +25,7 @@ from pollux_local.api.messages import (
     PauseGroup,
     Ping,
     Release,
+    Report,
     ResumeGroup,
     SetGroup,
     Show,
@@ -33,11 +34,12 @@ from pollux_local.api.messages import (
     Submit,
     Usage,
 )
+from pollux_local.api.report import JobReport
 from pollux_local.api.states import JobState
 from pollux_local.daemon.auth import Peer
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.context import Context
-from pollux_local.daemon.dispatch import BULK, READS, costly, dispatch
+from pollux_local.daemon.dispatch import dispatch, in_turns
 from pollux_local.daemon.handlers import query
 from pollux_local.daemon.pacing import LoopShare
 from pollux_local.daemon.readmodel import MetricHistory
@@ -223,8 +225,8 @@ def test_a_page_read_in_parts_is_the_page_read_at_once(
 
 
 def test_status_is_served_in_its_users_turn(tmp_path: Path) -> None:
-    """Every read request goes through the daemon's ``LoopShare`` (``dispatch.READS``): a
-    user's second ``status`` waits for the first's share; a ``ping`` never waits."""
+    """Requests go through the daemon's ``LoopShare`` (``dispatch.in_turns``): a user's
+    second ``status`` waits for the first's share; a ``ping`` never waits."""
     store = StateStore(tmp_path / "state.db")
     fill(store, 5)
     ticks = [0.0]
@@ -250,23 +252,24 @@ def test_status_is_served_in_its_users_turn(tmp_path: Path) -> None:
 
     asyncio.run(main())
     assert len(slept) == 1 and slept[0] > 0
-    assert set(READS) >= {Status, Show, Logs, Usage, Nodes, ListGroups}
+    assert all(in_turns(read) for read in (Logs(id="1"), Usage(), Nodes()))
     store.close()
 
 
-def test_requests_that_name_many_jobs_are_served_in_turns_too() -> None:
-    """A ``cancel`` of 10,000 ids reads them as a page of ``status`` does: it takes its
-    user's turn (``dispatch.costly``); one naming a few jobs does not wait for it."""
-    many = [str(i) for i in range(1, BULK + 2)]
-    assert costly(Cancel(ids=many)) and costly(Cancel(arrays=["1"]))
-    assert not costly(Cancel(ids=many[:BULK]))
-    assert costly(Hold(all=True)) and costly(Release(all=True))
-    assert not costly(Hold(id="1")) and not costly(Release(id="1"))
+def test_every_request_but_a_ping_and_a_jobs_report_is_served_in_turns() -> None:
+    """A request's cost follows what it names (a ``cancel`` of 10,000 ids reads them as a
+    page of ``status`` does; 100 ids, a 100-task array, a group's row cost tens of
+    milliseconds each and a loop of them took the daemon): every request takes its user's
+    turn (``dispatch.in_turns``), but a ping and a job's own report (limited apart)."""
+    many = [str(i) for i in range(1, 10_001)]
     sub = {"argv": ["x"], "workdir": "/tmp"}
-    assert costly(Submit(**sub, after=many))  # type: ignore[arg-type]
-    assert costly(Submit(**sub, array=[ArrayTask(index=i) for i in range(BULK + 1)]))  # type: ignore[arg-type]
-    assert not costly(Submit(**sub)) and not costly(Ping())  # type: ignore[arg-type]
-    # a group change answers with its group's row, counted as the ``groups`` read counts
-    for change in (SetGroup(name="g"), DeleteGroup(name="g"), PauseGroup(name="g")):
-        assert costly(change)
-    assert costly(ResumeGroup(name="g")) and costly(ListGroups())
+    for request in (
+        Cancel(ids=many), Cancel(ids=["1"]), Cancel(arrays=["1"]), Hold(all=True),
+        Hold(id="1"), Release(id="1"), Submit(**sub),  # type: ignore[arg-type]
+        Submit(**sub, array=[ArrayTask(index=i) for i in range(100)]),  # type: ignore[arg-type]
+        SetGroup(name="g"), DeleteGroup(name="g"), PauseGroup(name="g"),
+        ResumeGroup(name="g"), ListGroups(), Status(), Show(id="1"),
+    ):  # fmt: skip
+        assert in_turns(request), request
+    assert not in_turns(Ping())
+    assert not in_turns(Report(job_id="1", report=JobReport()))

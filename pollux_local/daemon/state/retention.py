@@ -10,6 +10,8 @@ removes a removed job's directory (``jobfiles.remove_job_dir``, as its owner).""
 
 from __future__ import annotations
 
+import json
+
 from pollux_local.api.states import ACTIVE_STATES, TERMINAL_STATES
 from pollux_local.daemon.state.base import StoreBase
 
@@ -48,23 +50,28 @@ class Retention(StoreBase):
             int(job_id)
             for (job_id,) in self.db.execute("SELECT job_id FROM job_ends WHERE notified = 0")
         }
+        kept_ids = json.dumps(sorted(waited_for | unannounced))
+        kept_arrays = json.dumps(sorted(live_arrays))
         doomed: list[int] = []
-        for owner_uid, count in over:
+        for owner_uid, _count in over:
             room = batch - len(doomed)
             if room <= 0:
                 break
+            # the owner's ended jobs but the newest ``keep_per_user``, oldest first, less
+            # those that must stay (left out by the query: however many an owner makes stay,
+            # the ones behind them are still reached)
             rows = self.db.execute(
-                f"SELECT id, json_extract(spec, '$.array_id') FROM jobs"
+                "SELECT id FROM (SELECT id, end_time, submit_time,"
+                " json_extract(spec, '$.array_id') AS array_id FROM jobs"
                 f" WHERE owner_uid = ? AND state IN ({marks})"
+                " ORDER BY COALESCE(end_time, submit_time) DESC, id DESC LIMIT -1 OFFSET ?)"
+                " WHERE id NOT IN (SELECT value FROM json_each(?))"
+                " AND (array_id IS NULL OR CAST(array_id AS TEXT)"
+                " NOT IN (SELECT value FROM json_each(?)))"
                 " ORDER BY COALESCE(end_time, submit_time), id LIMIT ?",
-                (owner_uid, *ended, min(int(count) - keep_per_user, room)),
+                (owner_uid, *ended, keep_per_user, kept_ids, kept_arrays, room),
             ).fetchall()
-            for job_id, array_id in rows:
-                if job_id in waited_for or job_id in unannounced:
-                    continue
-                if array_id is not None and str(array_id) in live_arrays:
-                    continue
-                doomed.append(int(job_id))
+            doomed.extend(int(job_id) for (job_id,) in rows)
         if doomed:
             self._remove_jobs(doomed)
         return doomed
