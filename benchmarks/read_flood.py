@@ -2,7 +2,7 @@
 """Read flood: another user's ``status`` latency and submit->running time while one user
 floods the daemon with large reads.
 
-    sudo python benchmarks/read_flood.py [--seconds 30] [--repeats 3] [--connections 4] [--flood cancel]
+    sudo python benchmarks/read_flood.py [--seconds 30] [--repeats 3] [--connections 4] [--flood cancel|small]
                                          [--history 10000] [--pythonpath PATH] [--json]
 
 Starts a daemon (``--devices cpu:2``, 0.5 s passes, policy goodput) in a temporary state
@@ -19,7 +19,8 @@ flood (3 s of the same probe, one submit) comes first.  ``--pythonpath`` runs th
 repository, as ``-m`` puts the working directory first on the daemon's path).  Run without
 root, the flooder is the same user (a personal daemon).  ``--flood cancel`` floods with
 ``cancel`` requests naming every ended job it made (10,000 ids, each read, then skipped)
-instead of ``status`` pages.
+instead of ``status`` pages; ``--flood small`` with pairs of small requests (a held array of
+100 tasks, then a ``cancel`` of its 100 ids), each pair counted as a page.
 """
 
 from __future__ import annotations
@@ -64,14 +65,23 @@ print(json.dumps({"history": made}), flush=True)
 
 if kind == "status":
     request = {"type": "status", "all": True, "limit": 10000}
-else:  # the ended jobs it made: each is skipped, after being read
+elif kind == "cancel":  # the ended jobs it made: each is skipped, after being read
     request = {"type": "cancel", "ids": [str(i) for i in ids[:10000]]}
+else:  # "small": a held 100-task array, then a cancel of its 100 ids
+    request = {"type": "submit", "argv": ["/bin/true"], "workdir": "/", "hold": True,
+               "array": [{"index": i} for i in range(100)]}
+
+def small(sock):
+    reply = call(sock, request)
+    if reply.get("ok", True) and "ids" in reply:
+        reply = call(sock, {"type": "cancel", "ids": reply["ids"]})
+    return reply
 
 def flood(deadline, counts, i):
     sock = connect(path)
     while time.monotonic() < deadline:
         try:
-            reply = call(sock, request)
+            reply = small(sock) if kind == "small" else call(sock, request)
         except (OSError, ConnectionError):
             counts[i][1] += 1
             sock = connect(path)
@@ -161,8 +171,9 @@ def main() -> int:
     parser.add_argument("--history", type=int, default=10000, help="ended jobs to make first")
     parser.add_argument("--pythonpath", help="PYTHONPATH for the daemon (code to benchmark)")
     parser.add_argument(
-        "--flood", choices=["status", "cancel"], default="status",
-        help="status --all --limit 10000, or a cancel naming every ended job it made",
+        "--flood", choices=["status", "cancel", "small"], default="status",
+        help="status --all --limit 10000, a cancel naming every ended job it made, or pairs of"
+        " a held 100-task array and a cancel of its ids",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
