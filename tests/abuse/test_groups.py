@@ -20,7 +20,7 @@ import signal
 
 import pytest
 
-from tests.abuse.lab import Lab, job, raw_request, submit, wait_state
+from tests.abuse.lab import Lab, cli, job, raw_request, submit, wait_state
 from tests.labinstall import LabDaemon, LabUser, one_line, wait_until
 
 pytestmark = [pytest.mark.timeout(240)]
@@ -121,3 +121,10 @@ def test_a_dropped_admins_group_cannot_be_taken_over_with_the_jobs_still_in_it(
     assert rc != 0 and "no group 'lab'" in line, line
     assert job(daemon, held)["state"] == "held" and job(daemon, waiting)["state"] == "queued"
     assert "group" not in job(daemon, waiting)["reason"]
+    # bob's held job is released: the group it named is gone, so it is in none (it was refused
+    # as naming no group, and no edit could change its group)
+    done = cli(bob, daemon, "release", held)
+    assert done.returncode == 0, done.stderr
+    assert job(daemon, held)["group"] is None
+    decisions = daemon.client.request("show", id=held)["decisions"]
+    assert decisions[-1]["reason"].endswith("group lab is gone: it is in none"), decisions[-1]

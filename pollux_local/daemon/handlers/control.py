@@ -207,10 +207,13 @@ def _release_one(ctx: Context, job: JobRecord, done: list[str]) -> None:
     request released before it, for the message of a failed write)."""
     [spec] = validate_jobs(
         ctx, [job.spec], owner_uid=job.owner_uid, owner_name=job.owner_name,
-        env=job.env or {}, adding=0,
+        env=job.env or {}, adding=0, kept_group=job.spec.group,
     )  # fmt: skip
     changes: dict[str, Any] = {} if spec == job.spec else {"spec": spec}
-    decision = DecisionEntry(DecisionKind.RELEASED, f"by {ctx.peer.name}")
+    left = (
+        f"; group {job.spec.group} is gone: it is in none" if spec.group != job.spec.group else ""
+    )
+    decision = DecisionEntry(DecisionKind.RELEASED, f"by {ctx.peer.name}{left}")
     try:
         ctx.store.transition(
             job.id, JobState.QUEUED, ctx.clock(), decision,

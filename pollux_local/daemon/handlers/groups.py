@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import msgspec
 from msgspec import UNSET
 
 from pollux_local.api.errors import (
@@ -68,11 +69,26 @@ def usable_groups(ctx: Context, owner_uid: int) -> list[str]:
 
 
 def check_job_groups(
-    ctx: Context, specs: Sequence[JobSpec], *, owner_uid: int, owner_name: str
-) -> None:
+    ctx: Context,
+    specs: Sequence[JobSpec],
+    *,
+    owner_uid: int,
+    owner_name: str,
+    kept: str | None = None,
+) -> list[JobSpec]:
     """Each job names no group, an admin's group or one of its owner's own
     (:class:`InvalidRequest`, or :class:`PermissionDenied` for another user's group, one line
-    naming the group and those it could use)."""
+    naming the group and those it could use); the specs as they are to be stored.  ``kept``:
+    the group a stored job already names (a release, an edit, a restart); when no group of
+    that name exists any more (an admin's group the config dropped) the job leaves it, where a
+    group newly asked for that does not exist is refused."""
+    if kept is not None and configured(ctx.config, kept) is None:
+        row = ctx.store.group_row(kept)
+        if row is None or row.owner_uid is None:  # gone: no admin's and no user's group
+            specs = [
+                msgspec.structs.replace(spec, group=None) if spec.group == kept else spec
+                for spec in specs
+            ]
     for name in dict.fromkeys(spec.group for spec in specs if spec.group is not None):
         if configured(ctx.config, name) is not None:
             continue
@@ -86,6 +102,7 @@ def check_job_groups(
                 f" jobs may join it; groups {owner_name} may use: {usable}"
             )
         raise InvalidRequest(f"no group {name!r}; groups {owner_name} may use: {usable}")
+    return list(specs)
 
 
 def list_groups(ctx: Context, request: ListGroups) -> GroupsReply:

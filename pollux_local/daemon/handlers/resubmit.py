@@ -31,7 +31,7 @@ def restart(ctx: Context, request: Restart) -> SubmitReply:
     spec = msgspec.structs.replace(old.spec, after=[], after_any=False)
     [spec] = validate_jobs(
         ctx, [spec], owner_uid=old.owner_uid, owner_name=old.owner_name, env=old.env or {},
-        adding=1,
+        adding=1, kept_group=old.spec.group,
     )  # fmt: skip
     ctx.require_priority(old.priority)
     job = ctx.store.add_job(
@@ -93,7 +93,7 @@ def _edit(ctx: Context, request: Edit) -> JobStateReply:
         spec = msgspec.structs.replace(spec, max_gpus=None)
     [spec] = validate_jobs(
         ctx, [spec], owner_uid=job.owner_uid, owner_name=job.owner_name, env=job.env or {},
-        adding=0,
+        adding=0, kept_group=job.spec.group,
     )  # fmt: skip
     update: dict[str, object] = {"spec": spec}
     if request.priority is not UNSET:

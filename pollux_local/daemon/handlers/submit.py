@@ -49,19 +49,24 @@ def validate_jobs(
     owner_name: str,
     env: Mapping[str, str],
     adding: int,
+    kept_group: str | None = None,
 ) -> list[JobSpec]:
     """The one validation of the jobs a request results in (``specs``: what the store would
     hold, all with environment ``env``), owned by ``owner_uid``: ``adding`` of them are new to
-    the queue (a submit's jobs, a restart's copy; 0 for an edit or a release).  Returns the
-    specs to store (time limits settled, :func:`check_job`); :class:`LimitExceeded` or
-    :class:`InvalidRequest`, one line, when one may not be."""
+    the queue (a submit's jobs, a restart's copy; 0 for an edit or a release);
+    ``kept_group``: the group the stored job names (a release, edit or restart: a group gone
+    since is left, :func:`~.groups.check_job_groups`).  Returns the specs to store (time
+    limits settled, :func:`check_job`); :class:`LimitExceeded` or :class:`InvalidRequest`,
+    one line, when one may not be."""
     config = ctx.config
     if len(specs) > config.max_array_size:
         raise LimitExceeded(
             f"limit exceeded: an array of {len(specs)} tasks is more than {config.max_array_size},"
             " the most an array may have ([limits] max_array_size)"
         )
-    check_job_groups(ctx, specs, owner_uid=owner_uid, owner_name=owner_name)
+    specs = check_job_groups(
+        ctx, specs, owner_uid=owner_uid, owner_name=owner_name, kept=kept_group
+    )
     if adding:
         held, most = ctx.store.count_active(owner_uid), config.max_queued_per_user
         if held + adding > most:
