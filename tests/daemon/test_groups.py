@@ -201,16 +201,19 @@ def test_a_job_naming_a_group_it_may_not_use_is_refused_on_every_path(
     ended = submit(daemon, tmp_path, "--group", "mine", "--", "true")
     wait_state(daemon, ended, "succeeded")
     run(daemon, "group", "delete", "mine")
-    line = refused(daemon, "restart", ended)
-    assert "no group 'mine'" in line and "may use: gpu" in line
-    # an admin's group the config drops: a held job in it cannot be released into it
+    # the group a job already named is gone: its restart, release or edit leaves it (it was
+    # refused, and no edit can change a job's group: a held job was stuck), where a group
+    # newly named that does not exist is refused
+    again = run(daemon, "restart", "--json", ended)
+    assert job(daemon, str(json.loads(again.stdout)["id"]))["group"] is None
     in_gpu = submit(daemon, tmp_path, "--hold", "--group", "gpu", "--", "true")
     config = daemon.state_dir.parent / f"{daemon.state_dir.name}.toml"
     config.write_text(CONFIG.format(running=1).replace("[groups.gpu]\nmax_running = 1\n", ""))
     reload(daemon, "[groups]")
-    line = refused(daemon, "release", in_gpu)
+    line = refused(daemon, "submit", "--workdir", str(tmp_path), "--group", "gpu", "--", "true")
     assert "no group 'gpu'" in line and "may use: none" in line
-    assert job(daemon, in_gpu)["state"] == "held"  # refused, nothing changed
+    run(daemon, "release", in_gpu)
+    assert job(daemon, in_gpu)["group"] is None
 
 
 def test_the_configs_groups_are_checked(tmp_path: Path) -> None:
