@@ -79,10 +79,12 @@ RETRY_S = 5.0
 REPORT_WARNING_INTERVAL_S = 60.0
 #: How often ended jobs beyond each user's cap are looked for (``prune_ended``).
 PRUNE_INTERVAL_S = 60.0
-#: The longest one pass removes ended jobs for, and how soon the next pass removes more
-#: while some are left.
+#: The longest one pass goes on removing ended jobs for (batch after full batch), how soon
+#: the next pass removes more while some are left, and the most of the daemon's time removal
+#: takes then (a removal that took t waits at least t / share).
 PRUNE_BUDGET_S = 0.2
 PRUNE_AGAIN_S = 1.0
+PRUNE_SHARE = 0.2
 
 
 def node_snapshot(
@@ -240,15 +242,23 @@ class SchedulingLoop:
         now = time.monotonic()
         if now < self._next_prune:
             return
+        self._next_prune = now + PRUNE_INTERVAL_S  # a failing removal costs a pass a minute
         removed: list[int] = []
-        while True:
-            batch = self.store.prune_ended(self.config.max_ended_per_user)
-            removed.extend(batch)
-            more = len(batch) >= PRUNE_BATCH
-            if not more or time.monotonic() - now >= PRUNE_BUDGET_S:
-                break
-        self._next_prune = now + (PRUNE_AGAIN_S if more else PRUNE_INTERVAL_S)
-        self.prune_soon = more
+        try:
+            self.store.prune_ended(
+                self.config.max_ended_per_user, budget_s=PRUNE_BUDGET_S, into=removed
+            )
+        finally:
+            # more may be left after full batches: again soon, but no more than a share of
+            # the daemon's time, whatever one removal cost
+            spent = time.monotonic() - now
+            self.prune_soon = bool(removed) and len(removed) % PRUNE_BATCH == 0
+            if self.prune_soon:
+                self._next_prune = now + spent + max(PRUNE_AGAIN_S, spent / PRUNE_SHARE)
+            self._removed_dirs(removed)
+
+    def _removed_dirs(self, removed: list[int]) -> None:
+        """Log the jobs removed and queue their directories for removal (as their owners)."""
         if removed:
             log.info(
                 "removed %d ended job(s) beyond %d per user ([limits] max_ended_per_user):"

@@ -10,7 +10,7 @@ removes a removed job's directory (``jobfiles.remove_job_dir``, as its owner).""
 
 from __future__ import annotations
 
-import json
+import time
 
 from pollux_local.api.states import ACTIVE_STATES, TERMINAL_STATES
 from pollux_local.daemon.state.base import StoreBase
@@ -30,10 +30,23 @@ class Retention(StoreBase):
         present = {int(job_id) for (job_id,) in self.db.execute("SELECT id FROM jobs")}
         return [i for i in candidates if i <= highest and i not in present]
 
-    def prune_ended(self, keep_per_user: int, batch: int = PRUNE_BATCH) -> list[int]:
+    def prune_ended(
+        self,
+        keep_per_user: int,
+        batch: int = PRUNE_BATCH,
+        *,
+        budget_s: float = 0.0,
+        into: list[int] | None = None,
+    ) -> list[int]:
         """Remove each user's ended jobs beyond their newest ``keep_per_user`` (by end time),
-        at most ``batch`` in all, but none that must stay (the module's docstring); the ids
-        removed.  ``keep_per_user`` 0 keeps every job."""
+        ``batch`` at a time (each its own transaction), but none that must stay (the module's
+        docstring); another batch follows a full one until ``budget_s`` has gone by (0: one
+        batch).  The ids removed (also appended to ``into`` as each batch is committed, so
+        that a failing batch loses none of the earlier ones).  ``keep_per_user`` 0 keeps every
+        job.  What must stay is read once, by the database (:meth:`_set_aside_kept`): an
+        owner may make 500 jobs wait for 1,000 ids each."""
+        removed = into if into is not None else []
+        first = len(removed)
         if keep_per_user <= 0:
             return []
         ended = sorted(state.value for state in TERMINAL_STATES)
@@ -45,57 +58,61 @@ class Retention(StoreBase):
         ).fetchall()
         if not over:
             return []
-        waited_for, live_arrays = self._kept_by_active_jobs()
-        unannounced = {
-            int(job_id)
-            for (job_id,) in self.db.execute("SELECT job_id FROM job_ends WHERE notified = 0")
-        }
-        kept_ids = json.dumps(sorted(waited_for | unannounced))
-        kept_arrays = json.dumps(sorted(live_arrays))
-        doomed: list[int] = []
-        for owner_uid, _count in over:
-            room = batch - len(doomed)
-            if room <= 0:
-                break
-            # the owner's ended jobs but the newest ``keep_per_user``, oldest first, less
-            # those that must stay (left out by the query: however many an owner makes stay,
-            # the ones behind them are still reached)
-            rows = self.db.execute(
-                "SELECT id FROM (SELECT id, end_time, submit_time,"
-                " json_extract(spec, '$.array_id') AS array_id FROM jobs"
-                f" WHERE owner_uid = ? AND state IN ({marks})"
-                " ORDER BY COALESCE(end_time, submit_time) DESC, id DESC LIMIT -1 OFFSET ?)"
-                " WHERE id NOT IN (SELECT value FROM json_each(?))"
-                " AND (array_id IS NULL OR CAST(array_id AS TEXT)"
-                " NOT IN (SELECT value FROM json_each(?)))"
-                " ORDER BY COALESCE(end_time, submit_time), id LIMIT ?",
-                (owner_uid, *ended, keep_per_user, kept_ids, kept_arrays, room),
-            ).fetchall()
-            doomed.extend(int(job_id) for (job_id,) in rows)
-        if doomed:
-            self._remove_jobs(doomed)
-        return doomed
+        began = time.monotonic()
+        self._set_aside_kept()
+        while True:
+            doomed: list[int] = []
+            for owner_uid, _count in over:
+                room = batch - len(doomed)
+                if room <= 0:
+                    break
+                # the owner's ended jobs but the newest ``keep_per_user``, oldest first, less
+                # those that must stay (left out by the query: however many an owner makes
+                # stay, the ones behind them are still reached)
+                rows = self.db.execute(
+                    "SELECT id FROM (SELECT id, end_time, submit_time,"
+                    " json_extract(spec, '$.array_id') AS array_id FROM jobs"
+                    f" WHERE owner_uid = ? AND state IN ({marks})"
+                    " ORDER BY COALESCE(end_time, submit_time) DESC, id DESC LIMIT -1 OFFSET ?)"
+                    " WHERE id NOT IN (SELECT id FROM temp.prune_kept)"
+                    " AND (array_id IS NULL OR CAST(array_id AS TEXT)"
+                    " NOT IN (SELECT id FROM temp.prune_kept_arrays))"
+                    " ORDER BY COALESCE(end_time, submit_time), id LIMIT ?",
+                    (owner_uid, *ended, keep_per_user, room),
+                ).fetchall()
+                doomed.extend(int(job_id) for (job_id,) in rows)
+            if doomed:
+                self._remove_jobs(doomed)
+                removed.extend(doomed)
+            if len(doomed) < batch or time.monotonic() - began >= budget_s:
+                return removed[first:]
 
-    def _kept_by_active_jobs(self) -> tuple[set[int], set[str]]:
-        """The ids active jobs wait for, and the arrays that have an active task."""
+    def _set_aside_kept(self) -> None:
+        """Fill this connection's temporary tables of what must stay: the ids active jobs
+        wait for and the jobs whose end is not announced (``prune_kept``), and the arrays
+        that have an active task (``prune_kept_arrays``)."""
         active = sorted(state.value for state in ACTIVE_STATES)
         marks = ",".join("?" * len(active))
-        waited_for: set[int] = set()
-        arrays: set[str] = set()
-        for array_id, job_id in self.db.execute(
-            f"SELECT json_extract(spec, '$.array_id'), value FROM jobs"
-            " LEFT JOIN json_each(jobs.spec, '$.after')"
-            f" WHERE state IN ({marks})",
+        db = self.db
+        db.execute("CREATE TEMP TABLE IF NOT EXISTS prune_kept (id INTEGER PRIMARY KEY)")
+        db.execute("CREATE TEMP TABLE IF NOT EXISTS prune_kept_arrays (id TEXT PRIMARY KEY)")
+        db.execute("DELETE FROM temp.prune_kept")
+        db.execute("DELETE FROM temp.prune_kept_arrays")
+        db.execute(
+            "INSERT OR IGNORE INTO temp.prune_kept SELECT CAST(waits.value AS INTEGER)"
+            " FROM jobs, json_each(jobs.spec, '$.after') AS waits"
+            f" WHERE jobs.state IN ({marks}) AND waits.value IS NOT NULL",
             active,
-        ):
-            if array_id is not None:
-                arrays.add(str(array_id))
-            if job_id is not None:
-                try:
-                    waited_for.add(int(job_id))
-                except (TypeError, ValueError):
-                    continue
-        return waited_for, arrays
+        )
+        db.execute(
+            "INSERT OR IGNORE INTO temp.prune_kept SELECT job_id FROM job_ends WHERE notified = 0"
+        )
+        db.execute(
+            "INSERT OR IGNORE INTO temp.prune_kept_arrays"
+            " SELECT CAST(json_extract(spec, '$.array_id') AS TEXT) FROM jobs"
+            f" WHERE state IN ({marks}) AND json_extract(spec, '$.array_id') IS NOT NULL",
+            active,
+        )
 
     def _remove_jobs(self, ids: list[int]) -> None:
         """Delete the jobs ``ids`` and what belongs to them only, in one transaction."""
