@@ -72,10 +72,11 @@ def setup(tmp_path: Path) -> tuple[Executor, StateStore, FakeLauncher]:
     return executor, store, launcher
 
 
-def submit(store: StateStore) -> int:
+def submit(store: StateStore, **spec: Any) -> int:
     return store.add_job(
         name="j", owner_uid=0, owner_gid=0, owner_name="root",
-        spec={"argv": ["x"], "workdir": "/", "min_gpus": 1}, priority=0, submit_time=0.0,
+        spec={"argv": ["x"], "workdir": "/", "min_gpus": 1, **spec}, priority=0,
+        submit_time=0.0,
     ).id  # fmt: skip
 
 
@@ -421,6 +422,22 @@ async def test_a_held_job_that_exits_0_has_finished_and_never_runs_again(setup) 
     # released, it would have run its finished work a second time
     await executor.apply(plan(Action(ActionKind.START, job_id, {"far": ["cpu:0"]}, None, "")))
     assert state(store, job_id) == "succeeded" and len(launcher.groups) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_held_rigid_script_that_exits_0_on_sigterm_stays_held(setup) -> None:  # type: ignore[no-untyped-def]
+    """A rigid script's exit 0 after SIGTERM may be its graceful stop (``trap 'exit 0'
+    TERM``), not its end: it stays held, and its release runs it again."""
+    executor, store, launcher = setup
+    launcher.stubborn = True
+    job_id = submit(store, elastic=False, max_gpus=1)
+    job = store.get_job(job_id)
+    assert job is not None
+    await executor.start_job(job, Action(ActionKind.START, job_id, {"far": ["cpu:0"]}, None, ""))
+    await executor.hold(job_id)
+    launcher.groups[0].exit.set_result(0)
+    await asyncio.sleep(0.05)
+    assert state(store, job_id) == "held"
 
 
 @pytest.mark.asyncio

@@ -3,6 +3,8 @@ name another user's job kept (``scheduler.in_own_group``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pollux_local.core.schedule import Holding, JobInput, Limits
 from pollux_local.daemon.scheduler import group_limits, in_own_group
 from pollux_local.daemon.state import GroupRecord
@@ -25,3 +27,43 @@ def test_a_users_group_caps_and_pauses_its_owners_jobs_alone() -> None:
     plan = run([in_own_group(job, caps) for job in (bobs, alices)], limits=caps)
     assert started(plan) == [1]
     assert plan.reasons[2] == "waiting: group x is paused"
+
+
+def test_a_group_that_resurfaces_as_another_users_lets_the_jobs_in_it_leave(tmp_path: Path) -> None:
+    """bob made group "x"; the admin's config then gave the name a group (bob's hidden under
+    it) and alice's job joined that; the config drops it again and bob's comes back. alice's
+    job is not in bob's group: her release (or edit, or restart) leaves it, where she may not
+    name it anew; and bob may delete his group, which holds no job of his."""
+    import asyncio
+
+    import pytest
+
+    from pollux_local.api.errors import PermissionDenied
+    from pollux_local.api.spec import JobSpec
+    from pollux_local.daemon.auth import Peer
+    from pollux_local.daemon.config import DaemonConfig, NodeConfig
+    from pollux_local.daemon.context import Context
+    from pollux_local.daemon.handlers.groups import check_job_groups
+    from pollux_local.daemon.readmodel import MetricHistory
+    from pollux_local.daemon.scheduler import ModelCache
+    from pollux_local.daemon.state import StateStore
+
+    store = StateStore(tmp_path / "state.db")
+    store.put_group("x", owner_uid=1002, owner_name="bob", max_devices=None,
+                    max_running=None, time=0.0)  # fmt: skip
+    ctx = Context(
+        peer=Peer(1, 1001, 1001), store=store, executor=None,  # type: ignore[arg-type]
+        config=DaemonConfig(nodes=(NodeConfig("n0", ("cpu:0",)),)), state_dir=tmp_path,
+        clock=lambda: 0.0, models=ModelCache(), metrics=MetricHistory(), mutex=asyncio.Lock(),
+        wake=lambda: None, daemon_uid=0, policy_name="fifo",
+    )  # fmt: skip
+    hers = JobSpec(argv=["x"], workdir="/", group="x")
+    [kept] = check_job_groups(ctx, [hers], owner_uid=1001, owner_name="alice", kept="x")
+    assert kept.group is None
+    with pytest.raises(PermissionDenied, match="group x is bob's"):
+        check_job_groups(ctx, [hers], owner_uid=1001, owner_name="alice")
+    [his] = check_job_groups(ctx, [hers], owner_uid=1002, owner_name="bob", kept="x")
+    assert his.group == "x"  # bob's own job stays in bob's group
+    store.add_job(name="hers", owner_uid=1001, owner_gid=1001, owner_name="alice", spec=hers,
+                  priority=0, submit_time=0.0, held=True)  # fmt: skip
+    assert store.count_group_jobs("x", owner=1002) == 0 and store.count_group_jobs("x") == 1

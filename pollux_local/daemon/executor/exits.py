@@ -192,11 +192,15 @@ class Exits(Accounting):
     async def _on_stopped(self, job: JobRecord, intent: StopIntent, code: int, now: float) -> None:
         """The end of a group that was asked to stop.  Cancel, hold and the others set the
         job's state when they asked; a job that exited 0 while being held, preempted, resized
-        or stopped for a shutdown has finished (a held one too: released, it would run its
-        finished work again); a resized job restarts at its new size."""
+        or stopped for a shutdown has finished (a held one too, when it may be stopped at all:
+        an elastic job's stop is a checkpoint, exit 75, so its 0 is its end, and released it
+        would run its finished work again; a rigid script's 0 after SIGTERM may be its
+        graceful stop, so it stays held); a resized job restarts at its new size."""
         action = self._resize.pop(job.id, None) if intent is StopIntent.RESIZE else None
         if intent in FINISHED_IF_OK and code == ExitCode.OK:
-            if job.state in (JobState.QUEUED, JobState.HELD, *PLACED_STATES):
+            if job.state in (JobState.QUEUED, *PLACED_STATES) or (
+                job.state == JobState.HELD and (job.spec.elastic or job.spec.preemptible)
+            ):
                 self._finished(job.id, now)
             return
         if intent is StopIntent.SHUTDOWN and job.state in PLACED_STATES:

@@ -79,12 +79,13 @@ def check_job_groups(
     """Each job names no group, an admin's group or one of its owner's own
     (:class:`InvalidRequest`, or :class:`PermissionDenied` for another user's group, one line
     naming the group and those it could use); the specs as they are to be stored.  ``kept``:
-    the group a stored job already names (a release, an edit, a restart); when no group of
-    that name exists any more (an admin's group the config dropped) the job leaves it, where a
-    group newly asked for that does not exist is refused."""
+    the group a stored job already names (a release, an edit, a restart); when the job is no
+    longer in it (no group of that name exists any more, or it is another user's: an admin's
+    group the config dropped, under which a user's group of that name had been hidden) the
+    job leaves it, where a group newly asked for that it may not use is refused."""
     if kept is not None and configured(ctx.config, kept) is None:
         row = ctx.store.group_row(kept)
-        if row is None or row.owner_uid is None:  # gone: no admin's and no user's group
+        if row is None or row.owner_uid != owner_uid:  # not its owner's, not the admin's
             specs = [
                 msgspec.structs.replace(spec, group=None) if spec.group == kept else spec
                 for spec in specs
@@ -234,7 +235,7 @@ def delete_group(ctx: Context, request: DeleteGroup) -> GroupReply:
             " may delete it"
         )
     reply = _reply(ctx, name)
-    jobs = ctx.store.count_group_jobs(name)
+    jobs = ctx.store.count_group_jobs(name, owner=row.owner_uid)  # its members: its owner's
     if jobs:
         raise Conflict(
             f"group {name} has {jobs} job(s) queued, held or running; it may be deleted once"

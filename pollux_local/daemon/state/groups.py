@@ -89,16 +89,21 @@ class Groups(StoreBase):
         name: str,
         states: Iterable[JobState] = ACTIVE_STATES,
         *,
+        owner: int | None = None,
         other_than: int | None = None,
     ) -> int:
         """The jobs naming group ``name`` in one of ``states`` (by default: not ended); with
-        ``other_than``, only those of other owners than that uid."""
+        ``owner``, only that uid's; with ``other_than``, only those of other owners."""
         wanted = sorted(JobState(state).value for state in states)
-        owner = "" if other_than is None else " AND owner_uid != ?"
+        where, args = "", list[int]()
+        if owner is not None:
+            where, args = where + " AND owner_uid = ?", [*args, owner]
+        if other_than is not None:
+            where, args = where + " AND owner_uid != ?", [*args, other_than]
         row = self.db.execute(
             f"SELECT COUNT(*) FROM jobs WHERE state IN ({','.join('?' * len(wanted))})"
-            f" AND json_extract(spec, '$.group') = ?{owner}",
-            (*wanted, name, *(() if other_than is None else (other_than,))),
+            f" AND json_extract(spec, '$.group') = ?{where}",
+            (*wanted, name, *args),
         ).fetchone()
         return int(row[0])
 
