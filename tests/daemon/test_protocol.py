@@ -4,6 +4,7 @@ typed error replies, and a live daemon fed garbage."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ from pollux_local.api.errors import (
     PolluxError,
     ProtocolError,
 )
+from pollux_local.api.states import JobState
 from pollux_local.client import Client
 from pollux_local.core.types import Decision
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
@@ -302,7 +304,7 @@ async def test_a_report_file_off_the_schema_is_ignored_with_a_reason(
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "report.json").write_text(json.dumps({"version": 1, "progress": "lots"}))
     with caplog.at_level(logging.WARNING, logger="pollux_local.daemon"):
-        await daemon.schedule_once()
+        take_reports_as_running(daemon, job_id)
     assert any(
         f"job {job_id}: ignoring its report" in r.getMessage() and "$.progress" in r.getMessage()
         for r in caplog.records
@@ -311,9 +313,18 @@ async def test_a_report_file_off_the_schema_is_ignored_with_a_reason(
     assert shown["job"]["report"] is None and shown["job"]["progress"] is None
     (job_dir / "report.json").write_text(json.dumps({"version": 1, "progress": 5.0}))
     os.utime(job_dir / "report.json", ns=(1, 1))  # surely a new mtime, however coarse
-    await daemon.schedule_once()
+    take_reports_as_running(daemon, job_id)
     shown = await asyncio.to_thread(client.request, "show", id=job_id)
     assert shown["job"]["progress"] == 5.0 and shown["job"]["report"]["progress"] == 5.0
+
+
+def take_reports_as_running(daemon: Daemon, job_id: str) -> None:
+    """The pass's look at the report files, with the (queued) job taken as running: a pass
+    reads only running jobs' (``SchedulingLoop.refresh_reports``)."""
+    assert daemon.store is not None and daemon.scheduler is not None
+    job = daemon.store.get_job(int(job_id))
+    assert job is not None
+    daemon.scheduler.refresh_reports([dataclasses.replace(job, state=JobState.RUNNING)])
 
 
 @pytest.mark.asyncio
@@ -391,10 +402,11 @@ async def test_unsafe_job_files_are_refused_in_one_line_and_never_read(
     # a FIFO or a symlink as report.json: skipped with one logged line, the pass not blocked
     os.mkfifo(job_dir / "report.json")
     with caplog.at_level(logging.WARNING, logger="pollux_local.daemon"):
-        await asyncio.wait_for(daemon.schedule_once(), 5)
+        take_reports_as_running(daemon, job_id)  # not waited on (the test's timeout: 60 s)
     assert f"job {job_id}: ignoring" in caplog.text
     (job_dir / "report.json").unlink()
     (job_dir / "report.json").symlink_to(secret)
+    take_reports_as_running(daemon, job_id)
     await asyncio.wait_for(daemon.schedule_once(), 5)
     with pytest.raises(InvalidReport, match="symlink"):
         read_report_file(job_dir / "report.json")
