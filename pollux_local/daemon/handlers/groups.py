@@ -46,6 +46,7 @@ from pollux_local.api.states import ACTIVE_STATES, PLACED_STATES
 from pollux_local.daemon.config import DaemonConfig, GroupConfig
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.loop import stopping_jobs
+from pollux_local.daemon.scheduler import group_limits
 from pollux_local.daemon.state import GroupRecord
 
 
@@ -117,10 +118,11 @@ def group_rows(ctx: Context, names: Iterable[str] | None = None) -> list[GroupRo
     stored = ctx.store.group_rows()
     paused = {row.name: row.paused for row in stored}
     mine = users_groups(ctx.config, stored)
-    owners = {row.name: row.owner_name for row in mine}
+    limits = group_limits(ctx.config.groups, stored)
 
-    def member(group: str, owner: str) -> bool:  # a user's group holds its owner's jobs alone
-        return owners.get(group, owner) == owner
+    def member(group: str, owner: str) -> bool:  # as the pass has it (``in_own_group``)
+        limit = limits.get(group)
+        return limit is None or limit.has_member(owner)
 
     running: dict[str, int] = {}
     devices: dict[str, int] = {}
