@@ -245,8 +245,10 @@ class SchedulingLoop:
         self._next_prune = now + PRUNE_INTERVAL_S  # a failing removal costs a pass a minute
         removed: list[int] = []
         try:
+            executor = self.executor  # a job whose processes are not gone yet stays
+            live = {*executor.stopping, *executor.watchers, *executor.unrecorded}
             self.store.prune_ended(
-                self.config.max_ended_per_user, budget_s=PRUNE_BUDGET_S, into=removed
+                self.config.max_ended_per_user, budget_s=PRUNE_BUDGET_S, into=removed, live=live
             )
         finally:
             # more may be left after full batches: again soon, but no more than a share of

@@ -234,3 +234,15 @@ def test_a_backlog_beyond_the_cap_is_removed_in_batches_pass_after_pass(
     # one batch: the 10 kept before (the oldest now) and the 15 oldest new ones
     assert harness.loop.prune_soon and store.get_job(more[14]) is None
     assert store.get_job(more[15]) is not None  # left to the next pass, soon
+
+
+def test_a_job_whose_processes_still_stop_is_kept(tmp_path: Path) -> None:
+    """A cancelled job in its stop grace has ended in the store but not on its devices: its
+    record (whose owner its devices still count against) and directory stay until it is gone."""
+    store = StateStore(tmp_path / "state.db")
+    ids = [add(store, 1001, float(t)) for t in range(6)]
+    for number, job_id in enumerate(ids):
+        end(store, job_id, 1000.0 + number)
+    announce_all(store)
+    assert store.prune_ended(keep_per_user=2, live=[ids[0]]) == ids[1:4]
+    assert store.get_job(ids[0]) is not None

@@ -5,12 +5,14 @@ cancelled): the database grew by a megabyte a second on root's disk.  Beyond the
 user's oldest ended jobs are removed with their decisions, history samples and announced
 ends, and the stored commands and environments no job names any more.  Kept whatever their
 age: a job an active job waits for (``--after``), every task of an array that still has an
-active task, and a job whose end is not yet announced (notifications).  The daemon then
-removes a removed job's directory (``jobfiles.remove_job_dir``, as its owner)."""
+active task, a job whose end is not yet announced (notifications), and one whose processes
+are still stopping (the daemon says which).  The daemon then removes a removed job's
+directory (``jobfiles.remove_job_dir``, as its owner)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from pollux_local.api.states import ACTIVE_STATES, TERMINAL_STATES
 from pollux_local.daemon.state.base import StoreBase
@@ -37,14 +39,16 @@ class Retention(StoreBase):
         *,
         budget_s: float = 0.0,
         into: list[int] | None = None,
+        live: Iterable[int] = (),
     ) -> list[int]:
         """Remove each user's ended jobs beyond their newest ``keep_per_user`` (by end time),
         ``batch`` at a time (each its own transaction), but none that must stay (the module's
         docstring); another batch follows a full one until ``budget_s`` has gone by (0: one
         batch).  The ids removed (also appended to ``into`` as each batch is committed, so
         that a failing batch loses none of the earlier ones).  ``keep_per_user`` 0 keeps every
-        job.  What must stay is read once, by the database (:meth:`_set_aside_kept`): an
-        owner may make 500 jobs wait for 1,000 ids each."""
+        job.  ``live``: the jobs whose processes are not gone yet (a cancelled job in its stop
+        grace), kept too.  What must stay is read once, by the database
+        (:meth:`_set_aside_kept`): an owner may make 500 jobs wait for 1,000 ids each."""
         removed = into if into is not None else []
         first = len(removed)
         if keep_per_user <= 0:
@@ -60,6 +64,9 @@ class Retention(StoreBase):
             return []
         began = time.monotonic()
         self._set_aside_kept()
+        self.db.executemany(
+            "INSERT OR IGNORE INTO temp.prune_kept VALUES (?)", [(int(i),) for i in live]
+        )
         while True:
             doomed: list[int] = []
             for owner_uid, _count in over:
