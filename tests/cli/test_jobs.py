@@ -49,6 +49,7 @@ def one_line_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 def test_submit_status_show_hold_release_cancel(capsys, state_dir: Path, script: Path) -> None:  # type: ignore[no-untyped-def]
     sd = ("--state-dir", str(state_dir))
+    script.write_text("import time\ntime.sleep(60)\n")  # released, still running at the cancel
     code, out, _ = run(capsys, "submit", *sd, "--json", "--hold", "--name", "mine",
                        "--batch-size", "64", "--env", "A=1", str(script), "--lr", "3")  # fmt: skip
     assert code == 0
