@@ -245,10 +245,11 @@ class SchedulingLoop:
         self._next_prune = now + PRUNE_INTERVAL_S  # a failing removal costs a pass a minute
         removed: list[int] = []
         try:
-            executor = self.executor  # a job whose processes are not gone yet stays
-            live = {*executor.stopping, *executor.watchers, *executor.unrecorded}
             self.store.prune_ended(
-                self.config.max_ended_per_user, budget_s=PRUNE_BUDGET_S, into=removed, live=live
+                self.config.max_ended_per_user,
+                budget_s=PRUNE_BUDGET_S,
+                into=removed,
+                live=self.executor.with_processes(),  # a job whose processes are not gone stays
             )
         finally:
             # more may be left after full batches: again soon, but no more than a share of
@@ -490,10 +491,7 @@ class SchedulingLoop:
                 watch = self.executor._watch(job_id, group)
                 self.executor.watchers[job_id] = asyncio.ensure_future(watch)
             await self.executor.stop_job(job_id, StopIntent.RECONCILE)
-        live = (
-            set(self.executor.groups) | set(self.executor.watchers) | set(self.executor.unrecorded)
-        )
-        for job_id in sorted(placed - live):
+        for job_id in sorted(placed - self.executor.with_processes()):
             reason = "its replicas are gone; back in the queue"
             if self.store.requeue_if_placed(job_id, reason, self.clock()):
                 log.warning("job %s: recorded as running without replicas: queued again", job_id)

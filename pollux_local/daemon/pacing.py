@@ -102,17 +102,24 @@ class _Meter:
 _METER: ContextVar[_Meter | None] = ContextVar("pollux_turn_meter", default=None)
 
 
-async def give_way() -> None:
-    """Let the event loop serve the others for a turn, in the middle of a long request; the
-    time away is not charged to the request's user (:class:`LoopShare`)."""
+@contextmanager
+def _not_charged() -> Iterator[None]:
+    """The time in the block is not charged to the request in a user's turn under way."""
     meter = _METER.get()
     if meter is not None:
         meter.pause()
     try:
-        await asyncio.sleep(0)
+        yield
     finally:
         if meter is not None:
             meter.resume()
+
+
+async def give_way() -> None:
+    """Let the event loop serve the others for a turn, in the middle of a long request; the
+    time away is not charged to the request's user (:class:`LoopShare`)."""
+    with _not_charged():
+        await asyncio.sleep(0)
 
 
 class Uncharged:
@@ -123,14 +130,8 @@ class Uncharged:
         self.lock = lock
 
     async def __aenter__(self) -> None:
-        meter = _METER.get()
-        if meter is not None:
-            meter.pause()
-        try:
+        with _not_charged():
             await self.lock.acquire()
-        finally:
-            if meter is not None:
-                meter.resume()
 
     async def __aexit__(self, *exc_info: object) -> None:
         self.lock.release()

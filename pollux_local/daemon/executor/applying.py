@@ -144,6 +144,11 @@ class Applying(Warm):
             if device in held and all(self._is_shared(job_id) for job_id in ids)
         }
 
+    def with_processes(self) -> set[int]:
+        """The jobs whose processes are not known to be gone: running, stopping, watched for
+        their end, or ended with the end not yet recorded."""
+        return {*self.groups, *self.stopping, *self.watchers, *self.unrecorded}
+
     def still_stopping(self) -> dict[int, Allocation]:
         """job id -> the devices (node -> device ids) of each group asked to stop whose
         processes are not yet gone: they stay held until its exit comes."""
