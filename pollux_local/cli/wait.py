@@ -3,7 +3,8 @@ exit 0 only if all succeeded.
 
 ``--all`` waits for the caller's jobs that are active (queued, held, running) when the wait
 starts; ``--array ID`` for every task of the array ``ID`` (its first task's id), whoever's;
-``--group NAME`` for the jobs of the group that are active when the wait starts, whoever's.
+``--group NAME`` for the jobs of the group that are active when the wait starts (an admin's
+group: whoever's; a user's group: its owner's alone, as ``groups`` counts them).
 They combine with ids and with each other: the wait is for every job named.  A wait for a few
 ids looks at each job (``show``); one for a set found by ``--all``, ``--array`` or ``--group``
 looks at the active jobs of their owners in one ``status`` page per round, and shows a job only

@@ -67,3 +67,18 @@ def test_a_group_that_resurfaces_as_another_users_lets_the_jobs_in_it_leave(tmp_
     store.add_job(name="hers", owner_uid=1001, owner_gid=1001, owner_name="alice", spec=hers,
                   priority=0, submit_time=0.0, held=True)  # fmt: skip
     assert store.count_group_jobs("x", owner=1002) == 0 and store.count_group_jobs("x") == 1
+    # ``status --group x`` (and so ``wait --group x``) selects bob's jobs alone, as ``groups``
+    # and the pass count them
+    from pollux_local.api.messages import Status
+    from pollux_local.daemon.handlers.query import status
+
+    store.add_job(name="his", owner_uid=1002, owner_gid=1002, owner_name="bob", spec=hers,
+                  priority=0, submit_time=0.0, held=True)  # fmt: skip
+
+    def names(request: Status) -> list[str]:
+        return [job.name for job in asyncio.run(status(ctx, request)).jobs]
+
+    assert names(Status(group="x")) == ["his"]
+    assert names(Status(group="x", user="alice")) == []
+    assert names(Status(group="x", user="bob")) == ["his"]
+    assert names(Status(user="alice")) == ["hers"]  # her job is listed, in no group

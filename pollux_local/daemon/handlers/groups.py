@@ -61,6 +61,15 @@ def users_groups(config: DaemonConfig, rows: Iterable[GroupRecord]) -> list[Grou
     return [row for row in rows if row.owner_uid is not None and row.name not in admins]
 
 
+def group_owner(ctx: Context, name: str) -> str | None:
+    """The name of the user whose group ``name`` is (``None``: the admin's, or none): such a
+    group holds its owner's jobs alone, whatever other jobs name it (``in_own_group``)."""
+    if configured(ctx.config, name) is not None:
+        return None
+    row = ctx.store.group_row(name)
+    return None if row is None or row.owner_uid is None else row.owner_name
+
+
 def usable_groups(ctx: Context, owner_uid: int) -> list[str]:
     """The groups a job of ``owner_uid`` may join: the admin's, then the owner's own."""
     own = [

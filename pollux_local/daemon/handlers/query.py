@@ -15,6 +15,7 @@ from pollux_local.api.messages import Logs, LogsReply, Show, ShowReply, Status, 
 from pollux_local.api.states import PLACED_STATES, JobState
 from pollux_local.core.schedule.forecast import Prediction
 from pollux_local.daemon.context import Context
+from pollux_local.daemon.handlers.groups import group_owner
 from pollux_local.daemon.jobfiles import UnsafeJobFile, read_job_file
 from pollux_local.daemon.pacing import give_way
 from pollux_local.daemon.readmodel import decision_records, job_detail, job_summary
@@ -51,7 +52,7 @@ async def status(ctx: Context, request: Status) -> StatusReply:
     now = ctx.clock()
     finished_since = None if request.all else now - RECENT_S
     original_before = int(request.before_id) if request.before_id is not None else None
-    filters = Filters(request.states, request.user, request.group, finished_since)
+    filters = _filters(ctx, request, finished_since)
     jobs: list[JobRecord] = []
     before = original_before
     while len(jobs) < request.limit:
@@ -83,6 +84,19 @@ async def status(ctx: Context, request: Status) -> StatusReply:
         hidden=hidden,
         next_before_id=jobs[0].job_id if more and jobs else None,
     )
+
+
+def _filters(ctx: Context, request: Status, finished_since: float | None) -> Filters:
+    """The page's filters; ``--group`` of a user's group selects its owner's jobs alone, as
+    the pass and ``groups`` count them (another user's job that kept the name is in none)."""
+    user = request.user
+    owner = group_owner(ctx, request.group) if request.group is not None else None
+    states = request.states
+    if owner is not None:
+        if user is not None and user != owner:
+            states = []  # another user's jobs: none is in this group
+        user = owner
+    return Filters(states, user, request.group, finished_since)
 
 
 def held_type(ctx: Context, job: JobRecord) -> str | None:
