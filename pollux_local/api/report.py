@@ -20,6 +20,8 @@ from typing import Annotated
 
 import msgspec
 
+from pollux_local.api.spec import BatchSize
+
 REPORT_VERSION = 1
 
 #: Profile rows in one report: configurations (N, K, m, device type) a job measured.
@@ -54,10 +56,12 @@ class ReportBounds(_Strict):
     gradient accumulation (s > 1) is allowed.
     """
 
-    base_batch: Count
-    max_batch: Count | None = None
-    min_local: Count | None = None
-    max_local: Count | None = None
+    # batch sizes within what a submit accepts (``spec.BatchSize``): the pass's batch
+    # candidates are int32 (a reported 2^40 once launched a job at batch -1646287629)
+    base_batch: BatchSize
+    max_batch: BatchSize | None = None
+    min_local: BatchSize | None = None
+    max_local: BatchSize | None = None
     accumulation: bool = True
 
 
@@ -70,7 +74,7 @@ class ProfileRow(_Strict):
 
     nodes: Count
     replicas: Count
-    local_batch: Count
+    local_batch: BatchSize
     compute_s: Seconds
     step_s: Seconds
     count: Annotated[int, msgspec.Meta(ge=0, le=2**62)] = 0
@@ -90,7 +94,7 @@ class ReportGradStats(_Strict):
 class ReportBatch(_Strict):
     """The (m, s, K) the job is running with."""
 
-    local_batch: Count
+    local_batch: BatchSize
     accum_steps: Count = 1
     replicas: Count = 1
 
@@ -104,7 +108,7 @@ class MemoryPoint(_Strict):
     device_type: Annotated[
         str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@+-]+$")
     ]
-    local_batch: Count
+    local_batch: BatchSize
     peak_bytes: Annotated[int, msgspec.Meta(ge=0, le=2**50)]
     total_bytes: Annotated[int, msgspec.Meta(ge=1, le=2**50)]
 

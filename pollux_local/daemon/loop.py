@@ -507,6 +507,7 @@ class SchedulingLoop:
         for remembered in (self._report_mtimes, self._report_warned):
             for job_id in [key for key in remembered if key not in placed]:
                 del remembered[job_id]
+        self.metrics.keep_only(placed)
         for job in jobs:
             if job.state not in PLACED_STATES:
                 continue

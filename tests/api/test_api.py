@@ -203,6 +203,11 @@ def _row(local_batch: int, count: int = 1) -> dict[str, object]:
         ({"eta_s": 1e300}, "$.report.eta_s"),
         ({"job_id": "7" * 33}, "$.report.job_id"),
         ({"profile": [{**_row(8), "step_s": 1e10}]}, "$.report.profile[0].step_s"),
+        # batch sizes as a submit takes them: the pass's candidates are int32 (2^40 once
+        # launched a job at batch -1646287629)
+        ({"bounds": {"base_batch": 1, "max_batch": 2**40}}, "$.report.bounds.max_batch"),
+        ({"bounds": {"base_batch": 2**31}}, "$.report.bounds.base_batch"),
+        ({"profile": [_row(2**31)]}, "$.report.profile[0].local_batch"),
     ],
 )  # fmt: skip
 def test_a_report_over_its_bounds_is_refused_in_one_line_naming_the_field(

@@ -20,6 +20,7 @@ import pytest
 
 from pollux_local.api.errors import InternalError
 from pollux_local.api.messages import Cancel, Hold
+from pollux_local.api.spec import JobSpec
 from pollux_local.core.baselines import FifoPolicy
 from pollux_local.daemon.auth import Peer
 from pollux_local.daemon.context import Context
@@ -156,7 +157,7 @@ def test_a_damaged_page_is_found_by_quick_check(tmp_path: Path) -> None:
 def test_schema_version_and_migrations_in_order(tmp_path: Path) -> None:
     assert [number for number, _, _ in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
     store = StateStore(tmp_path / "new.db")
-    assert store.version == SCHEMA_VERSION == 5
+    assert store.version == SCHEMA_VERSION == 6
     assert store.schema_version() == SCHEMA_VERSION
     store.close()
 
@@ -179,6 +180,30 @@ def test_schema_version_and_migrations_in_order(tmp_path: Path) -> None:
     # version 3: typed device-seconds, the outbox of job ends, the drained devices
     assert store.jobs()[0].device_seconds == {}
     assert store.pending_ends() == [] and store.withheld() == []
+    store.close()
+
+
+def test_migration_6_removes_the_blobs_no_job_references(tmp_path: Path) -> None:
+    """Before version 6 an edit left its job's old command behind for ever (a user filled
+    the disk at 22 MB/s editing one held job); the upgrade removes what no job references."""
+    path = tmp_path / "state.db"
+    store = StateStore(path)
+    job = store.add_job(
+        name="j", owner_uid=1, owner_gid=1, owner_name="ann",
+        spec=JobSpec(argv=["train"], workdir="/"), priority=0, submit_time=0.0, env={"A": "1"},
+    )  # fmt: skip
+    store.db.executescript(
+        "INSERT INTO blobs (digest, data, size) VALUES ('orphan', '[\"old\"]', 7);"
+        "DROP INDEX jobs_argv_ref; DROP INDEX jobs_env_ref;"
+        "UPDATE meta SET value = '5' WHERE key = 'schema_version';"
+    )
+    store.close()
+    store = StateStore(path)
+    assert store.version == 6
+    digests = {row[0] for row in store.db.execute("SELECT digest FROM blobs")}
+    assert "orphan" not in digests and len(digests) == 2  # the job's command and environment
+    got = store.get_job(job.id)
+    assert got is not None and got.spec.argv == ["train"] and got.env == {"A": "1"}
     store.close()
 
 

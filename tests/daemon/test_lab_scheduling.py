@@ -5,7 +5,9 @@ Jobs are rigid shell scripts (``sleep``, ``exit``), submitted through the typed 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -305,6 +307,14 @@ def test_default_and_longest_time_limits_restart_and_edit(
         1800.0,
         -3,
     )
+    # an edited command replaces the old one in the state: ten more edits leave no trace
+    blobs = "SELECT COUNT(*) FROM blobs"
+    with contextlib.closing(sqlite3.connect(proc.state_dir / "state.db")) as db:
+        (before,) = db.execute(blobs).fetchone()
+        for number in range(10):
+            proc.client.call(api.Edit(id=held, argv=[ok, "x" * 10_000, str(number)]))
+        proc.client.call(api.Edit(id=held, argv=[ok, "--fast"]))
+        assert db.execute(blobs).fetchone() == (before,)
     with pytest.raises(api.InvalidRequest, match="longer than"):
         proc.client.call(api.Edit(id=held, time_limit_s=7200.0))
     with pytest.raises(api.InvalidRequest, match="needs at least 3 device"):

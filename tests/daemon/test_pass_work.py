@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -299,3 +300,25 @@ def test_durations_keep_a_bounded_number_of_kinds_per_owner() -> None:
     assert durations.typical(job(0, owner=2001, argv=["python", f"t{newest}.py"])) == 10.0 + newest
     assert durations.typical(job(0, owner=2001, argv=["python", "t0.py"])) is None  # forgotten
     assert durations.typical(job(0, owner=2002)) == 5.0
+
+
+@pytest.mark.asyncio
+async def test_a_jobs_metric_points_are_kept_while_it_runs_only(tmp_path: Path) -> None:
+    """The target metric's points (the ETA's trend) of a job that no longer runs are
+    forgotten by the next pass: every job that ever reported kept about 900 bytes until the
+    daemon stopped, and one user's held arrays grew the daemon by 65 MB an hour."""
+    from pollux_local.api.report import JobReport
+    from pollux_local.api.spec import Target
+    from tests.scheduler_harness import Harness
+
+    h = Harness(tmp_path, [2], FifoPolicy())
+    ids = [h.submit(target=Target(metric="acc", value=0.9, mode="max")) for _ in range(2)]
+    await h.tick()
+    for job_id in ids:
+        assert h.job(job_id).state == JobState.RUNNING
+        h.loop.metrics.note(h.job(job_id), JobReport(metrics={"acc": 0.5}, time=1.0), 1.0)
+    await h.tick(1.0)
+    assert len(h.loop.metrics) == 2
+    await h.finish(ids[0])
+    await h.tick(1.0)
+    assert len(h.loop.metrics) == 1  # the running one's points stay

@@ -61,6 +61,34 @@ class Blobs(StoreBase):
         )
         return digest
 
+    def _drop_unreferenced(self, refs: set[str]) -> None:
+        """Delete the blobs among ``refs`` that no job references any more (and their decoded
+        copies): every path that removes a job or replaces its command or environment calls
+        this in its transaction, so nothing is left that no job can reach (the indexes of
+        migration 6 make the check one lookup a blob)."""
+        if not refs:
+            return
+        wanted = sorted(refs)
+        slots = ",".join("?" * len(wanted))
+        still = {
+            str(ref)
+            for row in self.db.execute(
+                f"SELECT argv_ref FROM jobs WHERE argv_ref IN ({slots})"
+                f" UNION SELECT env_ref FROM jobs WHERE env_ref IN ({slots})",
+                (*wanted, *wanted),
+            )
+            for ref in row
+        }
+        gone = [ref for ref in wanted if ref not in still]
+        if gone:
+            self.db.execute(
+                f"DELETE FROM blobs WHERE digest IN ({','.join('?' * len(gone))})", gone
+            )
+        for ref in gone:
+            cached = self._blobs.pop(ref, None)
+            if cached is not None:
+                self._blob_bytes -= cached[1]
+
     def _env_ref(self, job_id: int) -> str:
         """The blob of job ``job_id``'s environment; a row written before blobs has its inline
         environment moved into one (and then references it)."""

@@ -249,7 +249,8 @@ class Jobs(Outbox):
             return
         if "state" in changes:
             raise ValueError("a job's state changes through StateStore.transition")
-        self._write_job(job_id, changes)
+        with self.transaction():  # a replaced blob goes with the change, or neither
+            self._write_job(job_id, changes)
 
     def transition(
         self,
@@ -310,6 +311,14 @@ class Jobs(Outbox):
             if name not in JOB_COLUMNS or name == "id":
                 raise KeyError(f"no such job column {name!r}")
         columns = {name: column_value(name, value) for name, value in changes.items()}
+        refs = [ref for key, ref in (("spec", "argv_ref"), ("env", "env_ref")) if key in changes]
+        before = (
+            self.db.execute(
+                f"SELECT {', '.join(refs)} FROM jobs WHERE id = ?", (job_id,)
+            ).fetchone()
+            if refs
+            else None
+        )
         if "spec" in changes:  # the command is stored as a blob (shared with equal ones)
             spec = changes["spec"]
             spec = decode_spec(spec) if isinstance(spec, dict) else spec
@@ -320,6 +329,8 @@ class Jobs(Outbox):
         assignments = ", ".join(f"{name} = ?" for name in columns)
         values = list(columns.values())
         self.db.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values, job_id))
+        if before is not None:  # a replaced command or environment no other job shares goes
+            self._drop_unreferenced({str(ref) for ref in before if ref is not None})
 
     def requeue_if_placed(self, job_id: int, reason: str, now: float) -> bool:
         """Queue the job again, without placement or processes, if it is still recorded as

@@ -15,13 +15,13 @@ import time
 from collections.abc import Iterable
 
 from pollux_local.api.states import ACTIVE_STATES, TERMINAL_STATES
-from pollux_local.daemon.state.base import StoreBase
+from pollux_local.daemon.state.blobs import Blobs
 
 #: The most ended jobs one call removes (a pass's worth of work stays small).
 PRUNE_BATCH = 500
 
 
-class Retention(StoreBase):
+class Retention(Blobs):
     """Removing what is beyond each user's cap of ended jobs."""
 
     def removed_ids(self, candidates: list[int]) -> list[int]:
@@ -140,24 +140,4 @@ class Retention(StoreBase):
                 ("jobs", "id"),
             ):
                 self.db.execute(f"DELETE FROM {table} WHERE {column} IN ({marks})", ids)
-            if refs:
-                wanted = sorted(refs)
-                slots = ",".join("?" * len(wanted))
-                still = {
-                    str(ref)
-                    for row in self.db.execute(
-                        f"SELECT env_ref, argv_ref FROM jobs WHERE env_ref IN ({slots})"
-                        f" OR argv_ref IN ({slots})",
-                        (*wanted, *wanted),
-                    )
-                    for ref in row
-                    if ref is not None
-                }
-                gone = [ref for ref in wanted if ref not in still]
-                if gone:
-                    slots = ",".join("?" * len(gone))
-                    self.db.execute(f"DELETE FROM blobs WHERE digest IN ({slots})", gone)
-        for ref in refs:  # the decoded copies, if any
-            cached = self._blobs.pop(ref, None)
-            if cached is not None:
-                self._blob_bytes -= cached[1]
+            self._drop_unreferenced(refs)

@@ -97,6 +97,13 @@ CREATE TABLE IF NOT EXISTS groups (
 );
 """
 
+_SCHEMA_V6 = """
+CREATE INDEX IF NOT EXISTS jobs_argv_ref ON jobs(argv_ref);
+CREATE INDEX IF NOT EXISTS jobs_env_ref ON jobs(env_ref);
+DELETE FROM blobs WHERE digest NOT IN (SELECT argv_ref FROM jobs WHERE argv_ref IS NOT NULL)
+    AND digest NOT IN (SELECT env_ref FROM jobs WHERE env_ref IS NOT NULL);
+"""
+
 #: The schema's migrations, applied in order: (version, what it does, SQL).  A database
 #: records the version it reached in ``meta.schema_version`` (version 1 is the schema of the
 #: daemons that recorded none; its statements create only what is missing).
@@ -121,6 +128,12 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         "a job's exit code and signal, for the job and per replica; groups (a user's own"
         " groups, and every group's pause)",
         _SCHEMA_V5,
+    ),
+    (
+        6,
+        "indexes on the blobs a job references; the blobs no job references removed (an"
+        " edit left its job's old command behind, for ever)",
+        _SCHEMA_V6,
     ),
 )
 #: The version this daemon writes.
