@@ -186,13 +186,11 @@ class GradNoiseEstimator:
         self._var_spread *= rescale * rescale
 
 
-def squared_norm(
+def norms(
     grads: Sequence[torch.Tensor], preconditioners: Iterable[torch.Tensor | None] | None = None
-) -> torch.Tensor:
-    """sum_i |g_i / p_i|^2 as a 0-d float32 tensor on the gradients' device, with fused
-    kernels (one ``_foreach_div``, one ``_foreach_norm``) and no host synchronisation."""
-    if not grads:
-        return torch.zeros(())
+) -> list[torch.Tensor]:
+    """|g_i / p_i| for each gradient, as 0-d float32 tensors on the gradients' device, with
+    fused kernels (one ``_foreach_div``, one ``_foreach_norm``) and no host synchronisation."""
     tensors = list(grads)
     if preconditioners is not None:
         pre = list(preconditioners)
@@ -204,8 +202,24 @@ def squared_norm(
             )
             for i, q in zip(scaled, quotients, strict=True):
                 tensors[i] = q
-    norms = torch._foreach_norm(tensors, 2, dtype=torch.float32)
-    return torch.stack(norms).square().sum()
+    return list(torch._foreach_norm(tensors, 2, dtype=torch.float32)) if tensors else []
+
+
+def squared_norm(
+    grads: Sequence[torch.Tensor], preconditioners: Iterable[torch.Tensor | None] | None = None
+) -> torch.Tensor:
+    """sum_i |g_i / p_i|^2 as a 0-d float32 tensor on the gradients' device (:func:`norms`,
+    no host synchronisation)."""
+    if not grads:
+        return torch.zeros(())
+    return torch.stack(norms(grads, preconditioners)).square().sum()
+
+
+def read_squared(first: torch.Tensor, parts: Sequence[torch.Tensor]) -> tuple[float, float]:
+    """(``first``, sum_i parts_i^2) read from the device in one copy: one synchronisation,
+    two kernels (a stack and the copy), the squares summed on the host (``math.fsum``)."""
+    values = torch.stack([first.float(), *parts]).tolist()
+    return values[0], math.fsum(value * value for value in values[1:])
 
 
 def _gram_or_product(
@@ -214,14 +228,15 @@ def _gram_or_product(
     """|D^T X|_F^2 for D (n x out) and X (n x in), as a 0-d tensor, plus with ``with_bias``
     the bias's |sum_r d_r|^2 = <D D^T, 1 1^T>: through the Gram matrices,
     sum((D D^T) * (X X^T + [1])) (n^2 (in + out) multiply-adds), when n is small enough for
-    that to be cheaper than forming D^T X (n in out); otherwise directly."""
+    that to be cheaper than forming D^T X (n in out); otherwise directly.  Few calls (a kernel
+    launch each on a GPU: a measuring step's hooks are host-bound on small steps)."""
     n, width_out = rows_out.shape
     width_in = rows_in.shape[1]
     if n * (width_in + width_out) <= width_in * width_out:
         inner = rows_in @ rows_in.T
         if with_bias:
-            inner = inner + 1.0
-        return ((rows_out @ rows_out.T) * inner).sum()
+            inner.add_(1.0)
+        return torch.vdot((rows_out @ rows_out.T).view(-1), inner.view(-1))
     weight = (rows_out.T @ rows_in).square().sum()
     return weight + rows_out.sum(0).square().sum() if with_bias else weight
 
@@ -362,8 +377,7 @@ class SmallBatchGradNorm:
             self._valid = False
             return
         assert isinstance(layer, torch.nn.Linear)
-        kept = x.detach() if self._checking else x.detach()[: self._small]
-        hook = functools.partial(self._backward_hook, layer, kept)
+        hook = functools.partial(self._backward_hook, layer, x.detach())
         output.register_hook(hook)  # type: ignore[no-untyped-call]
 
     def _backward_hook(self, layer: torch.nn.Linear, x: torch.Tensor, grad: torch.Tensor) -> None:
@@ -380,8 +394,9 @@ class SmallBatchGradNorm:
         into: list[torch.Tensor],
     ) -> None:
         """Append the rows' |dW|^2 and |db|^2 (each over its preconditioner) to ``into``."""
-        d = grad[:rows].reshape(-1, grad.shape[-1])
-        xs = x[:rows].reshape(-1, x.shape[-1])
+        d, xs = grad[:rows], x[:rows]
+        if d.dim() != 2:  # sequence inputs: each of a sample's positions is a row
+            d, xs = d.reshape(-1, d.shape[-1]), xs.reshape(-1, xs.shape[-1])
         if d.dtype != torch.float32:
             d = d.float()
         if xs.dtype != torch.float32:

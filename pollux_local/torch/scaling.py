@@ -13,6 +13,7 @@ the preconditioned space: each gradient is divided elementwise by sqrt(v_hat) + 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import cast
 
 import torch
@@ -94,10 +95,11 @@ class Preconditioner:
 
 
 def gradients(
-    module: torch.nn.Module, preconditioner: Preconditioner | None
+    parameters: Sequence[torch.Tensor], preconditioner: Preconditioner | None
 ) -> tuple[list[torch.Tensor], list[torch.Tensor | None] | None]:
-    """The module's gradients and, with a ``preconditioner``, each one's P."""
-    params = [p for p in module.parameters() if p.grad is not None]
+    """The gradients of those ``parameters`` that have one and, with a ``preconditioner``,
+    each one's P."""
+    params = [p for p in parameters if p.grad is not None]
     grads = [p.grad for p in params if p.grad is not None]
     pre = [preconditioner(p) for p in params] if preconditioner is not None else None
     return grads, pre
