@@ -337,3 +337,22 @@ def test_a_requeue_of_a_job_no_longer_placed_leaves_it_as_it_is(tmp_path: Path) 
     assert states == {running: JobState.QUEUED, ended: JobState.SUCCEEDED}
     assert [d["kind"] for d in store.decisions(running)] == ["requeued"]
     assert store.decisions(ended) == []
+
+
+def test_a_jobs_decisions_are_kept_to_the_newest_limit(tmp_path: Path) -> None:
+    """A user's loop of edits (or holds and releases) on one active job added a decision row
+    each, 850 a second, for as long as the job lived; each job keeps its newest
+    ``DECISIONS_LIMIT`` (``show`` reads 100), the others' are untouched."""
+    from pollux_local.daemon.state.schema import DECISIONS_LIMIT
+
+    store = StateStore(tmp_path / "s.db")
+    busy, other = add(store, "busy"), add(store, "other")
+    store.record_decision(other, 0.5, DecisionKind.HELD, "held by ann")
+    for number in range(DECISIONS_LIMIT + 50):
+        store.record_decision(busy, 1.0 + number, DecisionKind.EDITED, f"edit {number}")
+    kept = store.db.execute(
+        "SELECT MIN(time), COUNT(*) FROM decisions WHERE job_id = ?", (busy,)
+    ).fetchone()
+    assert tuple(kept) == (1.0 + 50, DECISIONS_LIMIT)
+    assert store.decisions(busy, limit=1)[0]["reason"] == f"edit {DECISIONS_LIMIT + 49}"
+    assert [d["reason"] for d in store.decisions(other)][-1] == "held by ann"

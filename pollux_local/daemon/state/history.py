@@ -13,7 +13,7 @@ from pollux_local.api.states import (
 )
 from pollux_local.daemon.state.blobs import Blobs
 from pollux_local.daemon.state.records import COLUMNS_WITHOUT_ENV, JobRecord
-from pollux_local.daemon.state.schema import HISTORY_LIMIT
+from pollux_local.daemon.state.schema import DECISIONS_LIMIT, HISTORY_LIMIT
 
 
 class History(Blobs):
@@ -76,7 +76,7 @@ class History(Blobs):
         batch: dict[str, Any] | None = None,
     ) -> None:
         """One line of a job's decision log (a state change writes its own through
-        :meth:`transition`)."""
+        :meth:`transition`); the job's lines beyond the newest :data:`DECISIONS_LIMIT` go."""
         self.db.execute(
             "INSERT INTO decisions (time, job_id, kind, placement, batch, reason)"
             " VALUES (?, ?, ?, ?, ?, ?)",
@@ -88,6 +88,11 @@ class History(Blobs):
                 json.dumps(batch or {}),
                 reason,
             ),
+        )
+        self.db.execute(
+            "DELETE FROM decisions WHERE job_id = ? AND id <= (SELECT id FROM decisions"
+            " WHERE job_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+            (job_id, job_id, DECISIONS_LIMIT),
         )
 
     def decisions(self, job_id: int | None = None, limit: int = 50) -> list[dict[str, Any]]:

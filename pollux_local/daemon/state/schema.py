@@ -139,5 +139,9 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
 #: The version this daemon writes.
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
+#: Decisions kept per job, the newest (``show`` reads 100): a user's loop of edits, or of
+#: holds and releases, on one job added a row each, 850 a second, for as long as the job was
+#: active (retention removes only ended jobs).
+DECISIONS_LIMIT = 1000
 #: Samples of goodput / noise scale kept per job (older ones are dropped as new ones come).
 HISTORY_LIMIT = 720
