@@ -33,6 +33,7 @@ import pytest
 from pollux_local.api.states import JobState
 from pollux_local.daemon import auth, metrics
 from pollux_local.daemon.loop import REPORT_WARNING_INTERVAL_S, SchedulingLoop
+from pollux_local.daemon.readmodel import MetricHistory
 from pollux_local.daemon.reports import MAX_REASON_CHARS, InvalidReport, parse_report
 from pollux_local.daemon.server import raise_open_files_limit
 from pollux_local.daemon.statedir import EscapedFormatter, LogFileHandler, open_private
@@ -87,6 +88,7 @@ def test_what_is_remembered_of_reports_is_forgotten_with_the_job(tmp_path: Path)
         state_dir=tmp_path,
         _report_mtimes={7: 1.0, 8: 2.0},
         _report_warned={7: 900.0, 9: 950.0},
+        metrics=MetricHistory(),  # its own test: tests/daemon/test_pass_work.py
     )
     running = types.SimpleNamespace(id=8, job_id="8", state=JobState.RUNNING, owner_uid=os.getuid())
     SchedulingLoop.refresh_reports(loop, [running])  # type: ignore[arg-type]
@@ -100,7 +102,7 @@ def test_a_waiting_jobs_report_file_is_never_read_by_a_pass(tmp_path: Path) -> N
     read: list[int] = []
     loop = types.SimpleNamespace(
         clock=lambda: 1000.0, state_dir=tmp_path, _report_mtimes={}, _report_warned={},
-        _warn_report=lambda job_id, what: read.append(job_id),
+        _warn_report=lambda job_id, what: read.append(job_id), metrics=MetricHistory(),
     )  # fmt: skip
     jobs = []
     for job_id, job_state in ((1, JobState.QUEUED), (2, JobState.QUEUED), (3, JobState.RUNNING)):
