@@ -215,11 +215,15 @@ def squared_norm(
     return torch.stack(norms(grads, preconditioners)).square().sum()
 
 
-def read_squared(first: torch.Tensor, parts: Sequence[torch.Tensor]) -> tuple[float, float]:
-    """(``first``, sum_i parts_i^2) read from the device in one copy: one synchronisation,
-    two kernels (a stack and the copy), the squares summed on the host (``math.fsum``)."""
-    values = torch.stack([first.float(), *parts]).tolist()
-    return values[0], math.fsum(value * value for value in values[1:])
+def read_sums(
+    plain: Sequence[torch.Tensor], squared: Sequence[torch.Tensor]
+) -> tuple[float, float]:
+    """(sum_i plain_i, sum_j squared_j^2) of 0-d tensors, read from the device in one copy:
+    one synchronisation, two kernels (a stack and the copy), the sums taken on the host
+    (``math.fsum``)."""
+    values = torch.stack([*(t.float() for t in plain), *squared]).tolist()
+    head = len(plain)
+    return math.fsum(values[:head]), math.fsum(value * value for value in values[head:])
 
 
 def _gram_or_product(
@@ -228,17 +232,18 @@ def _gram_or_product(
     """|D^T X|_F^2 for D (n x out) and X (n x in), as a 0-d tensor, plus with ``with_bias``
     the bias's |sum_r d_r|^2 = <D D^T, 1 1^T>: through the Gram matrices,
     sum((D D^T) * (X X^T + [1])) (n^2 (in + out) multiply-adds), when n is small enough for
-    that to be cheaper than forming D^T X (n in out); otherwise directly.  Few calls (a kernel
-    launch each on a GPU: a measuring step's hooks are host-bound on small steps)."""
+    that to be cheaper than forming D^T X (n in out); otherwise directly.  The bias comes as
+    a column of ones on X, and the squared norm as one ``vdot``: three or four calls, a
+    kernel launch each on a GPU (a measuring step's hooks are host-bound on small steps)."""
     n, width_out = rows_out.shape
     width_in = rows_in.shape[1]
+    if with_bias:  # X with a column of ones: [X 1] [X 1]^T = X X^T + 1, D^T [X 1] = [dW db]
+        rows_in = torch.nn.functional.pad(rows_in, (0, 1), value=1.0)
+        width_in += 1
     if n * (width_in + width_out) <= width_in * width_out:
-        inner = rows_in @ rows_in.T
-        if with_bias:
-            inner.add_(1.0)
-        return torch.vdot((rows_out @ rows_out.T).view(-1), inner.view(-1))
-    weight = (rows_out.T @ rows_in).square().sum()
-    return weight + rows_out.sum(0).square().sum() if with_bias else weight
+        return torch.vdot((rows_out @ rows_out.T).view(-1), (rows_in @ rows_in.T).view(-1))
+    product = rows_out.T @ rows_in
+    return torch.vdot(product.view(-1), product.view(-1))
 
 
 #: With hooks, g_small is the gradient of the first 1/SMALL_SHARE of a step's samples.
@@ -347,15 +352,15 @@ class SmallBatchGradNorm:
             handle.remove()
         self._handles = []
 
-    def result(self) -> tuple[torch.Tensor, int] | None:
-        """(|g_A|^2 summed over the layers, as the backward left it; |A|), or ``None`` when
+    def result(self) -> tuple[list[torch.Tensor], int] | None:
+        """(the layers' terms of |g_A|^2, as the backward left them; |A|), or ``None`` when
         the step broke an assumption (a layer called twice, rows that are not the samples).
         The gradients are of the loss as back-propagated (mean over all ``rows``, times any
         loss weight): the caller rescales."""
         self.disarm()
         if not self._valid or not self._terms:
             return None
-        return torch.stack(self._terms).sum(), self._small
+        return list(self._terms), self._small
 
     def check_total(self, grad_sq: float) -> bool:
         """The first use: does the sum over all rows match |.grad|^2 (``grad_sq``, the same

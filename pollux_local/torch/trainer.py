@@ -72,7 +72,7 @@ from pollux_local.torch.gradstats import (
     GradNoiseEstimator,
     SmallBatchGradNorm,
     norms,
-    read_squared,
+    read_sums,
     squared_norm,
 )
 from pollux_local.torch.loader import ElasticLoader
@@ -220,7 +220,7 @@ class ElasticTrainer:
         self._step_start_cost = 0.0
         #: a one-replica measuring step's |g_small|^2 as a device tensor times a factor, and
         #: b_small (read with |g_big|^2 at the optimizer step: one read, ``_collect_stats``)
-        self._small: tuple[torch.Tensor, float, int] | None = None
+        self._small: tuple[list[torch.Tensor], float, int] | None = None
         #: g_small of a one-replica measuring step without a split (``SmallBatchGradNorm``)
         self._small_norm = SmallBatchGradNorm.for_model(self.module)
         self._warmup_left = PROFILE_WARMUP_STEPS
@@ -439,7 +439,7 @@ class ElasticTrainer:
                 grads, pre = self._grads()
                 amp = self._amp_scale()
                 factor = 1.0 / (weight * amp) ** 2
-                self._small = (squared_norm(grads, pre), factor, len(plan.micro[0].indices[0]))
+                self._small = ([squared_norm(grads, pre)], factor, len(plan.micro[0].indices[0]))
             return False
         return self._optimizer_step(plan, clip_grad_norm)
 
@@ -479,7 +479,7 @@ class ElasticTrainer:
         found = self._small_norm.result()
         if found is None or weight <= 0:
             return
-        summed, small = found
+        terms, small = found
         rows = len(plan.micro[0].indices[0])
         scale = rows / (small * weight * self._amp_scale())
         if self._small_norm.checking and not self._small_norm.check_total(
@@ -487,7 +487,7 @@ class ElasticTrainer:
         ):
             log.info("gradient statistics: the hooks miss some gradients; splitting steps")
             return
-        self._small = (summed, scale * scale, small)
+        self._small = (terms, scale * scale, small)
 
     def _amp_scale(self) -> float:
         if self.scaler is None:
@@ -554,7 +554,7 @@ class ElasticTrainer:
                 grads, pre = self._grads()
                 amp = self._amp_scale()
                 # both norms in one read from the device (one synchronisation)
-                small_raw, big_raw = read_squared(small_sq, norms(grads, pre))
+                small_raw, big_raw = read_sums(small_sq, norms(grads, pre))
                 if small_batch < plan.total:
                     self.estimator.update(
                         small_raw * factor, small_batch, big_raw / (amp * amp), plan.total
