@@ -58,6 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,38 @@ def typical_block_time(steps: list[list[float]], clock: int) -> float:
 
 
 # ----------------------------------------------------------------------------- worker
+class EpochBatches:
+    """A trainer's batches epoch after epoch (its one loader, iterated again at its end)."""
+
+    def __init__(self, trainer: Any, data: Any) -> None:
+        self.loader = trainer.loader(data)
+        self.batches = iter(self.loader)
+
+    def __next__(self) -> Any:
+        try:
+            return next(self.batches)
+        except StopIteration:
+            self.batches = iter(self.loader)
+            return next(self.batches)
+
+
+def train_steps(
+    trainer: Any, batches: EpochBatches, count: int, after: Callable[[], None] | None = None
+) -> None:
+    """``count`` optimizer steps of the probe (cross-entropy) with ``trainer``, the batches
+    copied to its device as a job copies them; ``after`` runs after every micro-batch."""
+    import torch.nn.functional as F
+
+    done = 0
+    while done < count:
+        xb, yb, _ = next(batches)
+        xb, yb = xb.to(trainer.device), yb.to(trainer.device)
+        stepped = trainer.step(F.cross_entropy(trainer.model(xb), yb))
+        if after is not None:
+            after()
+        done += stepped
+
+
 def worker(args: argparse.Namespace) -> int:
     """One replica of the interleaved A/B/C run (see the module docstring)."""
     rank = int(os.environ.get("RANK", "0"))
@@ -231,21 +264,10 @@ def worker(args: argparse.Namespace) -> int:
             opt_p.step()
             opt_p.zero_grad(set_to_none=True)
 
-    loaders = {name: t.loader(data) for name, t in trainers.items()}
-    batches = {name: iter(loader) for name, loader in loaders.items()}
+    batches = {name: EpochBatches(t, data) for name, t in trainers.items()}
 
     def elastic_steps(name: str, n: int) -> None:
-        t = trainers[name]
-        done = 0
-        while done < n:
-            try:
-                xb, yb, _ = next(batches[name])
-            except StopIteration:
-                batches[name] = iter(loaders[name])
-                continue
-            xb, yb = xb.to(t.device), yb.to(t.device)
-            if t.step(F.cross_entropy(t.model(xb), yb)):
-                done += 1
+        train_steps(trainers[name], batches[name], n)
 
     def run_arm(arm: str, n: int) -> None:
         if arm == "plain":

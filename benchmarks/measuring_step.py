@@ -21,7 +21,6 @@ import argparse
 import json
 import statistics
 import time
-from typing import Any
 
 
 def main() -> int:
@@ -37,7 +36,7 @@ def main() -> int:
     args = parser.parse_args()
 
     import torch
-    import torch.nn.functional as F
+    from job_overhead import EpochBatches, train_steps
 
     from pollux_local.torch import ElasticTrainer
     from pollux_local.torch.probe import make_data, make_model
@@ -63,23 +62,11 @@ def main() -> int:
         )
 
     trainers = {"on": trainer(1), "off": trainer(10**9)}
-    loaders = {name: t.loader(data) for name, t in trainers.items()}
-    batches: dict[str, Any] = {name: iter(loader) for name, loader in loaders.items()}
+    batches = {name: EpochBatches(t, data) for name, t in trainers.items()}
+    synchronise = (lambda: torch.cuda.synchronize(device)) if on_gpu else None
 
     def steps(name: str, count: int) -> None:
-        t = trainers[name]
-        done = 0
-        while done < count:
-            try:
-                xb, yb, _ = next(batches[name])
-            except StopIteration:
-                batches[name] = iter(loaders[name])
-                continue
-            xb, yb = xb.to(t.device), yb.to(t.device)
-            if t.step(F.cross_entropy(t.model(xb), yb)):
-                done += 1
-            if on_gpu:
-                torch.cuda.synchronize(device)
+        train_steps(trainers[name], batches[name], count, after=synchronise)
 
     for name in trainers:
         steps(name, args.warmup)
