@@ -60,9 +60,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pollux_local.launch.base import pick_master_port
+
+if TYPE_CHECKING:  # the job library (torch) is imported by the workers only
+    from pollux_local.torch import ElasticTrainer
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = [sys.executable, "-m", "pollux_local.torch.probe"]
@@ -151,6 +154,28 @@ def typical_block_time(steps: list[list[float]], clock: int) -> float:
 
 
 # ----------------------------------------------------------------------------- worker
+def probe_trainer(
+    model: Any, lr: float, base_batch: int, stats_interval: int, stats_budget: float | None
+) -> ElasticTrainer:
+    """An ``ElasticTrainer`` of ``model`` (SGD with momentum) as these benchmarks time it: no
+    adaptation, no reports, checkpoints or signal handler."""
+    import torch
+
+    from pollux_local.torch import ElasticTrainer
+
+    return ElasticTrainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
+        base_batch=base_batch,
+        adapt=False,
+        report_interval_s=3600.0,
+        checkpoint_interval_s=None,
+        handle_sigterm=False,
+        stats_interval=stats_interval,
+        stats_budget=stats_budget,
+    )
+
+
 class EpochBatches:
     """A trainer's batches epoch after epoch (its one loader, iterated again at its end)."""
 
@@ -196,7 +221,6 @@ def worker(args: argparse.Namespace) -> int:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from pollux_local.torch import ElasticTrainer
     from pollux_local.torch.probe import make_data, make_model
 
     torch.set_num_threads(1)
@@ -208,17 +232,7 @@ def worker(args: argparse.Namespace) -> int:
 
     def trainer() -> ElasticTrainer:
         model = make_model(args.features, args.hidden, args.classes, args.seed)
-        return ElasticTrainer(
-            model,
-            torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
-            base_batch=args.base_batch,
-            adapt=False,
-            report_interval_s=3600.0,
-            checkpoint_interval_s=None,
-            handle_sigterm=False,
-            stats_interval=STATS_INTERVAL,
-            stats_budget=args.stats_budget,
-        )
+        return probe_trainer(model, args.lr, args.base_batch, STATS_INTERVAL, args.stats_budget)
 
     arms = WITH_SPLIT if args.with_split and world == 1 else ARMS
     # Two trainers swap the on and off roles every round, so that whatever sets one copy of

@@ -21,6 +21,7 @@ import argparse
 import json
 import statistics
 import time
+from typing import Any
 
 
 def main() -> int:
@@ -36,9 +37,8 @@ def main() -> int:
     args = parser.parse_args()
 
     import torch
-    from job_overhead import EpochBatches, train_steps
+    from job_overhead import EpochBatches, probe_trainer, train_steps
 
-    from pollux_local.torch import ElasticTrainer
     from pollux_local.torch.probe import make_data, make_model
 
     torch.set_num_threads(1)
@@ -47,19 +47,9 @@ def main() -> int:
     clock = time.perf_counter if on_gpu else time.process_time
     data = make_data(16384, args.features, 10, 0)
 
-    def trainer(interval: int) -> ElasticTrainer:
-        model = make_model(args.features, args.hidden, 10, 0)
-        return ElasticTrainer(
-            model,
-            torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-            base_batch=args.batch,
-            adapt=False,
-            report_interval_s=3600.0,
-            checkpoint_interval_s=None,
-            handle_sigterm=False,
-            stats_interval=interval,
-            stats_budget=None,
-        )
+    def trainer(interval: int) -> Any:
+        return probe_trainer(make_model(args.features, args.hidden, 10, 0), 0.01, args.batch,
+                             interval, None)  # fmt: skip
 
     trainers = {"on": trainer(1), "off": trainer(10**9)}
     batches = {name: EpochBatches(t, data) for name, t in trainers.items()}
