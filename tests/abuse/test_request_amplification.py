@@ -24,7 +24,14 @@ import msgspec
 import pytest
 
 from pollux_local.api.errors import LimitExceeded, PermissionDenied
-from pollux_local.api.messages import JOB_NAME_MAX, ArrayTask, Cancel, JobName, Submit
+from pollux_local.api.messages import (
+    JOB_NAME_MAX,
+    ArrayTask,
+    Cancel,
+    JobName,
+    Release,
+    Submit,
+)
 from pollux_local.api.states import JobState
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers import control, submit
@@ -155,8 +162,42 @@ def test_an_arrays_settings_count_against_what_a_user_may_keep(tmp_path: Path) -
     assert store.count_jobs() == 0
     # the same settings on a few tasks fit, and what they keep is counted from then on
     submit.submit(alice, held(["/bin/true"], notify=urls, array=tasks[:10]))
-    kept, _ = store.stored_bytes(ALICE)
+    kept = store.stored_bytes(ALICE)
     assert kept > 10 * 16 * 2000, kept
     # another user is not charged for them
-    assert store.stored_bytes(BOB)[0] == 0
+    assert store.stored_bytes(BOB) == 0
+    store.close()
+
+
+def test_a_release_of_every_held_job_counts_what_they_keep_not_once_a_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``release --all`` of 1,000 held jobs with long ``--notify`` lists counted everything
+    the owner's jobs keep once a job (every row read in full, 1,000 times): another user's
+    ``ping`` waited 75-104 s.  A release adds nothing new, so nothing is counted; the jobs are
+    released a part at a time, the event loop served between two parts."""
+    store = StateStore(tmp_path / "state.db")
+    alice = context(store, ALICE)
+    urls = [f"https://example.org/{i}/" + "u" * 2000 for i in range(16)]
+    tasks = [ArrayTask(index=i) for i in range(250)]
+    submit.submit(alice, held(["/bin/true"], notify=urls, array=tasks))
+    counted: list[int] = []
+    real = store.stored_bytes
+    monkeypatch.setattr(store, "stored_bytes", lambda uid: counted.append(uid) or real(uid))
+    turns: list[int] = []
+    real_give_way = control.give_way
+
+    async def give_way() -> None:
+        turns.append(1)
+        await real_give_way()
+
+    monkeypatch.setattr(control, "give_way", give_way)
+    reply = asyncio.run(control.release(alice, Release(all=True)))
+    assert len(reply.ids) == 250 and not reply.refused
+    assert counted == []  # nothing new: nothing counted
+    assert len(turns) >= 250 // control.CHANGE_PART
+    assert store.count_active(ALICE) == 250
+    # a submit that adds a new command counts once
+    submit.submit(alice, held(["/bin/false"]))
+    assert counted == [ALICE]
     store.close()

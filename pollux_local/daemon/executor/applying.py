@@ -290,7 +290,6 @@ class Applying(Warm):
         # watched at once: should recording the start fail, its exit is still handled
         self.watchers[job.id] = asyncio.ensure_future(self._watch(job.id, group))
         self._noted_down = {key for key in self._noted_down if key[0] != job.id}
-        self.last_launch[job.id] = now
         pids = []
         for rank, pid in group.pids().items():
             record: dict[str, Any] = {"rank": rank, "pid": pid, "node": spec.slots[rank].node}

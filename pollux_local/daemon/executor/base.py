@@ -80,7 +80,6 @@ class ExecutorBase:
         #: the exit of a group that ended, as the job's columns, until its end is stored
         self._exits: dict[int, dict[str, Any]] = {}
         self.nodes = NodeHealthBook([node.name for node in config.nodes])
-        self.last_launch: dict[int, float] = {}
         self.run_dir = state_dir / "run"
         self._local = LocalLauncher(
             {n.name: n.devices for n in config.nodes if n.is_local},

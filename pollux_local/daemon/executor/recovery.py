@@ -106,7 +106,6 @@ class Recovery(Applying):
             self._adopt_stopping(job.id, group, StopIntent.RESIZE)
         else:
             self.groups[job.id] = group
-        self.last_launch[job.id] = job.last_start or now
         self.watchers[job.id] = asyncio.ensure_future(self._watch(job.id, group))
         return True
 
@@ -146,7 +145,6 @@ class Recovery(Applying):
             self._adopt_stopping(job.id, group, StopIntent.RESIZE)
         else:
             self.groups[job.id] = group
-        self.last_launch[job.id] = job.last_start or now
         self.watchers[job.id] = asyncio.ensure_future(self._watch(job.id, group))
         return True
 

@@ -147,6 +147,15 @@ def targets(ctx: Context, request: Hold | Release, state: JobState, verb: str) -
     return jobs
 
 
+#: Jobs a ``hold --all`` or ``release --all`` changes under one hold of the daemon's mutex;
+#: the other requests and a pass are served between two parts.
+CHANGE_PART = 100
+
+
+def _parts(jobs: list[JobRecord]) -> list[list[JobRecord]]:
+    return [jobs[start : start + CHANGE_PART] for start in range(0, len(jobs), CHANGE_PART)]
+
+
 async def hold(ctx: Context, request: Hold) -> StateChangeReply:
     """Keep jobs from being started: the one named (a running job is stopped: it
     checkpoints), or with ``all`` every queued one of the caller's (:func:`targets`; running
@@ -154,19 +163,21 @@ async def hold(ctx: Context, request: Hold) -> StateChangeReply:
     jobs = targets(ctx, request, JobState.QUEUED, "hold")
     held: list[str] = []
     try:
-        async with ctx.mutex:
-            for target in jobs:
-                job = ctx.job(target.job_id)
-                if request.all and job.state != JobState.QUEUED:
-                    continue  # it started or ended since it was listed
-                if job.state in TERMINAL_STATES:
-                    raise Conflict(f"job {job.id} has already {job.state}")
-                if job.state != JobState.HELD:
-                    try:
-                        await stop_as(ctx, job, JobState.HELD)
-                    except sqlite3.Error as exc:
-                        raise _write_failed("hold", job, exc, held) from None
-                held.append(job.job_id)
+        for part in _parts(jobs):
+            await give_way()
+            async with ctx.mutex:
+                for target in part:
+                    job = ctx.job(target.job_id)
+                    if request.all and job.state != JobState.QUEUED:
+                        continue  # it started or ended since it was listed
+                    if job.state in TERMINAL_STATES:
+                        raise Conflict(f"job {job.id} has already {job.state}")
+                    if job.state != JobState.HELD:
+                        try:
+                            await stop_as(ctx, job, JobState.HELD)
+                        except sqlite3.Error as exc:
+                            raise _write_failed("hold", job, exc, held) from None
+                    held.append(job.job_id)
     finally:
         ctx.wake()
     return StateChangeReply(state=JobState.HELD, ids=held)
@@ -182,21 +193,23 @@ async def release(ctx: Context, request: Release) -> StateChangeReply:
     released: list[str] = []
     refused: dict[str, str] = {}
     try:
-        async with ctx.mutex:
-            for target in jobs:
-                job = ctx.job(target.job_id)
-                if job.state != JobState.HELD:
-                    if request.all:
-                        continue  # released or cancelled since it was listed
-                    raise Conflict(f"job {job.id} is not held (it is {job.state})")
-                try:
-                    _release_one(ctx, job, released)
-                except (InvalidRequest, LimitExceeded) as exc:
-                    if not request.all:
-                        raise
-                    refused[job.job_id] = str(exc)
-                    continue
-                released.append(job.job_id)
+        for part in _parts(jobs):
+            await give_way()
+            async with ctx.mutex:
+                for target in part:
+                    job = ctx.job(target.job_id)
+                    if job.state != JobState.HELD:
+                        if request.all:
+                            continue  # released or cancelled since it was listed
+                        raise Conflict(f"job {job.id} is not held (it is {job.state})")
+                    try:
+                        _release_one(ctx, job, released)
+                    except (InvalidRequest, LimitExceeded) as exc:
+                        if not request.all:
+                            raise
+                        refused[job.job_id] = str(exc)
+                        continue
+                    released.append(job.job_id)
     finally:
         ctx.wake()
     return StateChangeReply(state=JobState.QUEUED, ids=released, refused=refused)

@@ -20,15 +20,15 @@ from pollux_local.daemon.jobfiles import UnsafeJobFile, read_job_file
 from pollux_local.daemon.pacing import give_way
 from pollux_local.daemon.readmodel import decision_records, job_detail, job_summary
 from pollux_local.daemon.resizes import resizes_of
-from pollux_local.daemon.state import JobRecord
+from pollux_local.daemon.state import DECISIONS_LIMIT, JobRecord
 
 #: The states whose jobs carry a forecast.
 FORECAST_STATES = frozenset({JobState.QUEUED, *PLACED_STATES})
 
 #: The most bytes of a log one ``logs`` request returns.
 MAX_LOG_CHUNK = 1 << 20
-#: Decisions ``show`` returns (the newest).
-SHOW_DECISIONS = 100
+#: Decisions ``show`` returns (the newest): all a job keeps.
+SHOW_DECISIONS = DECISIONS_LIMIT
 #: ``status`` without ``all`` shows the jobs that finished this recently (seconds).
 RECENT_S = 24 * 3600.0
 #: Jobs a ``status`` page reads (and summarises) between two turns of the event loop.

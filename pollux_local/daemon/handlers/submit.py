@@ -82,9 +82,10 @@ def validate_jobs(
     env_bytes = environment_size(env)
     checked = [check_job(spec, config, env_bytes=env_bytes) for spec in specs]
     commands = list({id(spec.argv): spec.argv for spec in specs}.values())
-    kept, new = ctx.store.stored_bytes(owner_uid, [dict(env), *commands])
+    new = ctx.store.unkept_bytes(owner_uid, [dict(env), *commands])
     if adding:  # each new job's own row: its settings (an array's tasks each) and its name
         new += sum(len(stored_row(spec)) + JOB_NAME_MAX for spec in checked)
+    kept = ctx.store.stored_bytes(owner_uid) if new else 0  # nothing new: nothing to count
     if new and kept + new > config.max_stored_per_user:
         raise LimitExceeded(
             f"limit exceeded: {owner_name}'s jobs keep {format_size(kept)} of commands,"

@@ -47,10 +47,16 @@ from pollux_local.daemon.state.records import (
     stored_row,
 )
 from pollux_local.daemon.state.retention import Retention
-from pollux_local.daemon.state.schema import HISTORY_LIMIT, MIGRATIONS, SCHEMA_VERSION
+from pollux_local.daemon.state.schema import (
+    DECISIONS_LIMIT,
+    HISTORY_LIMIT,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+)
 
 __all__ = [
     "GroupRecord",
+    "DECISIONS_LIMIT",
     "HISTORY_LIMIT",
     "JobEnd",
     "SIDE_FILES",

@@ -139,9 +139,10 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
 #: The version this daemon writes.
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
-#: Decisions kept per job, the newest (``show`` reads 100): a user's loop of edits, or of
-#: holds and releases, on one job added a row each, 850 a second, for as long as the job was
-#: active (retention removes only ended jobs).
-DECISIONS_LIMIT = 1000
+#: Decisions kept per job, the newest, as many as ``show`` prints: a user's loop of edits, or
+#: of holds and releases, on one job added a row each, 850 a second, for as long as the job
+#: was active (retention removes only ended jobs); and the 10,000 ended jobs a user keeps
+#: would keep 1,000 each (about 620 MB) at a cap of 1,000.
+DECISIONS_LIMIT = 100
 #: Samples of goodput / noise scale kept per job (older ones are dropped as new ones come).
 HISTORY_LIMIT = 720
