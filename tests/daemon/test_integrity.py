@@ -194,12 +194,14 @@ def test_migration_6_removes_the_blobs_no_job_references(tmp_path: Path) -> None
     )  # fmt: skip
     store.db.executescript(
         "INSERT INTO blobs (digest, data, size) VALUES ('orphan', '[\"old\"]', 7);"
-        "DROP INDEX jobs_argv_ref; DROP INDEX jobs_env_ref;"
+        "DROP INDEX jobs_argv_ref; DROP INDEX jobs_env_ref; DROP INDEX jobs_owner_kept;"
         "UPDATE meta SET value = '5' WHERE key = 'schema_version';"
     )
     store.close()
     store = StateStore(path)
     assert store.version == 6
+    indexes = {r[0] for r in store.db.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    assert {"jobs_argv_ref", "jobs_env_ref", "jobs_owner_kept"} <= indexes
     digests = {row[0] for row in store.db.execute("SELECT digest FROM blobs")}
     assert "orphan" not in digests and len(digests) == 2  # the job's command and environment
     got = store.get_job(job.id)

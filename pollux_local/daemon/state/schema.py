@@ -100,6 +100,8 @@ CREATE TABLE IF NOT EXISTS groups (
 _SCHEMA_V6 = """
 CREATE INDEX IF NOT EXISTS jobs_argv_ref ON jobs(argv_ref);
 CREATE INDEX IF NOT EXISTS jobs_env_ref ON jobs(env_ref);
+CREATE INDEX IF NOT EXISTS jobs_owner_kept
+    ON jobs(owner_uid, state, (LENGTH(spec) + LENGTH(name)), argv_ref, env_ref);
 DELETE FROM blobs WHERE digest NOT IN (SELECT argv_ref FROM jobs WHERE argv_ref IS NOT NULL)
     AND digest NOT IN (SELECT env_ref FROM jobs WHERE env_ref IS NOT NULL);
 """
@@ -131,8 +133,9 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     ),
     (
         6,
-        "indexes on the blobs a job references; the blobs no job references removed (an"
-        " edit left its job's old command behind, for ever)",
+        "indexes on the blobs a job references, and on what an owner's jobs keep (each"
+        " row's size: counting it read every row in full); the blobs no job references"
+        " removed (an edit left its job's old command behind, for ever)",
         _SCHEMA_V6,
     ),
 )
