@@ -218,8 +218,9 @@ class ElasticTrainer:
         self._t0 = 0.0
         self._step_start = 0.0
         self._step_start_cost = 0.0
-        #: a one-replica measuring step's |g_small|^2 as a device tensor times a factor, and
-        #: b_small (read with |g_big|^2 at the optimizer step: one read, ``_collect_stats``)
+        #: a one-replica measuring step's |g_small|^2 as device tensors to sum (one per hooked
+        #: layer, or one), a factor to scale their sum by, and b_small (read with |g_big|^2 at
+        #: the optimizer step: one read, ``_collect_stats``)
         self._small: tuple[list[torch.Tensor], float, int] | None = None
         #: g_small of a one-replica measuring step without a split (``SmallBatchGradNorm``)
         self._small_norm = SmallBatchGradNorm.for_model(self.module)
@@ -550,11 +551,11 @@ class ElasticTrainer:
         usable = plan.full or plan.split
         if self.replicas == 1:
             if self._small is not None and usable:
-                small_sq, factor, small_batch = self._small
+                small_terms, factor, small_batch = self._small
                 grads, pre = self._grads()
                 amp = self._amp_scale()
                 # both norms in one read from the device (one synchronisation)
-                small_raw, big_raw = read_sums(small_sq, norms(grads, pre))
+                small_raw, big_raw = read_sums(small_terms, norms(grads, pre))
                 if small_batch < plan.total:
                     self.estimator.update(
                         small_raw * factor, small_batch, big_raw / (amp * amp), plan.total
