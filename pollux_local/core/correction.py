@@ -77,23 +77,25 @@ class TimeCorrection:
         )
 
     def factors(
-        self, nodes: ArrayLike, replicas: ArrayLike, local_batch: ArrayLike
+        self,
+        nodes: ArrayLike,
+        replicas: ArrayLike,
+        local_batch: ArrayLike,
+        columns: BatchColumns | None = None,
     ) -> tuple[FloatArray, FloatArray]:
-        """Multiplicative corrections (compute, step) at the queried points (broadcast)."""
+        """Multiplicative corrections (compute, step) at the queried points (broadcast);
+        ``columns``: :func:`batch_columns` of the query, when the caller has kept them."""
         n = np.asarray(nodes, dtype=float)
         k = np.asarray(replicas, dtype=float)
-        m = np.asarray(local_batch, dtype=float)
         # The kernel is a product of an (N, K) part and an m part.  The (N, K) part is
         # evaluated on the (N, K) arrays as given (a batch-candidate grid passes one row per
         # allocation), the m part once per distinct m; the sums over measured points are then
         # matrix products, and each query picks its entry.
         n, k = np.broadcast_arrays(n, k)
-        shape = np.broadcast_shapes(n.shape, m.shape)
-        rows = np.broadcast_to(np.arange(n.size).reshape(n.shape), shape).reshape(-1)
-        ms, cols = np.unique(np.broadcast_to(m, shape).reshape(-1), return_inverse=True)
+        if columns is None:
+            columns = batch_columns(n.shape, local_batch)
         ln = np.log(np.maximum(n.reshape(-1), 1.0))[:, None]
         lk = np.log(np.maximum(k.reshape(-1), 1.0))[:, None]
-        lm = np.log(np.maximum(ms, 1e-12))[:, None]
         w_nk = np.exp(
             -0.5
             * (
@@ -101,13 +103,37 @@ class TimeCorrection:
                 + ((lk - self.log_replicas[None, :]) / LENGTH_REPLICAS) ** 2
             )
         )
-        w_m = np.exp(-0.5 * ((lm - self.log_batch[None, :]) / LENGTH_BATCH) ** 2)
+        w_m = np.exp(-0.5 * ((columns.log_batch - self.log_batch[None, :]) / LENGTH_BATCH) ** 2)
         total = PRIOR_WEIGHT + w_nk @ w_m.T
         log_c = (w_nk @ (w_m * self.residual_compute[None, :]).T) / total
         log_s = (w_nk @ (w_m * self.residual_step[None, :]).T) / total
-        cols = cols.reshape(-1)
+        rows, cols = columns.rows, columns.cols
         log_c, log_s = log_c[rows, cols], log_s[rows, cols]
-        return np.exp(log_c).reshape(shape), np.exp(log_s).reshape(shape)
+        return np.exp(log_c).reshape(columns.shape), np.exp(log_s).reshape(columns.shape)
+
+
+@dataclass(frozen=True, eq=False)
+class BatchColumns:
+    """Where each queried m falls in :meth:`TimeCorrection.factors`' matrices: the query's
+    shape, its row (the (N, K) entry) and column (the distinct m) per point, flattened, and
+    log m of the distinct m (a column vector).  No fit enters: a caller asking the same
+    grid of every fit keeps them."""
+
+    shape: tuple[int, ...]
+    rows: NDArray[np.intp]
+    cols: NDArray[np.intp]
+    log_batch: FloatArray
+
+
+def batch_columns(nodes_shape: tuple[int, ...], local_batch: ArrayLike) -> BatchColumns:
+    """:class:`BatchColumns` of a query with (N, K) of ``nodes_shape`` and ``local_batch``."""
+    m = np.asarray(local_batch, dtype=float)
+    shape = np.broadcast_shapes(nodes_shape, m.shape)
+    size = int(np.prod(nodes_shape, dtype=np.int64))
+    rows = np.broadcast_to(np.arange(size).reshape(nodes_shape), shape).reshape(-1)
+    ms, cols = np.unique(np.broadcast_to(m, shape).reshape(-1), return_inverse=True)
+    log_batch = np.log(np.maximum(ms, 1e-12))[:, None]
+    return BatchColumns(shape=shape, rows=rows, cols=cols.reshape(-1), log_batch=log_batch)
 
 
 def corrected_times(
@@ -116,13 +142,15 @@ def corrected_times(
     nodes: ArrayLike,
     replicas: ArrayLike,
     local_batch: ArrayLike,
+    columns: BatchColumns | None = None,
 ) -> tuple[FloatArray, FloatArray]:
     """(T_c, T_sync): the model's compute and synchronising-step times, each multiplied by its
-    correction factor when there is one (T_sync >= T_c)."""
+    correction factor when there is one (T_sync >= T_c); ``columns`` as
+    :meth:`TimeCorrection.factors` takes them."""
     t_c = predict_compute_time(params, local_batch)
     t_sync = predict_step_time(params, nodes, replicas, local_batch)
     if correction is not None:
-        factor_c, factor_s = correction.factors(nodes, replicas, local_batch)
+        factor_c, factor_s = correction.factors(nodes, replicas, local_batch, columns)
         t_c = t_c * factor_c
         t_sync = np.maximum(t_sync * factor_s, t_c)
     return np.asarray(t_c, dtype=np.float64), np.asarray(t_sync, dtype=np.float64)

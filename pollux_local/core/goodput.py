@@ -13,7 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from pollux_local.core.correction import TimeCorrection, corrected_times
+from pollux_local.core.correction import (
+    BatchColumns,
+    TimeCorrection,
+    batch_columns,
+    corrected_times,
+)
 from pollux_local.core.efficiency import efficiency as _efficiency
 from pollux_local.core.efficiency import noise_scale
 from pollux_local.core.throughput import ThroughputParams
@@ -57,14 +62,20 @@ class GoodputModel:
         return self.bounds.largest_local
 
     def throughput(
-        self, nodes: ArrayLike, replicas: ArrayLike, local_batch: ArrayLike, accum_steps: ArrayLike
+        self,
+        nodes: ArrayLike,
+        replicas: ArrayLike,
+        local_batch: ArrayLike,
+        accum_steps: ArrayLike,
+        columns: BatchColumns | None = None,
     ) -> FloatArray:
         """Examples per second, K*m*s / T_iter with T_iter = (s - 1) * T_c + T_sync (see
-        ``core.throughput``), the times corrected near measured points (``core.correction``)."""
+        ``core.throughput``), the times corrected near measured points (``core.correction``;
+        ``columns``: the query's, as it takes them)."""
         k = np.asarray(replicas, dtype=float)
         m = np.asarray(local_batch, dtype=float)
         s = np.asarray(accum_steps, dtype=float)
-        t_c, t_sync = corrected_times(self.params, self.correction, nodes, k, m)
+        t_c, t_sync = corrected_times(self.params, self.correction, nodes, k, m, columns)
         return np.asarray(k * m * s / ((s - 1.0) * t_c + t_sync), dtype=np.float64)
 
     def efficiency(self, total_batch: ArrayLike) -> FloatArray:
@@ -194,7 +205,9 @@ def _throughput_grid(
     model = GoodputModel(params, GradStats(sqr=1.0, var=0.0), bounds, correction)
     n = np.frombuffer(nodes, dtype=np.float64)
     part = _batch_candidates(bounds, replicas)
-    throughput = model.throughput(n[:, None], part.replicas, part.local_float, part.steps_float)
+    throughput = model.throughput(
+        n[:, None], part.replicas, part.local_float, part.steps_float, part.columns
+    )
     _read_only(throughput)
     return _Grid(
         local=part.local,
@@ -224,6 +237,8 @@ class _Candidates:
     usable: NDArray[np.bool_]
     all_usable: bool
     rows: IntArray
+    #: where each candidate's m falls in a correction's matrices
+    columns: BatchColumns
 
 
 @functools.lru_cache(maxsize=GRID_CACHE_SIZE)
@@ -246,9 +261,11 @@ def _batch_candidates(bounds: BatchBounds, replicas: bytes) -> _Candidates:
         usable=usable,
         all_usable=bool(usable.all()),
         rows=np.arange(k.size),
+        columns=batch_columns((k.size, 1), local),
     )
     _read_only(part.replicas, part.local_float, part.steps_float, part.local, part.steps)
     _read_only(part.feasible, part.batch_floor, part.usable, part.rows)
+    _read_only(part.columns.rows, part.columns.cols, part.columns.log_batch)
     return part
 
 

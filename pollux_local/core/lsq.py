@@ -26,6 +26,7 @@ for these problems several times faster than a general-purpose trust-region solv
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -70,7 +71,7 @@ def solve_bounded(
     if not np.isfinite(cost):
         return LsqResult(x, cost, 0, False)
     jac = jacobian(x)
-    moves = np.any(jac != 0.0, axis=0)  # the variables r depends on here
+    moves = (jac != 0.0).any(axis=0)  # the variables r depends on here
 
     def finish(iteration: int, converged: bool) -> LsqResult:
         on_bound = bool(((x <= lower) | (x >= upper)).any())
@@ -87,12 +88,15 @@ def solve_bounded(
             return finish(iteration, True)
         jf = jac[:, free]
         normal = jf.T @ jf
-        scale = np.maximum(np.diag(normal).copy(), 1e-300)
-        if float(np.max(np.abs(grad[free]) / np.sqrt(scale))) <= gtol * np.sqrt(2.0 * cost):
+        scale = np.maximum(normal.diagonal(), 1e-300)
+        steps = np.arange(scale.size)
+        if float((np.abs(grad[free]) / np.sqrt(scale)).max()) <= gtol * math.sqrt(2.0 * cost):
             return finish(iteration, True)
         while True:
             try:
-                step = np.linalg.solve(normal + lam * np.diag(scale), -grad[free])
+                damped = normal.copy()
+                damped[steps, steps] += lam * scale
+                step = np.linalg.solve(damped, -grad[free])
             except np.linalg.LinAlgError:
                 step = None
             if step is not None:
@@ -100,7 +104,8 @@ def solve_bounded(
                 candidate[free] += step
                 candidate = np.minimum(np.maximum(candidate, lower), upper)
                 taken = candidate - x
-                tiny = float(np.linalg.norm(taken)) <= xtol * (xtol + float(np.linalg.norm(x)))
+                # |taken| <= xtol (xtol + |x|), the norms as ``np.linalg.norm`` computes them
+                tiny = math.sqrt(float(taken @ taken)) <= xtol * (xtol + math.sqrt(float(x @ x)))
                 r_new = residuals(candidate)
                 cost_new = 0.5 * float(r_new @ r_new)
                 linear = r + jac @ taken
@@ -113,7 +118,7 @@ def solve_bounded(
                     previous = cost
                     x, r, cost = candidate, r_new, cost_new
                     jac = jacobian(x)
-                    moves = np.any(jac != 0.0, axis=0)
+                    moves = (jac != 0.0).any(axis=0)
                     if (actual <= ftol * previous and rho > 0.25) or tiny:
                         return finish(iteration, True)
                     break

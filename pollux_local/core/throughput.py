@@ -227,14 +227,36 @@ def fit_throughput(
     multi_mask = k > 1
     inter_mask = n > 1
 
-    def residuals(free_values: FloatArray) -> FloatArray:
+    floor = 1e-12
+    #: the last point's shared terms (the solver asks the Jacobian where it just asked the
+    #: residuals): its values, then p, T_c, T_net, max(T_c, T_net) (1 where 0), the two
+    #: ratios to it, their gamma-th powers, their sum q and T_sync
+    last: list[tuple[bytes, tuple[FloatArray, ...]]] = []
+
+    def terms(free_values: FloatArray) -> tuple[FloatArray, ...]:
+        key = free_values.tobytes()
+        if last and last[0][0] == key:
+            return last[0][1]
         p = complete(free_values)
         alpha_c, beta_c, alpha_r, beta_r, alpha_n, beta_n, gamma = p
         t_c = alpha_c + beta_c * m
         t_net = np.where(inter_mask, alpha_n + beta_n * extra, alpha_r + beta_r * extra)
         t_net = np.where(multi_mask, t_net, 0.0)
-        t_sync = _overlap(t_c, t_net, gamma)
-        floor = 1e-12
+        # T_sync = (T_c^g + T_net^g)^(1/g), the larger term factored out (``_overlap``)
+        big = np.maximum(t_c, t_net)
+        safe = np.where(big > 0, big, 1.0)
+        ratio_c, ratio_n = t_c / safe, t_net / safe
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            power_c, power_n = ratio_c**gamma, ratio_n**gamma
+            q = power_c + power_n
+            t_sync = big * q ** (1.0 / gamma)
+        found = (p, t_c, t_net, big, safe, ratio_c, ratio_n, power_c, power_n, q, t_sync)
+        last[:] = [(key, found)]
+        return found
+
+    def residuals(free_values: FloatArray) -> FloatArray:
+        p, t_c, *_, t_sync = terms(free_values)
+        _, _, alpha_r, beta_r, alpha_n, beta_n, gamma = p
         res_c = np.log(np.maximum(t_c, floor)) - log_tc
         res_s = np.log(np.maximum(t_sync, floor)) - log_ts
         reg = [
@@ -258,19 +280,9 @@ def fit_throughput(
 
     def jacobian(free_values: FloatArray) -> FloatArray:
         """The residuals' derivatives (the loss is smooth; saves the finite differences)."""
-        p = complete(free_values)
-        alpha_c, beta_c, alpha_r, beta_r, alpha_n, beta_n, gamma = p
-        t_c = alpha_c + beta_c * m
-        t_net = np.where(inter_mask, alpha_n + beta_n * extra, alpha_r + beta_r * extra)
-        t_net = np.where(multi_mask, t_net, 0.0)
-        floor = 1e-12
-        big = np.maximum(t_c, t_net)
-        safe = np.where(big > 0, big, 1.0)
-        ratio_c, ratio_n = t_c / safe, t_net / safe
+        p, t_c, _, _, safe, ratio_c, ratio_n, power_c, power_n, q, t_sync = terms(free_values)
+        gamma = p[_IDX["gamma"]]
         with np.errstate(divide="ignore", invalid="ignore"):
-            power_c, power_n = ratio_c**gamma, ratio_n**gamma
-            q = power_c + power_n
-            t_sync = big * q ** (1.0 / gamma)
             # d log T_sync / d T_c and / d T_net: T^(g-1) / (T_c^g + T_net^g)
             d_c = ratio_c ** (gamma - 1.0) / (safe * q)
             d_n = ratio_n ** (gamma - 1.0) / (safe * q)

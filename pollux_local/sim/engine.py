@@ -515,7 +515,7 @@ class Simulator:
             choice = split_batch(batch, k, bounds)
             total = choice.total_batch
             iter_time = app.iteration_time(counts, choice.local_batch, choice.accum_steps)
-            rates.append([app.gain(total, e) / iter_time for e in range(app.epochs)])
+            rates.append(app.gains(total) / iter_time)
         best = np.max(np.asarray(rates), axis=0)
         work = np.diff(app.epoch_target)
         delay = self.rules.restore_delay(app.name, self.config.restart_cost_s)

@@ -25,6 +25,7 @@ Profiles of several device types (a heterogeneous cluster) sit side by side in o
 from __future__ import annotations
 
 import csv
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -86,8 +87,10 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> dict[str, np.ndarray]:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
 def ring_key(counts: tuple[int, ...]) -> tuple[int, ...]:
-    """The lexicographically smallest rotation of the non-empty per-node device counts."""
+    """The lexicographically smallest rotation of the non-empty per-node device counts
+    (remembered: a simulation asks for the same few placements on every step)."""
     ring = tuple(c for c in counts if c > 0)
     if not ring:
         return ()
@@ -299,6 +302,15 @@ class AppProfile:
         sqr, var = self.grad_stats(batch, epoch)
         scale = batch / self.base_batch
         return (var + sqr) / (var / scale + sqr)
+
+    def gains(self, batch: int) -> np.ndarray:
+        """:meth:`gain` at batch M in each epoch 0..epochs-1, as one array (the same values)."""
+        rows = np.minimum(np.arange(self.epochs), self._sqr.shape[1] - 1)
+        lo, hi, w = self._bracket(batch)
+        sqr = (1 - w) * self._sqr[lo, rows] + w * self._sqr[hi, rows]
+        var = (1 - w) * self._var[lo, rows] + w * self._var[hi, rows]
+        scale = batch / self.base_batch
+        return np.asarray((var + sqr) / (var / scale + sqr), dtype=np.float64)
 
     def iterations_after(self, batch: int, epochs_done: int) -> float:
         """Iterations a run at fixed batch M has taken after ``epochs_done`` epochs."""

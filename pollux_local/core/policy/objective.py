@@ -20,6 +20,8 @@ from pollux_local.core.types import (
 )
 
 NEG = -np.inf
+#: The largest float, which ``nan_to`` gives for an infinity.
+_LARGEST = float(np.finfo(np.float64).max)
 #: A job gets at most this many times the largest replica count it has been profiled on.
 EXPLORATION_FACTOR = 4
 #: Smallest share of its declared length a job is taken to have done when estimating its
@@ -30,6 +32,8 @@ MIN_PROGRESS_FRACTION = 0.05
 MAX_SPREAD_TRIES = 8
 #: Shortest goodput table a model is asked for (tables are asked in powers of two).
 TABLE_LENGTH_MIN = 16
+#: Jobs up to which ``rank_weights`` ranks them one by one (faster than the arrays for few).
+_RANK_LOOP_JOBS = 64
 #: Goodput tables remembered (per model and query).
 TABLES_REMEMBERED = 4096
 
@@ -62,6 +66,14 @@ class JobPlan:
     consolidate: bool = False  # runs spread out; the same count on fewer nodes pays
     spread_goodput: float | None = None  # predicted goodput where it runs, when spread out
     waiting: Waiting | None = None  # why it waits, as facts (set when it is left waiting)
+
+
+def nan_to(values: np.ndarray, nan: float) -> np.ndarray:
+    """``np.nan_to_num(values, nan=nan)``: NaN -> ``nan``, +-inf -> +-the largest float, the
+    same values for a fraction of its cost on the small arrays of one pass."""
+    out = np.asarray(np.minimum(np.maximum(values, -_LARGEST), _LARGEST))  # NaN stays NaN
+    out[np.isnan(values)] = nan
+    return out
 
 
 def min_nodes_table(node_sizes: Sequence[int], max_k: int) -> np.ndarray:
@@ -185,6 +197,22 @@ def rank_weights(remaining: np.ndarray, exponent: float) -> np.ndarray:
     count = len(remaining)
     if count == 0:
         return np.zeros(0, dtype=np.float64)
+    values = remaining.tolist()
+    if count <= _RANK_LOOP_JOBS and not any(v != v for v in values):  # no NaN
+        # the same ranks, one by one: equal values are neighbours in the sorted order and
+        # share the mean of their (whole-number, so exactly summed) ranks
+        by_value = sorted(range(count), key=lambda i: -values[i])
+        averaged = [0.0] * count
+        start = 0
+        while start < count:
+            end = start + 1
+            while end < count and values[by_value[end]] == values[by_value[start]]:
+                end += 1
+            mean = sum(range(start + 1, end + 1)) / (end - start)
+            for position in range(start, end):
+                averaged[by_value[position]] = mean
+            start = end
+        return np.asarray((np.array(averaged) / count) ** exponent, dtype=np.float64)
     order = np.argsort(-remaining, kind="stable")
     ranks = np.empty(count, dtype=np.float64)
     ranks[order] = np.arange(1, count + 1, dtype=np.float64)
@@ -197,8 +225,12 @@ def utility_of(speedup: np.ndarray, p: float) -> np.ndarray:
     """U(x) = x^p / p (log x for p = 0); -inf for x <= 0 when p <= 0."""
     x = np.asarray(speedup, dtype=np.float64)
     positive = x > 0
-    if p != 0 and x.flags.c_contiguous and positive.all():  # the same values, unmasked
-        return np.asarray(np.power(x, p) / p, dtype=np.float64)
+    if p != 0 and x.flags.c_contiguous:  # the same values, computed unmasked
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            powered = np.power(x, p) / p
+        if p > 0:
+            return np.asarray(np.where(positive, powered, 0.0), dtype=np.float64)
+        return np.asarray(np.where(positive, powered, NEG), dtype=np.float64)
     out = np.full_like(x, NEG)
     if p == 0:
         out[positive] = np.log(x[positive])
@@ -474,7 +506,9 @@ def _table(
     bytes."""
     if model is None:
         return np.arange(length, dtype=np.float64)  # no data yet: assume linear speed-up
-    asked = max(TABLE_LENGTH_MIN, 1 << (length - 1).bit_length())
+    # a power of two (tables of similar lengths are one table), but no row past the nodes'
+    # devices (``min_nodes`` has one entry per count up to them)
+    asked = min(max(TABLE_LENGTH_MIN, 1 << (length - 1).bit_length()), max(len(min_nodes), length))
     if isinstance(model, GoodputModel | ScaledModel):  # immutable: remembered
         table = _remembered_table(model, min_nodes_key, asked)
     else:
@@ -486,10 +520,12 @@ def _goodput_table_of(model: GoodputModelLike, min_nodes: np.ndarray, length: in
     """``model``'s best goodput for k = 0..length-1 devices on ``min_nodes[k]`` nodes."""
     replicas = np.arange(1, length, dtype=np.int64)
     nodes_needed = min_nodes[np.minimum(replicas, len(min_nodes) - 1)]
-    values, _, _ = model.best_goodput(nodes_needed, replicas)
+    found, _, _ = model.best_goodput(nodes_needed, replicas)
+    values = np.asarray(found, dtype=np.float64)
     table = np.zeros(length, dtype=np.float64)
-    finite = np.nan_to_num(np.asarray(values, dtype=np.float64), nan=0.0, posinf=0.0)
-    table[1:] = np.maximum(finite, 0.0)
+    # NaN and +inf -> 0, the rest at least 0 (as ``np.nan_to_num(nan=0, posinf=0)`` then
+    # ``np.maximum(., 0)``)
+    table[1:] = np.where(np.isnan(values) | (values == np.inf), 0.0, np.maximum(values, 0.0))
     return table
 
 

@@ -7,7 +7,7 @@ import heapq
 
 import numpy as np
 
-from pollux_local.core.policy.objective import NEG, JobPlan, Objective, hold_rule
+from pollux_local.core.policy.objective import NEG, JobPlan, Objective, hold_rule, nan_to
 from pollux_local.core.types import (
     Holder,
     Waiting,
@@ -161,14 +161,14 @@ class Search(Objective):
         here = table[rows, k]
         up_idx = k[:, None] + deltas[None, :]
         gain_up = np.where(up_idx < width, table[rows[:, None], np.minimum(up_idx, width - 1)], NEG)
-        gain_up = np.nan_to_num(gain_up - here[:, None], nan=NEG)
+        gain_up = nan_to(gain_up - here[:, None], NEG)
         down_idx = k[:, None] - deltas[None, :]
         loss_down = np.where(
             down_idx >= lower[:, None],
             here[:, None] - table[rows[:, None], np.maximum(down_idx, 0)],
             np.inf,
         )
-        loss_down = np.nan_to_num(loss_down, nan=np.inf)
+        loss_down = nan_to(loss_down, np.inf)
         best_gain = 1e-12
         move: tuple[int, int, int] | None = None
         if free > 0:  # devices from the free pool
@@ -200,7 +200,7 @@ class Search(Objective):
             np.where(keep_receiver, receiver_gain - second_loss, second_gain - donor_loss),
             receiver_gain - donor_loss,
         )
-        net = np.nan_to_num(net, nan=NEG)
+        net = nan_to(net, NEG)
         d = int(np.argmax(net))
         if net[d] > best_gain:
             r, g = int(receiver[d]), int(donor[d])
