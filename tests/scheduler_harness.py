@@ -50,6 +50,9 @@ class FakeGroup:
     def pids(self) -> Mapping[int, int]:
         return {}
 
+    def lost_nodes(self) -> set[str]:
+        return set()
+
 
 class FakeLauncher:
     """Records every launch (its spec: slots and environment) per job."""

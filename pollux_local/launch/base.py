@@ -94,6 +94,16 @@ class LaunchSpec:
     umask: int | None = None
 
 
+def incarnation(spec: LaunchSpec) -> int:
+    """The incarnation ``spec`` starts (``POLLUX_RESTARTS``, which only the daemon sets), as
+    a number: it names files on nodes and Slurm steps, so nothing else of the variable gets
+    there."""
+    try:
+        return max(0, int(spec.env.get("POLLUX_RESTARTS", "0")))
+    except ValueError:
+        return 0
+
+
 class ReplicaGroup(Protocol):
     """A running incarnation of a job (all its replicas)."""
 
@@ -119,6 +129,12 @@ class ReplicaGroup(Protocol):
 
     def pids(self) -> Mapping[int, int]:
         """rank -> pid (local pid for local replicas; remote pid when known)."""
+        ...
+
+    def lost_nodes(self) -> set[str]:
+        """The nodes this incarnation lost (the connection to them, as its launcher tells;
+        never inferred from a replica's exit code, which is the job's to choose): they are
+        marked down.  Empty for this machine's replicas."""
         ...
 
 

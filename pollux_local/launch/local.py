@@ -510,6 +510,10 @@ class LocalReplicaGroup:
     def exit_codes(self) -> dict[int, int]:
         return self.record.exit_codes() if self.record is not None else {}
 
+    def lost_nodes(self) -> set[str]:
+        """None: this machine's replicas lose no node."""
+        return set()
+
     async def stop(self, grace_s: float) -> int | None:
         """Ask the supervisor to stop the replicas: the grace goes to its control file, then
         SIGTERM (it forwards the SIGTERM and sends the SIGKILL ``grace_s`` later).  Waits

@@ -91,6 +91,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
 import errno
 import json
 import os
@@ -116,6 +117,10 @@ NOT_STARTED_EXIT_CODE = 127
 #: Largest piece of a log sent in one ``LOG`` line (bytes, before base64: the line stays
 #: below 48 KiB, far below what the daemon reads, ``ssh.group.MAX_LINE_BYTES``).
 LOG_CHUNK = 1 << 15
+#: Bytes of one replica's log sent at most when the daemon names no limit (its
+#: ``[limits] max_log_size`` by default): the daemon keeps no more, and the log is the job's
+#: file to make as large (or as sparse) as it likes.
+DEFAULT_MAX_LOG_BYTES = 100 * 1024 * 1024
 #: Longest protocol line written (a longer one, never a ``LOG`` line, is cut).
 MAX_LINE_BYTES = 1 << 16
 #: Bytes of lines not yet written past which the logs are not read further (the daemon
@@ -299,9 +304,10 @@ class Lines:
                 self.written += len(data)
                 self._cond.notify_all()
 
-    def fail(self, message: str) -> NoReturn:
-        """Report that nothing was started (``FAIL``) and exit with 254."""
-        self.say("FAIL", message.replace("\n", " "))
+    def fail(self, message: str, node: bool = False) -> NoReturn:
+        """Report that nothing was started (``FAIL``; ``NODEFAIL`` when the node is at fault,
+        not the job: no job can start here until an admin acts) and exit with 254."""
+        self.say("NODEFAIL" if node else "FAIL", message.replace("\n", " "))
         self.drain(30.0)
         sys.exit(SETUP_FAILED_EXIT_CODE)
 
@@ -424,7 +430,10 @@ def prefixes(path: str) -> list[str]:
 def workdir_problem(path: str, make: bool = False) -> str | None:
     """Why the work directory ``path`` (absolute, normalized) is not this agent's to trust,
     or ``None``: each component of ``path``, then of the path it resolves to, checked by
-    :func:`component_problem`.  With ``make``, missing components are made (0755)."""
+    :func:`component_problem`.  With ``make``, missing components are made (0755), but only
+    in a directory no one else may write to: in one such as ``/tmp`` anyone could make the
+    name first (their directory, or a link) and so refuse every job the node's agent starts,
+    so there the admin makes it."""
     if not os.path.isabs(path) or os.path.normpath(path) != path:
         return f"{path} is not an absolute, normalized path"
     try:
@@ -435,6 +444,13 @@ def workdir_problem(path: str, make: bool = False) -> str | None:
             except FileNotFoundError:
                 if not make:
                     return f"{each} does not exist"
+                above = os.lstat(os.path.dirname(each))
+                if above.st_mode & 0o022:
+                    return (
+                        f"{each} does not exist, and {os.path.dirname(each)} may be written by "
+                        f"others (mode {stat.S_IMODE(above.st_mode):o}): make {path} first, as "
+                        "root, mode 0755"
+                    )
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(each, 0o755)
                     os.chmod(each, 0o755)  # whatever the umask
@@ -464,12 +480,17 @@ def check_workdir(spec: dict[str, Any], lines: Lines) -> str:
     path = node_workdir(spec)
     problem = workdir_problem(path, make=True)
     if problem is not None:
-        lines.fail(
-            f"refusing the work directory {path} on node {spec.get('node')}: {problem} (it and "
-            "every directory above it must be root's, or the ssh login's, and writable by no "
-            "one else; a sticky directory such as /tmp may be above it)"
-        )
+        lines.fail(workdir_refusal(path, problem), node=True)
     return path
+
+
+def workdir_refusal(path: str, problem: str) -> str:
+    """The one line that refuses the work directory ``path`` for ``problem``."""
+    return (
+        f"refusing the work directory {path}: {problem} (it and every directory above it must "
+        "be root's, or the ssh login's, and writable by no one else; a sticky directory such "
+        "as /tmp may be above it)"
+    )
 
 
 def relative_under(path: str, workdir: str) -> list[str] | None:
@@ -574,6 +595,57 @@ def close_all(*fds: int) -> None:
             os.close(fd)
 
 
+#: ``prctl`` option that makes orphaned descendants children of the caller.
+PR_SET_CHILD_SUBREAPER = 36
+#: Rounds of SIGKILL to what the replicas left behind once they all ended.
+LEFTOVER_ROUNDS = 50
+
+
+def make_subreaper() -> bool:
+    """``prctl(PR_SET_CHILD_SUBREAPER, 1)``: a replica's orphaned descendants (``setsid``, a
+    double fork) stay below the agent, where a stop reaches them; ``False`` where it is not
+    available."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root`` in the process tree (from ``/proc``, children first)."""
+    children: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                data = fh.read()
+            parent = int(data[data.rindex(b")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(name))
+    found: list[int] = []
+    todo = list(children.get(root, ()))
+    while todo:
+        pid = todo.pop(0)
+        found.append(pid)
+        todo.extend(children.get(pid, ()))
+    return found
+
+
+def sent_log_limit(value: object) -> int:
+    """The daemon's limit on one replica's log (``max_log_bytes`` of the spec): a positive
+    whole number, else :data:`DEFAULT_MAX_LOG_BYTES`."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return DEFAULT_MAX_LOG_BYTES
+
+
 class Supervisor:
     """The replicas of one job on this node, their logs and their process groups."""
 
@@ -581,8 +653,12 @@ class Supervisor:
         self.spec = spec
         self.lines = lines
         self.procs: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}  # pid -> (rank, proc)
-        #: pid -> [the descriptor its log was opened with at its start, bytes already sent]
+        #: pid -> [the descriptor its log was opened with at its start, the offset sent up
+        #: to, the offset it started at]
         self.logs: dict[int, list[int]] = {}
+        #: bytes of one replica's log sent at most, past where it started (one more than
+        #: the daemon keeps, so that its copy says it was cut); the rest stays on the node
+        self.max_log_bytes = sent_log_limit(spec.get("max_log_bytes")) + 1
         self._pump_lock = threading.Lock()
         #: guards the replicas' tables: the reaper, the control thread and a resize's watcher
         self.lock = threading.RLock()
@@ -760,7 +836,7 @@ class Supervisor:
                 self.pids[rank] = p.pid
                 self.start_times[p.pid] = start_time(p.pid)
                 with self._pump_lock:
-                    self.logs[p.pid] = [fd, start]
+                    self.logs[p.pid] = [fd, start, start]
                 if generation is not None:
                     self.joining[p.pid] = rank
                 elif self.stopping:
@@ -846,7 +922,8 @@ class Supervisor:
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
         if self.run_as:
-            for each in (os.path.dirname(directory), directory):
+            above = os.path.dirname(directory)
+            for each in (os.path.dirname(above), above, directory):
                 info = os.lstat(each)
                 foreign = (
                     info.st_uid != os.geteuid()
@@ -859,8 +936,19 @@ class Supervisor:
                     )
         # (O_NONBLOCK: a FIFO there fails at once instead of waiting for a reader; a plain
         # file ignores it)
-        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-        fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        owner = self.run_as["uid"] if self.run_as else os.geteuid()
+        try:
+            fd = os.open(path, flags | os.O_EXCL, 0o644)
+        except FileExistsError:
+            info = os.lstat(path)
+            if stat.S_ISREG(info.st_mode) and info.st_uid != owner:
+                # an earlier replica's of the same name, another user's (a job id used again
+                # after the state was reset): never handed to this one, nor written into
+                os.unlink(path)
+                fd = os.open(path, flags | os.O_EXCL, 0o644)
+            else:  # this user's (an attempt of the same start), or refused below
+                fd = os.open(path, flags, 0o644)
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise OSError(errno.EINVAL, f"{path} is not a plain file")
@@ -884,14 +972,16 @@ class Supervisor:
                 proc = self.procs.get(pid)
                 if entry is None or proc is None:
                     return
-                fd, pos = entry
+                fd, pos, first = entry
                 if final and end is None:
                     try:
                         end = os.fstat(fd).st_size
                     except OSError:
                         return
-                while self.lines.room():
-                    size = LOG_CHUNK if end is None else min(LOG_CHUNK, end - pos)
+                # (nobody reads once the daemon's stream is gone: the log stays on the node)
+                while self.lines.room() and not self.lines.gone:
+                    left = first + self.max_log_bytes - pos
+                    size = min(LOG_CHUNK, left) if end is None else min(LOG_CHUNK, end - pos, left)
                     try:
                         data = os.pread(fd, size, pos) if size > 0 else b""
                     except OSError:
@@ -906,7 +996,11 @@ class Supervisor:
             # the daemon does not take lines as fast: wait while it takes some, not after
             # stdin closed nor once nothing was taken for FINAL_STALL_S (the rest stays in
             # the log on the node)
-            if self.daemon_gone or time.monotonic() - progress[1] > FINAL_STALL_S:
+            if (
+                self.daemon_gone
+                or self.lines.gone
+                or time.monotonic() - progress[1] > FINAL_STALL_S
+            ):
                 return
             self.lines.wait_room(1.0)
             if self.lines.written != progress[0]:
@@ -931,10 +1025,34 @@ class Supervisor:
         return [p for _, p in list(self.procs.values()) if p.returncode is None]
 
     def signal_all(self, sig: int) -> None:
-        """Send ``sig`` to the process group of every replica still running."""
+        """Send ``sig`` to the process group of every replica still running, and to every
+        process below the agent (what a replica started in a session of its own)."""
         for p in self.live():
             with contextlib.suppress(OSError):
                 os.killpg(p.pid, sig)
+        for pid in descendants(os.getpid()):
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+
+    def end_leftovers(self) -> None:
+        """Every replica ended: SIGKILL what they left behind below the agent, and reap it,
+        until nothing is left (as this machine's supervisor does): an incarnation's devices
+        go to the next job, and nothing of this one may hold them."""
+        for _ in range(LEFTOVER_ROUNDS):
+            left = descendants(os.getpid())
+            if not left:
+                return
+            for pid in left:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 0.2
+            while time.monotonic() < deadline:
+                try:
+                    pid, _ = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    time.sleep(0.02)
 
     def control(self, commands: IO[str]) -> None:
         """Obey ``TERM``/``KILL``/``RESIZE`` lines; at their end (stdin closed) stop the
@@ -1185,6 +1303,7 @@ class Supervisor:
             self.close_log(pid)
             with self.lock:  # under its rank of now: a resize may have renamed it
                 self.lines.say(kind, self.procs[pid][0], code)
+        self.end_leftovers()
         self.record.write(self, "ended")
         if self.order_dir is not None:
             shutil.rmtree(self.order_dir, ignore_errors=True)
@@ -1196,6 +1315,7 @@ def main() -> None:
     if len(sys.argv) > 1:
         sys.exit(tool(sys.argv[1:]))
     spec = json.loads(sys.stdin.readline())
+    make_subreaper()
     lines = Lines(sys.stdout)
     run_as = identity(spec, lines)
     check_workdir(spec, lines)
@@ -1229,11 +1349,18 @@ def tool(args: Sequence[str]) -> int:
     """The daemon's tool for exit records on this node (``launch/ssh``), refusing a work
     directory as the agent does (:func:`workdir_problem`; one line on stderr, exit 2):
 
-    ``record cat WORKDIR RELPATH``: print the record (a plain file of this user's, at most
+    ``workdir WORKDIR``: ``ok``, or why the agent would refuse it (one line, exit 2), the
+    missing components made as a launch makes them; ``record cat WORKDIR RELPATH``: print
+    the record (a plain file of this user's, at most
     :data:`MAX_RECORD_BYTES`; exit 3 when there is none); ``record rm WORKDIR RELPATH``:
     remove it; ``signal SIG WORKDIR USER PID:START...``: send SIG to the process group of
     each pid that is still the process started then and, with a ``USER`` (not ``-``), runs
     as that user."""
+    if len(args) == 2 and args[0] == "workdir":  # the node check: usable, made if missing
+        path = node_workdir({"node_workdir": args[1]})
+        problem = workdir_problem(path, make=True)
+        sys.stdout.write("ok\n" if problem is None else workdir_refusal(path, problem) + "\n")
+        return 0 if problem is None else 2
     try:
         if args[0] == "record" and args[1] in ("cat", "rm") and len(args) == 4:
             workdir, relpath = args[2], args[3]
@@ -1243,7 +1370,8 @@ def tool(args: Sequence[str]) -> int:
             raise IndexError
     except IndexError:
         sys.stderr.write(
-            "usage: record cat|rm WORKDIR RELPATH | signal SIG WORKDIR USER PID:START...\n"
+            "usage: workdir WORKDIR | record cat|rm WORKDIR RELPATH"
+            " | signal SIG WORKDIR USER PID:START...\n"
         )
         return 2
     workdir = node_workdir({"node_workdir": workdir})

@@ -44,6 +44,9 @@ class FakeGroup:
     def pids(self) -> Mapping[int, int]:
         return {}
 
+    def lost_nodes(self) -> set[str]:
+        return set()
+
 
 class FakeLauncher:
     def __init__(self) -> None:

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,49 @@ def test_replicas_start_with_their_environment_and_report_logs_and_exits(
     assert logged == b"--- start\nvalue=a 'quoted' $value\n"
     assert (tmp_path / "logs" / "rank0.log").read_bytes() == logged
     assert "cannot start" in (tmp_path / "logs" / "rank1.log").read_text()
+
+
+def test_a_log_the_job_makes_huge_is_sent_only_up_to_the_daemons_limit(tmp_path: Path) -> None:
+    """The log is the job's file: made a sparse terabyte, it must not keep the (root) agent
+    reading and sending zeros for hours.  What the daemon keeps of it (and one byte more, so
+    that its copy notes the cut) is sent; the replica's end is reported at once."""
+    grow = "import os; os.write(1, b'hello\\n'); os.ftruncate(1, 1 << 40)"
+    spec = spec_for(
+        tmp_path, [{"argv": [sys.executable, "-c", grow], "env": {}}], max_log_bytes=100_000
+    )
+    started = time.monotonic()
+    proc = start_agent(spec)
+    lines = lines_until_exits(proc, 1)
+    elapsed = time.monotonic() - started
+    out, _ = proc.communicate(timeout=30)
+    lines += [line.split(" ", 2) for line in out.splitlines()]
+    assert ["EXIT", "0", "0"] in lines
+    sent = b"".join(base64.b64decode(p[2]) for p in lines if p[:2] == ["LOG", "0"])
+    assert sent.startswith(b"hello\n") and len(sent) == 100_001
+    assert elapsed < 20, elapsed
+    assert (tmp_path / "logs" / "rank0.log").stat().st_size == (1 << 40)  # kept on the node
+
+
+def test_what_a_replica_left_in_a_session_of_its_own_ends_with_the_incarnation(
+    tmp_path: Path,
+) -> None:
+    """A replica's child in a new session, deaf to SIGTERM, is not in the replica's process
+    group: the agent (a child subreaper) still ends it once the replicas have ended, before
+    the node's devices go to another job."""
+    pid_file = tmp_path / "leftover.pid"
+    script = (
+        f"setsid sh -c 'trap \"\" TERM; echo $$ > {pid_file}; exec sleep 300' "
+        "</dev/null >/dev/null 2>&1 & "
+        f"while [ ! -s {pid_file} ]; do sleep 0.05; done; exit 0"
+    )
+    proc = start_agent(spec_for(tmp_path, [{"argv": ["/bin/sh", "-c", script], "env": {}}]))
+    assert ["EXIT", "0", "0"] in lines_until_exits(proc, 1)
+    proc.communicate(timeout=30)
+    leftover = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{leftover}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{leftover}").exists(), "the setsid child outlived its incarnation"
 
 
 def test_a_log_planted_as_a_link_is_not_followed(tmp_path: Path) -> None:

@@ -203,6 +203,8 @@ def workdir_case(tmp_path: Path, case: str) -> tuple[Path, bool]:
         return make_dir(make_dir(base / "scratch", 0o1777) / "pollux"), True
     if case == "missing (made)":
         return base / "new" / "pollux", True
+    if case == "missing, below a sticky root directory (anyone could claim it first)":
+        return make_dir(base / "tmp", 0o1777) / "pollux", False
     assert case == "good"
     return good, True
 
@@ -214,6 +216,7 @@ def workdir_case(tmp_path: Path, case: str) -> tuple[Path, bool]:
         "missing (made)",
         "root's link to a good one",
         "below a sticky root directory",
+        "missing, below a sticky root directory (anyone could claim it first)",
         "a stranger's",
         "writable by all",
         "sticky and writable by all",
@@ -239,7 +242,10 @@ def test_a_work_directory_others_may_write_to_is_refused(tmp_path: Path, case: s
         out, _ = proc.communicate(timeout=30)
         assert proc.returncode == SETUP_FAILED_EXIT_CODE, out
         [line] = out.splitlines()  # one line, and nothing started
-        assert line.startswith("FAIL refusing the work directory"), line
+        # the node's fault, not the job's: the daemon marks the node down with it
+        assert line.startswith("NODEFAIL refusing the work directory"), line
+        if case.startswith("missing"):
+            assert not workdir.exists() and "first, as root" in line, line
 
 
 def test_a_log_swapped_for_a_link_after_the_start_is_never_read(tmp_path: Path) -> None:
@@ -364,3 +370,31 @@ def test_a_forged_record_gets_no_process_of_anyone_else_signalled(
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_a_log_left_by_another_users_replica_is_replaced_not_handed_over(tmp_path: Path) -> None:
+    """A replica's log on the node may already exist: an earlier replica's of the same name
+    (a job id used again after the daemon's state was reset, another user's job).  It is
+    neither written into nor given to this job's user: a fresh file takes its name."""
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    workdir = make_dir(tmp_path / "wd")
+    log = workdir / "logs" / "key" / "7" / "rank0.start0.log"
+    make_dir(make_dir(make_dir(workdir / "logs") / "key") / "7")
+    log.write_text("THEIRS\n")
+    os.chown(log, STRANGER, STRANGER)
+    spec = spec_for(
+        tmp_path,
+        [{"argv": ["/bin/sh", "-c", "echo mine"], "env": {}}],
+        node_workdir=str(workdir),
+        user="nobody",
+        cwd="/",
+    )
+    spec["replicas"][0]["log"] = str(log)
+    proc = start_agent(spec)
+    assert ["EXIT", "0", "0"] in lines_until_exits(proc, 1)
+    proc.communicate(timeout=30)
+    info = log.stat()
+    assert info.st_uid == nobody.pw_uid
+    assert log.read_text() == "mine\n"  # nothing of theirs in it (appended, it held both)

@@ -36,8 +36,9 @@ def test_a_joiner_writes_its_own_log_file_on_the_node(tmp_path: Path) -> None:
     started = launcher.replica_payload(spec, slots[1], node, None, "start #2")
     joined = launcher.replica_payload(spec, slots[1], node, None, "joined", joining=3)
     again = launcher.replica_payload(spec, slots[1], node, None, "joined", joining=4)
-    assert started["log"] == "/nfs/u/.pl/logs/7/rank1.start2.log"
-    assert joined["log"] == "/nfs/u/.pl/logs/7/rank1.start2.join3.log"
+    logs = f"/nfs/u/.pl/logs/{launcher.record_key}/7"  # this daemon's (nodes may be shared)
+    assert started["log"] == f"{logs}/rank1.start2.log"
+    assert joined["log"] == f"{logs}/rank1.start2.join3.log"
     assert len({started["log"], joined["log"], again["log"]}) == 3
     assert started["rank"] == joined["rank"] == 1
 
@@ -55,6 +56,22 @@ def test_the_submitters_umask_goes_to_the_nodes_agent(tmp_path: Path) -> None:
 
     assert payload(0o077)["umask"] == 0o077
     assert "umask" not in payload(None)  # a job stored before: the agent's own
+
+
+def test_two_daemons_sharing_a_node_write_their_logs_apart(tmp_path: Path) -> None:
+    """Two daemons (two state directories) may use one node's work directory: job 1 of each
+    is a different user's, and a replica's log must never be one the other daemon's job
+    writes (or was handed)."""
+    node = SshNodeConfig(name="b", host="b", devices=("cpu:0",), workdir="/nfs/u/.pl")
+    slot = ReplicaSlot(rank=0, node="b", device="cpu:0", local_rank=0, node_rank=0)
+    spec = LaunchSpec(job_id="1", argv=["t"], workdir=tmp_path, env={}, slots=[slot],
+                      log_dir=tmp_path)  # fmt: skip
+    logs = []
+    for _ in range(2):
+        with tempfile.TemporaryDirectory(prefix="pl", dir="/tmp") as short:
+            launcher = SshLauncher([node], control_dir=Path(short))
+        logs.append(launcher.replica_payload(spec, slot, node, None, "start")["log"])
+    assert logs[0] != logs[1]
 
 
 def test_the_next_incarnation_writes_other_log_files_on_the_node(tmp_path: Path) -> None:
@@ -75,7 +92,8 @@ def test_the_next_incarnation_writes_other_log_files_on_the_node(tmp_path: Path)
         return str(launcher.replica_payload(spec, slot, node, None, "start")["log"])
 
     assert log_of("0") != log_of("1") != log_of("2")
-    assert log_of(None) == log_of("0") == "/nfs/u/.pl/logs/7/rank0.start0.log"
+    logs = f"/nfs/u/.pl/logs/{launcher.record_key}/7"
+    assert log_of(None) == log_of("0") == f"{logs}/rank0.start0.log"
     assert log_of("../../etc/x") == log_of("0")
 
 

@@ -171,3 +171,31 @@ def test_cut_link_daemon_marks_node_down_and_job_resumes_on_the_other_host(
 
     # The node is retried and comes back.
     wait_for(lambda: node_up(daemon, h2.name), NODE_RETRY_S + 25, "the node to be marked up")
+
+
+def test_a_job_exiting_255_is_a_crash_and_its_node_stays_up(
+    testbed: Testbed, daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """A replica's exit code 255 is the job's (ssh's own 255 is a lost node): the job
+    crashes, a failure is counted and it is not re-queued as if its node were lost; the
+    node stays up for everyone else's jobs."""
+    h1, h2 = testbed.hosts
+    reply = daemon.client.request(
+        "submit",
+        argv=["/bin/sh", "-c", "sleep 1; exit 255"],
+        workdir=str(tmp_path),
+        env={"PATH": "/usr/bin:/bin"},
+        min_gpus=2,
+        max_gpus=2,
+        name="exit255",
+        elastic=False,
+    )
+    job_id = str(reply["id"])
+    state = wait_for(
+        lambda: (s := job(daemon, job_id)["state"]) in ("succeeded", "failed") and s, 60, "the end"
+    )
+    shown = job(daemon, job_id)
+    assert state == "failed" and "exited with code 255" in shown["reason"], shown
+    decisions = daemon.client.request("show", id=job_id)["decisions"]
+    assert not any(d["kind"] == "node-down" for d in decisions), decisions
+    assert node_up(daemon, h1.name) and node_up(daemon, h2.name)

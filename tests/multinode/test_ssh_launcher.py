@@ -63,6 +63,47 @@ def test_unreachable_node_is_reported_within_the_connect_timeout(
     assert elapsed < 2 * launcher.connect_timeout_s + 12
 
 
+def test_a_node_whose_work_directory_anyone_could_claim_is_down_not_the_jobs_failure(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """A missing work directory in a directory others may write to (``/tmp``) is not made by
+    the agent (anyone could make the name first and so refuse every job there): the node
+    check says the node is unusable and why, and a launch there fails the node (its agent's
+    ``NODEFAIL``), not the job."""
+    import dataclasses
+    import uuid
+
+    from .conftest import ssh_nodes
+
+    claimable = f"/tmp/pollux-test-claimable-{uuid.uuid4().hex[:8]}"
+    nodes = [dataclasses.replace(node, workdir=claimable) for node in ssh_nodes(testbed)]
+    launcher = SshLauncher(nodes, control_dir=testbed.dir / "ctl2", failure_grace_s=3.0)
+    host = testbed.hosts[0]
+    spec = LaunchSpec(
+        job_id="claimable",
+        argv=["/bin/true"],
+        workdir=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "WORLD_SIZE": "1"},
+        slots=[ReplicaSlot(0, host.name, "cpu:0", 0, 0)],
+        log_dir=tmp_path / "logs",
+    )
+
+    async def run() -> tuple[bool, str | None, int, set[str], str | None]:
+        try:
+            health = await launcher.check_node(host.name)
+            group = await launcher.launch(spec)
+            code = await asyncio.wait_for(group.wait(), 60)
+            return health.reachable, health.error, code, group.lost_nodes(), group.failure_reason
+        finally:
+            await launcher.close()
+
+    reachable, error, code, lost, reason = asyncio.run(run())
+    assert not Path(claimable).exists()  # not made where anyone could have made it first
+    assert not reachable and error is not None and f"make {claimable} first" in error, error
+    assert code == SETUP_FAILED_EXIT_CODE and lost == {host.name}
+    assert reason is not None and "refusing the work directory" in reason, reason
+
+
 def test_environment_arrives_exactly_and_logs_come_back(
     testbed: Testbed, launcher: SshLauncher, tmp_path: Path
 ) -> None:
@@ -106,8 +147,36 @@ def test_environment_arrives_exactly_and_logs_come_back(
         TORCHELASTIC_USE_AGENT_STORE="False",
     )
     assert seen == expected  # nothing added, nothing lost, no CUDA_VISIBLE_DEVICES for a CPU
-    remote_log = Path(launcher.nodes[host.name].workdir) / "logs" / "envjob" / "rank0.start0.log"
+    remote_logs = Path(launcher.nodes[host.name].workdir) / "logs" / launcher.record_key
+    remote_log = remote_logs / "envjob" / "rank0.start0.log"
     assert remote_log.read_text() == (tmp_path / "logs" / "rank0.log").read_text()
+
+
+def test_a_replica_exiting_255_is_its_own_crash_not_a_lost_node(
+    testbed: Testbed, launcher: SshLauncher, tmp_path: Path
+) -> None:
+    """255 is also what ssh exits with when it loses a node; a replica's own 255 (``exit
+    255``, Python's ``sys.exit(-1)``) must not read as one, or any job could mark a node
+    down for everyone and be re-queued without a failure counted."""
+    host = testbed.hosts[0]
+    spec = LaunchSpec(
+        job_id="exit255",
+        argv=["/bin/sh", "-c", "exit 255"],
+        workdir=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "WORLD_SIZE": "1"},
+        slots=[ReplicaSlot(0, host.name, "cpu:0", 0, 0)],
+        log_dir=tmp_path / "logs",
+    )
+
+    async def run() -> tuple[int, set[str], str | None]:
+        group = await launcher.launch(spec)
+        code = await asyncio.wait_for(group.wait(), 60)
+        return code, group.lost_nodes(), group.failure_reason
+
+    code, lost, reason = asyncio.run(run())
+    assert code == 255  # the job's own code, reported as it is
+    assert lost == set()  # but no node was lost
+    assert reason is not None and "exited with 255" in reason and "unreachable" not in reason
 
 
 def test_job_spanning_two_hosts_trains_and_finishes(

@@ -206,7 +206,7 @@ def test_a_job_that_gives_up_rank_0s_node_hands_rank_0_over_in_place(
     if shared:
         # one file per replica started (each begins with its banner, "--- ..."), the joiners'
         # named by their resize: rank1.join<G>.log
-        remote = tmp_path / "work-shared" / "logs" / job
+        (remote,) = (tmp_path / "work-shared" / "logs").glob(f"*/{job}")  # under its daemon's key
         banners = {
             p.name: sum(line.startswith("--- ") for line in p.read_text().splitlines())
             for p in remote.glob("rank*.log")

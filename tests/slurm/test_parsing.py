@@ -5,6 +5,7 @@ real 22.05 gave them on the test bed, typed and untyped)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +96,31 @@ def test_outside_an_allocation_the_launcher_says_what_is_missing() -> None:
 )  # fmt: skip
 def test_down_failed_and_unresponsive_nodes_count_as_lost(state: str, lost: bool) -> None:
     assert node_lost(state) is lost
+
+
+def test_a_step_is_named_by_its_incarnation_and_runs_in_the_daemons_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keeper finds its step by name: an earlier incarnation's step, still ending, must
+    not be taken for it.  And the step runs where the daemon's Slurm is, whatever
+    ``SLURM_CONF`` the job's environment names."""
+    from pollux_local.launch.base import LaunchSpec, ReplicaSlot
+    from pollux_local.launch.slurm.launcher import SlurmLauncher, step_name
+
+    allocation = read_allocation(
+        {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "cpu07"}, fake_scontrol
+    )
+    launcher = SlurmLauncher(allocation, tmp_path, run=fake_scontrol)
+
+    def spec(restarts: str) -> LaunchSpec:
+        env = {"POLLUX_RESTARTS": restarts, "SLURM_CONF": "/home/mallory/slurm.conf"}
+        slot = ReplicaSlot(rank=0, node="cpu07", device="cpu:0", local_rank=0, node_rank=0)
+        return LaunchSpec(job_id="7", argv=["t"], workdir=tmp_path, env=env, slots=[slot],
+                          log_dir=tmp_path)  # fmt: skip
+
+    assert step_name(spec("0")) != step_name(spec("1"))
+    assert step_name(spec("../x")) == step_name(spec("0")) == "pollux-7.0"
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/slurm.conf")
+    assert launcher.step_env(spec("0"))["SLURM_CONF"] == "/etc/slurm/slurm.conf"
+    monkeypatch.delenv("SLURM_CONF")
+    assert "SLURM_CONF" not in launcher.step_env(spec("0"))

@@ -121,10 +121,10 @@ class Accounting(ExecutorBase):
         )
 
     async def _lost_nodes(self, group: ReplicaGroup, code: int) -> list[str]:
-        """The remote nodes a failed group lost.  A rank whose ssh session ended with 255
-        lost its node's connection (keepalive or connect failure): that node is marked down
-        at once and re-checked every ``node_retry_s``.  When the group's code is 255 without
-        per-rank codes, the nodes are checked now.  Other failures (a rank timing out in a
+        """The remote nodes a failed group lost.  A node the group says it lost
+        (:meth:`ReplicaGroup.lost_nodes`: its ssh session ended with ranks that never said how
+        they ended) is marked down at once and re-checked every ``node_retry_s``.  When the
+        group's code is 255 and it names no lost node, the nodes are checked now.  Other failures (a rank timing out in a
         collective with a lost peer, say) count as node losses only when some node is down."""
         slots = group.spec.slots
         remote = [
@@ -138,12 +138,10 @@ class Accounting(ExecutorBase):
         return [n.name for n in remote if not self.nodes.is_up(n.name)]
 
     def _mark_lost_nodes(self, group: ReplicaGroup) -> set[str]:
-        """Mark down the nodes whose ranks in ``group`` ended with 255 (ssh lost the node);
+        """Mark down the nodes ``group`` lost (its launcher's word: ssh lost the node, Slurm
+        reports it down; never a replica's exit code, 255 included, which the job chooses);
         returns those nodes."""
-        exit_codes = getattr(group, "exit_codes", None)
-        codes: dict[int, int] = dict(exit_codes()) if callable(exit_codes) else {}
-        lost = {s.node for s in group.spec.slots if codes.get(s.rank) == ExitCode.NODE_LOST}
-        lost = {name for name in lost if not self.config.node(name).is_local}
+        lost = {name for name in group.lost_nodes() if not self.config.node(name).is_local}
         failure = getattr(group, "failure_reason", None) or "ssh connection lost"
         for name in lost:
             if self.nodes.is_up(name):

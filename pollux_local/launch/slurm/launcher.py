@@ -17,7 +17,7 @@ import psutil
 
 from pollux_local.api.launch import PER_RANK_VARIABLES
 from pollux_local.errors import PolluxError
-from pollux_local.launch.base import LaunchSpec, NodeHealth, ReplicaSlot
+from pollux_local.launch.base import LaunchSpec, NodeHealth, ReplicaSlot, incarnation
 from pollux_local.launch.local import replica_env
 from pollux_local.launch.slurm.allocation import (
     Allocation,
@@ -43,9 +43,10 @@ RANK_WRAPPER = (
 KEEPER = Path(__file__).with_name("keeper.py")
 
 
-def step_name(job_id: str) -> str:
-    """The name of a job's steps (how its keeper finds the step's id)."""
-    return f"pollux-{job_id}"
+def step_name(spec: LaunchSpec) -> str:
+    """The name of the step of one incarnation of a job (how its keeper finds the step's id:
+    a step of an earlier incarnation, still ending, has another name)."""
+    return f"pollux-{spec.job_id}.{incarnation(spec)}"
 
 
 class SlurmLauncher:
@@ -93,7 +94,7 @@ class SlurmLauncher:
         argv = [
             srun,
             f"--jobid={self.allocation.job_id}",
-            f"--job-name={step_name(spec.job_id)}",
+            f"--job-name={step_name(spec)}",
             f"--nodes={len(by_node)}",
             f"--ntasks={len(slots)}",
             "--exact",
@@ -137,8 +138,10 @@ class SlurmLauncher:
             env.pop("LOCAL_WORLD_SIZE", None)
         if len({slot.node for slot in slots}) > 1:
             env["MASTER_ADDR"] = self._node(slots[0].node).address
+        # srun works in the daemon's cluster, whatever the job's environment names
+        env.pop("SLURM_CONF", None)
         if "SLURM_CONF" in os.environ:
-            env.setdefault("SLURM_CONF", os.environ["SLURM_CONF"])
+            env["SLURM_CONF"] = os.environ["SLURM_CONF"]
         return env
 
     async def launch(self, spec: LaunchSpec) -> SlurmStepGroup:
@@ -159,7 +162,7 @@ class SlurmLauncher:
             "log": str(record.with_suffix(".srun.log")),
             "token": f"{spec.job_id}:{spec.env.get('POLLUX_RESTARTS', '0')}",
             "slurm_job": self.allocation.job_id,
-            "step_name": step_name(spec.job_id),
+            "step_name": step_name(spec),
         }
         log.debug("job %s: %s", spec.job_id, shlex.join(order["srun"]))
         keeper = await asyncio.create_subprocess_exec(

@@ -71,6 +71,9 @@ class SlurmStepGroup:
         self._stale = stale if stale is not None else set()
         self._code: int | None = None
         self._codes: dict[int, int] = {}
+        #: the step's nodes Slurm reported lost when it ended (a task's own exit code, 255
+        #: included, is the job's)
+        self._lost: set[str] = set()
         #: One line explaining why the group failed, when it did (a lost node, ...).
         self.failure_reason: str | None = None
         self.failed_at: float | None = None
@@ -110,6 +113,7 @@ class SlurmStepGroup:
         if code not in (0, ExitCode.RESCALE):
             lost = await asyncio.to_thread(self._lost_nodes)
             if lost:
+                self._lost = set(lost)
                 for slot in self.spec.slots:
                     if slot.node in lost:
                         codes[slot.rank] = int(ExitCode.NODE_LOST)
@@ -155,6 +159,10 @@ class SlurmStepGroup:
     def exit_codes(self) -> dict[int, int]:
         """rank -> status (``-N``: signal N) of every rank, once the step has ended."""
         return dict(self._codes)
+
+    def lost_nodes(self) -> set[str]:
+        """The step's nodes Slurm reported down, failed or not responding when it ended."""
+        return set(self._lost)
 
     async def wait(self) -> int:
         await self._done.wait()

@@ -72,6 +72,12 @@ class _NodeSession:
     #: the ranks that stay at a warm resize that renumbers them (by generation), until the
     #: agent says it renamed its replicas (``RENAMED``)
     renames: dict[int, list[int]] = field(default_factory=dict)
+    #: the session ended with ranks that never said how they ended (ssh lost the node, or
+    #: its agent ended), or its agent refused the node (``NODEFAIL``): the node is lost.  Only this says so: a replica's own exit code
+    #: is the job's, whatever its value (a job exiting 255 is a crash, not a lost node)
+    lost: bool = False
+    #: its agent refused to start anything for a fault of the node's (``NODEFAIL``)
+    node_failed: bool = False
 
 
 class SshReplicaGroup:
@@ -120,6 +126,8 @@ class SshReplicaGroup:
 
     # -- bookkeeping -------------------------------------------------------------------
     def _record_exit(self, session: _NodeSession, rank: int, code: int) -> None:
+        """Rank ``rank`` on ``session``'s node ended with ``code`` (its own, from its agent's
+        ``EXIT``; or the session's, :meth:`_session_ended`)."""
         if rank in session.exit_codes:
             return
         session.exit_codes[rank] = code
@@ -127,10 +135,10 @@ class SshReplicaGroup:
             self._first_failure = (rank, code)
             self.failed_at = time.monotonic()
             if self.failure_reason is None:
-                if code == UNREACHABLE_EXIT_CODE:
-                    self.failure_reason = f"node {session.node.name} became unreachable"
-                elif session.failure:
+                if session.failure:
                     self.failure_reason = session.failure
+                elif session.lost:
+                    self.failure_reason = f"node {session.node.name} became unreachable"
                 else:
                     self.failure_reason = (
                         f"rank {rank} on node {session.node.name} exited with {code}"
@@ -201,8 +209,10 @@ class SshReplicaGroup:
                 self._rename(session, int(parts[1]))
             elif kind == "EXIT" and len(parts) == 3:
                 self._record_exit(session, int(parts[1]), int(parts[2]))
-            elif kind == "FAIL":
+            elif kind in ("FAIL", "NODEFAIL"):
                 session.failure = f"node {session.node.name}: " + " ".join(parts[1:])
+                # the node cannot start any job (its work directory, say): lost, not the job's
+                session.node_failed = kind == "NODEFAIL"
             elif kind in ("READY", "ORDERED") and len(parts) == 2:
                 generation = int(parts[1])
                 session.warm[generation] = kind.lower()
@@ -229,10 +239,12 @@ class SshReplicaGroup:
             if rank not in session.exit_codes:
                 if session.failure:
                     code = SETUP_FAILED_EXIT_CODE
-                elif rc == UNREACHABLE_EXIT_CODE or rc == 0:
+                    session.lost = session.node_failed
+                elif rc == UNREACHABLE_EXIT_CODE or rc <= 0:
                     code = UNREACHABLE_EXIT_CODE
+                    session.lost = True
                 else:
-                    code = rc if rc > 0 else UNREACHABLE_EXIT_CODE
+                    code = rc
                 self._record_exit(session, rank, code)
 
     async def _watch(self) -> None:
@@ -400,6 +412,11 @@ class SshReplicaGroup:
         for session in self._sessions:
             codes.update(session.exit_codes)
         return codes
+
+    def lost_nodes(self) -> set[str]:
+        """The nodes whose ssh session ended with replicas that never said how they ended, or
+        whose agent refused the node itself (``NODEFAIL``: its work directory)."""
+        return {session.node.name for session in self._sessions if session.lost}
 
     def poll(self) -> int | None:
         """``None`` while any replica runs; else the group's exit code."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pollux_local.errors import PolluxError
-from pollux_local.launch.base import LaunchSpec, NodeHealth, ReplicaSlot
+from pollux_local.launch.base import LaunchSpec, NodeHealth, ReplicaSlot, incarnation
 from pollux_local.launch.local import replica_env
 from pollux_local.launch.ssh.group import MAX_LINE_BYTES, SshReplicaGroup, _NodeSession
 from pollux_local.launch.ssh.nodes import (
@@ -42,13 +42,8 @@ def _path_word(name: str) -> str:
     return f"{kept}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
 
-def _incarnation(spec: LaunchSpec) -> int:
-    """The incarnation ``spec`` starts (``POLLUX_RESTARTS``, which only the daemon sets), as
-    a number: it names files on the node, so nothing else of the variable gets there."""
-    try:
-        return max(0, int(spec.env.get("POLLUX_RESTARTS", "0")))
-    except ValueError:
-        return 0
+#: The line between a node check's facts and its agent's word on its work directory.
+_WORKDIR_MARK = "--- workdir"
 
 
 class SshLauncher:
@@ -243,15 +238,23 @@ class SshLauncher:
 
     async def check_node(self, node: str) -> NodeHealth:
         """Reachable?  Which devices (GPUs from ``nvidia-smi -L``, else the configured CPU
-        slots) and the 1-minute load average per CPU."""
+        slots) and the 1-minute load average per CPU.  A node whose work directory its agent
+        would refuse (``node_agent.workdir_problem``) is not usable: unreachable, with why."""
         config = self._node(node)
         script = (
-            "nproc; cat /proc/loadavg; command -v nvidia-smi >/dev/null && nvidia-smi -L || true"
+            "nproc; cat /proc/loadavg; command -v nvidia-smi >/dev/null && nvidia-smi -L || true;"
+            f" echo {_WORKDIR_MARK}; "
+            + agent_command(config.python, "workdir", config.workdir)
+            + " || true"
         )
         rc, out, err = await self.run(node, script, timeout_s=self.connect_timeout_s + 10)
         if rc != 0:
             message = (err.strip().splitlines() or [f"ssh exited with {rc}"])[-1]
             return NodeHealth(node=node, reachable=False, error=message)
+        out, _, workdir = out.partition(f"\n{_WORKDIR_MARK}\n")
+        answer = (workdir.strip().splitlines() or ["no answer from the node agent"])[-1]
+        if answer != "ok":
+            return NodeHealth(node=node, reachable=False, error=answer)
         lines = out.splitlines()
         try:
             cpus = int(lines[0])
@@ -312,8 +315,8 @@ class SshLauncher:
         link is cut its replicas run on until its sshd notices, while the next incarnation
         starts elsewhere.  So every replica writes a file of its own, and no node's agent
         streams another replica's output as its own."""
-        remote_logs = f"{node.workdir.rstrip('/')}/logs/{spec.job_id}"
-        name = f"rank{slot.rank}.start{_incarnation(spec)}"
+        remote_logs = f"{node.workdir.rstrip('/')}/logs/{self.record_key}/{spec.job_id}"
+        name = f"rank{slot.rank}.start{incarnation(spec)}"
         if joining is not None:
             name += f".join{joining}"
         replica: dict[str, Any] = {
@@ -353,6 +356,8 @@ class SshLauncher:
             "cwd_required": True,
             "user": spec.run_as,
             "orphan_grace_s": self.orphan_grace_s,
+            # what of a replica's log is sent at most (the daemon keeps no more of it)
+            "max_log_bytes": self.max_log_bytes,
             "record": {
                 "path": self.record_path(node, spec.job_id),
                 "token": record_token(spec.job_id, spec.env.get("POLLUX_RESTARTS", "0")),

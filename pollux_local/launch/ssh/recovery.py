@@ -73,6 +73,11 @@ class SshRecordedGroup:
                         codes.setdefault(slot.rank, UNREACHABLE_EXIT_CODE)
         return codes
 
+    def lost_nodes(self) -> set[str]:
+        """The nodes whose exit record could not be read (a replica's own exit code, 255
+        included, is the job's)."""
+        return set(self._lost)
+
     def poll(self) -> int | None:
         """As :meth:`SshReplicaGroup.poll`: the first failure in the order the ranks ended,
         else 0 when all succeeded, else 75."""
