@@ -53,6 +53,9 @@ class FakeGroup:
     def lost_nodes(self) -> set[str]:
         return set()
 
+    def unanswered_nodes(self) -> set[str]:
+        return set()
+
 
 class FakeLauncher:
     """Records every launch (its spec: slots and environment) per job."""

@@ -137,6 +137,12 @@ class ReplicaGroup(Protocol):
         marked down.  Empty for this machine's replicas."""
         ...
 
+    def unanswered_nodes(self) -> set[str]:
+        """The nodes where it gave up waiting for its replicas' ends (its ssh client ended by
+        the daemon after a stop was not answered in time): checked now, marked down only if
+        the check fails.  Empty for this machine's replicas."""
+        ...
+
 
 @runtime_checkable
 class WarmResizable(ReplicaGroup, Protocol):

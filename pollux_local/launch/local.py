@@ -514,6 +514,9 @@ class LocalReplicaGroup:
         """None: this machine's replicas lose no node."""
         return set()
 
+    def unanswered_nodes(self) -> set[str]:
+        return set()
+
     async def stop(self, grace_s: float) -> int | None:
         """Ask the supervisor to stop the replicas: the grace goes to its control file, then
         SIGTERM (it forwards the SIGTERM and sends the SIGKILL ``grace_s`` later).  Waits

@@ -612,9 +612,10 @@ def make_subreaper() -> bool:
         return False
 
 
-def descendants(root: int) -> list[int]:
-    """Every process below ``root`` in the process tree (from ``/proc``, children first)."""
-    children: dict[int, list[int]] = {}
+def descendants(root: int) -> list[tuple[int, int]]:
+    """Every process below ``root`` in the process tree (from ``/proc``, children first), as
+    (pid, start time): what tells each apart from a later process given its pid."""
+    children: dict[int, list[tuple[int, int]]] = {}
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -625,17 +626,45 @@ def descendants(root: int) -> list[int]:
         try:
             with open(f"/proc/{name}/stat", "rb") as fh:
                 data = fh.read()
-            parent = int(data[data.rindex(b")") + 2 :].split()[1])
+            fields = data[data.rindex(b")") + 2 :].split()
+            parent, started = int(fields[1]), int(fields[19])
         except (OSError, ValueError, IndexError):
             continue
-        children.setdefault(parent, []).append(int(name))
-    found: list[int] = []
+        children.setdefault(parent, []).append((int(name), started))
+    found: list[tuple[int, int]] = []
     todo = list(children.get(root, ()))
     while todo:
-        pid = todo.pop(0)
-        found.append(pid)
+        pid, started = todo.pop(0)
+        found.append((pid, started))
         todo.extend(children.get(pid, ()))
     return found
+
+
+def signal_exactly(pid: int, started: int, sig: int) -> None:
+    """Send ``sig`` to process ``pid`` only while it is the process started at ``started``
+    (a pid given out again since the listing is someone else's): through a pidfd where the
+    system has them (the check and the signal then reach one process), else by its start
+    time read just before."""
+    opener = getattr(os, "pidfd_open", None)  # Python >= 3.9, Linux >= 5.3
+    sender = getattr(signal, "pidfd_send_signal", None)
+    if opener is not None and sender is not None:
+        try:
+            fd = opener(pid)
+        except OSError as exc:
+            if exc.errno != errno.ENOSYS:
+                return  # gone
+        else:
+            try:
+                if start_time(pid) == started:
+                    sender(fd, sig)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+            return
+    with contextlib.suppress(OSError):
+        if start_time(pid) == started:
+            os.kill(pid, sig)
 
 
 def sent_log_limit(value: object) -> int:
@@ -962,8 +991,9 @@ class Supervisor:
     def pump(self, pid: int, final: bool = False) -> None:
         """Send what replica ``pid``'s log gained since the last call (``LOG`` lines, under
         its rank of now), read from the descriptor it was opened with, while the daemon
-        takes them (:meth:`Lines.room`); ``final`` (it ended): all it holds, waiting for
-        room as long as it takes, holding no lock meanwhile."""
+        takes them (:meth:`Lines.room`); ``final`` (it ended): all it holds (up to
+        :attr:`max_log_bytes`), waiting for room as long as it takes, holding no lock
+        meanwhile, unless the replicas are being stopped."""
         end: int | None = None
         progress = (self.lines.written, time.monotonic())
         while True:
@@ -991,7 +1021,9 @@ class Supervisor:
                     pos += len(data)
                     entry[1] = pos
                     self.lines.say("LOG", proc[0], base64.b64encode(data).decode())
-            if not final:
+            if not final or self.stopping:
+                # (stopping: what the backlog holds goes, not more: the replica's end must
+                # reach the daemon within its stop's grace, however much the job wrote)
                 return
             # the daemon does not take lines as fast: wait while it takes some, not after
             # stdin closed nor once nothing was taken for FINAL_STALL_S (the rest stays in
@@ -1030,9 +1062,8 @@ class Supervisor:
         for p in self.live():
             with contextlib.suppress(OSError):
                 os.killpg(p.pid, sig)
-        for pid in descendants(os.getpid()):
-            with contextlib.suppress(OSError):
-                os.kill(pid, sig)
+        for pid, started in descendants(os.getpid()):
+            signal_exactly(pid, started, sig)
 
     def end_leftovers(self) -> None:
         """Every replica ended: SIGKILL what they left behind below the agent, and reap it,
@@ -1042,9 +1073,8 @@ class Supervisor:
             left = descendants(os.getpid())
             if not left:
                 return
-            for pid in left:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
+            for pid, started in left:
+                signal_exactly(pid, started, signal.SIGKILL)
             deadline = time.monotonic() + 0.2
             while time.monotonic() < deadline:
                 try:

@@ -47,6 +47,9 @@ class FakeGroup:
     def lost_nodes(self) -> set[str]:
         return set()
 
+    def unanswered_nodes(self) -> set[str]:
+        return set()
+
 
 class FakeLauncher:
     def __init__(self) -> None:

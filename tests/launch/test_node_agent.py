@@ -135,6 +135,36 @@ def test_a_log_the_job_makes_huge_is_sent_only_up_to_the_daemons_limit(tmp_path:
     assert (tmp_path / "logs" / "rank0.log").stat().st_size == (1 << 40)  # kept on the node
 
 
+def test_a_stopped_replicas_end_is_said_at_once_however_much_it_wrote(tmp_path: Path) -> None:
+    """A stop's grace is short: a replica that answers SIGTERM by making its log huge must
+    not hold its ``EXIT`` back while the agent streams it (the daemon would give up on the
+    node and take it for lost).  Once stopping, what the backlog holds goes, then the end."""
+    script = (
+        "import os, signal, time\n"
+        "def term(*_):\n"
+        "    os.ftruncate(1, 1 << 40)\n"
+        "    os._exit(0)\n"
+        "signal.signal(signal.SIGTERM, term)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    spec = spec_for(
+        tmp_path, [{"argv": [sys.executable, "-c", script], "env": {}}], max_log_bytes=1 << 40
+    )
+    proc = start_agent(spec)
+    assert proc.stdin is not None
+    next_line(proc, "PID")
+    time.sleep(1.0)  # its handler is set
+    proc.stdin.write("TERM\n")
+    proc.stdin.flush()
+    stopped = time.monotonic()
+    lines = lines_until_exits(proc, 1)
+    elapsed = time.monotonic() - stopped
+    proc.communicate(timeout=30)  # (closes its stdin: the daemon is gone)
+    assert ["EXIT", "0", "0"] in lines
+    assert elapsed < 10, elapsed  # not the terabyte first
+
+
 def test_what_a_replica_left_in_a_session_of_its_own_ends_with_the_incarnation(
     tmp_path: Path,
 ) -> None:

@@ -63,6 +63,51 @@ def test_unreachable_node_is_reported_within_the_connect_timeout(
     assert elapsed < 2 * launcher.connect_timeout_s + 12
 
 
+def test_a_node_whose_agent_does_not_answer_a_stop_is_checked_not_taken_as_lost(
+    testbed: Testbed, launcher: SshLauncher, tmp_path: Path
+) -> None:
+    """The daemon ends an ssh client whose agent did not answer a stop in time.  That is no
+    proof the node is lost (a job can keep its own agent busy past any grace, and so take its
+    node from everyone): the node is one to check (``unanswered_nodes``), not a lost one."""
+    import contextlib
+    import os
+    import signal
+
+    host = testbed.hosts[0]
+    spec = LaunchSpec(
+        job_id="deaf",
+        argv=["/bin/sleep", "60"],
+        workdir=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "WORLD_SIZE": "1"},
+        slots=[ReplicaSlot(0, host.name, "cpu:0", 0, 0)],
+        log_dir=tmp_path / "logs",
+    )
+
+    def parent_of(pid: int) -> int:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+        return int(data[data.rindex(b")") + 2 :].split()[1])
+
+    async def run() -> tuple[int, set[str], set[str]]:
+        group = await launcher.launch(spec)
+        deadline = time.monotonic() + 30
+        while not group.pids() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        replica = group.pids()[0]
+        agent = parent_of(replica)  # the namespaces share this machine's processes
+        os.kill(agent, signal.SIGSTOP)  # it answers nothing now
+        try:
+            code = await asyncio.wait_for(group.stop(grace_s=1.0), 60)
+        finally:
+            os.kill(agent, signal.SIGCONT)  # its stdin is closed: it ends its replica
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(replica, signal.SIGKILL)
+        return code, group.lost_nodes(), group.unanswered_nodes()
+
+    code, lost, unanswered = asyncio.run(run())
+    assert lost == set() and unanswered == {host.name}
+    assert code != UNREACHABLE_EXIT_CODE
+
+
 def test_a_node_whose_work_directory_anyone_could_claim_is_down_not_the_jobs_failure(
     testbed: Testbed, tmp_path: Path
 ) -> None:

@@ -134,7 +134,7 @@ def test_two_rank_job_runs_as_one_step_across_both_nodes(
     # each rank's output went to its log through Slurm (--output), in the job's directory
     rank1 = (slurm_daemon.state_dir / "jobs" / job_id / "rank1.log").read_text()
     assert f"rank 1/2 on {h2} starts at step 0" in rank1 and "rank 1 finished at step 40" in rank1
-    assert f"pollux-{job_id}" not in steps_of(allocation)
+    assert f"pollux-{job_id}.0" not in steps_of(allocation)
 
 
 def test_cancelled_job_ends_its_step(
@@ -143,10 +143,10 @@ def test_cancelled_job_ends_its_step(
     job_id = submit(slurm_daemon, tmp_path, steps=100_000, sleep_s=0.05)
     ckpt = job_checkpoint_dir(tmp_path / "ckpt", slurm_daemon.state_dir, job_id)
     wait_for(lambda: checkpoint_step(ckpt) >= 5, 60, "the job to make progress")
-    assert f"pollux-{job_id}" in steps_of(allocation)
+    assert f"pollux-{job_id}.0" in steps_of(allocation)
     slurm_daemon.client.request("cancel", ids=[job_id])
     assert ended(slurm_daemon, job_id, 40) == "cancelled"
-    wait_for(lambda: f"pollux-{job_id}" not in steps_of(allocation), 20, "the step to end")
+    wait_for(lambda: f"pollux-{job_id}.0" not in steps_of(allocation), 20, "the step to end")
     logs = slurm_daemon.client.request("logs", id=job_id, offset=-4000)["data"]
     # SIGTERM came through scancel --signal=TERM: the job checkpointed and exited 75
     assert "checkpointed at step" in logs, logs
@@ -170,11 +170,11 @@ def test_daemon_killed_and_restarted_in_the_allocation_loses_nothing(
     wait_for(lambda: checkpoint_step(ckpt) >= 10, 60, "the job to make progress")
     second = submit(daemon, tmp_path, steps=20, sleep_s=0.02)  # queued: the devices are taken
     assert job(daemon, second)["state"] == "queued"
-    step = steps_of(allocation)[f"pollux-{first}"]
+    step = steps_of(allocation)[f"pollux-{first}.0"]
 
     daemon.kill()
     time.sleep(1.0)
-    assert steps_of(allocation).get(f"pollux-{first}") == step  # the step runs on
+    assert steps_of(allocation).get(f"pollux-{first}.0") == step  # the step runs on
     daemon.start(timeout_s=60)
 
     assert ended(daemon, first, 90) == "succeeded", daemon.output()
@@ -196,11 +196,11 @@ def test_timed_out_job_ends_its_step(
     allocation: SlurmAllocation, slurm_daemon: DaemonProcess, tmp_path: Path
 ) -> None:
     job_id = submit(slurm_daemon, tmp_path, steps=100_000, sleep_s=0.05, time_limit_s=6)
-    wait_for(lambda: f"pollux-{job_id}" in steps_of(allocation), 30, "its step")
+    wait_for(lambda: f"pollux-{job_id}.0" in steps_of(allocation), 30, "its step")
     assert ended(slurm_daemon, job_id, 60) == "failed"
     shown = job(slurm_daemon, job_id)
     assert "time limit" in shown["reason"], shown
-    wait_for(lambda: f"pollux-{job_id}" not in steps_of(allocation), 20, "the step to end")
+    wait_for(lambda: f"pollux-{job_id}.0" not in steps_of(allocation), 20, "the step to end")
 
 
 def test_node_lost_mid_job_resumes_on_the_other_node_from_its_checkpoint(

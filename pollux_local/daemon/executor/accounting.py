@@ -124,7 +124,8 @@ class Accounting(ExecutorBase):
         """The remote nodes a failed group lost.  A node the group says it lost
         (:meth:`ReplicaGroup.lost_nodes`: its ssh session ended with ranks that never said how
         they ended) is marked down at once and re-checked every ``node_retry_s``.  When the
-        group's code is 255 and it names no lost node, the nodes are checked now.  Other failures (a rank timing out in a
+        group's code is 255 and it names no lost node, the nodes are checked now; so are the
+        nodes where it gave up waiting (:meth:`ReplicaGroup.unanswered_nodes`).  Other failures (a rank timing out in a
         collective with a lost peer, say) count as node losses only when some node is down."""
         slots = group.spec.slots
         remote = [
@@ -133,8 +134,13 @@ class Accounting(ExecutorBase):
         if not remote:
             return []
         lost = self._mark_lost_nodes(group)
+        unanswered = group.unanswered_nodes()
         if code == ExitCode.NODE_LOST and not lost:
             await asyncio.gather(*(self._check(node) for node in remote))
+        elif unanswered:  # not lost for that alone (a job can keep its agent busy): checked
+            await asyncio.gather(
+                *(self._check(node) for node in remote if node.name in unanswered - lost)
+            )
         return [n.name for n in remote if not self.nodes.is_up(n.name)]
 
     def _mark_lost_nodes(self, group: ReplicaGroup) -> set[str]:

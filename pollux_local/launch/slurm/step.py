@@ -164,6 +164,10 @@ class SlurmStepGroup:
         """The step's nodes Slurm reported down, failed or not responding when it ended."""
         return set(self._lost)
 
+    def unanswered_nodes(self) -> set[str]:
+        """None: Slurm says what became of every node."""
+        return set()
+
     async def wait(self) -> int:
         await self._done.wait()
         assert self._code is not None

@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import stat
 import time
 from collections.abc import Collection, Mapping
@@ -72,12 +73,18 @@ class _NodeSession:
     #: the ranks that stay at a warm resize that renumbers them (by generation), until the
     #: agent says it renamed its replicas (``RENAMED``)
     renames: dict[int, list[int]] = field(default_factory=dict)
+    #: the daemon ended its ssh client itself (no answer to a stop, or its lines unreadable)
+    abandoned: bool = False
     #: the session ended with ranks that never said how they ended (ssh lost the node, or
     #: its agent ended), or its agent refused the node (``NODEFAIL``): the node is lost.  Only this says so: a replica's own exit code
     #: is the job's, whatever its value (a job exiting 255 is a crash, not a lost node)
     lost: bool = False
     #: its agent refused to start anything for a fault of the node's (``NODEFAIL``)
     node_failed: bool = False
+    #: its ssh client was ended here (by the daemon, which got no answer to a stop in time,
+    #: or by a signal), with ranks that had not said how they ended: whether the node is lost
+    #: is for a check of the node to say (a job can keep its agent busy past any grace)
+    unanswered: bool = False
 
 
 class SshReplicaGroup:
@@ -139,6 +146,11 @@ class SshReplicaGroup:
                     self.failure_reason = session.failure
                 elif session.lost:
                     self.failure_reason = f"node {session.node.name} became unreachable"
+                elif session.unanswered:
+                    self.failure_reason = (
+                        f"node {session.node.name} did not answer in time (its replicas' ends "
+                        "are not known)"
+                    )
                 else:
                     self.failure_reason = (
                         f"rank {rank} on node {session.node.name} exited with {code}"
@@ -170,6 +182,7 @@ class SshReplicaGroup:
             await asyncio.sleep(1.0)
             with contextlib.suppress(ProcessLookupError):
                 session.proc.kill()
+                session.abandoned = True
         rc = await session.proc.wait()
         self._session_ended(session, rc)
 
@@ -240,7 +253,12 @@ class SshReplicaGroup:
                 if session.failure:
                     code = SETUP_FAILED_EXIT_CODE
                     session.lost = session.node_failed
-                elif rc == UNREACHABLE_EXIT_CODE or rc <= 0:
+                elif rc < 0 or session.abandoned:
+                    # ssh was ended here (the daemon gave up waiting, or a signal): the
+                    # replicas were told to stop and may be gone; the node is checked
+                    code = 128 + (-rc if rc < 0 else int(signal.SIGKILL))
+                    session.unanswered = True
+                elif rc == UNREACHABLE_EXIT_CODE or rc == 0:
                     code = UNREACHABLE_EXIT_CODE
                     session.lost = True
                 else:
@@ -393,6 +411,7 @@ class SshReplicaGroup:
             if session.proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     session.proc.kill()
+                    session.abandoned = True
 
     async def _signal_all(self, command: str) -> None:
         for session in self._sessions:
@@ -412,6 +431,11 @@ class SshReplicaGroup:
         for session in self._sessions:
             codes.update(session.exit_codes)
         return codes
+
+    def unanswered_nodes(self) -> set[str]:
+        """The nodes whose ssh client was ended here with replicas that had not said how they
+        ended (no answer to a stop in time): to be checked, not taken as lost."""
+        return {session.node.name for session in self._sessions if session.unanswered}
 
     def lost_nodes(self) -> set[str]:
         """The nodes whose ssh session ended with replicas that never said how they ended, or

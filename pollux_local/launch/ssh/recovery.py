@@ -78,6 +78,9 @@ class SshRecordedGroup:
         included, is the job's)."""
         return set(self._lost)
 
+    def unanswered_nodes(self) -> set[str]:
+        return set()
+
     def poll(self) -> int | None:
         """As :meth:`SshReplicaGroup.poll`: the first failure in the order the ranks ended,
         else 0 when all succeeded, else 75."""
