@@ -125,8 +125,9 @@ class Accounting(ExecutorBase):
         (:meth:`ReplicaGroup.lost_nodes`: its ssh session ended with ranks that never said how
         they ended) is marked down at once and re-checked every ``node_retry_s``.  When the
         group's code is 255 and it names no lost node, the nodes are checked now; so are the
-        nodes where it gave up waiting (:meth:`ReplicaGroup.unanswered_nodes`).  Other failures (a rank timing out in a
-        collective with a lost peer, say) count as node losses only when some node is down."""
+        nodes where it gave up waiting (:meth:`ReplicaGroup.unanswered_nodes`).  Other
+        failures (a rank timing out in a collective with a lost peer, say) count as node
+        losses only when some node is down."""
         slots = group.spec.slots
         remote = [
             n for n in dict.fromkeys(self.config.node(s.node) for s in slots) if not n.is_local

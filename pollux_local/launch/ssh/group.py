@@ -76,8 +76,9 @@ class _NodeSession:
     #: the daemon ended its ssh client itself (no answer to a stop, or its lines unreadable)
     abandoned: bool = False
     #: the session ended with ranks that never said how they ended (ssh lost the node, or
-    #: its agent ended), or its agent refused the node (``NODEFAIL``): the node is lost.  Only this says so: a replica's own exit code
-    #: is the job's, whatever its value (a job exiting 255 is a crash, not a lost node)
+    #: its agent ended), or its agent refused the node (``NODEFAIL``): the node is lost.
+    #: Only this says so: a replica's own exit code is the job's, whatever its value (a job
+    #: exiting 255 is a crash, not a lost node)
     lost: bool = False
     #: its agent refused to start anything for a fault of the node's (``NODEFAIL``)
     node_failed: bool = False
