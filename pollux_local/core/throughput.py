@@ -139,11 +139,11 @@ _REG_RETRO = 2e-3
 def _median(values: FloatArray) -> float:
     """``np.median`` of a few finite numbers (the same value: the middle one, or the mean of
     the middle two), without its cost per call."""
-    ordered = sorted(values.tolist())
+    ordered: list[float] = sorted(values.tolist())
     middle = len(ordered) // 2
     if len(ordered) % 2:
         return float(ordered[middle])
-    return (ordered[middle - 1] + ordered[middle]) / 2.0
+    return float((ordered[middle - 1] + ordered[middle]) / 2.0)
 
 
 def _initial_guess(
