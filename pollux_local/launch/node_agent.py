@@ -951,8 +951,14 @@ class Supervisor:
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
         if self.run_as:
-            above = os.path.dirname(directory)
-            for each in (os.path.dirname(above), above, directory):
+            # every directory below the node's work directory (which the agent checked),
+            # else the log's directory and the one above it
+            below = relative_under(directory, node_workdir(self.spec))
+            chain = [os.path.dirname(directory), directory]
+            if below:
+                workdir = node_workdir(self.spec).rstrip("/")
+                chain = ["/".join([workdir, *below[: i + 1]]) for i in range(len(below))]
+            for each in chain:
                 info = os.lstat(each)
                 foreign = (
                     info.st_uid != os.geteuid()

@@ -398,3 +398,28 @@ def test_a_log_left_by_another_users_replica_is_replaced_not_handed_over(tmp_pat
     info = log.stat()
     assert info.st_uid == nobody.pw_uid
     assert log.read_text() == "mine\n"  # nothing of theirs in it (appended, it held both)
+
+
+def test_a_log_directory_anywhere_below_the_work_directory_must_be_the_agents(
+    tmp_path: Path,
+) -> None:
+    """Logs lie at ``WORKDIR/logs/KEY/JOB/``: a ``logs`` of another user's (made while the
+    work directory was open, say) could have ``KEY`` swapped under the agent; every
+    directory from the work directory down is checked, not only the last two."""
+    workdir = make_dir(tmp_path / "wd")
+    make_dir(workdir / "logs", uid=STRANGER)
+    log = workdir / "logs" / "key" / "7" / "rank0.start0.log"
+    spec = spec_for(
+        tmp_path,
+        [{"argv": ["/bin/sh", "-c", "echo mine"], "env": {}}],
+        node_workdir=str(workdir),
+        user="nobody",
+        cwd="/",
+    )
+    spec["replicas"][0]["log"] = str(log)
+    proc = start_agent(spec)
+    lines = lines_until_exits(proc, 1)
+    proc.communicate(timeout=30)
+    assert ["EXIT", "0", "127"] in lines  # not started
+    said = b"".join(base64.b64decode(p[2]) for p in lines if p[:2] == ["LOG", "0"])
+    assert b"cannot open its log" in said and b"logs is not a directory" in said, said
