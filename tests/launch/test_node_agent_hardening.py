@@ -372,6 +372,23 @@ def test_a_forged_record_gets_no_process_of_anyone_else_signalled(
         victim.wait()
 
 
+def echo_as_nobody(tmp_path: Path, workdir: Path, log: Path) -> list[list[str]]:
+    """The agent's lines (up to the end) of one replica run as ``nobody`` that echoes
+    ``mine``, its log at ``log`` and the node's work directory ``workdir``."""
+    spec = spec_for(
+        tmp_path,
+        [{"argv": ["/bin/sh", "-c", "echo mine"], "env": {}}],
+        node_workdir=str(workdir),
+        user="nobody",
+        cwd="/",
+    )
+    spec["replicas"][0]["log"] = str(log)
+    proc = start_agent(spec)
+    lines = lines_until_exits(proc, 1)
+    proc.communicate(timeout=30)
+    return lines
+
+
 def test_a_log_left_by_another_users_replica_is_replaced_not_handed_over(tmp_path: Path) -> None:
     """A replica's log on the node may already exist: an earlier replica's of the same name
     (a job id used again after the daemon's state was reset, another user's job).  It is
@@ -384,17 +401,8 @@ def test_a_log_left_by_another_users_replica_is_replaced_not_handed_over(tmp_pat
     make_dir(make_dir(make_dir(workdir / "logs") / "key") / "7")
     log.write_text("THEIRS\n")
     os.chown(log, STRANGER, STRANGER)
-    spec = spec_for(
-        tmp_path,
-        [{"argv": ["/bin/sh", "-c", "echo mine"], "env": {}}],
-        node_workdir=str(workdir),
-        user="nobody",
-        cwd="/",
-    )
-    spec["replicas"][0]["log"] = str(log)
-    proc = start_agent(spec)
-    assert ["EXIT", "0", "0"] in lines_until_exits(proc, 1)
-    proc.communicate(timeout=30)
+    lines = echo_as_nobody(tmp_path, workdir, log)
+    assert ["EXIT", "0", "0"] in lines
     info = log.stat()
     assert info.st_uid == nobody.pw_uid
     assert log.read_text() == "mine\n"  # nothing of theirs in it (appended, it held both)
@@ -409,17 +417,7 @@ def test_a_log_directory_anywhere_below_the_work_directory_must_be_the_agents(
     workdir = make_dir(tmp_path / "wd")
     make_dir(workdir / "logs", uid=STRANGER)
     log = workdir / "logs" / "key" / "7" / "rank0.start0.log"
-    spec = spec_for(
-        tmp_path,
-        [{"argv": ["/bin/sh", "-c", "echo mine"], "env": {}}],
-        node_workdir=str(workdir),
-        user="nobody",
-        cwd="/",
-    )
-    spec["replicas"][0]["log"] = str(log)
-    proc = start_agent(spec)
-    lines = lines_until_exits(proc, 1)
-    proc.communicate(timeout=30)
+    lines = echo_as_nobody(tmp_path, workdir, log)
     assert ["EXIT", "0", "127"] in lines  # not started
     said = b"".join(base64.b64decode(p[2]) for p in lines if p[:2] == ["LOG", "0"])
     assert b"cannot open its log" in said and b"logs is not a directory" in said, said
