@@ -48,6 +48,7 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     max_command_size = "4M"   # a job's command line and environment together (default 4M)
     max_stored_per_user = "64M"  # commands and environments of one user's jobs, all in all
     max_ended_per_user = 10000  # ended jobs kept per user, the oldest removed (0: all kept)
+    max_ended_stored_per_user = "256M"  # what one user's ended jobs keep; oldest removed (0: no cap)
     user_groups = 4           # groups each user may make for their own jobs (0: none)
 
     [groups.gpu]              # a group any job may join (submit --group gpu)
@@ -223,6 +224,10 @@ class DaemonConfig:
     max_stored_per_user: int = 64 * 1024 * 1024
     #: ended jobs kept per user (their newest); older ones are removed (0: every one kept)
     max_ended_per_user: int = 10_000
+    #: bytes one user's ended jobs keep in the state (their rows, and the commands and
+    #: environments none of the user's active jobs keeps); the oldest beyond are removed
+    #: (0: no bound but the count)
+    max_ended_stored_per_user: int = 256 * 1024 * 1024
     #: the admin's groups (``[groups.NAME]``), and how many groups each user may make
     groups: tuple[GroupConfig, ...] = ()
     user_groups: int = 4
@@ -423,6 +428,7 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
             "max_command_size",
             "max_stored_per_user",
             "max_ended_per_user",
+            "max_ended_stored_per_user",
             "user_groups",
             "default_mem",
             "max_mem",
@@ -767,6 +773,11 @@ def load_config(
         max_command_bytes=_size(limits, "limits", "max_command_size", "4M", where),
         max_stored_per_user=_size(limits, "limits", "max_stored_per_user", "64M", where),
         max_ended_per_user=_whole(limits, "max_ended_per_user", 10_000, where, 0, 100_000_000),
+        max_ended_stored_per_user=(
+            0  # no bound but the count
+            if limits.get("max_ended_stored_per_user") in (0, "0")
+            else _size(limits, "limits", "max_ended_stored_per_user", "256M", where, least=4096)
+        ),
         groups=admin_groups(data.get("groups", {}), where),
         user_groups=_whole(limits, "user_groups", 4, where, 0, 1000),
         **host_limits(limits, where),

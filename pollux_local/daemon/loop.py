@@ -63,6 +63,7 @@ from pollux_local.daemon.scheduler import (
 from pollux_local.daemon.state import DecisionEntry, JobRecord, StateStore
 from pollux_local.daemon.state.retention import PRUNE_BATCH
 from pollux_local.durations import format_duration
+from pollux_local.sizes import format_size
 
 log = logging.getLogger("pollux_local.daemon")
 
@@ -236,7 +237,8 @@ class SchedulingLoop:
 
     def prune_ended(self) -> None:
         """Every :data:`PRUNE_INTERVAL_S` at most: each user's ended jobs beyond ``[limits]
-        max_ended_per_user`` are removed (``state.retention``), a batch at a time for at most
+        max_ended_per_user`` (or past the newest that keep ``max_ended_stored_per_user``
+        bytes) are removed (``state.retention``), a batch at a time for at most
         :data:`PRUNE_BUDGET_S`; while a batch comes back full (more may be left: users make
         ended jobs faster than one batch a minute) the next pass prunes again, soon."""
         now = time.monotonic()
@@ -250,6 +252,7 @@ class SchedulingLoop:
                 budget_s=PRUNE_BUDGET_S,
                 into=removed,
                 live=self.executor.with_processes(),  # a job whose processes are not gone stays
+                keep_bytes_per_user=self.config.max_ended_stored_per_user,
             )
         finally:
             # more may be left after full batches: again soon, but no more than a share of
@@ -264,8 +267,10 @@ class SchedulingLoop:
         """Log the jobs removed and queue their directories for removal (as their owners)."""
         if removed:
             log.info(
-                "removed %d ended job(s) beyond %d per user ([limits] max_ended_per_user):"
-                " %s%s", len(removed), self.config.max_ended_per_user,
+                "removed %d ended job(s) beyond %d or %s per user ([limits]"
+                " max_ended_per_user, max_ended_stored_per_user): %s%s",
+                len(removed), self.config.max_ended_per_user,
+                format_size(self.config.max_ended_stored_per_user),
                 ", ".join(map(str, removed[:10])), " …" if len(removed) > 10 else "",
             )  # fmt: skip
         if not self._swept:  # once: those an earlier daemon removed and left the directory of

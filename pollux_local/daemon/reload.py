@@ -53,6 +53,7 @@ SETTINGS = {
     "max_command_bytes": "max_command_size (bytes)",
     "max_stored_per_user": "max_stored_per_user (bytes)",
     "max_ended_per_user": "max_ended_per_user",
+    "max_ended_stored_per_user": "max_ended_stored_per_user (bytes)",
     "busy_memory": "[devices] busy_memory (bytes)",
     "groups": "[groups]",
     "user_groups": "user_groups",

@@ -157,7 +157,7 @@ def test_a_damaged_page_is_found_by_quick_check(tmp_path: Path) -> None:
 def test_schema_version_and_migrations_in_order(tmp_path: Path) -> None:
     assert [number for number, _, _ in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
     store = StateStore(tmp_path / "new.db")
-    assert store.version == SCHEMA_VERSION == 6
+    assert store.version == SCHEMA_VERSION == 7
     assert store.schema_version() == SCHEMA_VERSION
     store.close()
 
@@ -199,9 +199,9 @@ def test_migration_6_removes_the_blobs_no_job_references(tmp_path: Path) -> None
     )
     store.close()
     store = StateStore(path)
-    assert store.version == 6
+    assert store.version == SCHEMA_VERSION  # through 6, and on
     indexes = {r[0] for r in store.db.execute("SELECT name FROM sqlite_master WHERE type='index'")}
-    assert {"jobs_argv_ref", "jobs_env_ref", "jobs_owner_kept"} <= indexes
+    assert {"jobs_argv_ref", "jobs_env_ref", "jobs_owner_kept", "blobs_size"} <= indexes
     digests = {row[0] for row in store.db.execute("SELECT digest FROM blobs")}
     assert "orphan" not in digests and len(digests) == 2  # the job's command and environment
     got = store.get_job(job.id)

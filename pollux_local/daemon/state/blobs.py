@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
 
 from pollux_local.api.states import (
     ACTIVE_STATES,
+    JobState,
 )
 from pollux_local.daemon.state.base import StoreBase
 from pollux_local.daemon.state.records import BLOB_CACHE_BYTES, JobRecord, blob_text, row_to_job
@@ -27,7 +28,12 @@ class Blobs(StoreBase):
         (migration 6), whose expression the rows' sum below must match: without it every row
         was read in full (86 ms for 1,000 jobs with long ``--notify`` lists, now 1 ms).  Asked
         only when a request adds something (:meth:`unkept_bytes`)."""
-        wanted = sorted(state.value for state in ACTIVE_STATES)
+        return self.kept_bytes(owner_uid, ACTIVE_STATES)
+
+    def kept_bytes(self, owner_uid: int, states: Iterable[JobState]) -> int:
+        """Bytes ``owner_uid``'s jobs in ``states`` keep: the blobs they name (each once) and
+        their rows (settings and names), read from the index ``jobs_owner_kept``."""
+        wanted = sorted(state.value for state in states)
         marks = ",".join("?" * len(wanted))
         mine = f"owner_uid = ? AND state IN ({marks})"
         (blobs,) = self.db.execute(

@@ -1,4 +1,5 @@
-"""How many ended jobs the state keeps: each user's newest ``[limits] max_ended_per_user``.
+"""How many ended jobs the state keeps: each user's newest ``[limits] max_ended_per_user``,
+and of those the newest that keep ``[limits] max_ended_stored_per_user`` bytes.
 
 Ended jobs were kept for ever, and one user could make about 1,300 a second (held arrays,
 cancelled): the database grew by a megabyte a second on root's disk.  Beyond the cap, a
@@ -40,27 +41,49 @@ class Retention(Blobs):
         budget_s: float = 0.0,
         into: list[int] | None = None,
         live: Iterable[int] = (),
+        keep_bytes_per_user: int = 0,
     ) -> list[int]:
         """Remove each user's ended jobs beyond their newest ``keep_per_user`` (by end time),
         ``batch`` at a time (each its own transaction), but none that must stay (the module's
         docstring); another batch follows a full one until ``budget_s`` has gone by (0: one
         batch).  The ids removed (also appended to ``into`` as each batch is committed, so
         that a failing batch loses none of the earlier ones).  ``keep_per_user`` 0 keeps every
-        job.  ``live``: the jobs whose processes are not gone yet (a cancelled job in its stop
-        grace), kept too.  What must stay is read once, by the database
-        (:meth:`_set_aside_kept`): an owner may make 500 jobs wait for 1,000 ids each."""
+        job.  ``keep_bytes_per_user``: also the ended jobs of a user beyond their newest that
+        keep that many bytes (:meth:`ended_bytes`; 0: no such bound).  ``live``: the jobs whose
+        processes are not gone yet (a cancelled job in its stop grace), kept too.  What must
+        stay is read once, by the database (:meth:`_set_aside_kept`): an owner may make 500
+        jobs wait for 1,000 ids each."""
         removed = into if into is not None else []
         first = len(removed)
-        if keep_per_user <= 0:
-            return []
         ended = sorted(state.value for state in TERMINAL_STATES)
         marks = ",".join("?" * len(ended))
-        over = self.db.execute(
-            f"SELECT owner_uid, COUNT(*) FROM jobs WHERE state IN ({marks})"
-            " GROUP BY owner_uid HAVING COUNT(*) > ?",
-            (*ended, keep_per_user),
-        ).fetchall()
-        if not over:
+        owners = {
+            int(owner): (int(count), int(newest))
+            for owner, count, newest in self.db.execute(
+                f"SELECT owner_uid, COUNT(*), MAX(id) FROM jobs WHERE state IN ({marks})"
+                " GROUP BY owner_uid",
+                ended,
+            )
+        }
+        over = [
+            (owner, count)
+            for owner, (count, _) in owners.items()
+            if keep_per_user > 0 and count > keep_per_user
+        ]
+        heavy: list[int] = []
+        if keep_bytes_per_user > 0:
+            # counted again only for an owner whose ended jobs changed since (their number or
+            # newest id): a count costs ~10 ms for 3,000 jobs, and most owners are quiet
+            seen = self._ended_seen
+            changed = [
+                o for o, mark in owners.items() if seen.get((o, keep_bytes_per_user)) != mark
+            ]
+            for owner in changed:
+                if self.ended_bytes(owner) > keep_bytes_per_user:
+                    heavy.append(owner)
+                else:
+                    seen[(owner, keep_bytes_per_user)] = owners[owner]
+        if not over and not heavy:
             return []
         began = time.monotonic()
         self._set_aside_kept()
@@ -88,11 +111,111 @@ class Retention(Blobs):
                     (owner_uid, *ended, keep_per_user, room),
                 ).fetchall()
                 doomed.extend(int(job_id) for (job_id,) in rows)
+            for owner_uid in heavy:
+                room = batch - len(doomed)
+                if room <= 0:
+                    break
+                beyond = self._beyond_bytes(owner_uid, keep_bytes_per_user, set(doomed))
+                doomed.extend(beyond[:room])
             if doomed:
                 self._remove_jobs(doomed)
                 removed.extend(doomed)
             if len(doomed) < batch or time.monotonic() - began >= budget_s:
                 return removed[first:]
+
+    def _ended_rows(self, owner_uid: int) -> list[tuple[int, int, str | None, str | None]]:
+        """``owner_uid``'s ended jobs, newest first (by end time): id, the bytes of its own row
+        (its settings and name) and its command's and environment's blobs."""
+        ended = sorted(state.value for state in TERMINAL_STATES)
+        return [
+            (int(job_id), int(size), argv_ref, env_ref)
+            for job_id, size, argv_ref, env_ref in self.db.execute(
+                "SELECT id, LENGTH(spec) + LENGTH(name), argv_ref, env_ref FROM jobs"
+                f" WHERE owner_uid = ? AND state IN ({','.join('?' * len(ended))})"
+                " ORDER BY COALESCE(end_time, submit_time) DESC, id DESC",
+                (owner_uid, *ended),
+            )
+        ]
+
+    def _blob_sizes(self, owner_uid: int) -> tuple[dict[str, int], set[str]]:
+        """The sizes of the blobs ``owner_uid``'s ended jobs name, and the blobs their active
+        jobs name (kept whatever becomes of the ended ones)."""
+        active = sorted(state.value for state in ACTIVE_STATES)
+        marks = ",".join("?" * len(active))
+        kept = {
+            str(ref)
+            for row in self.db.execute(
+                f"SELECT argv_ref, env_ref FROM jobs WHERE owner_uid = ? AND state IN ({marks})",
+                (owner_uid, *active),
+            )
+            for ref in row
+            if ref is not None
+        }
+        ended = sorted(state.value for state in TERMINAL_STATES)
+        marks = ",".join("?" * len(ended))
+        mine = f"owner_uid = ? AND state IN ({marks})"
+        sizes = {
+            str(digest): int(size)
+            for digest, size in self.db.execute(
+                "SELECT digest, size FROM blobs WHERE digest IN ("
+                f" SELECT argv_ref FROM jobs WHERE {mine} UNION SELECT env_ref FROM jobs WHERE {mine})",
+                (owner_uid, *ended, owner_uid, *ended),
+            )
+        }
+        return sizes, kept
+
+    def ended_bytes(self, owner_uid: int) -> int:
+        """Bytes ``owner_uid``'s ended jobs keep in the state: their rows, and each command or
+        environment they name once, but those an active job of theirs names too (what
+        ``[limits] max_ended_stored_per_user`` bounds: a user could submit 4 MB commands,
+        each new, and cancel them, 10,000 kept, 40 GB).  Read from the index
+        ``jobs_owner_kept``, as :meth:`stored_bytes` is."""
+        ended = sorted(state.value for state in TERMINAL_STATES)
+        active = sorted(state.value for state in ACTIVE_STATES)
+
+        def refs(states: list[str]) -> str:
+            marks = ",".join("?" * len(states))
+            mine = f"owner_uid = ? AND state IN ({marks})"
+            return (
+                f"SELECT argv_ref FROM jobs WHERE {mine} UNION SELECT env_ref FROM jobs"
+                f" WHERE {mine}"
+            )
+
+        (shared,) = self.db.execute(  # blobs an active job of theirs keeps anyway
+            f"SELECT COALESCE(SUM(size), 0) FROM blobs WHERE digest IN ({refs(ended)})"
+            f" AND digest IN ({refs(active)})",
+            (owner_uid, *ended, owner_uid, *ended, owner_uid, *active, owner_uid, *active),
+        ).fetchone()
+        return self.kept_bytes(owner_uid, TERMINAL_STATES) - int(shared)
+
+    def _beyond_bytes(self, owner_uid: int, keep_bytes: int, doomed: set[int]) -> list[int]:
+        """``owner_uid``'s ended jobs past their newest that keep ``keep_bytes`` (each blob
+        counted with the newest job that names it), oldest first, less those that must stay
+        (``temp.prune_kept``, ``temp.prune_kept_arrays``) and those in ``doomed``."""
+        sizes, seen = self._blob_sizes(owner_uid)
+        must_stay = {int(i) for (i,) in self.db.execute("SELECT id FROM temp.prune_kept")}
+        arrays = {str(a) for (a,) in self.db.execute("SELECT id FROM temp.prune_kept_arrays")}
+        in_arrays = {
+            int(job_id)
+            for job_id, array_id in self.db.execute(
+                "SELECT id, CAST(json_extract(spec, '$.array_id') AS TEXT) FROM jobs"
+                " WHERE owner_uid = ? AND json_extract(spec, '$.array_id') IS NOT NULL",
+                (owner_uid,),
+            )
+            if array_id in arrays
+        }
+        staying = must_stay | in_arrays | doomed
+        total = 0
+        beyond: list[int] = []
+        for job_id, size, argv_ref, env_ref in self._ended_rows(owner_uid):
+            total += size
+            for digest in (argv_ref, env_ref):
+                if digest is not None and digest not in seen:
+                    seen.add(digest)
+                    total += sizes.get(digest, 0)
+            if total > keep_bytes and job_id not in staying:
+                beyond.append(job_id)
+        return beyond[::-1]
 
     def _set_aside_kept(self) -> None:
         """Fill this connection's temporary tables of what must stay: the ids active jobs

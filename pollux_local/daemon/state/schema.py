@@ -106,6 +106,10 @@ DELETE FROM blobs WHERE digest NOT IN (SELECT argv_ref FROM jobs WHERE argv_ref 
     AND digest NOT IN (SELECT env_ref FROM jobs WHERE env_ref IS NOT NULL);
 """
 
+_SCHEMA_V7 = """
+CREATE INDEX IF NOT EXISTS blobs_size ON blobs(digest, size);
+"""
+
 #: The schema's migrations, applied in order: (version, what it does, SQL).  A database
 #: records the version it reached in ``meta.schema_version`` (version 1 is the schema of the
 #: daemons that recorded none; its statements create only what is missing).
@@ -137,6 +141,12 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         " row's size: counting it read every row in full); the blobs no job references"
         " removed (an edit left its job's old command behind, for ever)",
         _SCHEMA_V6,
+    ),
+    (
+        7,
+        "an index of each blob's size, so that what a user's jobs keep is summed without"
+        " reading the blobs (the ended jobs' bytes, counted each minute: 20 ms for 3,000)",
+        _SCHEMA_V7,
     ),
 )
 #: The version this daemon writes.
