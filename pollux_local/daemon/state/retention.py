@@ -125,12 +125,15 @@ class Retention(Blobs):
 
     def _ended_rows(self, owner_uid: int) -> list[tuple[int, int, str | None, str | None]]:
         """``owner_uid``'s ended jobs, newest first (by end time): id, the bytes of its own row
-        (its settings and name) and its command's and environment's blobs."""
+        (its settings and name, and its environment where a row written before blobs keeps
+        it inline) and its command's and environment's blobs."""
         ended = sorted(state.value for state in TERMINAL_STATES)
         return [
             (int(job_id), int(size), argv_ref, env_ref)
             for job_id, size, argv_ref, env_ref in self.db.execute(
-                "SELECT id, LENGTH(spec) + LENGTH(name), argv_ref, env_ref FROM jobs"
+                "SELECT id, LENGTH(spec) + LENGTH(name)"
+                " + (CASE WHEN env_ref IS NULL THEN COALESCE(LENGTH(env), 0) ELSE 0 END),"
+                " argv_ref, env_ref FROM jobs"
                 f" WHERE owner_uid = ? AND state IN ({','.join('?' * len(ended))})"
                 " ORDER BY COALESCE(end_time, submit_time) DESC, id DESC",
                 (owner_uid, *ended),
