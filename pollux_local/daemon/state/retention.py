@@ -22,6 +22,13 @@ from pollux_local.daemon.state.blobs import Blobs
 PRUNE_BATCH = 500
 
 
+def _refs(states: list[str]) -> str:
+    """SQL of the blobs an owner's jobs in ``states`` name (parameters: the owner, the
+    states, the owner, the states)."""
+    mine = f"owner_uid = ? AND state IN ({','.join('?' * len(states))})"
+    return f"SELECT argv_ref FROM jobs WHERE {mine} UNION SELECT env_ref FROM jobs WHERE {mine}"
+
+
 class Retention(Blobs):
     """Removing what is beyond each user's cap of ended jobs."""
 
@@ -155,13 +162,10 @@ class Retention(Blobs):
             if ref is not None
         }
         ended = sorted(state.value for state in TERMINAL_STATES)
-        marks = ",".join("?" * len(ended))
-        mine = f"owner_uid = ? AND state IN ({marks})"
         sizes = {
             str(digest): int(size)
             for digest, size in self.db.execute(
-                "SELECT digest, size FROM blobs WHERE digest IN ("
-                f" SELECT argv_ref FROM jobs WHERE {mine} UNION SELECT env_ref FROM jobs WHERE {mine})",
+                f"SELECT digest, size FROM blobs WHERE digest IN ({_refs(ended)})",
                 (owner_uid, *ended, owner_uid, *ended),
             )
         }
@@ -175,18 +179,9 @@ class Retention(Blobs):
         ``jobs_owner_kept``, as :meth:`stored_bytes` is."""
         ended = sorted(state.value for state in TERMINAL_STATES)
         active = sorted(state.value for state in ACTIVE_STATES)
-
-        def refs(states: list[str]) -> str:
-            marks = ",".join("?" * len(states))
-            mine = f"owner_uid = ? AND state IN ({marks})"
-            return (
-                f"SELECT argv_ref FROM jobs WHERE {mine} UNION SELECT env_ref FROM jobs"
-                f" WHERE {mine}"
-            )
-
         (shared,) = self.db.execute(  # blobs an active job of theirs keeps anyway
-            f"SELECT COALESCE(SUM(size), 0) FROM blobs WHERE digest IN ({refs(ended)})"
-            f" AND digest IN ({refs(active)})",
+            f"SELECT COALESCE(SUM(size), 0) FROM blobs WHERE digest IN ({_refs(ended)})"
+            f" AND digest IN ({_refs(active)})",
             (owner_uid, *ended, owner_uid, *ended, owner_uid, *active, owner_uid, *active),
         ).fetchone()
         return self.kept_bytes(owner_uid, TERMINAL_STATES) - int(shared)
