@@ -363,3 +363,58 @@ def test_an_owner_found_within_the_bytes_is_counted_again_once_their_ended_jobs_
         first,
         *fat[:2],
     ]
+
+
+def test_ended_jobs_another_job_waits_for_keep_their_rows_not_their_bytes(tmp_path: Path) -> None:
+    """An active job's ``--after`` keeps the ended jobs it names (what waits needs how they
+    ended): a held job naming 1,000 ended jobs, each with a new 4 MB environment, kept them
+    past both caps for as long as it stayed held (a third review: 20 jobs of 480 KB kept
+    against a cap of 2 MB).  Past the owner's bytes, such a job keeps its row and state and
+    loses its command and environment; a restart of it is refused in one line."""
+    from pollux_local.daemon.state import REMOVED_ARGV
+
+    store = StateStore(tmp_path / "state.db")
+    fat = [add_fat(store, 1001, float(t), 1) for t in range(6)]
+    for number, job_id in enumerate(fat):
+        end(store, job_id, 100.0 + number)
+    announce_all(store)
+    waiting = add(store, 1001, 200.0, after=[str(i) for i in fat], after_any=True)
+    assert store.ended_bytes(1001) > 6 << 20
+
+    assert store.prune_ended(keep_per_user=10_000, keep_bytes_per_user=2 << 20) == []
+    assert store.ended_bytes(1001) < 3 << 20  # the newest (within the cap) and slim rows
+    for job_id in fat:
+        job = store.get_job(job_id)
+        assert job is not None and job.state is JobState.CANCELLED  # what the waiter reads
+    slim = [i for i in fat if store.get_job(i).spec.argv == REMOVED_ARGV]  # type: ignore[union-attr]
+    assert slim == fat[:-1] or slim == fat[:-2], slim  # all but the newest that fit
+    assert store.get_job(fat[-1]).env["PAD"].startswith("5x")  # type: ignore[union-attr]
+    assert store.get_job(waiting) is not None
+    (blob_bytes,) = store.db.execute("SELECT SUM(size) FROM blobs").fetchone()
+    assert blob_bytes < 3 << 20
+
+
+def test_a_job_whose_command_was_removed_is_not_restarted(tmp_path: Path) -> None:
+    """A restart of an ended job whose command and environment went (it was kept only for
+    what waited for it) is refused in one line, before anything is checked or queued."""
+    from pollux_local.api.errors import Conflict
+    from pollux_local.api.messages import Restart
+    from pollux_local.daemon.handlers.resubmit import restart
+
+    store = StateStore(tmp_path / "state.db")
+    fat = [add_fat(store, 1001, float(t), 1) for t in range(3)]
+    for number, job_id in enumerate(fat):
+        end(store, job_id, 100.0 + number)
+    announce_all(store)
+    add(store, 1001, 200.0, after=[str(fat[0])], after_any=True)
+    store.prune_ended(keep_per_user=10_000, keep_bytes_per_user=1 << 20)
+
+    class Ctx:  # what restart asks of the daemon before it checks the spec
+        def job(self, job_id: int) -> Any:
+            return store.get_job(job_id)
+
+        def require_owner(self, job: Any, what: str) -> None:
+            pass
+
+    with pytest.raises(Conflict, match="command and environment were removed"):
+        restart(Ctx(), Restart(id=str(fat[0])))  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from pollux_local.api.messages import Edit, JobStateReply, Restart, SubmitReply
 from pollux_local.api.states import TERMINAL_STATES, DecisionKind, JobState
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers.submit import validate_jobs
+from pollux_local.daemon.state import REMOVED_ARGV
 
 
 def restart(ctx: Context, request: Restart) -> SubmitReply:
@@ -28,6 +29,11 @@ def restart(ctx: Context, request: Restart) -> SubmitReply:
     ctx.require_owner(old, "restart")
     if old.state not in TERMINAL_STATES:
         raise Conflict(f"job {old.id} is {old.state.value}; only a job that ended can be restarted")
+    if old.spec.argv == REMOVED_ARGV:
+        raise Conflict(
+            f"job {old.id}'s command and environment were removed (beyond its owner's [limits]"
+            " max_ended_stored_per_user); submit it again"
+        )
     spec = msgspec.structs.replace(old.spec, after=[], after_any=False)
     [spec] = validate_jobs(
         ctx, [spec], owner_uid=old.owner_uid, owner_name=old.owner_name, env=old.env or {},

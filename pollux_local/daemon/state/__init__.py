@@ -46,7 +46,7 @@ from pollux_local.daemon.state.records import (
     JobRecord,
     stored_row,
 )
-from pollux_local.daemon.state.retention import Retention
+from pollux_local.daemon.state.retention import REMOVED_ARGV, Retention
 from pollux_local.daemon.state.schema import (
     DECISIONS_LIMIT,
     HISTORY_LIMIT,
@@ -56,6 +56,7 @@ from pollux_local.daemon.state.schema import (
 
 __all__ = [
     "GroupRecord",
+    "REMOVED_ARGV",
     "DECISIONS_LIMIT",
     "HISTORY_LIMIT",
     "JobEnd",

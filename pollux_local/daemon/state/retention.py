@@ -20,6 +20,10 @@ from pollux_local.daemon.state.blobs import Blobs
 
 #: The most ended jobs one call removes (a pass's worth of work stays small).
 PRUNE_BATCH = 500
+#: The command an ended job keeps once its own was removed: it had to stay (another job waits
+#: for it, or its end is not announced yet) but was beyond its owner's bytes; what waits for
+#: it needs only how it ended.  ``restart`` refuses such a job.
+REMOVED_ARGV = ["pollux-local: command removed (beyond [limits] max_ended_stored_per_user)"]
 
 
 def _refs(states: list[str]) -> str:
@@ -122,8 +126,9 @@ class Retention(Blobs):
                 room = batch - len(doomed)
                 if room <= 0:
                     break
-                beyond = self._beyond_bytes(owner_uid, keep_bytes_per_user, set(doomed))
+                beyond, pinned = self._beyond_bytes(owner_uid, keep_bytes_per_user, set(doomed))
                 doomed.extend(beyond[:room])
+                self._slim(pinned)
             if doomed:
                 self._remove_jobs(doomed)
                 removed.extend(doomed)
@@ -186,10 +191,15 @@ class Retention(Blobs):
         ).fetchone()
         return self.kept_bytes(owner_uid, TERMINAL_STATES) - int(shared)
 
-    def _beyond_bytes(self, owner_uid: int, keep_bytes: int, doomed: set[int]) -> list[int]:
+    def _beyond_bytes(
+        self, owner_uid: int, keep_bytes: int, doomed: set[int]
+    ) -> tuple[list[int], list[int]]:
         """``owner_uid``'s ended jobs past their newest that keep ``keep_bytes`` (each blob
         counted with the newest job that names it), oldest first, less those that must stay
-        (``temp.prune_kept``, ``temp.prune_kept_arrays``) and those in ``doomed``."""
+        (``temp.prune_kept``, ``temp.prune_kept_arrays``) and those in ``doomed``; and those
+        past it that must stay because another job waits for them or their end is not
+        announced (their command and environment go, :meth:`_slim`: an active job's
+        ``--after`` list could keep a thousand ended jobs each, 4 MB apiece, for ever)."""
         sizes, seen = self._blob_sizes(owner_uid)
         must_stay = {int(i) for (i,) in self.db.execute("SELECT id FROM temp.prune_kept")}
         arrays = {str(a) for (a,) in self.db.execute("SELECT id FROM temp.prune_kept_arrays")}
@@ -205,15 +215,43 @@ class Retention(Blobs):
         staying = must_stay | in_arrays | doomed
         total = 0
         beyond: list[int] = []
+        pinned: list[int] = []
         for job_id, size, argv_ref, env_ref in self._ended_rows(owner_uid):
             total += size
             for digest in (argv_ref, env_ref):
                 if digest is not None and digest not in seen:
                     seen.add(digest)
                     total += sizes.get(digest, 0)
-            if total > keep_bytes and job_id not in staying:
-                beyond.append(job_id)
-        return beyond[::-1]
+            if total > keep_bytes:
+                if job_id not in staying:
+                    beyond.append(job_id)
+                elif job_id in must_stay:
+                    pinned.append(job_id)
+        return beyond[::-1], pinned
+
+    def _slim(self, ids: list[int]) -> None:
+        """Ended jobs ``ids`` that must stay keep their rows (their state, which is all that
+        waits for them needs) but not their commands and environments: :data:`REMOVED_ARGV`
+        and none, and the blobs no other job names go."""
+        if not ids:
+            return
+        marks = ",".join("?" * len(ids))
+        with self.transaction():
+            refs = {
+                str(ref)
+                for row in self.db.execute(
+                    f"SELECT env_ref, argv_ref FROM jobs WHERE id IN ({marks})", ids
+                )
+                for ref in row
+                if ref is not None
+            }
+            removed = self._put_blob(REMOVED_ARGV)
+            empty = self._put_blob({})
+            self.db.execute(
+                f"UPDATE jobs SET argv_ref = ?, env_ref = ?, env = '{{}}' WHERE id IN ({marks})",
+                (removed, empty, *ids),
+            )
+            self._drop_unreferenced(refs - {removed, empty})
 
     def _set_aside_kept(self) -> None:
         """Fill this connection's temporary tables of what must stay: the ids active jobs
