@@ -197,9 +197,10 @@ class Retention(Blobs):
         """``owner_uid``'s ended jobs past their newest that keep ``keep_bytes`` (each blob
         counted with the newest job that names it), oldest first, less those that must stay
         (``temp.prune_kept``, ``temp.prune_kept_arrays``) and those in ``doomed``; and those
-        past it that must stay because another job waits for them or their end is not
-        announced (their command and environment go, :meth:`_slim`: an active job's
-        ``--after`` list could keep a thousand ended jobs each, 4 MB apiece, for ever)."""
+        past it that must stay (another job waits for them, their end is not announced, a
+        task of their array is active): their command and environment go, :meth:`_slim` (an
+        active job's ``--after`` list could keep a thousand ended jobs each, 4 MB apiece,
+        for ever)."""
         sizes, seen = self._blob_sizes(owner_uid)
         must_stay = {int(i) for (i,) in self.db.execute("SELECT id FROM temp.prune_kept")}
         arrays = {str(a) for (a,) in self.db.execute("SELECT id FROM temp.prune_kept_arrays")}
@@ -225,7 +226,7 @@ class Retention(Blobs):
             if total > keep_bytes:
                 if job_id not in staying:
                     beyond.append(job_id)
-                elif job_id in must_stay:
+                elif job_id not in doomed:  # another job waits for it, or its array runs
                     pinned.append(job_id)
         return beyond[::-1], pinned
 
