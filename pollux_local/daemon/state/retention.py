@@ -230,6 +230,18 @@ class Retention(Blobs):
                     pinned.append(job_id)
         return beyond[::-1], pinned
 
+    def _refs_of(self, ids: list[int]) -> set[str]:
+        """The blobs (commands and environments) the jobs ``ids`` name."""
+        marks = ",".join("?" * len(ids))
+        return {
+            str(ref)
+            for row in self.db.execute(
+                f"SELECT env_ref, argv_ref FROM jobs WHERE id IN ({marks})", ids
+            )
+            for ref in row
+            if ref is not None
+        }
+
     def _slim(self, ids: list[int]) -> None:
         """Ended jobs ``ids`` that must stay keep their rows (their state, which is all that
         waits for them needs) but not their commands and environments: :data:`REMOVED_ARGV`
@@ -238,14 +250,7 @@ class Retention(Blobs):
             return
         marks = ",".join("?" * len(ids))
         with self.transaction():
-            refs = {
-                str(ref)
-                for row in self.db.execute(
-                    f"SELECT env_ref, argv_ref FROM jobs WHERE id IN ({marks})", ids
-                )
-                for ref in row
-                if ref is not None
-            }
+            refs = self._refs_of(ids)
             removed = self._put_blob(REMOVED_ARGV)
             empty = self._put_blob({})
             self.db.execute(
@@ -285,14 +290,7 @@ class Retention(Blobs):
         """Delete the jobs ``ids`` and what belongs to them only, in one transaction."""
         marks = ",".join("?" * len(ids))
         with self.transaction():
-            refs = {
-                str(ref)
-                for row in self.db.execute(
-                    f"SELECT env_ref, argv_ref FROM jobs WHERE id IN ({marks})", ids
-                )
-                for ref in row
-                if ref is not None
-            }
+            refs = self._refs_of(ids)
             for table, column in (
                 ("decisions", "job_id"),
                 ("history", "job_id"),
