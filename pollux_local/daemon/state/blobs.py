@@ -17,6 +17,13 @@ from pollux_local.daemon.state.base import StoreBase
 from pollux_local.daemon.state.records import BLOB_CACHE_BYTES, JobRecord, blob_text, row_to_job
 
 
+def owner_blobs_sql(states: Sequence[str]) -> str:
+    """SQL of the blobs (commands and environments) an owner's jobs in ``states`` name; its
+    parameters: the owner, the states, the owner, the states."""
+    mine = f"owner_uid = ? AND state IN ({','.join('?' * len(states))})"
+    return f"SELECT argv_ref FROM jobs WHERE {mine} UNION SELECT env_ref FROM jobs WHERE {mine}"
+
+
 class Blobs(StoreBase):
     """Content-addressed blobs and reading a job row through them."""
 
@@ -37,9 +44,7 @@ class Blobs(StoreBase):
         marks = ",".join("?" * len(wanted))
         mine = f"owner_uid = ? AND state IN ({marks})"
         (blobs,) = self.db.execute(
-            "SELECT COALESCE(SUM(size), 0) FROM blobs WHERE digest IN ("
-            f" SELECT env_ref FROM jobs WHERE {mine}"
-            f" UNION SELECT argv_ref FROM jobs WHERE {mine})",
+            f"SELECT COALESCE(SUM(size), 0) FROM blobs WHERE digest IN ({owner_blobs_sql(wanted)})",
             (owner_uid, *wanted, owner_uid, *wanted),
         ).fetchone()
         (inline,) = self.db.execute(  # rows written before blobs keep their environment inline

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable
 
 from pollux_local.api.states import ACTIVE_STATES, TERMINAL_STATES
-from pollux_local.daemon.state.blobs import Blobs
+from pollux_local.daemon.state.blobs import Blobs, owner_blobs_sql
 
 #: The most ended jobs one call removes (a pass's worth of work stays small).
 PRUNE_BATCH = 500
@@ -24,13 +24,6 @@ PRUNE_BATCH = 500
 #: for it, or its end is not announced yet) but was beyond its owner's bytes; what waits for
 #: it needs only how it ended.  ``restart`` refuses such a job.
 REMOVED_ARGV = ["pollux-local: command removed (beyond [limits] max_ended_stored_per_user)"]
-
-
-def _refs(states: list[str]) -> str:
-    """SQL of the blobs an owner's jobs in ``states`` name (parameters: the owner, the
-    states, the owner, the states)."""
-    mine = f"owner_uid = ? AND state IN ({','.join('?' * len(states))})"
-    return f"SELECT argv_ref FROM jobs WHERE {mine} UNION SELECT env_ref FROM jobs WHERE {mine}"
 
 
 class Retention(Blobs):
@@ -170,7 +163,7 @@ class Retention(Blobs):
         sizes = {
             str(digest): int(size)
             for digest, size in self.db.execute(
-                f"SELECT digest, size FROM blobs WHERE digest IN ({_refs(ended)})",
+                f"SELECT digest, size FROM blobs WHERE digest IN ({owner_blobs_sql(ended)})",
                 (owner_uid, *ended, owner_uid, *ended),
             )
         }
@@ -185,8 +178,8 @@ class Retention(Blobs):
         ended = sorted(state.value for state in TERMINAL_STATES)
         active = sorted(state.value for state in ACTIVE_STATES)
         (shared,) = self.db.execute(  # blobs an active job of theirs keeps anyway
-            f"SELECT COALESCE(SUM(size), 0) FROM blobs WHERE digest IN ({_refs(ended)})"
-            f" AND digest IN ({_refs(active)})",
+            f"SELECT COALESCE(SUM(size), 0) FROM blobs WHERE digest IN ({owner_blobs_sql(ended)})"
+            f" AND digest IN ({owner_blobs_sql(active)})",
             (owner_uid, *ended, owner_uid, *ended, owner_uid, *active, owner_uid, *active),
         ).fetchone()
         return self.kept_bytes(owner_uid, TERMINAL_STATES) - int(shared)
