@@ -132,15 +132,17 @@ class ReplicaGroup(Protocol):
         ...
 
     def lost_nodes(self) -> set[str]:
-        """The nodes this incarnation lost (the connection to them, as its launcher tells;
-        never inferred from a replica's exit code, which is the job's to choose): they are
-        marked down.  Empty for this machine's replicas."""
+        """The nodes this incarnation lost, as its launcher tells (an SSH node's agent refused
+        the node, Slurm reports it down, an exit record cannot be read back; never inferred
+        from a replica's exit code, which is the job's to choose): they are marked down.
+        Empty for this machine's replicas."""
         ...
 
     def unanswered_nodes(self) -> set[str]:
-        """The nodes where it gave up waiting for its replicas' ends (its ssh client ended by
-        the daemon after a stop was not answered in time): checked now, marked down only if
-        the check fails.  Empty for this machine's replicas."""
+        """The nodes where its replicas' ends are not known and that may still be up (its
+        ssh client ended by the daemon after a stop was not answered in time, or ssh ended on
+        its own, as it does when the link or the agent is lost): checked now, marked down
+        only if the check fails.  Empty for this machine's replicas."""
         ...
 
 

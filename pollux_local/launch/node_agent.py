@@ -145,8 +145,9 @@ TAIL_INTERVAL_S = 0.25
 READY_POLL_S = 0.1
 #: The launcher of one replica, run as ``python -I -S -c REPLICA_SOURCE SPEC_FD REPORT_FD``
 #: by this agent's user, in a session of its own, its stdout and stderr the replica's log:
-#: it reads the replica (``{"argv", "env", "cwd", "user", "umask"}``, JSON) from SPEC_FD,
-#: takes the user's groups, gid and effective uid (root stays its real and saved uid: the
+#: it reads the replica (``{"argv", "env", "cwd", "user", "umask", "oom_score_adj"}``, JSON)
+#: from SPEC_FD, takes back the ``oom_score_adj`` the agent had before it protected itself
+#: (:func:`protect_from_oom`; else exit 127: no replica runs unkillable), takes the user's groups, gid and effective uid (root stays its real and saved uid: the
 #: user's signals do not reach it), enters ``cwd`` as the user (else exit 252), applies
 #: ``umask``, writes ``S`` to REPORT_FD (closed at ``exec``), becomes the user for good and
 #: runs the command (else ``E`` to REPORT_FD, exit 127).  No environment of the job's reaches
@@ -169,8 +170,15 @@ def main():
             spec = json.loads(fh.read().decode("utf-8", "surrogateescape"))
         argv, env, cwd = list(spec["argv"]), dict(spec["env"]), spec["cwd"]
         user, mask = spec.get("user"), spec.get("umask")
+        oom = spec.get("oom_score_adj")
     except Exception as e:
         fail(127, "cannot start: no launch order (%r)" % (e,))
+    if oom is not None:
+        try:
+            with open("/proc/self/oom_score_adj", "w") as fh:
+                fh.write(str(int(oom)))
+        except (OSError, ValueError) as e:
+            fail(127, "cannot take back the OOM score of the node: %s" % (e,))
     if user:
         uid, gid = int(user["uid"]), int(user["gid"])
         try:
@@ -601,6 +609,28 @@ PR_SET_CHILD_SUBREAPER = 36
 LEFTOVER_ROUNDS = 50
 
 
+#: The agent's own ``oom_score_adj``: the kernel's OOM killer never picks it (a job that fills
+#: the node's memory must not end the supervision of everyone's replicas there).
+PROTECTED_OOM_SCORE_ADJ = -1000
+OOM_SCORE_ADJ = "/proc/self/oom_score_adj"
+
+
+def protect_from_oom() -> str | None:
+    """Set this process's ``oom_score_adj`` to :data:`PROTECTED_OOM_SCORE_ADJ` (best effort:
+    it takes ``CAP_SYS_RESOURCE``); return the value it had, which replicas take back
+    (``REPLICA_SOURCE``), or ``None`` when it is unchanged and nothing is to be taken back."""
+    try:
+        with open(OOM_SCORE_ADJ) as fh:
+            original = fh.read().strip()
+        with open(OOM_SCORE_ADJ, "w") as fh:
+            fh.write(str(PROTECTED_OOM_SCORE_ADJ))
+        with open(OOM_SCORE_ADJ) as fh:
+            now = fh.read().strip()
+    except (OSError, ValueError):
+        return None
+    return original if now != original else None
+
+
 def make_subreaper() -> bool:
     """``prctl(PR_SET_CHILD_SUBREAPER, 1)``: a replica's orphaned descendants (``setsid``, a
     double fork) stay below the agent, where a stop reaches them; ``False`` where it is not
@@ -700,6 +730,8 @@ class Supervisor:
         self.orphaned = False
         self.cwd = "."
         self.run_as: dict[str, Any] = {}
+        #: what each replica's ``oom_score_adj`` is set back to (:func:`protect_from_oom`)
+        self.oom_score_adj: str | None = None
         #: every replica has ended: nothing more is started
         self.finished = False
         #: a TERM or KILL came (or stdin closed): nothing more is started
@@ -830,6 +862,7 @@ class Supervisor:
             "cwd": self.cwd,
             "user": self.run_as or None,
             "umask": mask,
+            "oom_score_adj": self.oom_score_adj,
         }
         spec_r, spec_w = os.pipe()
         report_r, report_w = os.pipe()
@@ -1352,12 +1385,14 @@ def main() -> None:
         sys.exit(tool(sys.argv[1:]))
     spec = json.loads(sys.stdin.readline())
     make_subreaper()
+    oom_score_adj = protect_from_oom()
     lines = Lines(sys.stdout)
     run_as = identity(spec, lines)
     check_workdir(spec, lines)
     cwd = working_dir(spec, lines, as_user=bool(run_as))
     check_probe(spec, lines)
     supervisor = Supervisor(spec, lines)
+    supervisor.oom_score_adj = oom_score_adj
     # TERM, KILL and the end of stdin are obeyed from now on, while the replicas start
     threading.Thread(target=supervisor.control, args=(sys.stdin,), daemon=True).start()
     stream = spec.get("stream_logs", True)

@@ -157,7 +157,7 @@ def test_a_damaged_page_is_found_by_quick_check(tmp_path: Path) -> None:
 def test_schema_version_and_migrations_in_order(tmp_path: Path) -> None:
     assert [number for number, _, _ in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
     store = StateStore(tmp_path / "new.db")
-    assert store.version == SCHEMA_VERSION == 7
+    assert store.version == SCHEMA_VERSION == 8
     assert store.schema_version() == SCHEMA_VERSION
     store.close()
 
@@ -180,6 +180,8 @@ def test_schema_version_and_migrations_in_order(tmp_path: Path) -> None:
     # version 3: typed device-seconds, the outbox of job ends, the drained devices
     assert store.jobs()[0].device_seconds == {}
     assert store.pending_ends() == [] and store.withheld() == []
+    # version 8: the outcomes of removed jobs waited for (none yet)
+    assert tuple(store.db.execute("SELECT COUNT(*) FROM dependency_outcomes").fetchone()) == (0,)
     store.close()
 
 

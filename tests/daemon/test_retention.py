@@ -78,30 +78,61 @@ def test_jobs_that_must_stay_are_kept_whatever_their_age(tmp_path: Path) -> None
         end(store, job_id, 40.0 + number)
     announce_all_but = [e.seq for e in store.pending_ends(100) if e.job_id != unannounced]
     store.mark_announced(*announce_all_but)
-    add(store, 1001, 50.0, after=[str(waited)])  # queued, waits for ``waited``
+    waiter = add(store, 1001, 50.0, after=[str(waited)])  # queued, waits for ``waited``
     add(store, 1001, 51.0, array_id=str(array_first), array_index=2)  # the array's live task
     # array_first itself is queued (a task of the array): nothing else is active
 
     removed = store.prune_ended(keep_per_user=1)
-    assert removed == [plain] + newer[:2]
-    for job_id in (waited, array_ended, unannounced):
+    assert removed == [waited, plain] + newer[:2]
+    for job_id in (array_ended, unannounced):
         assert store.get_job(job_id) is not None
+    # what waits for a removed job reads how it ended, for as long as it waits
+    assert store.get_job(waited) is None
+    assert store.states_of([waited]) == {waited: JobState.CANCELLED}
+    store.transition(waiter, JobState.CANCELLED, 60.0, None, end_time=60.0)
+    announce_all(store)
+    store.prune_ended(keep_per_user=1)
+    assert store.states_of([waited]) == {}  # nobody waits for it now: its outcome went too
 
 
 def test_old_jobs_made_to_stay_do_not_shield_the_newer_ones_behind_them(tmp_path: Path) -> None:
-    """An owner whose oldest ended jobs must stay (a held job waits for 40 of them) still has
-    everything else beyond the cap removed, in batches, oldest first; before, each batch
+    """An owner whose oldest ended jobs must stay (40 whose ends are not announced yet) still
+    has everything else beyond the cap removed, in batches, oldest first; before, each batch
     looked at the oldest ones only, kept them all and removed nothing, for ever."""
     store = StateStore(tmp_path / "state.db")
     ids = [add(store, 1001, float(t)) for t in range(100)]
     for number, job_id in enumerate(ids):
         end(store, job_id, 1000.0 + number)
-    announce_all(store)
-    add(store, 1001, 2000.0, after=[str(i) for i in ids[:40]])  # queued, waits for 40
+    store.mark_announced(*[e.seq for e in store.pending_ends(1000) if e.job_id not in ids[:40]])
     assert store.prune_ended(keep_per_user=10, batch=30) == ids[40:70]
     assert store.prune_ended(keep_per_user=10, batch=30) == ids[70:90]
     assert store.prune_ended(keep_per_user=10, batch=30) == []
     assert all(store.get_job(i) is not None for i in ids[:40] + ids[90:])
+
+
+def test_a_long_after_list_keeps_outcomes_not_rows(tmp_path: Path) -> None:
+    """A held job waiting for a thousand ended jobs kept their thousand rows past the count
+    cap, for as long as it stayed held (a third review: up to a thousand active jobs of a
+    thousand ids each, about 1 GB per user).  They go like any other now; each leaves its id
+    and state, which is all that waits for them reads: the waiter's verdict is the same."""
+    from pollux_local.daemon.scheduler import after_summary
+
+    store = StateStore(tmp_path / "state.db")
+    ids = [add(store, 1001, float(t)) for t in range(100)]
+    for number, job_id in enumerate(ids):
+        store.transition(job_id, JobState.SUCCEEDED, 1000.0 + number, None, end_time=1000.0)
+    announce_all(store)
+    pending = add(store, 1001, 1500.0)
+    waiter = add(store, 1001, 2000.0, after=[*map(str, ids[:40]), str(pending)])
+    job = store.get_job(waiter)
+    assert job is not None
+    before = after_summary(job, store.states_of(map(int, job.spec.after)))
+    assert store.prune_ended(keep_per_user=10) == ids[:90]
+    assert all(store.get_job(i) is None for i in ids[:90])
+    (outcomes,) = store.db.execute("SELECT COUNT(*) FROM dependency_outcomes").fetchone()
+    assert outcomes == 40  # those waited for only
+    after = after_summary(job, store.states_of(map(int, job.spec.after)))
+    assert after == before and after.pending == () and after.after[0].job_id == pending
 
 
 def test_the_cap_is_a_setting_of_its_own(tmp_path: Path) -> None:
@@ -290,7 +321,7 @@ def test_what_a_users_ended_jobs_keep_is_bounded_in_bytes_too(tmp_path: Path) ->
     ``max_stored_per_user`` counts only while jobs are active: a user could submit a 4 MB
     environment, new each time, and cancel it, and 10,000 of those kept (the count's cap) are
     40 GB on root's disk.  Past their newest that keep ``keep_bytes_per_user``, a user's ended
-    jobs go (oldest first; what must stay stays), and another user's are not touched."""
+    jobs go (oldest first), and another user's are not touched."""
     store = StateStore(tmp_path / "state.db")
     fat = [add_fat(store, 1001, float(t), 1) for t in range(8)]
     small = [add(store, 1002, 100.0 + t) for t in range(3)]
@@ -301,9 +332,10 @@ def test_what_a_users_ended_jobs_keep_is_bounded_in_bytes_too(tmp_path: Path) ->
     assert store.ended_bytes(1001) > 8 << 20
 
     removed = store.prune_ended(keep_per_user=10_000, keep_bytes_per_user=3 << 20)
-    assert removed == fat[1:6]  # the newest two (and their rows) fit 3 MB; fat[0] must stay
-    assert all(store.get_job(i) is not None for i in [fat[0], *fat[6:], *small])
-    assert store.ended_bytes(1001) < 4 << 20  # the two newest and the one waited for
+    assert removed == fat[:6]  # the newest two (and their rows) fit 3 MB
+    assert all(store.get_job(i) is not None for i in [*fat[6:], *small])
+    assert store.states_of([fat[0]]) == {fat[0]: JobState.CANCELLED}  # for what waits for it
+    assert store.ended_bytes(1001) < 3 << 20  # the two newest
     (blob_bytes,) = store.db.execute("SELECT SUM(size) FROM blobs").fetchone()
     assert blob_bytes < 4 << 20  # the removed environments went with their jobs
     assert store.prune_ended(keep_per_user=10_000, keep_bytes_per_user=3 << 20) == []
@@ -365,14 +397,39 @@ def test_an_owner_found_within_the_bytes_is_counted_again_once_their_ended_jobs_
     ]
 
 
-def test_ended_jobs_another_job_waits_for_keep_their_rows_not_their_bytes(tmp_path: Path) -> None:
-    """An active job's ``--after`` keeps the ended jobs it names (what waits needs how they
-    ended): a held job naming 1,000 ended jobs, each with a new 4 MB environment, kept them
-    past both caps for as long as it stayed held (a third review: 20 jobs of 480 KB kept
-    against a cap of 2 MB).  Past the owner's bytes, such a job keeps its row and state and
-    loses its command and environment; a restart of it is refused in one line."""
-    from pollux_local.daemon.state import REMOVED_ARGV
+def test_an_edit_that_leaves_a_blob_to_the_ended_jobs_alone_has_them_counted_again(
+    tmp_path: Path,
+) -> None:
+    """A held job and the owner's ended jobs share a 2 MB environment, which is not the ended
+    jobs' to count while the held job names it.  Editing the held job's environment leaves
+    the blob to the ended jobs alone, with their number unchanged: the edit itself has them
+    counted again, so the cap holds at the next pass (not at the owner's next ended job)."""
+    store = StateStore(tmp_path / "state.db")
+    shared = {"PAD": "y" * (2 << 20)}
+    ids = []
+    for t in range(3):
+        job = store.add_job(
+            name=f"j{t}", owner_uid=1001, owner_gid=1001, owner_name="u1001",
+            spec=JobSpec(argv=["train"], workdir="/"), priority=0, submit_time=float(t),
+            env=shared,
+        )  # fmt: skip
+        ids.append(job.id)
+    for number, job_id in enumerate(ids[:2]):
+        end(store, job_id, 100.0 + number)
+    announce_all(store)
+    assert store.prune_ended(keep_per_user=10_000, keep_bytes_per_user=1 << 20) == []
+    store.update_job(ids[2], env={"PAD": "small"})  # the held job's edit
+    assert store.ended_bytes(1001) > 2 << 20
+    assert store.prune_ended(keep_per_user=10_000, keep_bytes_per_user=1 << 20) == ids[:2]
 
+
+def test_ended_jobs_another_job_waits_for_go_past_the_bytes_their_outcomes_stay(
+    tmp_path: Path,
+) -> None:
+    """An active job's ``--after`` kept the ended jobs it names: a held job naming 1,000 ended
+    jobs, each with a new 4 MB environment, kept them past both caps for as long as it stayed
+    held (a third review: 20 jobs of 480 KB kept against a cap of 2 MB).  Past the owner's
+    bytes they go, and how each ended stays for the waiter."""
     store = StateStore(tmp_path / "state.db")
     fat = [add_fat(store, 1001, float(t), 1) for t in range(6)]
     for number, job_id in enumerate(fat):
@@ -381,22 +438,36 @@ def test_ended_jobs_another_job_waits_for_keep_their_rows_not_their_bytes(tmp_pa
     waiting = add(store, 1001, 200.0, after=[str(i) for i in fat], after_any=True)
     assert store.ended_bytes(1001) > 6 << 20
 
-    assert store.prune_ended(keep_per_user=10_000, keep_bytes_per_user=2 << 20) == []
-    assert store.ended_bytes(1001) < 3 << 20  # the newest (within the cap) and slim rows
-    for job_id in fat:
-        job = store.get_job(job_id)
-        assert job is not None and job.state is JobState.CANCELLED  # what the waiter reads
-    slim = [i for i in fat if store.get_job(i).spec.argv == REMOVED_ARGV]  # type: ignore[union-attr]
-    assert slim == fat[:-1] or slim == fat[:-2], slim  # all but the newest that fit
+    removed = store.prune_ended(keep_per_user=10_000, keep_bytes_per_user=2 << 20)
+    assert removed == fat[:-1] or removed == fat[:-2], removed  # all but the newest that fit
+    assert store.ended_bytes(1001) < 3 << 20
+    assert store.states_of(fat) == {i: JobState.CANCELLED for i in fat}  # what the waiter reads
     assert store.get_job(fat[-1]).env["PAD"].startswith("5x")  # type: ignore[union-attr]
     assert store.get_job(waiting) is not None
     (blob_bytes,) = store.db.execute("SELECT SUM(size) FROM blobs").fetchone()
     assert blob_bytes < 3 << 20
 
 
+def test_ended_jobs_whose_ends_are_not_announced_keep_their_rows_not_their_bytes(
+    tmp_path: Path,
+) -> None:
+    """A job whose end is not announced yet stays (its notification needs its row); past the
+    owner's bytes it loses its command and environment."""
+    from pollux_local.daemon.state import REMOVED_ARGV
+
+    store = StateStore(tmp_path / "state.db")
+    fat = [add_fat(store, 1001, float(t), 1) for t in range(6)]
+    for number, job_id in enumerate(fat):
+        end(store, job_id, 100.0 + number)
+    assert store.prune_ended(keep_per_user=10_000, keep_bytes_per_user=2 << 20) == []
+    slim = [i for i in fat if store.get_job(i).spec.argv == REMOVED_ARGV]  # type: ignore[union-attr]
+    assert slim == fat[:-1] or slim == fat[:-2], slim
+    assert store.ended_bytes(1001) < 3 << 20
+
+
 def test_a_job_whose_command_was_removed_is_not_restarted(tmp_path: Path) -> None:
-    """A restart of an ended job whose command and environment went (it was kept only for
-    what waited for it) is refused in one line, before anything is checked or queued."""
+    """A restart of an ended job whose command and environment went (it was kept only until
+    its end is announced) is refused in one line, before anything is checked or queued."""
     from pollux_local.api.errors import Conflict
     from pollux_local.api.messages import Restart
     from pollux_local.daemon.handlers.resubmit import restart
@@ -405,9 +476,7 @@ def test_a_job_whose_command_was_removed_is_not_restarted(tmp_path: Path) -> Non
     fat = [add_fat(store, 1001, float(t), 1) for t in range(3)]
     for number, job_id in enumerate(fat):
         end(store, job_id, 100.0 + number)
-    announce_all(store)
-    add(store, 1001, 200.0, after=[str(fat[0])], after_any=True)
-    store.prune_ended(keep_per_user=10_000, keep_bytes_per_user=1 << 20)
+    store.prune_ended(keep_per_user=10_000, keep_bytes_per_user=1 << 20)  # none announced
 
     class Ctx:  # what restart asks of the daemon before it checks the spec
         def job(self, job_id: int) -> Any:

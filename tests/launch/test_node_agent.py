@@ -114,6 +114,39 @@ def test_replicas_start_with_their_environment_and_report_logs_and_exits(
     assert "cannot start" in (tmp_path / "logs" / "rank1.log").read_text()
 
 
+def can_lower_oom_score() -> bool:
+    """Whether a process here may lower its ``oom_score_adj`` (``CAP_SYS_RESOURCE``)."""
+    probe = "import sys; from pollux_local.launch import node_agent as a; "
+    probe += "sys.exit(0 if a.protect_from_oom() is not None else 1)"
+    return subprocess.run([sys.executable, "-c", probe], check=False).returncode == 0
+
+
+@pytest.mark.skipif(
+    not can_lower_oom_score(), reason="lowering oom_score_adj takes CAP_SYS_RESOURCE"
+)
+def test_the_oom_killer_spares_the_agent_and_its_replicas_are_as_killable_as_before(
+    tmp_path: Path,
+) -> None:
+    """A job that fills the node's memory must not end the agent (ssh would then lose every
+    replica's end): the agent protects itself, and each replica takes back the score the agent
+    started with, so the job stays what the OOM killer picks."""
+    with open("/proc/self/oom_score_adj") as fh:
+        before = fh.read().strip()
+    spec = spec_for(
+        tmp_path,
+        [{"argv": ["/bin/sh", "-c", "cat /proc/self/oom_score_adj; sleep 30"], "env": {}}],
+    )
+    proc = start_agent(spec)
+    try:
+        logged = base64.b64decode(next_line(proc, "LOG")[2]).decode()
+        agent = Path(f"/proc/{proc.pid}/oom_score_adj").read_text().strip()
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert agent == str(node_agent.PROTECTED_OOM_SCORE_ADJ)
+    assert logged.strip() == before != agent
+
+
 def test_a_log_the_job_makes_huge_is_sent_only_up_to_the_daemons_limit(tmp_path: Path) -> None:
     """The log is the job's file: made a sparse terabyte, it must not keep the (root) agent
     reading and sending zeros for hours.  What the daemon keeps of it (and one byte more, so

@@ -199,3 +199,52 @@ def test_a_job_exiting_255_is_a_crash_and_its_node_stays_up(
     decisions = daemon.client.request("show", id=job_id)["decisions"]
     assert not any(d["kind"] == "node-down" for d in decisions), decisions
     assert node_up(daemon, h1.name) and node_up(daemon, h2.name)
+
+
+def test_a_job_that_gets_its_agent_killed_crashes_and_its_node_stays_up(
+    testbed: Testbed, daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """ssh's own 255 after the node's agent was killed (by the OOM killer, for a job that
+    filled the node's memory) is checked, not taken as a lost node: the node answers, stays
+    up for everyone, and the job's end is its own crash."""
+    import signal
+
+    marker = f"{os.getpid() % 1000 + 1000}.5"
+    reply = daemon.client.request(
+        "submit",
+        argv=["/bin/sleep", marker],
+        workdir=str(tmp_path),
+        env={"PATH": "/usr/bin:/bin"},
+        min_gpus=1,
+        max_gpus=1,
+        name="oomed",
+        elastic=False,
+    )
+    job_id = str(reply["id"])
+    wait_for(lambda: job(daemon, job_id)["state"] == "running", 60, "the job to run")
+    replica = wait_for(lambda: _pid_running(["/bin/sleep", marker]), 30, "its replica")
+    stat = Path(f"/proc/{replica}/stat").read_bytes()
+    agent = int(stat[stat.rindex(b")") + 2 :].split()[1])
+    os.kill(agent, signal.SIGKILL)
+    os.kill(replica, signal.SIGKILL)
+    state = wait_for(
+        lambda: (s := job(daemon, job_id)["state"]) in ("succeeded", "failed") and s, 60, "the end"
+    )
+    shown = job(daemon, job_id)
+    assert state == "failed" and "ssh exit 255" in shown["reason"], shown
+    decisions = daemon.client.request("show", id=job_id)["decisions"]
+    assert not any(d["kind"] == "node-down" for d in decisions), decisions
+    assert all(node_up(daemon, host.name) for host in testbed.hosts)
+
+
+def _pid_running(argv: list[str]) -> int | None:
+    """The pid of a process of this machine running exactly ``argv``, if any."""
+    wanted = "\0".join(argv).encode() + b"\0"
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if Path(f"/proc/{name}/cmdline").read_bytes() == wanted:
+                    return int(name)
+            except OSError:
+                continue
+    return None

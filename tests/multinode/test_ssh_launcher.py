@@ -63,6 +63,13 @@ def test_unreachable_node_is_reported_within_the_connect_timeout(
     assert elapsed < 2 * launcher.connect_timeout_s + 12
 
 
+def parent_of(pid: int) -> int:
+    """The parent of ``pid`` (the namespaces share this machine's processes: a replica's
+    parent is its node's agent)."""
+    data = Path(f"/proc/{pid}/stat").read_bytes()
+    return int(data[data.rindex(b")") + 2 :].split()[1])
+
+
 def test_a_node_whose_agent_does_not_answer_a_stop_is_checked_not_taken_as_lost(
     testbed: Testbed, launcher: SshLauncher, tmp_path: Path
 ) -> None:
@@ -83,17 +90,13 @@ def test_a_node_whose_agent_does_not_answer_a_stop_is_checked_not_taken_as_lost(
         log_dir=tmp_path / "logs",
     )
 
-    def parent_of(pid: int) -> int:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
-        return int(data[data.rindex(b")") + 2 :].split()[1])
-
     async def run() -> tuple[int, set[str], set[str]]:
         group = await launcher.launch(spec)
         deadline = time.monotonic() + 30
         while not group.pids() and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         replica = group.pids()[0]
-        agent = parent_of(replica)  # the namespaces share this machine's processes
+        agent = parent_of(replica)
         os.kill(agent, signal.SIGSTOP)  # it answers nothing now
         try:
             code = await asyncio.wait_for(group.stop(grace_s=1.0), 60)
@@ -106,6 +109,46 @@ def test_a_node_whose_agent_does_not_answer_a_stop_is_checked_not_taken_as_lost(
     code, lost, unanswered = asyncio.run(run())
     assert lost == set() and unanswered == {host.name}
     assert code != UNREACHABLE_EXIT_CODE
+
+
+def test_a_killed_agent_is_a_node_to_check_not_a_lost_one(
+    testbed: Testbed, launcher: SshLauncher, tmp_path: Path
+) -> None:
+    """ssh exits 255 when the link is lost, and also when the command it runs is killed (the
+    OOM killer picking the agent or its sshd, filled up by a job).  A job must not take its
+    node from everyone that way: the node is one to check, not a lost one."""
+    import contextlib
+    import os
+    import signal
+
+    host = testbed.hosts[0]
+    spec = LaunchSpec(
+        job_id="oomed",
+        argv=["/bin/sleep", "60"],
+        workdir=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "WORLD_SIZE": "1"},
+        slots=[ReplicaSlot(0, host.name, "cpu:0", 0, 0)],
+        log_dir=tmp_path / "logs",
+    )
+
+    async def run() -> tuple[int, set[str], set[str], str | None]:
+        group = await launcher.launch(spec)
+        deadline = time.monotonic() + 30
+        while not group.pids() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        replica = group.pids()[0]
+        os.kill(parent_of(replica), signal.SIGKILL)  # as the OOM killer would
+        try:
+            code = await asyncio.wait_for(group.wait(), 60)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(replica, signal.SIGKILL)
+        return code, group.lost_nodes(), group.unanswered_nodes(), group.failure_reason
+
+    code, lost, unanswered, reason = asyncio.run(run())
+    assert code == UNREACHABLE_EXIT_CODE
+    assert lost == set() and unanswered == {host.name}
+    assert reason is not None and "ssh exit 255" in reason, reason
 
 
 def test_a_node_whose_work_directory_anyone_could_claim_is_down_not_the_jobs_failure(
@@ -276,7 +319,9 @@ def test_cut_link_fails_the_group_and_the_job_resumes_on_the_other_host(
     finally:
         testbed.restore_link(h2)
     assert code == UNREACHABLE_EXIT_CODE
-    assert reason == f"node {h2.name} became unreachable"
+    assert reason == (
+        f"node {h2.name}'s session ended (ssh exit 255) before its replicas said how they ended"
+    )
     # keepalive bound + the surviving rank's stop grace + slack
     assert detected_after < launcher.detect_dead_link_s + launcher.failure_grace_s + 5
     saved = _checkpoint_step(tmp_path / "ckpt")

@@ -43,9 +43,16 @@ class Accounting(ExecutorBase):
             await asyncio.gather(*(self._check(node) for node in due))
             return
         for node in due:
+            self._check_soon(node)
+
+    def _check_soon(self, node: NodeConfig) -> asyncio.Task[None]:
+        """A check of ``node`` running in the background: the one under way, else a new one."""
+        task = self._checking.get(node.name)
+        if task is None:
             task = asyncio.ensure_future(self._check(node))
             self._checking[node.name] = task
             task.add_done_callback(functools.partial(self._check_done, node.name))
+        return task
 
     def _check_done(self, name: str, task: asyncio.Task[None]) -> None:
         self._checking.pop(name, None)
@@ -122,12 +129,13 @@ class Accounting(ExecutorBase):
 
     async def _lost_nodes(self, group: ReplicaGroup, code: int) -> list[str]:
         """The remote nodes a failed group lost.  A node the group says it lost
-        (:meth:`ReplicaGroup.lost_nodes`: its ssh session ended with ranks that never said how
-        they ended) is marked down at once and re-checked every ``node_retry_s``.  When the
-        group's code is 255 and it names no lost node, the nodes are checked now; so are the
-        nodes where it gave up waiting (:meth:`ReplicaGroup.unanswered_nodes`).  Other
-        failures (a rank timing out in a collective with a lost peer, say) count as node
-        losses only when some node is down."""
+        (:meth:`ReplicaGroup.lost_nodes`: its agent refused the node, Slurm reports it down)
+        is marked down at once and re-checked every ``node_retry_s``.  When the group's code
+        is 255 and it names no lost node, the nodes are checked now; so are the nodes whose
+        replicas' ends are not known (:meth:`ReplicaGroup.unanswered_nodes`: ssh lost the
+        link or the agent, or the daemon gave up waiting), and only a failed check marks
+        such a node down.  Other failures (a rank timing out in a collective with a lost
+        peer, say) count as node losses only when some node is down."""
         slots = group.spec.slots
         remote = [
             n for n in dict.fromkeys(self.config.node(s.node) for s in slots) if not n.is_local
@@ -137,17 +145,17 @@ class Accounting(ExecutorBase):
         lost = self._mark_lost_nodes(group)
         unanswered = group.unanswered_nodes()
         if code == ExitCode.NODE_LOST and not lost:
-            await asyncio.gather(*(self._check(node) for node in remote))
-        elif unanswered:  # not lost for that alone (a job can keep its agent busy): checked
+            await asyncio.gather(*(self._check_soon(node) for node in remote))
+        elif unanswered:  # not lost for that alone (a job can fill its node's memory): checked
             await asyncio.gather(
-                *(self._check(node) for node in remote if node.name in unanswered - lost)
+                *(self._check_soon(node) for node in remote if node.name in unanswered - lost)
             )
         return [n.name for n in remote if not self.nodes.is_up(n.name)]
 
     def _mark_lost_nodes(self, group: ReplicaGroup) -> set[str]:
-        """Mark down the nodes ``group`` lost (its launcher's word: ssh lost the node, Slurm
-        reports it down; never a replica's exit code, 255 included, which the job chooses);
-        returns those nodes."""
+        """Mark down the nodes ``group`` lost (its launcher's word: the agent refused the
+        node, Slurm reports it down; never a replica's exit code, 255 included, which the job
+        chooses); returns those nodes."""
         lost = {name for name in group.lost_nodes() if not self.config.node(name).is_local}
         failure = getattr(group, "failure_reason", None) or "ssh connection lost"
         for name in lost:

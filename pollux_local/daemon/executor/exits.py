@@ -95,13 +95,18 @@ class Exits(Accounting):
     async def _watch(self, job_id: int, group: ReplicaGroup) -> None:
         remote = any(not self.config.node(slot.node).is_local for slot in group.spec.slots)
         waiting = asyncio.ensure_future(group.wait())
+        checked: set[str] = set()
         try:
             while not waiting.done():
                 await asyncio.wait({waiting}, timeout=LOST_NODE_POLL_S if remote else None)
                 if remote:
-                    # A lost node is marked down as soon as its ssh session ends, not only
-                    # once the surviving replicas have been stopped.
+                    # A lost node is marked down as soon as its launcher says so, and one
+                    # whose session ended unanswered is checked at once: not only once the
+                    # surviving replicas have been stopped.
                     self._mark_lost_nodes(group)
+                    for name in group.unanswered_nodes() - checked:
+                        checked.add(name)
+                        self._check_soon(self.config.node(name))
         finally:
             if not waiting.done():
                 waiting.cancel()
@@ -239,6 +244,12 @@ class Exits(Accounting):
             if down:
                 self._note_node_down(job.id, down, now)
                 self.store.transition(job.id, JobState.QUEUED, now, None, **self._take_exit(job.id))
+                return
+            unanswered = sorted(group.unanswered_nodes())
+            if unanswered and (why := getattr(group, "failure_reason", None)):
+                # its nodes answer: what ended the session (the OOM killer, say) was the job's
+                what = f"{why}; node(s) {', '.join(unanswered)} answer a check"
+                self._crashed(job, what, None, now)
                 return
             detail = getattr(group, "supervisor_failure", None) or next(
                 (

@@ -314,7 +314,7 @@ class Jobs(Outbox):
         refs = [ref for key, ref in (("spec", "argv_ref"), ("env", "env_ref")) if key in changes]
         before = (
             self.db.execute(
-                f"SELECT {', '.join(refs)} FROM jobs WHERE id = ?", (job_id,)
+                f"SELECT {', '.join(refs)}, owner_uid FROM jobs WHERE id = ?", (job_id,)
             ).fetchone()
             if refs
             else None
@@ -330,7 +330,12 @@ class Jobs(Outbox):
         values = list(columns.values())
         self.db.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values, job_id))
         if before is not None:  # a replaced command or environment no other job shares goes
-            self._drop_unreferenced({str(ref) for ref in before if ref is not None})
+            *replaced, owner_uid = before
+            self._drop_unreferenced({str(ref) for ref in replaced if ref is not None})
+            # what the owner's ended jobs keep may have changed (a blob an active job named
+            # is its ended jobs' alone now): counted again at the next retention pass
+            for key in [key for key in self._ended_seen if key[0] == owner_uid]:
+                del self._ended_seen[key]
 
     def requeue_if_placed(self, job_id: int, reason: str, now: float) -> bool:
         """Queue the job again, without placement or processes, if it is still recorded as
@@ -355,13 +360,18 @@ class Jobs(Outbox):
         return [self._job(row) for row in rows]
 
     def states_of(self, ids: Iterable[int]) -> dict[int, JobState]:
-        """The current state of each job that exists among ``ids``."""
+        """The current state of each job that exists among ``ids``, and the end of each that
+        retention removed while active jobs waited for it (``dependency_outcomes``: what
+        ``--after`` needs of it)."""
         wanted = sorted(set(ids))
         found: dict[int, JobState] = {}
         for start in range(0, len(wanted), 500):
             chunk = wanted[start : start + 500]
+            marks = ",".join("?" * len(chunk))
             rows = self.db.execute(
-                f"SELECT id, state FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk
+                f"SELECT id, state FROM jobs WHERE id IN ({marks}) UNION ALL"
+                f" SELECT id, state FROM dependency_outcomes WHERE id IN ({marks})",
+                (*chunk, *chunk),
             ).fetchall()
             found.update((int(row[0]), JobState(row[1])) for row in rows)
         return found

@@ -5,10 +5,12 @@ Ended jobs were kept for ever, and one user could make about 1,300 a second (hel
 cancelled): the database grew by a megabyte a second on root's disk.  Beyond the cap, a
 user's oldest ended jobs are removed with their decisions, history samples and announced
 ends, and the stored commands and environments no job names any more.  Kept whatever their
-age: a job an active job waits for (``--after``), every task of an array that still has an
-active task, a job whose end is not yet announced (notifications), and one whose processes
-are still stopping (the daemon says which).  The daemon then removes a removed job's
-directory (``jobfiles.remove_job_dir``, as its owner)."""
+age: every task of an array that still has an active task, a job whose end is not yet
+announced (notifications), and one whose processes are still stopping (the daemon says
+which).  A job an active job waits for (``--after``) goes like any other, but how it ended
+stays (``dependency_outcomes``: an id and a state, read by ``states_of``) while an active job
+names it: an ``--after`` list of a thousand ids kept a thousand rows.  The daemon then
+removes a removed job's directory (``jobfiles.remove_job_dir``, as its owner)."""
 
 from __future__ import annotations
 
@@ -190,10 +192,8 @@ class Retention(Blobs):
         """``owner_uid``'s ended jobs past their newest that keep ``keep_bytes`` (each blob
         counted with the newest job that names it), oldest first, less those that must stay
         (``temp.prune_kept``, ``temp.prune_kept_arrays``) and those in ``doomed``; and those
-        past it that must stay (another job waits for them, their end is not announced, a
-        task of their array is active): their command and environment go, :meth:`_slim` (an
-        active job's ``--after`` list could keep a thousand ended jobs each, 4 MB apiece,
-        for ever)."""
+        past it that must stay (their end is not announced, a task of their array is
+        active): their command and environment go, :meth:`_slim`."""
         sizes, seen = self._blob_sizes(owner_uid)
         must_stay = {int(i) for (i,) in self.db.execute("SELECT id FROM temp.prune_kept")}
         arrays = {str(a) for (a,) in self.db.execute("SELECT id FROM temp.prune_kept_arrays")}
@@ -219,7 +219,7 @@ class Retention(Blobs):
             if total > keep_bytes:
                 if job_id not in staying:
                     beyond.append(job_id)
-                elif job_id not in doomed:  # another job waits for it, or its array runs
+                elif job_id not in doomed:  # its end is not announced, or its array runs
                     pinned.append(job_id)
         return beyond[::-1], pinned
 
@@ -236,9 +236,9 @@ class Retention(Blobs):
         }
 
     def _slim(self, ids: list[int]) -> None:
-        """Ended jobs ``ids`` that must stay keep their rows (their state, which is all that
-        waits for them needs) but not their commands and environments: :data:`REMOVED_ARGV`
-        and none, and the blobs no other job names go."""
+        """Ended jobs ``ids`` that must stay keep their rows (their state and name, which is
+        all an announcement or their array's status needs) but not their commands and
+        environments: :data:`REMOVED_ARGV` and none, and the blobs no other job names go."""
         if not ids:
             return
         marks = ",".join("?" * len(ids))
@@ -253,21 +253,27 @@ class Retention(Blobs):
             self._drop_unreferenced(refs - {removed, empty})
 
     def _set_aside_kept(self) -> None:
-        """Fill this connection's temporary tables of what must stay: the ids active jobs
-        wait for and the jobs whose end is not announced (``prune_kept``), and the arrays
-        that have an active task (``prune_kept_arrays``)."""
+        """Fill this connection's temporary tables of what must stay: the jobs whose end is
+        not announced (``prune_kept``) and the arrays that have an active task
+        (``prune_kept_arrays``); and of the ids active jobs wait for (``prune_waited``), whose
+        outcomes are kept when they go (the outcomes no active job names any more go now)."""
         active = sorted(state.value for state in ACTIVE_STATES)
         marks = ",".join("?" * len(active))
         db = self.db
         db.execute("CREATE TEMP TABLE IF NOT EXISTS prune_kept (id INTEGER PRIMARY KEY)")
         db.execute("CREATE TEMP TABLE IF NOT EXISTS prune_kept_arrays (id TEXT PRIMARY KEY)")
+        db.execute("CREATE TEMP TABLE IF NOT EXISTS prune_waited (id INTEGER PRIMARY KEY)")
         db.execute("DELETE FROM temp.prune_kept")
         db.execute("DELETE FROM temp.prune_kept_arrays")
+        db.execute("DELETE FROM temp.prune_waited")
         db.execute(
-            "INSERT OR IGNORE INTO temp.prune_kept SELECT CAST(waits.value AS INTEGER)"
+            "INSERT OR IGNORE INTO temp.prune_waited SELECT CAST(waits.value AS INTEGER)"
             " FROM jobs, json_each(jobs.spec, '$.after') AS waits"
             f" WHERE jobs.state IN ({marks}) AND waits.value IS NOT NULL",
             active,
+        )
+        db.execute(
+            "DELETE FROM dependency_outcomes WHERE id NOT IN (SELECT id FROM temp.prune_waited)"
         )
         db.execute(
             "INSERT OR IGNORE INTO temp.prune_kept SELECT job_id FROM job_ends WHERE notified = 0"
@@ -280,10 +286,16 @@ class Retention(Blobs):
         )
 
     def _remove_jobs(self, ids: list[int]) -> None:
-        """Delete the jobs ``ids`` and what belongs to them only, in one transaction."""
+        """Delete the jobs ``ids`` and what belongs to them only, in one transaction; how
+        those that active jobs wait for ended is kept (``dependency_outcomes``)."""
         marks = ",".join("?" * len(ids))
         with self.transaction():
             refs = self._refs_of(ids)
+            self.db.execute(
+                "INSERT OR REPLACE INTO dependency_outcomes SELECT id, state FROM jobs"
+                f" WHERE id IN ({marks}) AND id IN (SELECT id FROM temp.prune_waited)",
+                ids,
+            )
             for table, column in (
                 ("decisions", "job_id"),
                 ("history", "job_id"),

@@ -110,6 +110,13 @@ _SCHEMA_V7 = """
 CREATE INDEX IF NOT EXISTS blobs_size ON blobs(digest, size);
 """
 
+_SCHEMA_V8 = """
+CREATE TABLE IF NOT EXISTS dependency_outcomes (
+    id INTEGER PRIMARY KEY,
+    state TEXT NOT NULL
+);
+"""
+
 #: The schema's migrations, applied in order: (version, what it does, SQL).  A database
 #: records the version it reached in ``meta.schema_version`` (version 1 is the schema of the
 #: daemons that recorded none; its statements create only what is missing).
@@ -147,6 +154,13 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         "an index of each blob's size, so that what a user's jobs keep is summed without"
         " reading the blobs (the ended jobs' bytes, counted each minute: 20 ms for 3,000)",
         _SCHEMA_V7,
+    ),
+    (
+        8,
+        "how each removed ended job that active jobs wait for ended (its id and state), so"
+        " that retention removes its row: an --after list kept a thousand rows each, for"
+        " as long as the job waiting stayed",
+        _SCHEMA_V8,
     ),
 )
 #: The version this daemon writes.

@@ -75,17 +75,20 @@ class _NodeSession:
     renames: dict[int, list[int]] = field(default_factory=dict)
     #: the daemon ended its ssh client itself (no answer to a stop, or its lines unreadable)
     abandoned: bool = False
-    #: the session ended with ranks that never said how they ended (ssh lost the node, or
-    #: its agent ended), or its agent refused the node (``NODEFAIL``): the node is lost.
-    #: Only this says so: a replica's own exit code is the job's, whatever its value (a job
-    #: exiting 255 is a crash, not a lost node)
+    #: its agent refused the node (``NODEFAIL``: its work directory): the node is lost.  Only
+    #: this says so at once: a replica's own exit code is the job's, whatever its value (a
+    #: job exiting 255 is a crash, not a lost node)
     lost: bool = False
     #: its agent refused to start anything for a fault of the node's (``NODEFAIL``)
     node_failed: bool = False
-    #: its ssh client was ended here (by the daemon, which got no answer to a stop in time,
-    #: or by a signal), with ranks that had not said how they ended: whether the node is lost
-    #: is for a check of the node to say (a job can keep its agent busy past any grace)
+    #: the session ended with ranks that had not said how they ended: its ssh client was
+    #: ended here (the daemon got no answer to a stop in time, or a signal), or ssh ended on
+    #: its own (exit 255: the link was lost, or the agent or its sshd was killed, by the OOM
+    #: killer say).  Whether the node is lost is for a check of the node to say: a job can
+    #: keep its agent busy past any grace, or fill the node's memory
     unanswered: bool = False
+    #: ssh's exit status when it ended on its own with such ranks (the reason says so)
+    dropped: int | None = None
 
 
 class SshReplicaGroup:
@@ -145,8 +148,11 @@ class SshReplicaGroup:
             if self.failure_reason is None:
                 if session.failure:
                     self.failure_reason = session.failure
-                elif session.lost:
-                    self.failure_reason = f"node {session.node.name} became unreachable"
+                elif session.dropped is not None:
+                    self.failure_reason = (
+                        f"node {session.node.name}'s session ended (ssh exit "
+                        f"{session.dropped}) before its replicas said how they ended"
+                    )
                 elif session.unanswered:
                     self.failure_reason = (
                         f"node {session.node.name} did not answer in time (its replicas' ends "
@@ -260,8 +266,10 @@ class SshReplicaGroup:
                     code = 128 + (-rc if rc < 0 else int(signal.SIGKILL))
                     session.unanswered = True
                 elif rc == UNREACHABLE_EXIT_CODE or rc == 0:
+                    # ssh lost the node, or its agent or sshd ended first: the node is checked
                     code = UNREACHABLE_EXIT_CODE
-                    session.lost = True
+                    session.unanswered = True
+                    session.dropped = rc
                 else:
                     code = rc
                 self._record_exit(session, rank, code)
@@ -434,13 +442,12 @@ class SshReplicaGroup:
         return codes
 
     def unanswered_nodes(self) -> set[str]:
-        """The nodes whose ssh client was ended here with replicas that had not said how they
-        ended (no answer to a stop in time): to be checked, not taken as lost."""
+        """The nodes whose session ended with replicas that had not said how they ended (no
+        answer to a stop in time, or ssh's own exit 255): to be checked, not taken as lost."""
         return {session.node.name for session in self._sessions if session.unanswered}
 
     def lost_nodes(self) -> set[str]:
-        """The nodes whose ssh session ended with replicas that never said how they ended, or
-        whose agent refused the node itself (``NODEFAIL``: its work directory)."""
+        """The nodes whose agent refused the node itself (``NODEFAIL``: its work directory)."""
         return {session.node.name for session in self._sessions if session.lost}
 
     def poll(self) -> int | None:
