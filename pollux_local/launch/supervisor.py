@@ -17,7 +17,9 @@ line on stdin (so that environments never appear in ``ps``)::
 What it does:
 
 * it makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, best effort), so that
-  whatever a replica leaves behind (a ``setsid`` grandchild, say) becomes its child;
+  whatever a replica leaves behind (a ``setsid`` grandchild, say) becomes its child, and
+  asks the OOM killer to spare it (``oom_score_adj`` -1000, where it may; each replica takes
+  back the value it had);
 * with ``limits`` (``--mem``, ``--cpus``: ``launch/cgroups.py``) it makes the incarnation's
   cgroups ``job-<daemon>-<id>-<incarnation>`` and writes the limits into them; a failure
   there is a failed setup (nothing runs);
@@ -102,6 +104,7 @@ from typing import Any, NoReturn
 
 from pollux_local.launch import cgroups, logcap
 from pollux_local.launch.identity import IdentityError, become_user_for_setup, settle_ids
+from pollux_local.launch.node_agent import OOM_SCORE_ADJ, protect_from_oom
 from pollux_local.launch.userdirs import make_own_directory
 from pollux_local.untrusted import one_line
 
@@ -399,6 +402,7 @@ def replica_child(
     code = SETUP_EXIT_CODE
     try:
         os.setpgid(0, pgid)
+        restore_oom_score()
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
         for signum in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, signal.SIG_DFL)
@@ -836,11 +840,36 @@ def say(line: dict[str, Any]) -> None:
     os.close(null)
 
 
+#: The ``oom_score_adj`` the supervisor had before it protected itself (``None``: unchanged),
+#: which each replica takes back before it becomes its user.
+_replica_oom_score: str | None = None
+
+
+def restore_oom_score() -> None:
+    """In a replica's child: take back the ``oom_score_adj`` the supervisor gave up (so the
+    job, not its supervisor, is what the OOM killer picks); a failure fails the setup (no
+    replica runs unkillable)."""
+    if _replica_oom_score is None:
+        return
+    try:
+        with open(OOM_SCORE_ADJ, "w") as fh:
+            fh.write(_replica_oom_score)
+    except OSError as exc:
+        raise SetupFailed(
+            SETUP_EXIT_CODE, f"cannot take back the OOM score: {exc.strerror}"
+        ) from None
+
+
 def run(spec: dict[str, Any]) -> int:
     """Supervise one incarnation; the supervisor's own exit status (0 once the result is
-    written)."""
+    written).  The OOM killer spares the supervisor where it may (``oom_score_adj`` -1000,
+    :func:`~pollux_local.launch.node_agent.protect_from_oom`): a job filling the machine's
+    memory must not leave its replicas unsupervised (a ``setsid`` grandchild would outlive
+    the incarnation on devices given to the next job)."""
+    global _replica_oom_score
     signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
     make_subreaper()
+    _replica_oom_score = protect_from_oom()
     supervisor = Supervisor(spec)
     supervisor.make_cgroups()
     if supervisor.error is None:

@@ -17,6 +17,7 @@ import pytest
 
 from pollux_local.launch import node_agent
 from pollux_local.launch.ssh import SETUP_FAILED_EXIT_CODE, node_agent_source
+from tests.launch.oomscore import can_lower_oom_score
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -114,11 +115,25 @@ def test_replicas_start_with_their_environment_and_report_logs_and_exits(
     assert "cannot start" in (tmp_path / "logs" / "rank1.log").read_text()
 
 
-def can_lower_oom_score() -> bool:
-    """Whether a process here may lower its ``oom_score_adj`` (``CAP_SYS_RESOURCE``)."""
-    probe = "import sys; from pollux_local.launch import node_agent as a; "
-    probe += "sys.exit(0 if a.protect_from_oom() is not None else 1)"
-    return subprocess.run([sys.executable, "-c", probe], check=False).returncode == 0
+def test_a_replica_takes_back_the_oom_score_its_order_names(tmp_path: Path) -> None:
+    """The half of the OOM protection that runs everywhere: the replica launcher writes the
+    score its order names before anything of the job's runs (raising it needs no privilege,
+    so this holds where lowering is not allowed)."""
+    spec_r, spec_w = os.pipe()
+    report_r, report_w = os.pipe()
+    order = {"argv": ["/bin/cat", "/proc/self/oom_score_adj"], "env": {}, "cwd": str(tmp_path),
+             "user": None, "umask": None, "oom_score_adj": "500"}  # fmt: skip
+    os.write(spec_w, json.dumps(order).encode())
+    os.close(spec_w)
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", node_agent.REPLICA_SOURCE, str(spec_r), str(report_w)],
+        pass_fds=(spec_r, report_w), capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    os.close(spec_r)
+    os.close(report_w)
+    os.close(report_r)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "500"
 
 
 @pytest.mark.skipif(

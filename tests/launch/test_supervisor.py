@@ -38,6 +38,7 @@ from pollux_local.launch.supervisor import (
     proc_start_time,
 )
 from tests.labinstall import world_readable_tempdir
+from tests.launch.oomscore import can_lower_oom_score
 from tests.paths import REPO_ROOT
 from tests.pids import take_pid
 
@@ -146,6 +147,30 @@ async def test_run_file_while_running_and_after(launcher: LocalLauncher, tmp_pat
     assert [r["exit_code"] for r in ended["replicas"]] == [3, 3]
     assert ended["ended"] >= ended["started"]
     assert not alive(group.supervisor_pid)
+
+
+@pytest.mark.asyncio
+@pytest.mark.skipif(
+    not can_lower_oom_score(), reason="lowering oom_score_adj takes CAP_SYS_RESOURCE"
+)
+async def test_the_oom_killer_spares_the_supervisor_not_the_job(
+    launcher: LocalLauncher, tmp_path: Path
+) -> None:
+    """A job filling the memory must not end its supervisor (what it left in a session of its
+    own would outlive the incarnation): the supervisor protects itself, and the replica takes
+    back the score the daemon had."""
+    before = Path("/proc/self/oom_score_adj").read_text().strip()
+    script = "cat /proc/self/oom_score_adj; sleep 30"
+    spec = make_spec(tmp_path / "job", ["sh", "-c", script], tmp_path)
+    group = await launcher.launch(spec)
+    try:
+        log = tmp_path / "job" / "rank0.log"
+        wait_until(lambda: log.exists() and log.read_text().strip(), 20, "the replica's line")
+        supervisor = Path(f"/proc/{group.supervisor_pid}/oom_score_adj").read_text().strip()
+    finally:
+        await group.stop(grace_s=1.0)
+    assert supervisor == "-1000"
+    assert log.read_text().strip().splitlines()[-1] == before != supervisor
 
 
 @pytest.mark.asyncio
