@@ -617,18 +617,19 @@ OOM_SCORE_ADJ = "/proc/self/oom_score_adj"
 
 def protect_from_oom() -> str | None:
     """Set this process's ``oom_score_adj`` to :data:`PROTECTED_OOM_SCORE_ADJ` (best effort:
-    it takes ``CAP_SYS_RESOURCE``); return the value it had, which replicas take back
-    (``REPLICA_SOURCE``), or ``None`` when it is unchanged and nothing is to be taken back."""
+    it takes ``CAP_SYS_RESOURCE``); return what replicas set theirs to (``REPLICA_SOURCE``):
+    the value it had, but never below 0 (one inherited from a protected service would leave
+    the job unkillable too); ``None`` when it is unchanged and not below 0."""
     try:
         with open(OOM_SCORE_ADJ) as fh:
-            original = fh.read().strip()
+            original = int(fh.read().strip())
         with open(OOM_SCORE_ADJ, "w") as fh:
             fh.write(str(PROTECTED_OOM_SCORE_ADJ))
         with open(OOM_SCORE_ADJ) as fh:
-            now = fh.read().strip()
+            now = int(fh.read().strip())
     except (OSError, ValueError):
         return None
-    return original if now != original else None
+    return str(max(original, 0)) if now != original or original < 0 else None
 
 
 def make_subreaper() -> bool:

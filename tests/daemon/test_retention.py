@@ -91,8 +91,8 @@ def test_jobs_that_must_stay_are_kept_whatever_their_age(tmp_path: Path) -> None
     assert store.states_of([waited]) == {waited: JobState.CANCELLED}
     store.transition(waiter, JobState.CANCELLED, 60.0, None, end_time=60.0)
     announce_all(store)
-    store.prune_ended(keep_per_user=1)
-    assert store.states_of([waited]) == {}  # nobody waits for it now: its outcome went too
+    store.prune_ended(keep_per_user=100)  # removes nothing: the outcome goes all the same
+    assert store.states_of([waited]) == {}  # nobody waits for it now
 
 
 def test_old_jobs_made_to_stay_do_not_shield_the_newer_ones_behind_them(tmp_path: Path) -> None:
@@ -421,6 +421,32 @@ def test_an_edit_that_leaves_a_blob_to_the_ended_jobs_alone_has_them_counted_aga
     store.update_job(ids[2], env={"PAD": "small"})  # the held job's edit
     assert store.ended_bytes(1001) > 2 << 20
     assert store.prune_ended(keep_per_user=10_000, keep_bytes_per_user=1 << 20) == ids[:2]
+
+
+def test_an_owner_at_the_count_cap_is_counted_again_each_pass(tmp_path: Path) -> None:
+    """An owner's ended bytes were remembered by (count, newest id) before the same pass
+    removed some of their jobs by count: a held 200 kB job cancelled each pass, older than
+    their newest ended job, brought back the same mark and was never counted (a review: 1 MB
+    kept against a 300 kB cap).  An owner over the count cap is counted again next pass."""
+    store = StateStore(tmp_path / "state.db")
+
+    def add_held(now: float, argv: list[str]) -> int:
+        return store.add_job(
+            name=f"j{now:g}", owner_uid=1001, owner_gid=1001, owner_name="u1001",
+            spec=JobSpec(argv=argv, workdir="/"), priority=0, submit_time=now, env={},
+            held=True,
+        ).id  # fmt: skip
+
+    big = [add_held(float(t), ["x" * 200_000, str(t)]) for t in range(6)]
+    small = [add(store, 1001, 10.0 + t) for t in range(5)]
+    for number, job_id in enumerate(small):
+        end(store, job_id, 20.0 + number)
+    announce_all(store)
+    for number, job_id in enumerate(big):
+        end(store, job_id, 100.0 + 60 * number)
+        announce_all(store)
+        store.prune_ended(keep_per_user=5, keep_bytes_per_user=300_000)
+        assert store.ended_bytes(1001) < 300_000
 
 
 def test_ended_jobs_another_job_waits_for_go_past_the_bytes_their_outcomes_stay(

@@ -10,6 +10,6 @@ import sys
 def can_lower_oom_score() -> bool:
     """Whether a process here may lower its ``oom_score_adj`` (``CAP_SYS_RESOURCE``: a
     container's root may lack it, and the kernel then keeps the value)."""
-    probe = "import sys; from pollux_local.launch import node_agent as a; "
-    probe += "sys.exit(0 if a.protect_from_oom() is not None else 1)"
+    probe = "import sys; from pollux_local.launch import node_agent as a; a.protect_from_oom(); "
+    probe += "sys.exit(0 if open(a.OOM_SCORE_ADJ).read().strip() == '-1000' else 1)"
     return subprocess.run([sys.executable, "-c", probe], check=False).returncode == 0

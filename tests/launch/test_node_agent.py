@@ -115,6 +115,19 @@ def test_replicas_start_with_their_environment_and_report_logs_and_exits(
     assert "cannot start" in (tmp_path / "logs" / "rank1.log").read_text()
 
 
+@pytest.mark.parametrize(("had", "replicas_get"), [("300", "300"), ("-1000", "0"), ("0", "0")])
+def test_replicas_get_the_agents_score_but_never_one_below_zero(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, had: str, replicas_get: str
+) -> None:
+    """What replicas take back: the agent's score before it protected itself, floored at 0 (a
+    score inherited from a service the admin protected must not make the job unkillable)."""
+    score = tmp_path / "oom_score_adj"
+    score.write_text(had + "\n")
+    monkeypatch.setattr(node_agent, "OOM_SCORE_ADJ", str(score))
+    assert node_agent.protect_from_oom() == replicas_get
+    assert score.read_text() == str(node_agent.PROTECTED_OOM_SCORE_ADJ)
+
+
 def test_a_replica_takes_back_the_oom_score_its_order_names(tmp_path: Path) -> None:
     """The half of the OOM protection that runs everywhere: the replica launcher writes the
     score its order names before anything of the job's runs (raising it needs no privilege,

@@ -63,6 +63,15 @@ def test_unreachable_node_is_reported_within_the_connect_timeout(
     assert elapsed < 2 * launcher.connect_timeout_s + 12
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (not a zombie): the namespaces share this machine's processes."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return data[data.rindex(b")") + 2 :].split()[0] != b"Z"
+
+
 def parent_of(pid: int) -> int:
     """The parent of ``pid`` (the namespaces share this machine's processes: a replica's
     parent is its node's agent)."""
@@ -116,7 +125,8 @@ def test_a_killed_agent_is_a_node_to_check_not_a_lost_one(
 ) -> None:
     """ssh exits 255 when the link is lost, and also when the command it runs is killed (the
     OOM killer picking the agent or its sshd, filled up by a job).  A job must not take its
-    node from everyone that way: the node is one to check, not a lost one."""
+    node from everyone that way: the node is one to check, not a lost one; and the replica the
+    agent left is killed through its exit record once the node answers."""
     import contextlib
     import os
     import signal
@@ -131,7 +141,7 @@ def test_a_killed_agent_is_a_node_to_check_not_a_lost_one(
         log_dir=tmp_path / "logs",
     )
 
-    async def run() -> tuple[int, set[str], set[str], str | None]:
+    async def run() -> tuple[int, set[str], set[str], str | None, bool, bool]:
         group = await launcher.launch(spec)
         deadline = time.monotonic() + 30
         while not group.pids() and time.monotonic() < deadline:
@@ -140,15 +150,24 @@ def test_a_killed_agent_is_a_node_to_check_not_a_lost_one(
         os.kill(parent_of(replica), signal.SIGKILL)  # as the OOM killer would
         try:
             code = await asyncio.wait_for(group.wait(), 60)
+            orphaned = alive(replica)  # nothing on the node supervises it now
+            await group.end_unanswered(group.unanswered_nodes())  # the node answers
+            for _ in range(50):
+                if not alive(replica):
+                    break
+                await asyncio.sleep(0.1)
+            ended = not alive(replica)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(replica, signal.SIGKILL)
-        return code, group.lost_nodes(), group.unanswered_nodes(), group.failure_reason
+        return (code, group.lost_nodes(), group.unanswered_nodes(), group.failure_reason,
+                orphaned, ended)  # fmt: skip
 
-    code, lost, unanswered, reason = asyncio.run(run())
+    code, lost, unanswered, reason, orphaned, ended = asyncio.run(run())
     assert code == UNREACHABLE_EXIT_CODE
     assert lost == set() and unanswered == {host.name}
     assert reason is not None and "ssh exit 255" in reason, reason
+    assert orphaned and ended  # the exit record on the node named it: killed from here
 
 
 def test_a_node_whose_work_directory_anyone_could_claim_is_down_not_the_jobs_failure(

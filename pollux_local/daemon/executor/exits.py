@@ -24,6 +24,7 @@ from pollux_local.launch.base import (
     ReplicaSlot,
 )
 from pollux_local.launch.local import LocalReplicaGroup
+from pollux_local.launch.ssh.group import SshReplicaGroup
 
 #: How often a group with remote replicas is looked at for ranks whose node was lost.
 LOST_NODE_POLL_S = 0.5
@@ -246,10 +247,8 @@ class Exits(Accounting):
                 self.store.transition(job.id, JobState.QUEUED, now, None, **self._take_exit(job.id))
                 return
             unanswered = sorted(group.unanswered_nodes())
-            if unanswered and (why := getattr(group, "failure_reason", None)):
-                # its nodes answer: what ended the session (the OOM killer, say) was the job's
-                what = f"{why}; node(s) {', '.join(unanswered)} answer a check"
-                self._crashed(job, what, None, now)
+            if unanswered:
+                await self._requeue_unanswered(job, group, unanswered, now)
                 return
             detail = getattr(group, "supervisor_failure", None) or next(
                 (
@@ -264,6 +263,27 @@ class Exits(Accounting):
             on_cpu = all(slot.device.startswith("cpu") for slot in group.spec.slots)
             cause = permanent_cause(detail, on_cpu)
         self._crashed(job, what, cause, now)
+
+    async def _requeue_unanswered(
+        self, job: JobRecord, group: ReplicaGroup, nodes: list[str], now: float
+    ) -> None:
+        """The group's sessions to ``nodes`` ended before their replicas said how they ended
+        (ssh lost the link for a while, or the node's agent or sshd was killed) and the nodes
+        answer a check.  Nothing says the job caused it (a stall of the node ends every
+        session there, other users' too), so it is queued again without a failure counted,
+        after ``backoff_s``; first whatever may still run there is killed through its exit
+        record (the agent may be gone, and the devices go to the next job)."""
+        if isinstance(group, SshReplicaGroup):
+            await group.end_unanswered(nodes)
+        why = getattr(group, "failure_reason", None) or "its replicas' ends are not known"
+        reason = (
+            f"{why}; node(s) {', '.join(nodes)} answer a check: resuming from checkpoint "
+            f"in {self.config.backoff_s:g} s (no retry spent)"
+        )
+        self.store.transition(
+            job.id, JobState.QUEUED, now, DecisionEntry(DecisionKind.REQUEUED, reason),
+            retry_after=now + self.config.backoff_s, reason=reason, **self._take_exit(job.id),
+        )  # fmt: skip
 
     def _crashed(self, job: JobRecord, what: str, cause: str | None, now: float) -> None:
         """One crash of ``job`` (``what`` happened): failed at once when ``cause`` says a

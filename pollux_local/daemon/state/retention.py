@@ -80,16 +80,21 @@ class Retention(Blobs):
         if keep_bytes_per_user > 0:
             # counted again only for an owner whose ended jobs changed since (their number or
             # newest id): a count costs ~10 ms for 3,000 jobs, and most owners are quiet
+            # (an owner over the count cap is not remembered: this pass removes some of their
+            # jobs, and one ending with a lower id than their newest would then bring back
+            # the same mark with other jobs behind it)
             seen = self._ended_seen
+            counted = {owner for owner, _ in over}
             changed = [
                 o for o, mark in owners.items() if seen.get((o, keep_bytes_per_user)) != mark
             ]
             for owner in changed:
                 if self.ended_bytes(owner) > keep_bytes_per_user:
                     heavy.append(owner)
-                else:
+                elif owner not in counted:
                     seen[(owner, keep_bytes_per_user)] = owners[owner]
         if not over and not heavy:
+            self._forget_outcomes()
             return []
         began = time.monotonic()
         self._set_aside_kept()
@@ -284,6 +289,13 @@ class Retention(Blobs):
             f" WHERE state IN ({marks}) AND json_extract(spec, '$.array_id') IS NOT NULL",
             active,
         )
+
+    def _forget_outcomes(self) -> None:
+        """Remove the outcomes no active job waits for any more (a pass that removes jobs does
+        it in :meth:`_set_aside_kept`); nothing is read while there are none."""
+        if self.db.execute("SELECT 1 FROM dependency_outcomes LIMIT 1").fetchone() is None:
+            return
+        self._set_aside_kept()
 
     def _remove_jobs(self, ids: list[int]) -> None:
         """Delete the jobs ``ids`` and what belongs to them only, in one transaction; how

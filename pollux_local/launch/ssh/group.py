@@ -446,6 +446,30 @@ class SshReplicaGroup:
         answer to a stop in time, or ssh's own exit 255): to be checked, not taken as lost."""
         return {session.node.name for session in self._sessions if session.unanswered}
 
+    async def end_unanswered(self, nodes: Collection[str]) -> None:
+        """SIGKILL, through the exit record on each of ``nodes`` (those of :meth:`unanswered_
+        nodes` that answer a check), the replicas that may still run there: a session that
+        ended first may have lost its agent (killed), and nothing else would ever stop them
+        on devices given to the next job.  Best effort: a node that does not answer now is
+        left to its agent, which stops its replicas once it sees the daemon gone."""
+        from pollux_local.launch.ssh.recovery import record_token
+
+        launcher = self._launcher
+        if launcher is None:
+            return
+        token = record_token(self.spec.job_id, self.spec.env.get("POLLUX_RESTARTS", "0"))
+        for session in self._sessions:
+            name = session.node.name
+            if not session.unanswered or name not in nodes:
+                continue
+            try:
+                record = await launcher.read_record(name, self.spec.job_id)
+                if record is not None and record.get("token") == token:
+                    await launcher.signal_recorded(name, record, self.spec.run_as, "KILL")
+            except (PolluxError, OSError) as exc:
+                log.warning("node %s: the replicas of job %s not ended: %s", name,
+                            self.spec.job_id, exc)  # fmt: skip
+
     def lost_nodes(self) -> set[str]:
         """The nodes whose agent refused the node itself (``NODEFAIL``: its work directory)."""
         return {session.node.name for session in self._sessions if session.lost}

@@ -142,6 +142,27 @@ class SshLauncher:
                 with contextlib.suppress(PolluxError, OSError):
                     await self._record_command(name, "rm", path)
 
+    async def signal_recorded(
+        self, name: str, record: Mapping[str, Any], run_as: str | None, sig: str
+    ) -> None:
+        """Signal the process group of each replica ``record`` (an exit record on node
+        ``name``) names as still running, while it is the process the record names (its pid
+        and start time; a record of an agent that kept no start times names no process it
+        can be told apart from a later one: none) and a process of ``run_as`` (or any user,
+        for a job of the daemon's own user) (``node_agent.signal_replicas``), and only while
+        the node's work directory, where the record lies, is root's alone.  Best effort."""
+        pairs = [
+            f"{int(r['pid'])}:{int(r['start_time'])}"
+            for r in record.get("replicas", ())
+            if r.get("exit_code") is None
+            and int(r.get("pid") or 0) > 1
+            and r.get("start_time") is not None
+        ]
+        if pairs and record.get("state") != "ended":
+            node = self._node(name)
+            command = agent_tool(node.python, "signal", sig, node.workdir, run_as or "-", *pairs)
+            await self.run(name, f"{command} 2>/dev/null; true")
+
     async def recover(self, spec: LaunchSpec, token: str) -> SshRecordedGroup | None:
         """The incarnation ``token`` of a job recorded as running when the daemon stopped,
         from the exit records on its nodes: ``None`` when a node has no record of it (then

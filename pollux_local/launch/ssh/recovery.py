@@ -121,24 +121,10 @@ class SshRecordedGroup:
         return code
 
     async def _signal(self, sig: str) -> None:
-        """Signal the process group of each replica still running, on its node, while it is
-        the process the record names (its pid and start time; a record of an agent that kept
-        no start times names no process it can be told apart from a later one: none) and a
-        process of the job's user (``node_agent.signal_replicas``), and only while the
-        node's work directory, where the record lies, is root's alone."""
+        """Signal each replica still running, on its node, as its record names it
+        (:meth:`SshLauncher.signal_recorded`: only that user's processes)."""
         for name, record in self.records.items():
-            pairs = [
-                f"{int(r['pid'])}:{int(r['start_time'])}"
-                for r in record.get("replicas", ())
-                if r.get("exit_code") is None
-                and int(r.get("pid") or 0) > 1
-                and r.get("start_time") is not None
-            ]
-            if pairs and record.get("state") != "ended":
-                node = self._launcher.nodes[name]
-                user = self.spec.run_as or "-"  # only that user's processes are signalled
-                command = agent_tool(node.python, "signal", sig, node.workdir, user, *pairs)
-                await self._launcher.run(name, f"{command} 2>/dev/null; true")
+            await self._launcher.signal_recorded(name, record, self.spec.run_as, sig)
 
     async def stop(self, grace_s: float) -> int | None:
         """SIGTERM every replica still running (its process group), SIGKILL after
