@@ -155,6 +155,12 @@ class Exits(Accounting):
         # the exit goes with the state change it leads to (``_take_exit``), or alone after
         known = getattr(group, "exit_codes", None)
         self._exits[job_id] = exit_columns(group.spec.slots, known() if known else {}, code)
+        if intent is not None and isinstance(group, SshReplicaGroup):
+            # a stop whose sessions ended unanswered (the agent busy, or killed meanwhile):
+            # what may still run on a node that is up is killed before its devices go on
+            up = [name for name in group.unanswered_nodes() if self.nodes.is_up(name)]
+            if up:
+                await group.end_unanswered(up)
         if job is not None:
             self._read_final_report(job)
             if intent is None and getattr(group, "orphaned", False) and code != ExitCode.OK:
