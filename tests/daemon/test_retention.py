@@ -343,24 +343,31 @@ def test_what_a_users_ended_jobs_keep_is_bounded_in_bytes_too(tmp_path: Path) ->
     assert store.prune_ended(keep_per_user=10_000, keep_bytes_per_user=0) == []
 
 
-def test_an_environment_an_active_job_keeps_is_not_counted_against_the_ended_ones(
-    tmp_path: Path,
-) -> None:
-    """The ended jobs' bytes are what removing them could free: a blob an active job of the
-    user also names stays whatever becomes of them, and is not counted."""
-    store = StateStore(tmp_path / "state.db")
+def sharing_one_environment(store: StateStore, jobs: int, ended: int) -> list[int]:
+    """``jobs`` jobs of uid 1001 naming one 2 MB environment, the first ``ended`` of them
+    ended (and announced), the others queued."""
     shared = {"PAD": "y" * (2 << 20)}
     ids = []
-    for t in range(5):
+    for t in range(jobs):
         job = store.add_job(
             name=f"j{t}", owner_uid=1001, owner_gid=1001, owner_name="u1001",
             spec=JobSpec(argv=["train"], workdir="/"), priority=0, submit_time=float(t),
             env=shared,
         )  # fmt: skip
         ids.append(job.id)
-    for number, job_id in enumerate(ids[:4]):
+    for number, job_id in enumerate(ids[:ended]):
         end(store, job_id, 100.0 + number)
     announce_all(store)
+    return ids
+
+
+def test_an_environment_an_active_job_keeps_is_not_counted_against_the_ended_ones(
+    tmp_path: Path,
+) -> None:
+    """The ended jobs' bytes are what removing them could free: a blob an active job of the
+    user also names stays whatever becomes of them, and is not counted."""
+    store = StateStore(tmp_path / "state.db")
+    sharing_one_environment(store, jobs=5, ended=4)
     assert store.ended_bytes(1001) < 1 << 20  # the rows only: ids[4], queued, names the blob
     assert store.prune_ended(keep_per_user=10_000, keep_bytes_per_user=1 << 20) == []
 
@@ -405,18 +412,7 @@ def test_an_edit_that_leaves_a_blob_to_the_ended_jobs_alone_has_them_counted_aga
     the blob to the ended jobs alone, with their number unchanged: the edit itself has them
     counted again, so the cap holds at the next pass (not at the owner's next ended job)."""
     store = StateStore(tmp_path / "state.db")
-    shared = {"PAD": "y" * (2 << 20)}
-    ids = []
-    for t in range(3):
-        job = store.add_job(
-            name=f"j{t}", owner_uid=1001, owner_gid=1001, owner_name="u1001",
-            spec=JobSpec(argv=["train"], workdir="/"), priority=0, submit_time=float(t),
-            env=shared,
-        )  # fmt: skip
-        ids.append(job.id)
-    for number, job_id in enumerate(ids[:2]):
-        end(store, job_id, 100.0 + number)
-    announce_all(store)
+    ids = sharing_one_environment(store, jobs=3, ended=2)
     assert store.prune_ended(keep_per_user=10_000, keep_bytes_per_user=1 << 20) == []
     store.update_job(ids[2], env={"PAD": "small"})  # the held job's edit
     assert store.ended_bytes(1001) > 2 << 20

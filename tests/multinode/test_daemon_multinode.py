@@ -77,6 +77,17 @@ def submit_gloo_job(daemon: DaemonProcess, workdir: Path, steps: int, sleep_s: f
     return str(reply["id"])
 
 
+def submit_rigid(
+    daemon: DaemonProcess, argv: list[str], workdir: Path, devices: int, name: str
+) -> str:
+    """Submit ``argv`` as a rigid job on ``devices`` devices; its id."""
+    reply = daemon.client.request(
+        "submit", argv=argv, workdir=str(workdir), env={"PATH": "/usr/bin:/bin"},
+        min_gpus=devices, max_gpus=devices, name=name, elastic=False,
+    )  # fmt: skip
+    return str(reply["id"])
+
+
 def job(daemon: DaemonProcess, job_id: str) -> dict[str, Any]:
     return dict(daemon.client.request("show", id=job_id)["job"])
 
@@ -180,17 +191,7 @@ def test_a_job_exiting_255_is_a_crash_and_its_node_stays_up(
     crashes, a failure is counted and it is not re-queued as if its node were lost; the
     node stays up for everyone else's jobs."""
     h1, h2 = testbed.hosts
-    reply = daemon.client.request(
-        "submit",
-        argv=["/bin/sh", "-c", "sleep 1; exit 255"],
-        workdir=str(tmp_path),
-        env={"PATH": "/usr/bin:/bin"},
-        min_gpus=2,
-        max_gpus=2,
-        name="exit255",
-        elastic=False,
-    )
-    job_id = str(reply["id"])
+    job_id = submit_rigid(daemon, ["/bin/sh", "-c", "sleep 1; exit 255"], tmp_path, 2, "exit255")
     state = wait_for(
         lambda: (s := job(daemon, job_id)["state"]) in ("succeeded", "failed") and s, 60, "the end"
     )
@@ -212,19 +213,10 @@ def test_a_job_whose_agent_is_killed_is_requeued_and_its_node_stays_up(
     import signal
 
     marker = f"{os.getpid() % 1000 + 1000}.5"
-    reply = daemon.client.request(
-        "submit",
-        argv=["/bin/sleep", marker],
-        workdir=str(tmp_path),
-        env={"PATH": "/usr/bin:/bin"},
-        min_gpus=1,
-        max_gpus=1,
-        name="oomed",
-        elastic=False,
-    )
-    job_id = str(reply["id"])
+    job_id = submit_rigid(daemon, ["/bin/sleep", marker], tmp_path, 1, "oomed")
     wait_for(lambda: job(daemon, job_id)["state"] == "running", 60, "the job to run")
     replica = wait_for(lambda: _pid_running(["/bin/sleep", marker]), 30, "its replica")
+    time.sleep(0.5)  # its agent has written the exit record that names it
     stat = Path(f"/proc/{replica}/stat").read_bytes()
     agent = int(stat[stat.rindex(b")") + 2 :].split()[1])
     try:

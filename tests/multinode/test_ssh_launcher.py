@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -63,6 +66,18 @@ def test_unreachable_node_is_reported_within_the_connect_timeout(
     assert elapsed < 2 * launcher.connect_timeout_s + 12
 
 
+def one_sleeper(node: str, tmp_path: Path, job_id: str) -> LaunchSpec:
+    """One replica on ``node`` sleeping for a minute."""
+    return LaunchSpec(
+        job_id=job_id,
+        argv=["/bin/sleep", "60"],
+        workdir=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "WORLD_SIZE": "1"},
+        slots=[ReplicaSlot(0, node, "cpu:0", 0, 0)],
+        log_dir=tmp_path / "logs",
+    )
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` runs (not a zombie): the namespaces share this machine's processes."""
     try:
@@ -85,19 +100,8 @@ def test_a_node_whose_agent_does_not_answer_a_stop_is_checked_not_taken_as_lost(
     """The daemon ends an ssh client whose agent did not answer a stop in time.  That is no
     proof the node is lost (a job can keep its own agent busy past any grace, and so take its
     node from everyone): the node is one to check (``unanswered_nodes``), not a lost one."""
-    import contextlib
-    import os
-    import signal
-
     host = testbed.hosts[0]
-    spec = LaunchSpec(
-        job_id="deaf",
-        argv=["/bin/sleep", "60"],
-        workdir=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "WORLD_SIZE": "1"},
-        slots=[ReplicaSlot(0, host.name, "cpu:0", 0, 0)],
-        log_dir=tmp_path / "logs",
-    )
+    spec = one_sleeper(host.name, tmp_path, "deaf")
 
     async def run() -> tuple[int, set[str], set[str]]:
         group = await launcher.launch(spec)
@@ -127,19 +131,8 @@ def test_a_killed_agent_is_a_node_to_check_not_a_lost_one(
     OOM killer picking the agent or its sshd, filled up by a job).  A job must not take its
     node from everyone that way: the node is one to check, not a lost one; and the replica the
     agent left is killed through its exit record once the node answers."""
-    import contextlib
-    import os
-    import signal
-
     host = testbed.hosts[0]
-    spec = LaunchSpec(
-        job_id="oomed",
-        argv=["/bin/sleep", "60"],
-        workdir=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "WORLD_SIZE": "1"},
-        slots=[ReplicaSlot(0, host.name, "cpu:0", 0, 0)],
-        log_dir=tmp_path / "logs",
-    )
+    spec = one_sleeper(host.name, tmp_path, "oomed")
 
     async def run() -> tuple[int, set[str], set[str], str | None, bool, bool]:
         group = await launcher.launch(spec)
@@ -147,6 +140,10 @@ def test_a_killed_agent_is_a_node_to_check_not_a_lost_one(
         while not group.pids() and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         replica = group.pids()[0]
+        command = Path(f"/proc/{replica}/cmdline")
+        while not command.read_bytes().startswith(b"/bin/sleep") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # its launcher has become the job
+        await asyncio.sleep(0.5)  # and the agent has written its exit record
         os.kill(parent_of(replica), signal.SIGKILL)  # as the OOM killer would
         try:
             code = await asyncio.wait_for(group.wait(), 60)
