@@ -35,6 +35,7 @@ from typing import Protocol
 import numpy as np
 import psutil
 
+from pollux_local.api.errors import InvalidRequest, LimitExceeded
 from pollux_local.api.states import (
     PLACED_STATES,
     DecisionKind,
@@ -48,6 +49,7 @@ from pollux_local.daemon.config import DaemonConfig, busy_gpus
 from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.forecasting import Forecasts
 from pollux_local.daemon.jobfiles import job_file_mtime, remove_job_dir
+from pollux_local.daemon.jobrules import check_job
 from pollux_local.daemon.readmodel import MetricHistory, job_noise_scale
 from pollux_local.daemon.reports import InvalidReport, read_job_report
 from pollux_local.daemon.resizes import resizes_of
@@ -64,6 +66,7 @@ from pollux_local.daemon.state import DecisionEntry, JobRecord, StateStore
 from pollux_local.daemon.state.retention import PRUNE_BATCH
 from pollux_local.durations import format_duration
 from pollux_local.sizes import format_size
+from pollux_local.untrusted import one_line
 
 log = logging.getLogger("pollux_local.daemon")
 
@@ -163,7 +166,10 @@ def stopping_jobs(store: StateStore, executor: Executor) -> list[Holding]:
             continue
         owner = job.owner_name if job is not None else ""
         group = job.spec.group if job is not None else None
-        found.append(Holding(job_id=job_id, owner=owner, devices=devices, group=group))
+        array = job.spec.array_id if job is not None else None
+        found.append(
+            Holding(job_id=job_id, owner=owner, devices=devices, group=group, array_id=array)
+        )
     return found
 
 
@@ -208,6 +214,9 @@ class SchedulingLoop:
         self.clock = clock
         self.rng = rng
         self._wake = wake_event
+        #: the config the queued jobs in ``_kept_by`` were found to keep (``hold_refused``)
+        self._rules_of: DaemonConfig | None = None
+        self._kept_by: set[int] = set()
         self._report_mtimes: dict[int, float] = {}
         #: when each job's unusable report was last warned about
         self._report_warned: dict[int, float] = {}
@@ -341,6 +350,34 @@ class SchedulingLoop:
             if self.prune_soon:
                 wait_s = min(wait_s, PRUNE_AGAIN_S)
 
+    def hold_refused(self, jobs: list[JobRecord], now: float) -> list[JobRecord]:
+        """``jobs`` less the queued ones that the config in use refuses
+        (:func:`~pollux_local.daemon.jobrules.check_job`, the rules a submit, an edit and a
+        release keep), which are held with the one-line reason: a reload, or a restart of the
+        daemon, tightened a limit since they were queued (``max_time``, ``max_mem``, ...), and
+        they must not start with what they asked then.  Each job is checked once per config."""
+        if self._rules_of is not self.config:
+            self._rules_of, self._kept_by = self.config, set()
+        kept = self._kept_by
+        kept.intersection_update(job.id for job in jobs if job.state is JobState.QUEUED)
+        refused: set[int] = set()
+        for job in jobs:
+            if job.state is not JobState.QUEUED or job.id in kept:
+                continue
+            try:
+                check_job(job.spec, self.config)
+            except (InvalidRequest, LimitExceeded) as exc:
+                why = one_line(str(exc))
+                reason = f"held by the daemon: {why} (the config changed since it was queued)"
+                self.store.transition(
+                    job.id, JobState.HELD, now, DecisionEntry(DecisionKind.HELD, reason),
+                    reason=reason,
+                )  # fmt: skip
+                refused.add(job.id)
+            else:
+                kept.add(job.id)
+        return [job for job in jobs if job.id not in refused] if refused else jobs
+
     def stop(self) -> None:
         """No pass after the one under way (if any): the daemon is stopping (the directories
         still to be removed are looked for again at the next start)."""
@@ -369,7 +406,7 @@ class SchedulingLoop:
             now = self.clock()
             await self.enforce_time_limits(now)
             states, dependencies = await self.resolve_dependencies(now)
-            jobs = self.store.jobs(SCHEDULED_STATES)
+            jobs = self.hold_refused(self.store.jobs(SCHEDULED_STATES), now)
             self.refresh_reports(jobs)
             stopping = stopping_jobs(self.store, self.executor)
             nodes = node_snapshot(self.config, self.executor, self.store.withheld(), jobs, stopping)

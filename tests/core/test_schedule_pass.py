@@ -82,6 +82,19 @@ def test_an_array_runs_at_most_its_max_running_tasks() -> None:
     assert plan.reasons[8] == "waiting: array 7 has 1 tasks running, its --max-running is 1"
 
 
+def test_an_arrays_task_still_stopping_counts_in_its_max_running() -> None:
+    """A cancelled task deaf to SIGTERM still runs until its grace ends: the next task of an
+    array with ``--max-running 1`` waits for it (a review saw two run at once)."""
+    held = Holding(job_id=7, owner="ann", devices={"a": ["cpu:0"]}, array_id="7")
+    nodes = (NodeInput("a", ("cpu:0", "cpu:1"), stopping={"cpu:0": 7}),)
+    task = JobInput(id=8, owner="ann", array_id="7", array_max_running=1)
+    plan = run([task], nodes=nodes, holdings=(held,))
+    assert plan.actions == ()
+    assert plan.reasons[8] == "waiting: array 7 has 1 tasks running, its --max-running is 1"
+    free = run([task], nodes=nodes, holdings=(Holding(job_id=7, owner="ann", devices={}),))
+    assert free.actions  # a stopping job of no array does not count
+
+
 def test_a_stopping_job_counts_in_its_owners_device_cap() -> None:
     held = Holding(job_id=9, owner="ann", devices={"a": ["cpu:0"]})
     nodes = (NodeInput("a", ("cpu:0", "cpu:1"), stopping={"cpu:0": 9}),)

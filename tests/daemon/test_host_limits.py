@@ -16,7 +16,7 @@ from pollux_local.api.errors import InvalidRequest, LimitExceeded
 from pollux_local.api.spec import Constraint, JobSpec
 from pollux_local.daemon.config import DaemonConfig, NodeConfig, load_config
 from pollux_local.daemon.executor.launchspec import host_limits
-from pollux_local.daemon.handlers.submit import check_job
+from pollux_local.daemon.jobrules import check_job
 from pollux_local.errors import PolluxError
 from pollux_local.launch import cgroups
 

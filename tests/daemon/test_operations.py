@@ -281,6 +281,38 @@ def test_sighup_takes_new_devices_and_limits_while_a_job_runs(
     assert daemon.proc is not None and daemon.proc.returncode == 0, daemon.output()
 
 
+def test_a_job_queued_before_a_reload_that_tightens_a_limit_is_held_not_started(
+    root: Path, daemon_factory: DaemonFactory
+) -> None:
+    """A release, an edit and a new submit are checked against the config in use; a job
+    already queued must be too: one queued with ``--time 30m`` under ``max_time = 1h`` would
+    otherwise start, after a reload to ``max_time = 10m``, with its 30 minutes (a review)."""
+    config = root / "config.toml"
+    write_config(config, '"cpu:1"', '\n[limits]\nmax_time = "1h"\n')
+    daemon = start_daemon(daemon_factory, root, config)
+    try:
+        first = sleeper(daemon)
+        wait_for(lambda: running_pids(daemon, first), 30, f"job {first} running")
+        waiting = sleeper(daemon, time_limit_s=1800)
+        write_config(config, '"cpu:1"', '\n[limits]\nmax_time = "10m"\n')
+        reload(daemon, "reloaded")
+        shown = wait_for(
+            lambda: (job := daemon.client.request("show", id=waiting)["job"])["state"] == "held"
+            and job,
+            15, "the queued job to be held",
+        )  # fmt: skip
+        assert "max_time" in shown["reason"] and "config changed" in shown["reason"], shown
+        daemon.client.request("cancel", ids=[first])
+        time.sleep(2.5)  # passes run every second: the device is free, the job stays held
+        assert daemon.client.request("show", id=waiting)["job"]["state"] == "held"
+        edited = daemon.client.request("edit", id=waiting, time_limit_s=300)
+        assert edited, edited
+        daemon.client.request("release", id=waiting)
+        wait_for(lambda: running_pids(daemon, waiting), 30, "the edited job to run")
+    finally:
+        daemon.stop()
+
+
 def test_a_device_the_config_drops_stays_with_its_job_until_it_ends(
     root: Path, daemon_factory: DaemonFactory
 ) -> None:

@@ -18,7 +18,7 @@ from pollux_local.api.errors import LimitExceeded, PolluxError
 from pollux_local.api.spec import JobSpec
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.executor.exits import most_retries, retries_allowed
-from pollux_local.daemon.handlers.submit import check_job
+from pollux_local.daemon.jobrules import check_job
 from tests.daemon.test_e2e import CONFIG, Daemon
 from tests.daemon.test_operations import reload
 from tests.daemon_process import DaemonFactory

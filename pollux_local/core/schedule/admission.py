@@ -76,6 +76,8 @@ def admit(
     user_stopping: dict[str, list[int]] = {}
     groups = GroupCounts(limits.groups)
     for stop in holdings:
+        if stop.array_id is not None:
+            array_running[stop.array_id] = array_running.get(stop.array_id, 0) + 1
         user_running[stop.owner] = user_running.get(stop.owner, 0) + 1
         user_devices[stop.owner] = user_devices.get(stop.owner, 0) + stop.count
         user_stopping.setdefault(stop.owner, []).append(stop.job_id)

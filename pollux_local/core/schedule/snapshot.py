@@ -202,6 +202,8 @@ class Holding:
     devices: Mapping[str, Sequence[str]]
     #: the group it belongs to (``None``: none): it counts in its group's caps too
     group: str | None = None
+    #: the array it is a task of (``None``: none): it counts in its ``--max-running`` too
+    array_id: str | None = None
 
     @property
     def count(self) -> int:

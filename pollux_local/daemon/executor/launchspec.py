@@ -5,7 +5,7 @@ launchers' own settings (SSH).
 Host limits (``--mem``, ``--cpus``, else ``[limits] default_mem``/``default_cpus``) are
 enforced with cgroups by this machine's launcher only.  :func:`cgroup_support` finds once per
 ``cgroup_root``/``cgroup_parent`` whether they can be written here; :func:`check_host_limits`
-(called by ``handlers.submit.check_job``) refuses a job's own limits in one line where they
+(called by ``jobrules.check_job``) refuses a job's own limits in one line where they
 cannot be enforced or pass a cap; a default that cannot be enforced is dropped with one
 warning in the log."""
 

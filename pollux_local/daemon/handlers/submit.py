@@ -16,7 +16,6 @@ daemon, and an admin who needs more raises them in the config.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 
 import msgspec
@@ -29,15 +28,13 @@ from pollux_local.api.messages import (
     default_job_name,
     job_name,
 )
-from pollux_local.api.spec import Constraint, JobSpec
+from pollux_local.api.spec import JobSpec
 from pollux_local.api.states import DecisionKind
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.context import Context
-from pollux_local.daemon.executor.exits import most_retries
-from pollux_local.daemon.executor.launchspec import check_host_limits
 from pollux_local.daemon.handlers.groups import check_job_groups
+from pollux_local.daemon.jobrules import check_job
 from pollux_local.daemon.state import stored_row
-from pollux_local.durations import format_duration
 from pollux_local.sizes import format_size
 
 
@@ -101,45 +98,6 @@ def environment_size(env: Mapping[str, str]) -> int:
     return sum(len(name.encode()) + len(value.encode()) + 2 for name, value in env.items())
 
 
-def check_job(spec: JobSpec, config: DaemonConfig, *, env_bytes: int = 0) -> JobSpec:
-    """One job as it would be stored, against this daemon's config (:class:`InvalidRequest`,
-    or :class:`LimitExceeded` for its size); the spec with its time limit settled."""
-    check_shape(
-        argv=spec.argv,
-        workdir=spec.workdir,
-        min_gpus=spec.min_gpus,
-        max_gpus=spec.max_gpus,
-        elastic=spec.elastic,
-        config=config,
-    )
-    size = env_bytes + sum(len(arg.encode()) + 1 for arg in spec.argv)
-    if size > config.max_command_bytes:
-        raise LimitExceeded(
-            f"limit exceeded: the job's command line and environment take {format_size(size)},"
-            f" more than {format_size(config.max_command_bytes)}, the most a job may have"
-            " ([limits] max_command_size)"
-        )
-    batch, max_batch = spec.batch_size, spec.max_batch_size
-    if max_batch is not None and batch is None:
-        raise InvalidRequest("max_batch_size needs batch_size")
-    if max_batch is not None and batch is not None and max_batch < batch:
-        raise InvalidRequest(f"max_batch_size {max_batch} is below batch_size {batch}")
-    min_local, max_local = spec.min_local_batch, spec.max_local_batch
-    if min_local is not None and max_local is not None and max_local < min_local:
-        raise InvalidRequest(f"max_local_batch {max_local} is below min_local_batch {min_local}")
-    check_sharing(spec, config)
-    check_host_limits(spec, config)
-    if spec.retries is not None and spec.retries > most_retries(config):
-        raise LimitExceeded(
-            f"limit exceeded: --retries {spec.retries} is more than {most_retries(config)}, the"
-            " most a job may have (the larger of 10 and [daemon] max_retries)"
-        )
-    if spec.constraint is not None:
-        check_constraint(spec.constraint, spec.min_gpus, config)
-    limit = settle_time_limit(spec.time_limit_s, config)
-    return spec if limit == spec.time_limit_s else msgspec.structs.replace(spec, time_limit_s=limit)
-
-
 def check_request(request: Submit, config: DaemonConfig) -> None:
     """What only a submit request has: its array's indices and task commands."""
     if request.array is not None:
@@ -158,102 +116,6 @@ def check_submit(request: Submit, config: DaemonConfig) -> JobSpec:
     of the job it describes (its spec, time limit settled)."""
     check_request(request, config)
     return check_job(spec_of(request), config, env_bytes=environment_size(request.env))
-
-
-def check_shape(
-    *,
-    argv: list[str],
-    workdir: str,
-    min_gpus: int,
-    max_gpus: int | None,
-    elastic: bool,
-    config: DaemonConfig,
-) -> None:
-    """Command, folder and device bounds (also what ``edit`` may change)."""
-    if not argv[0]:
-        raise InvalidRequest("submit: the command is empty")
-    if not os.path.isabs(workdir):
-        raise InvalidRequest(f"submit: workdir must be an absolute path, got {workdir!r}")
-    if max_gpus is not None and max_gpus < min_gpus:
-        raise InvalidRequest(f"min_gpus {min_gpus} is greater than max_gpus {max_gpus}")
-    if not elastic and max_gpus is not None and max_gpus != min_gpus:
-        raise InvalidRequest(
-            f"a rigid job runs on exactly min_gpus devices, but max_gpus is {max_gpus} and"
-            f" min_gpus {min_gpus} (a range is for elastic jobs)"
-        )
-    total_devices = config.total_devices
-    if min_gpus > total_devices:
-        raise InvalidRequest(
-            f"the job needs at least {min_gpus} device(s) but this daemon has {total_devices}"
-        )
-    cap = config.max_devices_per_user
-    if cap is not None and min_gpus > cap:
-        raise InvalidRequest(
-            f"the job needs at least {min_gpus} device(s) but a user may hold at most {cap}"
-            " ([limits] max_devices_per_user)"
-        )
-
-
-def check_sharing(spec: JobSpec, config: DaemonConfig) -> None:
-    """A shared job is rigid, on one device, declares its memory, and some node's devices
-    are known to have that much."""
-    if not spec.shared:
-        return
-    if spec.elastic:
-        raise InvalidRequest("--shared is for rigid jobs; an elastic job never shares")
-    if spec.min_gpus != 1 or (spec.max_gpus or 1) != 1:
-        raise InvalidRequest(
-            f"a shared job runs on one device (--gpus 1), not {spec.min_gpus}"
-            + (f"-{spec.max_gpus}" if spec.max_gpus not in (None, spec.min_gpus) else "")
-        )
-    if spec.gpu_memory is None:
-        raise InvalidRequest("--shared needs --gpu-memory (the memory the job uses)")
-    sizes = [node.device_memory for node in config.nodes if node.device_memory is not None]
-    if not sizes:
-        raise InvalidRequest("--shared: no node declares its devices' memory ([nodes.NAME] memory)")
-    if spec.gpu_memory > max(sizes):
-        raise InvalidRequest(
-            f"--gpu-memory {format_size(spec.gpu_memory)} is more than any device"
-            f" has (at most {format_size(max(sizes))})"
-        )
-
-
-def settle_time_limit(limit: float | None, config: DaemonConfig) -> float | None:
-    """A job's time limit under this daemon: none given is ``[limits] default_time``, else
-    ``max_time``; one longer than ``max_time`` is refused."""
-    longest = config.max_time_s
-    if limit is None:
-        return config.default_time_s if config.default_time_s is not None else longest
-    if longest is not None and limit > longest:
-        raise InvalidRequest(
-            f"time limit {format_duration(limit)} is longer than this daemon's maximum"
-            f" {format_duration(longest)} ([limits] max_time)"
-        )
-    return limit
-
-
-def check_constraint(constraint: Constraint, min_gpus: int, config: DaemonConfig) -> None:
-    """Every node named exists, the type is some node's, and the allowed nodes have
-    ``min_gpus`` devices."""
-    names = [node.name for node in config.nodes]
-    for name in constraint.nodes:
-        if name not in names:
-            raise InvalidRequest(f"--constraint names no node {name!r} (nodes: {', '.join(names)})")
-    types = sorted({node.device_type for node in config.nodes})
-    if constraint.device_type is not None and constraint.device_type not in types:
-        raise InvalidRequest(
-            f"--constraint asks for device type {constraint.device_type!r}; this"
-            f" daemon has {', '.join(types)}"
-        )
-    allowed = sum(
-        len(node.devices)
-        for node in config.nodes
-        if constraint.allows_node(node.name, node.device_type)
-    )
-    if min_gpus > allowed:
-        raise InvalidRequest(
-            f"the job needs {min_gpus} device(s) but {constraint.describe()} offer {allowed}"
-        )
 
 
 def check_dependencies(ctx: Context, after: list[str]) -> None:
