@@ -116,9 +116,9 @@ class GoodputPolicy(TypedChoice):
     (m) how many times over a change must earn back its restart cost; ``type_aware`` whether
     it chooses a device type per job on a cluster of several types (off: every device counts
     alike, a job's single model serves all types); ``type_payback_margin`` is m for a move to
-    another device type (24: such a move is a restart on a model predicted from another type,
-    and the value was chosen on held-out heterogeneous traces); a change of count within a
-    type keeps ``payback_margin``.
+    another device type (10: such a move is a restart, and the value was chosen on held-out
+    heterogeneous traces with warm resizes and measured restart costs, as the daemon runs;
+    24 before those); a change of count within a type keeps ``payback_margin``.
     """
 
     name = "goodput"

@@ -256,7 +256,7 @@ class Objective:
         rank_exponent: float = 2.0,
         payback_margin: float = 6.0,
         type_aware: bool = True,
-        type_payback_margin: float = 24.0,
+        type_payback_margin: float = 10.0,
     ) -> None:
         if not math.isfinite(p):
             raise ValueError(f"p must be finite, got {p}")
