@@ -147,8 +147,9 @@ READY_POLL_S = 0.1
 #: by this agent's user, in a session of its own, its stdout and stderr the replica's log:
 #: it reads the replica (``{"argv", "env", "cwd", "user", "umask", "oom_score_adj"}``, JSON)
 #: from SPEC_FD, takes back the ``oom_score_adj`` the agent had before it protected itself
-#: (:func:`protect_from_oom`; else exit 127: no replica runs unkillable), takes the user's groups, gid and effective uid (root stays its real and saved uid: the
-#: user's signals do not reach it), enters ``cwd`` as the user (else exit 252), applies
+#: (:func:`protect_from_oom`; else exit 127: no replica runs unkillable), takes the user's
+#: groups, gid and effective uid (root stays its real and saved uid: the user's signals do
+#: not reach it), enters ``cwd`` as the user (else exit 252), applies
 #: ``umask``, writes ``S`` to REPORT_FD (closed at ``exec``), becomes the user for good and
 #: runs the command (else ``E`` to REPORT_FD, exit 127).  No environment of the job's reaches
 #: the interpreter (``-I``; the environment is the command's only).

@@ -38,6 +38,7 @@ from pollux_local.launch.ssh.nodes import (
     UNREACHABLE_EXIT_CODE,
     SshNodeConfig,
 )
+from pollux_local.launch.ssh.recovery import record_token
 
 if TYPE_CHECKING:
     from pollux_local.launch.ssh.launcher import SshLauncher
@@ -452,8 +453,6 @@ class SshReplicaGroup:
         ended first may have lost its agent (killed), and nothing else would ever stop them
         on devices given to the next job.  Best effort: a node that does not answer now is
         left to its agent, which stops its replicas once it sees the daemon gone."""
-        from pollux_local.launch.ssh.recovery import record_token
-
         launcher = self._launcher
         if launcher is None:
             return
