@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pollux_local.api.errors import PolluxError
-from pollux_local.api.launch import LAUNCH_VARIABLES, POLLUX_PREFIX
+from pollux_local.api.launch import without_launch_variables
 from pollux_local.api.messages import ArrayTask, Submit, default_job_name, job_name
 from pollux_local.api.spec import Constraint
 from pollux_local.client import build_request
@@ -163,12 +163,7 @@ def command_argv(
 
 def submitted_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The submitting shell's environment, less what describes its own launch."""
-    source = os.environ if environ is None else environ
-    return {
-        key: value
-        for key, value in source.items()
-        if not key.startswith(POLLUX_PREFIX) and key not in LAUNCH_VARIABLES
-    }
+    return without_launch_variables(os.environ if environ is None else environ)
 
 
 def _python_option(value: str | None) -> str | None:

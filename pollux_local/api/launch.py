@@ -93,6 +93,18 @@ LAUNCH_VARIABLES = frozenset(
 POLLUX_PREFIX = "POLLUX_"
 
 
+def without_launch_variables(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` less what describes a launch (:data:`LAUNCH_VARIABLES` and every ``POLLUX_*``):
+    what a submitting shell, or a job's stored environment, may give the job; the daemon sets
+    the rest for each start (a raw request's ``POLLUX_RESIZE_JOIN`` would make a replica wait
+    for a resize nobody ordered)."""
+    return {
+        key: value
+        for key, value in env.items()
+        if not key.startswith(POLLUX_PREFIX) and key not in LAUNCH_VARIABLES
+    }
+
+
 def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
     raw = env.get(name)
     if raw is None or raw == "":

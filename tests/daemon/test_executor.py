@@ -155,7 +155,8 @@ async def test_replica_environment_follows_the_launch_contract(setup) -> None:  
     job_id = store.add_job(
         name="j", owner_uid=0, owner_gid=0, owner_name="root",
         spec={"argv": ["x"], "workdir": "/", "min_gpus": 1}, priority=0, submit_time=0.0,
-        env={"A": "1", "POLLUX_LOCAL_BATCH": "999", "POLLUX_JOB_ID": "forged"},
+        env={"A": "1", "POLLUX_LOCAL_BATCH": "999", "POLLUX_JOB_ID": "forged",
+             "POLLUX_RESIZE_JOIN": "3", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=1M"},
     ).id  # fmt: skip
     job = store.get_job(job_id)
     assert job is not None
@@ -172,6 +173,7 @@ async def test_replica_environment_follows_the_launch_contract(setup) -> None:  
     assert env["POLLUX_DEVICE_TYPE"] == "cpu"  # the node's devices' type
     assert len(env["POLLUX_JOB_SECRET"]) == 32  # random per start (verify_members)
     assert env["A"] == "1" and env["POLLUX_JOB_ID"] == str(job_id)
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in env  # a raw request's, not the daemon's
     assert env["WORLD_SIZE"] == "2" and env["MASTER_ADDR"] == "127.0.0.1"
     assert env["POLLUX_DEVICE"] == "cpu" and env["POLLUX_PG_TIMEOUT_S"] == "60"
     launch = LaunchEnvironment.from_environ({**env, "RANK": "1", "LOCAL_WORLD_SIZE": "2"})

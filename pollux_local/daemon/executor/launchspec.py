@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from pollux_local.api.errors import InvalidRequest, LimitExceeded
-from pollux_local.api.launch import LaunchEnvironment
+from pollux_local.api.launch import LaunchEnvironment, without_launch_variables
 from pollux_local.api.spec import JobSpec
 from pollux_local.core.types import BatchChoice
 from pollux_local.daemon.auth import account
@@ -97,10 +97,9 @@ def build_launch_spec(
         gpu_memory_limit=limit,
         gpu_memory_fraction=fraction,
     )
-    env = dict(job.env or {})
-    # without a batch choice the job picks its own: none may leak from the submitter
-    env.pop("POLLUX_LOCAL_BATCH", None)
-    env.pop("POLLUX_ACCUM_STEPS", None)
+    # what describes a launch is the daemon's alone (a raw request may carry any of it): a
+    # batch choice, a resize to join, a shared device's memory cap
+    env = without_launch_variables(job.env or {})
     env.update(launch.common_environ())
     env.setdefault("PYTHONUNBUFFERED", "1")
     local = bool(order) and all(node.is_local for node in order)
