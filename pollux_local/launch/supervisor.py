@@ -88,7 +88,6 @@ setup (``{"ok": true, "pid", "start_time", "pgid", "replicas"}`` or ``{"ok": fal
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import fcntl
 import json
@@ -104,7 +103,8 @@ from typing import Any, NoReturn
 
 from pollux_local.launch import cgroups, logcap
 from pollux_local.launch.identity import IdentityError, become_user_for_setup, settle_ids
-from pollux_local.launch.node_agent import OOM_SCORE_ADJ, protect_from_oom
+from pollux_local.launch.node_agent import OOM_SCORE_ADJ, make_subreaper, protect_from_oom
+from pollux_local.launch.node_agent import descendants as process_tree_below
 from pollux_local.launch.userdirs import make_own_directory
 from pollux_local.untrusted import one_line
 
@@ -127,8 +127,6 @@ SPAWN_TIMEOUT_S = 30.0
 #: :data:`SETTLED_WAIT_S` more at most, then takes it as started).
 SETTLED = b"S"
 SETTLED_WAIT_S = 1.0
-#: ``prctl`` option that makes orphaned descendants children of the caller.
-PR_SET_CHILD_SUBREAPER = 36
 #: The signals the supervisor waits for (blocked, taken with ``sigtimedwait``).
 WAITED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1}
 #: Largest warm resize request read (its joiners' commands and environments included, as
@@ -258,46 +256,10 @@ def signal_group_of(pgid: int, signum: int, members: Iterable[tuple[int, int | N
     return False
 
 
-def parent_map() -> dict[int, int]:
-    """pid -> parent pid of every process (from ``/proc``)."""
-    parents: dict[int, int] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return parents
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                data = fh.read()
-            parents[int(name)] = int(data[data.rindex(b")") + 2 :].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    return parents
-
-
 def descendants(root: int) -> list[int]:
-    """Every process below ``root`` in the process tree (children first)."""
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parent_map().items():
-        children.setdefault(ppid, []).append(pid)
-    found: list[int] = []
-    todo = list(children.get(root, ()))
-    while todo:
-        pid = todo.pop(0)
-        found.append(pid)
-        todo.extend(children.get(pid, ()))
-    return found
-
-
-def make_subreaper() -> bool:
-    """``prctl(PR_SET_CHILD_SUBREAPER, 1)``; ``False`` where it is not available."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
+    """Every process below ``root`` in the process tree (children first; the node agent's
+    listing, :func:`~pollux_local.launch.node_agent.descendants`, without start times)."""
+    return [pid for pid, _ in process_tree_below(root)]
 
 
 def write_private_json(path: str, data: dict[str, Any]) -> None:
