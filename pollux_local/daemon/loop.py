@@ -49,7 +49,7 @@ from pollux_local.daemon.config import DaemonConfig, busy_gpus
 from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.forecasting import Forecasts
 from pollux_local.daemon.jobfiles import job_file_mtime, remove_job_dir
-from pollux_local.daemon.jobrules import check_job
+from pollux_local.daemon.jobrules import check_job, environment_size
 from pollux_local.daemon.readmodel import MetricHistory, job_noise_scale
 from pollux_local.daemon.reports import InvalidReport, read_job_report
 from pollux_local.daemon.resizes import resizes_of
@@ -364,8 +364,10 @@ class SchedulingLoop:
         for job in jobs:
             if job.state is not JobState.QUEUED or job.id in kept:
                 continue
+            stored = self.store.get_job(job.id)  # with its environment, which counts too
+            env_bytes = environment_size(stored.env or {}) if stored is not None else 0
             try:
-                check_job(job.spec, self.config)
+                check_job(job.spec, self.config, env_bytes=env_bytes)
             except (InvalidRequest, LimitExceeded) as exc:
                 why = one_line(str(exc))
                 reason = f"held by the daemon: {why} (the config changed since it was queued)"

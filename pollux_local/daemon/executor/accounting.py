@@ -131,11 +131,12 @@ class Accounting(ExecutorBase):
         """The remote nodes a failed group lost.  A node the group says it lost
         (:meth:`ReplicaGroup.lost_nodes`: its agent refused the node, Slurm reports it down)
         is marked down at once and re-checked every ``node_retry_s``.  When the group's code
-        is 255 and it names no lost node, the nodes are checked now; so are the nodes whose
+        is 255 and it names no lost node, the nodes are checked now.  The nodes whose
         replicas' ends are not known (:meth:`ReplicaGroup.unanswered_nodes`: ssh lost the
-        link or the agent, or the daemon gave up waiting), and only a failed check marks
-        such a node down.  Other failures (a rank timing out in a collective with a lost
-        peer, say) count as node losses only when some node is down."""
+        link or the agent, or the daemon gave up waiting) were checked as the group ended
+        (``Exits._settle_unanswered``): only a failed check marked such a node down.  Other
+        failures (a rank timing out in a collective with a lost peer, say) count as node
+        losses only when some node is down."""
         slots = group.spec.slots
         remote = [
             n for n in dict.fromkeys(self.config.node(s.node) for s in slots) if not n.is_local
@@ -143,13 +144,8 @@ class Accounting(ExecutorBase):
         if not remote:
             return []
         lost = self._mark_lost_nodes(group)
-        unanswered = group.unanswered_nodes()
-        if code == ExitCode.NODE_LOST and not lost:
+        if code == ExitCode.NODE_LOST and not lost and not group.unanswered_nodes():
             await asyncio.gather(*(self._check_soon(node) for node in remote))
-        elif unanswered:  # not lost for that alone (a job can fill its node's memory): checked
-            await asyncio.gather(
-                *(self._check_soon(node) for node in remote if node.name in unanswered - lost)
-            )
         return [n.name for n in remote if not self.nodes.is_up(n.name)]
 
     def _mark_lost_nodes(self, group: ReplicaGroup) -> set[str]:

@@ -140,7 +140,10 @@ class Exits(Accounting):
 
     async def _ended(self, job_id: int, group: ReplicaGroup, code: int) -> None:
         """A group ended: account for it, take its last report, and move the job on, by what
-        its stop was for (``intent``) or, when nothing stopped it, by its exit code."""
+        its stop was for (``intent``) or, when nothing stopped it, by its exit code.  Its
+        devices stay its own until what may still run on them is settled
+        (:meth:`_settle_unanswered`)."""
+        await self._settle_unanswered(group)
         if self.groups.get(job_id) is group:
             del self.groups[job_id]
         if self.stopping.get(job_id) is group:
@@ -155,12 +158,6 @@ class Exits(Accounting):
         # the exit goes with the state change it leads to (``_take_exit``), or alone after
         known = getattr(group, "exit_codes", None)
         self._exits[job_id] = exit_columns(group.spec.slots, known() if known else {}, code)
-        if intent is not None and isinstance(group, SshReplicaGroup):
-            # a stop whose sessions ended unanswered (the agent busy, or killed meanwhile):
-            # what may still run on a node that is up is killed before its devices go on
-            up = [name for name in group.unanswered_nodes() if self.nodes.is_up(name)]
-            if up:
-                await group.end_unanswered(up)
         if job is not None:
             self._read_final_report(job)
             if intent is None and getattr(group, "orphaned", False) and code != ExitCode.OK:
@@ -270,17 +267,34 @@ class Exits(Accounting):
             cause = permanent_cause(detail, on_cpu)
         self._crashed(job, what, cause, now)
 
+    async def _settle_unanswered(self, group: ReplicaGroup) -> None:
+        """The nodes where ``group``'s replicas' ends are not known (ssh's own exit 255: a lost
+        link, or a killed agent or sshd; or no answer to a stop) are checked, and on those
+        that answer whatever may still run there is killed through its exit record (the
+        agent may be gone), before the group's devices go to another job: while this runs
+        the group still holds them (``groups``, ``stopping``).  A node that fails its check
+        is marked down (:meth:`_lost_nodes` then re-queues the job)."""
+        unanswered = group.unanswered_nodes()
+        nodes = [
+            node
+            for node in dict.fromkeys(self.config.node(name) for name in sorted(unanswered))
+            if not node.is_local
+        ]
+        if not nodes:
+            return
+        await asyncio.gather(*(self._check_soon(node) for node in nodes))
+        up = [node.name for node in nodes if self.nodes.is_up(node.name)]
+        if up and isinstance(group, SshReplicaGroup):
+            await group.end_unanswered(up)
+
     async def _requeue_unanswered(
         self, job: JobRecord, group: ReplicaGroup, nodes: list[str], now: float
     ) -> None:
         """The group's sessions to ``nodes`` ended before their replicas said how they ended
         (ssh lost the link for a while, or the node's agent or sshd was killed) and the nodes
-        answer a check.  Nothing says the job caused it (a stall of the node ends every
-        session there, other users' too), so it is queued again without a failure counted,
-        after ``backoff_s``; first whatever may still run there is killed through its exit
-        record (the agent may be gone, and the devices go to the next job)."""
-        if isinstance(group, SshReplicaGroup):
-            await group.end_unanswered(nodes)
+        answer a check (:meth:`_settle_unanswered` killed what may have been left there).
+        Nothing says the job caused it (a stall of the node ends every session there, other
+        users' too), so it is queued again without a failure counted, after ``backoff_s``."""
         why = getattr(group, "failure_reason", None) or "its replicas' ends are not known"
         reason = (
             f"{why}; node(s) {', '.join(nodes)} answer a check: resuming from checkpoint "

@@ -33,7 +33,7 @@ from pollux_local.api.states import DecisionKind
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers.groups import check_job_groups
-from pollux_local.daemon.jobrules import check_job
+from pollux_local.daemon.jobrules import check_job, environment_size
 from pollux_local.daemon.state import stored_row
 from pollux_local.sizes import format_size
 
@@ -91,11 +91,6 @@ def validate_jobs(
             " ([limits] max_stored_per_user)"
         )
     return checked
-
-
-def environment_size(env: Mapping[str, str]) -> int:
-    """Bytes of an environment as exec counts them: ``NAME=value`` and its NUL, each."""
-    return sum(len(name.encode()) + len(value.encode()) + 2 for name, value in env.items())
 
 
 def check_request(request: Submit, config: DaemonConfig) -> None:

@@ -457,10 +457,8 @@ class SshReplicaGroup:
         if launcher is None:
             return
         token = record_token(self.spec.job_id, self.spec.env.get("POLLUX_RESTARTS", "0"))
-        for session in self._sessions:
-            name = session.node.name
-            if not session.unanswered or name not in nodes:
-                continue
+
+        async def end_on(name: str) -> None:
             try:
                 record = await launcher.read_record(name, self.spec.job_id)
                 if record is not None and record.get("token") == token:
@@ -468,6 +466,9 @@ class SshReplicaGroup:
             except (PolluxError, OSError) as exc:
                 log.warning("node %s: the replicas of job %s not ended: %s", name,
                             self.spec.job_id, exc)  # fmt: skip
+
+        names = {s.node.name for s in self._sessions if s.unanswered and s.node.name in nodes}
+        await asyncio.gather(*(end_on(name) for name in sorted(names)))
 
     def lost_nodes(self) -> set[str]:
         """The nodes whose agent refused the node itself (``NODEFAIL``: its work directory)."""
