@@ -274,12 +274,8 @@ class Exits(Accounting):
         agent may be gone), before the group's devices go to another job: while this runs
         the group still holds them (``groups``, ``stopping``).  A node that fails its check
         is marked down (:meth:`_lost_nodes` then re-queues the job)."""
-        unanswered = group.unanswered_nodes()
-        nodes = [
-            node
-            for node in dict.fromkeys(self.config.node(name) for name in sorted(unanswered))
-            if not node.is_local
-        ]
+        named = (self.config.node(name) for name in sorted(group.unanswered_nodes()))
+        nodes = [node for node in named if not node.is_local]
         if not nodes:
             return
         await asyncio.gather(*(self._check_soon(node) for node in nodes))
