@@ -907,6 +907,10 @@ class Supervisor:
                     with contextlib.suppress(OSError):
                         os.killpg(p.pid, self.last_signal)
                 self.lines.say("PID", rank, p.pid)
+                # recorded before its launch order is sent: the job's command never runs
+                # unrecorded (an agent killed before the order leaves a launcher that reads
+                # no order and ends; one killed after leaves a replica its record names)
+                self.record.write(self, "running")
         finally:
             os.close(spec_r)
             os.close(report_w)

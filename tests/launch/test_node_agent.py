@@ -370,6 +370,26 @@ def test_the_exit_record_outlives_the_daemon_and_says_how_each_replica_ended(
     assert record.parent.stat().st_mode & 0o777 == 0o700
 
 
+def test_each_replica_is_in_the_exit_record_before_its_command_runs(tmp_path: Path) -> None:
+    """An agent killed while it starts replicas leaves none that its record does not name
+    (the daemon kills what a killed agent left by its record): each is recorded before its
+    launch order is sent, and a launcher without an order runs nothing."""
+    record = tmp_path / "run" / "3.json"
+    look = f'grep -q "\\"pid\\": $$," {record} && echo listed || echo unlisted'
+    spec = spec_for(
+        tmp_path,
+        [{"argv": ["/bin/sh", "-c", look], "env": {}} for _ in range(3)],
+        record={"path": str(record), "token": "3:0"},
+    )
+    proc = start_agent(spec)
+    lines = lines_until_exits(proc, 3)
+    said = sorted(base64.b64decode(p[2]).decode().strip() for p in lines if p[0] == "LOG")
+    assert said == ["listed"] * 3
+    assert proc.stdin is not None
+    proc.stdin.close()
+    assert proc.wait(timeout=30) == 0
+
+
 # --- warm resizes ---------------------------------------------------------------------------------
 
 #: A replica that says where its orders come, waits for one and says what it read; then exits

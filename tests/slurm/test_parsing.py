@@ -103,7 +103,7 @@ def test_a_step_is_named_by_its_incarnation_and_runs_in_the_daemons_cluster(
 ) -> None:
     """The keeper finds its step by name: an earlier incarnation's step, still ending, must
     not be taken for it.  And the step runs where the daemon's Slurm is, whatever
-    ``SLURM_CONF`` the job's environment names."""
+    ``SLURM_CONF`` (or other option of srun's) the job's environment names."""
     from pollux_local.launch.base import LaunchSpec, ReplicaSlot
     from pollux_local.launch.slurm.launcher import SlurmLauncher, step_name
 
@@ -113,7 +113,9 @@ def test_a_step_is_named_by_its_incarnation_and_runs_in_the_daemons_cluster(
     launcher = SlurmLauncher(allocation, tmp_path, run=fake_scontrol)
 
     def spec(restarts: str) -> LaunchSpec:
-        env = {"POLLUX_RESTARTS": restarts, "SLURM_CONF": "/home/mallory/slurm.conf"}
+        env = {"POLLUX_RESTARTS": restarts, "SLURM_CONF": "/home/mallory/slurm.conf",
+               "SLURM_OVERLAP": "1", "SLURM_NTASKS": "64", "SRUN_CPUS_PER_TASK": "32",
+               "HOME": "/home/mallory"}  # fmt: skip
         slot = ReplicaSlot(rank=0, node="cpu07", device="cpu:0", local_rank=0, node_rank=0)
         return LaunchSpec(job_id="7", argv=["t"], workdir=tmp_path, env=env, slots=[slot],
                           log_dir=tmp_path)  # fmt: skip
@@ -123,4 +125,7 @@ def test_a_step_is_named_by_its_incarnation_and_runs_in_the_daemons_cluster(
     monkeypatch.setenv("SLURM_CONF", "/etc/slurm/slurm.conf")
     assert launcher.step_env(spec("0"))["SLURM_CONF"] == "/etc/slurm/slurm.conf"
     monkeypatch.delenv("SLURM_CONF")
-    assert "SLURM_CONF" not in launcher.step_env(spec("0"))
+    env = launcher.step_env(spec("0"))
+    # what the job kept from the shell it was submitted in never becomes an option of srun
+    assert not [k for k in env if k.startswith(("SLURM_", "SRUN_"))]
+    assert env["HOME"] == "/home/mallory"

@@ -31,6 +31,9 @@ from pollux_local.launch.slurm.step import SlurmStepGroup, read_record
 
 log = logging.getLogger("pollux_local.launch.slurm")
 
+#: The prefixes of the variables ``srun`` reads as options (its "input environment").
+SRUN_INPUT_PREFIXES = ("SLURM_", "SRUN_")
+
 #: Each task takes its ranks from Slurm's step environment, then runs the job's command.
 RANK_WRAPPER = (
     'RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" NODE_RANK="$SLURM_NODEID"'
@@ -138,8 +141,11 @@ class SlurmLauncher:
             env.pop("LOCAL_WORLD_SIZE", None)
         if len({slot.node for slot in slots}) > 1:
             env["MASTER_ADDR"] = self._node(slots[0].node).address
-        # srun works in the daemon's cluster, whatever the job's environment names
-        env.pop("SLURM_CONF", None)
+        # srun works in the daemon's cluster and allocation, with the options above alone:
+        # none of the variables srun reads as options (SLURM_*, SRUN_*) that the job's
+        # environment kept from the shell it was submitted in (an salloc's SLURM_NTASKS, an
+        # SLURM_OVERLAP, an SLURM_CONF naming another cluster); srun sets each task's own
+        env = {k: v for k, v in env.items() if not k.startswith(SRUN_INPUT_PREFIXES)}
         if "SLURM_CONF" in os.environ:
             env["SLURM_CONF"] = os.environ["SLURM_CONF"]
         return env
