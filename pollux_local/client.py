@@ -9,19 +9,25 @@ The client depends on :mod:`pollux_local.api` only, never on the daemon.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import msgspec
 
 from pollux_local.api import wire
-from pollux_local.api.errors import DaemonUnavailable, InvalidRequest, ProtocolError
+from pollux_local.api.errors import Busy, DaemonUnavailable, InvalidRequest, ProtocolError
 from pollux_local.api.messages import REQUEST_TYPES, Reply, Request
 
 STATE_DIR_ENV = "POLLUX_LOCAL_STATE_DIR"
 SOCKET_NAME = "daemon.sock"
+#: A connection refused unread (``Busy``) is tried this often in all, the pauses between
+#: doubling from this (each drawn from half to one and a half of it): about 6 s in all.
+BUSY_TRIES = 7
+BUSY_FIRST_PAUSE_S = 0.1
 
 R = TypeVar("R", bound=Reply)
 
@@ -73,7 +79,20 @@ class Client:
         return cls(socket_path_for(resolve_state_dir(state_dir)))
 
     def call(self, request: Request[R]) -> R:
-        """Send one typed request and return its typed reply (``type(request).Reply``)."""
+        """Send one typed request and return its typed reply (``type(request).Reply``).  A
+        connection the daemon refused unread (:class:`Busy`: too many connections) is tried
+        again after a pause, growing from :data:`BUSY_FIRST_PAUSE_S` to at most
+        :data:`BUSY_TRIES` tries."""
+        pause = BUSY_FIRST_PAUSE_S
+        for _ in range(BUSY_TRIES - 1):
+            try:
+                return self._call_once(request)
+            except Busy:
+                time.sleep(pause * (0.5 + random.random()))
+                pause *= 2.0
+        return self._call_once(request)
+
+    def _call_once(self, request: Request[R]) -> R:
         expected = cast(type[R], type(request).Reply)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout_s)

@@ -15,6 +15,7 @@ client, the CLI, the TUI and the job library.  It depends on nothing else of the
 """
 
 from pollux_local.api.errors import (
+    Busy,
     Conflict,
     DaemonUnavailable,
     InternalError,
@@ -84,6 +85,7 @@ from pollux_local.api.states import ACTIVE_STATES, TERMINAL_STATES, ExitCode, Jo
 
 __all__ = [
     "ACTIVE_STATES",
+    "Busy",
     "PROTOCOL_VERSION",
     "REPORT_VERSION",
     "REQUEST_TYPES",

@@ -10,6 +10,7 @@
     ├── NotFound                     no such job (or node)
     ├── Conflict                     the job is in a state that does not allow it
     ├── LimitExceeded                a cap was reached (connections, bytes in flight, ...)
+    │   └── Busy                     the connection was refused unread: trying again is safe
     └── InternalError                the daemon failed on a request (a bug: see its log)
         └── StateDiskFull            the daemon's state disk is full: nothing could be stored
 
@@ -72,6 +73,13 @@ class LimitExceeded(PolluxError):
     code = "limit_exceeded"
 
 
+class Busy(LimitExceeded):
+    """The daemon refused the connection before reading its request (too many connections):
+    nothing of it was done, so the client tries again after a pause."""
+
+    code = "busy"
+
+
 class InternalError(PolluxError):
     """The daemon failed while answering; the request may or may not have taken effect."""
 
@@ -97,6 +105,7 @@ _BY_CODE: dict[str, type[PolluxError]] = {
         NotFound,
         Conflict,
         LimitExceeded,
+        Busy,
         InternalError,
         StateDiskFull,
     )

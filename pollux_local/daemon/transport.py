@@ -1,9 +1,11 @@
 """Transport: frames on the socket, who may connect and how much each may hold.
 
 :class:`Connections` serves each connection as a sequence of frames (``api.wire``), each one
-answered by ``respond`` (``dispatch.answer``).  At most :data:`MAX_CONNECTIONS` in all and
-``[limits] connections_per_user`` (16) per user (root and the daemon's own user: no per-user
-cap; :class:`ConnectionBook`).  A frame may be up to ``wire.MAX_FRAME_BYTES`` (16 MiB: a
+answered by ``respond`` (``dispatch.answer``).  At most ``[limits] connections_per_user``
+(16) per user, checked first, then :data:`MAX_CONNECTIONS` in all (root and the daemon's own
+user: neither cap; :class:`ConnectionBook`); a connection refused for either gets ``Busy``
+(nothing of it read: the client tries again), and at most :data:`MAX_REFUSING` are answered
+at once.  A frame may be up to ``wire.MAX_FRAME_BYTES`` (16 MiB: a
 submit's environment, a long report) for anyone, because its type is only known once it is
 read; what bounds memory is the budget of bytes in flight: the declared length of a frame over
 :data:`FREE_FRAME_BYTES` is reserved from its user's budget (``[limits]
@@ -29,6 +31,7 @@ from collections.abc import Awaitable, Callable, Iterator
 
 from pollux_local.api import wire
 from pollux_local.api.errors import (
+    Busy,
     LimitExceeded,
     PermissionDenied,
     PolluxError,
@@ -48,8 +51,14 @@ REPLY_TIMEOUT_S = 30.0
 #: A refused connection's request is read and dropped, this much and this long at most.
 REFUSED_DRAIN_BYTES = 64 * 1024
 REFUSED_DRAIN_S = 1.0
-#: Connections open at once, all users together.
+#: Connections served at once, all capped users together (root's and the daemon's user's are
+#: not counted: an admin still gets in while others fill it).
 MAX_CONNECTIONS = 256
+#: Connections being refused at once (each answered with its one-line error, then drained for
+#: at most :data:`REFUSED_DRAIN_S`); past it a refused connection is closed unanswered, so
+#: that a user's flood of refused connections holds neither the served ones' slots nor more
+#: than this many of the daemon's descriptors for long.
+MAX_REFUSING = 32
 #: Request bytes the daemon buffers at once, all users together.
 MAX_BYTES_IN_FLIGHT = 256 * 1024 * 1024
 #: Frames up to this size are not counted against the byte budgets (their memory is bounded by
@@ -194,8 +203,10 @@ class Connections:
         self.context_for = context_for
         self.respond = respond
         self.allow_group = allow_group
-        #: connections open now, all users together
+        #: connections served now, of the users with a per-user cap
         self.count = 0
+        #: connections being refused now (:meth:`refuse`)
+        self.refusing = 0
         #: when each user's last refusal was logged (monotonic seconds)
         self.refusals: dict[int, float] = {}
 
@@ -231,27 +242,34 @@ class Connections:
         """Refuse a connection before reading its request: the error, then what the client
         sends is taken and dropped (at most :data:`REFUSED_DRAIN_BYTES`, for at most
         :data:`REFUSED_DRAIN_S`) so that its request does not meet a closed socket before it
-        reads the error."""
-        if not await self.send(writer, wire.encode_error(error)):
+        reads the error.  With :data:`MAX_REFUSING` already being refused, it is closed at
+        once, unanswered."""
+        if self.refusing >= MAX_REFUSING:
+            writer.transport.abort()
             return
-        with contextlib.suppress(TimeoutError, ConnectionError, OSError):
-            writer.write_eof()
-            async with asyncio.timeout(REFUSED_DRAIN_S):
-                left = REFUSED_DRAIN_BYTES
-                while left > 0 and (chunk := await reader.read(left)):
-                    left -= len(chunk)
+        self.refusing += 1
+        try:
+            if not await self.send(writer, wire.encode_error(error)):
+                return
+            with contextlib.suppress(TimeoutError, ConnectionError, OSError):
+                writer.write_eof()
+                async with asyncio.timeout(REFUSED_DRAIN_S):
+                    left = REFUSED_DRAIN_BYTES
+                    while left > 0 and (chunk := await reader.read(left)):
+                        left -= len(chunk)
+        finally:
+            self.refusing -= 1
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Answer a connection's requests in order until it closes, goes silent, is refused
         (who it is, too many connections, too many bytes in flight) or sends a frame that
-        breaks the framing: the refusal is answered as one typed error, then it is closed."""
-        self.count += 1
+        breaks the framing: the refusal is answered as one typed error, then it is closed.
+        Who connects is known first: a user over their own cap is refused without taking a
+        place among the connections served (:data:`MAX_CONNECTIONS`), so one user's flood
+        cannot keep the others out."""
         uid: int | None = None
+        counted = False
         try:
-            if self.count > MAX_CONNECTIONS:
-                error = LimitExceeded("too many connections; try again")
-                await self.refuse(reader, writer, error)
-                return
             try:
                 peer = peer_credentials(writer.get_extra_info("socket"))
             except OSError:
@@ -263,13 +281,20 @@ class Connections:
                 return
             if not self.book.open(peer.uid):
                 self.note_refusal(peer, "too many connections")
-                error = LimitExceeded(
+                error = Busy(
                     f"too many connections from {peer.name} (at most {self.book.per_user} at"
                     " once); close some and try again"
                 )
                 await self.refuse(reader, writer, error)
                 return
             uid = peer.uid
+            if peer.uid not in self.book.unlimited:
+                if self.count >= MAX_CONNECTIONS:
+                    self.note_refusal(peer, f"the daemon serves {MAX_CONNECTIONS} connections")
+                    await self.refuse(reader, writer, Busy("too many connections; try again"))
+                    return
+                self.count += 1
+                counted = True
             ctx = self.context_for(peer)
             while True:
                 try:
@@ -304,7 +329,8 @@ class Connections:
         except (ConnectionError, OSError):
             pass
         finally:
-            self.count -= 1
+            if counted:
+                self.count -= 1
             if uid is not None:
                 self.book.close(uid)
             with contextlib.suppress(Exception):

@@ -219,6 +219,45 @@ async def test_a_large_frame_is_read_whole(daemon: Daemon) -> None:
     assert daemon.book.bytes_total == 0
 
 
+#: Holds its user's 16 connections, then opens ``sys.argv[2]`` more (each refused, and each
+#: held open unread while the daemon drains it), says so and holds them all until stdin ends.
+FLOODER = r"""
+import socket, sys
+socks = []
+for _ in range(16 + int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.connect(sys.argv[1]); socks.append(s)
+print("flooding", flush=True)
+sys.stdin.read()
+"""
+
+
+@needs_root
+@pytest.mark.asyncio
+async def test_one_users_refused_connections_keep_no_other_user_out(
+    daemon: Daemon, lab_python: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user at their own cap who keeps connecting is refused without taking the places
+    of the connections served: another user still gets in (the daemon's place for 20 here,
+    the flooder's 16 and their 40 refused ones all held open at once)."""
+    monkeypatch.setattr(transport, "MAX_CONNECTIONS", 20)
+    flooder = subprocess.Popen(
+        [str(lab_python), "-c", FLOODER, str(daemon.socket_path), "40"],
+        user=STRANGER, group=STRANGER, extra_groups=[], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True, env={"HOME": "/"}, cwd="/",
+    )  # fmt: skip
+    try:
+        assert flooder.stdout is not None
+        assert await asyncio.to_thread(flooder.stdout.readline) == "flooding\n"
+        other = await asyncio.to_thread(
+            as_uid, lab_python, STRANGER - 1, STRANGER - 1, daemon.socket_path, "ping"
+        )
+        assert "ok" in other, other
+        assert daemon.connections.count <= 17  # the flooder's 16 (and the ping's, ending)
+    finally:
+        flooder.kill()
+        flooder.wait(timeout=30)
+
+
 @needs_root
 @pytest.mark.asyncio
 async def test_connections_are_capped_per_user_but_not_for_root(
@@ -245,7 +284,8 @@ except PolluxError as exc:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     line = done.stdout.strip()
-    assert line.startswith("LimitExceeded") and "at most 16" in line, line
+    # refused unread (``Busy``, a ``LimitExceeded``): the client tried again, then said so
+    assert line.startswith("Busy") and "at most 16" in line, line
     # root (the daemon's user) is not capped: 40 open connections, then a ping
     socks = []
     for _ in range(40):
