@@ -268,7 +268,7 @@ class Connections:
         place among the connections served (:data:`MAX_CONNECTIONS`), so one user's flood
         cannot keep the others out."""
         uid: int | None = None
-        counted = False
+        served = False
         try:
             try:
                 peer = peer_credentials(writer.get_extra_info("socket"))
@@ -294,7 +294,7 @@ class Connections:
                     await self.refuse(reader, writer, Busy("too many connections; try again"))
                     return
                 self.count += 1
-                counted = True
+                served = True
             ctx = self.context_for(peer)
             while True:
                 try:
@@ -329,7 +329,7 @@ class Connections:
         except (ConnectionError, OSError):
             pass
         finally:
-            if counted:
+            if served:
                 self.count -= 1
             if uid is not None:
                 self.book.close(uid)
