@@ -256,6 +256,11 @@ async def test_one_users_refused_connections_keep_no_other_user_out(
     finally:
         flooder.kill()
         flooder.wait(timeout=30)
+    for _ in range(100):  # every place is given back once its connection closed
+        if daemon.connections.count == 0 and daemon.connections.refusing == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert (daemon.connections.count, daemon.connections.refusing) == (0, 0)
 
 
 @needs_root
