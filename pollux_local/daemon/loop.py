@@ -72,6 +72,10 @@ log = logging.getLogger("pollux_local.daemon")
 
 #: A pass waits this long after being woken, so that a burst of submits makes one pass.
 COALESCE_S = 0.02
+#: The most of the daemon's time passes take over time, however often they are woken: a pass
+#: that took t is followed by none sooner than t * (1 / share - 1) after it (a user's loop of
+#: cheap changes, each waking a pass over a queue of thousands, kept the daemon busy).
+PASS_SHARE = 1.0 / 3.0
 #: The states whose jobs a pass looks at (held and finished jobs are left alone).
 SCHEDULED_STATES = (JobState.QUEUED, JobState.RUNNING, JobState.RESCALING)
 #: After a pass failed to write the database, the next one waits this long at first, twice as
@@ -321,16 +325,18 @@ class SchedulingLoop:
         """Pass after pass, each after ``interval_s`` or a wake-up; a failing pass is logged
         and the next one runs as usual; none after :meth:`stop`."""
         wait_s = self.config.interval_s
+        rest_until = 0.0  # no pass before (monotonic seconds): PASS_SHARE
         while not self._stopped:
             if self.retry_s > 0:  # backing off: no wake-up shortens it
                 await asyncio.sleep(wait_s)
             else:
                 await self._woken(wait_s)
-            await asyncio.sleep(COALESCE_S)
+            await asyncio.sleep(max(COALESCE_S, rest_until - time.monotonic()))
             if self._stopped:
                 return  # the daemon stops (and holds the mutex a pass would wait for)
             self._wake.clear()
             wait_s = self.config.interval_s
+            began = time.monotonic()
             try:
                 await self.schedule_once()
                 self.retry_s = 0.0
@@ -344,6 +350,9 @@ class SchedulingLoop:
                 continue
             except Exception:
                 log.exception("scheduling pass failed")
+            finally:
+                ended = time.monotonic()
+                rest_until = ended + (ended - began) * (1.0 / PASS_SHARE - 1.0)
             deadline = self.next_time_limit()
             if deadline is not None:
                 wait_s = max(0.05, min(wait_s, deadline - self.clock()))

@@ -1,0 +1,43 @@
+"""Woken passes take at most a share of the daemon (``loop.PASS_SHARE``): a user's loop of
+cheap changes, each waking a pass over a queue of thousands, kept the daemon busy (a review
+measured 83% of a core at ``interval_s = 60``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from pollux_local.daemon import loop as loop_module
+from tests.daemon.test_loop_stop import bare_loop
+
+PASS_S = 0.1
+
+
+def test_passes_woken_without_pause_take_at_most_their_share() -> None:
+    async def scenario() -> tuple[int, float]:
+        loop, passes = bare_loop()
+        busy = 0.0
+
+        async def costly_pass() -> None:
+            nonlocal busy
+            began = time.monotonic()
+            while time.monotonic() - began < PASS_S:  # a pass's work, on the event loop
+                pass
+            busy += time.monotonic() - began
+            passes.append(1)
+
+        loop.schedule_once = costly_pass  # type: ignore[method-assign]
+        task = asyncio.ensure_future(loop.run())
+        began = time.monotonic()
+        while time.monotonic() - began < 2.0:  # woken every 10 ms, as by a request loop
+            loop.wake()
+            await asyncio.sleep(0.01)
+        loop.stop()
+        loop.wake()
+        await asyncio.wait_for(task, 5)
+        return len(passes), busy / (time.monotonic() - began)
+
+    count, share = asyncio.run(scenario())
+    # without the rest after each pass: about 16 passes, 80% of the time
+    assert count >= 2
+    assert share <= loop_module.PASS_SHARE + 0.1, (count, share)
