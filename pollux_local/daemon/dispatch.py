@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+import time
 from typing import Any, cast
 
 from pollux_local.api import wire
@@ -132,14 +133,41 @@ async def _handle(ctx: Context, request: Request[Any]) -> Reply:
 
 async def answer(ctx: Context, body: bytes | mmap.mmap) -> bytes:
     """One request frame's body -> one reply frame.  A refusal is the typed error's reply;
-    anything else that goes wrong is logged and answered as an ``InternalError``."""
+    anything else that goes wrong is logged and answered as an ``InternalError``.  The time
+    spent decoding the request and encoding its reply, and all of a request served outside
+    the turns (:data:`UNPACED`, each first admitted at its user's rate), is charged to its
+    user (``pacing.LoopShare.charge``): a loop of 16 MiB frames, or of pings, cost the
+    daemon a core that no turn counted."""
     kind = "?"
+    share = ctx.read_share
+    clock = time.perf_counter
+    spent = 0.0
     try:
-        request = wire.decode_request(cast(bytes, body))  # any buffer decodes
+        began = clock()
+        try:
+            request = wire.decode_request(cast(bytes, body))  # any buffer decodes
+        finally:
+            spent += clock() - began
         kind = type(request).__name__
-        return wire.encode_reply(await dispatch(ctx, request))
+        paced = in_turns(request)
+        if share is not None and not paced:
+            await share.admit_unpaced(ctx.peer.uid)
+        began = clock()
+        try:
+            reply = await dispatch(ctx, request)
+        finally:
+            if not paced:
+                spent += clock() - began
+        began = clock()
+        try:
+            return wire.encode_reply(reply)
+        finally:
+            spent += clock() - began
     except PolluxError as exc:
         return wire.encode_error(exc)
     except Exception as exc:  # never let one request take the daemon down
         log.exception("%s request failed", kind)
         return wire.encode_error(InternalError(f"internal error: {exc.__class__.__name__}: {exc}"))
+    finally:
+        if share is not None:
+            share.charge(ctx.peer.uid, spent)

@@ -7,7 +7,9 @@ or the daemon's time from the others.
   takes a second, a 100-task array tens of milliseconds): per user, one at a time, and each
   user's requests at most a share of the daemon's time (:class:`LoopShare`), however many
   connections they open.  Waiting for the daemon's mutex (a pass under way) is not charged
-  (:class:`Uncharged`).
+  (:class:`Uncharged`); reading and writing every request's frames is
+  (:meth:`LoopShare.charge`), and so is a ping or a report, which are also held to
+  :data:`UNPACED_PER_S` per user (:meth:`LoopShare.admit_unpaced`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ ESTIMATES_PER_MINUTE = 30
 #: ``status`` of 10 ms holds their next for 30 ms; a loop of 10,000-job pages gets one in four
 #: seconds of the daemon).
 READ_SHARE = 0.25
+#: The requests served outside the turns (a ping, a job's report) one user may send per
+#: second over time, and how many at once above that rate (a job reports every few seconds;
+#: a loop of 11,000 pings a second took a core).
+UNPACED_PER_S = 50.0
+UNPACED_BURST = 100
 
 
 class UserPacer:
@@ -162,6 +169,8 @@ class LoopShare:
         #: per user with a request under way or waiting: its lock and how many hold or await it
         self._turns: dict[int, tuple[asyncio.Lock, list[int]]] = {}
         self._not_before: dict[int, float] = {}
+        #: per user, when their next request outside the turns is due (``admit_unpaced``)
+        self._due: dict[int, float] = {}
 
     @asynccontextmanager
     async def turn(self, uid: int) -> AsyncIterator[None]:
@@ -190,6 +199,32 @@ class LoopShare:
                 del self._turns[uid]
                 if self._not_before.get(uid, 0.0) <= self.clock():
                     self._not_before.pop(uid, None)
+
+    def charge(self, uid: int, seconds: float) -> None:
+        """Charge ``uid`` for ``seconds`` of the daemon's time spent outside a turn (reading
+        and writing a request's frames, a request served outside the turns): their next
+        request in a turn waits ``seconds / share`` longer."""
+        if uid in self.unlimited or seconds <= 0.0:
+            return
+        now = self.clock()
+        self._not_before[uid] = max(self._not_before.get(uid, now), now) + seconds / self.share
+
+    async def admit_unpaced(self, uid: int) -> None:
+        """Wait, asleep, until ``uid`` may send one more request served outside the turns:
+        at most :data:`UNPACED_PER_S` a second over time, :data:`UNPACED_BURST` at once (the
+        generic cell rate algorithm: ``_due`` is when the user's next one would be due at
+        that rate)."""
+        if uid in self.unlimited:
+            return
+        now = self.clock()
+        step = 1.0 / UNPACED_PER_S
+        due = max(self._due.get(uid, now), now)
+        self._due[uid] = due + step
+        if len(self._due) > 4096:  # the users who are not ahead of the rate hold nothing
+            self._due = {u: t for u, t in self._due.items() if t > now}
+        wait = due - now - UNPACED_BURST * step
+        if wait > 0:
+            await self.sleep(wait)
 
     def users(self) -> int:
         """How many users have a request under way or a next one held (what is kept)."""

@@ -162,3 +162,66 @@ def test_a_wait_for_the_daemons_mutex_is_not_charged_to_the_request() -> None:
     6 s; waiting on the plain lock it is charged 6 s, held until 12 s."""
     assert charged_after_a_pass(uncharged=True) == pytest.approx(6.0)
     assert charged_after_a_pass(uncharged=False) == pytest.approx(12.0)
+
+
+def test_time_spent_outside_a_turn_holds_the_users_next_request() -> None:
+    """``charge``: reading a frame, or a ping, costs its user as a turn would."""
+    share, now, slept = sleepy_share(0.25)
+    share.charge(1000, 0.5)  # half a second decoding a 16 MiB frame
+
+    async def main() -> None:
+        async with share.turn(1001):  # another user's is not held
+            pass
+        async with share.turn(1000):
+            pass
+
+    asyncio.run(main())
+    assert slept == [pytest.approx(2.0)]
+
+
+def test_requests_outside_the_turns_are_admitted_at_their_users_rate() -> None:
+    """``admit_unpaced``: a burst goes at once, then one per 1/rate; another user and root
+    are not held."""
+    from pollux_local.daemon.pacing import UNPACED_BURST, UNPACED_PER_S
+
+    share, now, slept = sleepy_share(0.25)
+
+    async def main() -> None:
+        for _ in range(UNPACED_BURST + 10):
+            await share.admit_unpaced(1000)
+            await share.admit_unpaced(0)
+        await share.admit_unpaced(1001)
+
+    asyncio.run(main())
+    assert len(slept) == 10
+    assert sum(slept) == pytest.approx(10 / UNPACED_PER_S, rel=0.2)
+
+
+def test_a_ping_is_admitted_at_its_users_rate_and_charged_to_them() -> None:
+    """``dispatch.answer``: a ping (served outside the turns) waits for its user's rate and
+    its time, decoding and encoding included, holds the user's next request in a turn."""
+    from types import SimpleNamespace
+
+    from pollux_local.api import wire
+    from pollux_local.api.messages import Ping
+    from pollux_local.daemon.auth import Peer
+    from pollux_local.daemon.dispatch import answer
+
+    share, now, slept = sleepy_share(0.25)
+    admitted: list[int] = []
+    admit = share.admit_unpaced
+
+    async def counted(uid: int) -> None:
+        admitted.append(uid)
+        await admit(uid)
+
+    share.admit_unpaced = counted  # type: ignore[method-assign]
+    ctx = SimpleNamespace(
+        read_share=share, peer=Peer(1, 1000, 1000), state_dir="/s", policy_name="fifo",
+        config=SimpleNamespace(total_devices=2),
+    )  # fmt: skip
+    body = wire.encode_request(Ping())[wire.HEADER.size :]
+    reply = asyncio.run(answer(ctx, body))  # type: ignore[arg-type]
+    assert b'"ok":true' in reply
+    assert admitted == [1000]
+    assert share._not_before[1000] > now[0]
