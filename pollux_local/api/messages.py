@@ -134,6 +134,12 @@ class SubmitReply(Reply):
     ids: list[str] = msgspec.field(default_factory=list)
 
 
+#: The ids of the jobs a job waits for that a ``status`` row lists (``show`` lists all): a
+#: page of 1,000 rows, each of an array task waiting for 1,000 jobs, made every user's
+#: ``status`` a 16 MB reply.
+SUMMARY_AFTER_IDS = 8
+
+
 class JobSummary(Message, kw_only=True):
     """One row of ``status``: a job as the CLI and the TUI list it.
 
@@ -175,7 +181,10 @@ class JobSummary(Message, kw_only=True):
     target: Target | None
     elastic: bool = False
     preemptible: bool = False
+    #: the jobs it waits for: in a ``status`` row the first :data:`SUMMARY_AFTER_IDS` only
+    #: (``after_count``: how many in all), in ``show`` all of them
     after: list[str] = msgspec.field(default_factory=list)
+    after_count: int = 0
     after_any: bool = False
     array_id: str | None = None
     array_index: int | None = None

@@ -20,6 +20,7 @@ import msgspec
 import numpy as np
 
 from pollux_local.api.messages import (
+    SUMMARY_AFTER_IDS,
     BatchBoundsView,
     DecisionRecord,
     HistorySample,
@@ -200,11 +201,14 @@ def job_summary(
     metrics: MetricHistory | None = None,
     device_type: str | None = None,
     forecast: Prediction | None = None,
+    *,
+    after_ids: int | None = SUMMARY_AFTER_IDS,
 ) -> JobSummary:
     """The row of ``status`` for one job (``eta_s``: :func:`job_eta`; goodput, efficiency and
     speed-up: the prediction the scheduler stored for its allocation; expected start and
     finish: ``forecast``, the loop's for a queued or running job; the exit of its latest
-    incarnation that ended, for the job and per rank, as stored)."""
+    incarnation that ended, for the job and per rank, as stored; the first ``after_ids`` of
+    the jobs it waits for, ``None``: all)."""
     report = job.report
     spec = job.spec
     batch = job.batch or {}
@@ -244,7 +248,8 @@ def job_summary(
         target=spec.target,
         elastic=job.spec.elastic,
         preemptible=spec.preemptible,
-        after=list(spec.after),
+        after=list(spec.after[:after_ids]),
+        after_count=len(spec.after),
         after_any=spec.after_any,
         array_id=spec.array_id,
         array_index=spec.array_index,

@@ -273,3 +273,25 @@ def test_every_request_but_a_ping_and_a_jobs_report_is_served_in_turns() -> None
         assert in_turns(request), request
     assert not in_turns(Ping())
     assert not in_turns(Report(job_id="1", report=JobReport()))
+
+
+def test_a_status_row_names_the_first_jobs_waited_for_and_show_all(tmp_path: Path) -> None:
+    """A page of rows that each wait for 1,000 jobs is not 1,000 ids a row (a review made
+    every user's ``status`` a 16 MB reply): ``after_count`` says how many; ``show`` lists all."""
+    from pollux_local.api.messages import SUMMARY_AFTER_IDS, Show
+
+    store = StateStore(tmp_path / "state.db")
+    waited = [str(i) for i in range(1, 1001)]
+    spec = msgspec.json.encode(
+        {"argv": ["x"], "workdir": "/tmp", "min_gpus": 1, "after": waited}
+    ).decode()
+    store.db.execute(
+        "INSERT INTO jobs (name, owner_uid, owner_gid, owner_name, state, spec, submit_time)"
+        " VALUES ('w', 1000, 1000, 'ann', ?, ?, ?)",
+        (JobState.HELD.value, spec, NOW - 10),
+    )
+    ctx = context(store)
+    [row] = status(ctx, Status()).jobs
+    assert row.after == waited[:SUMMARY_AFTER_IDS] and row.after_count == 1000
+    shown = query.show(ctx, Show(id=row.id)).job
+    assert shown.after == waited and shown.after_count == 1000

@@ -117,7 +117,14 @@ def show(ctx: Context, request: Show) -> ShowReply:
     job = ctx.job(request.id)
     detail = job_detail(
         job,
-        job_summary(job, ctx.clock(), ctx.metrics, held_type(ctx, job), forecast_of(ctx, job)),
+        job_summary(
+            job,
+            ctx.clock(),
+            ctx.metrics,
+            held_type(ctx, job),
+            forecast_of(ctx, job),
+            after_ids=None,
+        ),  # fmt: skip
         job_dir=ctx.job_dir(job),
         models=ctx.models,
         history=ctx.store.history(job.id),
