@@ -295,3 +295,27 @@ def test_a_status_row_names_the_first_jobs_waited_for_and_show_all(tmp_path: Pat
     assert row.after == waited[:SUMMARY_AFTER_IDS] and row.after_count == 1000
     shown = query.show(ctx, Show(id=row.id)).job
     assert shown.after == waited and shown.after_count == 1000
+
+
+def test_a_cancel_of_hundreds_of_jobs_gives_the_others_turns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel of a 1000-task array held the event loop for a second in one piece: it now
+    gives way every ``control.GIVE_WAY_EVERY`` jobs."""
+    from pollux_local.api.messages import Cancel
+    from pollux_local.daemon.handlers import control
+
+    store = StateStore(tmp_path / "state.db")
+    fill(store, 600, finished_every=10**9)  # all queued but the first
+    stopped: list[int] = []
+
+    class Executor:
+        async def stop_job(self, job_id: int, intent: object) -> None:
+            stopped.append(job_id)
+
+    ctx = dataclasses.replace(context(store), executor=Executor())  # type: ignore[arg-type]
+    ids = [str(i) for i in range(3, 601, 2)]  # ann's queued jobs
+    turns = count_turns(monkeypatch)
+    reply = asyncio.run(control.cancel(ctx, Cancel(ids=ids)))
+    assert len(reply.cancelled) == len(ids) == len(stopped)
+    assert turns[0] >= len(ids) // control.GIVE_WAY_EVERY
