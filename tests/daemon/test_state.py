@@ -376,3 +376,24 @@ def test_what_an_owners_jobs_keep_is_counted_from_an_index(tmp_path: Path) -> No
         if sql.lstrip().startswith("SELECT") and "LENGTH(spec)" in sql
     ]
     assert plans and all("jobs_owner_kept" in plan for plan in plans), plans
+
+
+def test_a_change_of_state_is_on_the_disk_before_it_returns(tmp_path: Path) -> None:
+    """A job's end (after which its run file is removed) and an acknowledged cancel or hold
+    are committed with ``synchronous=FULL``: with ``NORMAL`` a power cut could undo them, and
+    a finished job run again.  Other writes stay ``NORMAL``."""
+    store = StateStore(tmp_path / "state.db")
+    job_id = add(store, "a")
+    statements: list[str] = []
+    store.db.set_trace_callback(statements.append)
+
+    def level() -> int:
+        return int(store.db.execute("PRAGMA synchronous").fetchone()[0])
+
+    store.transition(job_id, JobState.RUNNING, 1.0, None)
+    full = statements.index("PRAGMA synchronous=FULL")
+    assert full < statements.index("COMMIT") < statements.index("PRAGMA synchronous=NORMAL")
+    assert level() == 1  # NORMAL again
+    statements.clear()
+    store.update_job(job_id, reason="x")
+    assert "PRAGMA synchronous=FULL" not in statements

@@ -1,9 +1,11 @@
 """The daemon's durable state: jobs and the decision log in SQLite (WAL).
 
-Every acknowledged submit is committed with ``synchronous=FULL`` before the daemon replies, so
-nothing submitted is lost when the daemon (or the machine) dies.  Other updates use WAL with
-``synchronous=NORMAL``: safe against the process being killed, at most the last few state
-changes lost on a power cut, which the next scheduling pass repairs.
+Every acknowledged submit and every change of a job's state (a start, an end, a cancel, a
+hold) is committed with ``synchronous=FULL`` before anything follows from it, so nothing
+submitted is lost and nothing finished runs again when the daemon (or the machine) dies: a
+job's end is on the disk before its run file is removed.  Other updates (reports,
+predictions, priorities) use WAL with ``synchronous=NORMAL``: safe against the process being
+killed, at most the last few lost on a power cut.
 
 Opening the database (:class:`StateStore`, :func:`open_state`) checks it before anything uses
 it, each problem refused as one line naming the file and what to do (:class:`StateError`):

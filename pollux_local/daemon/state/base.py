@@ -118,6 +118,17 @@ class StoreBase:
         self.db.close()
 
     @contextlib.contextmanager
+    def durably(self) -> Iterator[None]:
+        """The block's commits are on the disk before they return (``synchronous=FULL``, then
+        ``NORMAL`` again): what a user was told (a submit, a cancel), and every change of a
+        job's state (a job's end: its run file is removed next), outlive a power cut."""
+        self.db.execute("PRAGMA synchronous=FULL")
+        try:
+            yield
+        finally:
+            self.db.execute("PRAGMA synchronous=NORMAL")
+
+    @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
         """``BEGIN IMMEDIATE`` ... ``COMMIT``; on any failure the transaction is rolled back
         if it is still open (a ``COMMIT`` refused for a full disk has already ended it) and

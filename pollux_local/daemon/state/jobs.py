@@ -84,8 +84,7 @@ class Jobs(Outbox):
         job restarted a hundred times, reference one copy (:meth:`_put_blob`)."""
         state = JobState.HELD if held else JobState.QUEUED
         ids: list[int] = []
-        self.db.execute("PRAGMA synchronous=FULL")
-        try:
+        with self.durably():
             with self.transaction():
                 env_ref = self._env_ref(env_of) if env_of is not None else self._put_blob(env or {})
                 argv_refs: dict[int, str] = {}  # id(argv) -> digest: tasks sharing one list
@@ -117,8 +116,6 @@ class Jobs(Outbox):
                         self.db.execute(
                             "UPDATE jobs SET spec = ? WHERE id = ?", (stored_row(tagged), job_id)
                         )
-        finally:
-            self.db.execute("PRAGMA synchronous=NORMAL")
         return self.jobs_by_id(ids)
 
     def jobs_by_id(self, ids: Sequence[int]) -> list[JobRecord]:
@@ -274,7 +271,7 @@ class Jobs(Outbox):
         with the state it leads to, so that an end is never stored without its exit."""
         state = JobState(state)
         allowed = None if only_from is None else frozenset(JobState(s) for s in only_from)
-        with self.transaction():
+        with self.durably(), self.transaction():
             row = self.db.execute("SELECT state, reason FROM jobs WHERE id = ?", (job_id,))
             found = row.fetchone()
             if found is None:
