@@ -84,38 +84,37 @@ class Jobs(Outbox):
         job restarted a hundred times, reference one copy (:meth:`_put_blob`)."""
         state = JobState.HELD if held else JobState.QUEUED
         ids: list[int] = []
-        with self.durably():
-            with self.transaction():
-                env_ref = self._env_ref(env_of) if env_of is not None else self._put_blob(env or {})
-                argv_refs: dict[int, str] = {}  # id(argv) -> digest: tasks sharing one list
-                for job_name, spec in zip(name, specs, strict=True):
-                    argv_ref = argv_refs.get(id(spec.argv))
-                    if argv_ref is None:
-                        argv_ref = argv_refs[id(spec.argv)] = self._put_blob(spec.argv)
-                    cursor = self.db.execute(
-                        "INSERT INTO jobs (name, owner_uid, owner_gid, owner_name, state, spec,"
-                        " env, env_ref, argv_ref, priority, submit_time)"
-                        " VALUES (?, ?, ?, ?, ?, ?, '{}', ?, ?, ?, ?)",
-                        (
-                            job_name,
-                            owner_uid,
-                            owner_gid,
-                            owner_name,
-                            state.value,
-                            stored_row(spec),
-                            env_ref,
-                            argv_ref,
-                            priority,
-                            submit_time,
-                        ),
+        with self.durably(), self.transaction():
+            env_ref = self._env_ref(env_of) if env_of is not None else self._put_blob(env or {})
+            argv_refs: dict[int, str] = {}  # id(argv) -> digest: tasks sharing one list
+            for job_name, spec in zip(name, specs, strict=True):
+                argv_ref = argv_refs.get(id(spec.argv))
+                if argv_ref is None:
+                    argv_ref = argv_refs[id(spec.argv)] = self._put_blob(spec.argv)
+                cursor = self.db.execute(
+                    "INSERT INTO jobs (name, owner_uid, owner_gid, owner_name, state, spec,"
+                    " env, env_ref, argv_ref, priority, submit_time)"
+                    " VALUES (?, ?, ?, ?, ?, ?, '{}', ?, ?, ?, ?)",
+                    (
+                        job_name,
+                        owner_uid,
+                        owner_gid,
+                        owner_name,
+                        state.value,
+                        stored_row(spec),
+                        env_ref,
+                        argv_ref,
+                        priority,
+                        submit_time,
+                    ),
+                )
+                ids.append(int(cursor.lastrowid or 0))
+            if array and ids:
+                for job_id, spec in zip(ids, specs, strict=True):
+                    tagged = msgspec.structs.replace(spec, array_id=str(ids[0]))
+                    self.db.execute(
+                        "UPDATE jobs SET spec = ? WHERE id = ?", (stored_row(tagged), job_id)
                     )
-                    ids.append(int(cursor.lastrowid or 0))
-                if array and ids:
-                    for job_id, spec in zip(ids, specs, strict=True):
-                        tagged = msgspec.structs.replace(spec, array_id=str(ids[0]))
-                        self.db.execute(
-                            "UPDATE jobs SET spec = ? WHERE id = ?", (stored_row(tagged), job_id)
-                        )
         return self.jobs_by_id(ids)
 
     def jobs_by_id(self, ids: Sequence[int]) -> list[JobRecord]:
