@@ -324,6 +324,11 @@ def launch_record(spec: LaunchSpec) -> dict[str, Any]:
         "workdir": str(spec.workdir),
         "argv": list(spec.argv),
         "run_as": spec.run_as,
+        # which start of the job this is (``POLLUX_RESTARTS``): a restarted daemon tells an
+        # incarnation it never recorded from one it asked to stop
+        "incarnation": int(restarts)
+        if (restarts := spec.env.get("POLLUX_RESTARTS", "")).isdigit()
+        else None,
     }
 
 
@@ -466,8 +471,14 @@ class LocalReplicaGroup:
     async def _watch(self) -> None:
         try:
             await self.supervisor.wait()
-        finally:
+        except asyncio.CancelledError:
+            # the daemon stops: the supervisor runs on with its replicas, for the next
+            # daemon to adopt (it is not dead: nothing of it is killed)
+            raise
+        except BaseException:
             self._finish()
+            raise
+        self._finish()
 
     def _finish(self) -> None:
         record = RunRecord.load(self.run_file)

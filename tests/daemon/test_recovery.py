@@ -237,6 +237,114 @@ def test_a_job_still_running_at_the_restart_is_adopted_not_restarted(
     assert not alive(supervisor)
 
 
+@pytest.mark.parametrize(("code", "outcome"), [(0, "succeeded"), (3, "failed")])
+def test_a_start_made_but_not_recorded_is_adopted_not_run_again(
+    tmp_path: Path, daemons: DaemonFactory, code: int, outcome: str
+) -> None:
+    """A daemon killed between a job's launch and the record of its start finds it queued
+    with a run file of that start: it is recorded as running and adopted (its exit applied
+    whatever its code), where it was stopped as a stray and run again (a review's
+    reproduction: a rigid job killed and rerun, a failed run's result thrown away)."""
+    import sqlite3
+
+    conf = config(tmp_path)
+    daemon = start_daemon(daemons, tmp_path / "state", conf)
+    job_id = submit(daemon, ["sh", "-c", WAITER, "waiter", str(tmp_path), str(code)], tmp_path)
+    wait_for(
+        lambda: (tmp_path / "pid").exists() and state(daemon, job_id) == "running",
+        20, "the job to run",
+    )  # fmt: skip
+    daemon.kill()
+    # the store as the killed daemon would have left it a moment earlier: queued, never started
+    db = sqlite3.connect(tmp_path / "state" / "state.db")
+    with db:
+        db.execute(
+            "UPDATE jobs SET state = 'queued', restarts = 0, placement = '{}', pids = '[]',"
+            " last_start = NULL, start_time = NULL WHERE id = ?", (int(job_id),),
+        )  # fmt: skip
+    db.close()
+    replica = int((tmp_path / "pid").read_text())
+
+    daemon = start_daemon(daemons, tmp_path / "state", conf)
+    after = show(daemon, job_id)
+    assert after["job"]["state"] == "running", after["decisions"]
+    assert "not recorded" in after["decisions"][-2]["reason"]
+    assert after["job"]["devices"] and alive(replica)
+    (tmp_path / "go").touch()
+    wait_for(lambda: state(daemon, job_id) in TERMINAL, 20, "the job to end")
+    time.sleep(1.5)  # a few passes: nothing runs it again
+    assert state(daemon, job_id) == outcome
+    assert (tmp_path / "runs").read_text().count("run") == 1
+
+
+def test_a_job_on_a_node_the_config_dropped_is_stopped_before_it_runs_again(
+    tmp_path: Path, daemons: DaemonFactory
+) -> None:
+    """The local node a job ran on renamed in the config across a crash: its replicas are
+    stopped first, then it runs again on the node of the new name; never two at once (it
+    was queued again while its first run went on, unsupervised)."""
+    old = tmp_path / "old.toml"
+    old.write_text(config(tmp_path).read_text() + '[nodes.ws1]\ndevices = "cpu:1"\n')
+    new = tmp_path / "new.toml"
+    new.write_text(config(tmp_path).read_text() + '[nodes.ws2]\ndevices = "cpu:1"\n')
+    daemon = daemons(config=old, state_dir=tmp_path / "state")
+    job_id = submit(daemon, ["sh", "-c", WAITER, "waiter", str(tmp_path), "0"], tmp_path)
+    wait_for(lambda: (tmp_path / "pid").exists(), 20, "the job to run")
+    first = int((tmp_path / "pid").read_text())
+    daemon.kill()
+    assert alive(first)
+
+    daemon = daemons(config=new, state_dir=tmp_path / "state")
+    assert not alive(first)  # stopped before the daemon served anyone
+    wait_for(lambda: state(daemon, job_id) in TERMINAL, 30, "its second run")
+    assert state(daemon, job_id) == "succeeded"
+    assert (tmp_path / "runs").read_text().count("run") == 2
+
+
+def test_a_stopping_daemon_leaves_a_job_that_may_not_be_stopped_running(
+    tmp_path: Path, daemons: DaemonFactory
+) -> None:
+    """A daemon stopped (an upgrade, ``systemctl restart``) leaves a rigid job that is not
+    ``--preemptible`` running under its supervisor, and the next one adopts it: it ran
+    again from its start.  A preemptible one is checkpoint-stopped and queued, recorded
+    first: a daemon killed before that stop ends leaves it queued, not failed."""
+    conf = config(tmp_path)
+    daemon = start_daemon(daemons, tmp_path / "state", conf)
+    rigid_dir, loose_dir = tmp_path / "rigid", tmp_path / "loose"
+    rigid_dir.mkdir()
+    loose_dir.mkdir()
+    rigid = submit(daemon, ["sh", "-c", WAITER, "waiter", str(rigid_dir), "0"], tmp_path)
+    loose = submit(
+        daemon, ["sh", "-c", WAITER, "waiter", str(loose_dir), "0"], tmp_path, preemptible=True
+    )
+    wait_for(lambda: (rigid_dir / "pid").exists() and (loose_dir / "pid").exists(), 20, "runs")
+    replica = int((rigid_dir / "pid").read_text())
+    daemon.stop()
+    assert alive(replica)  # left running
+    db_state = dict(sqlite3_rows(tmp_path / "state" / "state.db", "SELECT id, state FROM jobs"))
+    assert db_state[int(loose)] == "queued" and db_state[int(rigid)] == "running"
+
+    daemon = start_daemon(daemons, tmp_path / "state", conf)
+    after = show(daemon, rigid)
+    assert after["job"]["state"] == "running" and "kept running" in after["decisions"][-1]["reason"]
+    (rigid_dir / "go").touch()
+    (loose_dir / "go").touch()
+    wait_for(lambda: state(daemon, rigid) in TERMINAL and state(daemon, loose) in TERMINAL, 30,
+             "both to end")  # fmt: skip
+    assert state(daemon, rigid) == "succeeded" and state(daemon, loose) == "succeeded"
+    assert (rigid_dir / "runs").read_text().count("run") == 1
+
+
+def sqlite3_rows(path: Path, query: str) -> list[tuple[Any, ...]]:
+    import sqlite3
+
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return list(db.execute(query).fetchall())
+    finally:
+        db.close()
+
+
 def test_a_log_swapped_for_a_symlink_is_not_followed_on_restart(
     tmp_path: Path, daemons: DaemonFactory
 ) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 
-from pollux_local.api.states import DecisionKind, JobState, StopIntent
+from pollux_local.api.states import PLACED_STATES, DecisionKind, JobState, StopIntent
 from pollux_local.daemon.config import busy_gpus
 from pollux_local.daemon.executor.base import Device, allocation_devices, log
 from pollux_local.daemon.executor.launchspec import owner_gone, prepare_dirs
@@ -402,16 +402,38 @@ class Applying(Warm):
         await self.stop_job(job_id, StopIntent.HOLD)
 
     async def shutdown(self) -> None:
-        """Daemon stopping: checkpoint-stop every running job and queue it again; wait (up to
-        ``stop_grace_s`` and a margin) for those stops and the ones already under way.  What
-        has not ended by then is left to its supervisor and adopted at the next start."""
+        """Daemon stopping: checkpoint-stop every running job and queue it again (recorded
+        first: a daemon killed before the stop ends leaves the job queued, not failed by its
+        SIGTERM); wait (up to ``stop_grace_s`` and a margin) for those stops and the ones
+        already under way.  A job that may not be stopped (rigid, not ``--preemptible``) on
+        this machine is left running under its supervisor, as after a crash, and adopted at
+        the next start (an upgrade ran such a job again from its start).  What has not ended
+        by then is left to its supervisor and adopted at the next start."""
         self._closing = True
         for task in list(self._checking.values()):
             task.cancel()
         self._deferred.clear()
+        now = self.clock()
+        kept: list[int] = []
         for job_id, group in list(self.groups.items()):
+            job = self.store.get_job(job_id)
+            if job is not None and self._runs_on_at_shutdown(job):
+                kept.append(job_id)
+                continue
+            if job is not None and job.state in PLACED_STATES:
+                reason = "daemon stopped; will resume from checkpoint"
+                with contextlib.suppress(sqlite3.Error):  # else queued once its exit comes
+                    self.store.transition(
+                        job_id, JobState.QUEUED, now, DecisionEntry(DecisionKind.REQUEUED, reason),
+                        reason=reason,
+                    )  # fmt: skip
             self._begin_stop(job_id, group, StopIntent.SHUTDOWN)
-        watchers = list(self.watchers.values())
+        if kept:
+            log.info(
+                "job(s) %s may not be stopped (rigid, not --preemptible): left running under"
+                " their supervisors; the next start adopts them", kept,
+            )  # fmt: skip
+        watchers = [task for job_id, task in self.watchers.items() if job_id not in kept]
         if watchers:
             await asyncio.wait(watchers, timeout=self.config.stop_grace_s + SHUTDOWN_MARGIN_S)
         left = sorted(self.stopping)
@@ -419,3 +441,14 @@ class Applying(Warm):
             log.warning("job(s) %s still stopping at shutdown; left to their supervisors", left)
         else:
             await self.close_shared_connections()
+
+    def _runs_on_at_shutdown(self, job: JobRecord) -> bool:
+        """Whether a shutdown leaves ``job`` running: it may not be stopped (rigid, not
+        preemptible) and runs under a supervisor on this machine, which outlives the daemon
+        (an SSH node's agent stops what it runs once the daemon's session ends)."""
+        if job.spec.elastic or job.spec.preemptible or not job.placement:
+            return False
+        try:
+            return all(self.config.node(name).is_local for name in job.placement)
+        except KeyError:
+            return False

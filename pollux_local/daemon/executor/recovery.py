@@ -53,6 +53,7 @@ class Recovery(Applying):
         daemon died) are adopted as stopping.  Returns the jobs queued again."""
         now = self.clock()
         records = self._local.records()
+        self._take_unrecorded_starts(records, now)
         requeued: list[int] = []
         for job in self.store.jobs([JobState.RUNNING, JobState.RESCALING]):
             record = records.pop(job.job_id, None)
@@ -63,6 +64,10 @@ class Recovery(Applying):
                 raise
             except Exception:
                 log.exception("job %s: recovering it failed; queueing it again", job.id)
+                if record is not None and record.supervisor_alive():
+                    # its supervisor runs: stopped as a stray (its next start waits for
+                    # that), never left running beside it
+                    records[job.job_id] = record
             self._requeue_recovered(job, now)
             requeued.append(job.id)
         for job_id, record in records.items():
@@ -74,16 +79,59 @@ class Recovery(Applying):
                 log.exception("job %s: recovering its supervisor failed", job_id)
         return requeued
 
+    def _take_unrecorded_starts(self, records: dict[str, RunRecord], now: float) -> None:
+        """Jobs recorded as queued (or resizing) whose run file is of the start the daemon
+        was making when it died (launched, not yet recorded: its ``incarnation`` is the
+        job's ``restarts``): recorded as running now, with the placement the run file names,
+        so that they are adopted as any running job (their exit applied whatever its code),
+        never stopped as a stray and run again."""
+        for job in self.store.jobs([JobState.QUEUED, JobState.RESCALING]):
+            record = records.get(job.job_id)
+            if record is None or record.launch.get("incarnation") != job.restarts:
+                continue
+            if not record.finished and not record.supervisor_alive():
+                continue  # it ended without a result: nothing to adopt
+            placement: dict[str, list[str]] = {}
+            for slot in sorted(spec_from_launch(job.job_id, record.launch).slots,
+                               key=lambda s: s.rank):  # fmt: skip
+                placement.setdefault(slot.node, []).append(slot.device)
+            reason = (
+                f"daemon restarted; its start #{job.restarts} had been made but not recorded:"
+                " adopted"
+            )
+            log.warning("job %s: %s", job.id, reason)
+            self.store.transition(
+                job.id, JobState.RUNNING, now, DecisionEntry(DecisionKind.RECOVERED, reason),
+                placement=placement, pids=[], last_start=now,
+                start_time=job.start_time or now, restarts=job.restarts + 1,
+                batch={"replicas": sum(map(len, placement.values()))}, reason=reason,
+            )  # fmt: skip
+
     async def _recover_job(self, job: JobRecord, record: RunRecord | None, now: float) -> bool:
         """Adopt the job's incarnation from its run file (on SSH nodes: from the exit
         records there); ``False`` when there is nothing to adopt (the caller queues the job
-        again)."""
-        remote = await self._recover_remote(job, now)
-        if remote is not None:
-            return remote
+        again), or when its placement names a node the config no longer has (its replicas
+        are stopped)."""
         if record is None:
+            remote = await self._recover_remote(job, now)
+            if remote is not None:
+                return remote
             # a daemon from before the supervisors ran the replicas as its own children
             await self._stop_orphans(job)
+            return False
+        gone = [name for name in job.placement if not self._has_node(name)]
+        if gone:
+            # not adopted (the executor knows a group by its nodes), but never left running
+            # beside its next start: stopped here, as a stop would (SIGTERM, then SIGKILL
+            # after stop_grace_s)
+            log.warning(
+                "job %s: its node(s) %s are no longer in the config: its replicas are stopped"
+                " and it is queued again", job.id, ", ".join(gone),
+            )  # fmt: skip
+            orphan = self._local.adopt(record)
+            if orphan is not None and orphan.poll() is None:
+                await orphan.stop(self.config.stop_grace_s)
+            self._local.forget(job.job_id)
             return False
         group = self._local.adopt(record)
         if group is None:
@@ -146,6 +194,13 @@ class Recovery(Applying):
         else:
             self.groups[job.id] = group
         self.watchers[job.id] = asyncio.ensure_future(self._watch(job.id, group))
+        return True
+
+    def _has_node(self, name: str) -> bool:
+        try:
+            self.config.node(name)
+        except KeyError:
+            return False
         return True
 
     def _adopt_stopping(self, job_id: int, group: ReplicaGroup, intent: StopIntent) -> None:
