@@ -97,7 +97,10 @@ def effective_config(
     kept: dict[str, list[str]] = {}
     for name, devices in held.items():
         listed = nodes[name].devices if name in nodes else ()
-        order = old_nodes[name].devices if name in old_nodes else tuple(sorted(devices))
+        order = old_nodes[name].devices if name in old_nodes else ()
+        # in the previous config's order, then any it did not list (a start's: the config
+        # the job was started under is gone)
+        order = (*order, *sorted(d for d in devices if d not in order))
         missing = [d for d in order if d in devices and d not in listed]
         if not missing:
             continue

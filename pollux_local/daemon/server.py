@@ -217,6 +217,7 @@ class Daemon:
                 recovered = await self.executor.recover()
                 if recovered:
                     log.info("re-queued %d job(s) that were running: %s", len(recovered), recovered)
+                self._keep_held_devices()
                 await self.executor.check_nodes(force=True)
                 server = await self._listen()
             except BaseException:
@@ -335,6 +336,21 @@ class Daemon:
                 self._retiring = asyncio.ensure_future(self._drop_released())
         await self.executor.check_nodes(force=True, background=True)
         return changes
+
+    def _keep_held_devices(self) -> None:
+        """At a start: the devices the config no longer lists that a job adopted from the
+        last run still holds are kept (reserved) until it ends, as a reload keeps them
+        (``reload.effective_config``): a job that may not be stopped was stopped when the
+        daemon came back with fewer devices."""
+        assert self.executor is not None and self.store is not None
+        held = held_devices(self.executor, self.store)
+        config, kept = effective_config(self.config, held, self.config)
+        if not kept:
+            return
+        devices = ", ".join(f"{node}:{d}" for node, ds in kept.items() for d in ds)
+        log.warning("the config no longer lists %s: kept until their jobs end", devices)
+        self._set_config(config)
+        self._retiring = asyncio.ensure_future(self._drop_released())
 
     def _set_config(self, config: DaemonConfig) -> None:
         """The config every part uses from now on (new connections' ``Context`` included)."""

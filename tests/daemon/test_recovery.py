@@ -301,6 +301,34 @@ def test_a_job_on_a_node_the_config_dropped_is_stopped_before_it_runs_again(
     assert (tmp_path / "runs").read_text().count("run") == 2
 
 
+def test_a_daemon_back_with_fewer_devices_keeps_them_until_their_jobs_end(
+    tmp_path: Path, daemons: DaemonFactory
+) -> None:
+    """A device the config dropped across a restart is kept (reserved) until the job adopted
+    on it ends, as a reload keeps it: that job was stopped and run again."""
+    both = tmp_path / "two.toml"
+    both.write_text(config(tmp_path).read_text() + '[nodes.ws1]\ndevices = "cpu:2"\n')
+    one = tmp_path / "one.toml"
+    one.write_text(config(tmp_path).read_text() + '[nodes.ws1]\ndevices = "cpu:1"\n')
+    daemon = daemons(config=both, state_dir=tmp_path / "state")
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    ids = []
+    for folder in dirs:
+        folder.mkdir()
+        ids.append(submit(daemon, ["sh", "-c", WAITER, "waiter", str(folder), "0"], tmp_path))
+    wait_for(lambda: all((d / "pid").exists() for d in dirs), 20, "both to run")
+    daemon.kill()
+
+    daemon = daemons(config=one, state_dir=tmp_path / "state")
+    time.sleep(1.5)  # passes go by: neither is stopped
+    assert [state(daemon, job) for job in ids] == ["running", "running"]
+    for folder in dirs:
+        (folder / "go").touch()
+    wait_for(lambda: all(state(daemon, job) in TERMINAL for job in ids), 20, "their ends")
+    assert [state(daemon, job) for job in ids] == ["succeeded", "succeeded"]
+    assert [(d / "runs").read_text().count("run") for d in dirs] == [1, 1]
+
+
 def test_a_stopping_daemon_leaves_a_job_that_may_not_be_stopped_running(
     tmp_path: Path, daemons: DaemonFactory
 ) -> None:
