@@ -60,16 +60,21 @@ StateDirectoryMode=0755
 SYSTEM_TAIL = """\
 UMask=0022
 Environment=PYTHONUNBUFFERED=1
-# On SIGTERM the daemon checkpoint-stops every running job (SIGTERM to each, SIGKILL after
-# stop_grace_s = 60 s) and queues it again, waiting up to stop_grace_s + 15 s: give it that
-# long.  Each job runs under a supervisor process of its own that outlives the daemon (a
-# restarted daemon adopts the jobs still running), so systemd signals the daemon alone and
-# leaves the supervisors to it (process), also when the daemon crashes.
+# On SIGTERM the daemon checkpoint-stops every running job that may be stopped (SIGTERM to
+# each, SIGKILL after stop_grace_s = 60 s) and queues it again, waiting up to stop_grace_s +
+# 15 s: give it that long; a rigid job that is not --preemptible runs on.  Each job runs under
+# a supervisor process of its own that outlives the daemon (a restarted daemon adopts the jobs
+# still running), so systemd signals the daemon alone and leaves the supervisors to it
+# (process), also when the daemon crashes.
 KillMode=process
 KillSignal=SIGTERM
 TimeoutStopSec=90
 Restart=on-failure
 RestartSec=5
+# A job's --mem and --cpus are cgroups the daemon makes below its own: the unit's cgroup is
+# delegated to it (ProtectControlGroups= would make /sys/fs/cgroup read-only and turn the
+# limits off).
+Delegate=yes
 # Jobs run under this unit as their submitters, in their home directories, with the GPUs, so
 # what would take those from them is left out (ProtectHome=, PrivateTmp=, PrivateDevices=,
 # DevicePolicy=, ProtectClock=, which restricts devices, ProtectKernelModules= and
@@ -78,7 +83,6 @@ RestartSec=5
 ProtectSystem=full
 ProtectKernelTunables=yes
 ProtectKernelLogs=yes
-ProtectControlGroups=yes
 ProtectHostname=yes
 RestrictRealtime=yes
 LockPersonality=yes
