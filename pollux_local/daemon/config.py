@@ -289,6 +289,25 @@ def discover_gpus() -> list[str]:
     return [gpu.device for gpu in gpus.discover()]
 
 
+def check_local_devices_once(nodes: list[NodeConfig], where: str, devices: str | None) -> None:
+    """Each device of this machine belongs to one local node: two listing the same one ran
+    two jobs on it at once."""
+    seen: dict[str, str] = {}
+    for node in nodes:
+        if not node.is_local:
+            continue
+        for device in node.devices:
+            if device in seen:
+                given = (
+                    f" (--devices {devices} gives every local node its devices)" if devices else ""
+                )
+                raise PolluxError(
+                    f"{where}: device {device} is listed by both local nodes {seen[device]} and"
+                    f" {node.name}{given}: a device of this machine belongs to one node"
+                )
+            seen[device] = node.name
+
+
 def parse_devices(spec: str | Sequence[str] | int, where: str = "--devices") -> tuple[str, ...]:
     """``"cpu:4"`` -> four CPU devices; ``"cuda:0,2"`` or ``["cuda:0", "cuda:2"]`` -> those GPUs."""
     if isinstance(spec, (bool, int)):
@@ -709,6 +728,7 @@ def load_config(
         names = [node.name for node in nodes]
         if len(set(names)) != len(names):
             raise PolluxError(f"{where}: node names must be unique, got {names}")
+        check_local_devices_once(nodes, where, devices)
 
     checkpoint_root = daemon.get("checkpoint_root")
     if checkpoint_root is not None and (

@@ -95,6 +95,10 @@ def test_config_file(tmp_path: Path) -> None:
         ("[scheduler]\ninterval_s = -1\n", "interval_s must be at least"),
         ('[[nodes]]\nhost = "far"\n', "remote node needs 'devices'"),
         ("[bogus]\n", "unknown section"),
+        (
+            '[nodes.a]\ndevices = "cpu:2"\n[nodes.b]\ndevices = "cpu:1"\n',
+            "device cpu:0 is listed by both local nodes a and b",
+        ),
     ],
 )
 def test_bad_config_is_one_clear_line(tmp_path: Path, text: str, fragment: str) -> None:
