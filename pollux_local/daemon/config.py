@@ -584,15 +584,16 @@ def read_unchangeable_toml(path: Path, what: str) -> dict[str, Any]:
         raise PolluxError(f"{what} {path} does not exist") from None
     except OSError as exc:
         raise PolluxError(f"cannot read {what} {path}: {exc.strerror}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # a directory cannot even be opened as a file object
+        os.close(fd)
+        raise PolluxError(f"cannot read {what} {path}: not a regular file")
     with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
         if checked is None or (info.st_dev, info.st_ino) != (checked.st_dev, checked.st_ino):
             raise PolluxError(
                 f"{where}: a daemon run as root reads only a {what} no other user can change:"
                 " it changed while it was checked"
             )
-        if not stat.S_ISREG(info.st_mode):
-            raise PolluxError(f"cannot read {what} {path}: not a regular file")
         return parse_toml(handle, path, what)
 
 

@@ -158,12 +158,37 @@ class Daemon:
             log.info("--reset-state: the state database is healthy; nothing was reset")
         return store
 
+    def _warn_unreachable_socket(self) -> None:
+        """A socket open to others in a folder they cannot pass through (a state dir made
+        0700): every user's request is refused with "permission denied"; said at the start."""
+        if not socket_mode(self.uid, self.config.allow_group) & 0o066:
+            return
+        for folder in (self.socket_path.parent, *self.socket_path.parent.parents):
+            try:
+                mode = folder.stat().st_mode
+            except OSError:
+                return
+            if not mode & 0o011:
+                log.warning(
+                    "users cannot reach the socket %s: %s is %o (no one but its owner may"
+                    " pass through it)", self.socket_path, folder, mode & 0o777,
+                )  # fmt: skip
+                return
+
     async def _listen(self) -> asyncio.AbstractServer:
         """Bind the socket (0600 under the umask), then open it as far as ``socket_mode``
         says, giving it to ``allow_group`` first when the config names one."""
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
-        server = await asyncio.start_unix_server(self.connections.serve, path=str(self.socket_path))
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+            server = await asyncio.start_unix_server(
+                self.connections.serve, path=str(self.socket_path)
+            )
+        except OSError as exc:  # a directory there, a read-only state dir, ...
+            raise PolluxError(
+                f"cannot listen on {self.socket_path}: {exc.strerror or exc}"
+                + (" (a directory is in the way: remove it)" if self.socket_path.is_dir() else "")
+            ) from None
         group = self.config.allow_group
         try:
             if group is not None:
@@ -226,6 +251,7 @@ class Daemon:
                 raise
         finally:
             os.umask(started_umask)  # jobs get the umask the daemon was started with
+        self._warn_unreachable_socket()
         log.info(
             "serving %s (mode %o): %d device(s) on %d node(s), policy %s, interval %g s",
             self.socket_path,

@@ -4,6 +4,7 @@ at a time."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -17,6 +18,8 @@ from pollux_local.daemon.state.files import (
     what_to_do,
 )
 from pollux_local.daemon.state.schema import MIGRATIONS, SCHEMA_VERSION
+
+log = logging.getLogger("pollux_local.daemon")
 
 
 class StoreBase:
@@ -99,9 +102,10 @@ class StoreBase:
                 f" pollux-local knows ({SCHEMA_VERSION}): run the version that wrote it (or a"
                 f" newer one); starting with --reset-state would set its history aside"
             )
-        for number, _what, sql in MIGRATIONS:
+        for number, what, sql in MIGRATIONS:
             if number <= version:
                 continue
+            log.info("state database %s: schema %d -> %d (%s)", self.path, version, number, what)
             try:
                 self.db.executescript(
                     f"BEGIN IMMEDIATE;\n{sql}\nINSERT OR REPLACE INTO meta (key, value)"
