@@ -14,6 +14,7 @@ from pollux_local.api.errors import (
     InternalError,
     InvalidRequest,
     PolluxError,
+    StateDiskFull,
 )
 from pollux_local.api.messages import (
     Cancel,
@@ -131,6 +132,21 @@ async def _handle(ctx: Context, request: Request[Any]) -> Reply:
     raise InvalidRequest(f"this daemon has no handler for {type(request).__name__} requests")
 
 
+#: A request refused for a full state disk is logged at most this often (seconds).
+DISK_FULL_LOG_S = 60.0
+#: When one was last logged (monotonic seconds; empty: never).
+_disk_full_logged: list[float] = []
+
+
+def _note_disk_full(kind: str, message: str) -> None:
+    """Log a request refused for a full state disk, at most once a minute."""
+    now = time.monotonic()
+    if _disk_full_logged and now - _disk_full_logged[0] < DISK_FULL_LOG_S:
+        return
+    _disk_full_logged[:] = [now]
+    log.error("%s request refused: %s", kind, message)
+
+
 async def answer(ctx: Context, body: bytes | mmap.mmap) -> bytes:
     """One request frame's body -> one reply frame.  A refusal is the typed error's reply;
     anything else that goes wrong is logged and answered as an ``InternalError``.  The time
@@ -163,6 +179,9 @@ async def answer(ctx: Context, body: bytes | mmap.mmap) -> bytes:
             return wire.encode_reply(reply)
         finally:
             spent += clock() - began
+    except StateDiskFull as exc:  # the admin's to fix: said in the daemon's log too
+        _note_disk_full(kind, str(exc))
+        return wire.encode_error(exc)
     except PolluxError as exc:
         return wire.encode_error(exc)
     except Exception as exc:  # never let one request take the daemon down

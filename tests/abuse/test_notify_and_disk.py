@@ -180,6 +180,8 @@ def test_a_job_cannot_fill_the_state_disk_and_a_full_disk_is_survived(
             for text in refusals:
                 assert len(text.strip().splitlines()) == 1, text
                 assert "state disk full" in text, text
+            # the admin reads it in the daemon's log too (once a minute at most)
+            assert full_log(daemon).count("Submit request refused: state disk full") == 1
             # reads still answer
             assert cli(bob, daemon, "status").returncode == 0
             assert cli(bob, daemon, "show", ends).returncode == 0
