@@ -72,9 +72,11 @@ log = logging.getLogger("pollux_local.daemon")
 
 #: A pass waits this long after being woken, so that a burst of submits makes one pass.
 COALESCE_S = 0.02
-#: The most of the daemon's time passes take over time, however often they are woken: a pass
-#: that took t is followed by none sooner than t * (1 / share - 1) after it (a user's loop of
-#: cheap changes, each waking a pass over a queue of thousands, kept the daemon busy).
+#: The most of the daemon's processor time passes take over time, however often they are
+#: woken: a pass that used t seconds of it is followed by none sooner than t * (1 / share - 1)
+#: after it, and never later than ``interval_s`` (a user's loop of cheap changes, each waking
+#: a pass over a queue of thousands, kept the daemon busy).  What a pass waits for (launches,
+#: the mutex) is not counted.
 PASS_SHARE = 1.0 / 3.0
 #: The states whose jobs a pass looks at (held and finished jobs are left alone).
 SCHEDULED_STATES = (JobState.QUEUED, JobState.RUNNING, JobState.RESCALING)
@@ -336,7 +338,7 @@ class SchedulingLoop:
                 return  # the daemon stops (and holds the mutex a pass would wait for)
             self._wake.clear()
             wait_s = self.config.interval_s
-            began = time.monotonic()
+            began, began_cpu = time.monotonic(), time.process_time()
             try:
                 await self.schedule_once()
                 self.retry_s = 0.0
@@ -352,7 +354,9 @@ class SchedulingLoop:
                 log.exception("scheduling pass failed")
             finally:
                 ended = time.monotonic()
-                rest_until = ended + (ended - began) * (1.0 / PASS_SHARE - 1.0)
+                spent = min(ended - began, time.process_time() - began_cpu)
+                rest = min(spent * (1.0 / PASS_SHARE - 1.0), self.config.interval_s)
+                rest_until = ended + rest
             deadline = self.next_time_limit()
             if deadline is not None:
                 wait_s = max(0.05, min(wait_s, deadline - self.clock()))

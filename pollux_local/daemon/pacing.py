@@ -192,7 +192,9 @@ class LoopShare:
                     yield
                 finally:
                     _METER.reset(token)
-                    self._not_before[uid] = began + meter.total() / self.share
+                    # what ``charge`` added meanwhile (frames read on other connections) stays
+                    since = max(began, self._not_before.get(uid, began))
+                    self._not_before[uid] = since + meter.total() / self.share
         finally:
             count[0] -= 1
             if count[0] == 0:  # an idle user holds nothing but a time still to come

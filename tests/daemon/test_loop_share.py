@@ -41,3 +41,28 @@ def test_passes_woken_without_pause_take_at_most_their_share() -> None:
     # without the rest after each pass: about 16 passes, 80% of the time
     assert count >= 2
     assert share <= loop_module.PASS_SHARE + 0.1, (count, share)
+
+
+def test_a_pass_that_mostly_waits_is_not_made_to_rest() -> None:
+    """What a pass waits for (launches answering, the mutex) is no work of the daemon's: the
+    rest follows the processor time it used, never more than ``interval_s``."""
+
+    async def scenario() -> int:
+        loop, passes = bare_loop()
+
+        async def waiting_pass() -> None:
+            await asyncio.sleep(0.2)  # a launch answering
+            passes.append(1)
+
+        loop.schedule_once = waiting_pass  # type: ignore[method-assign]
+        task = asyncio.ensure_future(loop.run())
+        began = time.monotonic()
+        while time.monotonic() - began < 2.0:
+            loop.wake()
+            await asyncio.sleep(0.01)
+        loop.stop()
+        loop.wake()
+        await asyncio.wait_for(task, 5)
+        return len(passes)
+
+    assert asyncio.run(scenario()) >= 7  # about 2 s / 0.2 s; with a 2x rest, about 3

@@ -225,3 +225,20 @@ def test_a_ping_is_admitted_at_its_users_rate_and_charged_to_them() -> None:
     assert b'"ok":true' in reply
     assert admitted == [1000]
     assert share._not_before[1000] > now[0]
+
+
+def test_a_charge_made_during_a_turn_is_kept_when_the_turn_ends() -> None:
+    """A user whose one connection always has a turn under way could read frames on the
+    others for free: the end of the turn overwrote what ``charge`` had added."""
+    share, now, slept = sleepy_share(0.25)
+
+    async def main() -> None:
+        async with share.turn(1000):
+            share.charge(1000, 1.0)  # a 16 MiB frame decoded on another connection
+            now[0] += 0.05
+        async with share.turn(1000):
+            pass
+
+    asyncio.run(main())
+    # held 1 / 0.25 = 4 s for the frame, then 0.05 / 0.25 for the turn
+    assert slept == [pytest.approx(4.2 - 0.05)]

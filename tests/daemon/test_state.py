@@ -401,3 +401,27 @@ def test_a_change_of_state_is_on_the_disk_before_it_returns(tmp_path: Path) -> N
     statements.clear()
     store.update_job(job_id, reason="x")
     assert "PRAGMA synchronous=FULL" not in statements
+
+
+def test_make_durable_syncs_the_write_ahead_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Changes committed without a sync each are on the disk once ``make_durable`` returns:
+    WAL keeps them in the ``-wal`` file, which it fsyncs."""
+    import os
+
+    from pollux_local.daemon.state import base
+
+    store = StateStore(tmp_path / "state.db")
+    job_id = add(store, "a")
+    store.transition(job_id, JobState.HELD, 1.0, None, durable=False)
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(base.os, "fsync", fsync)
+    store.make_durable()
+    assert synced == [f"{tmp_path / 'state.db'}-wal"]

@@ -115,7 +115,8 @@ def test_a_step_is_named_by_its_incarnation_and_runs_in_the_daemons_cluster(
     def spec(restarts: str) -> LaunchSpec:
         env = {"POLLUX_RESTARTS": restarts, "SLURM_CONF": "/home/mallory/slurm.conf",
                "SLURM_OVERLAP": "1", "SLURM_NTASKS": "64", "SRUN_CPUS_PER_TASK": "32",
-               "HOME": "/home/mallory"}  # fmt: skip
+               "HOME": "/home/mallory", "SLURM_ARRAY_JOB_ID": "7",
+               "SLURM_ARRAY_TASK_ID": "3"}  # fmt: skip
         slot = ReplicaSlot(rank=0, node="cpu07", device="cpu:0", local_rank=0, node_rank=0)
         return LaunchSpec(job_id="7", argv=["t"], workdir=tmp_path, env=env, slots=[slot],
                           log_dir=tmp_path)  # fmt: skip
@@ -126,6 +127,9 @@ def test_a_step_is_named_by_its_incarnation_and_runs_in_the_daemons_cluster(
     assert launcher.step_env(spec("0"))["SLURM_CONF"] == "/etc/slurm/slurm.conf"
     monkeypatch.delenv("SLURM_CONF")
     env = launcher.step_env(spec("0"))
-    # what the job kept from the shell it was submitted in never becomes an option of srun
-    assert not [k for k in env if k.startswith(("SLURM_", "SRUN_"))]
-    assert env["HOME"] == "/home/mallory"
+    # what the job kept from the shell it was submitted in never becomes an option of srun;
+    # the launch contract's own (an array task's index, set by the daemon) stays
+    assert sorted(k for k in env if k.startswith(("SLURM_", "SRUN_"))) == [
+        "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID",
+    ]  # fmt: skip
+    assert (env["SLURM_ARRAY_TASK_ID"], env["HOME"]) == ("3", "/home/mallory")

@@ -3,6 +3,7 @@ and the one way their state changes (:meth:`Jobs.transition`)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -256,6 +257,7 @@ class Jobs(Outbox):
         decision: DecisionEntry | None,
         *,
         only_from: Iterable[JobState] | None = None,
+        durable: bool = True,
         **changes: Any,
     ) -> bool:
         """Move job ``job_id`` to ``state``, with ``changes`` to its other columns, its
@@ -267,10 +269,12 @@ class Jobs(Outbox):
         another state is left as it is and ``False`` returned (a later record of how it ended
         is never overwritten); ``KeyError`` for a job that does not exist.  The end of an
         incarnation passes its exit here (``exit_code``, ``exit_signal``, ``replica_exits``)
-        with the state it leads to, so that an end is never stored without its exit."""
+        with the state it leads to, so that an end is never stored without its exit.  Committed with
+        ``synchronous=FULL`` (:meth:`durably`) unless ``durable`` is false: a caller changing
+        many jobs at once then calls :meth:`make_durable` once, before it answers."""
         state = JobState(state)
         allowed = None if only_from is None else frozenset(JobState(s) for s in only_from)
-        with self.durably(), self.transaction():
+        with self.durably() if durable else contextlib.nullcontext(), self.transaction():
             row = self.db.execute("SELECT state, reason FROM jobs WHERE id = ?", (job_id,))
             found = row.fetchone()
             if found is None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from pollux_local.api.launch import PER_RANK_VARIABLES
+from pollux_local.api.launch import LAUNCH_VARIABLES, PER_RANK_VARIABLES
 from pollux_local.errors import PolluxError
 from pollux_local.launch.base import LaunchSpec, NodeHealth, ReplicaSlot, incarnation
 from pollux_local.launch.local import replica_env
@@ -144,8 +144,13 @@ class SlurmLauncher:
         # srun works in the daemon's cluster and allocation, with the options above alone:
         # none of the variables srun reads as options (SLURM_*, SRUN_*) that the job's
         # environment kept from the shell it was submitted in (an salloc's SLURM_NTASKS, an
-        # SLURM_OVERLAP, an SLURM_CONF naming another cluster); srun sets each task's own
-        env = {k: v for k, v in env.items() if not k.startswith(SRUN_INPUT_PREFIXES)}
+        # SLURM_OVERLAP, an SLURM_CONF naming another cluster); srun sets each task's own; the
+        # launch contract's own (an array task's SLURM_ARRAY_TASK_ID) are the daemon's, kept
+        env = {
+            k: v
+            for k, v in env.items()
+            if not k.startswith(SRUN_INPUT_PREFIXES) or k in LAUNCH_VARIABLES  # the daemon's
+        }
         if "SLURM_CONF" in os.environ:
             env["SLURM_CONF"] = os.environ["SLURM_CONF"]
         return env
