@@ -114,13 +114,15 @@ def effective_config(
     if not kept:
         return loaded, kept
     extra = [f"{name}:{device}" for name, devices in kept.items() for device in devices]
-    # a local node renamed: the same physical device under its new name waits for the job too
+    # a device of this machine kept under one local node waits for the job under any other
+    # local node that now lists it too (a node renamed, a device moved to another node): it
+    # is one device, and two jobs ran on it
     for name, devices in kept.items():
-        if name not in {node.name for node in loaded.nodes} and nodes[name].is_local:
+        if nodes[name].is_local:
             extra += [
                 f"{other.name}:{device}"
                 for other in loaded.nodes
-                if other.is_local
+                if other.is_local and other.name != name
                 for device in devices
                 if device in other.devices
             ]

@@ -59,6 +59,9 @@ MAX_CONNECTIONS = 256
 #: that a user's flood of refused connections holds neither the served ones' slots nor more
 #: than this many of the daemon's descriptors for long.
 MAX_REFUSING = 32
+#: ... and at most this many of one user's (one user's flood must not take the answers of
+#: the others' refusals, which their clients try again on).
+MAX_REFUSING_PER_USER = 4
 #: Request bytes the daemon buffers at once, all users together.
 MAX_BYTES_IN_FLIGHT = 256 * 1024 * 1024
 #: Frames up to this size are not counted against the byte budgets (their memory is bounded by
@@ -205,8 +208,9 @@ class Connections:
         self.allow_group = allow_group
         #: connections served now, of the users with a per-user cap
         self.count = 0
-        #: connections being refused now (:meth:`refuse`)
+        #: connections being refused now (:meth:`refuse`), in all and per user
         self.refusing = 0
+        self.refusing_by: dict[int, int] = {}
         #: when each user's last refusal was logged (monotonic seconds)
         self.refusals: dict[int, float] = {}
 
@@ -237,17 +241,23 @@ class Connections:
             return False
 
     async def refuse(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, error: PolluxError
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        error: PolluxError,
+        uid: int,
     ) -> None:
         """Refuse a connection before reading its request: the error, then what the client
         sends is taken and dropped (at most :data:`REFUSED_DRAIN_BYTES`, for at most
         :data:`REFUSED_DRAIN_S`) so that its request does not meet a closed socket before it
-        reads the error.  With :data:`MAX_REFUSING` already being refused, it is closed at
-        once, unanswered."""
-        if self.refusing >= MAX_REFUSING:
+        reads the error.  With :data:`MAX_REFUSING` already being refused, or
+        :data:`MAX_REFUSING_PER_USER` of ``uid``'s, it is closed at once, unanswered."""
+        mine = self.refusing_by.get(uid, 0)
+        if self.refusing >= MAX_REFUSING or mine >= MAX_REFUSING_PER_USER:
             writer.transport.abort()
             return
         self.refusing += 1
+        self.refusing_by[uid] = mine + 1
         try:
             if not await self.send(writer, wire.encode_error(error)):
                 return
@@ -259,6 +269,11 @@ class Connections:
                         left -= len(chunk)
         finally:
             self.refusing -= 1
+            left = self.refusing_by[uid] - 1
+            if left:
+                self.refusing_by[uid] = left
+            else:
+                del self.refusing_by[uid]
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Answer a connection's requests in order until it closes, goes silent, is refused
@@ -277,7 +292,7 @@ class Connections:
             if not may_connect(peer, self.daemon_uid, self.allow_group()):
                 why = refusal(peer, self.daemon_uid, self.allow_group())
                 self.note_refusal(peer, why)
-                await self.refuse(reader, writer, PermissionDenied(why))
+                await self.refuse(reader, writer, PermissionDenied(why), peer.uid)
                 return
             if not self.book.open(peer.uid):
                 self.note_refusal(peer, "too many connections")
@@ -285,13 +300,14 @@ class Connections:
                     f"too many connections from {peer.name} (at most {self.book.per_user} at"
                     " once); close some and try again"
                 )
-                await self.refuse(reader, writer, error)
+                await self.refuse(reader, writer, error, peer.uid)
                 return
             uid = peer.uid
             if peer.uid not in self.book.unlimited:
                 if self.count >= MAX_CONNECTIONS:
                     self.note_refusal(peer, f"the daemon serves {MAX_CONNECTIONS} connections")
-                    await self.refuse(reader, writer, Busy("too many connections; try again"))
+                    error = Busy("too many connections; try again")
+                    await self.refuse(reader, writer, error, peer.uid)
                     return
                 self.count += 1
                 served = True

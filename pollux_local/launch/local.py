@@ -166,6 +166,8 @@ class RunRecord:
     cgroups: tuple[str, ...] = ()
     #: where the newest warm resize stands (``launch/supervisor.py``), ``None``: none asked
     warm: Mapping[str, Any] | None = None
+    #: when the supervisor started the replicas (Unix time; ``None``: not said)
+    started: float | None = None
 
     @classmethod
     def load(cls, path: Path) -> RunRecord | None:
@@ -200,6 +202,7 @@ class RunRecord:
                     str(p) for p in data.get("cgroups") or () if cgroups.is_job_group(str(p))
                 ),
                 warm=dict(data["warm"]) if isinstance(data.get("warm"), dict) else None,
+                started=float(data["started"]) if data.get("started") is not None else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None

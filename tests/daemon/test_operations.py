@@ -559,6 +559,14 @@ def test_effective_config_keeps_held_devices_reserved_until_released() -> None:
     # once released, the config is the file's
     assert effective_config(renamed, {}, config) == (renamed, {})
     assert effective_config(renamed, {"ws2": {"cuda:0"}}, config)[0] is renamed
+    # a device moved to another local node while a job holds it under the first: reserved
+    # under both (it is one device; a new job was placed on it under the other name)
+    split = DaemonConfig(
+        nodes=(NodeConfig(name="ws", devices=("cuda:0",)), NodeConfig("b", ("cuda:1",)))
+    )
+    moved, kept = effective_config(split, {"ws": {"cuda:1"}}, old)
+    assert kept == {"ws": ["cuda:1"]}
+    assert set(moved.reserved) == {"ws:cuda:1", "b:cuda:1"}
 
 
 def test_a_reload_names_every_setting_of_the_config() -> None:

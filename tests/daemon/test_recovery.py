@@ -11,6 +11,7 @@ import os
 import pwd
 import secrets
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -301,6 +302,30 @@ def test_a_job_on_a_node_the_config_dropped_is_stopped_before_it_runs_again(
     assert (tmp_path / "runs").read_text().count("run") == 2
 
 
+@pytest.mark.parametrize(("code", "outcome"), [(0, "succeeded"), (3, "failed")])
+def test_a_job_that_ended_on_a_node_the_config_dropped_is_taken_as_it_ended(
+    tmp_path: Path, daemons: DaemonFactory, code: int, outcome: str
+) -> None:
+    """Its end, recorded by its supervisor while the daemon was down, is applied, not thrown
+    away with the node (the job ran a second time)."""
+    old = tmp_path / "old.toml"
+    old.write_text(config(tmp_path).read_text() + '[nodes.ws1]\ndevices = "cpu:1"\n')
+    new = tmp_path / "new.toml"
+    new.write_text(config(tmp_path).read_text() + '[nodes.ws2]\ndevices = "cpu:1"\n')
+    daemon = daemons(config=old, state_dir=tmp_path / "state")
+    job_id = submit(daemon, ["sh", "-c", WAITER, "waiter", str(tmp_path), str(code)], tmp_path)
+    wait_for(lambda: (tmp_path / "pid").exists(), 20, "the job to run")
+    daemon.kill()
+    (tmp_path / "go").touch()
+    wait_for(lambda: (run_file(daemon, job_id) or {}).get("state") == "ended", 10, "its end")
+
+    daemon = daemons(config=new, state_dir=tmp_path / "state")
+    wait_for(lambda: state(daemon, job_id) in TERMINAL, 20, "the job's end applied")
+    time.sleep(1.5)  # a few passes: nothing runs it again
+    assert state(daemon, job_id) == outcome
+    assert (tmp_path / "runs").read_text().count("run") == 1
+
+
 def test_a_daemon_back_with_fewer_devices_keeps_them_until_their_jobs_end(
     tmp_path: Path, daemons: DaemonFactory
 ) -> None:
@@ -329,13 +354,26 @@ def test_a_daemon_back_with_fewer_devices_keeps_them_until_their_jobs_end(
     assert [(d / "runs").read_text().count("run") for d in dirs] == [1, 1]
 
 
+#: A job (``sh -c SLOW_STOP slow DIR``) that counts its runs in DIR/runs and writes its pid to
+#: DIR/pid; on its first run it takes 3 s to stop on SIGTERM (then exits 143), later runs
+#: exit 0 at once.
+SLOW_STOP = """
+echo run >> "$1/runs"
+[ "$(wc -l < "$1/runs")" -gt 1 ] && exit 0
+trap 'sleep 3; exit 143' TERM
+echo $$ > "$1/pid.tmp"; mv "$1/pid.tmp" "$1/pid"
+while :; do sleep 0.1; done
+"""
+
+
 def test_a_stopping_daemon_leaves_a_job_that_may_not_be_stopped_running(
     tmp_path: Path, daemons: DaemonFactory
 ) -> None:
     """A daemon stopped (an upgrade, ``systemctl restart``) leaves a rigid job that is not
     ``--preemptible`` running under its supervisor, and the next one adopts it: it ran
     again from its start.  A preemptible one is checkpoint-stopped and queued, recorded
-    first: a daemon killed before that stop ends leaves it queued, not failed."""
+    first: a daemon killed while it waits for that stop leaves it queued, not failed by its
+    SIGTERM."""
     conf = config(tmp_path)
     daemon = start_daemon(daemons, tmp_path / "state", conf)
     rigid_dir, loose_dir = tmp_path / "rigid", tmp_path / "loose"
@@ -343,24 +381,30 @@ def test_a_stopping_daemon_leaves_a_job_that_may_not_be_stopped_running(
     loose_dir.mkdir()
     rigid = submit(daemon, ["sh", "-c", WAITER, "waiter", str(rigid_dir), "0"], tmp_path)
     loose = submit(
-        daemon, ["sh", "-c", WAITER, "waiter", str(loose_dir), "0"], tmp_path, preemptible=True
+        daemon, ["sh", "-c", SLOW_STOP, "slow", str(loose_dir)], tmp_path, preemptible=True
     )
     wait_for(lambda: (rigid_dir / "pid").exists() and (loose_dir / "pid").exists(), 20, "runs")
-    replica = int((rigid_dir / "pid").read_text())
-    daemon.stop()
-    assert alive(replica)  # left running
-    db_state = dict(sqlite3_rows(tmp_path / "state" / "state.db", "SELECT id, state FROM jobs"))
-    assert db_state[int(loose)] == "queued" and db_state[int(rigid)] == "running"
+    replica, stopping = int((rigid_dir / "pid").read_text()), int((loose_dir / "pid").read_text())
+    database = tmp_path / "state" / "state.db"
+
+    def states() -> dict[int, str]:
+        return dict(sqlite3_rows(database, "SELECT id, state FROM jobs"))
+
+    os.kill(daemon.pid, signal.SIGTERM)  # the daemon stops: it waits for the slow stop
+    wait_for(lambda: states()[int(loose)] == "queued", 5, "the stop recorded")
+    assert alive(stopping)  # still stopping when the daemon is killed
+    daemon.kill()
+    assert alive(replica) and states()[int(rigid)] == "running"  # left running
 
     daemon = start_daemon(daemons, tmp_path / "state", conf)
     after = show(daemon, rigid)
     assert after["job"]["state"] == "running" and "kept running" in after["decisions"][-1]["reason"]
     (rigid_dir / "go").touch()
-    (loose_dir / "go").touch()
     wait_for(lambda: state(daemon, rigid) in TERMINAL and state(daemon, loose) in TERMINAL, 30,
              "both to end")  # fmt: skip
     assert state(daemon, rigid) == "succeeded" and state(daemon, loose) == "succeeded"
     assert (rigid_dir / "runs").read_text().count("run") == 1
+    assert (loose_dir / "runs").read_text().count("run") == 2  # stopped once, resumed once
 
 
 def sqlite3_rows(path: Path, query: str) -> list[tuple[Any, ...]]:

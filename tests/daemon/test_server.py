@@ -261,6 +261,7 @@ async def test_one_users_refused_connections_keep_no_other_user_out(
             break
         await asyncio.sleep(0.05)
     assert (daemon.connections.count, daemon.connections.refusing) == (0, 0)
+    assert daemon.connections.refusing_by == {}
 
 
 @needs_root

@@ -139,7 +139,9 @@ class Accounting(ExecutorBase):
         losses only when some node is down."""
         slots = group.spec.slots
         remote = [
-            n for n in dict.fromkeys(self.config.node(s.node) for s in slots) if not n.is_local
+            self.config.node(name)
+            for name in dict.fromkeys(s.node for s in slots)
+            if self.is_remote(name)
         ]
         if not remote:
             return []
@@ -152,7 +154,7 @@ class Accounting(ExecutorBase):
         """Mark down the nodes ``group`` lost (its launcher's word: the agent refused the
         node, Slurm reports it down; never a replica's exit code, 255 included, which the job
         chooses); returns those nodes."""
-        lost = {name for name in group.lost_nodes() if not self.config.node(name).is_local}
+        lost = {name for name in group.lost_nodes() if self.is_remote(name)}
         failure = getattr(group, "failure_reason", None) or "ssh connection lost"
         for name in lost:
             if self.nodes.is_up(name):

@@ -449,6 +449,7 @@ class Applying(Warm):
         if job.spec.elastic or job.spec.preemptible or not job.placement:
             return False
         try:
-            return all(self.config.node(name).is_local for name in job.placement)
+            nodes = [self.config.node(name) for name in job.placement]
         except KeyError:
             return False
+        return all(self.launcher_for(node) is self._local for node in nodes)

@@ -107,6 +107,14 @@ class ExecutorBase:
 
     # --- launchers and nodes ----------------------------------------------------------------
 
+    def is_remote(self, name: str) -> bool:
+        """Whether node ``name`` is one of the config's remote nodes (a node the config no
+        longer has is not: only a local run file is adopted on one)."""
+        try:
+            return not self.config.node(name).is_local
+        except KeyError:
+            return False
+
     def launcher_for(self, node: NodeConfig) -> Launcher:
         if node.slurm is not None:
             return self._slurm_launcher()

@@ -94,7 +94,7 @@ class Exits(Accounting):
     """Watching groups and moving their jobs on when they end."""
 
     async def _watch(self, job_id: int, group: ReplicaGroup) -> None:
-        remote = any(not self.config.node(slot.node).is_local for slot in group.spec.slots)
+        remote = any(self.is_remote(slot.node) for slot in group.spec.slots)
         waiting = asyncio.ensure_future(group.wait())
         checked: set[str] = set()
         try:

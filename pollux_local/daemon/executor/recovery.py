@@ -91,27 +91,37 @@ class Recovery(Applying):
                 continue
             if not record.finished and not record.supervisor_alive():
                 continue  # it ended without a result: nothing to adopt
-            placement: dict[str, list[str]] = {}
-            for slot in sorted(spec_from_launch(job.job_id, record.launch).slots,
-                               key=lambda s: s.rank):  # fmt: skip
-                placement.setdefault(slot.node, []).append(slot.device)
-            reason = (
-                f"daemon restarted; its start #{job.restarts} had been made but not recorded:"
-                " adopted"
-            )
-            log.warning("job %s: %s", job.id, reason)
-            self.store.transition(
-                job.id, JobState.RUNNING, now, DecisionEntry(DecisionKind.RECOVERED, reason),
-                placement=placement, pids=[], last_start=now,
-                start_time=job.start_time or now, restarts=job.restarts + 1,
-                batch={"replicas": sum(map(len, placement.values()))}, reason=reason,
-            )  # fmt: skip
+            try:
+                self._take_unrecorded_start(job, record, now)
+            except sqlite3.Error:
+                raise
+            except Exception:  # a run file not as written: left to the strays' handling
+                log.exception("job %s: adopting its unrecorded start failed", job.id)
+
+    def _take_unrecorded_start(self, job: JobRecord, record: RunRecord, now: float) -> None:
+        """Record ``job`` as running since ``record``'s start, on the devices it names."""
+        placement: dict[str, list[str]] = {}
+        for slot in sorted(spec_from_launch(job.job_id, record.launch).slots,
+                           key=lambda s: s.rank):  # fmt: skip
+            placement.setdefault(slot.node, []).append(slot.device)
+        reason = (
+            f"daemon restarted; its start #{job.restarts} had been made but not recorded: adopted"
+        )
+        log.warning("job %s: %s", job.id, reason)
+        started = min(record.started or now, now)  # its run time counts from there
+        self.store.transition(
+            job.id, JobState.RUNNING, now, DecisionEntry(DecisionKind.RECOVERED, reason),
+            placement=placement, pids=[], last_start=started,
+            start_time=job.start_time or started, restarts=job.restarts + 1,
+            batch={"replicas": sum(map(len, placement.values()))}, reason=reason,
+        )  # fmt: skip
 
     async def _recover_job(self, job: JobRecord, record: RunRecord | None, now: float) -> bool:
         """Adopt the job's incarnation from its run file (on SSH nodes: from the exit
         records there); ``False`` when there is nothing to adopt (the caller queues the job
-        again), or when its placement names a node the config no longer has (its replicas
-        are stopped)."""
+        again), or when its placement names a node the config no longer has and its
+        replicas still run (they are stopped; one that ended meanwhile is taken as it
+        ended)."""
         if record is None:
             remote = await self._recover_remote(job, now)
             if remote is not None:
@@ -120,7 +130,7 @@ class Recovery(Applying):
             await self._stop_orphans(job)
             return False
         gone = [name for name in job.placement if not self._has_node(name)]
-        if gone:
+        if gone and not record.finished:
             # not adopted (the executor knows a group by its nodes), but never left running
             # beside its next start: stopped here, as a stop would (SIGTERM, then SIGKILL
             # after stop_grace_s)
