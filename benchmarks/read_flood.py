@@ -2,7 +2,8 @@
 """Read flood: another user's ``status`` latency and submit->running time while one user
 floods the daemon with large reads.
 
-    sudo python benchmarks/read_flood.py [--seconds 30] [--repeats 3] [--connections 4] [--flood cancel|small]
+    sudo python benchmarks/read_flood.py [--seconds 30] [--repeats 3] [--connections 4]
+                                         [--flood status|cancel|small|wake] [--interval 0.5]
                                          [--history 10000] [--pythonpath PATH] [--json]
 
 Starts a daemon (``--devices cpu:2``, 0.5 s passes, policy goodput) in a temporary state
@@ -20,7 +21,10 @@ repository, as ``-m`` puts the working directory first on the daemon's path).  R
 root, the flooder is the same user (a personal daemon).  ``--flood cancel`` floods with
 ``cancel`` requests naming every ended job it made (10,000 ids, each read, then skipped)
 instead of ``status`` pages; ``--flood small`` with pairs of small requests (a held array of
-100 tasks, then a ``cancel`` of its 100 ids), each pair counted as a page.
+100 tasks, then a ``cancel`` of its 100 ids), each pair counted as a page; ``--flood wake``
+first queues 999 jobs to start in a year and holds one, then changes that one's priority
+back and forth (each change wakes a scheduling pass over the 1,000; try ``--interval 60``,
+a lab's default), each change counted as a page.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from daemon_runner import RAW_CLIENT, percentile, start_daemon, stop_daemon  # n
 FLOODER = (
     RAW_CLIENT
     + r"""
+import itertools
 path, history, connections, kind = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 ids = []
 sock = connect(path)
@@ -62,6 +67,15 @@ while made < history:
     made += n
 sock.close()
 print(json.dumps({"history": made}), flush=True)
+
+if kind == "wake":  # 999 jobs queued to start in a year, one held job to re-prioritise
+    sock = connect(path)
+    call(sock, {"type": "submit", "argv": ["/bin/true"], "workdir": "/",
+                "begin_at": time.time() + 3e7, "array": [{"index": i} for i in range(999)]})
+    poke = call(sock, {"type": "submit", "argv": ["/bin/true"], "workdir": "/", "hold": True})
+    sock.close()
+    priorities = itertools.cycle([{"type": "set_priority", "id": poke["id"], "priority": p}
+                                  for p in (0, -1)])
 
 if kind == "status":
     request = {"type": "status", "all": True, "limit": 10000}
@@ -81,12 +95,16 @@ def flood(deadline, counts, i):
     sock = connect(path)
     while time.monotonic() < deadline:
         try:
-            reply = small(sock) if kind == "small" else call(sock, request)
+            if kind == "wake":
+                reply = call(sock, next(priorities))
+            else:
+                reply = small(sock) if kind == "small" else call(sock, request)
         except (OSError, ConnectionError):
             counts[i][1] += 1
             sock = connect(path)
             continue
-        counts[i][0 if reply.get("ok", True) and ("jobs" in reply or "skipped" in reply) else 1] += 1
+        served = "jobs" in reply or "skipped" in reply or (kind == "wake" and "priority" in reply)
+        counts[i][0 if reply.get("ok", True) and served else 1] += 1
     sock.close()
 
 for line in sys.stdin:
@@ -171,10 +189,12 @@ def main() -> int:
     parser.add_argument("--history", type=int, default=10000, help="ended jobs to make first")
     parser.add_argument("--pythonpath", help="PYTHONPATH for the daemon (code to benchmark)")
     parser.add_argument(
-        "--flood", choices=["status", "cancel", "small"], default="status",
-        help="status --all --limit 10000, a cancel naming every ended job it made, or pairs of"
-        " a held 100-task array and a cancel of its ids",
+        "--flood", choices=["status", "cancel", "small", "wake"], default="status",
+        help="status --all --limit 10000, a cancel naming every ended job it made, pairs of"
+        " a held 100-task array and a cancel of its ids, or set_priority of a held job over"
+        " 999 queued ones (each wakes a pass)",
     )  # fmt: skip
+    parser.add_argument("--interval", type=float, default=0.5, help="the daemon's interval_s")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -184,7 +204,7 @@ def main() -> int:
     env = None
     if args.pythonpath:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": args.pythonpath}
-    daemon = start_daemon(state, policy="goodput", interval_s=0.5, env=env)
+    daemon = start_daemon(state, policy="goodput", interval_s=args.interval, env=env)
     client = Client(state / "daemon.sock", timeout_s=60)
     as_nobody: dict[str, Any] = {}
     python = sys.executable
