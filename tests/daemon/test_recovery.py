@@ -238,6 +238,22 @@ def test_a_job_still_running_at_the_restart_is_adopted_not_restarted(
     assert not alive(supervisor)
 
 
+def with_node(tmp_path: Path, name: str, devices: str) -> Path:
+    """The test config with one local node ``name`` of ``devices`` (``cpu:N``)."""
+    path = tmp_path / f"{name}-{devices.replace(':', '')}.toml"
+    path.write_text(config(tmp_path).read_text() + f'[nodes.{name}]\ndevices = "{devices}"\n')
+    return path
+
+
+def ends_once_as(daemon: DaemonProcess, job_id: str, outcome: str, folder: Path) -> None:
+    """The job ends as ``outcome``, its one run counted in ``folder/runs``, and a few passes
+    later nothing has run it again."""
+    wait_for(lambda: state(daemon, job_id) in TERMINAL, 20, "the job's end")
+    time.sleep(1.5)
+    assert state(daemon, job_id) == outcome
+    assert (folder / "runs").read_text().count("run") == 1
+
+
 @pytest.mark.parametrize(("code", "outcome"), [(0, "succeeded"), (3, "failed")])
 def test_a_start_made_but_not_recorded_is_adopted_not_run_again(
     tmp_path: Path, daemons: DaemonFactory, code: int, outcome: str
@@ -272,10 +288,7 @@ def test_a_start_made_but_not_recorded_is_adopted_not_run_again(
     assert "not recorded" in after["decisions"][-2]["reason"]
     assert after["job"]["devices"] and alive(replica)
     (tmp_path / "go").touch()
-    wait_for(lambda: state(daemon, job_id) in TERMINAL, 20, "the job to end")
-    time.sleep(1.5)  # a few passes: nothing runs it again
-    assert state(daemon, job_id) == outcome
-    assert (tmp_path / "runs").read_text().count("run") == 1
+    ends_once_as(daemon, job_id, outcome, tmp_path)
 
 
 def test_a_job_on_a_node_the_config_dropped_is_stopped_before_it_runs_again(
@@ -284,10 +297,7 @@ def test_a_job_on_a_node_the_config_dropped_is_stopped_before_it_runs_again(
     """The local node a job ran on renamed in the config across a crash: its replicas are
     stopped first, then it runs again on the node of the new name; never two at once (it
     was queued again while its first run went on, unsupervised)."""
-    old = tmp_path / "old.toml"
-    old.write_text(config(tmp_path).read_text() + '[nodes.ws1]\ndevices = "cpu:1"\n')
-    new = tmp_path / "new.toml"
-    new.write_text(config(tmp_path).read_text() + '[nodes.ws2]\ndevices = "cpu:1"\n')
+    old, new = with_node(tmp_path, "ws1", "cpu:1"), with_node(tmp_path, "ws2", "cpu:1")
     daemon = daemons(config=old, state_dir=tmp_path / "state")
     job_id = submit(daemon, ["sh", "-c", WAITER, "waiter", str(tmp_path), "0"], tmp_path)
     wait_for(lambda: (tmp_path / "pid").exists(), 20, "the job to run")
@@ -308,10 +318,7 @@ def test_a_job_that_ended_on_a_node_the_config_dropped_is_taken_as_it_ended(
 ) -> None:
     """Its end, recorded by its supervisor while the daemon was down, is applied, not thrown
     away with the node (the job ran a second time)."""
-    old = tmp_path / "old.toml"
-    old.write_text(config(tmp_path).read_text() + '[nodes.ws1]\ndevices = "cpu:1"\n')
-    new = tmp_path / "new.toml"
-    new.write_text(config(tmp_path).read_text() + '[nodes.ws2]\ndevices = "cpu:1"\n')
+    old, new = with_node(tmp_path, "ws1", "cpu:1"), with_node(tmp_path, "ws2", "cpu:1")
     daemon = daemons(config=old, state_dir=tmp_path / "state")
     job_id = submit(daemon, ["sh", "-c", WAITER, "waiter", str(tmp_path), str(code)], tmp_path)
     wait_for(lambda: (tmp_path / "pid").exists(), 20, "the job to run")
@@ -320,10 +327,7 @@ def test_a_job_that_ended_on_a_node_the_config_dropped_is_taken_as_it_ended(
     wait_for(lambda: (run_file(daemon, job_id) or {}).get("state") == "ended", 10, "its end")
 
     daemon = daemons(config=new, state_dir=tmp_path / "state")
-    wait_for(lambda: state(daemon, job_id) in TERMINAL, 20, "the job's end applied")
-    time.sleep(1.5)  # a few passes: nothing runs it again
-    assert state(daemon, job_id) == outcome
-    assert (tmp_path / "runs").read_text().count("run") == 1
+    ends_once_as(daemon, job_id, outcome, tmp_path)
 
 
 def test_a_daemon_back_with_fewer_devices_keeps_them_until_their_jobs_end(
@@ -331,10 +335,7 @@ def test_a_daemon_back_with_fewer_devices_keeps_them_until_their_jobs_end(
 ) -> None:
     """A device the config dropped across a restart is kept (reserved) until the job adopted
     on it ends, as a reload keeps it: that job was stopped and run again."""
-    both = tmp_path / "two.toml"
-    both.write_text(config(tmp_path).read_text() + '[nodes.ws1]\ndevices = "cpu:2"\n')
-    one = tmp_path / "one.toml"
-    one.write_text(config(tmp_path).read_text() + '[nodes.ws1]\ndevices = "cpu:1"\n')
+    both, one = with_node(tmp_path, "ws1", "cpu:2"), with_node(tmp_path, "ws1", "cpu:1")
     daemon = daemons(config=both, state_dir=tmp_path / "state")
     dirs = [tmp_path / "a", tmp_path / "b"]
     ids = []

@@ -448,8 +448,5 @@ class Applying(Warm):
         (an SSH node's agent stops what it runs once the daemon's session ends)."""
         if job.spec.elastic or job.spec.preemptible or not job.placement:
             return False
-        try:
-            nodes = [self.config.node(name) for name in job.placement]
-        except KeyError:
-            return False
-        return all(self.launcher_for(node) is self._local for node in nodes)
+        nodes = [self.known_node(name) for name in job.placement]
+        return all(node is not None and self.launcher_for(node) is self._local for node in nodes)

@@ -107,13 +107,18 @@ class ExecutorBase:
 
     # --- launchers and nodes ----------------------------------------------------------------
 
+    def known_node(self, name: str) -> NodeConfig | None:
+        """Node ``name`` of the config (``None``: the config no longer has it)."""
+        try:
+            return self.config.node(name)
+        except KeyError:
+            return None
+
     def is_remote(self, name: str) -> bool:
         """Whether node ``name`` is one of the config's remote nodes (a node the config no
         longer has is not: only a local run file is adopted on one)."""
-        try:
-            return not self.config.node(name).is_local
-        except KeyError:
-            return False
+        node = self.known_node(name)
+        return node is not None and not node.is_local
 
     def launcher_for(self, node: NodeConfig) -> Launcher:
         if node.slurm is not None:

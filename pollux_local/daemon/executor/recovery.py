@@ -129,7 +129,7 @@ class Recovery(Applying):
             # a daemon from before the supervisors ran the replicas as its own children
             await self._stop_orphans(job)
             return False
-        gone = [name for name in job.placement if not self._has_node(name)]
+        gone = [name for name in job.placement if self.known_node(name) is None]
         if gone and not record.finished:
             # not adopted (the executor knows a group by its nodes), but never left running
             # beside its next start: stopped here, as a stop would (SIGTERM, then SIGKILL
@@ -204,13 +204,6 @@ class Recovery(Applying):
         else:
             self.groups[job.id] = group
         self.watchers[job.id] = asyncio.ensure_future(self._watch(job.id, group))
-        return True
-
-    def _has_node(self, name: str) -> bool:
-        try:
-            self.config.node(name)
-        except KeyError:
-            return False
         return True
 
     def _adopt_stopping(self, job_id: int, group: ReplicaGroup, intent: StopIntent) -> None:

@@ -103,10 +103,14 @@ class StoreBase:
                 f" pollux-local knows ({SCHEMA_VERSION}): run the version that wrote it (or a"
                 f" newer one); starting with --reset-state would set its history aside"
             )
+        upgrading = version > 0  # a new database says nothing of its tables
         for number, what, sql in MIGRATIONS:
             if number <= version:
                 continue
-            log.info("state database %s: schema %d -> %d (%s)", self.path, version, number, what)
+            if upgrading:
+                log.info(
+                    "state database %s: schema %d -> %d (%s)", self.path, version, number, what
+                )
             try:
                 self.db.executescript(
                     f"BEGIN IMMEDIATE;\n{sql}\nINSERT OR REPLACE INTO meta (key, value)"
