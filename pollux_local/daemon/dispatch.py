@@ -31,6 +31,7 @@ from pollux_local.api.messages import (
     Release,
     Reply,
     Report,
+    ReportReply,
     Request,
     Restart,
     Resume,
@@ -167,7 +168,11 @@ async def answer(ctx: Context, body: bytes | mmap.mmap) -> bytes:
         kind = type(request).__name__
         paced = in_turns(request)
         if share is not None and not paced:
-            await share.admit_unpaced(ctx.peer.uid)
+            # a report over its user's rate is not taken (its job reports again), rather
+            # than held asleep on one of the user's connections; a ping waits
+            reporting = isinstance(request, Report)
+            if not await share.admit_unpaced(ctx.peer.uid, wait=not reporting):
+                return wire.encode_reply(ReportReply(accepted=False))
         began = clock()
         try:
             reply = await dispatch(ctx, request)

@@ -211,22 +211,26 @@ class LoopShare:
         now = self.clock()
         self._not_before[uid] = max(self._not_before.get(uid, now), now) + seconds / self.share
 
-    async def admit_unpaced(self, uid: int) -> None:
-        """Wait, asleep, until ``uid`` may send one more request served outside the turns:
-        at most :data:`UNPACED_PER_S` a second over time, :data:`UNPACED_BURST` at once (the
-        generic cell rate algorithm: ``_due`` is when the user's next one would be due at
-        that rate)."""
+    async def admit_unpaced(self, uid: int, *, wait: bool = True) -> bool:
+        """Whether ``uid`` may send one more request served outside the turns: at most
+        :data:`UNPACED_PER_S` a second over time, :data:`UNPACED_BURST` at once (the generic
+        cell rate algorithm: ``_due`` is when the user's next one would be due at that
+        rate).  Over it, with ``wait`` the request waits asleep until it may (and is
+        admitted); without, it is not admitted (and not counted)."""
         if uid in self.unlimited:
-            return
+            return True
         now = self.clock()
         step = 1.0 / UNPACED_PER_S
         due = max(self._due.get(uid, now), now)
+        late = due - now - UNPACED_BURST * step
+        if late > 0 and not wait:
+            return False
         self._due[uid] = due + step
         if len(self._due) > 4096:  # the users who are not ahead of the rate hold nothing
             self._due = {u: t for u, t in self._due.items() if t > now}
-        wait = due - now - UNPACED_BURST * step
-        if wait > 0:
-            await self.sleep(wait)
+        if late > 0:
+            await self.sleep(late)
+        return True
 
     def users(self) -> int:
         """How many users have a request under way or a next one held (what is kept)."""

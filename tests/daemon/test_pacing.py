@@ -211,9 +211,9 @@ def test_a_ping_is_admitted_at_its_users_rate_and_charged_to_them() -> None:
     admitted: list[int] = []
     admit = share.admit_unpaced
 
-    async def counted(uid: int) -> None:
+    async def counted(uid: int, *, wait: bool = True) -> bool:
         admitted.append(uid)
-        await admit(uid)
+        return await admit(uid, wait=wait)
 
     share.admit_unpaced = counted  # type: ignore[method-assign]
     ctx = SimpleNamespace(
@@ -242,3 +242,40 @@ def test_a_charge_made_during_a_turn_is_kept_when_the_turn_ends() -> None:
     asyncio.run(main())
     # held 1 / 0.25 = 4 s for the frame, then 0.05 / 0.25 for the turn
     assert slept == [pytest.approx(4.2 - 0.05)]
+
+
+def test_a_report_over_its_users_rate_is_not_taken_and_holds_nothing() -> None:
+    """A report past the rate is answered at once, not taken (its job reports again), where
+    it slept on one of its user's connections; a ping past it waits."""
+    from types import SimpleNamespace
+
+    from pollux_local.api import wire
+    from pollux_local.api.messages import Ping, Report
+    from pollux_local.api.report import JobReport
+    from pollux_local.daemon.auth import Peer
+    from pollux_local.daemon.dispatch import answer
+    from pollux_local.daemon.pacing import UNPACED_BURST
+
+    share, now, slept = sleepy_share(0.25)
+    handled: list[str] = []
+
+    def job(job_id: str) -> object:
+        handled.append("looked up")
+        raise LookupError
+
+    ctx = SimpleNamespace(
+        read_share=share, peer=Peer(1, 1000, 1000), state_dir="/s", policy_name="fifo",
+        config=SimpleNamespace(total_devices=2), job=job,
+    )  # fmt: skip
+
+    async def main() -> list[bytes]:
+        for _ in range(UNPACED_BURST + 1):  # the burst is used up
+            await share.admit_unpaced(1000)
+        report = wire.encode_request(Report(job_id="7", report=JobReport()))
+        over = await answer(ctx, report[wire.HEADER.size :])  # type: ignore[arg-type]
+        ping = await answer(ctx, wire.encode_request(Ping())[wire.HEADER.size :])  # type: ignore[arg-type]
+        return [over, ping]
+
+    over, ping = asyncio.run(main())
+    assert b'"accepted":false' in over and handled == []  # not decoded further, not looked up
+    assert b'"ok":true' in ping and slept  # the ping waited its turn at the rate
