@@ -85,12 +85,12 @@ from pollux_local.api.states import ACTIVE_STATES, TERMINAL_STATES, ExitCode, Jo
 
 __all__ = [
     "ACTIVE_STATES",
-    "Busy",
     "PROTOCOL_VERSION",
     "REPORT_VERSION",
     "REQUEST_TYPES",
     "TERMINAL_STATES",
     "ArrayTask",
+    "Busy",
     "Cancel",
     "CancelReply",
     "Conflict",

@@ -52,11 +52,11 @@ def _write_failed(verb: str, job: JobRecord, exc: sqlite3.Error, done: list[str]
     )
 
 
-#: What stops a job for each state a request gives it: the stop's intent, the decision.
 #: A cancel gives the event loop to the others after each this many jobs (a cancel of a
 #: 1000-task array held it for a second in one piece).
 GIVE_WAY_EVERY = 64
 
+#: What stops a job for each state a request gives it: the stop's intent, the decision.
 _STOPS = {
     JobState.CANCELLED: (StopIntent.CANCEL, DecisionKind.CANCELLED),
     JobState.HELD: (StopIntent.HOLD, DecisionKind.HELD),
@@ -65,9 +65,9 @@ _STOPS = {
 
 async def stop_as(ctx: Context, job: JobRecord, state: JobState) -> None:
     """Record ``state`` for the job with its decision (first, one transaction; its caller
-    makes it durable before it answers), then have its processes stopped (they checkpoint; SIGKILL after ``stop_grace_s``; the
-    executor handles their exit when it comes).  ``sqlite3.Error`` from that write propagates
-    with nothing changed."""
+    makes it durable before it answers), then have its processes stopped (they checkpoint;
+    SIGKILL after ``stop_grace_s``; the executor handles their exit when it comes).
+    ``sqlite3.Error`` from that write propagates with nothing changed."""
     now = ctx.clock()
     intent, kind = _STOPS[state]
     reason = kind.value

@@ -123,8 +123,8 @@ def show(ctx: Context, request: Show) -> ShowReply:
             ctx.metrics,
             held_type(ctx, job),
             forecast_of(ctx, job),
-            after_ids=None,
-        ),  # fmt: skip
+            after_ids=None,  # all of them
+        ),
         job_dir=ctx.job_dir(job),
         models=ctx.models,
         history=ctx.store.history(job.id),

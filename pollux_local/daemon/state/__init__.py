@@ -2,9 +2,9 @@
 
 Every acknowledged submit and every change of a job's state (a start, an end, a cancel, a
 hold) is committed with ``synchronous=FULL`` before anything follows from it (a request
-that changes many jobs syncs the write-ahead log once before it answers, ``make_durable``), so nothing
-submitted is lost and nothing finished runs again when the daemon (or the machine) dies: a
-job's end is on the disk before its run file is removed.  Other updates (reports,
+that changes many jobs syncs the write-ahead log once before it answers, ``make_durable``),
+so nothing submitted is lost and nothing finished runs again when the daemon (or the
+machine) dies: a job's end is on the disk before its run file is removed.  Other updates (reports,
 predictions, priorities) use WAL with ``synchronous=NORMAL``: safe against the process being
 killed, at most the last few lost on a power cut.
 
