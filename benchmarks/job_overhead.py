@@ -37,7 +37,10 @@ cost, without the single steps' scheduling noise.
 
 ``--device cuda`` runs the replicas on GPUs (one each): the batches are copied to the device
 as a job copies them, every timed step ends with ``torch.cuda.synchronize`` (in every arm
-alike) and the headline clock is the wall clock.
+alike) and the headline clock is the wall clock.  A synchronisation after every step hides
+what one inside a step costs (the device has to drain its queue anyway); ``--per-block``
+times each arm's ``--steps`` steps as one block instead, synchronising only at the block's end
+as a job's loop runs, the arms' blocks in a fresh random order every round.
 
 Restart.  ``restart_s``: from SIGTERM to a 1-replica job until the first optimizer step of its
 2-replica restart (checkpoint, exit 75, start two fresh processes, restore, first step), split
@@ -289,6 +292,10 @@ def worker(args: argparse.Namespace) -> int:
         else:
             elastic_steps(role[arm], n)
 
+    def measuring(arm: str) -> int:
+        """Whether the arm's last step was a measuring step (as its schedule marked it)."""
+        return int(arm in role and trainers[role[arm]]._schedule.measuring)
+
     for arm in arms:  # warm-up, every trainer measuring: each settles its spacing
         run_arm(arm, args.warmup)
     orders = list(itertools.permutations(arms))
@@ -303,21 +310,31 @@ def worker(args: argparse.Namespace) -> int:
         row: dict[str, Any] = {arm: [] for arm in arms}
         if world > 1:
             dist.barrier()
-        for _ in range(args.steps):
+        if args.per_block:
+            # each arm's block of steps as a whole, the arms in a fresh random order
+            if on_gpu:
+                torch.cuda.synchronize(device)
+            for arm in rng.sample(arms, len(arms)):
+                t, c = time.perf_counter(), time.process_time()
+                measured = 0
+                for _ in range(args.steps):
+                    run_arm(arm, 1)
+                    measured += measuring(arm)
+                if on_gpu:
+                    torch.cuda.synchronize(device)
+                row[arm].append((time.perf_counter() - t, time.process_time() - c, measured))
+        for _ in range(0 if args.per_block else args.steps):
             # one step of each arm, in an order drawn afresh from the six (each equally often)
             if not cycle:
                 cycle = orders[:]
                 rng.shuffle(cycle)
             for arm in cycle.pop():
-                estimator = trainers[role[arm]].estimator if arm in role else None
-                samples = estimator.samples if estimator is not None else 0
                 t, c = time.perf_counter(), time.process_time()
                 run_arm(arm, 1)
                 if on_gpu:  # a step's time includes its device work
                     torch.cuda.synchronize(device)
                 wall, cpu = time.perf_counter() - t, time.process_time() - c
-                measured = estimator is not None and estimator.samples > samples
-                row[arm].append((wall, cpu, int(measured)))
+                row[arm].append((wall, cpu, measuring(arm)))
         rows.append(row)
         if rank == 0 and len(rows) % 50 == 0:
             print(f"{world} replica(s): {len(rows)}/{args.rounds} rounds", file=sys.stderr)
@@ -351,6 +368,8 @@ def overhead(replicas: int, args: argparse.Namespace) -> dict[str, Any]:
         argv += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
     if args.with_split:
         argv.append("--with-split")
+    if args.per_block:
+        argv.append("--per-block")
     procs = [
         subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
         for env in _envs(replicas, {"POLLUX_DEVICE": args.device})
@@ -576,6 +595,11 @@ def main() -> int:
         choices=("cpu", "cuda"),
         default="cpu",
         help="where the replicas compute (cuda: one GPU per replica, timed by the wall clock)",
+    )
+    parser.add_argument(
+        "--per-block",
+        action="store_true",
+        help="time each arm's block of --steps steps as a whole (no synchronisation per step)",
     )
     parser.add_argument("--no-restart", action="store_true", help="skip the restart timing")
     parser.add_argument(
