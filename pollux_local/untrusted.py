@@ -9,8 +9,9 @@ supervisor (``launch/supervisor.py``), which runs alone, imports it too.
 from __future__ import annotations
 
 import re
+import unicodedata
 
-__all__ = ["PartialEscape", "one_line", "printable", "printable_log"]
+__all__ = ["PartialEscape", "cells", "one_line", "printable", "printable_log", "wrap_cells"]
 
 #: The Unicode controls that reorder text: bidirectional embeddings, overrides and isolates
 #: (escaped wherever a job's text is shown, its log too).
@@ -20,9 +21,12 @@ _REORDER = r"\u202a-\u202e\u2066-\u2069"
 #: the bidirectional marks, the line separators, the invisible operators, the byte-order
 #: mark).  The zero-width joiners stay: Persian, Indic scripts and emoji need them.
 _INVISIBLE = r"\u061c\u200b\u200e\u200f\u2028\u2029\u2060-\u2064\ufeff"
+#: On one line (a table's cell, a status line), also the blanks other than the space (no-break,
+#: ideographic, the typographic spaces): with them a note could pass for a row's columns.
+_BLANKS = r"\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000"
 #: C0 and C1 control characters, the newline aside, and both sets above.
 _CONTROL = re.compile(rf"[\x00-\x09\x0b-\x1f\x7f-\x9f{_REORDER}{_INVISIBLE}]")
-_CONTROL_OR_NEWLINE = re.compile(rf"[\x00-\x1f\x7f-\x9f{_REORDER}{_INVISIBLE}]")
+_CONTROL_OR_NEWLINE = re.compile(rf"[\x00-\x1f\x7f-\x9f{_REORDER}{_INVISIBLE}{_BLANKS}]")
 
 
 def one_line(text: object, limit: int = 500) -> str:
@@ -43,8 +47,50 @@ def printable(text: str, *, newline: bool = True) -> str:
     """``text`` with every control character shown as an escape (``\\x1b``, ``\\u202e``):
     what a job controls (its command line, its last log line as a failure reason) must not
     reach another user's terminal as escape sequences.  The newline is kept unless
-    ``newline=False`` (text shown on one line: a table cell, a status line)."""
+    ``newline=False`` (text shown on one line: a table cell, a status line, where the blanks
+    other than the space are escaped too)."""
     return (_CONTROL if newline else _CONTROL_OR_NEWLINE).sub(_escape, text)
+
+
+def cells(text: str) -> int:
+    """The terminal columns ``text`` takes: 2 for a wide or full-width character (East Asian
+    width W or F), 0 for a combining mark, 1 for any other.  Tables align and wrap by this,
+    not by ``len``: a line measured short is wrapped by the terminal, and what follows the
+    wrap starts at column 0, where it could pass for a row of its own."""
+    return sum(
+        0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+        for ch in text
+    )
+
+
+def wrap_cells(text: str, width: int, indent: str) -> list[str]:
+    """``text`` (one line) as lines of at most ``width`` columns (:func:`cells`), each
+    starting with ``indent``, broken at spaces; a word wider than a line is cut."""
+    room = max(width - cells(indent), 1)
+    lines: list[str] = []
+    line, used = "", 0
+    for word in text.split(" "):
+        size = cells(word)
+        if line and used + 1 + size <= room:
+            line, used = f"{line} {word}", used + 1 + size
+            continue
+        if line:
+            lines.append(line)
+        line, used = "", 0
+        while size > room:  # a word wider than a line: cut it
+            head, head_size = "", 0
+            for ch in word:
+                if head_size + cells(ch) > room:
+                    break
+                head, head_size = head + ch, head_size + cells(ch)
+            head = head or word[0]
+            lines.append(head)
+            word = word[len(head) :]
+            size = cells(word)
+        line, used = word, size
+    if line:
+        lines.append(line)
+    return [indent + line for line in lines]
 
 
 #: In a job's log: a colour (SGR) sequence, kept, or any other control character but the

@@ -10,6 +10,7 @@ job's replicas exit with a code, as if it ended on its own.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -120,8 +121,10 @@ class Harness:
         full.update(spec)
         job = self.store.add_job(
             name=f"job-{self.store.count_jobs() + 1}",
-            owner_uid=1000,
-            owner_gid=1000,
+            # the daemon's own uid: it runs as them (another uid's jobs start only while
+            # that uid is still the account ``owner`` names: ``launchspec.owner_gone``)
+            owner_uid=os.geteuid(),
+            owner_gid=os.getegid(),
             owner_name=owner,
             spec=full,
             priority=priority,

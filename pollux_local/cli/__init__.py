@@ -45,13 +45,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """``argv`` parsed, with the words as typed kept as ``typed``: argparse drops a ``--``
+    that opens a REMAINDER, which ``edit`` needs to tell its new command from its options."""
+    args = parser.parse_args(argv)
+    args.typed = list(argv)
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     if argv is None:
         from pollux_local.cli.completion import autocomplete
 
         autocomplete(parser)  # a shell asking for completions: answered, then exits
-    args = parser.parse_args(argv)
+    args = parse(parser, sys.argv[1:] if argv is None else argv)
     if args.command is None:
         if sys.stdout.isatty() and "tui" in args.available_commands:
             args = parser.parse_args(["tui"])

@@ -163,7 +163,9 @@ def edit_request(args: argparse.Namespace) -> Edit:
     ``--`` (resolved as ``submit`` resolves one)."""
     rest: list[str] = list(args.rest or [])
     command: list[str] = []
-    if "--" in rest:
+    if getattr(args, "typed", []).count("--") > rest.count("--"):
+        rest, command = [], rest  # ``edit ID -- COMMAND``: argparse dropped that ``--``
+    elif "--" in rest:
         cut = rest.index("--")
         rest, command = rest[:cut], rest[cut + 1 :]
     if rest:

@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import sys
-import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from pollux_local.api.messages import JobSummary, NodeRow
 from pollux_local.api.states import JobState
 from pollux_local.durations import format_duration
 from pollux_local.parsing import compress_indices
-from pollux_local.untrusted import printable
+from pollux_local.untrusted import cells, printable, wrap_cells
 
 
 def fmt(value: Any, spec: str = "", empty: str = "-") -> str:
@@ -57,14 +56,14 @@ def timestamp(stamp: float | None) -> str:
 def table(rows: Sequence[Sequence[str]], numeric_from: int | None = None) -> str:
     """Rows as aligned columns (two spaces apart); columns from ``numeric_from`` on are
     right-aligned.  Control characters, newlines included, are escaped (:func:`printable`)."""
-    cells = [[printable(cell, newline=False) for cell in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    shown = [[printable(cell, newline=False) for cell in row] for row in rows]
+    widths = [max(cells(row[i]) for row in shown) for i in range(len(shown[0]))]
 
     def align(i: int, cell: str) -> str:
-        right = numeric_from is not None and i >= numeric_from
-        return cell.rjust(widths[i]) if right else cell.ljust(widths[i])
+        pad = " " * (widths[i] - cells(cell))  # by terminal columns (wide characters take 2)
+        return pad + cell if numeric_from is not None and i >= numeric_from else cell + pad
 
-    return "\n".join("  ".join(align(i, c) for i, c in enumerate(row)).rstrip() for row in cells)
+    return "\n".join("  ".join(align(i, c) for i, c in enumerate(row)).rstrip() for row in shown)
 
 
 #: The order states are counted in on an array's line.
@@ -162,25 +161,17 @@ def table_with_notes(rows: Sequence[Sequence[str]], width: int | None) -> str:
     note that fits in ``width`` (``None``: any) stays on its row, a longer one is wrapped onto indented lines
     of its own under the row, whole, never cut."""
     lines = table([row[:-1] for row in rows]).splitlines()
-    body = max(len(line) for line in lines)
+    body = max(cells(line) for line in lines)
     out = []
-    for index, (line, cells) in enumerate(zip(lines, rows, strict=True)):
-        text = printable(cells[-1], newline=False)
+    for index, (line, row) in enumerate(zip(lines, rows, strict=True)):
+        text = printable(row[-1], newline=False)
         if not text:
             out.append(line)
-        elif index == 0 or width is None or body + 2 + len(text) <= width:  # 0: the header
-            out.append(f"{line.ljust(body)}  {text}")
+        elif index == 0 or width is None or body + 2 + cells(text) <= width:  # 0: the header
+            out.append(f"{line}{' ' * (body - cells(line))}  {text}")
         else:
             out.append(line)
-            out.extend(
-                textwrap.wrap(
-                    text,
-                    width=max(width, len(NOTE_INDENT) + 20),
-                    initial_indent=NOTE_INDENT,
-                    subsequent_indent=NOTE_INDENT,
-                    break_on_hyphens=False,
-                )
-            )
+            out.extend(wrap_cells(text, max(width, len(NOTE_INDENT) + 20), NOTE_INDENT))
     return "\n".join(out)
 
 

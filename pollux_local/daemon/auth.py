@@ -12,8 +12,17 @@ never from a request field.
   anyone else who reaches the socket anyway (a descriptor passed on, a mode changed by hand).
 * **Admins** (:func:`is_admin`): root, the daemon's own user and members of the configured
   ``admin_group``.
-* **Who may change a job** (:func:`may_modify`): its owner or an admin.  Everyone who may
-  connect may read every job.
+* **Who owns a job** (:func:`is_owner`): the uid it was submitted under, *still* under the
+  account name it was submitted as.  ``userdel`` frees a uid and ``useradd`` gives it to the
+  next account made; that account is not the old owner, and inherits nothing (the old
+  owner's queued jobs fail as an owner's who is gone: ``launchspec.owner_gone``).
+* **Who may change a job** (:func:`may_modify`): its owner or an admin (cancel, hold,
+  release, restart, its bounds, time, retries and priority).
+* **Who may decide what a job runs, or read what it was given** (:func:`may_act_for`): its
+  owner, root and the daemon's own user, who run every job anyway; not the members of the
+  admin group, who manage the queue but must not run a command as another user (an edited
+  command runs as the job's owner) or read their environment (tokens).  Everyone who may
+  connect may read every job's other fields.
 """
 
 from __future__ import annotations
@@ -107,9 +116,24 @@ def is_admin(peer: Peer, admin_group: str | None, daemon_uid: int) -> bool:
     return admin_group is not None and in_group(peer.uid, peer.gid, admin_group)
 
 
-def may_modify(peer: Peer, owner_uid: int, admin_group: str | None, daemon_uid: int) -> bool:
-    """May ``peer`` cancel, hold, release or re-prioritise a job owned by ``owner_uid``?"""
-    return peer.uid == owner_uid or is_admin(peer, admin_group, daemon_uid)
+def is_owner(peer: Peer, owner_uid: int, owner_name: str) -> bool:
+    """Is ``peer`` a job's owner: its uid, and that uid's account still the one named
+    ``owner_name`` (a uid freed by ``userdel`` and given to a new account is not)?"""
+    return peer.uid == owner_uid and peer.name == owner_name
+
+
+def may_modify(
+    peer: Peer, owner_uid: int, owner_name: str, admin_group: str | None, daemon_uid: int
+) -> bool:
+    """May ``peer`` cancel, hold, release, restart or re-prioritise a job owned by
+    ``owner_uid`` (``owner_name``)?  Its owner or an admin."""
+    return is_owner(peer, owner_uid, owner_name) or is_admin(peer, admin_group, daemon_uid)
+
+
+def may_act_for(peer: Peer, owner_uid: int, owner_name: str, daemon_uid: int) -> bool:
+    """May ``peer`` choose the command a job runs as its owner, or read its environment?
+    Its owner, root or the daemon's own user; not the admin group."""
+    return peer.uid in (0, daemon_uid) or is_owner(peer, owner_uid, owner_name)
 
 
 def may_connect(peer: Peer, daemon_uid: int, allow_group: str | None) -> bool:

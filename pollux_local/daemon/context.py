@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pollux_local.api.errors import NotFound, PermissionDenied
-from pollux_local.daemon.auth import Peer, is_admin, may_modify, user_name
+from pollux_local.daemon.auth import Peer, is_admin, may_act_for, may_modify, user_name
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.forecasting import Forecasts
@@ -104,7 +104,22 @@ class Context:
 
     def may_modify(self, job: JobRecord) -> bool:
         """May the caller change the job (its owner, root, the daemon's user or an admin)?"""
-        return may_modify(self.peer, job.owner_uid, self.config.admin_group, self.daemon_uid)
+        return may_modify(
+            self.peer, job.owner_uid, job.owner_name, self.config.admin_group, self.daemon_uid
+        )
+
+    def may_act_for(self, job: JobRecord) -> bool:
+        """May the caller choose what the job runs as its owner, or read its environment
+        (its owner, root or the daemon's user: ``auth.may_act_for``)?"""
+        return may_act_for(self.peer, job.owner_uid, job.owner_name, self.daemon_uid)
+
+    def require_acting_for(self, job: JobRecord, what: str) -> None:
+        """:class:`PermissionDenied` unless the caller may act for the job's owner."""
+        if not self.may_act_for(job):
+            raise PermissionDenied(
+                f"permission denied: job {job.id} runs as {job.owner_name}; only they (or"
+                f" root) may {what}: an admin may hold, cancel or re-prioritise it"
+            )
 
     def require_owner(self, job: JobRecord, verb: str) -> None:
         """:class:`PermissionDenied` unless the caller may ``verb`` the job."""

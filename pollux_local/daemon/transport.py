@@ -317,6 +317,11 @@ class Connections:
                     header = await read_header(reader, IDLE_TIMEOUT_S, FRAME_DEADLINE_S)
                     if header is None:
                         return
+                    if not may_connect(peer, self.daemon_uid, self.allow_group()):
+                        # a reload narrowed allow_group, or the user left the group (seen
+                        # within auth.GROUP_CACHE_S): an open connection ends as a new one
+                        # would be refused, at its next request
+                        raise PermissionDenied(refusal(peer, self.daemon_uid, self.allow_group()))
                     length, deadline = header
                     counted = length if length > FREE_FRAME_BYTES else 0
                     with self.book.reserve(peer.uid, peer.name, counted):

@@ -24,7 +24,7 @@ from pollux_local.api.errors import PolluxError
 from pollux_local.api.messages import DeviceUsage, JobSummary, NodeRow, Submit, UsageReply
 from pollux_local.api.spec import Constraint
 from pollux_local.api.states import JobState
-from pollux_local.cli import build_parser, main
+from pollux_local.cli import build_parser, main, parse
 from pollux_local.cli.control import edit_request
 from pollux_local.cli.format import group_arrays, node_line, status_table
 from pollux_local.cli.submit import build_submit_request
@@ -294,7 +294,7 @@ def test_job_toml_scheduling_keys(tmp_path: Path, script: Path) -> None:
 
 
 def edit(*argv: str):  # type: ignore[no-untyped-def]
-    return edit_request(build_parser().parse_args(["edit", *argv]))
+    return edit_request(parse(build_parser(), ["edit", *argv]))
 
 
 def test_edit_requests() -> None:
@@ -308,6 +308,10 @@ def test_edit_requests() -> None:
     assert (bounds.min_gpus, bounds.max_gpus) == (2, None)
     command = edit("12", "--priority", "1", "--", SLEEP, "--flag", "7")
     assert command.argv == [SLEEP, "--flag", "7"] and command.priority == 1
+    # the command alone, right after the id (argparse drops that "--"), one with its own "--"
+    assert edit("12", "--", SLEEP, "--flag", "7").argv == [SLEEP, "--flag", "7"]
+    assert edit("12", "--", SLEEP, "--", "x").argv == [SLEEP, "--", "x"]
+    assert edit("12", "--time", "1h", "--", SLEEP, "--", "x").argv == [SLEEP, "--", "x"]
 
     # the common options after the id too, as before it
     args = build_parser().parse_args(

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from pollux_local.client import Client
-from pollux_local.daemon.auth import Peer, may_modify
+from pollux_local.daemon.auth import Peer, is_owner, may_act_for, may_modify
 from pollux_local.errors import PolluxError
 from tests.daemon_process import DaemonFactory
 
@@ -27,13 +27,31 @@ USER = "plxtest2"
 
 def test_may_modify_rules() -> None:
     owner, other = Peer(1, 1000, 1000), Peer(2, 1001, 1001)
-    assert may_modify(owner, 1000, None, daemon_uid=999)
-    assert not may_modify(other, 1000, None, daemon_uid=999)
-    assert may_modify(Peer(3, 0, 0), 1000, None, daemon_uid=999)  # root
-    assert may_modify(Peer(4, 999, 999), 1000, None, daemon_uid=999)  # the daemon's user
+    name = owner.name  # the account uid 1000 has here (or "uid1000")
+    assert may_modify(owner, 1000, name, None, daemon_uid=999)
+    assert not may_modify(other, 1000, name, None, daemon_uid=999)
+    assert may_modify(Peer(3, 0, 0), 1000, name, None, daemon_uid=999)  # root
+    assert may_modify(Peer(4, 999, 999), 1000, name, None, daemon_uid=999)  # the daemon's user
     root_group = grp.getgrgid(0).gr_name
-    assert may_modify(Peer(5, 1001, 0), 1000, root_group, daemon_uid=999)  # admin group
-    assert not may_modify(other, 1000, "no-such-group-here", daemon_uid=999)
+    assert may_modify(Peer(5, 1001, 0), 1000, name, root_group, daemon_uid=999)  # admin group
+    assert not may_modify(other, 1000, name, "no-such-group-here", daemon_uid=999)
+    # uid 1000 under another account name than the job's owner had: not the owner
+    assert not is_owner(owner, 1000, name + "-before")
+    assert not may_modify(owner, 1000, name + "-before", None, daemon_uid=999)
+
+
+def test_only_the_owner_or_root_may_act_for_a_job() -> None:
+    """The command a job runs, and its environment, are its owner's (or root's, or the
+    daemon user's): the admin group manages the queue, it does not run code as others."""
+    owner, other = Peer(1, 1000, 1000), Peer(2, 1001, 0)
+    name = owner.name
+    assert may_act_for(owner, 1000, name, daemon_uid=999)
+    assert may_act_for(Peer(3, 0, 0), 1000, name, daemon_uid=999)
+    assert may_act_for(Peer(4, 999, 999), 1000, name, daemon_uid=999)
+    root_group = grp.getgrgid(0).gr_name
+    assert may_modify(other, 1000, name, root_group, daemon_uid=999)  # an admin ...
+    assert not may_act_for(other, 1000, name, daemon_uid=999)  # ... but not its owner
+    assert not may_act_for(owner, 1000, name + "-before", daemon_uid=999)
 
 
 def as_user(

@@ -312,9 +312,9 @@ class FailingWrites:
         self.store._write_job = self.original  # type: ignore[method-assign]
 
 
-def context(harness: Harness, uid: int = 1000) -> Context:
+def context(harness: Harness, uid: int | None = None) -> Context:
     return Context(
-        peer=Peer(pid=1, uid=uid, gid=uid),
+        peer=Peer(pid=1, uid=os.geteuid() if uid is None else uid, gid=os.getegid()),
         store=harness.store,
         executor=harness.executor,
         config=harness.config,

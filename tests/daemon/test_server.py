@@ -41,6 +41,7 @@ from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.server import Daemon
 from pollux_local.daemon.transport import ConnectionBook
 from pollux_local.errors import PolluxError
+from tests.daemon_process import wait_for
 from tests.labinstall import LabInstall
 from tests.paths import REPO_ROOT
 
@@ -485,6 +486,58 @@ def test_allow_group_opens_a_users_daemon_to_that_group(base: Path, lab_python: 
         outsider = as_uid(lab_python, STRANGER, STRANGER, sock, "status")
         assert outsider["error"] == "PermissionDenied" and group in outsider["message"]
     finally:
+        proc.stop()
+
+
+KEEPALIVE = r"""
+import socket, sys
+from pollux_local.api import wire
+from pollux_local.client import build_request
+from pollux_local.api.messages import PingReply
+from pollux_local.errors import PolluxError
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.settimeout(20)
+sock.connect(sys.argv[1])
+for line in sys.stdin:  # one ping on the same connection per line read
+    try:
+        sock.sendall(wire.encode_request(build_request("ping")))
+        print("ok", wire.decode_reply(wire.recv_frame(sock), PingReply).you.uid, flush=True)
+    except PolluxError as exc:
+        print(type(exc).__name__, str(exc), flush=True)
+        break
+"""
+
+
+@needs_root
+def test_a_narrowed_allow_group_ends_a_connection_already_open(
+    base: Path, lab_python: Path
+) -> None:
+    """A user the reloaded config no longer lets in is not served on a connection opened
+    before the reload: its next request is refused, as a new connection would be."""
+    config = base / "c.toml"
+    config.write_text("[scheduler]\ninterval_s = 60\n")
+    proc = DaemonProcess(base / "s", "--config", str(config), python=lab_python)
+    client = subprocess.Popen(
+        [str(lab_python), "-c", KEEPALIVE, str(proc.socket_path)],
+        user=STRANGER, group=STRANGER, extra_groups=[], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True, env={"OMP_NUM_THREADS": "1", "HOME": "/"}, cwd="/",
+    )  # fmt: skip
+    assert client.stdin is not None and client.stdout is not None
+    try:
+        client.stdin.write("\n")
+        client.stdin.flush()
+        assert client.stdout.readline().split() == ["ok", str(STRANGER)]
+        group = grp.getgrgid(0).gr_name  # the stranger is not in it
+        config.write_text(f'[daemon]\nallow_group = "{group}"\n[scheduler]\ninterval_s = 60\n')
+        os.kill(proc.proc.pid, signal.SIGHUP)
+        wait_for(lambda: "reloaded" in (base / "s" / "daemon.log").read_text(), 15, "reload")
+        client.stdin.write("\n")
+        client.stdin.flush()
+        answer = client.stdout.readline()
+        assert answer.startswith("PermissionDenied") and group in answer, answer
+    finally:
+        client.kill()
+        client.wait(timeout=10)
         proc.stop()
 
 

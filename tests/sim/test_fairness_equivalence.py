@@ -18,6 +18,7 @@ simulator's resolution (``epoch / epochs``: the fraction done, in billionths).
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -175,7 +176,8 @@ class DaemonSide:
         }
         h = self.harness
         job_id = self.harness.store.add_job(
-            name=job.name, owner_uid=1000, owner_gid=1000, owner_name="default", spec=spec,
+            name=job.name, owner_uid=os.geteuid(), owner_gid=os.getegid(), owner_name="default",
+            spec=spec,
             priority=0, submit_time=job.spec.time,
         ).id  # fmt: skip
         h.store.record_decision(job_id, h.now, "submitted", "by default")

@@ -341,13 +341,20 @@ def checkpoint_key(state_dir: Path) -> bytes:
 
 
 def owner_gone(job: JobRecord) -> str | None:
-    """Why the job cannot run as its owner (a deleted Unix user), or ``None`` (also when the
-    user database could not be read: the start then fails, or not, on its own)."""
+    """Why the job cannot run as its owner (a deleted Unix user, or a uid ``userdel`` freed
+    that a new account now holds: ``auth.is_owner``), or ``None`` (also when the user
+    database could not be read: the start then fails, or not, on its own)."""
     if job.owner_uid == os.geteuid():
         return None
     try:
-        if account(job.owner_uid) is None:
+        entry = account(job.owner_uid)
+        if entry is None:
             return f"owner uid {job.owner_uid} no longer exists"
+        if entry.pw_name != job.owner_name:
+            return (
+                f"owner {job.owner_name} is gone: uid {job.owner_uid} now belongs to"
+                f" {entry.pw_name}"
+            )
     except OSError as exc:
         log.warning("job %s: cannot look up its owner uid %s: %s", job.id, job.owner_uid, exc)
     return None

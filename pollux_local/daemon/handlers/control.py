@@ -36,6 +36,7 @@ from pollux_local.api.messages import (
     StateChangeReply,
 )
 from pollux_local.api.states import TERMINAL_STATES, DecisionKind, JobState, StopIntent
+from pollux_local.daemon.auth import is_owner
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers.submit import validate_jobs
 from pollux_local.daemon.pacing import give_way
@@ -148,11 +149,14 @@ def targets(ctx: Context, request: Hold | Release, state: JobState, verb: str) -
         raise PermissionDenied(
             f"{verb} --all --user {user}: only an admin may {verb} another user's jobs"
         )
-    jobs = [
-        job
-        for job in ctx.store.jobs([state])
-        if (job.owner_name == user if user is not None else job.owner_uid == ctx.peer.uid)
-    ]
+    if user is not None:
+        jobs = [job for job in ctx.store.jobs([state]) if job.owner_name == user]
+    else:  # the caller's own (a reused uid's old jobs are not: ``auth.is_owner``)
+        jobs = [
+            job
+            for job in ctx.store.jobs([state])
+            if is_owner(ctx.peer, job.owner_uid, job.owner_name)
+        ]
     for job in jobs:
         ctx.require_owner(job, verb)
     return jobs

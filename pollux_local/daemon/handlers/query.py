@@ -128,7 +128,7 @@ def show(ctx: Context, request: Show) -> ShowReply:
         job_dir=ctx.job_dir(job),
         models=ctx.models,
         history=ctx.store.history(job.id),
-        with_env=ctx.may_modify(job),
+        with_env=ctx.may_act_for(job),
         config=ctx.config,
         resize_costs=resizes_of(ctx.store).costs(job.id),
     )

@@ -6,7 +6,8 @@ owner (it runs as them, whoever asks: its owner or an admin).  Dependencies are 
 were met, or failed, for the original; an array task stays a task of its array (its index,
 and the array's ``max_running``).  The copy shares the original's stored environment and
 command (nothing is copied).  ``edit ID`` changes a queued or held job's command, device
-bounds, time limit, priority, retries (``--retries``) or earliest start (``--begin``).  Both
+bounds, time limit, priority, retries (``--retries``) or earliest start (``--begin``); its
+command only by its owner (or root: ``auth.may_act_for``), since it runs as them.  Both
 check the job that results as a submit does, with the daemon's config as it is now
 (``submit.validate_jobs``): a restart counts against its owner's ``[limits]
 max_queued_per_user``."""
@@ -79,6 +80,7 @@ def _edit(ctx: Context, request: Edit) -> JobStateReply:
         )
     changes: dict[str, object] = {}
     if request.argv is not UNSET:
+        ctx.require_acting_for(job, "change its command")  # it would run as them
         changes["argv"] = list(request.argv)
     if request.min_gpus is not UNSET:
         changes["min_gpus"] = request.min_gpus
