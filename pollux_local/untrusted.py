@@ -57,6 +57,8 @@ def cells(text: str) -> int:
     width W or F), 0 for a combining mark, 1 for any other.  Tables align and wrap by this,
     not by ``len``: a line measured short is wrapped by the terminal, and what follows the
     wrap starts at column 0, where it could pass for a row of its own."""
+    if text.isascii():  # the usual case, a column each
+        return len(text)
     return sum(
         0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
         for ch in text
