@@ -257,7 +257,8 @@ class HistorySample(Message):
 
 class JobDetail(JobSummary, kw_only=True):
     """``show``: the row of ``status`` and what the job runs, its report, model and history.
-    ``env`` is the submitted environment, present only for the job's owner or an admin."""
+    ``env`` is the submitted environment, present only for the job's owner, root or the
+    daemon's user (``auth.may_act_for``)."""
 
     argv: list[str]
     workdir: str

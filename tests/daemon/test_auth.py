@@ -158,3 +158,38 @@ def test_other_users_may_read_but_not_change_jobs(
         "cancelled": [],
         "skipped": [{"id": theirs, "state": "succeeded"}],
     }
+
+
+def test_an_admin_manages_roots_job_but_cannot_run_code_as_root(
+    second_user: pwd.struct_passwd,
+) -> None:
+    """Review s54: a member of the admin group edited a held root job's command and it ran as
+    root.  Through the socket, as that member: the command and the environment stay root's;
+    the time limit is the admin's to change."""
+    group = grp.getgrgid(second_user.pw_gid).gr_name
+    root = Path(tempfile.mkdtemp(prefix="plx-auth-"))
+    root.chmod(0o755)
+    try:
+        with DaemonFactory(root) as daemons:
+            daemons(
+                devices="cpu:2",
+                config=f'[daemon]\nadmin_group = "{group}"\n[scheduler]\ninterval_s = 0.5\n',
+                state_dir=root / "s",
+            )
+            sock = root / "s" / "daemon.sock"
+            held = Client(sock).request(
+                "submit", argv=["/bin/true"], workdir=str(root), hold=True, env={"TOKEN": "t0"}
+            )["id"]
+            results = as_user(second_user.pw_uid, second_user.pw_gid, sock, [
+                ("edit", {"id": held, "argv": ["/bin/sh", "-c", "id"]}),
+                ("edit", {"id": held, "time_limit_s": 300}),
+                ("show", {"id": held}),
+            ])  # fmt: skip
+            assert results[0]["error"].startswith(f"permission denied: job {held} runs as root")
+            assert "error" not in results[1], results[1]
+            assert results[2]["job"]["env"] is None
+            shown = Client(sock).request("show", id=held)["job"]
+            assert shown["argv"] == ["/bin/true"] and shown["env"] == {"TOKEN": "t0"}
+            assert shown["time_limit_s"] == 300
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
