@@ -313,7 +313,9 @@ def test_a_cancel_of_hundreds_of_jobs_gives_the_others_turns(
         async def stop_job(self, job_id: int, intent: object) -> None:
             stopped.append(job_id)
 
-    ctx = dataclasses.replace(context(store), executor=Executor())  # type: ignore[arg-type]
+    ctx = dataclasses.replace(  # root (an admin): uid 1000 may be another account here
+        context(store), executor=Executor(), peer=Peer(1, 0, 0)
+    )  # type: ignore[arg-type]
     ids = [str(i) for i in range(3, 601, 2)]  # ann's queued jobs
     turns = count_turns(monkeypatch)
     statements: list[str] = []
@@ -350,7 +352,9 @@ def test_a_job_that_ends_while_a_long_cancel_gives_way_is_skipped(tmp_path: Path
             store.transition(victim, JobState.SUCCEEDED, NOW, None, end_time=NOW)
 
         asyncio.ensure_future(ends())
-        ctx = dataclasses.replace(context(store), executor=Executor())  # type: ignore[arg-type]
+        ctx = dataclasses.replace(  # root (an admin): uid 1000 may be another account here
+            context(store), executor=Executor(), peer=Peer(1, 0, 0)
+        )  # type: ignore[arg-type]
         return await control.cancel(ctx, Cancel(ids=[str(i) for i in ids]))
 
     reply = asyncio.run(scenario())
