@@ -313,9 +313,9 @@ def test_a_cancel_of_hundreds_of_jobs_gives_the_others_turns(
         async def stop_job(self, job_id: int, intent: object) -> None:
             stopped.append(job_id)
 
-    ctx = dataclasses.replace(  # root (an admin): uid 1000 may be another account here
-        context(store), executor=Executor(), peer=Peer(1, 0, 0)
-    )  # type: ignore[arg-type]
+    # as root (an admin): uid 1000 may be another account on this machine than "ann"
+    ctx = dataclasses.replace(context(store), peer=Peer(1, 0, 0))
+    ctx = dataclasses.replace(ctx, executor=Executor())  # type: ignore[arg-type]
     ids = [str(i) for i in range(3, 601, 2)]  # ann's queued jobs
     turns = count_turns(monkeypatch)
     statements: list[str] = []
