@@ -352,9 +352,9 @@ def test_a_job_that_ends_while_a_long_cancel_gives_way_is_skipped(tmp_path: Path
             store.transition(victim, JobState.SUCCEEDED, NOW, None, end_time=NOW)
 
         asyncio.ensure_future(ends())
-        ctx = dataclasses.replace(  # root (an admin): uid 1000 may be another account here
-            context(store), executor=Executor(), peer=Peer(1, 0, 0)
-        )  # type: ignore[arg-type]
+        # as root (an admin): uid 1000 may be another account on this machine than "ann"
+        ctx = dataclasses.replace(context(store), peer=Peer(1, 0, 0))
+        ctx = dataclasses.replace(ctx, executor=Executor())  # type: ignore[arg-type]
         return await control.cancel(ctx, Cancel(ids=[str(i) for i in ids]))
 
     reply = asyncio.run(scenario())
