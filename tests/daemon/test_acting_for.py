@@ -13,11 +13,20 @@ from pathlib import Path
 import pytest
 
 from pollux_local.api.errors import PermissionDenied
-from pollux_local.api.messages import Edit, Hold, SetPriority, Show, Submit
+from pollux_local.api.messages import (
+    DeleteGroup,
+    Edit,
+    Hold,
+    PauseGroup,
+    SetGroup,
+    SetPriority,
+    Show,
+    Submit,
+)
 from pollux_local.daemon.auth import Peer
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.executor.launchspec import owner_gone
-from pollux_local.daemon.handlers import control, query, resubmit, submit
+from pollux_local.daemon.handlers import control, groups, query, resubmit, submit
 from pollux_local.daemon.state import StateStore
 from tests.daemon.test_limits import ALICE, BOB, context
 
@@ -81,4 +90,24 @@ def test_a_reused_uid_is_not_the_old_owner(tmp_path: Path) -> None:
     why = owner_gone(taken)
     assert why is not None and "now belongs to nobody" in why and "nobody-before" in why
     assert owner_gone(replace(taken, owner_name="nobody")) is None
+    store.close()
+
+
+def test_a_reused_uid_does_not_own_the_old_accounts_groups(tmp_path: Path) -> None:
+    """A user's own group is theirs as their jobs are: uid and account name."""
+    store = StateStore(tmp_path / "state.db")
+    alice = context(store, ALICE)
+    # the group of the account that held uid 41000 before
+    store.put_group(
+        "sweep", owner_uid=ALICE, owner_name="alice-before", max_devices=None, max_running=2,
+        time=1.0,
+    )  # fmt: skip
+    with pytest.raises(PermissionDenied, match="is alice-before's"):
+        groups.set_group(alice, SetGroup(name="sweep", max_running=9))
+    with pytest.raises(PermissionDenied, match="is alice-before's"):
+        groups.pause_group(alice, PauseGroup(name="sweep"))
+    with pytest.raises(PermissionDenied, match="is alice-before's"):
+        groups.delete_group(alice, DeleteGroup(name="sweep"))
+    with pytest.raises(PermissionDenied, match="group sweep is alice-before's"):
+        submit.submit(alice, Submit(argv=["/bin/true"], workdir="/", hold=True, group="sweep"))
     store.close()

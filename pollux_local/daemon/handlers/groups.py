@@ -70,11 +70,17 @@ def group_owner(ctx: Context, name: str) -> str | None:
     return None if row is None or row.owner_uid is None else row.owner_name
 
 
-def usable_groups(ctx: Context, owner_uid: int) -> list[str]:
-    """The groups a job of ``owner_uid`` may join: the admin's, then the owner's own."""
-    own = [
-        r.name for r in users_groups(ctx.config, ctx.store.group_rows()) if r.owner_uid == owner_uid
-    ]
+def owned(row: GroupRecord, owner_uid: int, owner_name: str) -> bool:
+    """Is the user's group ``row`` that user's: their uid and account name, as a job's owner
+    is theirs (``auth.is_owner``: a uid ``userdel`` freed and a new account holds is not)?"""
+    return row.owner_uid == owner_uid and row.owner_name == owner_name
+
+
+def usable_groups(ctx: Context, owner_uid: int, owner_name: str) -> list[str]:
+    """The groups a job of ``owner_uid`` (``owner_name``) may join: the admin's, then the
+    owner's own."""
+    rows = users_groups(ctx.config, ctx.store.group_rows())
+    own = [row.name for row in rows if owned(row, owner_uid, owner_name)]
     return [group.name for group in ctx.config.groups] + own
 
 
@@ -95,7 +101,7 @@ def check_job_groups(
     job leaves it, where a group newly asked for that it may not use is refused."""
     if kept is not None and configured(ctx.config, kept) is None:
         row = ctx.store.group_row(kept)
-        if row is None or row.owner_uid != owner_uid:  # not its owner's, not the admin's
+        if row is None or not owned(row, owner_uid, owner_name):  # not its owner's, nor admin's
             specs = [
                 msgspec.structs.replace(spec, group=None) if spec.group == kept else spec
                 for spec in specs
@@ -104,9 +110,9 @@ def check_job_groups(
         if configured(ctx.config, name) is not None:
             continue
         row = ctx.store.group_row(name)
-        if row is not None and row.owner_uid == owner_uid:
+        if row is not None and owned(row, owner_uid, owner_name):
             continue
-        usable = ", ".join(usable_groups(ctx, owner_uid)) or "none"
+        usable = ", ".join(usable_groups(ctx, owner_uid, owner_name)) or "none"
         if row is not None and row.owner_uid is not None:
             raise PermissionDenied(
                 f"permission denied: group {name} is {row.owner_name}'s, and only its owner's"
@@ -195,7 +201,7 @@ def set_group(ctx: Context, request: SetGroup) -> GroupReply:
     if configured(ctx.config, name) is not None:
         raise _admins_group(ctx, name, "its caps change only in that file")
     row = ctx.store.group_row(name)
-    if row is not None and row.owner_uid is not None and row.owner_uid != uid:
+    if row is not None and row.owner_uid is not None and not owned(row, uid, ctx.peer.name):
         raise PermissionDenied(
             f"permission denied: group {name} is {row.owner_name}'s; only its owner may change it"
         )
@@ -240,7 +246,7 @@ def delete_group(ctx: Context, request: DeleteGroup) -> GroupReply:
     if configured(ctx.config, name) is not None:
         raise _admins_group(ctx, name, "it goes only when that file drops it")
     row = _users_group(ctx, name)
-    if row.owner_uid != ctx.peer.uid and not ctx.is_admin():
+    if not owned(row, ctx.peer.uid, ctx.peer.name) and not ctx.is_admin():
         raise PermissionDenied(
             f"permission denied: group {name} is {row.owner_name}'s; only its owner or an admin"
             " may delete it"
@@ -272,7 +278,7 @@ def _set_paused(ctx: Context, name: str, paused: bool) -> GroupReply:
             raise _admins_group(ctx, name, f"only an admin may {verb} it")
     else:
         row = _users_group(ctx, name)
-        if row.owner_uid != ctx.peer.uid and not ctx.is_admin():
+        if not owned(row, ctx.peer.uid, ctx.peer.name) and not ctx.is_admin():
             raise PermissionDenied(
                 f"permission denied: group {name} is {row.owner_name}'s; only its owner or an"
                 f" admin may {verb} it"
