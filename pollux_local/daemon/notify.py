@@ -374,6 +374,16 @@ class Notifier:
                 return Owner(job.owner_uid, job.owner_gid, None, job.owner_name, home)
             log.warning("notify: job %s: its owner uid %s no longer exists", job.id, job.owner_uid)
             return None
+        if entry.pw_name != job.owner_name and job.owner_uid != self.daemon_uid:
+            # userdel freed the uid and a new account holds it: not the job's owner
+            log.warning(
+                "notify: job %s: its owner %s is gone (uid %s now belongs to %s)",
+                job.id,
+                job.owner_name,
+                job.owner_uid,
+                entry.pw_name,
+            )
+            return None
         switching = self.daemon_uid == 0 and entry.pw_uid != os.geteuid()
         groups = os.getgrouplist(entry.pw_name, entry.pw_gid) if switching else None
         return Owner(entry.pw_uid, entry.pw_gid, groups, entry.pw_name, entry.pw_dir or "/")

@@ -538,6 +538,26 @@ async def test_as_root_the_hook_runs_as_the_jobs_owner(
 
 @needs_root
 @pytest.mark.asyncio
+async def test_as_root_a_reused_uid_gets_no_notification_of_the_old_accounts_job(
+    store: StateStore, unix_user: UnixUser, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The job was submitted by the account that held the uid before (another name): its
+    end is not announced to the account that holds the uid now (``auth.is_owner``)."""
+    out = shared_dir(owner_uid=unix_user.uid)
+    try:
+        command = f"id -u > {out}/who"
+        job_id = add_job(store, "j", uid=unix_user.uid, gid=unix_user.gid, owner="before")
+        end_job(store, job_id, "failed")
+        notifier = Notifier(store, lambda: daemon_config(notify_command=command), 0)
+        await announce_all(notifier)
+        assert not (out / "who").exists()
+        assert f"its owner before is gone (uid {unix_user.uid} now belongs to" in caplog.text
+    finally:
+        shutil.rmtree(out)
+
+
+@needs_root
+@pytest.mark.asyncio
 async def test_as_root_a_per_user_file_linked_to_a_root_only_file_is_never_read(
     store: StateStore, unix_user: UnixUser, caplog: pytest.LogCaptureFixture
 ) -> None:
