@@ -11,7 +11,15 @@ from __future__ import annotations
 import re
 import unicodedata
 
-__all__ = ["PartialEscape", "cells", "one_line", "printable", "printable_log", "wrap_cells"]
+__all__ = [
+    "PartialEscape",
+    "cells",
+    "cells_at_most",
+    "one_line",
+    "printable",
+    "printable_log",
+    "wrap_cells",
+]
 
 #: The Unicode controls that reorder text: bidirectional embeddings, overrides and isolates
 #: (escaped wherever a job's text is shown, its log too).
@@ -53,26 +61,43 @@ def printable(text: str, *, newline: bool = True) -> str:
 
 
 def cells(text: str) -> int:
-    """The terminal columns ``text`` takes: 2 for a wide or full-width character (East Asian
-    width W or F), 0 for a combining mark, 1 for any other.  Tables align and wrap by this,
-    not by ``len``: a line measured short is wrapped by the terminal, and what follows the
-    wrap starts at column 0, where it could pass for a row of its own."""
+    """The terminal columns ``text`` takes, as a table aligns it: 2 for a wide or full-width
+    character (East Asian width W or F), 0 for a mark drawn over the one before it (Unicode
+    category Mn or Me), 1 for any other.  Where a line must fit a width (a note beside its row,
+    a wrapped line) :func:`cells_at_most` counts instead: a line measured short is wrapped by
+    the terminal, and what follows the wrap starts at column 0, where it could pass for a row
+    of its own."""
     if text.isascii():  # the usual case, a column each
         return len(text)
     return sum(
-        0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+        0
+        if unicodedata.category(ch) in ("Mn", "Me")
+        else 2
+        if unicodedata.east_asian_width(ch) in "WF"
+        else 1
         for ch in text
     )
 
 
+def cells_at_most(text: str) -> int:
+    """The most terminal columns ``text`` can take, whatever the terminal's own table of
+    widths: every character at least 1 (marks, joiners and zero-width characters included),
+    2 for a wide, full-width or ambiguous one (East Asian width W, F or A: a terminal set up
+    for East Asian text draws the ambiguous ones wide).  Review s55 forged a row with spacing
+    marks (U+302E) that a count of 0 for every combining character took as taking no room."""
+    if text.isascii():
+        return len(text)
+    return sum(2 if unicodedata.east_asian_width(ch) in "WFA" else 1 for ch in text)
+
+
 def wrap_cells(text: str, width: int, indent: str) -> list[str]:
-    """``text`` (one line) as lines of at most ``width`` columns (:func:`cells`), each
-    starting with ``indent``, broken at spaces; a word wider than a line is cut."""
-    room = max(width - cells(indent), 1)
+    """``text`` (one line) as lines of at most ``width`` columns (:func:`cells_at_most`),
+    each starting with ``indent``, broken at spaces; a word wider than a line is cut."""
+    room = max(width - cells_at_most(indent), 1)
     lines: list[str] = []
     line, used = "", 0
     for word in text.split(" "):
-        size = cells(word)
+        size = cells_at_most(word)
         if line and used + 1 + size <= room:
             line, used = f"{line} {word}", used + 1 + size
             continue
@@ -82,13 +107,13 @@ def wrap_cells(text: str, width: int, indent: str) -> list[str]:
         while size > room:  # a word wider than a line: cut it
             head, head_size = "", 0
             for ch in word:
-                if head_size + cells(ch) > room:
+                if head_size + cells_at_most(ch) > room:
                     break
-                head, head_size = head + ch, head_size + cells(ch)
+                head, head_size = head + ch, head_size + cells_at_most(ch)
             head = head or word[0]
             lines.append(head)
             word = word[len(head) :]
-            size = cells(word)
+            size = cells_at_most(word)
         line, used = word, size
     if line:
         lines.append(line)

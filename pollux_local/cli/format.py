@@ -16,7 +16,7 @@ from pollux_local.api.messages import JobSummary, NodeRow
 from pollux_local.api.states import JobState
 from pollux_local.durations import format_duration
 from pollux_local.parsing import compress_indices
-from pollux_local.untrusted import cells, printable, wrap_cells
+from pollux_local.untrusted import cells, cells_at_most, printable, wrap_cells
 
 
 def fmt(value: Any, spec: str = "", empty: str = "-") -> str:
@@ -156,6 +156,23 @@ def terminal_width() -> int | None:
     return shutil.get_terminal_size().columns
 
 
+#: Where the lines of a ``show`` line that is too wide go on: past the labels' column.
+SHOW_INDENT = " " * 14
+
+
+def fit_line(line: str, width: int | None, indent: str = SHOW_INDENT) -> list[str]:
+    """``line`` (one line, escaped) within ``width`` columns (``None``: any): as it is when it
+    fits (:func:`cells_at_most`), else wrapped, its first line keeping the line's own leading
+    spaces and the others behind ``indent``, so that no text the job controls starts a line
+    where it could pass for another field (the terminal's own wrap would put it at column 0)."""
+    if width is None or cells_at_most(line) <= width:
+        return [line]
+    body = line.lstrip(" ")
+    lines = wrap_cells(body, width, indent)
+    lines[0] = line[: len(line) - len(body)] + lines[0][len(indent) :]
+    return lines
+
+
 def table_with_notes(rows: Sequence[Sequence[str]], width: int | None) -> str:
     """Rows (the first a header) whose last cell is a note, as :func:`table` aligns them: a
     note that fits in ``width`` (``None``: any) stays on its row, a longer one is wrapped onto indented lines
@@ -165,10 +182,13 @@ def table_with_notes(rows: Sequence[Sequence[str]], width: int | None) -> str:
     out = []
     for index, (line, row) in enumerate(zip(lines, rows, strict=True)):
         text = printable(row[-1], newline=False)
+        pad = body - cells(line)
+        # the most the row and its note can take on a terminal (``cells_at_most``)
+        most = cells_at_most(line) + pad + 2 + cells_at_most(text)
         if not text:
             out.append(line)
-        elif index == 0 or width is None or body + 2 + cells(text) <= width:  # 0: the header
-            out.append(f"{line}{' ' * (body - cells(line))}  {text}")
+        elif index == 0 or width is None or most <= width:  # 0: the header
+            out.append(f"{line}{' ' * pad}  {text}")
         else:
             out.append(line)
             out.extend(wrap_cells(text, max(width, len(NOTE_INDENT) + 20), NOTE_INDENT))

@@ -22,6 +22,7 @@ from pollux_local.cli.format import (
     batch,
     dependency,
     duration,
+    fit_line,
     fmt,
     node_line,
     status_table,
@@ -131,8 +132,14 @@ def cmd_show(args: argparse.Namespace) -> int:
     lines.append("decisions:")
     for entry in reply.decisions:
         lines.append(f"  {timestamp(entry.time)}  {entry.kind:<10} {entry.reason}")
-    # each line is one line: a newline in what a job controls is shown as an escape too
-    print("\n".join(printable(line, newline=False) for line in lines))
+    # each line is one line: a newline in what a job controls is shown as an escape too,
+    # and one wider than the terminal is wrapped behind the labels (``fit_line``)
+    width = terminal_width()
+    print(
+        "\n".join(
+            part for line in lines for part in fit_line(printable(line, newline=False), width)
+        )
+    )
     return 0
 
 

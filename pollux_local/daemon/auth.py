@@ -38,7 +38,7 @@ from dataclasses import dataclass
 #: How long a group-membership answer is reused (NSS lookups may be slow; membership changes
 #: are rare and take effect within this time).
 GROUP_CACHE_S = 30.0
-_group_cache: dict[tuple[int, int, str], tuple[float, bool]] = {}
+_group_cache: dict[tuple[int, str], tuple[float, bool]] = {}
 
 
 @dataclass(frozen=True)
@@ -78,31 +78,31 @@ def peer_credentials(sock: socket.socket) -> Peer:
     return Peer(pid=pid, uid=uid, gid=gid)
 
 
-def _lookup_group(uid: int, gid: int, group: str) -> bool:
+def _lookup_group(uid: int, group: str) -> bool:
     try:
         entry = grp.getgrnam(group)
+        user = pwd.getpwuid(uid)
     except KeyError:
         return False
-    if entry.gr_gid == gid:
-        return True
-    name = user_name(uid)
-    if name in entry.gr_mem:
+    if entry.gr_gid == user.pw_gid or user.pw_name in entry.gr_mem:
         return True
     try:
-        return entry.gr_gid in os.getgrouplist(name, gid)
+        return entry.gr_gid in os.getgrouplist(user.pw_name, user.pw_gid)
     except (KeyError, OSError):
         return False
 
 
-def in_group(uid: int, gid: int, group: str) -> bool:
-    """Is the user (primary gid ``gid``) a member of ``group``?  (Answers are cached for
-    :data:`GROUP_CACHE_S`.)"""
-    key = (uid, gid, group)
+def in_group(uid: int, group: str) -> bool:
+    """Is the user ``uid`` a member of ``group`` in the user and group databases (its primary
+    group, or a supplementary one)?  Not by the peer's effective gid: a process that took the
+    group as its gid (``sg``, ``newgrp``) before its user was removed from it keeps that gid,
+    and would keep the group's rights.  (Answers are cached for :data:`GROUP_CACHE_S`.)"""
+    key = (uid, group)
     now = time.monotonic()
     cached = _group_cache.get(key)
     if cached is not None and now - cached[0] < GROUP_CACHE_S:
         return cached[1]
-    answer = _lookup_group(uid, gid, group)
+    answer = _lookup_group(uid, group)
     if len(_group_cache) > 4096:
         _group_cache.clear()
     _group_cache[key] = (now, answer)
@@ -113,7 +113,7 @@ def is_admin(peer: Peer, admin_group: str | None, daemon_uid: int) -> bool:
     """Root, the daemon's own user, or a member of ``admin_group``."""
     if peer.uid in (0, daemon_uid):
         return True
-    return admin_group is not None and in_group(peer.uid, peer.gid, admin_group)
+    return admin_group is not None and in_group(peer.uid, admin_group)
 
 
 def is_owner(peer: Peer, owner_uid: int, owner_name: str) -> bool:
@@ -143,7 +143,7 @@ def may_connect(peer: Peer, daemon_uid: int, allow_group: str | None) -> bool:
     if peer.uid in (0, daemon_uid):
         return True
     if allow_group is not None:
-        return in_group(peer.uid, peer.gid, allow_group)
+        return in_group(peer.uid, allow_group)
     return daemon_uid == 0
 
 

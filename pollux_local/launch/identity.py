@@ -6,16 +6,44 @@ it there (``kill -STOP -1`` in a loop), and the supervisor, waiting for it to re
 command, would wait with it, and the daemon with the supervisor.  So while it sets up, only
 its *effective* ids are the user's (every file it makes or opens is checked and owned as the
 user's), its real and saved user ids stay root's, which no signal of the user's reaches; right
-before ``exec`` they become the user's too, and stay so.  Stdlib only: the supervisor and the
+before ``exec`` they become the user's too, and stay so.
+
+A child of the daemon also possesses the daemon's session keyring (systemd gives a service one
+of its own), and with it every key another job of any user put there (a Kerberos
+``KEYRING:session`` cache, AFS tokens): a child that becomes a user joins a new, empty session
+keyring of that user's (:func:`leave_shared_keyring`).  Stdlib only: the supervisor and the
 log copier import it.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 from typing import Any
 
-__all__ = ["IdentityError", "become_user_for_setup", "settle_ids"]
+__all__ = [
+    "IdentityError",
+    "become_user_for_setup",
+    "keyctl_number",
+    "leave_shared_keyring",
+    "settle_ids",
+]
+
+#: ``keyctl(2)``'s system call number, by ``uname -m``.
+KEYCTL_NUMBERS = {
+    "x86_64": 250,
+    "aarch64": 219,
+    "riscv64": 219,
+    "ppc64le": 271,
+    "ppc64": 271,
+    "s390x": 280,
+    "i686": 288,
+    "i386": 288,
+    "armv7l": 311,
+}
+#: ``keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)``: join a new anonymous session keyring.
+KEYCTL_JOIN_SESSION_KEYRING = 1
 
 
 class IdentityError(Exception):
@@ -40,6 +68,31 @@ def become_user_for_setup(user: dict[str, Any] | None) -> None:
         raise IdentityError(f"cannot become uid {uid}: {exc.strerror}") from None
     if os.geteuid() != uid:
         raise IdentityError(f"cannot become uid {uid}")
+    leave_shared_keyring()
+
+
+def keyctl_number() -> int | None:
+    """``keyctl(2)``'s system call number on this machine (``None``: not known here)."""
+    return KEYCTL_NUMBERS.get(os.uname().machine)
+
+
+def leave_shared_keyring() -> None:
+    """Join a new, empty session keyring, owned by the effective ids (the user's, once
+    :func:`become_user_for_setup` took them): the daemon's, inherited, holds what other jobs
+    put there.  Where there are no keyrings (``ENOSYS``; ``EPERM`` from a filter that refuses
+    ``keyctl``, as container runtimes' default one does) there is none to share: nothing to
+    do.  A machine whose system call number is not known is left as it is."""
+    number = keyctl_number()
+    if number is None:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    joined = libc.syscall(
+        ctypes.c_long(number), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING), ctypes.c_void_p(None)
+    )
+    if joined == -1:
+        code = ctypes.get_errno()
+        if code not in (errno.ENOSYS, errno.EPERM):
+            raise IdentityError(f"cannot leave the daemon's session keyring: {os.strerror(code)}")
 
 
 def settle_ids() -> None:

@@ -145,11 +145,13 @@ TAIL_INTERVAL_S = 0.25
 READY_POLL_S = 0.1
 #: The launcher of one replica, run as ``python -I -S -c REPLICA_SOURCE SPEC_FD REPORT_FD``
 #: by this agent's user, in a session of its own, its stdout and stderr the replica's log:
-#: it reads the replica (``{"argv", "env", "cwd", "user", "umask", "oom_score_adj"}``, JSON)
-#: from SPEC_FD, takes back the ``oom_score_adj`` the agent had before it protected itself
-#: (:func:`protect_from_oom`; else exit 127: no replica runs unkillable), takes the user's
-#: groups, gid and effective uid (root stays its real and saved uid: the user's signals do
-#: not reach it), enters ``cwd`` as the user (else exit 252), applies
+#: it reads the replica (``{"argv", "env", "cwd", "user", "umask", "oom_score_adj",
+#: "keyctl"}``, JSON) from SPEC_FD, takes back the ``oom_score_adj`` the agent had before it
+#: protected itself (:func:`protect_from_oom`; else exit 127: no replica runs unkillable), takes
+#: the user's groups, gid and effective uid (root stays its real and saved uid: the user's
+#: signals do not reach it), joins a new session keyring of the user's (``keyctl``: the system
+#: call's number here; the agent's keyring is shared with other users' jobs), enters ``cwd``
+#: as the user (else exit 252), applies
 #: ``umask``, writes ``S`` to REPORT_FD (closed at ``exec``), becomes the user for good and
 #: runs the command (else ``E`` to REPORT_FD, exit 127).  No environment of the job's reaches
 #: the interpreter (``-I``; the environment is the command's only).
@@ -182,12 +184,22 @@ def main():
             fail(127, "cannot take back the OOM score of the node: %s" % (e,))
     if user:
         uid, gid = int(user["uid"]), int(user["gid"])
+        keyctl = spec.get("keyctl")
+        if keyctl is not None:  # loaded while root may still read the interpreter's files
+            import ctypes, errno
+            libc = ctypes.CDLL(None, use_errno=True)
         try:
             os.setgroups([int(g) for g in user.get("groups") or [gid]])
             os.setresgid(gid, gid, gid)
             os.setresuid(0, uid, 0)
         except OSError as e:
             fail(127, "cannot become uid %d: %s" % (uid, e.strerror))
+        if keyctl is not None:  # a new session keyring, the user's (identity.py)
+            if libc.syscall(ctypes.c_long(int(keyctl)), ctypes.c_long(1),
+                            ctypes.c_void_p(None)) == -1:
+                e = ctypes.get_errno()
+                if e not in (errno.ENOSYS, errno.EPERM):
+                    fail(127, "cannot leave the agent's session keyring: %s" % os.strerror(e))
     try:
         os.chdir(cwd)
     except OSError as e:
@@ -865,6 +877,7 @@ class Supervisor:
             "user": self.run_as or None,
             "umask": mask,
             "oom_score_adj": self.oom_score_adj,
+            "keyctl": (self.spec.get("keyctl_numbers") or {}).get(os.uname().machine),
         }
         spec_r, spec_w = os.pipe()
         report_r, report_w = os.pipe()

@@ -23,20 +23,20 @@ from pollux_local.api.messages import (
     Show,
     Submit,
 )
-from pollux_local.daemon.auth import Peer
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.executor.launchspec import owner_gone
 from pollux_local.daemon.handlers import control, groups, query, resubmit, submit
 from pollux_local.daemon.state import StateStore
-from tests.daemon.test_limits import ALICE, BOB, context
+from tests.daemon.test_limits import ALICE, context
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def _admin(store: StateStore) -> Context:
-    """BOB, a member of the admin group (the root group: his gid is 0)."""
-    group = grp.getgrgid(0).gr_name
-    return replace(context(store, BOB, admin_group=group), peer=Peer(1, BOB, 0))
+    """User nobody, a member of the admin group (nogroup, its primary group)."""
+    nobody = pwd.getpwnam("nobody")
+    group = grp.getgrgid(nobody.pw_gid).gr_name
+    return context(store, nobody.pw_uid, admin_group=group)
 
 
 def test_an_admin_may_hold_and_reprioritise_but_not_change_what_runs(tmp_path: Path) -> None:

@@ -32,8 +32,12 @@ def test_may_modify_rules() -> None:
     assert not may_modify(other, 1000, name, None, daemon_uid=999)
     assert may_modify(Peer(3, 0, 0), 1000, name, None, daemon_uid=999)  # root
     assert may_modify(Peer(4, 999, 999), 1000, name, None, daemon_uid=999)  # the daemon's user
-    root_group = grp.getgrgid(0).gr_name
-    assert may_modify(Peer(5, 1001, 0), 1000, name, root_group, daemon_uid=999)  # admin group
+    # nobody is in nogroup (its primary group) in the databases: an admin by that group; a
+    # process that only runs with the group's gid is not a member
+    nogroup = grp.getgrgid(pwd.getpwnam("nobody").pw_gid).gr_name
+    nobody = pwd.getpwnam("nobody").pw_uid
+    assert may_modify(Peer(5, nobody, 0), 1000, name, nogroup, daemon_uid=999)  # admin group
+    assert not may_modify(Peer(6, 65533, nobody), 1000, name, nogroup, daemon_uid=999)
     assert not may_modify(other, 1000, name, "no-such-group-here", daemon_uid=999)
     # uid 1000 under another account name than the job's owner had: not the owner
     assert not is_owner(owner, 1000, name + "-before")
@@ -43,13 +47,14 @@ def test_may_modify_rules() -> None:
 def test_only_the_owner_or_root_may_act_for_a_job() -> None:
     """The command a job runs, and its environment, are its owner's (or root's, or the
     daemon user's): the admin group manages the queue, it does not run code as others."""
-    owner, other = Peer(1, 1000, 1000), Peer(2, 1001, 0)
+    nobody = pwd.getpwnam("nobody")
+    owner, other = Peer(1, 1000, 1000), Peer(2, nobody.pw_uid, nobody.pw_gid)
     name = owner.name
     assert may_act_for(owner, 1000, name, daemon_uid=999)
     assert may_act_for(Peer(3, 0, 0), 1000, name, daemon_uid=999)
     assert may_act_for(Peer(4, 999, 999), 1000, name, daemon_uid=999)
-    root_group = grp.getgrgid(0).gr_name
-    assert may_modify(other, 1000, name, root_group, daemon_uid=999)  # an admin ...
+    nogroup = grp.getgrgid(nobody.pw_gid).gr_name
+    assert may_modify(other, 1000, name, nogroup, daemon_uid=999)  # an admin ...
     assert not may_act_for(other, 1000, name, daemon_uid=999)  # ... but not its owner
     assert not may_act_for(owner, 1000, name + "-before", daemon_uid=999)
 

@@ -7,6 +7,7 @@ import asyncio
 import grp
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import tempfile
@@ -89,13 +90,16 @@ def test_a_user_may_not_raise_a_priority_above_the_default(tmp_path: Path) -> No
 
 def test_admins_and_the_configured_range(tmp_path: Path) -> None:
     store = StateStore(tmp_path / "state.db")
-    root_group = grp.getgrgid(0).gr_name
+    nobody = pwd.getpwnam("nobody")  # in nogroup, its primary group, in the databases
+    nogroup = grp.getgrgid(nobody.pw_gid).gr_name
     assert submit.submit(context(store, 0), request(1000)).id  # root
     assert submit.submit(context(store, DAEMON_UID), request(7)).id  # the daemon's user
-    member = Context(
-        **{**context(store, BOB, admin_group=root_group).__dict__, "peer": Peer(1, BOB, 0)}
-    )
+    member = context(store, nobody.pw_uid, admin_group=nogroup)
     assert submit.submit(member, request(9)).id  # a member of the admin group
+    # a process running with the group's gid, its user not a member: not an admin
+    posing = Context(**{**member.__dict__, "peer": Peer(1, BOB, nobody.pw_gid)})
+    with pytest.raises(PermissionDenied):
+        submit.submit(posing, request(9))
     ranged = context(store, ALICE, max_priority=10)
     assert submit.submit(ranged, request(10)).id
     with pytest.raises(PermissionDenied, match="priority 11 is above 10"):

@@ -14,6 +14,7 @@ import asyncio
 import grp
 import json
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -106,10 +107,13 @@ def test_who_may_connect_and_the_socket_mode() -> None:
     assert may_connect(alice, 1000, None) and may_connect(root, 1000, None)
     assert not may_connect(bob, 1000, None)
     # opened to a group: its members (primary or supplementary)
-    group = grp.getgrgid(0).gr_name
+    nobody = pwd.getpwnam("nobody")  # a member of nogroup, its primary group
+    group = grp.getgrgid(nobody.pw_gid).gr_name
     assert socket_mode(1000, group) == 0o660
-    assert may_connect(Peer(4, 1001, 0), 1000, group)
+    assert may_connect(Peer(4, nobody.pw_uid, 1), 1000, group)
     assert not may_connect(bob, 1000, group)
+    # membership is the databases': a process running with the group's gid is not a member
+    assert not may_connect(Peer(5, 65533, nobody.pw_gid), 1000, group)
     assert not may_connect(bob, 0, "no-such-group-here")  # a root daemon limited to a group
 
 
@@ -470,14 +474,21 @@ def test_allow_group_opens_a_users_daemon_to_that_group(base: Path, lab_python: 
     config = base / "c.toml"
     config.write_text(f'[daemon]\nallow_group = "{group}"\n')
     config.chmod(0o644)
+    name = "plxmem" + os.urandom(3).hex()  # a member: nogroup is its primary group
+    subprocess.run(["useradd", "-M", "-N", "-g", group, "-s", "/bin/sh", name], check=True)
     proc = DaemonProcess(state, "--config", str(config), user=NOBODY, python=lab_python)
     try:
         sock = proc.socket_path
         assert mode(sock) == 0o660 and sock.lstat().st_gid == NOBODY
+        uid = pwd.getpwnam(name).pw_uid
         member = as_uid(
-            lab_python, STRANGER, NOBODY, sock, "submit", argv=["/bin/true"], workdir="/", hold=True
+            lab_python, uid, NOBODY, sock, "submit", argv=["/bin/true"], workdir="/", hold=True
         )
         assert "ok" in member, member
+        # a process that runs with the group's gid, its user no member (the kernel lets it
+        # open the socket): membership is the databases', review s55 kept it past a removal
+        posing = as_uid(lab_python, STRANGER, NOBODY, sock, "status")
+        assert posing["error"] == "PermissionDenied" and group in posing["message"], posing
         outsider = as_uid(lab_python, STRANGER, STRANGER, sock, "status")
         assert (
             outsider["error"] == "DaemonUnavailable" and "permission denied" in outsider["message"]
@@ -487,6 +498,7 @@ def test_allow_group_opens_a_users_daemon_to_that_group(base: Path, lab_python: 
         assert outsider["error"] == "PermissionDenied" and group in outsider["message"]
     finally:
         proc.stop()
+        subprocess.run(["userdel", name], check=False)
 
 
 KEEPALIVE = r"""

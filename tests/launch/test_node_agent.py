@@ -733,3 +733,49 @@ def test_the_agents_command_fits_in_one_argument_with_room(
     monkeypatch.setattr(nodes, "node_agent_source", lambda: "pass\n" * 30_000)
     with pytest.raises(PolluxError, match="over the 131072 one argument may hold"):
         nodes.agent_command("python3")
+
+
+def test_a_replica_of_another_user_joins_a_session_keyring_of_its_own() -> None:
+    """Review s55: replicas possessed the agent's session keyring, shared with every other
+    user's jobs on the node.  The replica launcher, told ``keyctl`` (the system call's number),
+    joins a new one before the job's command runs."""
+    import ctypes
+    import shutil
+
+    from pollux_local.launch.identity import KEYCTL_JOIN_SESSION_KEYRING, keyctl_number
+
+    number, python = keyctl_number(), shutil.which("python3", path="/usr/bin:/bin")
+    if os.geteuid() != 0 or number is None or python is None:
+        pytest.skip("needs root, a known keyctl number and the system's python3")
+    libc = ctypes.CDLL(None, use_errno=True)
+    name = ctypes.c_char_p(b"pollux-test-agent")
+    if libc.syscall(ctypes.c_long(number), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING), name) < 0:
+        pytest.skip("no keyrings here")
+    serial = (
+        "import ctypes, sys; libc = ctypes.CDLL(None);"
+        " print(libc.syscall(ctypes.c_long(int(sys.argv[1])), ctypes.c_long(0),"
+        " ctypes.c_long(-3), ctypes.c_long(0)))"
+    )
+    probe = [python, "-c", serial, str(number)]
+    ours = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
+    nobody = {"uid": 65534, "gid": 65534, "groups": [65534]}
+    seen = []
+    for keyctl in (number, None):  # with the number, and (as before) without
+        spec_r, spec_w = os.pipe()
+        report_r, report_w = os.pipe()
+        order = {"argv": probe, "env": {}, "cwd": "/tmp", "user": nobody, "umask": None,
+                 "oom_score_adj": None, "keyctl": keyctl}  # fmt: skip
+        os.write(spec_w, json.dumps(order).encode())
+        os.close(spec_w)
+        proc = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", node_agent.REPLICA_SOURCE, str(spec_r),
+             str(report_w)],
+            pass_fds=(spec_r, report_w), capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        for fd in (spec_r, report_w, report_r):
+            os.close(fd)
+        assert proc.returncode == 0, proc.stderr
+        seen.append(proc.stdout.strip())
+    assert int(ours) > 0 and int(seen[0]) > 0
+    assert seen[0] != ours  # its own
+    assert seen[1] == ours  # the agent's, shared: what the number prevents

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import dataclasses
 import json
 import os
@@ -772,3 +773,47 @@ async def test_a_job_starts_with_the_descriptor_limit_the_daemon_started_with(
     group = await launcher.launch(make_spec(job_dir, ["sh", "-c", "ulimit -n"], tmp_path))
     assert await asyncio.wait_for(group.wait(), 20) == 0
     assert (job_dir / "rank0.log").read_text().split()[-1] == str(started_with)
+
+
+#: Prints the caller's session keyring's serial: keyctl(KEYCTL_GET_KEYRING_ID, @s, 0) (argv[1]:
+#: keyctl's system call number); stdlib only, for the system's python3.
+KEYRING_ID = (
+    "import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True);"
+    " print(libc.syscall(ctypes.c_long(int(sys.argv[1])), ctypes.c_long(0), ctypes.c_long(-3),"
+    " ctypes.c_long(0)))"
+)
+
+
+@pytest.mark.asyncio
+async def test_a_replica_of_another_user_leaves_the_daemons_session_keyring(
+    other_user: pwd.struct_passwd, lab_dir: Path
+) -> None:
+    """Review s55: every job possessed the daemon's session keyring, so one user's job read a
+    key another user's job had put there.  A replica that becomes a user joins a new session
+    keyring: its keyring is neither the daemon's nor the other replica's."""
+    from pollux_local.launch.identity import KEYCTL_JOIN_SESSION_KEYRING, keyctl_number
+
+    number = keyctl_number()
+    if number is None:
+        pytest.skip("keyctl's system call number is not known on this machine")
+    libc = ctypes.CDLL(None, use_errno=True)
+    # a session keyring of this process's own, as systemd gives the daemon's service one
+    name = ctypes.c_char_p(b"pollux-test-daemon")
+    if libc.syscall(ctypes.c_long(number), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING), name) < 0:
+        pytest.skip(f"no keyrings here ({os.strerror(ctypes.get_errno())})")
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None:
+        pytest.skip("needs the system's python3 (one every user may run)")
+    probe = [python, "-c", KEYRING_ID, str(number)]
+    ours = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.split()
+    uid, gid = other_user.pw_uid, other_user.pw_gid
+    job_dir = make_owned_dir(lab_dir / "jobs", "7", uid, gid)
+    spec = make_spec(
+        job_dir, probe, Path("/tmp"), replicas=2, run_as_uid=uid,
+    )  # fmt: skip
+    launcher = LocalLauncher(run_dir=lab_dir / "run")
+    group = await launcher.launch(spec)
+    assert await asyncio.wait_for(group.wait(), 30) == 0
+    theirs = [(job_dir / f"rank{rank}.log").read_text().split()[-1] for rank in (0, 1)]
+    assert int(ours[0]) > 0 and all(int(serial) > 0 for serial in theirs), (ours, theirs)
+    assert ours[0] not in theirs and theirs[0] != theirs[1], (ours, theirs)

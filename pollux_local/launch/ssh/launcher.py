@@ -20,6 +20,7 @@ from typing import Any
 
 from pollux_local.errors import PolluxError
 from pollux_local.launch.base import LaunchSpec, NodeHealth, ReplicaSlot, incarnation
+from pollux_local.launch.identity import KEYCTL_NUMBERS
 from pollux_local.launch.local import replica_env
 from pollux_local.launch.ssh.group import MAX_LINE_BYTES, SshReplicaGroup, _NodeSession
 from pollux_local.launch.ssh.nodes import (
@@ -376,6 +377,9 @@ class SshLauncher:
             "node_workdir": node.workdir,
             "cwd_required": True,
             "user": spec.run_as,
+            # keyctl(2)'s number per machine: a replica of another user leaves the agent's
+            # session keyring, which other users' jobs share (``identity.py``)
+            "keyctl_numbers": KEYCTL_NUMBERS,
             "orphan_grace_s": self.orphan_grace_s,
             # what of a replica's log is sent at most (the daemon keeps no more of it)
             "max_log_bytes": self.max_log_bytes,
