@@ -27,6 +27,7 @@ never from a request field.
 
 from __future__ import annotations
 
+import functools
 import grp
 import os
 import pwd
@@ -47,8 +48,10 @@ class Peer:
     uid: int
     gid: int
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
+        """The account name of ``uid`` (looked up once: a request may compare it with the
+        owners of thousands of jobs)."""
         return user_name(self.uid)
 
 
@@ -69,6 +72,19 @@ def account(uid: int) -> pwd.struct_passwd | None:
     except KeyError:
         os.close(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))  # EMFILE, ENFILE: not gone
         return None
+
+
+def owner_gone(owner_uid: int, owner_name: str) -> str | None:
+    """Why the account that submitted a job as ``owner_name`` (uid ``owner_uid``) is no
+    longer here, or ``None``: the uid has no account, or another account holds it now
+    (``userdel`` freed it and ``useradd`` gave it out again: :func:`is_owner`'s rule).  Raises
+    the ``OSError`` of :func:`account` when the user database cannot be read."""
+    entry = account(owner_uid)
+    if entry is None:
+        return f"owner uid {owner_uid} no longer exists"
+    if entry.pw_name != owner_name:
+        return f"owner {owner_name} is gone: uid {owner_uid} now belongs to {entry.pw_name}"
+    return None
 
 
 def peer_credentials(sock: socket.socket) -> Peer:

@@ -58,7 +58,7 @@ from typing import Any
 
 from pollux_local.api.states import JobState
 from pollux_local.daemon import notify_send
-from pollux_local.daemon.auth import account
+from pollux_local.daemon.auth import account, owner_gone
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.state import JobEnd, JobRecord, StateStore
 from pollux_local.launch.supervisor import proc_start_time, signal_group_of
@@ -365,25 +365,20 @@ class Notifier:
             return None
         try:
             entry = account(job.owner_uid)
+            gone = (
+                None
+                if job.owner_uid == self.daemon_uid
+                else owner_gone(job.owner_uid, job.owner_name)
+            )
         except OSError as exc:
             log.warning("notify: job %s: cannot look up its owner: %s", job.id, exc)
             return None
-        if entry is None:
-            if job.owner_uid == self.daemon_uid:
-                home = os.environ.get("HOME", "/")
-                return Owner(job.owner_uid, job.owner_gid, None, job.owner_name, home)
-            log.warning("notify: job %s: its owner uid %s no longer exists", job.id, job.owner_uid)
+        if gone is not None:  # deleted, or its uid another account's now (``auth.is_owner``)
+            log.warning("notify: job %s: %s", job.id, gone)
             return None
-        if entry.pw_name != job.owner_name and job.owner_uid != self.daemon_uid:
-            # userdel freed the uid and a new account holds it: not the job's owner
-            log.warning(
-                "notify: job %s: its owner %s is gone (uid %s now belongs to %s)",
-                job.id,
-                job.owner_name,
-                job.owner_uid,
-                entry.pw_name,
-            )
-            return None
+        if entry is None:  # the daemon's own user, with no account
+            home = os.environ.get("HOME", "/")
+            return Owner(job.owner_uid, job.owner_gid, None, job.owner_name, home)
         switching = self.daemon_uid == 0 and entry.pw_uid != os.geteuid()
         groups = os.getgrouplist(entry.pw_name, entry.pw_gid) if switching else None
         return Owner(entry.pw_uid, entry.pw_gid, groups, entry.pw_name, entry.pw_dir or "/")

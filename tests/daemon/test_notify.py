@@ -551,7 +551,7 @@ async def test_as_root_a_reused_uid_gets_no_notification_of_the_old_accounts_job
         notifier = Notifier(store, lambda: daemon_config(notify_command=command), 0)
         await announce_all(notifier)
         assert not (out / "who").exists()
-        assert f"its owner before is gone (uid {unix_user.uid} now belongs to" in caplog.text
+        assert f"owner before is gone: uid {unix_user.uid} now belongs to" in caplog.text
     finally:
         shutil.rmtree(out)
 

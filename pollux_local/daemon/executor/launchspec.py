@@ -27,7 +27,7 @@ from pollux_local.api.errors import InvalidRequest, LimitExceeded
 from pollux_local.api.launch import LaunchEnvironment, without_launch_variables
 from pollux_local.api.spec import JobSpec
 from pollux_local.core.types import BatchChoice
-from pollux_local.daemon.auth import account
+from pollux_local.daemon.auth import owner_gone as gone_why
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.jobfiles import make_owned_dir
 from pollux_local.daemon.scheduler import Action
@@ -347,14 +347,7 @@ def owner_gone(job: JobRecord) -> str | None:
     if job.owner_uid == os.geteuid():
         return None
     try:
-        entry = account(job.owner_uid)
-        if entry is None:
-            return f"owner uid {job.owner_uid} no longer exists"
-        if entry.pw_name != job.owner_name:
-            return (
-                f"owner {job.owner_name} is gone: uid {job.owner_uid} now belongs to"
-                f" {entry.pw_name}"
-            )
+        return gone_why(job.owner_uid, job.owner_name)
     except OSError as exc:
         log.warning("job %s: cannot look up its owner uid %s: %s", job.id, job.owner_uid, exc)
     return None
