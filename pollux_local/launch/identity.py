@@ -11,7 +11,8 @@ before ``exec`` they become the user's too, and stay so.
 A child of the daemon also possesses the daemon's session keyring (systemd gives a service one
 of its own), and with it every key another job of any user put there (a Kerberos
 ``KEYRING:session`` cache, AFS tokens): a child that becomes a user joins a new, empty session
-keyring of that user's (:func:`leave_shared_keyring`).  Stdlib only: the supervisor and the
+keyring of that user's once it is theirs in every way (:func:`settle_ids`; until then the
+user can neither signal nor trace it).  Stdlib only: the supervisor and the
 log copier import it.
 """
 
@@ -68,7 +69,6 @@ def become_user_for_setup(user: dict[str, Any] | None) -> None:
         raise IdentityError(f"cannot become uid {uid}: {exc.strerror}") from None
     if os.geteuid() != uid:
         raise IdentityError(f"cannot become uid {uid}")
-    leave_shared_keyring()
 
 
 def keyctl_number() -> int | None:
@@ -77,9 +77,8 @@ def keyctl_number() -> int | None:
 
 
 def leave_shared_keyring() -> None:
-    """Join a new, empty session keyring, owned by the effective ids (the user's, once
-    :func:`become_user_for_setup` took them): the daemon's, inherited, holds what other jobs
-    put there.  Where there are no keyrings (``ENOSYS``; ``EPERM`` from a filter that refuses
+    """Join a new, empty session keyring, the caller's (called once every id is the user's:
+    :func:`settle_ids`): the daemon's, inherited, holds what other jobs put there.  Where there are no keyrings (``ENOSYS``; ``EPERM`` from a filter that refuses
     ``keyctl``, as container runtimes' default one does) there is none to share: nothing to
     do.  A machine whose system call number is not known is left as it is."""
     number = keyctl_number()
@@ -97,8 +96,10 @@ def leave_shared_keyring() -> None:
 
 def settle_ids() -> None:
     """Make the real and saved user and group ids the effective ones, for good (what runs
-    next is the user's alone, with no way back to root)."""
+    next is the user's alone, with no way back to root); a process that so leaves root for
+    another user also leaves the daemon's session keyring (:func:`leave_shared_keyring`)."""
     euid, egid = os.geteuid(), os.getegid()
+    switching = os.getuid() == 0 and euid != 0
     try:
         os.setresgid(egid, egid, egid)
         os.setresuid(euid, euid, euid)
@@ -106,3 +107,5 @@ def settle_ids() -> None:
         raise IdentityError(f"cannot settle as uid {euid}: {exc.strerror}") from None
     if os.getresuid() != (euid, euid, euid) or os.getresgid() != (egid, egid, egid):
         raise IdentityError(f"cannot settle as uid {euid}")
+    if switching:
+        leave_shared_keyring()

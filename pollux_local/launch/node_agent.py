@@ -149,12 +149,12 @@ READY_POLL_S = 0.1
 #: "keyctl"}``, JSON) from SPEC_FD, takes back the ``oom_score_adj`` the agent had before it
 #: protected itself (:func:`protect_from_oom`; else exit 127: no replica runs unkillable), takes
 #: the user's groups, gid and effective uid (root stays its real and saved uid: the user's
-#: signals do not reach it), joins a new session keyring of the user's (``keyctl``: the system
-#: call's number here; the agent's keyring is shared with other users' jobs), enters ``cwd``
-#: as the user (else exit 252), applies
-#: ``umask``, writes ``S`` to REPORT_FD (closed at ``exec``), becomes the user for good and
-#: runs the command (else ``E`` to REPORT_FD, exit 127).  No environment of the job's reaches
-#: the interpreter (``-I``; the environment is the command's only).
+#: signals do not reach it), enters ``cwd`` as the user (else exit 252), applies ``umask``,
+#: writes ``S`` to REPORT_FD (closed at ``exec``), becomes the user for good, joins a new
+#: session keyring of the user's (``keyctl``: the system call's number here; the agent's
+#: keyring is shared with other users' jobs) and runs the command (else ``E`` to REPORT_FD,
+#: exit 127).  No environment of the job's reaches the interpreter (``-I``; the environment
+#: is the command's only).
 REPLICA_SOURCE = r"""
 import json, os, signal, sys
 def fail(code, message):
@@ -194,12 +194,6 @@ def main():
             os.setresuid(0, uid, 0)
         except OSError as e:
             fail(127, "cannot become uid %d: %s" % (uid, e.strerror))
-        if keyctl is not None:  # a new session keyring, the user's (identity.py)
-            if libc.syscall(ctypes.c_long(int(keyctl)), ctypes.c_long(1),
-                            ctypes.c_void_p(None)) == -1:
-                e = ctypes.get_errno()
-                if e not in (errno.ENOSYS, errno.EPERM):
-                    fail(127, "cannot leave the agent's session keyring: %s" % os.strerror(e))
     try:
         os.chdir(cwd)
     except OSError as e:
@@ -215,6 +209,12 @@ def main():
             fail(127, "cannot settle as uid %d: %s" % (uid, e.strerror))
         if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
             fail(127, "cannot settle as uid %d" % uid)
+        if keyctl is not None:  # a new session keyring, the user's (identity.py)
+            if libc.syscall(ctypes.c_long(int(keyctl)), ctypes.c_long(1),
+                            ctypes.c_void_p(None)) == -1:
+                e = ctypes.get_errno()
+                if e not in (errno.ENOSYS, errno.EPERM):
+                    fail(127, "cannot leave the agent's session keyring: %s" % os.strerror(e))
     try:
         os.execvpe(argv[0], argv, env)
     except (OSError, ValueError, IndexError) as e:

@@ -751,13 +751,10 @@ def test_a_replica_of_another_user_joins_a_session_keyring_of_its_own() -> None:
     name = ctypes.c_char_p(b"pollux-test-agent")
     if libc.syscall(ctypes.c_long(number), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING), name) < 0:
         pytest.skip("no keyrings here")
-    serial = (
-        "import ctypes, sys; libc = ctypes.CDLL(None);"
-        " print(libc.syscall(ctypes.c_long(int(sys.argv[1])), ctypes.c_long(0),"
-        " ctypes.c_long(-3), ctypes.c_long(0)))"
-    )
-    probe = [python, "-c", serial, str(number)]
-    ours = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
+    from tests.launch.test_supervisor import KEYRING_ID
+
+    probe = [python, "-c", KEYRING_ID, str(number)]
+    ours = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.split()[0]
     nobody = {"uid": 65534, "gid": 65534, "groups": [65534]}
     seen = []
     for keyctl in (number, None):  # with the number, and (as before) without
@@ -775,7 +772,7 @@ def test_a_replica_of_another_user_joins_a_session_keyring_of_its_own() -> None:
         for fd in (spec_r, report_w, report_r):
             os.close(fd)
         assert proc.returncode == 0, proc.stderr
-        seen.append(proc.stdout.strip())
-    assert int(ours) > 0 and int(seen[0]) > 0
-    assert seen[0] != ours  # its own
-    assert seen[1] == ours  # the agent's, shared: what the number prevents
+        seen.append(proc.stdout.split())
+    assert int(ours) > 0 and int(seen[0][0]) > 0
+    assert seen[0][0] != ours and seen[0][1] == "65534"  # its own, nobody's
+    assert seen[1][0] == ours  # the agent's, shared: what the number prevents

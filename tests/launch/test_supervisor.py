@@ -775,12 +775,15 @@ async def test_a_job_starts_with_the_descriptor_limit_the_daemon_started_with(
     assert (job_dir / "rank0.log").read_text().split()[-1] == str(started_with)
 
 
-#: Prints the caller's session keyring's serial: keyctl(KEYCTL_GET_KEYRING_ID, @s, 0) (argv[1]:
-#: keyctl's system call number); stdlib only, for the system's python3.
+#: Prints the caller's session keyring's serial and owner uid: keyctl(KEYCTL_GET_KEYRING_ID,
+#: @s, 0) and KEYCTL_DESCRIBE (argv[1]: keyctl's system call number); stdlib only, for the
+#: system's python3.
 KEYRING_ID = (
-    "import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True);"
-    " print(libc.syscall(ctypes.c_long(int(sys.argv[1])), ctypes.c_long(0), ctypes.c_long(-3),"
-    " ctypes.c_long(0)))"
+    "import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True); n = int(sys.argv[1]);"
+    " b = ctypes.create_string_buffer(256);"
+    " libc.syscall(ctypes.c_long(n), ctypes.c_long(6), ctypes.c_long(-3), b, ctypes.c_long(256));"
+    " print(libc.syscall(ctypes.c_long(n), ctypes.c_long(0), ctypes.c_long(-3),"
+    " ctypes.c_long(0)), b.value.decode().split(';')[1])"
 )
 
 
@@ -814,6 +817,8 @@ async def test_a_replica_of_another_user_leaves_the_daemons_session_keyring(
     launcher = LocalLauncher(run_dir=lab_dir / "run")
     group = await launcher.launch(spec)
     assert await asyncio.wait_for(group.wait(), 30) == 0
-    theirs = [(job_dir / f"rank{rank}.log").read_text().split()[-1] for rank in (0, 1)]
-    assert int(ours[0]) > 0 and all(int(serial) > 0 for serial in theirs), (ours, theirs)
-    assert ours[0] not in theirs and theirs[0] != theirs[1], (ours, theirs)
+    found = [(job_dir / f"rank{rank}.log").read_text().split()[-2:] for rank in (0, 1)]
+    theirs = [serial for serial, _ in found]
+    assert int(ours[0]) > 0 and all(int(serial) > 0 for serial in theirs), (ours, found)
+    assert ours[0] not in theirs and theirs[0] != theirs[1], (ours, found)
+    assert all(owner == str(uid) for _, owner in found), found  # the user's own
