@@ -18,6 +18,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import psutil
+
 from pollux_local.client import Client
 from pollux_local.errors import PolluxError
 from tests.paths import REPO_ROOT
@@ -194,6 +196,25 @@ class DaemonFactory:
         trace: TracebackType | None,
     ) -> None:
         self.stop_all()
+        self.end_leftovers()
+
+    def end_leftovers(self) -> None:
+        """Kill the supervisors the daemons left running, with their jobs: a daemon that
+        stops leaves a rigid job running for the next one to adopt, and at teardown there is
+        no next one.  A supervisor is this factory's when its output goes to a run file under
+        ``root``."""
+        root = str(self.root.resolve())
+        for proc in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error, OSError):
+                if "pollux_local.launch.supervisor" not in (proc.info["cmdline"] or []):
+                    continue
+                stderr = os.readlink(f"/proc/{proc.pid}/fd/2")
+                if not stderr.startswith(root + os.sep):
+                    continue
+                for child in proc.children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        child.kill()
+                proc.kill()
 
 
 def quick_config(restart_cost_s: float) -> str:
