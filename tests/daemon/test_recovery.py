@@ -216,7 +216,8 @@ def test_a_job_still_running_at_the_restart_is_adopted_not_restarted(
     daemon = start_daemon(daemons, tmp_path / "state", conf)
     job_id = submit(daemon, ["sh", "-c", WAITER, "waiter", str(tmp_path), "0"], tmp_path)
     wait_for(lambda: (tmp_path / "pid").exists(), 20, "the job to run")
-    before = show(daemon, job_id)["job"]
+    # its start recorded (a start not yet recorded is the test below's)
+    before = wait_for(lambda: (job := show(daemon, job_id)["job"])["pids"] and job, 20, "pids")
     supervisor = int(run_file(daemon, job_id)["supervisor"]["pid"])  # type: ignore[index]
     replica = int((tmp_path / "pid").read_text())
     daemon.kill()
@@ -287,6 +288,8 @@ def test_a_start_made_but_not_recorded_is_adopted_not_run_again(
     assert after["job"]["state"] == "running", after["decisions"]
     assert "not recorded" in after["decisions"][-2]["reason"]
     assert after["job"]["devices"] and alive(replica)
+    # its processes, from the run file: what tells its own from others on its devices
+    assert [(p["rank"], p["pid"]) for p in after["job"]["pids"]] == [(0, replica)]
     (tmp_path / "go").touch()
     ends_once_as(daemon, job_id, outcome, tmp_path)
 

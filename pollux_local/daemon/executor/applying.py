@@ -290,13 +290,7 @@ class Applying(Warm):
         # watched at once: should recording the start fail, its exit is still handled
         self.watchers[job.id] = asyncio.ensure_future(self._watch(job.id, group))
         self._noted_down = {key for key in self._noted_down if key[0] != job.id}
-        pids = []
-        for rank, pid in group.pids().items():
-            record: dict[str, Any] = {"rank": rank, "pid": pid, "node": spec.slots[rank].node}
-            if self.config.node(spec.slots[rank].node).is_local:
-                with contextlib.suppress(psutil.Error):
-                    record["create_time"] = psutil.Process(pid).create_time()
-            pids.append(record)
+        pids = self.pid_records(spec.slots, group.pids())
         batch = action.batch
         self.store.transition(
             job.id,

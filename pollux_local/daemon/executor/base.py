@@ -9,9 +9,11 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from pollux_local.api.states import DecisionKind, JobState, StopIntent
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
@@ -28,6 +30,7 @@ from pollux_local.launch.base import (
     Launcher,
     LaunchSpec,
     ReplicaGroup,
+    ReplicaSlot,
 )
 from pollux_local.launch.local import LocalLauncher
 
@@ -119,6 +122,23 @@ class ExecutorBase:
         longer has is not: only a local run file is adopted on one)."""
         node = self.known_node(name)
         return node is not None and not node.is_local
+
+    def pid_records(
+        self, slots: Iterable[ReplicaSlot], pids: Mapping[int, int]
+    ) -> list[dict[str, Any]]:
+        """A running incarnation's ``pids`` as the store keeps them: ``{"rank", "pid",
+        "node"}`` per replica, and ``"create_time"`` for one on this machine (what tells the
+        process from a later one given its pid)."""
+        nodes = {slot.rank: slot.node for slot in slots}
+        records = []
+        for rank, pid in pids.items():
+            record: dict[str, Any] = {"rank": rank, "pid": pid, "node": nodes[rank]}
+            node = self.known_node(nodes[rank])
+            if node is not None and node.is_local:
+                with contextlib.suppress(psutil.Error):
+                    record["create_time"] = psutil.Process(pid).create_time()
+            records.append(record)
+        return records
 
     def launcher_for(self, node: NodeConfig) -> Launcher:
         if node.slurm is not None:

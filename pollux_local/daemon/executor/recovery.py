@@ -101,8 +101,8 @@ class Recovery(Applying):
     def _take_unrecorded_start(self, job: JobRecord, record: RunRecord, now: float) -> None:
         """Record ``job`` as running since ``record``'s start, on the devices it names."""
         placement: dict[str, list[str]] = {}
-        for slot in sorted(spec_from_launch(job.job_id, record.launch).slots,
-                           key=lambda s: s.rank):  # fmt: skip
+        slots = sorted(spec_from_launch(job.job_id, record.launch).slots, key=lambda s: s.rank)
+        for slot in slots:
             placement.setdefault(slot.node, []).append(slot.device)
         reason = (
             f"daemon restarted; its start #{job.restarts} had been made but not recorded: adopted"
@@ -111,7 +111,7 @@ class Recovery(Applying):
         started = min(record.started or now, now)  # its run time counts from there
         self.store.transition(
             job.id, JobState.RUNNING, now, DecisionEntry(DecisionKind.RECOVERED, reason),
-            placement=placement, pids=[], last_start=started,
+            placement=placement, pids=self.pid_records(slots, record.pids()), last_start=started,
             start_time=job.start_time or started, restarts=job.restarts + 1,
             batch={"replicas": sum(map(len, placement.values()))}, reason=reason,
         )  # fmt: skip
