@@ -233,16 +233,27 @@ class RunRecord:
             if r.get("exit_code") is not None
         }
 
+    def live_pids(self) -> dict[int, int]:
+        """rank -> pid of the replicas this record names that are still those processes
+        (this boot, the start time the record names: not gone, not a later process given the
+        pid)."""
+        if self.boot_id and self.boot_id != boot_id():
+            return {}
+        live = {}
+        for replica in self.replicas:
+            pid, start = int(replica["pid"]), replica.get("start_time")
+            if start is not None and proc_start_time(pid) == int(start):
+                live[int(replica["rank"])] = pid
+        return live
+
     def kill_replicas(self) -> None:
         """SIGKILL the replicas this record names that are still those processes (a
         supervisor that died without its result leaves them orphaned), and whatever is left
-        in the incarnation's cgroups (:func:`remove_cgroups` then removes them)."""
+        in the incarnation's cgroups (:func:`remove_cgroups` then removes them); nothing after
+        a reboot."""
         if self.boot_id and self.boot_id != boot_id():
             return
-        for replica in self.replicas:
-            pid, start = int(replica["pid"]), replica.get("start_time")
-            if start is None or proc_start_time(pid) != int(start):
-                continue  # gone, or the pid is another process's now
+        for pid in self.live_pids().values():
             with contextlib.suppress(OSError):
                 if pid == self.pgid:
                     os.killpg(pid, signal.SIGKILL)

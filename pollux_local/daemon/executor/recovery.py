@@ -111,7 +111,7 @@ class Recovery(Applying):
         started = min(record.started or now, now)  # its run time counts from there
         self.store.transition(
             job.id, JobState.RUNNING, now, DecisionEntry(DecisionKind.RECOVERED, reason),
-            placement=placement, pids=self.pid_records(slots, record.pids()), last_start=started,
+            placement=placement, pids=self.pid_records(slots, record.live_pids()), last_start=started,
             start_time=job.start_time or started, restarts=job.restarts + 1,
             batch={"replicas": sum(map(len, placement.values()))}, reason=reason,
         )  # fmt: skip
