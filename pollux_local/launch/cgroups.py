@@ -40,6 +40,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pollux_local.launch.node_agent import Fence
+
 #: Where cgroupfs is mounted unless ``[limits] cgroup_root`` says otherwise.
 CGROUP_ROOT = "/sys/fs/cgroup"
 #: The directory under the base cgroup that holds the job groups.
@@ -503,6 +505,7 @@ class JobGroup:
         deadline = time.monotonic() + timeout_s
         left: list[str] = []
         for d in self.dirs:
+            end_as_one(d.path)
             while True:
                 try:
                     os.rmdir(d.path)
@@ -578,6 +581,7 @@ def sweep(path: str) -> bool:
     supervisor died without removing it."""
     if not is_job_group(path) or not _is_plain_dir(path):
         return True
+    end_as_one(path)
     for pid in _procs(path):
         kill_member(pid, path)
     try:
@@ -589,6 +593,15 @@ def sweep(path: str) -> bool:
     with contextlib.suppress(OSError):
         os.rmdir(os.path.dirname(path))
     return True
+
+
+def end_as_one(path: str, timeout_s: float = 2.0) -> None:
+    """Kill every process in the group ``path`` at once where it can be (a v2 group, or a v1
+    freezer group: ``node_agent.Fence``), so that one that keeps changing its pid is ended
+    too; elsewhere (v1 memory and cpu groups) the callers kill them one by one."""
+    kind = Fence.kind_of(path)
+    if kind is not None:
+        Fence(path, kind, owned=False).end(timeout_s)
 
 
 def member_of(pid: int, directory: str) -> bool:

@@ -711,6 +711,238 @@ def signal_exactly(pid: int, started: int, sig: int) -> None:
             os.kill(pid, sig)
 
 
+# --- the fence: one cgroup per incarnation that none of its processes can leave -------------
+
+#: Where cgroupfs is mounted.
+CGROUP_ROOT = "/sys/fs/cgroup"
+#: The directory, below the process's own cgroup, that holds the fences (and, on the
+#: daemon's machine, the groups of ``--mem``/``--cpus``: ``launch/cgroups.py``).
+FENCE_DIR = "pollux-local"
+#: On v2, the leaf a daemon moves itself into (``cgroups.DAEMON_LEAF``): its fences go beside.
+FENCE_DAEMON_LEAF = "pollux-local-daemon"
+#: How long :meth:`Fence.end` keeps at it before it gives up (seconds).
+FENCE_END_TIMEOUT_S = 10.0
+#: How long one freeze is waited for before its kills are sent anyway (seconds).
+FENCE_FREEZE_WAIT_S = 2.0
+
+
+class FenceError(Exception):
+    """A fence could not be made or joined (one line)."""
+
+
+def fence_hierarchies(root: str, own_text: str) -> list[tuple[str, str]]:
+    """Where a fence may go, best first: (directory of this process's own cgroup there,
+    ``"v2"`` or ``"v1"``), from ``/proc/self/cgroup``'s text: the unified hierarchy (at
+    ``root``, or ``root/unified`` on a hybrid mount), then v1's freezer."""
+    own = {}
+    for line in own_text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            for name in parts[1].split(",") if parts[1] else [""]:
+                own[name] = parts[2]
+    found = []
+    for unified in (root, os.path.join(root, "unified")):
+        if os.path.isfile(os.path.join(unified, "cgroup.controllers")) and "" in own:
+            mine = own[""]
+            if os.path.basename(mine) == FENCE_DAEMON_LEAF:
+                mine = os.path.dirname(mine)
+            found.append((_cgroup_dir(unified, mine), "v2"))
+            break
+    freezer = os.path.join(root, "freezer")
+    if os.path.isfile(os.path.join(freezer, "cgroup.procs")) and "freezer" in own:
+        found.append((_cgroup_dir(freezer, own.get("freezer", "/")), "v1"))
+    return found
+
+
+def _cgroup_dir(hierarchy: str, relative: str) -> str:
+    parts = [p for p in relative.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise FenceError(f"cgroup path {relative!r} is not a plain path")
+    return os.path.join(hierarchy, *parts)
+
+
+def end_stale_fences(directory: str) -> None:
+    """End and remove the fences ``agent-<pid>-<start>`` in ``directory`` whose agent is gone
+    (no process ``pid`` started at ``start``): one killed before it ended its own."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        parts = name.split("-")
+        if len(parts) != 3 or parts[0] != "agent" or not all(p.isdigit() for p in parts[1:]):
+            continue
+        if str(start_time(int(parts[1]))) == parts[2]:
+            continue  # its agent runs
+        path = os.path.join(directory, name)
+        kind = Fence.kind_of(path)
+        if kind is not None:
+            Fence(path, kind).remove()
+
+
+def cgroup_procs(directory: str) -> list[int]:
+    """The processes in the cgroup ``directory`` now (none when it cannot be read)."""
+    try:
+        with open(os.path.join(directory, "cgroup.procs")) as fh:
+            return [int(w) for w in fh.read().split() if w.isdigit()]
+    except OSError:
+        return []
+
+
+def _cgroup_write(directory: str, name: str, text: str) -> None:
+    fd = os.open(os.path.join(directory, name), os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _cgroup_read(directory: str, name: str) -> str:
+    fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 4096).decode(errors="replace")
+    finally:
+        os.close(fd)
+
+
+class Fence:
+    """A cgroup that every process of one incarnation is put in (by root, before it runs the
+    job's command: the group is root's, so no process of the user's can leave it), so that
+    all of them end at once, also one that keeps forking and exiting to change its pid faster
+    than a listing of pids can be signalled.  ``kind`` is how it ends them:
+
+    * ``"kill"``: v2's ``cgroup.kill`` (Linux 5.14): the kernel kills the whole group, forks
+      under way included;
+    * ``"freeze"`` (v2's ``cgroup.freeze``) or ``"freezer"`` (v1's ``freezer.state``): the
+      group is frozen (no process in it forks or exits), each process is sent SIGKILL, and
+      it is thawed.
+    """
+
+    def __init__(self, path: str, kind: str, owned: bool = True) -> None:
+        self.path = path
+        self.kind = kind
+        #: made for the fence (removed with it); ``False``: a group of the job's limits
+        self.owned = owned
+
+    @staticmethod
+    def kind_of(path: str) -> str | None:
+        """How the cgroup ``path`` ends its processes (:class:`Fence`), ``None``: it cannot."""
+        for name, kind in (("cgroup.kill", "kill"), ("cgroup.freeze", "freeze"),
+                           ("freezer.state", "freezer")):  # fmt: skip
+            if os.path.isfile(os.path.join(path, name)):
+                return kind
+        return None
+
+    @classmethod
+    def make(cls, name: str, root: str = CGROUP_ROOT, own_text: str | None = None) -> Fence:
+        """A new fence ``OWN/pollux-local/NAME`` (``OWN``: this process's cgroup) in the best
+        hierarchy that has one (:func:`fence_hierarchies`); one left under that name by a
+        supervisor that was killed is ended and made again.  :class:`FenceError` (one line,
+        every reason) when none can be made."""
+        if not name or "/" in name or name in (".", ".."):
+            raise FenceError(f"not a cgroup name: {name!r}")
+        if own_text is None:
+            try:
+                with open("/proc/self/cgroup") as fh:
+                    own_text = fh.read()
+            except OSError as exc:
+                raise FenceError(f"cannot read /proc/self/cgroup: {exc.strerror}") from None
+        whys = []
+        for base, _ in fence_hierarchies(root, own_text):
+            top = os.path.join(base, FENCE_DIR)
+            path = os.path.join(top, name)
+            try:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(top)
+                try:
+                    os.mkdir(path)
+                except FileExistsError:
+                    stale = Fence(path, cls.kind_of(path) or "freezer")
+                    stale.end()
+                    os.rmdir(path)
+                    os.mkdir(path)
+            except OSError as exc:
+                whys.append(f"cannot create {path}: {exc.strerror or exc}")
+                continue
+            kind = cls.kind_of(path)
+            if kind is not None:
+                return cls(path, kind)
+            whys.append(f"{path} can neither be killed nor frozen as a whole")
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+        if not whys:
+            whys.append(f"no cgroup v2 hierarchy and no v1 freezer under {root}")
+        raise FenceError("; ".join(whys))
+
+    def add(self, pid: int) -> None:
+        """Put ``pid`` in the fence (:class:`FenceError` when it cannot be)."""
+        try:
+            _cgroup_write(self.path, "cgroup.procs", str(pid))
+        except OSError as exc:
+            raise FenceError(
+                f"cannot add pid {pid} to cgroup {self.path}: {exc.strerror or exc}"
+            ) from None
+
+    def pids(self) -> list[int]:
+        return cgroup_procs(self.path)
+
+    def _freeze(self, frozen: bool) -> None:
+        if self.kind == "freeze":
+            _cgroup_write(self.path, "cgroup.freeze", "1" if frozen else "0")
+        else:
+            _cgroup_write(self.path, "freezer.state", "FROZEN" if frozen else "THAWED")
+
+    def _frozen(self) -> bool:
+        if self.kind == "freeze":
+            return "frozen 1" in _cgroup_read(self.path, "cgroup.events").splitlines()
+        return _cgroup_read(self.path, "freezer.state").strip() == "FROZEN"
+
+    def end(self, timeout_s: float = FENCE_END_TIMEOUT_S) -> bool:
+        """SIGKILL every process in the fence, as one (see the class); ``True`` once none is
+        left (the caller reaps those that are its children), ``False`` after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self.pids():
+                return True
+            if time.monotonic() > deadline:
+                return False
+            try:
+                if self.kind == "kill":
+                    _cgroup_write(self.path, "cgroup.kill", "1")
+                else:
+                    self._kill_frozen()
+            except OSError:
+                pass
+            wait_until = min(deadline, time.monotonic() + 0.5)
+            while self.pids() and time.monotonic() < wait_until:
+                time.sleep(0.01)
+
+    def _kill_frozen(self) -> None:
+        """Freeze, SIGKILL each process (none can exit meanwhile, so no pid listed is given
+        to another process), thaw."""
+        self._freeze(True)
+        try:
+            until = time.monotonic() + FENCE_FREEZE_WAIT_S
+            while not self._frozen() and time.monotonic() < until:
+                time.sleep(0.005)
+            for pid in self.pids():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        finally:
+            self._freeze(False)
+
+    def remove(self) -> None:
+        """End what is left and remove the fence (and ``pollux-local`` when it is left empty),
+        best effort; a group of the job's limits is left to its owner."""
+        if not self.owned:
+            return
+        self.end()
+        with contextlib.suppress(OSError):
+            os.rmdir(self.path)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(self.path))
+
+
 def sent_log_limit(value: object) -> int:
     """The daemon's limit on one replica's log (``max_log_bytes`` of the spec): a positive
     whole number, else :data:`DEFAULT_MAX_LOG_BYTES`."""
@@ -767,6 +999,8 @@ class Supervisor:
         self.left: set[int] = set()  # pids of replicas that are no longer the job's
         #: pids of the replicas that leave at the order given last (an exit 0 is ``LEFT``)
         self.leaving: set[int] = set()
+        #: the cgroup every replica and all it starts is in (:meth:`make_fence`)
+        self.fence: Fence | None = None
 
     def ended(self, rank: int, code: int, say: bool = True) -> None:
         """``rank`` ended with ``code``: recorded, then ``EXIT`` said (unless ``say`` is
@@ -798,6 +1032,7 @@ class Supervisor:
                 self.order_path = os.path.join(self.order_dir, "order.json")
             except OSError:
                 self.order_dir = self.order_path = None  # resized by restarts only
+        self.make_fence()
         join = self.spec.get("join")
         if join:
             self.start_joining(join)
@@ -809,6 +1044,20 @@ class Supervisor:
                     self.pids[r["rank"]] = 0
                     code = 128 + int(self.last_signal) if why == "stopping" else None
                     self.ended(r["rank"], code or NOT_STARTED_EXIT_CODE)
+
+    def make_fence(self) -> None:
+        """The fence every replica is put in (:class:`Fence`), ``agent-<pid>-<start time>``;
+        fences of agents that are gone (killed before they ended theirs) are ended first.
+        Where none can be made (an agent not run as root, cgroups not writable) the replicas
+        run without one, said in the agent's stderr: what they leave behind is then killed by
+        pid only, which a process that keeps changing its pid escapes."""
+        me = os.getpid()
+        try:
+            self.fence = Fence.make(f"agent-{me}-{start_time(me)}")
+        except FenceError as exc:
+            sys.stderr.write(f"pollux-local agent: no fence for the job's processes: {exc}\n")
+            return
+        end_stale_fences(os.path.dirname(self.fence.path))
 
     def start_joining(self, join: dict[str, Any]) -> None:
         """This node's replicas join a running group (``"join"`` in the spec: a ``RESIZE``'s
@@ -909,6 +1158,15 @@ class Supervisor:
                         os.write(fd, f"cannot start {r['argv'][0]}: {e}\n".encode())
                     close_all(fd, spec_w, report_r)
                     return None, "launcher"
+                if self.fence is not None:  # before its order: the command runs in it
+                    try:
+                        self.fence.add(p.pid)
+                    except FenceError as e:
+                        with contextlib.suppress(OSError):
+                            os.write(fd, f"cannot start {r['argv'][0]}: {e}\n".encode())
+                        p.kill()  # it reads no order: nothing of the job ran
+                        close_all(fd, spec_w, report_r)
+                        return None, "fence"
                 self.procs[p.pid] = (rank, p)
                 self.pids[rank] = p.pid
                 self.start_times[p.pid] = start_time(p.pid)
@@ -1116,7 +1374,10 @@ class Supervisor:
 
     def signal_all(self, sig: int) -> None:
         """Send ``sig`` to the process group of every replica still running, and to every
-        process below the agent (what a replica started in a session of its own)."""
+        process below the agent (what a replica started in a session of its own); SIGKILL
+        ends the fence first (all that is in it at once)."""
+        if sig == signal.SIGKILL and self.fence is not None:
+            self.fence.end()
         for p in self.live():
             with contextlib.suppress(OSError):
                 os.killpg(p.pid, sig)
@@ -1126,7 +1387,10 @@ class Supervisor:
     def end_leftovers(self) -> None:
         """Every replica ended: SIGKILL what they left behind below the agent, and reap it,
         until nothing is left (as this machine's supervisor does): an incarnation's devices
-        go to the next job, and nothing of this one may hold them."""
+        go to the next job, and nothing of this one may hold them.  The fence first: all
+        that is in it at once (also a process that keeps changing its pid)."""
+        if self.fence is not None:
+            self.fence.end()
         for _ in range(LEFTOVER_ROUNDS):
             left = descendants(os.getpid())
             if not left:
@@ -1392,6 +1656,8 @@ class Supervisor:
             with self.lock:  # under its rank of now: a resize may have renamed it
                 self.lines.say(kind, self.procs[pid][0], code)
         self.end_leftovers()
+        if self.fence is not None:
+            self.fence.remove()
         self.record.write(self, "ended")
         if self.order_dir is not None:
             shutil.rmtree(self.order_dir, ignore_errors=True)

@@ -103,7 +103,13 @@ from typing import Any, NoReturn
 
 from pollux_local.launch import cgroups, logcap
 from pollux_local.launch.identity import IdentityError, become_user_for_setup, settle_ids
-from pollux_local.launch.node_agent import OOM_SCORE_ADJ, make_subreaper, protect_from_oom
+from pollux_local.launch.node_agent import (
+    OOM_SCORE_ADJ,
+    Fence,
+    FenceError,
+    make_subreaper,
+    protect_from_oom,
+)
 from pollux_local.launch.node_agent import descendants as process_tree_below
 from pollux_local.launch.userdirs import make_own_directory
 from pollux_local.untrusted import one_line
@@ -357,6 +363,7 @@ def replica_child(
     pgid: int,
     report: int,
     group: cgroups.JobGroup | None = None,
+    fence: Fence | None = None,
 ) -> NoReturn:
     """In a forked child: become the replica (see the module's docstring); never returns.  A
     failure is written to ``report`` (``CODE MESSAGE``) and ends the child with CODE."""
@@ -372,6 +379,11 @@ def replica_child(
             try:
                 group.add(os.getpid())
             except cgroups.CgroupError as exc:
+                raise SetupFailed(SETUP_EXIT_CODE, str(exc)) from None
+        if fence is not None and fence.owned:  # a group of the limits on v2 is joined above
+            try:
+                fence.add(os.getpid())
+            except FenceError as exc:
                 raise SetupFailed(SETUP_EXIT_CODE, str(exc)) from None
         drop_privileges(spec.get("user"))
         umask = spec.get("umask")
@@ -452,6 +464,9 @@ class Supervisor:
         self.killed = False
         #: the incarnation's cgroups (``limits`` in the spec), made by :meth:`make_cgroups`
         self.cgroup: cgroups.JobGroup | None = None
+        #: the cgroup every replica and all it starts is in, ended as one at the end
+        #: (:meth:`make_fence`)
+        self.fence: Fence | None = None
         self.oom_killed = False
         #: the newest warm resize request: where it stands (the run file's ``warm``)
         self.warm: dict[str, Any] | None = None
@@ -473,19 +488,52 @@ class Supervisor:
             return
         try:
             limits = cgroups.Limits.from_json(data)
-            name = cgroups.group_name(
-                str(self.spec["job_id"]),
-                int(self.spec.get("incarnation") or 0),
-                cgroups.daemon_key(os.path.dirname(str(self.spec["run_file"]))),
-            )
-            self.cgroup = cgroups.JobGroup.create(limits, name)
+            self.cgroup = cgroups.JobGroup.create(limits, self.group_name())
         except (cgroups.CgroupError, KeyError, TypeError, ValueError) as exc:
             self.error = one_line(f"cannot set the job's limits: {exc}")
+
+    def group_name(self) -> str:
+        return cgroups.group_name(
+            str(self.spec["job_id"]),
+            int(self.spec.get("incarnation") or 0),
+            cgroups.daemon_key(os.path.dirname(str(self.spec["run_file"]))),
+        )
+
+    def make_fence(self) -> None:
+        """The incarnation's fence (``node_agent.Fence``): on cgroup v2 the group of its limits
+        when it has one (a process is in one group of a hierarchy), else a group of its own.
+        Where none can be made (cgroups not writable: a daemon not run as root, most often)
+        the job runs without one, said in one line on stderr: what a replica leaves behind
+        is then killed by pid only, which a process that keeps changing its pid escapes."""
+        if self.cgroup is not None and self.cgroup.limits.support.version == 2:
+            for path in self.cgroup.paths:
+                kind = Fence.kind_of(path)
+                if kind is not None:
+                    self.fence = Fence(path, kind, owned=False)
+                    return
+        try:
+            self.fence = Fence.make(self.group_name())
+        except (FenceError, cgroups.CgroupError, KeyError, TypeError, ValueError) as exc:
+            print(
+                f"pollux-local supervisor: no fence for the job's processes: {one_line(str(exc))}",
+                file=sys.stderr,
+            )
+
+    def end_fence(self) -> None:
+        """Kill everything left in the fence, as one."""
+        if self.fence is not None and not self.fence.end():
+            print(
+                f"pollux-local supervisor: processes are left in {self.fence.path}",
+                file=sys.stderr,
+            )
 
     def release_cgroups(self) -> None:
         """Once nothing of the job is left: whether the OOM killer fired, then the groups
         removed (a failure is one line in the supervisor's output, the job is not failed
         for it)."""
+        if self.fence is not None:
+            self.fence.remove()  # its own only: a group of the limits goes below
+            self.fence = None
         if self.cgroup is None:
             return
         sigkilled = any(code == -signal.SIGKILL for code in self.codes)
@@ -513,7 +561,7 @@ class Supervisor:
             pid = os.fork()
             if pid == 0:
                 os.close(read_end)
-                replica_child(self.spec, replica, self.pgid, write_end, self.cgroup)
+                replica_child(self.spec, replica, self.pgid, write_end, self.cgroup, self.fence)
             os.close(write_end)
             if self.pgid == 0:
                 self.pgid = pid
@@ -567,8 +615,10 @@ class Supervisor:
             self.kill_at = deadline
 
     def kill_all(self) -> None:
-        """SIGKILL the group and every descendant of this process."""
+        """SIGKILL the fence (everything of the job in it), the group and every descendant
+        of this process."""
         self.killed = True
+        self.end_fence()
         self.signal_group(signal.SIGKILL)
         for pid in descendants(self.pid):
             with contextlib.suppress(OSError):
@@ -737,6 +787,7 @@ class Supervisor:
         while logcap.live_copiers(descendants(self.pid)) and time.monotonic() < drain_until:
             self.reap()
             time.sleep(0.02)
+        self.end_fence()
         for _ in range(200):
             self.signal_group(signal.SIGKILL)
             left = descendants(self.pid)
@@ -771,12 +822,19 @@ class Supervisor:
             "error": self.error,
             "started": self.started,
             "ended": time.time() if ended else None,
-            "cgroups": self.cgroup.paths if self.cgroup is not None else [],
+            "cgroups": self.cgroup_paths(),
             "oom_killed": self.oom_killed,
             "memory_limit": self.memory_limit(),
             "launch": self.spec.get("launch") or {},
             "warm": dict(self.warm) if self.warm is not None else None,
         }
+
+    def cgroup_paths(self) -> list[str]:
+        """The incarnation's cgroups that exist: its limits' and its fence."""
+        paths = list(self.cgroup.paths) if self.cgroup is not None else []
+        if self.fence is not None and self.fence.path not in paths:
+            paths.append(self.fence.path)
+        return paths
 
     def write(self, state: str) -> None:
         """Write the run file; on a full disk, again with a back-off (up to 5 s) until there is
@@ -835,6 +893,7 @@ def run(spec: dict[str, Any]) -> int:
     supervisor = Supervisor(spec)
     supervisor.make_cgroups()
     if supervisor.error is None:
+        supervisor.make_fence()
         supervisor.start()
     if supervisor.error is not None:
         supervisor.kill_all()

@@ -17,7 +17,7 @@ The attacks, each named by its letter in ``docs/security.md``:
   e: another user's personal daemon; f: 200 connections with partial frames;
   g: a priority above what a user may set; h: the submitter deleted while the job is queued;
   i: terminal escapes in a job's name; j: a job leaving a setsid grandchild that ignores
-  SIGTERM; k: the state DB's modes; l: another user's job changed; m: ``status | head -1``.
+  SIGTERM, or a helper that keeps changing its pid; k: the state DB's modes; l: another user's job changed; m: ``status | head -1``.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from tests.labinstall import (
     user_pids,
     wait_until,
 )
+from tests.launch.hopper import build_hopper, hopper_beats, stop_hopper
 
 pytestmark = [pytest.mark.timeout(90)]
 
@@ -441,6 +442,37 @@ exec sleep 600
         left = [psutil.Process(pid).cmdline() for pid in user_pids(bob.uid) if is_alive(pid)]
         pytest.fail(f"after cancel, still running as {bob.name}: {left}")
     assert not is_alive(grandchild)
+
+
+@pytest.mark.parametrize("how", ["ends", "cancelled"])
+def test_j_a_process_that_keeps_changing_its_pid_does_not_outlive_its_job(
+    lab: Lab, bob: LabUser, how: str
+) -> None:
+    # A helper that forks and lets its parent exit, about 9,000 times a second with a new
+    # session at each hop: every pid listed is gone before a kill lands.  The incarnation's
+    # fence cgroup (root's: the job cannot leave it) is killed as one.
+    hops = lab.work / f"j-hops-{how}"
+    hops.mkdir()
+    hops.chmod(0o777)
+    hopper = build_hopper(lab.base)
+    hopper.chmod(0o755)
+    wait = "sleep 1; exit 0" if how == "ends" else "exec sleep 600"
+    attack = lab.script(
+        f"attack_j_{how}.sh", f"{hopper} {hops} </dev/null >/dev/null 2>&1 &\n{wait}\n"
+    )
+    daemon = lab.daemon()
+    job_id = submit(bob, daemon, lab, "--name", "hopper", str(attack))
+    try:
+        wait_until(lambda: hopper_beats(hops, 0.3) > 1, 30, "the hopper to hop")
+        if how == "cancelled":
+            cancelled = cli(bob, daemon, "cancel", job_id)
+            assert cancelled.returncode == 0, cancelled.stderr
+        wait_state(daemon, job_id, ("succeeded", "cancelled"), 30)
+        time.sleep(0.5)
+        assert hopper_beats(hops, 1.0) == 1, "the hopper outlived its job"
+        wait_until(lambda: not user_pids(bob.uid), 10, "every process of the job to end")
+    finally:
+        stop_hopper(hops)
 
 
 def test_k_the_state_db_and_its_wal_and_shm_are_0600_from_the_first_start(lab: Lab) -> None:

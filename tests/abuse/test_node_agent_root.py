@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import base64
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.abuse.lab import Lab
-from tests.labinstall import LabUser
+from tests.labinstall import LabUser, user_pids
+from tests.launch.hopper import build_hopper, hopper_beats, stop_hopper
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -126,3 +128,48 @@ def test_the_working_directory_is_entered_as_the_user(
     shown = said.split("--- start\n", 1)[1].splitlines()
     assert shown[0] == str(mine)
     assert sorted(shown[1:]) == ["PATH=/usr/bin:/bin", f"PWD={mine}"]  # sh's own PWD only
+
+
+@pytest.mark.parametrize("how", ["KILL", "daemon gone"])
+def test_a_users_process_that_keeps_changing_its_pid_ends_with_the_incarnation(
+    lab: Lab, alice: LabUser, how: str
+) -> None:
+    """A replica of alice's leaves a helper that forks and exits in a loop, a new session at
+    every hop; the root agent's fence (``node_agent.Fence``: root's cgroup, which she cannot
+    leave) ends it at a ``KILL`` and when the daemon is gone."""
+    hops = lab.work / f"hops-{how.replace(' ', '-')}"
+    hops.mkdir()
+    hops.chmod(0o777)
+    hopper = build_hopper(lab.base)
+    hopper.chmod(0o755)
+    replica = {
+        "rank": 0,
+        "argv": ["/bin/sh", "-c", f"{hopper} {hops} </dev/null >/dev/null 2>&1 & exec sleep 300"],
+        "env": {"PATH": "/usr/bin:/bin"},
+        "log": str(lab.base / "node-work" / "logs" / f"hop-{how.replace(' ', '-')}.log"),
+        "banner": "",
+    }
+    agent = lab.node_agent(alice, [replica], node_workdir=str(lab.base / "node-work"))
+    assert agent.stdin is not None
+    try:
+        deadline = time.monotonic() + 30
+        while hopper_beats(hops, 0.3) < 2:
+            assert agent.poll() is None and time.monotonic() < deadline, "no hop"
+        if how == "KILL":
+            agent.stdin.write("KILL\n")
+            agent.stdin.flush()
+        agent.stdin.close()
+        assert agent.stdout is not None
+        agent.stdout.read()
+        agent.wait(timeout=60)
+        time.sleep(0.5)
+        assert hopper_beats(hops, 1.0) == 1, "the hopper outlived its incarnation"
+        deadline = time.monotonic() + 10
+        while user_pids(alice.uid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert user_pids(alice.uid) == [], "processes of alice's outlived the incarnation"
+    finally:
+        stop_hopper(hops)
+        if agent.poll() is None:
+            agent.kill()
+        alice.kill_processes()

@@ -17,6 +17,7 @@ import pytest
 
 from pollux_local.launch import node_agent
 from pollux_local.launch.ssh import SETUP_FAILED_EXIT_CODE, node_agent_source
+from tests.launch.hopper import build_hopper, hopper_beats, stop_hopper
 from tests.launch.oomscore import can_lower_oom_score
 
 pytestmark = pytest.mark.timeout(60)
@@ -224,6 +225,71 @@ def test_a_stopped_replicas_end_is_said_at_once_however_much_it_wrote(tmp_path: 
     proc.communicate(timeout=30)  # (closes its stdin: the daemon is gone)
     assert ["EXIT", "0", "0"] in lines
     assert elapsed < 10, elapsed  # not the terabyte first
+
+
+@pytest.mark.parametrize("how", ["ends", "killed", "daemon gone"])
+def test_a_process_that_keeps_changing_its_pid_ends_with_the_incarnation(
+    tmp_path: Path, how: str
+) -> None:
+    """A replica's helper that forks and exits in a loop, a new session at every hop, is
+    ended with the incarnation (the agent's fence cgroup, ``node_agent.Fence``): when the
+    replicas end, at a ``KILL`` and when the daemon is gone; a listing of pids never
+    catches it."""
+    hops = tmp_path / "hops"
+    hops.mkdir()
+    wait = "sleep 1; exit 0" if how == "ends" else "exec sleep 300"
+    script = f'"$0" {hops} </dev/null >/dev/null 2>&1 & {wait}'
+    replica = {"argv": ["/bin/sh", "-c", script, str(build_hopper(tmp_path))], "env": {}}
+    proc = start_agent(spec_for(tmp_path, [replica]))
+    assert proc.stdin is not None
+    try:
+        next_line(proc, "PID")
+        deadline = time.monotonic() + 20
+        while hopper_beats(hops, 0.3) < 2:
+            assert time.monotonic() < deadline, "the hopper did not hop"
+        if how == "killed":
+            proc.stdin.write("KILL\n")
+            proc.stdin.flush()
+        if how == "daemon gone":
+            proc.stdin.close()
+            proc.wait(timeout=30)
+        else:
+            lines_until_exits(proc, 1)
+            proc.communicate(timeout=30)
+        time.sleep(0.5)
+        assert hopper_beats(hops, 1.0) == 1, "the hopper outlived its incarnation"
+    finally:
+        stop_hopper(hops)
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_the_fence_of_an_agent_killed_is_ended_by_the_next_one(tmp_path: Path) -> None:
+    """An agent killed outright (SIGKILL: it cannot end its fence) leaves its replica and
+    what it started running; the next agent on the node ends them (``end_stale_fences``)."""
+    hops = tmp_path / "hops"
+    hops.mkdir()
+    replica = {
+        "argv": ["/bin/sh", "-c", f'"$0" {hops} & exec sleep 300', str(build_hopper(tmp_path))],
+        "env": {},
+    }
+    first = start_agent(spec_for(tmp_path, [replica]))
+    try:
+        next_line(first, "PID")
+        deadline = time.monotonic() + 20
+        while hopper_beats(hops, 0.3) < 2:
+            assert time.monotonic() < deadline, "the hopper did not hop"
+        first.kill()
+        first.wait(timeout=30)
+        assert hopper_beats(hops, 0.5) > 1  # the agent is gone, the hopper is not
+        (tmp_path / "second").mkdir()
+        second = start_agent(spec_for(tmp_path / "second", [{"argv": ["/bin/true"], "env": {}}]))
+        assert ["EXIT", "0", "0"] in lines_until_exits(second, 1)
+        second.communicate(timeout=30)
+        time.sleep(0.5)
+        assert hopper_beats(hops, 1.0) == 1, "the hopper outlived its agent's successor"
+    finally:
+        stop_hopper(hops)
 
 
 def test_what_a_replica_left_in_a_session_of_its_own_ends_with_the_incarnation(

@@ -39,6 +39,7 @@ from pollux_local.launch.supervisor import (
     proc_start_time,
 )
 from tests.labinstall import world_readable_tempdir
+from tests.launch.hopper import build_hopper, hopper_beats, stop_hopper
 from tests.launch.oomscore import can_lower_oom_score
 from tests.paths import REPO_ROOT
 from tests.pids import take_pid
@@ -219,6 +220,32 @@ exit 0
     left = [int(line) for line in pidfile.read_text().split()]
     assert len(left) == 2
     wait_until(lambda: not any(alive(pid) for pid in left), 5, "the leftovers to be killed")
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("how", ["ends", "cancelled"])
+async def test_a_process_that_keeps_changing_its_pid_does_not_outlive_its_job(
+    launcher: LocalLauncher, tmp_path: Path, how: str
+) -> None:
+    """A job's helper that forks and exits in a loop, a new session at every hop, is ended
+    with its job (the incarnation's fence cgroup: ``node_agent.Fence``), whether the replicas
+    end by themselves or are stopped; listing its pids and signalling each never catches it."""
+    hops = tmp_path / "hops"
+    hops.mkdir()
+    wait = "sleep 1; exit 0" if how == "ends" else "while :; do sleep 0.2; done"
+    script = f'"$0" {hops} & {wait}'
+    spec = make_spec(tmp_path / "job", ["sh", "-c", script, str(build_hopper(tmp_path))], tmp_path)
+    group = await launcher.launch(spec)
+    try:
+        wait_until(lambda: hopper_beats(hops, 0.3) > 1, 20, "the hopper to hop")
+        if how == "ends":
+            assert await asyncio.wait_for(group.wait(), 30) == 0
+        else:
+            await asyncio.wait_for(group.stop(grace_s=1.0), 30)
+        time.sleep(0.5)
+        assert hopper_beats(hops, 1.0) == 1, "the hopper outlived its job"
+    finally:
+        stop_hopper(hops)
 
 
 @pytest.mark.asyncio

@@ -1,0 +1,42 @@
+"""A job's helper that changes its pid all the time (``hopper.c``), for the tests of the fence
+that ends what a job leaves behind (``node_agent.Fence``)."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from tests.paths import REPO_ROOT
+
+
+def build_hopper(directory: Path) -> Path:
+    """``tests/launch/hopper.c`` compiled into ``directory``: a process that forks and exits
+    some 9,000 times a second, a new session at every hop (a Python one hops ten times
+    slower, slow enough for a listing of pids to catch it now and then)."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    assert compiler, "a C compiler is needed to build the hopper"
+    binary = directory / "hopper"
+    source = REPO_ROOT / "tests" / "launch" / "hopper.c"
+    subprocess.run([compiler, "-O2", "-o", str(binary), str(source)], check=True, timeout=60)
+    return binary
+
+
+def hopper_beats(directory: Path, seconds: float) -> int:
+    """How many different beats (``PID HOPS``) the hopper (:func:`build_hopper`) writes in
+    ``directory`` in the next ``seconds``: 1 (the last one seen again) once it is gone."""
+    beat = directory / "beat"
+    seen: set[str] = set()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            seen.add(beat.read_text())
+        time.sleep(0.01)
+    return len(seen)
+
+
+def stop_hopper(directory: Path) -> None:
+    """Ask the hopper to stop (it looks every 50 ms): a failed test leaves nothing running."""
+    (directory / "stop").touch()
