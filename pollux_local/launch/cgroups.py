@@ -11,8 +11,9 @@ Both layouts are supported:
   ``cpu.cfs_period_us``/``cpu.cfs_quota_us``; ``memory.oom_control``'s ``oom_kill`` (older
   kernels: ``memory.failcnt`` and a replica killed by SIGKILL) tells whether it fired.
 
-A job's groups are ``BASE/pollux-local/job-<daemon>-<id>-<incarnation>`` (``<daemon>``: eight
-hex digits of the daemon's state directory, :func:`daemon_key`) where ``BASE`` is the daemon's
+A job's groups are ``BASE/pollux-local/job-<daemon>-<id>-<incarnation>-<token>`` (``<daemon>``:
+eight hex digits of the daemon's state directory, :func:`daemon_key`; ``<token>``: eight hex
+digits drawn by the incarnation's supervisor) where ``BASE`` is the daemon's
 own cgroup in that hierarchy (``/proc/self/cgroup``, so that it works in a container or a
 delegated service) or ``[limits] cgroup_parent`` (which must exist).  On v2 a cgroup that
 passes controllers to its children may hold no process: when the daemon is alone in its own
@@ -57,9 +58,10 @@ CONTROLLERS = ("memory", "cpu")
 #: On v2, the leaf the daemon moves itself into when its own cgroup must pass the controllers
 #: on to the jobs' groups (a cgroup that does may hold no process itself).
 DAEMON_LEAF = "pollux-local-daemon"
-#: ``job-<daemon>-<id>-<incarnation>`` (``job-<id>-<incarnation>`` of earlier versions, which
-#: a daemon upgraded while such jobs ran still removes)
-_NAME = re.compile(r"job-(?:[0-9a-f]{8}-)?[0-9]{1,19}-[0-9]{1,9}")
+#: ``job-<daemon>-<id>-<incarnation>-<token>`` (``job-<id>-<incarnation>`` and
+#: ``job-<daemon>-<id>-<incarnation>`` of earlier versions, which a daemon upgraded while such
+#: jobs ran still removes)
+_NAME = re.compile(r"job-(?:[0-9a-f]{8}-)?[0-9]{1,19}-[0-9]{1,9}(?:-[0-9a-f]{8})?")
 
 
 class CgroupError(Exception):
@@ -332,10 +334,12 @@ def daemon_key(state: str) -> str:
     return hashlib.sha1(os.path.normpath(state).encode()).hexdigest()[:8]
 
 
-def group_name(job_id: str, incarnation: int, daemon: str) -> str:
-    """``job-<daemon>-<id>-<incarnation>`` (``daemon``: :func:`daemon_key`): a plain name, or
-    :class:`CgroupError`."""
-    name = f"job-{daemon}-{job_id}-{incarnation}"
+def group_name(job_id: str, incarnation: int, daemon: str, token: str | None = None) -> str:
+    """``job-<daemon>-<id>-<incarnation>-<token>`` (``daemon``: :func:`daemon_key`;
+    ``token``: eight hex digits drawn by the supervisor, so that a daemon whose state was
+    reset, or one of the same state path in another container, never names a group as one of
+    another's): a plain name, or :class:`CgroupError`."""
+    name = f"job-{daemon}-{job_id}-{incarnation}" + (f"-{token}" if token else "")
     if not _NAME.fullmatch(name):
         raise CgroupError(f"not a cgroup name for a job: {name!r}")
     return name
@@ -362,8 +366,9 @@ class JobGroup:
     @classmethod
     def create(cls, limits: Limits, name: str) -> JobGroup:
         """Make the groups of ``name`` (:func:`group_name`) and write ``limits`` into them;
-        a group left by an earlier supervisor under that name is emptied and made again.
-        :class:`CgroupError` (nothing left behind) when one cannot be."""
+        an empty group of that name is made again, one that holds processes is refused (they
+        are not this caller's).  :class:`CgroupError` (nothing left behind) when one cannot
+        be."""
         if not _NAME.fullmatch(name):
             raise CgroupError(f"not a cgroup name for a job: {name!r}")
         support = limits.support
@@ -549,6 +554,10 @@ def _make_group(base: str, name: str, version: int, controllers: list[str]) -> s
         except FileExistsError:
             if not _is_plain_dir(path):
                 raise CgroupError(f"{path} is not a directory") from None
+            if _procs(path):
+                raise CgroupError(
+                    f"cannot create cgroup {path}: it exists and holds processes"
+                ) from None
             stale = JobGroup(Limits(Support(version)), name, [_Dir("", path)])
             stale.remove()  # a supervisor that was killed left it behind
             continue
@@ -600,8 +609,10 @@ def end_as_one(path: str, timeout_s: float = 2.0) -> None:
     freezer group: ``node_agent.Fence``), so that one that keeps changing its pid is ended
     too; elsewhere (v1 memory and cpu groups) the callers kill them one by one."""
     kind = Fence.kind_of(path)
-    if kind is not None:
-        Fence(path, kind, owned=False).end(timeout_s)
+    if kind is not None:  # (the groups below it, its replicas', removed too)
+        fence = Fence(path, kind, owned=False)
+        fence.end(timeout_s)
+        fence.remove()
 
 
 def member_of(pid: int, directory: str) -> bool:

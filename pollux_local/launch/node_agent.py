@@ -761,25 +761,6 @@ def _cgroup_dir(hierarchy: str, relative: str) -> str:
     return os.path.join(hierarchy, *parts)
 
 
-def end_stale_fences(directory: str) -> None:
-    """End and remove the fences ``agent-<pid>-<start>`` in ``directory`` whose agent is gone
-    (no process ``pid`` started at ``start``): one killed before it ended its own."""
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return
-    for name in names:
-        parts = name.split("-")
-        if len(parts) != 3 or parts[0] != "agent" or not all(p.isdigit() for p in parts[1:]):
-            continue
-        if str(start_time(int(parts[1]))) == parts[2]:
-            continue  # its agent runs
-        path = os.path.join(directory, name)
-        kind = Fence.kind_of(path)
-        if kind is not None:
-            Fence(path, kind).remove()
-
-
 def cgroup_procs(directory: str) -> list[int]:
     """The processes in the cgroup ``directory`` now (none when it cannot be read)."""
     try:
@@ -836,9 +817,9 @@ class Fence:
     @classmethod
     def make(cls, name: str, root: str = CGROUP_ROOT, own_text: str | None = None) -> Fence:
         """A new fence ``OWN/pollux-local/NAME`` (``OWN``: this process's cgroup) in the best
-        hierarchy that has one (:func:`fence_hierarchies`); one left under that name by a
-        supervisor that was killed is ended and made again.  :class:`FenceError` (one line,
-        every reason) when none can be made."""
+        hierarchy that has one (:func:`fence_hierarchies`).  A group of that name that holds
+        processes is never taken (nor ended: they are not this caller's); an empty one is.
+        :class:`FenceError` (one line, every reason) when none can be made."""
         if not name or "/" in name or name in (".", ".."):
             raise FenceError(f"not a cgroup name: {name!r}")
         if own_text is None:
@@ -849,18 +830,11 @@ class Fence:
                 raise FenceError(f"cannot read /proc/self/cgroup: {exc.strerror}") from None
         whys = []
         for base, _ in fence_hierarchies(root, own_text):
-            top = os.path.join(base, FENCE_DIR)
-            path = os.path.join(top, name)
+            path = os.path.join(base, FENCE_DIR, name)
             try:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(top)
-                try:
-                    os.mkdir(path)
-                except FileExistsError:
-                    stale = Fence(path, cls.kind_of(path) or "freezer")
-                    stale.end()
-                    os.rmdir(path)
-                    os.mkdir(path)
+                if not make_cgroup(path) and cgroup_procs(path):
+                    whys.append(f"{path} exists and holds processes")
+                    continue
             except OSError as exc:
                 whys.append(f"cannot create {path}: {exc.strerror or exc}")
                 continue
@@ -884,7 +858,26 @@ class Fence:
             ) from None
 
     def pids(self) -> list[int]:
-        return cgroup_procs(self.path)
+        """The processes in the fence and in the groups below it (its replicas')."""
+        return [pid for path in self._groups() for pid in cgroup_procs(path)]
+
+    def _groups(self) -> list[str]:
+        """The fence's group and those below it, deepest first."""
+        found: list[str] = []
+        for path, names, _ in os.walk(self.path, followlinks=False):
+            found.extend(os.path.join(path, name) for name in names)
+        return [*reversed(found), self.path]
+
+    def replica(self, pid: int) -> Fence:
+        """The group of one replica below the fence (``replica-<pid>``, made here), so that
+        what that replica starts can be ended when it leaves the job at a warm shrink while
+        the others run on (:meth:`end`); the fence's own end takes it too."""
+        path = os.path.join(self.path, f"replica-{pid}")
+        try:
+            make_cgroup(path)
+        except OSError as exc:
+            raise FenceError(f"cannot create cgroup {path}: {exc.strerror or exc}") from None
+        return Fence(path, self.kind_of(path) or self.kind)
 
     def _freeze(self, frozen: bool) -> None:
         if self.kind == "freeze":
@@ -932,15 +925,150 @@ class Fence:
             self._freeze(False)
 
     def remove(self) -> None:
-        """End what is left and remove the fence (and ``pollux-local`` when it is left empty),
-        best effort; a group of the job's limits is left to its owner."""
-        if not self.owned:
-            return
+        """End what is left and remove the fence and the groups below it, best effort
+        (``pollux-local`` above it is left: removing it could fail another fence being made
+        there); a group of the job's limits is left to its owner (the groups below it go)."""
         self.end()
+        for path in self._groups():
+            if path != self.path or self.owned:
+                with contextlib.suppress(OSError):
+                    os.rmdir(path)
+
+
+#: ``/proc/self/cgroup`` as if this process were in the root cgroup of each hierarchy: where
+#: the node agents' fences go (:func:`make_agent_fence`), whatever login session runs them.
+AT_THE_TOP = "0::/\n1:freezer:/\n"
+#: The agents' fences: ``TOP/pollux-local/agent-<token>/``, the agent itself in ``keeper``
+#: (its liveness, readable from any pid namespace) and its replicas in ``job`` (the fence).
+AGENT_FENCE_PREFIX = "agent-"
+
+
+def make_cgroup(path: str, attempts: int = 20) -> bool:
+    """``mkdir -p`` of a cgroup: ``True`` when ``path`` was made here, ``False`` when it
+    was there; tried again when a parent vanished meanwhile (another process removed an
+    empty one); :class:`OSError` otherwise."""
+    for _ in range(attempts):
+        try:
+            os.mkdir(path)
+            return True
+        except FileExistsError:
+            return False
+        except FileNotFoundError:
+            parent = os.path.dirname(path)
+            if parent == path:
+                raise
+            make_cgroup(parent, attempts)
+    raise OSError(errno.ENOENT, f"{path} keeps disappearing")
+
+
+def own_cgroup(hierarchy_root: str, kind: str) -> str | None:
+    """This process's cgroup in the hierarchy at ``hierarchy_root`` (``kind``: "v2" or
+    "v1", the freezer), as a directory; ``None`` when unknown."""
+    try:
+        with open("/proc/self/cgroup") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and (
+            parts[1] == "" if kind == "v2" else "freezer" in parts[1].split(",")
+        ):
+            try:
+                return _cgroup_dir(hierarchy_root, parts[2])
+            except FenceError:
+                return None
+    return None
+
+
+class AgentFence:
+    """A node agent's fence (:class:`Fence`) where every agent of the node finds it, whatever
+    login session (cgroup) runs the agent: ``TOP/pollux-local/agent-<token>/job``, ``TOP``
+    the root of the hierarchy.  The agent puts itself in ``keeper`` beside it: a keeper with
+    no process is an agent that is gone (killed before it ended its fence), which the next
+    agent of the node tells from any pid namespace (:func:`end_stale_agent_fences`)."""
+
+    def __init__(self, fence: Fence, home: str, kind: str, came_from: str | None) -> None:
+        self.fence = fence
+        self.home = home
+        self.kind = kind  # "v2" or "v1": the hierarchy
+        self.came_from = came_from  # the agent's cgroup before it moved into its keeper
+
+    @classmethod
+    def make(cls, root: str = CGROUP_ROOT, attempts: int = 3) -> AgentFence:
+        """A new agent fence with this process in its keeper; the fences of agents that are
+        gone ended first.  :class:`FenceError` (one line) when none can be made."""
+        whys = []
+        for base, kind in fence_hierarchies(root, AT_THE_TOP):
+            top = os.path.join(base, FENCE_DIR)
+            hierarchy = base
+            for _ in range(attempts):
+                end_stale_agent_fences(top)
+                home = os.path.join(top, AGENT_FENCE_PREFIX + os.urandom(8).hex())
+                came_from = own_cgroup(hierarchy, kind)
+                try:
+                    make_cgroup(home)
+                    os.mkdir(os.path.join(home, "keeper"))
+                    _cgroup_write(os.path.join(home, "keeper"), "cgroup.procs", str(os.getpid()))
+                    job = os.path.join(home, "job")
+                    os.mkdir(job)
+                except OSError as exc:  # another agent took it for a stale one: again
+                    whys.append(f"cannot create {home}: {exc.strerror or exc}")
+                    _remove_agent_home(home, came_from)
+                    continue
+                fence_kind = Fence.kind_of(job)
+                if fence_kind is None:
+                    whys.append(f"{job} can neither be killed nor frozen as a whole")
+                    _remove_agent_home(home, came_from)
+                    break
+                return cls(Fence(job, fence_kind), home, kind, came_from)
+        if not whys:
+            whys.append(f"no cgroup v2 hierarchy and no v1 freezer under {root}")
+        raise FenceError("; ".join(whys))
+
+    def release(self) -> None:
+        """End the fence, move the agent back where it came from and remove the groups (best
+        effort: what is left, the next agent removes)."""
+        self.fence.remove()
+        _remove_agent_home(self.home, self.came_from)
+
+
+def _remove_agent_home(home: str, came_from: str | None) -> None:
+    """This agent out of ``home``'s keeper (back into ``came_from``) and ``home`` removed."""
+    if came_from is not None:
         with contextlib.suppress(OSError):
-            os.rmdir(self.path)
+            _cgroup_write(came_from, "cgroup.procs", str(os.getpid()))
+    for name in ("job", "keeper", ""):
         with contextlib.suppress(OSError):
-            os.rmdir(os.path.dirname(self.path))
+            os.rmdir(os.path.join(home, name) if name else home)
+
+
+def end_stale_agent_fences(top: str) -> None:
+    """End and remove the agent fences in ``top`` whose keeper holds no process: their agent
+    is gone (a zombie is not listed; a live agent in another pid namespace is, as 0)."""
+    try:
+        names = os.listdir(top)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(AGENT_FENCE_PREFIX):
+            continue
+        home = os.path.join(top, name)
+        keeper = os.path.join(home, "keeper")
+        try:
+            if _cgroup_read(keeper, "cgroup.procs").strip():
+                continue  # its agent runs
+        except FileNotFoundError:
+            pass  # being made, or half removed: its job group is looked at all the same
+        except OSError:
+            continue
+        job = os.path.join(home, "job")
+        kind = Fence.kind_of(job)
+        if kind is not None:
+            Fence(job, kind).remove()
+        for path in (job, keeper, home):
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
 
 
 def sent_log_limit(value: object) -> int:
@@ -1001,6 +1129,7 @@ class Supervisor:
         self.leaving: set[int] = set()
         #: the cgroup every replica and all it starts is in (:meth:`make_fence`)
         self.fence: Fence | None = None
+        self.agent_fence: AgentFence | None = None
 
     def ended(self, rank: int, code: int, say: bool = True) -> None:
         """``rank`` ended with ``code``: recorded, then ``EXIT`` said (unless ``say`` is
@@ -1045,19 +1174,28 @@ class Supervisor:
                     code = 128 + int(self.last_signal) if why == "stopping" else None
                     self.ended(r["rank"], code or NOT_STARTED_EXIT_CODE)
 
+    def end_replica_group(self, pid: int) -> None:
+        """Replica ``pid`` is no longer the job's while the others run on: what it left
+        behind (its group below the fence, :meth:`Fence.replica`) killed, the group removed."""
+        if self.fence is None:
+            return
+        path = os.path.join(self.fence.path, f"replica-{pid}")
+        kind = Fence.kind_of(path)
+        if kind is not None:
+            Fence(path, kind).remove()
+
     def make_fence(self) -> None:
-        """The fence every replica is put in (:class:`Fence`), ``agent-<pid>-<start time>``;
-        fences of agents that are gone (killed before they ended theirs) are ended first.
-        Where none can be made (an agent not run as root, cgroups not writable) the replicas
-        run without one, said in the agent's stderr: what they leave behind is then killed by
-        pid only, which a process that keeps changing its pid escapes."""
-        me = os.getpid()
+        """The fence every replica is put in (:class:`AgentFence`); the fences of agents
+        that are gone (killed before they ended theirs) are ended first.  Where none can be
+        made (an agent not run as root, cgroups not writable) the replicas run without one,
+        said in the agent's stderr: what they leave behind is then killed by pid only, which
+        a process that keeps changing its pid escapes."""
         try:
-            self.fence = Fence.make(f"agent-{me}-{start_time(me)}")
+            self.agent_fence = AgentFence.make()
         except FenceError as exc:
             sys.stderr.write(f"pollux-local agent: no fence for the job's processes: {exc}\n")
             return
-        end_stale_fences(os.path.dirname(self.fence.path))
+        self.fence = self.agent_fence.fence
 
     def start_joining(self, join: dict[str, Any]) -> None:
         """This node's replicas join a running group (``"join"`` in the spec: a ``RESIZE``'s
@@ -1160,7 +1298,7 @@ class Supervisor:
                     return None, "launcher"
                 if self.fence is not None:  # before its order: the command runs in it
                     try:
-                        self.fence.add(p.pid)
+                        self.fence.replica(p.pid).add(p.pid)
                     except FenceError as e:
                         with contextlib.suppress(OSError):
                             os.write(fd, f"cannot start {r['argv'][0]}: {e}\n".encode())
@@ -1646,6 +1784,7 @@ class Supervisor:
                     self.warm_failed(f"joining rank {rank} exited with {code} first")
                 if pid in self.left or (code == 0 and pid in self.leaving):
                     kind = "LEFT"  # a joiner of a failed resize, or it left at one
+                    self.end_replica_group(pid)  # before the daemon gives its device away
                     self.gone(rank, code, say=False)
                 else:
                     kind = "EXIT"
@@ -1656,8 +1795,8 @@ class Supervisor:
             with self.lock:  # under its rank of now: a resize may have renamed it
                 self.lines.say(kind, self.procs[pid][0], code)
         self.end_leftovers()
-        if self.fence is not None:
-            self.fence.remove()
+        if self.agent_fence is not None:
+            self.agent_fence.release()
         self.record.write(self, "ended")
         if self.order_dir is not None:
             shutil.rmtree(self.order_dir, ignore_errors=True)

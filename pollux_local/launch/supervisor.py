@@ -21,10 +21,14 @@ What it does:
   asks the OOM killer to spare it (``oom_score_adj`` -1000, where it may; each replica takes
   back the value it had);
 * with ``limits`` (``--mem``, ``--cpus``: ``launch/cgroups.py``) it makes the incarnation's
-  cgroups ``job-<daemon>-<id>-<incarnation>`` and writes the limits into them; a failure
-  there is a failed setup (nothing runs);
-* for each replica it forks a child that first joins those cgroups (as root, so the job
-  cannot leave them: they stay root's), then drops privileges to the job's user
+  cgroups ``job-<daemon>-<id>-<incarnation>-<token>`` and writes the limits into them; a
+  failure there is a failed setup (nothing runs);
+* it makes the incarnation's fence (``node_agent.Fence``, the same name, in the unified
+  hierarchy or v1's freezer; on v2 the limits' group is the fence): a cgroup that is killed
+  as one once the replicas have ended, so that nothing they started outlives them, even a
+  process that keeps changing its pid; where none can be made, one line on stderr says so;
+* for each replica it forks a child that first joins those cgroups and the fence (as root,
+  so the job cannot leave them: they stay root's), then drops privileges to the job's user
   (``setgroups``, ``setgid``, the effective uid: only when ``user`` is given; root stays its
   real and saved uid until right before ``exec``, ``launch/identity.py``), takes the
   submitter's ``umask`` (when given), then, as that user, opens (or creates) its log ``JOB_DIR/<log>`` for appending (never through a symlink, never
@@ -93,6 +97,7 @@ import fcntl
 import json
 import os
 import resource
+import secrets
 import select
 import signal
 import stat
@@ -380,9 +385,9 @@ def replica_child(
                 group.add(os.getpid())
             except cgroups.CgroupError as exc:
                 raise SetupFailed(SETUP_EXIT_CODE, str(exc)) from None
-        if fence is not None and fence.owned:  # a group of the limits on v2 is joined above
+        if fence is not None:  # a group of its own below the fence (on v2: below the limits')
             try:
-                fence.add(os.getpid())
+                fence.replica(os.getpid()).add(os.getpid())
             except FenceError as exc:
                 raise SetupFailed(SETUP_EXIT_CODE, str(exc)) from None
         drop_privileges(spec.get("user"))
@@ -467,6 +472,7 @@ class Supervisor:
         #: the cgroup every replica and all it starts is in, ended as one at the end
         #: (:meth:`make_fence`)
         self.fence: Fence | None = None
+        self.token = secrets.token_hex(4)
         self.oom_killed = False
         #: the newest warm resize request: where it stands (the run file's ``warm``)
         self.warm: dict[str, Any] | None = None
@@ -493,10 +499,13 @@ class Supervisor:
             self.error = one_line(f"cannot set the job's limits: {exc}")
 
     def group_name(self) -> str:
+        """The incarnation's cgroups' name (:func:`cgroups.group_name`, with a token of this
+        supervisor's: no other daemon's or earlier supervisor's group has it)."""
         return cgroups.group_name(
             str(self.spec["job_id"]),
             int(self.spec.get("incarnation") or 0),
             cgroups.daemon_key(os.path.dirname(str(self.spec["run_file"]))),
+            self.token,
         )
 
     def make_fence(self) -> None:
@@ -518,6 +527,16 @@ class Supervisor:
                 f"pollux-local supervisor: no fence for the job's processes: {one_line(str(exc))}",
                 file=sys.stderr,
             )
+
+    def end_replica_group(self, pid: int) -> None:
+        """A replica left the job while the others run on: kill what it left behind (its
+        group below the fence, ``Fence.replica``) and remove the group."""
+        if self.fence is None:
+            return
+        path = os.path.join(self.fence.path, f"replica-{pid}")
+        kind = Fence.kind_of(path)
+        if kind is not None:
+            Fence(path, kind).remove()
 
     def end_fence(self) -> None:
         """Kill everything left in the fence, as one."""
@@ -656,6 +675,7 @@ class Supervisor:
             if pid in self._joining:  # a joiner that never joined: the resize failed
                 self._joining.discard(pid)
                 record["left"] = True
+                self.end_replica_group(pid)
                 self.warm_failed(f"joining rank {record['rank']} exited with {code} first")
                 continue
             self.codes.append(code)
@@ -667,6 +687,7 @@ class Supervisor:
                 and int(record["rank"]) >= int(warm["world_size"])
             ):
                 record["left"] = True  # left the job at a warm shrink
+                self.end_replica_group(pid)  # before the daemon gives its device away
                 self.write("running")
             if code not in (0, RESCALE_EXIT_CODE) and not self.terminated:
                 # a crashed replica leaves its peers blocked in collectives: stop them

@@ -47,8 +47,8 @@ def cgroup_dir(support: cgroups.Support, controller: str, path: str) -> Path:
 
 
 def job_of_group(name: str) -> str | None:
-    """The job id of a job cgroup's name ``job-<daemon>-<id>-<incarnation>``."""
-    found = re.fullmatch(r"job-[0-9a-f]{8}-([0-9]+)-[0-9]+", name)
+    """The job id of a job cgroup's name ``job-<daemon>-<id>-<incarnation>-<token>``."""
+    found = re.fullmatch(r"job-[0-9a-f]{8}-([0-9]+)-[0-9]+-[0-9a-f]{8}", name)
     return found.group(1) if found else None
 
 
@@ -96,10 +96,13 @@ def test_a_cpu_quota_is_written_and_removed_with_the_job(lab: Lab, alice: LabUse
     assert escape.read_text().strip() == "refused"
     assert (lab.work / "threads").read_text().strip() == "1"  # its share, not the machine's
     groups = job_cgroups(pid)
-    cpu_path = groups["" if support.version == 2 else "cpu"]
-    memory_path = groups["" if support.version == 2 else "memory"]
-    for path in (cpu_path, memory_path):  # job-<daemon>-<id>-<incarnation>
-        assert re.fullmatch(rf".*/pollux-local/job-[0-9a-f]{{8}}-{job_id}-0", path), groups
+    # (on v2 the replica is in a group of its own below the limits': the fence's, replica-PID)
+    cpu_path = re.sub(r"/replica-[0-9]+$", "", groups["" if support.version == 2 else "cpu"])
+    memory_path = re.sub(r"/replica-[0-9]+$", "", groups["" if support.version == 2 else "memory"])
+    for path in (cpu_path, memory_path):  # job-<daemon>-<id>-<incarnation>-<token>
+        assert re.fullmatch(rf".*/pollux-local/job-[0-9a-f]{{8}}-{job_id}-0-[0-9a-f]{{8}}", path), (
+            groups
+        )
     cpu_dir = cgroup_dir(support, "cpu", cpu_path)
     memory_dir = cgroup_dir(support, "memory", memory_path)
     if support.version == 2:

@@ -280,6 +280,27 @@ def test_a_stale_group_of_the_same_name_is_made_again(fake_fs: Path) -> None:
     again.remove()
 
 
+def test_a_group_of_the_same_name_that_holds_processes_is_refused_not_emptied(
+    fake_fs: Path,
+) -> None:
+    """A group of the name asked for that holds processes is another incarnation's (a daemon
+    whose state was reset runs job 1 again while the old job 1 runs on): refused, its
+    processes untouched; names carry a token of their supervisor's so it does not happen."""
+    make_v1(fake_fs)
+    support = cgroups.detect(str(fake_fs), own={"memory": "/", "cpu": "/"})
+    first = JobGroup.create(Limits(support, memory=8 << 20), "job-5-0")
+    (Path(first.paths[0]) / "cgroup.procs").write_text("4242\n")
+    with pytest.raises(CgroupError, match="exists and holds processes"):
+        JobGroup.create(Limits(support, memory=16 << 20), "job-5-0")
+    assert (Path(first.paths[0]) / "cgroup.procs").read_text().split() == ["4242"]
+    assert (Path(first.paths[0]) / "memory.limit_in_bytes").read_text() == str(8 << 20)
+    key = cgroups.daemon_key("/var/lib/pollux-local/run")
+    named = group_name("5", 0, key, "0a1b2c3d")
+    assert named == f"job-{key}-5-0-0a1b2c3d" and cgroups.is_job_group(f"/x/pollux-local/{named}")
+    with pytest.raises(CgroupError, match="not a cgroup name"):
+        group_name("5", 0, key, "../../x")
+
+
 def test_two_daemons_in_one_cgroup_never_share_a_job_group(fake_fs: Path) -> None:
     """Two daemons started in one cgroup (from one shell, or one service) both run their job
     1: the groups are named by each daemon's state directory, so the second's is made beside
@@ -417,11 +438,11 @@ async def test_a_dead_supervisors_groups_are_swept_of_escaped_processes(tmp_path
     )
     group = await launcher.launch(spec)
     key = cgroups.daemon_key(str(tmp_path / "run"))
-    path = Path(support.memory) / f"pollux-local/job-{key}-7-0"
     for _ in range(200):
         if pid_file.exists():
             break
         await asyncio.sleep(0.05)
+    (path,) = (Path(support.memory) / "pollux-local").glob(f"job-{key}-7-0-*")
     escapee = int(pid_file.read_text())
     assert str(escapee) in (path / "cgroup.procs").read_text().split()
     os.kill(group.supervisor_pid, signal.SIGKILL)  # it cannot clean up after itself

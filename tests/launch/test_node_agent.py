@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +37,19 @@ def test_the_shipped_source_is_the_module_and_needs_only_python_3_8_stdlib() -> 
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}
 
 
-def start_agent(spec: dict[str, Any]) -> subprocess.Popen[str]:
+def start_agent(
+    spec: dict[str, Any],
+    preexec: Callable[[], object] | None = None,
+    prefix: Sequence[str] = (),
+) -> subprocess.Popen[str]:
+    """The agent, given ``spec`` (``preexec``: run in its process first; ``prefix``: a
+    command that runs it, such as ``unshare``)."""
     proc = subprocess.Popen(
-        [sys.executable, "-u", "-c", node_agent_source()],
+        [*prefix, sys.executable, "-u", "-c", node_agent_source()],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=preexec,
     )
     assert proc.stdin is not None
     proc.stdin.write(json.dumps(spec) + "\n")
@@ -600,6 +608,43 @@ def test_at_a_warm_shrink_the_leaving_rank_is_left_not_exited(tmp_path: Path) ->
     assert [p for p in lines if p[0] == "EXIT"] == [["EXIT", "0", "0"]]
     send(proc, resize_line(9, 1, [], job_dir=str(tmp_path)))  # not newer, and too late
     assert proc.wait(timeout=30) == 0
+
+
+def test_what_a_leaving_rank_started_ends_when_it_leaves_at_a_warm_shrink(
+    tmp_path: Path,
+) -> None:
+    """At a warm shrink, what the leaving replica started (a pid hopper) is killed when it
+    leaves (its group below the fence, ``Fence.replica``), before ``LEFT`` gives its device
+    back, while the replica that stays runs on."""
+    hops = tmp_path / "hops"
+    hops.mkdir()
+    hopper = build_hopper(tmp_path)
+    stays = WAIT_FOR_ORDER.replace("sys.exit", "time.sleep(3); sys.exit")
+    leaves = f'{hopper} {hops} </dev/null >/dev/null 2>&1 & exec "$0" -c "$1" 0'
+    spec = spec_for(
+        tmp_path,
+        [
+            {"argv": [sys.executable, "-c", stays, "0"], "env": {}},
+            {"argv": ["/bin/sh", "-c", leaves, sys.executable, WAIT_FOR_ORDER], "env": {}},
+        ],
+        resize=True,
+    )
+    proc = start_agent(spec)
+    try:
+        deadline = time.monotonic() + 20
+        while hopper_beats(hops, 0.3) < 2:
+            assert time.monotonic() < deadline, "the hopper did not hop"
+        send(proc, resize_line(9, 1, [], job_dir=str(tmp_path)))
+        lines = protocol_until(proc, ["LEFT"])
+        assert lines[-1] == ["LEFT", "1", "0"]
+        assert hopper_beats(hops, 1.0) == 1, "what the leaving rank started outlived it"
+        assert not any(p[0] == "EXIT" for p in lines)  # rank 0 runs on
+        assert [p for p in lines_until_exits(proc, 1) if p[0] == "EXIT"] == [["EXIT", "0", "0"]]
+        assert proc.wait(timeout=30) == 0
+    finally:
+        stop_hopper(hops)
+        if proc.poll() is None:
+            proc.kill()
 
 
 def test_a_joiner_that_fails_or_is_late_fails_the_resize_and_is_no_exit(tmp_path: Path) -> None:

@@ -249,6 +249,43 @@ async def test_a_process_that_keeps_changing_its_pid_does_not_outlive_its_job(
 
 
 @pytest.mark.asyncio
+async def test_what_a_leaving_rank_started_ends_when_it_leaves_at_a_warm_shrink(
+    launcher: LocalLauncher, tmp_path: Path
+) -> None:
+    """At a warm shrink, what the leaving replica started (a pid hopper) is killed when it
+    leaves (its group below the fence), before ``resize_warm`` returns and the daemon gives
+    its device to another job, while the replica that stays runs on."""
+    from pollux_local.api.resize import ResizeOrder
+
+    hops = tmp_path / "hops"
+    hops.mkdir()
+    hopper = build_hopper(tmp_path)
+    order_file = tmp_path / "resize" / "7-0.json"
+    order_file.parent.mkdir()
+    script = f"""[ "$RANK" = 1 ] && {hopper} {hops} </dev/null >/dev/null 2>&1 &
+while [ ! -f "$POLLUX_RESIZE_FILE" ]; do sleep 0.05; done
+[ "$RANK" = 0 ] && sleep 3
+exit 0
+"""
+    env = {"POLLUX_RESIZE_FILE": str(order_file)}
+
+    def spec_of(replicas: int) -> LaunchSpec:
+        made = make_spec(tmp_path / "job", ["sh", "-c", script], tmp_path, replicas, env)
+        return dataclasses.replace(made, resize_file=order_file)
+
+    group = await launcher.launch(spec_of(2))
+    try:
+        wait_until(lambda: hopper_beats(hops, 0.3) > 1, 20, "the hopper to hop")
+        order = ResizeOrder(generation=1001, world_size=1, master_addr="127.0.0.1", master_port=1)
+        assert await group.resize_warm(spec_of(1), order, ready_timeout_s=20) is None
+        assert hopper_beats(hops, 1.0) == 1, "what the leaving rank started outlived it"
+        assert sorted(group.pids()) == [0]  # rank 0 runs on
+        assert await asyncio.wait_for(group.wait(), 20) == 0
+    finally:
+        stop_hopper(hops)
+
+
+@pytest.mark.asyncio
 async def test_the_supervisor_escalates_to_sigkill_on_its_own(
     launcher: LocalLauncher, tmp_path: Path
 ) -> None:

@@ -1,0 +1,216 @@
+"""The fence (``node_agent.Fence``, ``AgentFence``): one cgroup per incarnation, killed as one,
+on this machine's real cgroups (as root).  What a hostile review (s57) found: a group of the
+same name that holds processes was taken for a stale one and killed (a daemon whose state
+was reset killed another user's running job); an agent's fence left by an agent killed
+outright was looked for only in the next agent's own cgroup (another login session on a
+systemd node), and its liveness judged by pid in the looker's pid namespace; removing the
+shared ``pollux-local`` directory raced another fence being made there."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pollux_local.launch import node_agent
+from pollux_local.launch.node_agent import AgentFence, Fence, FenceError
+from tests.launch.hopper import build_hopper, hopper_beats, stop_hopper
+from tests.launch.test_node_agent import lines_until_exits, next_line, spec_for, start_agent
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(os.geteuid() != 0, reason="cgroups are root's to write"),
+]
+
+
+def fences_possible() -> bool:
+    try:
+        Fence.make(f"probe-{os.getpid()}").remove()
+    except FenceError:
+        return False
+    return True
+
+
+@pytest.fixture()
+def scratch_cgroup() -> Iterator[Path]:
+    """A cgroup of the test's own at the top of the unified hierarchy (or the freezer's),
+    standing for another login session's; removed at the end."""
+    if not fences_possible():
+        pytest.skip("no writable cgroup hierarchy for fences here")
+    base, _ = node_agent.fence_hierarchies(node_agent.CGROUP_ROOT, node_agent.AT_THE_TOP)[0]
+    path = Path(base) / f"fence-test-{os.getpid()}"
+    path.mkdir()
+    yield path
+    for proc in (path / "cgroup.procs").read_text().split():
+        with contextlib.suppress(OSError):
+            os.kill(int(proc), signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            path.rmdir()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, f"{path} stays busy"
+            time.sleep(0.05)
+
+
+def sleeper_in(group: Path) -> subprocess.Popen[bytes]:
+    """``sleep 300`` started in the cgroup ``group``."""
+    return subprocess.Popen(
+        ["/bin/sh", "-c", f"echo $$ > {group}/cgroup.procs && exec sleep 300"],
+    )
+
+
+def test_a_fence_of_the_same_name_that_holds_processes_is_refused_not_killed() -> None:
+    if not fences_possible():
+        pytest.skip("no writable cgroup hierarchy for fences here")
+    name = f"job-test-{os.getpid()}"
+    first = Fence.make(name)
+    sleeper = sleeper_in(Path(first.path))
+    try:
+        deadline = time.monotonic() + 10
+        while not first.pids():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        with pytest.raises(FenceError, match="exists and holds processes"):
+            Fence.make(name, own_text=_only_v2())
+        assert sleeper.poll() is None, "another incarnation's process was killed"
+    finally:
+        first.remove()
+        sleeper.wait(timeout=10)
+    again = Fence.make(name)  # an empty one (left behind) is taken
+    again.remove()
+
+
+def _only_v2() -> str:
+    """``/proc/self/cgroup`` with only the unified hierarchy's line (no fallback to v1)."""
+    with open("/proc/self/cgroup") as fh:
+        return "".join(line for line in fh if line.startswith("0::"))
+
+
+def _make_and_remove(tag: str, rounds: int, out: multiprocessing.Queue[object]) -> None:
+    kinds: dict[str, int] = {}
+    errors: list[str] = []
+    for i in range(rounds):
+        try:
+            fence = Fence.make(f"race-{tag}-{i}")
+        except FenceError as exc:
+            errors.append(str(exc))
+            continue
+        kinds[fence.kind] = kinds.get(fence.kind, 0) + 1
+        fence.remove()
+    out.put((kinds, errors))
+
+
+def test_fences_made_and_removed_at_once_never_fail_nor_fall_back() -> None:
+    if not fences_possible():
+        pytest.skip("no writable cgroup hierarchy for fences here")
+    best = Fence.make(f"probe-{os.getpid()}")
+    best.remove()
+    out: multiprocessing.Queue[object] = multiprocessing.Queue()
+    workers = [
+        multiprocessing.Process(target=_make_and_remove, args=(f"{os.getpid()}{tag}", 400, out))
+        for tag in "abc"
+    ]
+    for worker in workers:
+        worker.start()
+    results = [out.get(timeout=100) for _ in workers]
+    for worker in workers:
+        worker.join(10)
+    for kinds, errors in results:  # type: ignore[misc]
+        assert errors == []
+        assert kinds == {best.kind: 400}, kinds
+
+
+def test_a_fence_is_made_when_pollux_local_vanished_and_its_removal_leaves_it() -> None:
+    """The race behind a fallback: ``pollux-local`` removed (by another fence's removal)
+    between its ``mkdir`` and the fence's.  Now a fence's removal leaves ``pollux-local``, and
+    a fence whose parent vanished makes it again (``make_cgroup``)."""
+    if not fences_possible():
+        pytest.skip("no writable cgroup hierarchy for fences here")
+    base, _ = node_agent.fence_hierarchies(node_agent.CGROUP_ROOT, node_agent.AT_THE_TOP)[0]
+    parent = Path(base) / f"fence-parent-{os.getpid()}"
+    child = parent / "pollux-local" / "job"
+    try:
+        assert node_agent.make_cgroup(str(child)) is True  # both parents made on the way
+        assert node_agent.make_cgroup(str(child)) is False
+        fence = Fence(str(child), Fence.kind_of(str(child)) or "")
+        fence.remove()
+        assert not child.exists() and child.parent.is_dir()
+    finally:
+        for path in (child, child.parent, parent):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+
+
+def agent_in(group: Path, spec: dict[str, object]) -> subprocess.Popen[str]:
+    """:func:`start_agent` run in the cgroup ``group`` (another login session's)."""
+    proc = start_agent(spec, preexec=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+    return proc
+
+
+@pytest.mark.parametrize("where", ["another session", "another pid namespace"])
+def test_an_agent_ends_the_fence_of_a_killed_agent_and_only_that(
+    tmp_path: Path, scratch_cgroup: Path, where: str
+) -> None:
+    """Agent A runs a replica that leaves a pid hopper, then is killed outright; agent B,
+    in another cgroup (a login session of its own) ends A's fence.  An agent started in
+    another pid namespace while A still runs leaves A's replica alone."""
+    if where == "another pid namespace" and shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) here")
+    hops = tmp_path / "hops"
+    hops.mkdir()
+    hopper = build_hopper(tmp_path)
+    replica = {"argv": ["/bin/sh", "-c", f"{hopper} {hops} & exec sleep 300"], "env": {}}
+    first = start_agent(spec_for(tmp_path, [replica]))
+    second_dir = tmp_path / "second"
+    second_dir.mkdir()
+    second_spec = spec_for(second_dir, [{"argv": ["/bin/true"], "env": {}}])
+    try:
+        next_line(first, "PID")
+        deadline = time.monotonic() + 20
+        while hopper_beats(hops, 0.3) < 2:
+            assert time.monotonic() < deadline, "the hopper did not hop"
+        if where == "another pid namespace":
+            second = start_agent(second_spec, prefix=["unshare", "-pf", "--mount-proc"])
+            assert ["EXIT", "0", "0"] in lines_until_exits(second, 1)
+            second.communicate(timeout=30)
+            assert hopper_beats(hops, 1.0) > 1, "a live agent's fence was ended"
+            assert first.poll() is None
+            return
+        first.kill()
+        first.wait(timeout=30)
+        assert hopper_beats(hops, 0.5) > 1  # the agent is gone, the hopper is not
+        second = agent_in(scratch_cgroup, second_spec)
+        assert ["EXIT", "0", "0"] in lines_until_exits(second, 1)
+        second.communicate(timeout=30)
+        time.sleep(0.5)
+        assert hopper_beats(hops, 1.0) == 1, "the hopper outlived its agent's successor"
+    finally:
+        stop_hopper(hops)
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+
+
+def test_an_agent_fence_is_removed_and_the_agent_moved_back_at_its_end() -> None:
+    if not fences_possible():
+        pytest.skip("no writable cgroup hierarchy for fences here")
+    with open("/proc/self/cgroup") as fh:
+        before = fh.read()
+    fence = AgentFence.make()
+    with open("/proc/self/cgroup") as fh:
+        assert fh.read() != before  # in its keeper
+    assert os.path.isdir(fence.fence.path)
+    fence.release()
+    with open("/proc/self/cgroup") as fh:
+        assert fh.read() == before
+    assert not os.path.exists(fence.home)
