@@ -41,7 +41,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pollux_local.launch.node_agent import Fence
+from pollux_local.launch.node_agent import Fence, cgroup_procs
 
 #: Where cgroupfs is mounted unless ``[limits] cgroup_root`` says otherwise.
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -566,12 +566,7 @@ def _make_group(base: str, name: str, version: int, controllers: list[str]) -> s
     raise CgroupError(f"cannot create cgroup {path}: it keeps disappearing")
 
 
-def _procs(directory: str) -> list[int]:
-    try:
-        with open(os.path.join(directory, "cgroup.procs")) as fh:
-            return [int(word) for word in fh.read().split() if word.isdigit()]
-    except OSError:
-        return []
+_procs = cgroup_procs  # the processes in a group now (none when it cannot be read)
 
 
 def is_job_group(path: str) -> bool:

@@ -879,6 +879,14 @@ class Fence:
             raise FenceError(f"cannot create cgroup {path}: {exc.strerror or exc}") from None
         return Fence(path, self.kind_of(path) or self.kind)
 
+    def end_replica(self, pid: int) -> None:
+        """Kill what replica ``pid`` left behind (its group, :meth:`replica`) and remove the
+        group: it left the job while the others run on."""
+        path = os.path.join(self.path, f"replica-{pid}")
+        kind = self.kind_of(path)
+        if kind is not None:
+            Fence(path, kind).remove()
+
     def _freeze(self, frozen: bool) -> None:
         if self.kind == "freeze":
             _cgroup_write(self.path, "cgroup.freeze", "1" if frozen else "0")
@@ -1176,13 +1184,9 @@ class Supervisor:
 
     def end_replica_group(self, pid: int) -> None:
         """Replica ``pid`` is no longer the job's while the others run on: what it left
-        behind (its group below the fence, :meth:`Fence.replica`) killed, the group removed."""
-        if self.fence is None:
-            return
-        path = os.path.join(self.fence.path, f"replica-{pid}")
-        kind = Fence.kind_of(path)
-        if kind is not None:
-            Fence(path, kind).remove()
+        behind ended (:meth:`Fence.end_replica`)."""
+        if self.fence is not None:
+            self.fence.end_replica(pid)
 
     def make_fence(self) -> None:
         """The fence every replica is put in (:class:`AgentFence`); the fences of agents

@@ -530,13 +530,9 @@ class Supervisor:
 
     def end_replica_group(self, pid: int) -> None:
         """A replica left the job while the others run on: kill what it left behind (its
-        group below the fence, ``Fence.replica``) and remove the group."""
-        if self.fence is None:
-            return
-        path = os.path.join(self.fence.path, f"replica-{pid}")
-        kind = Fence.kind_of(path)
-        if kind is not None:
-            Fence(path, kind).remove()
+        group below the fence, ``Fence.end_replica``)."""
+        if self.fence is not None:
+            self.fence.end_replica(pid)
 
     def end_fence(self) -> None:
         """Kill everything left in the fence, as one."""

@@ -40,3 +40,17 @@ def hopper_beats(directory: Path, seconds: float) -> int:
 def stop_hopper(directory: Path) -> None:
     """Ask the hopper to stop (it looks every 50 ms): a failed test leaves nothing running."""
     (directory / "stop").touch()
+
+
+def wait_hopping(directory: Path, timeout_s: float = 20.0) -> None:
+    """Until the hopper in ``directory`` hops (its beat changes)."""
+    deadline = time.monotonic() + timeout_s
+    while hopper_beats(directory, 0.3) < 2:
+        assert time.monotonic() < deadline, "the hopper did not hop"
+
+
+def assert_hopper_gone(directory: Path, outlived: str) -> None:
+    """The hopper in ``directory`` is gone half a second from now (its beat no longer
+    changes); else fail, saying what it ``outlived``."""
+    time.sleep(0.5)
+    assert hopper_beats(directory, 1.0) == 1, f"the hopper outlived {outlived}"
