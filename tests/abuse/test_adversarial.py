@@ -62,6 +62,7 @@ from tests.labinstall import (
 from tests.launch.hopper import (
     assert_hopper_gone,
     build_hopper,
+    needs_fences,
     stop_hopper,
     wait_hopping,
 )
@@ -453,6 +454,7 @@ exec sleep 600
 def test_j_a_process_that_keeps_changing_its_pid_does_not_outlive_its_job(
     lab: Lab, bob: LabUser, how: str
 ) -> None:
+    needs_fences()
     # A helper that forks and lets its parent exit, about 9,000 times a second with a new
     # session at each hop: every pid listed is gone before a kill lands.  The incarnation's
     # fence cgroup (root's: the job cannot leave it) is killed as one.

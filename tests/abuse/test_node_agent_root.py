@@ -27,6 +27,7 @@ from tests.launch.hopper import (
     assert_hopper_gone,
     build_hopper,
     hopper_beats,
+    needs_fences,
     stop_hopper,
 )
 
@@ -142,6 +143,7 @@ def test_a_users_process_that_keeps_changing_its_pid_ends_with_the_incarnation(
     """A replica of alice's leaves a helper that forks and exits in a loop, a new session at
     every hop; the root agent's fence (``node_agent.Fence``: root's cgroup, which she cannot
     leave) ends it at a ``KILL`` and when the daemon is gone."""
+    needs_fences()
     hops = lab.work / f"hops-{how.replace(' ', '-')}"
     hops.mkdir()
     hops.chmod(0o777)

@@ -26,31 +26,20 @@ from tests.launch.hopper import (
     assert_hopper_gone,
     build_hopper,
     hopper_beats,
+    needs_fences,
     stop_hopper,
     wait_hopping,
 )
 from tests.launch.test_node_agent import lines_until_exits, next_line, spec_for, start_agent
 
-pytestmark = [
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(os.geteuid() != 0, reason="cgroups are root's to write"),
-]
-
-
-def fences_possible() -> bool:
-    try:
-        Fence.make(f"probe-{os.getpid()}").remove()
-    except FenceError:
-        return False
-    return True
+pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture()
 def scratch_cgroup() -> Iterator[Path]:
     """A cgroup of the test's own at the top of the unified hierarchy (or the freezer's),
     standing for another login session's; removed at the end."""
-    if not fences_possible():
-        pytest.skip("no writable cgroup hierarchy for fences here")
+    needs_fences()
     base, _ = node_agent.fence_hierarchies(node_agent.CGROUP_ROOT, node_agent.AT_THE_TOP)[0]
     path = Path(base) / f"fence-test-{os.getpid()}"
     path.mkdir()
@@ -76,8 +65,7 @@ def sleeper_in(group: Path) -> subprocess.Popen[bytes]:
 
 
 def test_a_fence_of_the_same_name_that_holds_processes_is_refused_not_killed() -> None:
-    if not fences_possible():
-        pytest.skip("no writable cgroup hierarchy for fences here")
+    needs_fences()
     name = f"job-test-{os.getpid()}"
     first = Fence.make(name)
     sleeper = sleeper_in(Path(first.path))
@@ -117,8 +105,7 @@ def _make_and_remove(tag: str, rounds: int, out: multiprocessing.Queue[object]) 
 
 
 def test_fences_made_and_removed_at_once_never_fail_nor_fall_back() -> None:
-    if not fences_possible():
-        pytest.skip("no writable cgroup hierarchy for fences here")
+    needs_fences()
     best = Fence.make(f"probe-{os.getpid()}")
     best.remove()
     out: multiprocessing.Queue[object] = multiprocessing.Queue()
@@ -140,8 +127,7 @@ def test_a_fence_is_made_when_pollux_local_vanished_and_its_removal_leaves_it() 
     """The race behind a fallback: ``pollux-local`` removed (by another fence's removal)
     between its ``mkdir`` and the fence's.  Now a fence's removal leaves ``pollux-local``, and
     a fence whose parent vanished makes it again (``make_cgroup``)."""
-    if not fences_possible():
-        pytest.skip("no writable cgroup hierarchy for fences here")
+    needs_fences()
     base, _ = node_agent.fence_hierarchies(node_agent.CGROUP_ROOT, node_agent.AT_THE_TOP)[0]
     parent = Path(base) / f"fence-parent-{os.getpid()}"
     child = parent / "pollux-local" / "job"
@@ -205,8 +191,7 @@ def test_an_agent_ends_the_fence_of_a_killed_agent_and_only_that(
 
 
 def test_an_agent_fence_is_removed_and_the_agent_moved_back_at_its_end() -> None:
-    if not fences_possible():
-        pytest.skip("no writable cgroup hierarchy for fences here")
+    needs_fences()
     with open("/proc/self/cgroup") as fh:
         before = fh.read()
     fence = AgentFence.make()

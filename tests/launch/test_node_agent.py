@@ -22,6 +22,7 @@ from tests.launch.hopper import (
     assert_hopper_gone,
     build_hopper,
     hopper_beats,
+    needs_fences,
     stop_hopper,
     wait_hopping,
 )
@@ -249,6 +250,7 @@ def test_a_process_that_keeps_changing_its_pid_ends_with_the_incarnation(
     ended with the incarnation (the agent's fence cgroup, ``node_agent.Fence``): when the
     replicas end, at a ``KILL`` and when the daemon is gone; a listing of pids never
     catches it."""
+    needs_fences()
     hops = tmp_path / "hops"
     hops.mkdir()
     wait = "sleep 1; exit 0" if how == "ends" else "exec sleep 300"
@@ -277,7 +279,8 @@ def test_a_process_that_keeps_changing_its_pid_ends_with_the_incarnation(
 
 def test_the_fence_of_an_agent_killed_is_ended_by_the_next_one(tmp_path: Path) -> None:
     """An agent killed outright (SIGKILL: it cannot end its fence) leaves its replica and
-    what it started running; the next agent on the node ends them (``end_stale_fences``)."""
+    what it started running; the next agent on the node ends them (``end_stale_agent_fences``)."""
+    needs_fences()
     hops = tmp_path / "hops"
     hops.mkdir()
     replica = {
@@ -616,6 +619,7 @@ def test_what_a_leaving_rank_started_ends_when_it_leaves_at_a_warm_shrink(
     """At a warm shrink, what the leaving replica started (a pid hopper) is killed when it
     leaves (its group below the fence, ``Fence.replica``), before ``LEFT`` gives its device
     back, while the replica that stays runs on."""
+    needs_fences()
     hops = tmp_path / "hops"
     hops.mkdir()
     hopper = build_hopper(tmp_path)

@@ -42,6 +42,7 @@ from tests.labinstall import world_readable_tempdir
 from tests.launch.hopper import (
     assert_hopper_gone,
     build_hopper,
+    needs_fences,
     stop_hopper,
     wait_hopping,
 )
@@ -235,6 +236,7 @@ async def test_a_process_that_keeps_changing_its_pid_does_not_outlive_its_job(
     """A job's helper that forks and exits in a loop, a new session at every hop, is ended
     with its job (the incarnation's fence cgroup: ``node_agent.Fence``), whether the replicas
     end by themselves or are stopped; listing its pids and signalling each never catches it."""
+    needs_fences()
     hops = tmp_path / "hops"
     hops.mkdir()
     wait = "sleep 1; exit 0" if how == "ends" else "while :; do sleep 0.2; done"
@@ -259,6 +261,7 @@ async def test_what_a_leaving_rank_started_ends_when_it_leaves_at_a_warm_shrink(
     """At a warm shrink, what the leaving replica started (a pid hopper) is killed when it
     leaves (its group below the fence), before ``resize_warm`` returns and the daemon gives
     its device to another job, while the replica that stays runs on."""
+    needs_fences()
     from pollux_local.api.resize import ResizeOrder
 
     hops = tmp_path / "hops"
