@@ -41,7 +41,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pollux_local.launch.node_agent import Fence, cgroup_procs
+from pollux_local.launch.node_agent import Fence, cgroup_procs, cgroup_tree_procs
 
 #: Where cgroupfs is mounted unless ``[limits] cgroup_root`` says otherwise.
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -53,6 +53,9 @@ CPU_PERIOD_US = 100_000
 MIN_QUOTA_US = 1_000
 #: How long :meth:`JobGroup.remove` keeps trying while the kernel still counts processes.
 REMOVE_TIMEOUT_S = 5.0
+#: How long one :func:`sweep` (the daemon's, in its event loop, tried again and again until
+#: :data:`REMOVE_TIMEOUT_S`) waits for a group's processes to end.
+SWEEP_END_S = 0.1
 #: The controllers a limit needs.
 CONTROLLERS = ("memory", "cpu")
 #: On v2, the leaf the daemon moves itself into when its own cgroup must pass the controllers
@@ -554,7 +557,7 @@ def _make_group(base: str, name: str, version: int, controllers: list[str]) -> s
         except FileExistsError:
             if not _is_plain_dir(path):
                 raise CgroupError(f"{path} is not a directory") from None
-            if _procs(path):
+            if cgroup_tree_procs(path):  # (on v2 its replicas are in groups below it)
                 raise CgroupError(
                     f"cannot create cgroup {path}: it exists and holds processes"
                 ) from None
@@ -585,7 +588,7 @@ def sweep(path: str) -> bool:
     supervisor died without removing it."""
     if not is_job_group(path) or not _is_plain_dir(path):
         return True
-    end_as_one(path)
+    end_as_one(path, SWEEP_END_S)
     for pid in _procs(path):
         kill_member(pid, path)
     try:
@@ -605,9 +608,7 @@ def end_as_one(path: str, timeout_s: float = 2.0) -> None:
     too; elsewhere (v1 memory and cpu groups) the callers kill them one by one."""
     kind = Fence.kind_of(path)
     if kind is not None:  # (the groups below it, its replicas', removed too)
-        fence = Fence(path, kind, owned=False)
-        fence.end(timeout_s)
-        fence.remove()
+        Fence(path, kind, owned=False).remove(timeout_s)
 
 
 def member_of(pid: int, directory: str) -> bool:

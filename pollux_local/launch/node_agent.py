@@ -724,6 +724,10 @@ FENCE_DAEMON_LEAF = "pollux-local-daemon"
 FENCE_END_TIMEOUT_S = 10.0
 #: How long one freeze is waited for before its kills are sent anyway (seconds).
 FENCE_FREEZE_WAIT_S = 2.0
+#: How long a replica's group is waited for when the replica leaves while the others run on,
+#: and a fence of an agent that is gone when another agent or the node check finds it: a
+#: process that cannot die (in uninterruptible sleep) must not hold them up each time.
+FENCE_SHORT_END_S = 0.5
 
 
 class FenceError(Exception):
@@ -759,6 +763,14 @@ def _cgroup_dir(hierarchy: str, relative: str) -> str:
     if any(p in (".", "..") for p in parts):
         raise FenceError(f"cgroup path {relative!r} is not a plain path")
     return os.path.join(hierarchy, *parts)
+
+
+def cgroup_tree_procs(directory: str) -> list[int]:
+    """The processes in the cgroup ``directory`` and in every group below it now."""
+    found = []
+    for path, _, _ in os.walk(directory, followlinks=False):
+        found.extend(cgroup_procs(path))
+    return found
 
 
 def cgroup_procs(directory: str) -> list[int]:
@@ -832,7 +844,7 @@ class Fence:
         for base, _ in fence_hierarchies(root, own_text):
             path = os.path.join(base, FENCE_DIR, name)
             try:
-                if not make_cgroup(path) and cgroup_procs(path):
+                if not make_cgroup(path) and cgroup_tree_procs(path):
                     whys.append(f"{path} exists and holds processes")
                     continue
             except OSError as exc:
@@ -881,11 +893,12 @@ class Fence:
 
     def end_replica(self, pid: int) -> None:
         """Kill what replica ``pid`` left behind (its group, :meth:`replica`) and remove the
-        group: it left the job while the others run on."""
+        group: it left the job while the others run on (waited for
+        :data:`FENCE_SHORT_END_S` at most; the fence's end takes what is left)."""
         path = os.path.join(self.path, f"replica-{pid}")
         kind = self.kind_of(path)
         if kind is not None:
-            Fence(path, kind).remove()
+            Fence(path, kind).remove(FENCE_SHORT_END_S)
 
     def _freeze(self, frozen: bool) -> None:
         if self.kind == "freeze":
@@ -911,19 +924,20 @@ class Fence:
                 if self.kind == "kill":
                     _cgroup_write(self.path, "cgroup.kill", "1")
                 else:
-                    self._kill_frozen()
+                    self._kill_frozen(max(0.0, deadline - time.monotonic()))
             except OSError:
                 pass
             wait_until = min(deadline, time.monotonic() + 0.5)
             while self.pids() and time.monotonic() < wait_until:
                 time.sleep(0.01)
 
-    def _kill_frozen(self) -> None:
+    def _kill_frozen(self, wait_s: float) -> None:
         """Freeze, SIGKILL each process (none can exit meanwhile, so no pid listed is given
-        to another process), thaw."""
+        to another process), thaw; the freeze waited for ``wait_s`` at most (a process in
+        uninterruptible sleep is never frozen: it is sent the SIGKILL all the same)."""
         self._freeze(True)
         try:
-            until = time.monotonic() + FENCE_FREEZE_WAIT_S
+            until = time.monotonic() + min(wait_s, FENCE_FREEZE_WAIT_S)
             while not self._frozen() and time.monotonic() < until:
                 time.sleep(0.005)
             for pid in self.pids():
@@ -932,11 +946,11 @@ class Fence:
         finally:
             self._freeze(False)
 
-    def remove(self) -> None:
-        """End what is left and remove the fence and the groups below it, best effort
-        (``pollux-local`` above it is left: removing it could fail another fence being made
-        there); a group of the job's limits is left to its owner (the groups below it go)."""
-        self.end()
+    def remove(self, timeout_s: float = FENCE_END_TIMEOUT_S) -> None:
+        """End what is left (:meth:`end`, ``timeout_s``) and remove the fence and the groups
+        below it, best effort (``pollux-local`` above it is left); a group of the job's
+        limits is left to its owner (the groups below it go)."""
+        self.end(timeout_s)
         for path in self._groups():
             if path != self.path or self.owned:
                 with contextlib.suppress(OSError):
@@ -1052,8 +1066,12 @@ def _remove_agent_home(home: str, came_from: str | None) -> None:
 
 
 def end_stale_agent_fences(top: str) -> None:
-    """End and remove the agent fences in ``top`` whose keeper holds no process: their agent
-    is gone (a zombie is not listed; a live agent in another pid namespace is, as 0)."""
+    """End and remove the agent fences in ``top`` whose agent is gone.  An agent is gone
+    when its keeper can be removed: the kernel refuses to remove a cgroup that holds a
+    process, whatever pid namespace looks (a zombie is no longer in it), and once removed no
+    agent can move into it, so no live agent's fence is taken (an agent still making its
+    home finds it gone and makes another).  Each fence is given :data:`FENCE_SHORT_END_S`: one
+    whose process cannot die is left for a later look."""
     try:
         names = os.listdir(top)
     except OSError:
@@ -1062,21 +1080,26 @@ def end_stale_agent_fences(top: str) -> None:
         if not name.startswith(AGENT_FENCE_PREFIX):
             continue
         home = os.path.join(top, name)
-        keeper = os.path.join(home, "keeper")
         try:
-            if _cgroup_read(keeper, "cgroup.procs").strip():
-                continue  # its agent runs
+            os.rmdir(os.path.join(home, "keeper"))
         except FileNotFoundError:
-            pass  # being made, or half removed: its job group is looked at all the same
+            pass  # half made, or half removed
         except OSError:
-            continue
+            continue  # its agent runs (EBUSY), or it cannot be told
         job = os.path.join(home, "job")
         kind = Fence.kind_of(job)
         if kind is not None:
-            Fence(job, kind).remove()
-        for path in (job, keeper, home):
+            Fence(job, kind).remove(FENCE_SHORT_END_S)
+        for path in (job, home):
             with contextlib.suppress(OSError):
                 os.rmdir(path)
+
+
+def end_stale_fences_here(root: str = CGROUP_ROOT) -> None:
+    """:func:`end_stale_agent_fences` in every hierarchy of this node (the node check runs
+    it, so that an agent killed outright leaves nothing running past the next check)."""
+    for base, _ in fence_hierarchies(root, AT_THE_TOP):
+        end_stale_agent_fences(os.path.join(base, FENCE_DIR))
 
 
 def sent_log_limit(value: object) -> int:
@@ -1138,6 +1161,8 @@ class Supervisor:
         #: the cgroup every replica and all it starts is in (:meth:`make_fence`)
         self.fence: Fence | None = None
         self.agent_fence: AgentFence | None = None
+        #: the replicas are being stopped because the daemon is gone (:meth:`abandon`)
+        self.abandoned = False
 
     def ended(self, rank: int, code: int, say: bool = True) -> None:
         """``rank`` ended with ``code``: recorded, then ``EXIT`` said (unless ``say`` is
@@ -1519,7 +1544,7 @@ class Supervisor:
         process below the agent (what a replica started in a session of its own); SIGKILL
         ends the fence first (all that is in it at once)."""
         if sig == signal.SIGKILL and self.fence is not None:
-            self.fence.end()
+            self.fence.end(FENCE_SHORT_END_S)  # (the end of the replicas waits for the rest)
         for p in self.live():
             with contextlib.suppress(OSError):
                 os.killpg(p.pid, sig)
@@ -1562,6 +1587,16 @@ class Supervisor:
                     self.warm_lines = queue.Queue()
                     threading.Thread(target=self.warm_commands, daemon=True).start()
                 self.warm_lines.put((cmd, rest))
+        self.abandon()
+
+    def abandon(self) -> None:
+        """The daemon is gone (stdin closed) or the agent is told to end (SIGTERM, SIGHUP):
+        nothing more is started; SIGTERM to the replicas, up to ``orphan_grace_s`` for them
+        to exit, then SIGKILL (once, whichever comes first)."""
+        with self.lock:
+            if self.abandoned:
+                return
+            self.abandoned = True
         self.daemon_gone = True
         with self.lock:
             self.stopping = True
@@ -1823,6 +1858,12 @@ def main() -> None:
     supervisor.oom_score_adj = oom_score_adj
     # TERM, KILL and the end of stdin are obeyed from now on, while the replicas start
     threading.Thread(target=supervisor.control, args=(sys.stdin,), daemon=True).start()
+
+    def told_to_end(signum: int, frame: object) -> None:  # as when the daemon is gone
+        threading.Thread(target=supervisor.abandon, daemon=True).start()
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, told_to_end)
     stream = spec.get("stream_logs", True)
     if stream:
         threading.Thread(target=supervisor.tail, daemon=True).start()
@@ -1856,6 +1897,7 @@ def tool(args: Sequence[str]) -> int:
     each pid that is still the process started then and, with a ``USER`` (not ``-``), runs
     as that user."""
     if len(args) == 2 and args[0] == "workdir":  # the node check: usable, made if missing
+        end_stale_fences_here()  # (what an agent killed outright left running)
         path = node_workdir({"node_workdir": args[1]})
         problem = workdir_problem(path, make=True)
         sys.stdout.write("ok\n" if problem is None else workdir_refusal(path, problem) + "\n")

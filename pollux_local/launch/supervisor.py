@@ -547,7 +547,7 @@ class Supervisor:
         removed (a failure is one line in the supervisor's output, the job is not failed
         for it)."""
         if self.fence is not None:
-            self.fence.remove()  # its own only: a group of the limits goes below
+            self.fence.remove()  # (a group of the limits: only the replicas' groups below it)
             self.fence = None
         if self.cgroup is None:
             return

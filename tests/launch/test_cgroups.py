@@ -294,6 +294,13 @@ def test_a_group_of_the_same_name_that_holds_processes_is_refused_not_emptied(
         JobGroup.create(Limits(support, memory=16 << 20), "job-5-0")
     assert (Path(first.paths[0]) / "cgroup.procs").read_text().split() == ["4242"]
     assert (Path(first.paths[0]) / "memory.limit_in_bytes").read_text() == str(8 << 20)
+    second = JobGroup.create(Limits(support, memory=8 << 20), "job-6-0")
+    below = Path(second.paths[0]) / "replica-4243"  # on v2 a replica runs in a group below
+    below.mkdir()
+    (below / "cgroup.procs").write_text("4243\n")
+    with pytest.raises(CgroupError, match="exists and holds processes"):
+        JobGroup.create(Limits(support, memory=16 << 20), "job-6-0")
+    assert (below / "cgroup.procs").read_text().split() == ["4243"]
     key = cgroups.daemon_key("/var/lib/pollux-local/run")
     named = group_name("5", 0, key, "0a1b2c3d")
     assert named == f"job-{key}-5-0-0a1b2c3d" and cgroups.is_job_group(f"/x/pollux-local/{named}")

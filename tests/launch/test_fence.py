@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 
 from pollux_local.launch import node_agent
 from pollux_local.launch.node_agent import AgentFence, Fence, FenceError
+from pollux_local.launch.ssh import node_agent_source
 from tests.launch.hopper import (
     assert_hopper_gone,
     build_hopper,
@@ -68,7 +70,7 @@ def test_a_fence_of_the_same_name_that_holds_processes_is_refused_not_killed() -
     needs_fences()
     name = f"job-test-{os.getpid()}"
     first = Fence.make(name)
-    sleeper = sleeper_in(Path(first.path))
+    sleeper = sleeper_in(Path(first.replica(os.getpid()).path))  # where a replica runs
     try:
         deadline = time.monotonic() + 10
         while not first.pids():
@@ -202,3 +204,88 @@ def test_an_agent_fence_is_removed_and_the_agent_moved_back_at_its_end() -> None
     with open("/proc/self/cgroup") as fh:
         assert fh.read() == before
     assert not os.path.exists(fence.home)
+
+
+def test_a_stale_fence_whose_processes_do_not_die_costs_an_agent_little(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process in uninterruptible sleep (a FUSE server that never answers, a hung
+    driver) survives SIGKILL: its agent's fence cannot be removed.  Every later agent (and
+    node check) looks at it again; each look waits ``FENCE_SHORT_END_S``, not the 10 s of an
+    incarnation's end (review s58: 10 s more for every agent start on the node, per such
+    fence).  Stood for here by processes that never leave the fence's listing."""
+    needs_fences()
+    base, _ = node_agent.fence_hierarchies(node_agent.CGROUP_ROOT, node_agent.AT_THE_TOP)[0]
+    top = Path(base) / node_agent.FENCE_DIR
+    homes = [top / f"{node_agent.AGENT_FENCE_PREFIX}dead{os.getpid()}{i}" for i in range(2)]
+    for home in homes:
+        (home / "job").mkdir(parents=True)  # its keeper already removed: the agent is gone
+    monkeypatch.setattr(Fence, "pids", lambda self: [1] if "dead" in self.path else [])
+    monkeypatch.setattr(node_agent, "_cgroup_write", lambda *args: None)  # kills that miss
+    try:
+        started = time.monotonic()
+        node_agent.end_stale_agent_fences(str(top))
+        took = time.monotonic() - started
+        assert took < 2 * node_agent.FENCE_SHORT_END_S + 1.0, took
+    finally:
+        monkeypatch.undo()
+        for home in homes:
+            for path in (home / "job", home):
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+
+
+def test_the_node_check_ends_the_fence_of_a_killed_agent(tmp_path: Path) -> None:
+    """An agent killed outright leaves its fence; the node check (the agent's ``workdir``
+    tool, run at every check of the node) ends it, before any other agent starts there."""
+    needs_fences()
+    hops = tmp_path / "hops"
+    hops.mkdir()
+    replica = {
+        "argv": ["/bin/sh", "-c", f"{build_hopper(tmp_path)} {hops} & exec sleep 300"],
+        "env": {},
+    }
+    agent = start_agent(spec_for(tmp_path, [replica]))
+    try:
+        next_line(agent, "PID")
+        wait_hopping(hops)
+        agent.kill()
+        agent.wait(timeout=30)
+        check = subprocess.run(
+            [sys.executable, "-c", node_agent_source(), "workdir", str(tmp_path / "work")],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert check.stdout.strip() == "ok", check
+        assert_hopper_gone(hops, "a node check after its agent was killed")
+    finally:
+        stop_hopper(hops)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_an_agent_told_to_end_stops_its_replicas_and_ends_its_fence(
+    tmp_path: Path, signum: int
+) -> None:
+    """SIGTERM or SIGHUP to an agent (a session ended, an admin's kill) is taken as the end
+    of its stdin: its replicas are stopped and its fence ended before it exits (it had no
+    handler: it died and left them running until another agent came)."""
+    needs_fences()
+    hops = tmp_path / "hops"
+    hops.mkdir()
+    replica = {
+        "argv": ["/bin/sh", "-c", f"{build_hopper(tmp_path)} {hops} & exec sleep 300"],
+        "env": {},
+    }
+    agent = start_agent(spec_for(tmp_path, [replica]))
+    try:
+        next_line(agent, "PID")
+        wait_hopping(hops)
+        agent.send_signal(signum)
+        assert agent.stdout is not None
+        said = agent.stdout.read()
+        assert agent.wait(timeout=30) == 0
+        assert "EXIT 0 " in said, said
+        assert_hopper_gone(hops, "its agent told to end")
+    finally:
+        stop_hopper(hops)
+        if agent.poll() is None:
+            agent.kill()
