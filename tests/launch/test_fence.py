@@ -289,3 +289,43 @@ def test_an_agent_told_to_end_stops_its_replicas_and_ends_its_fence(
         stop_hopper(hops)
         if agent.poll() is None:
             agent.kill()
+
+
+@pytest.mark.parametrize("kind", ["kill", "freeze", "freezer"])
+def test_each_way_of_ending_a_fence_ends_a_process_that_keeps_changing_its_pid(
+    tmp_path: Path, kind: str
+) -> None:
+    """``cgroup.kill`` (v2, Linux 5.14), and freezing, killing and thawing (v2's
+    ``cgroup.freeze`` for an older kernel, v1's freezer), each end a pid hopper at once."""
+    needs_fences()
+    hierarchies = dict(
+        (version, base)
+        for base, version in node_agent.fence_hierarchies(
+            node_agent.CGROUP_ROOT, node_agent.AT_THE_TOP
+        )
+    )
+    version = "v1" if kind == "freezer" else "v2"
+    if version not in hierarchies:
+        pytest.skip(f"no cgroup {version} hierarchy for fences here")
+    control = {"kill": "cgroup.kill", "freeze": "cgroup.freeze", "freezer": "freezer.state"}
+    path = Path(hierarchies[version]) / f"fence-kind-{os.getpid()}"
+    path.mkdir()
+    if not (path / control[kind]).exists():
+        path.rmdir()
+        pytest.skip(f"no {control[kind]} here")
+    fence = Fence(str(path), kind)
+    hops = tmp_path / "hops"
+    hops.mkdir()
+    hopper = subprocess.Popen(
+        ["/bin/sh", "-c", f'echo $$ > {path}/cgroup.procs && exec "$0" "$1"',
+         str(build_hopper(tmp_path)), str(hops)],
+    )  # fmt: skip
+    try:
+        wait_hopping(hops)
+        assert fence.end(5.0)
+        assert_hopper_gone(hops, f"its fence ended by {kind}")
+    finally:
+        stop_hopper(hops)
+        hopper.wait(timeout=10)
+        fence.remove()
+        assert not path.exists()
