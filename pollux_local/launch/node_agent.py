@@ -883,10 +883,12 @@ class Fence:
     def replica(self, pid: int) -> Fence:
         """The group of one replica below the fence (``replica-<pid>``, made here), so that
         what that replica starts can be ended when it leaves the job at a warm shrink while
-        the others run on (:meth:`end`); the fence's own end takes it too."""
+        the others run on (:meth:`end`); the fence's own end takes it too.  Never below a
+        fence that is gone: :class:`FenceError` then."""
         path = os.path.join(self.path, f"replica-{pid}")
         try:
-            make_cgroup(path)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path)
         except OSError as exc:
             raise FenceError(f"cannot create cgroup {path}: {exc.strerror or exc}") from None
         return Fence(path, self.kind_of(path) or self.kind)
@@ -957,6 +959,18 @@ class Fence:
                     os.rmdir(path)
 
 
+#: The signals that would end the agent (root's to send: a session's end, an admin, a
+#: ``timeout``, Ctrl-C in an ``ssh -t``): each is taken as the end of its stdin, so that its
+#: replicas are stopped and its fence ended before it exits.
+ENDING_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGINT,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGALRM,
+)
 #: ``/proc/self/cgroup`` as if this process were in the root cgroup of each hierarchy: where
 #: the node agents' fences go (:func:`make_agent_fence`), whatever login session runs them.
 AT_THE_TOP = "0::/\n1:freezer:/\n"
@@ -1060,7 +1074,7 @@ def _remove_agent_home(home: str, came_from: str | None) -> None:
     if came_from is not None:
         with contextlib.suppress(OSError):
             _cgroup_write(came_from, "cgroup.procs", str(os.getpid()))
-    for name in ("job", "keeper", ""):
+    for name in ("job", "keeper", "ended", ""):
         with contextlib.suppress(OSError):
             os.rmdir(os.path.join(home, name) if name else home)
 
@@ -1070,8 +1084,11 @@ def end_stale_agent_fences(top: str) -> None:
     when its keeper can be removed: the kernel refuses to remove a cgroup that holds a
     process, whatever pid namespace looks (a zombie is no longer in it), and once removed no
     agent can move into it, so no live agent's fence is taken (an agent still making its
-    home finds it gone and makes another).  Each fence is given :data:`FENCE_SHORT_END_S`: one
-    whose process cannot die is left for a later look."""
+    home finds it gone and makes another).  The home is marked (``ended``) before its keeper
+    is removed, so that a later look ends what this one could not; a group with neither a
+    keeper nor the mark is not an agent's home (or one still empty): it is left alone.  Each
+    fence is given :data:`FENCE_SHORT_END_S`: one whose process cannot die is left for a
+    later look."""
     try:
         names = os.listdir(top)
     except OSError:
@@ -1080,17 +1097,26 @@ def end_stale_agent_fences(top: str) -> None:
         if not name.startswith(AGENT_FENCE_PREFIX):
             continue
         home = os.path.join(top, name)
-        try:
-            os.rmdir(os.path.join(home, "keeper"))
-        except FileNotFoundError:
-            pass  # half made, or half removed
-        except OSError:
-            continue  # its agent runs (EBUSY), or it cannot be told
+        keeper, ended = os.path.join(home, "keeper"), os.path.join(home, "ended")
+        if os.path.isdir(keeper):
+            try:  # marked first, so that a look that dies after the claim leaves it marked
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(ended)
+                os.rmdir(keeper)
+            except OSError:  # its agent runs (EBUSY), or it cannot be told
+                with contextlib.suppress(OSError):
+                    if os.path.isdir(keeper):
+                        os.rmdir(ended)
+                continue
+        elif not os.path.isdir(ended):  # half made (gone once empty), or not an agent's
+            with contextlib.suppress(OSError):
+                os.rmdir(home)
+            continue
         job = os.path.join(home, "job")
         kind = Fence.kind_of(job)
         if kind is not None:
             Fence(job, kind).remove(FENCE_SHORT_END_S)
-        for path in (job, home):
+        for path in (job, ended, home):
             with contextlib.suppress(OSError):
                 os.rmdir(path)
 
@@ -1364,10 +1390,12 @@ class Supervisor:
         return p.pid, self.await_start(p.pid, report_r, fd)
 
     def joins(self, generation: int) -> bool:
-        """Whether joiners of ``generation`` may still start (under :attr:`lock`)."""
+        """Whether joiners of ``generation`` may still start (under :attr:`lock`): not once
+        every replica has ended (the fence is gone then, and nothing would reap them)."""
         warm = self.warm
         return (
             not self.stopping
+            and not self.finished
             and warm is not None
             and warm["generation"] == generation
             and warm["state"] == "joining"
@@ -1862,7 +1890,7 @@ def main() -> None:
     def told_to_end(signum: int, frame: object) -> None:  # as when the daemon is gone
         threading.Thread(target=supervisor.abandon, daemon=True).start()
 
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    for signum in ENDING_SIGNALS:
         signal.signal(signum, told_to_end)
     stream = spec.get("stream_logs", True)
     if stream:

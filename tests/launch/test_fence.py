@@ -218,8 +218,9 @@ def test_a_stale_fence_whose_processes_do_not_die_costs_an_agent_little(
     base, _ = node_agent.fence_hierarchies(node_agent.CGROUP_ROOT, node_agent.AT_THE_TOP)[0]
     top = Path(base) / node_agent.FENCE_DIR
     homes = [top / f"{node_agent.AGENT_FENCE_PREFIX}dead{os.getpid()}{i}" for i in range(2)]
-    for home in homes:
-        (home / "job").mkdir(parents=True)  # its keeper already removed: the agent is gone
+    for home in homes:  # marked and its keeper removed by an earlier look: the agent is gone
+        (home / "job").mkdir(parents=True)
+        (home / "ended").mkdir()
     monkeypatch.setattr(Fence, "pids", lambda self: [1] if "dead" in self.path else [])
     monkeypatch.setattr(node_agent, "_cgroup_write", lambda *args: None)  # kills that miss
     try:
@@ -230,7 +231,7 @@ def test_a_stale_fence_whose_processes_do_not_die_costs_an_agent_little(
     finally:
         monkeypatch.undo()
         for home in homes:
-            for path in (home / "job", home):
+            for path in (home / "job", home / "ended", home):
                 with contextlib.suppress(OSError):
                     path.rmdir()
 
@@ -261,12 +262,12 @@ def test_the_node_check_ends_the_fence_of_a_killed_agent(tmp_path: Path) -> None
         stop_hopper(hops)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_an_agent_told_to_end_stops_its_replicas_and_ends_its_fence(
     tmp_path: Path, signum: int
 ) -> None:
-    """SIGTERM or SIGHUP to an agent (a session ended, an admin's kill) is taken as the end
-    of its stdin: its replicas are stopped and its fence ended before it exits (it had no
+    """SIGTERM, SIGHUP or SIGINT to an agent (a session ended, an admin's kill, Ctrl-C in an
+    ``ssh -t``; ``node_agent.ENDING_SIGNALS``) is taken as the end of its stdin: its replicas are stopped and its fence ended before it exits (it had no
     handler: it died and left them running until another agent came)."""
     needs_fences()
     hops = tmp_path / "hops"
@@ -329,3 +330,41 @@ def test_each_way_of_ending_a_fence_ends_a_process_that_keeps_changing_its_pid(
         hopper.wait(timeout=10)
         fence.remove()
         assert not path.exists()
+
+
+def test_a_group_under_pollux_local_that_is_no_agents_home_is_left_alone() -> None:
+    """An ``agent-*`` group with neither a keeper nor the mark of an earlier look (an
+    admin's, say) is not a fence of a gone agent: the node check leaves its processes and
+    its groups alone (review s59: it killed them)."""
+    needs_fences()
+    base, _ = node_agent.fence_hierarchies(node_agent.CGROUP_ROOT, node_agent.AT_THE_TOP)[0]
+    top = Path(base) / node_agent.FENCE_DIR
+    home = top / f"{node_agent.AGENT_FENCE_PREFIX}admin{os.getpid()}"
+    (home / "job").mkdir(parents=True)
+    sleeper = sleeper_in(home / "job")
+    try:
+        deadline = time.monotonic() + 10
+        while not (home / "job" / "cgroup.procs").read_text().split():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        node_agent.end_stale_fences_here()
+        assert sleeper.poll() is None, "a process of a group that is no agent's was killed"
+        assert (home / "job").is_dir()
+    finally:
+        sleeper.kill()
+        sleeper.wait(timeout=10)
+        for path in (home / "job", home):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+
+
+def test_no_joiner_starts_once_every_replica_has_ended() -> None:
+    """Review s59: a joiner whose start raced the last replica's exit was started after the
+    fence was gone, never reaped, and ran on as the user.  ``joins`` now says no once the
+    replicas have all ended (``finished``)."""
+    with open(os.devnull, "w") as nowhere:
+        agent = node_agent.Supervisor({"replicas": []}, node_agent.Lines(nowhere))
+        agent.warm = {"generation": 4, "world_size": 2, "state": "joining"}
+        assert agent.joins(4)
+        agent.finished = True
+        assert not agent.joins(4)
