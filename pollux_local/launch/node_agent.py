@@ -1020,9 +1020,10 @@ def own_cgroup(hierarchy_root: str, kind: str) -> str | None:
 class AgentFence:
     """A node agent's fence (:class:`Fence`) where every agent of the node finds it, whatever
     login session (cgroup) runs the agent: ``TOP/pollux-local/agent-<token>/job``, ``TOP``
-    the root of the hierarchy.  The agent puts itself in ``keeper`` beside it: a keeper with
-    no process is an agent that is gone (killed before it ended its fence), which the next
-    agent of the node tells from any pid namespace (:func:`end_stale_agent_fences`)."""
+    the root of the hierarchy.  The agent puts itself in ``keeper`` beside it: a keeper that
+    can be removed holds no process, so its agent is gone (killed before it ended its fence),
+    which the next agent of the node or a node check tells from any pid namespace
+    (:func:`end_stale_agent_fences`)."""
 
     def __init__(self, fence: Fence, home: str, kind: str, came_from: str | None) -> None:
         self.fence = fence
@@ -1037,11 +1038,10 @@ class AgentFence:
         whys = []
         for base, kind in fence_hierarchies(root, AT_THE_TOP):
             top = os.path.join(base, FENCE_DIR)
-            hierarchy = base
             for _ in range(attempts):
                 end_stale_agent_fences(top)
                 home = os.path.join(top, AGENT_FENCE_PREFIX + os.urandom(8).hex())
-                came_from = own_cgroup(hierarchy, kind)
+                came_from = own_cgroup(base, kind)
                 try:
                     make_cgroup(home)
                     os.mkdir(os.path.join(home, "keeper"))

@@ -32,7 +32,12 @@ from tests.launch.hopper import (
     stop_hopper,
     wait_hopping,
 )
-from tests.launch.test_node_agent import lines_until_exits, next_line, spec_for, start_agent
+from tests.launch.test_node_agent import (
+    hopping_agent,
+    lines_until_exits,
+    spec_for,
+    start_agent,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -160,17 +165,10 @@ def test_an_agent_ends_the_fence_of_a_killed_agent_and_only_that(
     another pid namespace while A still runs leaves A's replica alone."""
     if where == "another pid namespace" and shutil.which("unshare") is None:
         pytest.skip("no unshare(1) here")
-    hops = tmp_path / "hops"
-    hops.mkdir()
-    hopper = build_hopper(tmp_path)
-    replica = {"argv": ["/bin/sh", "-c", f"{hopper} {hops} & exec sleep 300"], "env": {}}
-    first = start_agent(spec_for(tmp_path, [replica]))
     second_dir = tmp_path / "second"
     second_dir.mkdir()
     second_spec = spec_for(second_dir, [{"argv": ["/bin/true"], "env": {}}])
-    try:
-        next_line(first, "PID")
-        wait_hopping(hops)
+    with hopping_agent(tmp_path) as (first, hops):
         if where == "another pid namespace":
             second = start_agent(second_spec, prefix=["unshare", "-pf", "--mount-proc"])
             assert ["EXIT", "0", "0"] in lines_until_exits(second, 1)
@@ -185,11 +183,6 @@ def test_an_agent_ends_the_fence_of_a_killed_agent_and_only_that(
         assert ["EXIT", "0", "0"] in lines_until_exits(second, 1)
         second.communicate(timeout=30)
         assert_hopper_gone(hops, "its agent's successor")
-    finally:
-        stop_hopper(hops)
-        if first.poll() is None:
-            first.kill()
-            first.wait()
 
 
 def test_an_agent_fence_is_removed_and_the_agent_moved_back_at_its_end() -> None:
@@ -239,17 +232,7 @@ def test_a_stale_fence_whose_processes_do_not_die_costs_an_agent_little(
 def test_the_node_check_ends_the_fence_of_a_killed_agent(tmp_path: Path) -> None:
     """An agent killed outright leaves its fence; the node check (the agent's ``workdir``
     tool, run at every check of the node) ends it, before any other agent starts there."""
-    needs_fences()
-    hops = tmp_path / "hops"
-    hops.mkdir()
-    replica = {
-        "argv": ["/bin/sh", "-c", f"{build_hopper(tmp_path)} {hops} & exec sleep 300"],
-        "env": {},
-    }
-    agent = start_agent(spec_for(tmp_path, [replica]))
-    try:
-        next_line(agent, "PID")
-        wait_hopping(hops)
+    with hopping_agent(tmp_path) as (agent, hops):
         agent.kill()
         agent.wait(timeout=30)
         check = subprocess.run(
@@ -258,8 +241,6 @@ def test_the_node_check_ends_the_fence_of_a_killed_agent(tmp_path: Path) -> None
         )  # fmt: skip
         assert check.stdout.strip() == "ok", check
         assert_hopper_gone(hops, "a node check after its agent was killed")
-    finally:
-        stop_hopper(hops)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
@@ -267,29 +248,16 @@ def test_an_agent_told_to_end_stops_its_replicas_and_ends_its_fence(
     tmp_path: Path, signum: int
 ) -> None:
     """SIGTERM, SIGHUP or SIGINT to an agent (a session ended, an admin's kill, Ctrl-C in an
-    ``ssh -t``; ``node_agent.ENDING_SIGNALS``) is taken as the end of its stdin: its replicas are stopped and its fence ended before it exits (it had no
-    handler: it died and left them running until another agent came)."""
-    needs_fences()
-    hops = tmp_path / "hops"
-    hops.mkdir()
-    replica = {
-        "argv": ["/bin/sh", "-c", f"{build_hopper(tmp_path)} {hops} & exec sleep 300"],
-        "env": {},
-    }
-    agent = start_agent(spec_for(tmp_path, [replica]))
-    try:
-        next_line(agent, "PID")
-        wait_hopping(hops)
+    ``ssh -t``; ``node_agent.ENDING_SIGNALS``) is taken as the end of its stdin: its
+    replicas are stopped and its fence ended before it exits (it had no handler: it died
+    and left them running until another agent came)."""
+    with hopping_agent(tmp_path) as (agent, hops):
         agent.send_signal(signum)
         assert agent.stdout is not None
         said = agent.stdout.read()
         assert agent.wait(timeout=30) == 0
         assert "EXIT 0 " in said, said
         assert_hopper_gone(hops, "its agent told to end")
-    finally:
-        stop_hopper(hops)
-        if agent.poll() is None:
-            agent.kill()
 
 
 @pytest.mark.parametrize("kind", ["kill", "freeze", "freezer"])

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import ast
 import base64
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,6 @@ from pollux_local.launch.ssh import SETUP_FAILED_EXIT_CODE, node_agent_source
 from tests.launch.hopper import (
     assert_hopper_gone,
     build_hopper,
-    hopper_beats,
     needs_fences,
     stop_hopper,
     wait_hopping,
@@ -242,6 +242,31 @@ def test_a_stopped_replicas_end_is_said_at_once_however_much_it_wrote(tmp_path: 
     assert elapsed < 10, elapsed  # not the terabyte first
 
 
+@contextlib.contextmanager
+def hopping_agent(
+    tmp_path: Path, then: str = "exec sleep 300"
+) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """An agent (:func:`start_agent`) whose one replica starts a pid hopper
+    (``tests/launch/hopper.c``) and then runs ``then``: (the agent, the hopper's directory),
+    once the replica runs and the hopper hops.  At the end the hopper is asked to stop and the
+    agent killed if it still runs.  Skips where no fence can be made."""
+    needs_fences()
+    hops = tmp_path / "hops"
+    hops.mkdir()
+    script = f'"$0" {hops} </dev/null >/dev/null 2>&1 & {then}'
+    replica = {"argv": ["/bin/sh", "-c", script, str(build_hopper(tmp_path))], "env": {}}
+    agent = start_agent(spec_for(tmp_path, [replica]))
+    try:
+        next_line(agent, "PID")
+        wait_hopping(hops)
+        yield agent, hops
+    finally:
+        stop_hopper(hops)
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+
+
 @pytest.mark.parametrize("how", ["ends", "killed", "daemon gone"])
 def test_a_process_that_keeps_changing_its_pid_ends_with_the_incarnation(
     tmp_path: Path, how: str
@@ -250,17 +275,9 @@ def test_a_process_that_keeps_changing_its_pid_ends_with_the_incarnation(
     ended with the incarnation (the agent's fence cgroup, ``node_agent.Fence``): when the
     replicas end, at a ``KILL`` and when the daemon is gone; a listing of pids never
     catches it."""
-    needs_fences()
-    hops = tmp_path / "hops"
-    hops.mkdir()
-    wait = "sleep 1; exit 0" if how == "ends" else "exec sleep 300"
-    script = f'"$0" {hops} </dev/null >/dev/null 2>&1 & {wait}'
-    replica = {"argv": ["/bin/sh", "-c", script, str(build_hopper(tmp_path))], "env": {}}
-    proc = start_agent(spec_for(tmp_path, [replica]))
-    assert proc.stdin is not None
-    try:
-        next_line(proc, "PID")
-        wait_hopping(hops)
+    then = "sleep 1; exit 0" if how == "ends" else "exec sleep 300"
+    with hopping_agent(tmp_path, then) as (proc, hops):
+        assert proc.stdin is not None
         if how == "killed":
             proc.stdin.write("KILL\n")
             proc.stdin.flush()
@@ -271,36 +288,6 @@ def test_a_process_that_keeps_changing_its_pid_ends_with_the_incarnation(
             lines_until_exits(proc, 1)
             proc.communicate(timeout=30)
         assert_hopper_gone(hops, "its incarnation")
-    finally:
-        stop_hopper(hops)
-        if proc.poll() is None:
-            proc.kill()
-
-
-def test_the_fence_of_an_agent_killed_is_ended_by_the_next_one(tmp_path: Path) -> None:
-    """An agent killed outright (SIGKILL: it cannot end its fence) leaves its replica and
-    what it started running; the next agent on the node ends them (``end_stale_agent_fences``)."""
-    needs_fences()
-    hops = tmp_path / "hops"
-    hops.mkdir()
-    replica = {
-        "argv": ["/bin/sh", "-c", f'"$0" {hops} & exec sleep 300', str(build_hopper(tmp_path))],
-        "env": {},
-    }
-    first = start_agent(spec_for(tmp_path, [replica]))
-    try:
-        next_line(first, "PID")
-        wait_hopping(hops)
-        first.kill()
-        first.wait(timeout=30)
-        assert hopper_beats(hops, 0.5) > 1  # the agent is gone, the hopper is not
-        (tmp_path / "second").mkdir()
-        second = start_agent(spec_for(tmp_path / "second", [{"argv": ["/bin/true"], "env": {}}]))
-        assert ["EXIT", "0", "0"] in lines_until_exits(second, 1)
-        second.communicate(timeout=30)
-        assert_hopper_gone(hops, "its agent's successor")
-    finally:
-        stop_hopper(hops)
 
 
 def test_what_a_replica_left_in_a_session_of_its_own_ends_with_the_incarnation(
