@@ -8,6 +8,7 @@ daemons of the lab install (root, real users, the lab's interpreter) are ``tests
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ import psutil
 
 from pollux_local.client import Client
 from pollux_local.errors import PolluxError
+from pollux_local.launch import cgroups
 from tests.paths import REPO_ROOT
 
 
@@ -199,10 +201,10 @@ class DaemonFactory:
         self.end_leftovers()
 
     def end_leftovers(self) -> None:
-        """Kill the supervisors the daemons left running, with their jobs: a daemon that
-        stops leaves a rigid job running for the next one to adopt, and at teardown there is
-        no next one.  A supervisor is this factory's when its output goes to a run file under
-        ``root``."""
+        """Kill the supervisors the daemons left running, with their jobs, and remove their
+        incarnations' cgroups: a daemon that stops leaves a rigid job running for the next one
+        to adopt, and at teardown there is no next one.  A supervisor is this factory's when
+        its output goes to a run file under ``root``."""
         root = str(self.root.resolve())
         for proc in psutil.process_iter(["cmdline"]):
             with contextlib.suppress(psutil.Error, OSError):
@@ -215,6 +217,14 @@ class DaemonFactory:
                     with contextlib.suppress(psutil.Error):
                         child.kill()
                 proc.kill()
+        # the cgroups (fences, limits) of every incarnation of theirs, those of supervisors a
+        # test killed too: the next daemon would sweep them, and there is none
+        for run_file in self.root.rglob("run/*.json"):
+            with contextlib.suppress(OSError, ValueError):
+                for path in json.loads(run_file.read_text()).get("cgroups") or ():
+                    deadline = time.monotonic() + 5
+                    while not cgroups.sweep(str(path)) and time.monotonic() < deadline:
+                        time.sleep(0.05)
 
 
 def quick_config(restart_cost_s: float) -> str:
