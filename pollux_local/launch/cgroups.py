@@ -41,7 +41,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pollux_local.launch.node_agent import Fence, cgroup_procs, cgroup_tree_procs
+from pollux_local.launch.node_agent import (  # noqa: F401 - own_cgroups: this module's too
+    Fence,
+    cgroup_procs,
+    cgroup_tree_procs,
+    own_cgroups,
+    read_own_cgroups,
+)
 
 #: Where cgroupfs is mounted unless ``[limits] cgroup_root`` says otherwise.
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -124,27 +130,6 @@ class Limits:
 
 
 # --- the layout ------------------------------------------------------------------------------------
-
-
-def own_cgroups(text: str) -> dict[str, str]:
-    """``/proc/self/cgroup`` as controller -> path (the unified hierarchy under ``""``)."""
-    found: dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, names, path = parts
-        for name in names.split(",") if names else [""]:
-            found[name] = path
-    return found
-
-
-def read_own_cgroups() -> dict[str, str]:
-    try:
-        with open("/proc/self/cgroup") as fh:
-            return own_cgroups(fh.read())
-    except OSError:
-        return {}
 
 
 def _within(root: str, relative: str) -> str:

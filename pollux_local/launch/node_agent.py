@@ -734,16 +734,33 @@ class FenceError(Exception):
     """A fence could not be made or joined (one line)."""
 
 
+def own_cgroups(text: str) -> dict[str, str]:
+    """``/proc/self/cgroup`` as controller -> path (the unified hierarchy under ``""``)."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, names, path = parts
+        for name in names.split(",") if names else [""]:
+            found[name] = path
+    return found
+
+
+def read_own_cgroups() -> dict[str, str]:
+    """This process's :func:`own_cgroups` (none when ``/proc/self/cgroup`` cannot be read)."""
+    try:
+        with open("/proc/self/cgroup") as fh:
+            return own_cgroups(fh.read())
+    except OSError:
+        return {}
+
+
 def fence_hierarchies(root: str, own_text: str) -> list[tuple[str, str]]:
     """Where a fence may go, best first: (directory of this process's own cgroup there,
     ``"v2"`` or ``"v1"``), from ``/proc/self/cgroup``'s text: the unified hierarchy (at
     ``root``, or ``root/unified`` on a hybrid mount), then v1's freezer."""
-    own = {}
-    for line in own_text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) == 3:
-            for name in parts[1].split(",") if parts[1] else [""]:
-                own[name] = parts[2]
+    own = own_cgroups(own_text)
     found = []
     for unified in (root, os.path.join(root, "unified")):
         if os.path.isfile(os.path.join(unified, "cgroup.controllers")) and "" in own:
@@ -1000,21 +1017,13 @@ def make_cgroup(path: str, attempts: int = 20) -> bool:
 def own_cgroup(hierarchy_root: str, kind: str) -> str | None:
     """This process's cgroup in the hierarchy at ``hierarchy_root`` (``kind``: "v2" or
     "v1", the freezer), as a directory; ``None`` when unknown."""
-    try:
-        with open("/proc/self/cgroup") as fh:
-            text = fh.read()
-    except OSError:
+    path = read_own_cgroups().get("" if kind == "v2" else "freezer")
+    if path is None:
         return None
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) == 3 and (
-            parts[1] == "" if kind == "v2" else "freezer" in parts[1].split(",")
-        ):
-            try:
-                return _cgroup_dir(hierarchy_root, parts[2])
-            except FenceError:
-                return None
-    return None
+    try:
+        return _cgroup_dir(hierarchy_root, path)
+    except FenceError:
+        return None
 
 
 class AgentFence:
