@@ -61,7 +61,7 @@ from tests.labinstall import (
 )
 from tests.launch.hopper import (
     assert_hopper_gone,
-    build_hopper,
+    hopper_for_users,
     needs_fences,
     stop_hopper,
     wait_hopping,
@@ -459,10 +459,7 @@ def test_j_a_process_that_keeps_changing_its_pid_does_not_outlive_its_job(
     # session at each hop: every pid listed is gone before a kill lands.  The incarnation's
     # fence cgroup (root's: the job cannot leave it) is killed as one.
     hops = lab.work / f"j-hops-{how}"
-    hops.mkdir()
-    hops.chmod(0o777)
-    hopper = build_hopper(lab.base)
-    hopper.chmod(0o755)
+    hopper = hopper_for_users(lab.base, hops)
     wait = "sleep 1; exit 0" if how == "ends" else "exec sleep 600"
     attack = lab.script(
         f"attack_j_{how}.sh", f"{hopper} {hops} </dev/null >/dev/null 2>&1 &\n{wait}\n"

@@ -25,8 +25,8 @@ from tests.abuse.lab import Lab
 from tests.labinstall import LabUser, user_pids
 from tests.launch.hopper import (
     assert_hopper_gone,
-    build_hopper,
     hopper_beats,
+    hopper_for_users,
     needs_fences,
     stop_hopper,
 )
@@ -145,10 +145,7 @@ def test_a_users_process_that_keeps_changing_its_pid_ends_with_the_incarnation(
     leave) ends it at a ``KILL`` and when the daemon is gone."""
     needs_fences()
     hops = lab.work / f"hops-{how.replace(' ', '-')}"
-    hops.mkdir()
-    hops.chmod(0o777)
-    hopper = build_hopper(lab.base)
-    hopper.chmod(0o755)
+    hopper = hopper_for_users(lab.base, hops)
     replica = {
         "rank": 0,
         "argv": ["/bin/sh", "-c", f"{hopper} {hops} </dev/null >/dev/null 2>&1 & exec sleep 300"],

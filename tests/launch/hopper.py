@@ -39,6 +39,16 @@ def build_hopper(directory: Path) -> Path:
     return binary
 
 
+def hopper_for_users(base: Path, hops: Path) -> Path:
+    """The hopper built into ``base`` for every user to run (0755), and ``hops``, its beat
+    directory, made for every user to write (0777): a hopper of another user's job."""
+    hops.mkdir()
+    hops.chmod(0o777)
+    hopper = build_hopper(base)
+    hopper.chmod(0o755)
+    return hopper
+
+
 def hopper_beats(directory: Path, seconds: float) -> int:
     """How many different beats (``PID HOPS``) the hopper (:func:`build_hopper`) writes in
     ``directory`` in the next ``seconds``: 1 (the last one seen again) once it is gone."""
