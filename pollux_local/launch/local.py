@@ -859,6 +859,11 @@ class LocalLauncher:
                 reason = str(answer["error"])
             else:
                 reason = f"the job's supervisor failed (exit {proc.returncode}): " + _tail(err_path)
+            # a supervisor killed while it started the replicas: its run file lists their
+            # cgroups (the fence), which are ended before the file goes
+            record = RunRecord.load(self.run_file(spec.job_id))
+            if record is not None and not record.finished:
+                record.kill_replicas()
             self.forget(spec.job_id)
             raise PolluxError(reason)
         watched = _Watched(int(answer["pid"]), answer.get("start_time"), proc)

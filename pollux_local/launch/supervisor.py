@@ -46,9 +46,10 @@ What it does:
   the incarnation's result to ``run_file``.
 
 The run file (JSON, 0600, replaced atomically; in a directory of the daemon's) is written
-once the replicas run and again when they have all ended::
+before the replicas start (listing the cgroups, the fence among them), once they run and
+again when they have all ended::
 
-    {"version": 1, "job_id", "state": "running" | "ended",
+    {"version": 1, "job_id", "state": "starting" | "running" | "ended",
      "supervisor": {"pid", "start_time", "boot_id"}, "pgid",
      "replicas": [{"rank", "pid", "start_time", "exit_code", "error"}, ...],
      "exit_code": null | CODE, "error": null | "one line", "started", "ended",
@@ -908,9 +909,26 @@ def run(spec: dict[str, Any]) -> int:
     make_subreaper()
     _replica_oom_score = protect_from_oom()
     supervisor = Supervisor(spec)
+    try:
+        return supervised(supervisor)
+    except BaseException:
+        # A fault of the supervisor itself: nothing of the job outlives it.  The run file
+        # is left without a result, so the daemon fails the start or the incarnation
+        # (``LocalReplicaGroup._finish``) and kills what the file lists.
+        for end in (supervisor.kill_all, supervisor.clean_up, supervisor.release_cgroups):
+            with contextlib.suppress(BaseException):
+                end()
+        raise
+
+
+def supervised(supervisor: Supervisor) -> int:
+    """:func:`run` once the supervisor is made.  The run file lists the incarnation's
+    cgroups (the fence among them) before any replica starts, so that a supervisor killed
+    while it starts them leaves nothing the daemon does not know of."""
     supervisor.make_cgroups()
     if supervisor.error is None:
         supervisor.make_fence()
+        supervisor.write("starting")
         supervisor.start()
     if supervisor.error is not None:
         supervisor.kill_all()

@@ -254,6 +254,62 @@ async def test_a_process_that_keeps_changing_its_pid_does_not_outlive_its_job(
         stop_hopper(hops)
 
 
+#: A supervisor that fails right after it started the replicas, once the job's hopper hops:
+#: killed outright (``killed``) or by an exception of its own (``raises``).
+FAULTY_SUPERVISOR = r"""
+import os, signal, sys, time
+from pathlib import Path
+import pollux_local.launch.supervisor as supervisor
+
+HOPS, HOW = Path(sys.argv[1]), sys.argv[2]
+original = supervisor.Supervisor.start
+
+def start_then_fail(self):
+    original(self)
+    deadline = time.monotonic() + 20
+    while not (HOPS / "beat").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if HOW == "killed":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError("a fault of the supervisor's own")
+
+supervisor.Supervisor.start = start_then_fail
+supervisor.main()
+"""
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("how", ["killed", "raises"])
+async def test_a_supervisor_failing_while_it_starts_the_replicas_leaves_nothing_running(
+    launcher: LocalLauncher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """The run file lists the fence before any replica starts: a supervisor killed after it
+    started them (before it could say so) has its fence ended by the daemon, which fails
+    the start; one that fails by an exception ends it itself.  Its replicas' helper that
+    keeps changing its pid is gone either way."""
+    needs_fences()
+    hops = tmp_path / "hops"
+    hops.mkdir()
+    faulty = tmp_path / "faulty_supervisor.py"
+    faulty.write_text(FAULTY_SUPERVISOR)
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {faulty} {hops} {how}\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(python))
+    script = f'"$0" {hops} & while :; do sleep 0.2; done'
+    spec = make_spec(tmp_path / "job", ["sh", "-c", script, str(build_hopper(tmp_path))], tmp_path)
+    try:
+        with pytest.raises(PolluxError, match="the job's supervisor failed") as failed:
+            await launcher.launch(spec)
+        assert (hops / "beat").exists(), "the hopper never started: nothing was tested"
+        if how == "raises":
+            assert "a fault of the supervisor's own" in str(failed.value)
+        assert_hopper_gone(hops, f"its supervisor ({how})")
+        assert launcher.records() == {}
+    finally:
+        stop_hopper(hops)
+
+
 @pytest.mark.asyncio
 async def test_what_a_leaving_rank_started_ends_when_it_leaves_at_a_warm_shrink(
     launcher: LocalLauncher, tmp_path: Path
