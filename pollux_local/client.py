@@ -13,6 +13,7 @@ import random
 import socket
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -20,7 +21,15 @@ import msgspec
 
 from pollux_local.api import wire
 from pollux_local.api.errors import Busy, DaemonUnavailable, InvalidRequest, ProtocolError
-from pollux_local.api.messages import REQUEST_TYPES, Reply, Request
+from pollux_local.api.messages import (
+    REQUEST_TYPES,
+    JobSummary,
+    Reply,
+    Request,
+    Status,
+    StatusReply,
+)
+from pollux_local.api.states import JobState
 
 STATE_DIR_ENV = "POLLUX_LOCAL_STATE_DIR"
 SOCKET_NAME = "daemon.sock"
@@ -126,3 +135,69 @@ class Client:
         with the reply as plain JSON-like data."""
         reply: Reply = self.call(build_request(type, **fields))
         return cast(dict[str, Any], msgspec.to_builtins(reply))
+
+
+#: Jobs one ``status`` request asks for (the daemon's default page).
+STATUS_PAGE = 1000
+#: The states of jobs that have not ended, and of those that have.
+ACTIVE_STATES = tuple(state for state in JobState if state.active)
+FINISHED_STATES = tuple(state for state in JobState if not state.active)
+
+
+def status_pages(
+    call: Callable[[Status], StatusReply], request: Status, rows: int | None = None
+) -> StatusReply:
+    """``request``'s pages, newest first, until ``rows`` jobs (``None``: every page), as one
+    reply: the jobs oldest first, with ``more``, ``hidden`` and ``next_before_id`` of the
+    last page read.  A page can hold fewer jobs than asked: the daemon ends one once its
+    rows take ``wire.MAX_PAGE_BYTES``."""
+    jobs: list[JobSummary] = []
+    page = msgspec.structs.replace(request)
+    while True:
+        if rows is not None:
+            page.limit = max(1, min(page.limit, rows - len(jobs)))
+        reply = call(page)
+        jobs[:0] = reply.jobs
+        done = rows is not None and len(jobs) >= rows
+        if done or not reply.more or not reply.next_before_id or not reply.jobs:
+            return msgspec.structs.replace(reply, jobs=jobs)
+        page = msgspec.structs.replace(page, before_id=reply.next_before_id)
+
+
+def job_list(
+    call: Callable[[Status], StatusReply],
+    *,
+    user: str | None = None,
+    group: str | None = None,
+    states: Sequence[JobState] | None = None,
+    limit: int | None = None,
+    every: bool = False,
+) -> StatusReply:
+    """What ``status`` and the terminal view list, oldest first.
+
+    With ``limit``: the newest ``limit`` jobs that match (``every``: finished ones of any
+    age too); ``every`` alone: all of them.  By default every active job that matches,
+    however many, and the newest :data:`STATUS_PAGE` of those that finished in the last 24
+    hours: a page of the newest jobs alone let one user's 1,000 held tasks push every other
+    user's running job off everyone's list (review s60).  ``more`` and ``hidden`` then count
+    finished jobs left out."""
+
+    def ask(chosen: Sequence[JobState] | None, rows: int | None) -> StatusReply:
+        request = Status(
+            all=every,
+            user=user,
+            group=group,
+            states=list(chosen) if chosen is not None else None,
+            limit=min(rows or STATUS_PAGE, STATUS_PAGE),
+        )
+        return status_pages(call, request, rows)
+
+    if every or limit is not None:
+        return ask(states, limit)
+    wanted = list(states) if states is not None else list(JobState)
+    active = [state for state in wanted if state in ACTIVE_STATES]
+    finished = [state for state in wanted if state in FINISHED_STATES]
+    running = ask(active, None) if active else StatusReply(jobs=[])
+    ended = ask(finished, STATUS_PAGE) if finished else StatusReply(jobs=[])
+    jobs = sorted([*running.jobs, *ended.jobs], key=lambda job: int(job.id))
+    return msgspec.structs.replace(ended, jobs=jobs)

@@ -19,6 +19,9 @@ from pollux_local.api.errors import InvalidRequest, PolluxError, ProtocolError, 
 from pollux_local.api.messages import PROTOCOL_VERSION, REQUEST_TYPES, Reply, Request
 
 MAX_FRAME_BYTES = 16 * 1024 * 1024
+#: The most bytes the rows of one page of a paged reply (``status``) take: half a frame, so
+#: that the page, whatever its jobs hold, always fits in one.
+MAX_PAGE_BYTES = MAX_FRAME_BYTES // 2
 HEADER = struct.Struct(">I")
 
 R = TypeVar("R", bound=Reply)
@@ -34,6 +37,11 @@ def frame(body: bytes) -> bytes:
             f"message of {len(body)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit"
         )
     return HEADER.pack(len(body)) + body
+
+
+def encoded_size(message: msgspec.Struct) -> int:
+    """The bytes of ``message``'s JSON in a frame."""
+    return len(_encoder.encode(message))
 
 
 def check_length(length: int, limit: int = MAX_FRAME_BYTES) -> None:

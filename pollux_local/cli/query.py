@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from pollux_local.api.errors import PolluxError
-from pollux_local.api.messages import JobSummary, Logs, LogsReply, Nodes, Show, Status
+from pollux_local.api.messages import JobSummary, Logs, LogsReply, Nodes, Show
 from pollux_local.api.states import JobState
 from pollux_local.cli.common import (
     client_for,
@@ -31,12 +31,9 @@ from pollux_local.cli.format import (
     where,
 )
 from pollux_local.cli.groups import group_name
-from pollux_local.client import Client
+from pollux_local.client import STATUS_PAGE, Client, job_list
 from pollux_local.durations import format_duration
 from pollux_local.untrusted import PartialEscape, printable
-
-#: Jobs one ``status`` request asks for (the daemon's default page).
-STATUS_PAGE = 1000
 
 
 def _states(values: list[str] | None, active: bool) -> list[JobState] | None:
@@ -57,23 +54,19 @@ def _states(values: list[str] | None, active: bool) -> list[JobState] | None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """A page of jobs: the daemon filters (``--user``, ``--group``, ``--state``, ``--active``)
-    and keeps finished jobs to the last 24 h unless ``--all``; ``--all`` without ``--limit``
-    fetches every page."""
+    """Jobs as :func:`~pollux_local.client.job_list` lists them: the daemon filters
+    (``--user``, ``--group``, ``--state``, ``--active``); every active job and the finished
+    ones of the last 24 h unless ``--all``; ``--limit N``: the newest N."""
     client = client_for(args)
-    request = Status(
-        all=args.all,
+    reply = job_list(
+        client.call,
         user=args.user,
         group=args.group,
         states=_states(args.state, args.active),
-        limit=args.limit or STATUS_PAGE,
+        limit=args.limit,
+        every=args.all,
     )
-    reply = client.call(request)
     jobs = list(reply.jobs)
-    while args.all and args.limit is None and reply.more and reply.next_before_id:
-        request.before_id = reply.next_before_id
-        reply = client.call(request)
-        jobs[:0] = reply.jobs
     if args.json:
         print_json({"jobs": jobs, "more": reply.more, "hidden": reply.hidden})
         return 0
@@ -291,7 +284,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--limit",
         type=_positive,
         metavar="N",
-        help=f"the newest N jobs (default {STATUS_PAGE}; --all alone: every job)",
+        help=(
+            "the newest N jobs (default: every active job and the newest"
+            f" {STATUS_PAGE} that finished in the last 24 h; --all alone: every job)"
+        ),
     )
     p.add_argument(
         "--expand",

@@ -28,7 +28,7 @@ from pollux_local.cli.common import (
     state_dir_parser,
 )
 from pollux_local.cli.groups import group_name
-from pollux_local.client import Client
+from pollux_local.client import Client, status_pages
 from pollux_local.parsing import parse_job_ids
 from pollux_local.untrusted import printable
 
@@ -42,13 +42,7 @@ ACTIVE = [state for state in JobState if state.active]
 
 def _pages(client: Client, request: Status) -> list[JobSummary]:
     """Every job ``request`` matches, page after page."""
-    reply = client.call(request)
-    jobs = list(reply.jobs)
-    while reply.more and reply.next_before_id:
-        request.before_id = reply.next_before_id
-        reply = client.call(request)
-        jobs[:0] = reply.jobs
-    return jobs
+    return list(status_pages(client.call, request).jobs)
 
 
 def _active(client: Client, user: str | None) -> list[JobSummary]:

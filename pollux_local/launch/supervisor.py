@@ -669,6 +669,9 @@ class Supervisor:
                 continue
             code = os.waitstatus_to_exitcode(status)
             record["exit_code"] = code
+            if record.get("left"):  # a joiner killed when its resize failed: not the job's exit
+                self.end_replica_group(pid)
+                continue
             if pid in self._joining:  # a joiner that never joined: the resize failed
                 self._joining.discard(pid)
                 record["left"] = True

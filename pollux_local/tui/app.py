@@ -32,13 +32,13 @@ from pollux_local.api.messages import (
     Reply,
     Request,
     SetPriority,
-    Status,
     StatusReply,
     Submit,
     SubmitReply,
     Usage,
     UsageReply,
 )
+from pollux_local.client import job_list
 from pollux_local.tui.literal import literal, plain
 from pollux_local.tui.screens.confirm import ConfirmScreen
 from pollux_local.tui.screens.help import HelpScreen
@@ -189,7 +189,7 @@ class PolluxApp(App[None]):
         self.run_request(self._load, self._loaded, group="refresh")
 
     def _load(self) -> tuple[StatusReply, NodesReply | None, str | None]:
-        status = self.source.call(Status())
+        status = job_list(self.source.call)
         try:
             nodes = self.source.call(Nodes())
         except DaemonUnavailable:

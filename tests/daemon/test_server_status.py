@@ -36,6 +36,7 @@ from pollux_local.api.messages import (
 )
 from pollux_local.api.report import JobReport
 from pollux_local.api.states import JobState
+from pollux_local.client import job_list
 from pollux_local.daemon.auth import Peer
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.context import Context
@@ -221,6 +222,79 @@ def test_a_page_read_in_parts_is_the_page_read_at_once(
     assert whole[1].jobs and len(whole[1].jobs) == 40
     assert whole[5].hidden > 0 and whole[5].more > 0  # the counts were exercised
     assert turns[0] >= 40 // 2  # the loop turned between the parts
+    store.close()
+
+
+def test_rows_a_job_swells_end_the_page_before_the_frame_limit(tmp_path: Path) -> None:
+    """A job's row holds what it reported: 64 metrics whose names are control characters
+    take 25 KB of JSON.  Review s60 filled a default page of 1,000 with 990 such rows (held
+    array tasks, one report each): 25 MB, over the 16 MiB frame, and every ``status`` of
+    everyone failed.  A page now ends once its rows take ``MAX_PAGE_BYTES``; the next page
+    has the rest, each job once."""
+    store = StateStore(tmp_path / "state.db")
+    fill(store, 700, finished_every=10**6)  # all queued but the first (hidden: 2 days old)
+    metrics = {"\x01" * 62 + f"{chr(65 + i // 26)}{chr(97 + i % 26)}": 1.0 for i in range(64)}
+    report = msgspec.json.encode({"metrics": metrics}).decode()
+    store.db.execute("UPDATE jobs SET report = ?", (report,))
+    ctx = context(store)
+    row = wire.encoded_size(status(ctx, Status(limit=1)).jobs[0])
+    assert row > 20_000  # as swollen as the review's
+    seen: list[int] = []
+    request = Status()
+    pages = 0
+    while True:
+        reply = status(ctx, request)
+        pages += 1
+        assert len(wire.encode_reply(reply)) <= wire.MAX_FRAME_BYTES
+        seen[:0] = ids(reply)
+        if not reply.more:
+            break
+        assert reply.next_before_id == reply.jobs[0].id
+        request = Status(before_id=reply.next_before_id)
+    assert seen == list(range(2, 701)) and pages == 3
+    store.close()
+
+
+def test_one_users_held_jobs_push_no_other_users_running_job_off_the_list(
+    tmp_path: Path,
+) -> None:
+    """Review s60: the default page is the newest 1,000 jobs, so one user's 1,000 held tasks
+    (their whole allowance) left another user's running job off everyone's ``status``, the
+    terminal view's list and the owner's own screen.  What they list
+    (``client.job_list``) is now every active job, and the newest finished ones of the day;
+    ``--limit N`` is still the newest N, however many pages that takes."""
+    store = StateStore(tmp_path / "state.db")
+    fill(store, 3, finished_every=10**6)  # job 1 finished two days ago; 2 and 3 queued
+    store.db.execute("UPDATE jobs SET state = ?, owner_name = 'bob' WHERE id = 2", ("running",))
+    finished = store.add_job(
+        name="today", owner_uid=1000, owner_gid=1000, owner_name="bob",
+        spec={"argv": ["x"], "workdir": "/tmp"}, priority=0, submit_time=NOW - 100,
+    )  # fmt: skip
+    store.transition(finished.id, JobState.FAILED, NOW - 60, None, end_time=NOW - 60)
+    rows = [
+        (f"held-{i}", 1001, 1001, "mallory", JobState.HELD.value, '{"argv": ["x"]}', NOW)
+        for i in range(1000)
+    ]
+    store.db.executemany(
+        "INSERT INTO jobs (name, owner_uid, owner_gid, owner_name, state, spec, submit_time)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        rows,
+    )
+    ctx = context(store)
+
+    def call(request: Status) -> StatusReply:
+        return status(ctx, request)
+
+    assert 2 not in ids(call(Status()))  # one page of the newest: the running job is off it
+    listed = job_list(call)
+    assert ids(listed)[:3] == [2, 3, 4] and len(listed.jobs) == 1003
+    assert listed.hidden == 1 and listed.more == 0
+    assert ids(job_list(call, states=[JobState.RUNNING])) == [2]
+    assert ids(job_list(call, states=[JobState.FAILED, JobState.SUCCEEDED])) == [4]
+    assert ids(job_list(call, every=True, states=[JobState.SUCCEEDED])) == [1]
+    newest = job_list(call, limit=1500)  # more than one request may ask for
+    assert ids(newest) == list(range(2, 1005)) and newest.more == 0 and newest.hidden == 1
+    assert len(job_list(call, limit=10).jobs) == 10
     store.close()
 
 

@@ -614,6 +614,7 @@ WARM_REPLICA = r"""
 C=$POLLUX_CHECKPOINT_DIR
 if [ -n "$POLLUX_RESIZE_JOIN" ]; then
   [ -n "$FAIL_JOIN" ] && exit 3
+  [ -n "$NEVER_READY" ] && exec sleep 60
   id -u > "$C/joiner$RANK"
   touch "$POLLUX_JOB_DIR/resize-ready-$POLLUX_RESIZE_JOIN-$RANK"
 fi
@@ -626,7 +627,7 @@ exit 9
 
 
 async def warm_grow(
-    user: pwd.struct_passwd, lab_dir: Path, **env: str
+    user: pwd.struct_passwd, lab_dir: Path, ready_timeout_s: float = 20, **env: str
 ) -> tuple[LocalLauncher, object, str | None, Path, Path]:
     """A one-replica group of ``user``'s grown to two in place: (launcher, group, what
     ``resize_warm`` said, the job's checkpoint directory, the order file)."""
@@ -651,7 +652,7 @@ async def warm_grow(
     )  # fmt: skip
     grown = dataclasses.replace(grown, resize_file=order_file)
     order = ResizeOrder(generation=1001, world_size=2, master_addr="127.0.0.1", master_port=29999)
-    said = await group.resize_warm(grown, order, ready_timeout_s=20)
+    said = await group.resize_warm(grown, order, ready_timeout_s=ready_timeout_s)
     return launcher, group, said, checkpoint, order_file
 
 
@@ -688,6 +689,26 @@ async def test_a_joiner_that_fails_before_it_is_ready_fails_only_the_resize(
     assert [s.rank for s in group.spec.slots] == [0]  # the group is as it was
     assert not order_file.exists()  # rank 0 never saw an order
     order_file.write_text("{}")  # let rank 0 end: its exit, not the joiner's, is the group's
+    assert await asyncio.wait_for(group.wait(), 20) == 0
+    assert group.exit_codes() == {0: 0}
+
+
+@pytest.mark.asyncio
+async def test_a_joiner_given_up_at_the_ready_deadline_fails_only_the_resize(
+    other_user: pwd.struct_passwd, lab_dir: Path
+) -> None:
+    """A joiner not ready in time is killed and the resize fails; its exit (SIGKILL, the
+    supervisor's own doing) is not the job's: the replica that runs is not stopped as if
+    a peer had crashed, and the group's exit code is that replica's (review s60 read the
+    kill counted as the job's first failure)."""
+    launcher, group, said, checkpoint, order_file = await warm_grow(
+        other_user, lab_dir, ready_timeout_s=0.5, NEVER_READY="1"
+    )
+    assert said == "the joining replicas were not ready in time"
+    assert isinstance(group, LocalReplicaGroup)
+    await asyncio.sleep(1.0)
+    assert group.poll() is None  # rank 0 runs on
+    order_file.write_text("{}")  # let rank 0 end
     assert await asyncio.wait_for(group.wait(), 20) == 0
     assert group.exit_codes() == {0: 0}
 

@@ -11,8 +11,17 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from pollux_local.api.errors import NotFound, PermissionDenied
-from pollux_local.api.messages import Logs, LogsReply, Show, ShowReply, Status, StatusReply
+from pollux_local.api.messages import (
+    JobSummary,
+    Logs,
+    LogsReply,
+    Show,
+    ShowReply,
+    Status,
+    StatusReply,
+)
 from pollux_local.api.states import PLACED_STATES, JobState
+from pollux_local.api.wire import MAX_PAGE_BYTES, encoded_size
 from pollux_local.core.schedule.forecast import Prediction
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers.groups import group_owner
@@ -48,7 +57,10 @@ async def status(ctx: Context, request: Status) -> StatusReply:
     """The newest ``limit`` jobs that match, oldest first, and how many more match
     (``more``: older than the page; ``hidden``: finished before the recent window).  A page
     is read and summarised :data:`READ_CHUNK` jobs at a time, the event loop served between
-    two (a page of 10,000 does not hold up the others' requests for its whole time)."""
+    two (a page of 10,000 does not hold up the others' requests for its whole time).  It
+    also ends, early, once its rows take :data:`~pollux_local.api.wire.MAX_PAGE_BYTES`:
+    rows a job shapes (its name, its reported metrics) can be 25 KB, and a reply over the
+    frame limit would fail every ``status`` of everyone (the client asks for the rest)."""
     now = ctx.clock()
     finished_since = None if request.all else now - RECENT_S
     original_before = int(request.before_id) if request.before_id is not None else None
@@ -65,24 +77,32 @@ async def status(ctx: Context, request: Status) -> StatusReply:
             break
         before = chunk[-1].id
         await give_way()
-    last_id = jobs[-1].id if len(jobs) == request.limit else None
-    more, hidden = ctx.store.page_counts(
-        **filters._asdict(), before_id=original_before, last_id=last_id
-    )
-    jobs.reverse()
-    summaries = []
+    summaries: list[JobSummary] = []  # newest first
+    size = 0
+    full = len(jobs) == request.limit
     for start in range(0, len(jobs), READ_CHUNK):
         if start:
             await give_way()
-        summaries += [
-            job_summary(job, now, ctx.metrics, held_type(ctx, job), forecast_of(ctx, job))
-            for job in jobs[start : start + READ_CHUNK]
-        ]
+        for job in jobs[start : start + READ_CHUNK]:
+            row = job_summary(job, now, ctx.metrics, held_type(ctx, job), forecast_of(ctx, job))
+            size += encoded_size(row) + 1
+            if summaries and size > MAX_PAGE_BYTES:
+                full = True  # the rest on the next page
+                break
+            summaries.append(row)
+        else:
+            continue
+        break
+    last_id = jobs[len(summaries) - 1].id if full and summaries else None
+    more, hidden = ctx.store.page_counts(
+        **filters._asdict(), before_id=original_before, last_id=last_id
+    )
+    summaries.reverse()
     return StatusReply(
         jobs=summaries,
         more=more,
         hidden=hidden,
-        next_before_id=jobs[0].job_id if more and jobs else None,
+        next_before_id=summaries[0].id if more and summaries else None,
     )
 
 
