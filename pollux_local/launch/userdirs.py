@@ -9,9 +9,9 @@ sequential and visible) would read the job's checkpoints and hand it theirs to l
 included.  So the directory, once made, must be the user's: a directory of theirs, or a link
 of theirs (where it leads is theirs to choose), in a directory others cannot swap it in (not
 writable by others, or sticky).  The check runs as the job's user: the replica's child does
-it itself; for SSH nodes the daemon runs this module as the user
-(``python -m pollux_local.launch.userdirs PATH``), since root may not see into a file system
-that squashes it.  Stdlib only: the supervisor imports it.
+it itself; for SSH nodes the daemon runs this module as the user (``python -m
+pollux_local.launch.userdirs PATH UID GID GROUPS``: the user's effective ids, root's real
+and saved uid), since root may not see into a file system that squashes it.  Stdlib only: the supervisor imports it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 import stat
 import sys
+
+from pollux_local.launch.identity import IdentityError, become_user_for_setup
 
 __all__ = ["foreign_directory", "make_own_directory"]
 
@@ -63,10 +65,23 @@ def make_own_directory(path: str) -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m pollux_local.launch.userdirs PATH``: 0, or 1 with why on stdout."""
-    if len(argv) != 1:
-        sys.stdout.write("usage: python -m pollux_local.launch.userdirs PATH\n")
+    """``python -m pollux_local.launch.userdirs PATH [UID GID GROUP,...]``: 0, or 1 with why
+    on stdout.  Given a user, it takes their groups, gid and effective uid alone first
+    (``identity.become_user_for_setup``): what it makes and checks is the user's, while root
+    stays its real and saved uid, so that the user, whose path it makes, cannot stop it (the
+    daemon waits for it under the lock every pass takes: review s61 stopped it 30 s per
+    job)."""
+    if len(argv) not in (1, 4):
+        sys.stdout.write("usage: python -m pollux_local.launch.userdirs PATH [UID GID GROUPS]\n")
         return 2
+    if len(argv) == 4:
+        try:
+            uid, gid = int(argv[1]), int(argv[2])
+            groups = [int(g) for g in argv[3].split(",") if g]
+            become_user_for_setup({"uid": uid, "gid": gid, "groups": groups or [gid]})
+        except (ValueError, IdentityError) as exc:
+            sys.stdout.write(f"{exc}\n")
+            return 1
     problem = make_own_directory(argv[0])
     if problem is not None:
         sys.stdout.write(problem + "\n")

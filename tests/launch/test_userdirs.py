@@ -3,14 +3,24 @@ directory or a link of theirs, in a directory no one else can swap it in."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import pwd
+import secrets
+import shutil
+import stat
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
+import psutil
 import pytest
 
 from pollux_local.launch.userdirs import foreign_directory, make_own_directory
+from tests.labinstall import world_readable_tempdir
 
 OTHER = 54321  # a uid no file here belongs to
 
@@ -74,3 +84,91 @@ def test_the_module_checks_as_whoever_runs_it(tmp_path: Path) -> None:
         capture_output=True, text=True, env=env,
     )  # fmt: skip
     assert done.returncode == 1 and "cannot create" in done.stdout, done
+
+
+#: The helper as the daemon starts it (``python -s -m pollux_local.launch.userdirs PATH UID
+#: GID GROUPS``), made slow: it makes the directory 3 s after taking the user's ids.
+SLOW_HELPER = r"""
+import sys, time
+import pollux_local.launch.userdirs as userdirs
+
+made = userdirs.make_own_directory
+
+def slowly(path):
+    time.sleep(3)
+    return made(path)
+
+userdirs.make_own_directory = slowly
+sys.exit(userdirs.main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture()
+def second_user() -> Iterator[pwd.struct_passwd]:
+    """A Unix user made for the test, deleted after it."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("needs root and useradd (a second Unix user)")
+    name = "pxud" + secrets.token_hex(3)
+    subprocess.run(["useradd", "-M", "-s", "/bin/sh", name], check=True, capture_output=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+
+
+def test_the_user_cannot_stop_the_daemons_helper_that_makes_their_directory(
+    second_user: pwd.struct_passwd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon waits for the helper that makes an SSH job's checkpoint directory as its
+    user, under the lock every pass takes.  Started as the user in every way, the user could
+    stop it (``kill -STOP``) and hold every pass and request of everyone 30 s per job (review
+    s61).  It now takes the user's effective ids alone: the directory is still the user's,
+    made as them, but their signal does not reach it."""
+    from pollux_local.daemon.executor import launchspec
+
+    base = world_readable_tempdir("pollux-userdirs-")
+    try:
+        shared = base / "checkpoints"
+        shared.mkdir()
+        shared.chmod(0o1777)
+        helper = (
+            base / "slow_helper.py"
+        )  # (readable by the user: an earlier version ran it as them)
+        helper.write_text(SLOW_HELPER)
+        python = base / "python"
+        python.write_text(f'#!/bin/sh\nshift 3\nexec {sys.executable} -s {helper} "$@"\n')
+        python.chmod(0o755)
+        monkeypatch.setattr(launchspec.sys, "executable", str(python))
+        target = shared / "7-abc"
+        job = SimpleNamespace(owner_uid=second_user.pw_uid)
+
+        async def make_and_stop() -> tuple[str | None, subprocess.CompletedProcess[str]]:
+            making = asyncio.ensure_future(launchspec._make_as_owner(job, target))  # type: ignore[arg-type]
+            pid = None
+            for _ in range(200):
+                await asyncio.sleep(0.02)
+                pid = next(
+                    (
+                        p.pid
+                        for p in psutil.Process().children()
+                        if str(helper) in " ".join(p.cmdline())
+                    ),
+                    None,
+                )
+                if pid is not None:
+                    break
+            assert pid is not None, "the helper never started"
+            stop = subprocess.run(
+                ["runuser", "-u", second_user.pw_name, "--", "kill", "-STOP", str(pid)],
+                capture_output=True, text=True,
+            )  # fmt: skip
+            return await asyncio.wait_for(making, 20), stop
+
+        began = time.monotonic()
+        problem, stop = asyncio.run(make_and_stop())
+        assert stop.returncode != 0 and "not permitted" in stop.stderr, stop
+        assert problem is None and time.monotonic() - began < 15
+        made = target.lstat()
+        assert stat.S_ISDIR(made.st_mode) and made.st_uid == second_user.pw_uid
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
