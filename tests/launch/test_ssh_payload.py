@@ -13,9 +13,12 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from pollux_local.launch.base import LaunchSpec, ReplicaSlot
 from pollux_local.launch.node_agent import ExitRecord
 from pollux_local.launch.ssh import SshLauncher, SshNodeConfig
+from pollux_local.launch.ssh.recovery import RecordUnanswered
 
 
 def test_a_joiner_writes_its_own_log_file_on_the_node(tmp_path: Path) -> None:
@@ -225,3 +228,52 @@ def test_closing_removes_the_control_dir_once_empty() -> None:
         for control in (empty, busy):
             asyncio.run(SshLauncher([node], control_dir=control).close())
         assert not empty.exists() and busy.exists()
+
+
+class FloodedNodes(LocalNodes):
+    """Nodes whose sshd takes no new connection while ``flooded`` (ssh exits 255), as a
+    user holding its slots for logins (``MaxStartups``) makes it."""
+
+    flooded = True
+
+    async def run(
+        self, node_name: str, command: str, timeout_s: float = 20.0, stdin: bytes | None = None
+    ) -> tuple[int, str, str]:
+        if self.flooded:
+            return 255, "", "kex_exchange_identification: Connection reset by peer"
+        return await super().run(node_name, command, timeout_s, stdin)
+
+
+def test_a_node_that_does_not_answer_is_not_taken_for_one_without_the_record(
+    tmp_path: Path,
+) -> None:
+    """Review s61: a restarted daemon took a node it could not reach (its sshd flooded) for
+    a node without the job's exit record, queued the job again, and ran a job that had
+    finished there a second time.  A node that does not answer now leaves its part
+    unknown: the job is adopted and its record read again until the node answers; only a
+    node that says it has no record gets the job queued again."""
+    shared = tmp_path / "work"
+    shared.mkdir(mode=0o755)
+    node = SshNodeConfig(name="a", host="a", workdir=str(shared), python=sys.executable)
+    slot = ReplicaSlot(0, "a", "cpu:0", 0, 0)
+    spec = LaunchSpec(
+        job_id="7", argv=["t"], workdir=tmp_path, env={}, slots=[slot], log_dir=tmp_path
+    )
+    with tempfile.TemporaryDirectory(prefix="pl", dir="/tmp") as short:
+        launcher = FloodedNodes([node], control_dir=Path(short))
+        write_record(launcher.record_path(node, "7"), "a", "ended", str(shared))  # it finished
+
+        async def recovered() -> tuple[list[str], int | None, int]:
+            with pytest.raises(RecordUnanswered, match="node a did not answer"):
+                await launcher.read_record("a", "7")
+            group = await launcher.recover(spec, "7:0")
+            assert group is not None
+            unread, before = group.unread_nodes(), group.poll()
+            launcher.flooded = False  # the flood ends
+            return unread, before, await asyncio.wait_for(group.wait(), 10)
+
+        unread, before, code = asyncio.run(recovered())
+        assert unread == ["a"] and before is None  # waited for, not queued again
+        assert code == 0  # its recorded end, once read
+        asyncio.run(launcher.forget_records("7", ["a"]))
+        assert asyncio.run(launcher.recover(spec, "7:0")) is None  # the node has none

@@ -197,6 +197,12 @@ class Recovery(Applying):
             )
         else:
             reason = "daemon restarted; its replicas still run on its nodes: waiting for their end"
+            unread: list[str] = getattr(group, "unread_nodes", list)()
+            if unread:
+                reason = (
+                    f"daemon restarted; node(s) {', '.join(unread)} do not answer: waiting for"
+                    " the job's exit record there (it may have ended)"
+                )
         log.info("job %s: %s", job.id, reason)
         self.store.record_decision(job.id, now, DecisionKind.RECOVERED, reason)
         if job.state == JobState.RESCALING:

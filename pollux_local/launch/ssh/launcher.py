@@ -28,7 +28,13 @@ from pollux_local.launch.ssh.nodes import (
     SshNodeConfig,
     agent_command,
 )
-from pollux_local.launch.ssh.recovery import SshRecordedGroup, agent_tool, record_token
+from pollux_local.launch.ssh.recovery import (
+    RecordUnanswered,
+    SshRecordedGroup,
+    agent_tool,
+    record_token,
+    unread_record,
+)
 
 log = logging.getLogger("pollux_local.launch.ssh")
 
@@ -120,12 +126,21 @@ class SshLauncher:
         return [f"{subdir}/{job_id}@{_path_word(node.name)}.json", f"{subdir}/{job_id}.json"]
 
     async def read_record(self, name: str, job_id: str) -> dict[str, Any] | None:
-        """The exit record of ``job_id`` on node ``name``; ``None`` when there is none, it
-        cannot be read, it is another node's or the node does not answer."""
+        """The exit record of ``job_id`` on node ``name``; ``None`` when the node says there
+        is none (its agent's tool: exit 3), refuses to read it (a work directory others may
+        write to: exit 2), or it is another node's or no record.  A node that does not
+        answer (ssh failed or timed out, the tool did not run) raises
+        :class:`RecordUnanswered`: that the record is not there is not known then (review
+        s61: a restarted daemon took a node whose sshd was flooded for one without a
+        record, and ran a job that had finished there a second time)."""
         for path in self._record_paths(name, job_id):
             rc, out = await self._record_command(name, "cat", path)
             if rc == 0:
                 break
+            if rc not in (2, 3):
+                raise RecordUnanswered(
+                    f"node {name} did not answer a read of job {job_id}'s exit record (exit {rc})"
+                )
         else:
             return None
         try:
@@ -166,11 +181,18 @@ class SshLauncher:
 
     async def recover(self, spec: LaunchSpec, token: str) -> SshRecordedGroup | None:
         """The incarnation ``token`` of a job recorded as running when the daemon stopped,
-        from the exit records on its nodes: ``None`` when a node has no record of it (then
-        nothing is known, and the caller queues the job again)."""
+        from the exit records on its nodes: ``None`` when a node says it has no record of it
+        (then nothing is known, and the caller queues the job again).  A node that does not
+        answer keeps its part unknown, read again until it answers
+        (:data:`~pollux_local.launch.ssh.recovery.RECORD_UNREAD_S` at most): the job may have
+        ended there."""
         records: dict[str, dict[str, Any]] = {}
         for name in dict.fromkeys(slot.node for slot in spec.slots):
-            record = await self.read_record(name, spec.job_id)
+            try:
+                record: dict[str, Any] | None = await self.read_record(name, spec.job_id)
+            except RecordUnanswered as exc:
+                log.warning("%s; waiting for it", exc)
+                record = unread_record(token)
             if record is None or record.get("token") != token:
                 return None
             records[name] = record

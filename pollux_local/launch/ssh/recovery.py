@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from pollux_local.api.states import ExitCode
+from pollux_local.errors import PolluxError
 from pollux_local.launch.base import LaunchSpec
 from pollux_local.launch.ssh.nodes import UNREACHABLE_EXIT_CODE, agent_command
 
@@ -21,6 +22,21 @@ if TYPE_CHECKING:
 RECORD_POLL_S = 1.0
 #: How long a recovered group's node may stay unanswering before its ranks count as lost.
 RECORD_LOST_S = 60.0
+#: The same for a node that has not answered since the daemon restarted (its record never
+#: read): the job may have ended there, and queued again it would run a second time; a
+#: node that does not answer now (down, or its sshd's slots held by someone) is waited for
+#: longer before the job is taken for lost and queued again.
+RECORD_UNREAD_S = 600.0
+
+
+class RecordUnanswered(PolluxError):
+    """The node did not answer a read of an exit record (ssh failed or timed out, its
+    agent's tool did not run): whether the record is there is not known."""
+
+
+def unread_record(token: str) -> dict[str, Any]:
+    """What stands for a node's exit record not read yet (its node did not answer)."""
+    return {"version": 1, "token": token, "state": "running", "replicas": [], "unread": True}
 
 
 def agent_tool(python: str, *args: str) -> str:
@@ -93,21 +109,31 @@ class SshRecordedGroup:
                 return codes[rank]
         return 0 if set(codes.values()) <= {0} else ExitCode.RESCALE
 
+    def unread_nodes(self) -> list[str]:
+        """The nodes whose record has not been read yet (they did not answer)."""
+        return [name for name, record in self.records.items() if record.get("unread")]
+
     async def _refresh(self) -> None:
         """Read again the records of the nodes whose replicas had not all ended.  A node
-        unanswering for :data:`RECORD_LOST_S`, or whose record is gone or replaced, ends its
-        part: its ranks without an exit code count as lost (255)."""
+        unanswering for :data:`RECORD_LOST_S` (:data:`RECORD_UNREAD_S` while its record
+        was never read), or whose record is gone or replaced, ends its part: its ranks
+        without an exit code count as lost (255)."""
         for name in list(self.records):
-            if self.records[name].get("state") == "ended":
+            known = self.records[name]
+            if known.get("state") == "ended":
                 continue
-            record = await self._launcher.read_record(name, self.spec.job_id)
-            if record is not None and record.get("token") == self.records[name].get("token"):
+            try:
+                record = await self._launcher.read_record(name, self.spec.job_id)
+            except RecordUnanswered:
+                record = None
+            if record is not None and record.get("token") == known.get("token"):
                 self.records[name] = record
                 self._lost.pop(name, None)
                 continue
             since = self._lost.setdefault(name, time.monotonic())
-            if time.monotonic() - since > RECORD_LOST_S:
-                self.records[name] = {**self.records[name], "state": "ended"}
+            limit = RECORD_UNREAD_S if known.get("unread") else RECORD_LOST_S
+            if time.monotonic() - since > limit:
+                self.records[name] = {**known, "state": "ended"}
                 self.failure_reason = f"node {name}: the job's exit record could not be read"
         self._note_end()
 
