@@ -563,11 +563,13 @@ class ExitRecord:
         self.node = str(spec.get("node", ""))
         self._lock = threading.Lock()
 
-    def write(self, supervisor: Supervisor, state: str) -> None:
-        """Replace the record with ``supervisor``'s replicas as they are now (best effort:
-        a node that cannot keep it only loses what a restarted daemon could learn)."""
+    def write(self, supervisor: Supervisor, state: str) -> str | None:
+        """Replace the record with ``supervisor``'s replicas as they are now: ``None``, or
+        why it could not be (a full disk, most often).  The first write and each replica's
+        start must succeed (nothing of the job runs unrecorded: a restarted daemon that finds
+        no record runs the job again); later ones only lose what such a daemon could learn."""
         if not self.names:
-            return
+            return None
         replicas = [
             {
                 "rank": rank,
@@ -593,8 +595,8 @@ class ExitRecord:
         with self._lock:
             try:
                 dir_fd = open_own_dirs(self.workdir, self.names[:-1], make=True)
-            except OSError:
-                return
+            except OSError as exc:
+                return exc.strerror or str(exc)
             try:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp, dir_fd=dir_fd)
@@ -602,9 +604,14 @@ class ExitRecord:
                 fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
                 with os.fdopen(fd, "w") as fh:
                     json.dump(data, fh)
+                    fh.flush()
+                    os.fsync(fh.fileno())  # (a full disk is found here, not after)
                 os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            except OSError:
-                pass
+                return None
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dir_fd)
+                return exc.strerror or str(exc)
             finally:
                 os.close(dir_fd)
 
@@ -1372,6 +1379,18 @@ class Supervisor:
                 self.procs[p.pid] = (rank, p)
                 self.pids[rank] = p.pid
                 self.start_times[p.pid] = start_time(p.pid)
+                # recorded before its launch order is sent: the job's command never runs
+                # unrecorded (an agent killed before the order leaves a launcher that reads
+                # no order and ends; one killed after leaves a replica its record names)
+                problem = self.record.write(self, "running")
+                if problem is not None:  # (review s61: a disk filled by another job)
+                    del self.procs[p.pid], self.pids[rank], self.start_times[p.pid]
+                    with contextlib.suppress(OSError):
+                        note = f"cannot start {r['argv'][0]}: cannot keep its exit record"
+                        os.write(fd, f"{note} on this node: {problem}\n".encode())
+                    p.kill()  # it reads no order: nothing of the job ran
+                    close_all(fd, spec_w, report_r)
+                    return None, "record"
                 with self._pump_lock:
                     self.logs[p.pid] = [fd, start, start]
                 if generation is not None:
@@ -1380,10 +1399,6 @@ class Supervisor:
                     with contextlib.suppress(OSError):
                         os.killpg(p.pid, self.last_signal)
                 self.lines.say("PID", rank, p.pid)
-                # recorded before its launch order is sent: the job's command never runs
-                # unrecorded (an agent killed before the order leaves a launcher that reads
-                # no order and ends; one killed after leaves a replica its record names)
-                self.record.write(self, "running")
         finally:
             os.close(spec_r)
             os.close(report_w)
@@ -1893,6 +1908,10 @@ def main() -> None:
     check_probe(spec, lines)
     supervisor = Supervisor(spec, lines)
     supervisor.oom_score_adj = oom_score_adj
+    problem = supervisor.record.write(supervisor, "running")
+    if problem is not None:  # nothing may run that a restarted daemon would not find
+        where = supervisor.record.workdir
+        lines.fail(f"cannot keep the job's exit record in {where}: {problem}", node=True)
     # TERM, KILL and the end of stdin are obeyed from now on, while the replicas start
     threading.Thread(target=supervisor.control, args=(sys.stdin,), daemon=True).start()
 

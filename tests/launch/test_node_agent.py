@@ -8,6 +8,7 @@ import base64
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -452,6 +453,34 @@ def test_each_replica_is_in_the_exit_record_before_its_command_runs(tmp_path: Pa
     assert proc.stdin is not None
     proc.stdin.close()
     assert proc.wait(timeout=30) == 0
+
+
+def test_a_node_that_cannot_keep_the_exit_record_starts_nothing(tmp_path: Path) -> None:
+    """A job whose node cannot keep its exit record (review s61 filled the node's disk from
+    another job) would run unrecorded, and a restarted daemon that finds no record runs it
+    again.  The agent writes the record before it starts anything, and starts nothing it
+    could not record: ``NODEFAIL`` (the node's fault), and the command never runs."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare (a full file system of the agent's own)")
+    full = tmp_path / "full"
+    full.mkdir(mode=0o755)
+    ran = tmp_path / "ran"
+    spec = spec_for(
+        tmp_path,
+        [{"argv": ["/bin/sh", "-c", f"touch {ran}"], "env": {}}],
+        node_workdir=str(full),
+        record={"path": str(full / "run" / "3.json"), "token": "3:0"},
+    )
+    fill = (
+        f"mount -t tmpfs -o size=64k,mode=0755 tmpfs {full}"
+        f' && {{ head -c 1M /dev/zero > {full}/filler 2>/dev/null; exec "$@"; }}'
+    )
+    proc = start_agent(spec, prefix=["unshare", "-m", "sh", "-c", fill, "sh"])
+    failed = next_line(proc, "NODEFAIL")
+    assert "cannot keep the job's exit record" in failed[1] + " " + failed[2], failed
+    assert "No space left on device" in failed[2], failed
+    assert proc.wait(timeout=30) == 254
+    assert not ran.exists()
 
 
 # --- warm resizes ---------------------------------------------------------------------------------

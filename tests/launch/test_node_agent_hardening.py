@@ -280,9 +280,11 @@ def test_the_exit_record_is_never_written_through_a_link(tmp_path: Path) -> None
         record={"path": str(workdir / "run" / "k" / "7@n1.json"), "token": "7:0"},
     )
     proc = start_agent(spec)
-    assert ["EXIT", "0", "0"] in lines_until_exits(proc, 1)
-    proc.communicate(timeout=30)
-    assert proc.returncode == 0
+    # nothing is written through it, and nothing runs that its record would not name: the
+    # node is refused (a restarted daemon finding no record would run the job again)
+    out, _ = proc.communicate(timeout=30)
+    assert out.startswith("NODEFAIL cannot keep the job's exit record"), out
+    assert proc.returncode == SETUP_FAILED_EXIT_CODE
     assert list(elsewhere.iterdir()) == []
 
 
