@@ -32,6 +32,9 @@ never again by its path.  Lines on stdout, one per event::
     LOG <rank> <base64>     new bytes of the replica's log
     EXIT <rank> <code>      replica ended (128+signal when killed by a signal)
     FAIL <message>          nothing was started; the process exits with 254
+    NODEFAIL <message>      the same, for a fault of the node's (its work directory, a disk
+                            that cannot keep the exit record)
+    NOTE <message>          something the node's admin should know (no fence can be made)
 
 Later stdin lines ``TERM``/``KILL`` signal every replica's process group.  When stdin closes
 (the daemon is gone, or the link was lost and the node's sshd noticed) the replicas get
@@ -1259,12 +1262,13 @@ class Supervisor:
         """The fence every replica is put in (:class:`AgentFence`); the fences of agents
         that are gone (killed before they ended theirs) are ended first.  Where none can be
         made (an agent not run as root, cgroups not writable) the replicas run without one,
-        said in the agent's stderr: what they leave behind is then killed by pid only, which
+        said in the agent's stderr and to the daemon (``NOTE``): what they leave behind is then killed by pid only, which
         a process that keeps changing its pid escapes."""
         try:
             self.agent_fence = AgentFence.make()
         except FenceError as exc:
             sys.stderr.write(f"pollux-local agent: no fence for the job's processes: {exc}\n")
+            self.lines.say("NOTE", f"no fence for the job's processes: {exc}")
             return
         self.fence = self.agent_fence.fence
 

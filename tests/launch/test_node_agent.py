@@ -483,6 +483,33 @@ def test_a_node_that_cannot_keep_the_exit_record_starts_nothing(tmp_path: Path) 
     assert not ran.exists()
 
 
+def test_an_agent_that_can_make_no_fence_tells_the_daemon(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where no fence can be made (here: no cgroup hierarchy in the agent's mount
+    namespace, as in review s61's test bed) the replicas run without one, and the daemon's
+    log says so, once per node: the agent's stderr reaches no one."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare (a mount namespace without cgroups)")
+    from pollux_local.launch.ssh.group import note_from_node
+
+    spec = spec_for(tmp_path, [{"argv": ["/bin/true"], "env": {}}])
+    hide = 'mount -t tmpfs -o size=4k tmpfs /sys/fs/cgroup && exec "$@"'
+    proc = start_agent(spec, prefix=["unshare", "-m", "sh", "-c", hide, "sh"])
+    note = next_line(proc, "NOTE")
+    said = " ".join(note[1:])
+    assert said.startswith("no fence for the job's processes"), note
+    assert ["EXIT", "0", "0"] in lines_until_exits(proc, 1)  # the job runs, without one
+    assert proc.stdin is not None
+    proc.stdin.close()
+    assert proc.wait(timeout=30) == 0
+    with caplog.at_level("WARNING", logger="pollux_local.launch.ssh"):
+        for _ in range(3):
+            note_from_node("n-test-fence", said)
+    warned = [r.getMessage() for r in caplog.records if "n-test-fence" in r.getMessage()]
+    assert warned == [f"node n-test-fence: {said}"]
+
+
 # --- warm resizes ---------------------------------------------------------------------------------
 
 #: A replica that says where its orders come, waits for one and says what it read; then exits

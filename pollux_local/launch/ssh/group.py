@@ -92,6 +92,22 @@ class _NodeSession:
     dropped: int | None = None
 
 
+#: The notes of nodes' agents already in the daemon's log: (node, note).
+_NOTED: set[tuple[str, str]] = set()
+
+
+def note_from_node(node: str, note: str) -> None:
+    """A node's agent says what its admin should know (``NOTE``: that its jobs run without
+    a fence, say): a warning in the daemon's log, once per node and note (the agent's
+    stderr reaches no one)."""
+    key = (node, "".join(ch if ch.isprintable() else "?" for ch in note[:500]))
+    if key in _NOTED:
+        return
+    if len(_NOTED) < 10_000:
+        _NOTED.add(key)
+    log.warning("node %s: %s", node, key[1])
+
+
 class SshReplicaGroup:
     """A job incarnation whose replicas run on SSH nodes (see :class:`ReplicaGroup`)."""
 
@@ -230,6 +246,8 @@ class SshReplicaGroup:
                 self._rename(session, int(parts[1]))
             elif kind == "EXIT" and len(parts) == 3:
                 self._record_exit(session, int(parts[1]), int(parts[2]))
+            elif kind == "NOTE":
+                note_from_node(session.node.name, " ".join(parts[1:]))
             elif kind in ("FAIL", "NODEFAIL"):
                 session.failure = f"node {session.node.name}: " + " ".join(parts[1:])
                 # the node cannot start any job (its work directory, say): lost, not the job's
