@@ -133,3 +133,65 @@ def test_a_step_is_named_by_its_incarnation_and_runs_in_the_daemons_cluster(
         "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID",
     ]  # fmt: skip
     assert (env["SLURM_ARRAY_TASK_ID"], env["HOME"]) == ("3", "/home/mallory")
+
+
+def test_a_task_that_cannot_enter_its_working_directory_runs_nothing(tmp_path: Path) -> None:
+    """slurmstepd runs a task whose ``--chdir`` it cannot enter in ``/tmp`` (review s62):
+    there a job's relative paths, and ``python -m``'s first ``sys.path`` entry, are what
+    anyone may plant.  The rank wrapper enters the directory itself, as the user, or the
+    task exits 252 saying why, as a replica does on the daemon's machine and SSH nodes."""
+    import subprocess
+
+    from pollux_local.api.states import ExitCode
+    from pollux_local.launch.slurm.launcher import RANK_WRAPPER
+
+    env = {"PATH": "/usr/bin:/bin", "SLURM_PROCID": "1", "SLURM_LOCALID": "0",
+           "SLURM_NODEID": "1"}  # fmt: skip
+    missing = tmp_path / "not there"
+    ran = subprocess.run(
+        ["/bin/sh", "-c", RANK_WRAPPER, "pollux-rank", str(missing), "sh", "-c", "pwd"],
+        cwd="/tmp", env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert ran.returncode == ExitCode.WORKDIR == 252
+    assert ran.stdout == "" and f"cannot enter working directory {missing}" in ran.stderr
+    work = tmp_path / "work dir"
+    work.mkdir()
+    ran = subprocess.run(
+        ["/bin/sh", "-c", RANK_WRAPPER, "pollux-rank", str(work), "sh", "-c", 'pwd; echo "$RANK"'],
+        cwd="/tmp", env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert ran.returncode == 0 and ran.stdout.split("\n")[:2] == [str(work), "1"], ran
+
+
+def test_the_step_starts_with_the_open_files_limit_a_job_started_by_hand_has(
+    tmp_path: Path,
+) -> None:
+    """The daemon raises its own limit on open files; the local supervisor gives replicas
+    back the limit it started with, and so does the keeper to ``srun``, which hands its
+    limits on to the tasks (review s62: Slurm's tasks had the daemon's raised one)."""
+    import json
+    import resource
+    import subprocess
+    import sys
+
+    from pollux_local.launch.local import JOB_OPEN_FILES
+    from pollux_local.launch.slurm.launcher import KEEPER
+
+    seen = tmp_path / "limit"
+    order = {
+        "srun": ["/bin/sh", "-c", f"ulimit -n > {seen}"], "env": {"PATH": "/usr/bin:/bin"},
+        "record": str(tmp_path / "rec.json"), "log": str(tmp_path / "srun.log"),
+        "token": "7:0", "slurm_job": "0", "step_name": "pollux-7.0", "open_files": 256,
+    }  # fmt: skip
+
+    def raised() -> None:  # as the daemon runs: its own limit raised
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+    done = subprocess.run(
+        [sys.executable, str(KEEPER)], input=json.dumps(order) + "\n", text=True,
+        preexec_fn=raised, capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done
+    assert seen.read_text().strip() == "256"
+    assert JOB_OPEN_FILES > 0

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -115,6 +116,12 @@ def main() -> int:
         "slurm_job": order["slurm_job"],
         "step": None,
     }
+    open_files = order.get("open_files")
+    if open_files:  # what the job would get started by hand (the daemon raised its own), as
+        # the local supervisor gives its replicas: srun hands its limits on to the tasks
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(int(open_files), hard), hard))
     with open(order["log"], "wb") as log:  # this incarnation's srun only
         try:
             srun = subprocess.Popen(

@@ -16,9 +16,10 @@ from pathlib import Path
 import psutil
 
 from pollux_local.api.launch import LAUNCH_VARIABLES, PER_RANK_VARIABLES
+from pollux_local.api.states import ExitCode
 from pollux_local.errors import PolluxError
 from pollux_local.launch.base import LaunchSpec, NodeHealth, ReplicaSlot, incarnation
-from pollux_local.launch.local import replica_env
+from pollux_local.launch.local import JOB_OPEN_FILES, replica_env
 from pollux_local.launch.slurm.allocation import (
     Allocation,
     Runner,
@@ -36,7 +37,11 @@ SRUN_INPUT_PREFIXES = ("SLURM_", "SRUN_")
 
 #: Each task takes its ranks from Slurm's step environment, then runs the job's command.
 RANK_WRAPPER = (
-    'RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" NODE_RANK="$SLURM_NODEID"'
+    # the working directory, entered as the user, or nothing runs (exit 252, as on the
+    # daemon's machine and SSH nodes): slurmstepd runs a task it cannot chdir in /tmp
+    'cd -- "$1" || { printf "cannot enter working directory %s\\n" "$1" >&2;'
+    f" exit {int(ExitCode.WORKDIR)}; }}; shift"
+    ' && RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" NODE_RANK="$SLURM_NODEID"'
     ' GROUP_RANK="$SLURM_NODEID" ROLE_RANK="$SLURM_PROCID"'
     ' && export RANK LOCAL_RANK NODE_RANK GROUP_RANK ROLE_RANK && exec "$@"'
 )
@@ -124,7 +129,7 @@ class SlurmLauncher:
         wrapper = RANK_WRAPPER
         if spec.umask is not None:  # the submitter's (an int: nothing of the user's in the text)
             wrapper = f"umask {int(spec.umask) & 0o777:04o} && {wrapper}"
-        return [*argv, "/bin/sh", "-c", wrapper, "pollux-rank", *spec.argv]
+        return [*argv, "/bin/sh", "-c", wrapper, "pollux-rank", str(spec.workdir), *spec.argv]
 
     def step_env(self, spec: LaunchSpec) -> dict[str, str]:
         """What every task gets (srun exports it): the launch environment common to all
@@ -166,16 +171,18 @@ class SlurmLauncher:
             )
         record = self.record_path(spec.job_id)
         record.unlink(missing_ok=True)
-        order = {
-            "srun": self.srun_argv(spec),
+        srun = self.srun_argv(spec)
+        order: dict[str, object] = {
+            "srun": srun,
             "env": self.step_env(spec),
             "record": str(record),
             "log": str(record.with_suffix(".srun.log")),
             "token": f"{spec.job_id}:{spec.env.get('POLLUX_RESTARTS', '0')}",
             "slurm_job": self.allocation.job_id,
             "step_name": step_name(spec),
+            "open_files": JOB_OPEN_FILES,
         }
-        log.debug("job %s: %s", spec.job_id, shlex.join(order["srun"]))
+        log.debug("job %s: %s", spec.job_id, shlex.join(srun))
         keeper = await asyncio.create_subprocess_exec(
             self.python, str(KEEPER), stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
