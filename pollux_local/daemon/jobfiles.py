@@ -32,6 +32,8 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from pollux_local.launch.identity import as_user_argv
+
 #: Largest report.json the daemon reads (a real one is a few kB).
 MAX_REPORT_BYTES = 1 << 20
 #: The longest the removal of one job directory may take (past it, it is left as it is).
@@ -197,15 +199,14 @@ async def remove_job_dir(jobs_dir: Path, job_id: int) -> str | None:
     if not stat.S_ISDIR(info.st_mode):
         return f"{path} is not a directory; left as it is"
     me = os.geteuid()
-    owner: dict[str, object] = {}
-    if me == 0 and info.st_uid not in (0, me):
-        owner = {"user": info.st_uid, "group": info.st_gid, "extra_groups": []}
+    argv = ["find", str(path), "-mindepth", "1", "-delete"]
+    if me == 0 and info.st_uid not in (0, me):  # as the owner, the daemon's keyring left
+        argv = as_user_argv(info.st_uid, info.st_gid, [], argv)
     proc = await asyncio.create_subprocess_exec(
-        "find", str(path), "-mindepth", "1", "-delete",
+        *argv,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,  # a line per entry it cannot remove: not kept
         cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C"},
-        **owner,  # type: ignore[arg-type]
     )  # fmt: skip
     try:
         await asyncio.wait_for(proc.wait(), REMOVE_TIMEOUT_S)

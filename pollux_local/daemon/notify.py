@@ -54,13 +54,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pollux_local.api.states import JobState
 from pollux_local.daemon import notify_send
 from pollux_local.daemon.auth import account, owner_gone
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.state import JobEnd, JobRecord, StateStore
+from pollux_local.launch.identity import as_user_argv
 from pollux_local.launch.supervisor import proc_start_time, signal_group_of
 from pollux_local.untrusted import one_line, printable
 
@@ -460,7 +460,7 @@ class Notifier:
             },
         }
         python = _interpreter(owner.groups is not None)
-        argv = [python, "-c", self._source]
+        argv = [python, "-I", "-c", self._source]  # (isolated: no user site)
         await self._run("sender", job, owner, argv, environ, json.dumps(payload).encode())
 
     async def _run(
@@ -477,9 +477,8 @@ class Notifier:
         here: :func:`_kill_group`); a failure is one log line.  Its exit is waited for, not
         its output: something it left running that still holds the output a moment after
         it exited is no longer read (one log line), never waited for."""
-        switch: dict[str, Any] = {}
-        if owner.groups is not None:
-            switch = {"user": owner.uid, "group": owner.gid, "extra_groups": owner.groups}
+        if owner.groups is not None:  # the owner's in every way, the daemon's keyring left
+            argv = as_user_argv(owner.uid, owner.gid, owner.groups, argv)
         loop = asyncio.get_running_loop()
         try:
             transport, watched = await loop.subprocess_exec(
@@ -491,7 +490,6 @@ class Notifier:
                 cwd="/",
                 env=environ,
                 start_new_session=True,
-                **switch,
             )
         except (OSError, ValueError, subprocess.SubprocessError) as error:
             log.warning(

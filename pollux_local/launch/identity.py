@@ -21,10 +21,13 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
     "IdentityError",
+    "as_user_argv",
     "become_user_for_setup",
     "keyctl_number",
     "leave_shared_keyring",
@@ -109,3 +112,42 @@ def settle_ids() -> None:
         raise IdentityError(f"cannot settle as uid {euid}")
     if switching:
         leave_shared_keyring()
+
+
+def as_user_argv(uid: int, gid: int, groups: Sequence[int], argv: Sequence[str]) -> list[str]:
+    """A command that runs ``argv`` as user ``uid`` (gid ``gid``, supplementary ``groups``),
+    started by root: this module's source run with the daemon's interpreter (isolated, no
+    site) takes the user's ids (:func:`become_user_for_setup`), settles them, leaving the
+    daemon's session keyring (:func:`settle_ids`), then ``exec``s ``argv``.  What the daemon
+    runs as a user outside a job (a notification, the removal of a job's directory) so
+    holds nothing of the daemon's: started with ``subprocess``'s ``user=`` it kept the
+    daemon's keyring, where any code of the user's it ran (or that the user put in it by
+    ``ptrace``) read and planted other users' keys (review s62)."""
+    with open(__file__, encoding="utf-8") as fh:
+        source = fh.read()
+    ids = [str(int(uid)), str(int(gid)), ",".join(str(int(g)) for g in groups)]
+    return [sys.executable, "-I", "-S", "-c", source, *ids, "--", *argv]
+
+
+def main(args: Sequence[str]) -> int:
+    """``UID GID GROUPS -- ARGV...`` (:func:`as_user_argv`): 127 with one line on stderr
+    when it cannot."""
+    try:
+        uid, gid, groups, dashes, *argv = args
+        if dashes != "--" or not argv:
+            raise ValueError
+        members = [int(g) for g in groups.split(",") if g] or [int(gid)]
+        become_user_for_setup({"uid": int(uid), "gid": int(gid), "groups": members})
+        settle_ids()
+        os.execvp(argv[0], argv)
+    except ValueError:
+        sys.stderr.write("usage: UID GID GROUPS -- ARGV...\n")
+    except IdentityError as exc:
+        sys.stderr.write(f"{exc}\n")
+    except OSError as exc:
+        sys.stderr.write(f"cannot run {argv[0]}: {exc.strerror}\n")
+    return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

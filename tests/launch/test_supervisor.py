@@ -935,6 +935,48 @@ KEYRING_ID = (
 )
 
 
+def test_what_the_daemon_runs_as_a_user_outside_a_job_leaves_its_session_keyring(
+    other_user: pwd.struct_passwd,
+) -> None:
+    """Review s62: the notification helpers (a sender the user's own ``.pth`` files could
+    run code in, a ``[notify] command``) and the removal of a job's directory ran as the
+    user with ``subprocess``'s ``user=``, keeping the daemon's session keyring, whose keys
+    (other users' Kerberos caches) that code could read.  They run through
+    ``identity.as_user_argv``: the user's in every way, in a new keyring of their own."""
+    from pollux_local.launch.identity import (
+        KEYCTL_JOIN_SESSION_KEYRING,
+        as_user_argv,
+        keyctl_number,
+    )
+
+    number = keyctl_number()
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if number is None or python is None:
+        pytest.skip("needs keyctl's number here and the system's python3")
+    libc = ctypes.CDLL(None, use_errno=True)
+    name = ctypes.c_char_p(b"pollux-test-daemon")
+    if libc.syscall(ctypes.c_long(number), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING), name) < 0:
+        pytest.skip(f"no keyrings here ({os.strerror(ctypes.get_errno())})")
+    probe = [python, "-c", KEYRING_ID, str(number)]
+    ours = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.split()
+    uid, gid = other_user.pw_uid, other_user.pw_gid
+
+    def seen(argv: list[str], **switch: object) -> list[str]:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, cwd="/", env={"PATH": "/usr/bin:/bin"},
+            timeout=30, **switch,  # type: ignore[call-overload]
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return list(done.stdout.split())
+
+    before = seen(probe, user=uid, group=gid, extra_groups=[])  # as they ran before
+    assert before == ours  # the daemon's keyring (root's), possessed by the user's code
+    now = seen(as_user_argv(uid, gid, [gid], probe))
+    assert now[1] == str(uid) and int(now[0]) > 0 and now[0] != ours[0], (ours, now)
+    failed = subprocess.run(as_user_argv(uid, gid, [], ["/nonexistent/x"]), capture_output=True)
+    assert failed.returncode == 127 and b"cannot run /nonexistent/x" in failed.stderr
+
+
 @pytest.mark.asyncio
 async def test_a_replica_of_another_user_leaves_the_daemons_session_keyring(
     other_user: pwd.struct_passwd, lab_dir: Path
