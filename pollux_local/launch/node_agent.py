@@ -387,7 +387,9 @@ def check_probe(spec: dict[str, Any], lines: Lines) -> None:
 
 def identity(spec: dict[str, Any], lines: Lines) -> dict[str, Any]:
     """The ids the replicas run with, as the spec's ``user`` (``{"uid", "gid", "groups"}``;
-    empty: as this login)."""
+    empty: as this login).  A ``user_uid`` given (the user's uid on the daemon's machine)
+    must be the name's uid here too: where the name is another account's, the replicas are
+    not run as that account (``FAIL``; review s62)."""
     user = spec.get("user")
     if not user:
         return {}
@@ -395,6 +397,12 @@ def identity(spec: dict[str, Any], lines: Lines) -> dict[str, Any]:
         pw = pwd.getpwnam(user)
     except KeyError:
         lines.fail(f"user {user} does not exist on node {spec['node']}")
+    wanted = spec.get("user_uid")
+    if wanted is not None and int(wanted) != pw.pw_uid:
+        lines.fail(
+            f"user {user} is uid {pw.pw_uid} on node {spec['node']}, not uid {int(wanted)} as"
+            " on the daemon's machine: not run as another account"
+        )
     if os.getuid() == pw.pw_uid:
         return {}
     if os.getuid() != 0:

@@ -510,6 +510,30 @@ def test_an_agent_that_can_make_no_fence_tells_the_daemon(
     assert warned == [f"node n-test-fence: {said}"]
 
 
+def test_a_name_that_is_another_account_on_the_node_is_not_run_as(tmp_path: Path) -> None:
+    """The agent runs replicas as the job's user by name; where the name is another uid on
+    the node than on the daemon's machine (local accounts made apart), it is another
+    account, whose files on shared storage are someone else's: nothing runs (review s62)."""
+    import pwd
+
+    if os.geteuid() != 0:
+        pytest.skip("runs replicas as another user: needs root")
+    nobody = pwd.getpwnam("nobody")
+    ran = tmp_path / "ran"
+    spec = spec_for(
+        tmp_path,
+        [{"argv": ["/bin/sh", "-c", f"touch {ran}"], "env": {}}],
+        user="nobody",
+        user_uid=nobody.pw_uid + 1,
+    )
+    proc = start_agent(spec)
+    failed = next_line(proc, "FAIL")
+    said = " ".join(failed[1:])
+    assert f"user nobody is uid {nobody.pw_uid} on node n1, not uid {nobody.pw_uid + 1}" in said
+    assert proc.wait(timeout=30) == SETUP_FAILED_EXIT_CODE
+    assert not ran.exists()
+
+
 # --- warm resizes ---------------------------------------------------------------------------------
 
 #: A replica that says where its orders come, waits for one and says what it read; then exits

@@ -399,6 +399,7 @@ class SshLauncher:
             "node_workdir": node.workdir,
             "cwd_required": True,
             "user": spec.run_as,
+            "user_uid": spec.run_as_uid,  # (the name's uid there must be the same)
             # keyctl(2)'s number per machine: a replica of another user leaves the agent's
             # session keyring, which other users' jobs share (``identity.py``)
             "keyctl_numbers": KEYCTL_NUMBERS,
