@@ -29,6 +29,20 @@ _PERMANENT: tuple[tuple[re.Pattern[str], str], ...] = (
         re.compile(r"error: (unrecognized arguments|the following arguments are required)"),
         "the script refused its arguments",
     ),
+    # what a replica that could not be set up says, the same on every launcher (this
+    # machine's supervisor fails such a start at once; on SSH nodes and under Slurm it is
+    # the replica's exit: review s62 saw it retried there)
+    (
+        re.compile(r"^cannot enter working directory "),
+        "its working directory cannot be entered (as its user, where it runs)",
+    ),
+    (
+        re.compile(
+            r"^cannot execute \S.*: (No such file or directory|Permission denied"
+            r"|Exec format error|Not a directory)$"
+        ),
+        "its command cannot be run",
+    ),
 )
 
 

@@ -224,7 +224,8 @@ def main():
         try:
             os.write(report, b"E")
         finally:
-            fail(127, "cannot start %s: %s" % (argv[0] if argv else "", e))
+            what = getattr(e, "strerror", None) or e
+            fail(127, "cannot execute %s: %s" % (argv[0] if argv else "", what))
 main()
 """
 #: The file a joining replica creates in its job directory once it is about to rendezvous

@@ -15,6 +15,11 @@ from pollux_local.daemon.failures import permanent_cause
         ("  SyntaxError: invalid syntax", "does not parse"),
         ("AssertionError: Torch not compiled with CUDA enabled", "given CPU devices"),
         ("train.py: error: unrecognized arguments: --lr0.1", "refused its arguments"),
+        # a replica that could not be set up, on any launcher (review s62)
+        ("cannot enter working directory /scratch/x: No such file or directory", "entered"),
+        ("cannot execute ./train.sh: Permission denied", "cannot be run"),
+        ("cannot execute /opt/x/bin/python: No such file or directory", "cannot be run"),
+        ("cannot execute ./train.sh: Text file busy", None),
         ("RuntimeError: Connection reset by peer", None),
         ("boom: bad input shape", None),
         ("", None),
