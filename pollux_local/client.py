@@ -199,5 +199,7 @@ def job_list(
     finished = [state for state in wanted if state in FINISHED_STATES]
     running = ask(active, None) if active else StatusReply(jobs=[])
     ended = ask(finished, STATUS_PAGE) if finished else StatusReply(jobs=[])
-    jobs = sorted([*running.jobs, *ended.jobs], key=lambda job: int(job.id))
+    # (a job that ended between the two requests is in both: its end is the newer)
+    latest = {job.id: job for job in [*running.jobs, *ended.jobs]}
+    jobs = sorted(latest.values(), key=lambda job: int(job.id))
     return msgspec.structs.replace(ended, jobs=jobs)

@@ -28,7 +28,7 @@ import msgspec
 
 from pollux_local.api.errors import PermissionDenied
 from pollux_local.api.report import JobReport
-from pollux_local.api.states import PLACED_STATES
+from pollux_local.api.states import PLACED_STATES, TERMINAL_STATES
 from pollux_local.daemon.jobfiles import UnsafeJobFile, read_whole_job_file, runs_as
 from pollux_local.daemon.state import JobRecord
 from pollux_local.untrusted import one_line
@@ -109,15 +109,16 @@ def check_reporter(job: JobRecord, sender_uid: int, daemon_uid: int) -> bool:
     run as), root and the daemon's own user report for a job; anyone else is refused with
     :class:`PermissionDenied` (one line; an admin group does not widen this: a report is the
     job's word about itself, not an administrative act).  ``False`` (nothing refused, nothing
-    taken) when the job is not placed (queued, held, ended): no process of it runs then, so a
-    report is not the job's (review s60 gave 990 held jobs a report each, each of their
-    ``status`` rows 25 KB; the loop reads ``report.json`` of placed jobs only)."""
+    taken) when no process of the job runs: it ended, or it is queued or held and none of its
+    processes is still stopping (its recorded pids, kept until they are gone: a preempted
+    job's last reports come while it checkpoints).  Review s60 gave 990 held jobs that never
+    ran a report each, each of their ``status`` rows 25 KB."""
     if sender_uid not in (job.owner_uid, 0, daemon_uid):
         raise PermissionDenied(
             f"permission denied: job {job.id} belongs to {job.owner_name}; only its own"
             " processes may report for it"
         )
-    return job.state in PLACED_STATES
+    return job.state in PLACED_STATES or (bool(job.pids) and job.state not in TERMINAL_STATES)
 
 
 def parse_report(data: bytes) -> JobReport:

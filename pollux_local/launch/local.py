@@ -575,6 +575,14 @@ class LocalReplicaGroup:
         self.supervisor.send(signal.SIGKILL)
 
     def pids(self) -> Mapping[int, int]:
+        """rank -> pid of the replicas; read from the run file while none is known (a group
+        adopted while its supervisor was still starting them: its run file said
+        ``starting``, naming none yet)."""
+        if not self._pids:
+            record = RunRecord.load(self.run_file)
+            if record is not None and record.replicas:
+                self._pids = record.pids()
+                self._starts.update(replica_starts(record.replicas))
         return dict(self._pids)
 
     def _members(self) -> list[tuple[int, int | None]]:

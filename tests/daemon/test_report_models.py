@@ -4,6 +4,7 @@ bounded whatever is reported, and one rule says who may report for a job."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import msgspec
@@ -124,6 +125,11 @@ def test_only_the_jobs_user_root_or_the_daemon_may_report_for_it() -> None:
     # no process of a job that is not placed runs: its reports are not taken (review s60)
     for state in ("queued", "held", "cancelled", "succeeded"):
         assert not check_reporter(job(9, owner=2001, state=state), 2001, daemon_uid), state
+    # unless they are still stopping (preempted, held while running): their last reports
+    stopping = dataclasses.replace(job(10, owner=2001, state="queued"), pids=[{"pid": 5}])
+    assert check_reporter(stopping, 2001, daemon_uid)
+    ended = dataclasses.replace(job(11, owner=2001, state="cancelled"), pids=[{"pid": 5}])
+    assert not check_reporter(ended, 2001, daemon_uid)
 
 
 def test_one_users_many_jobs_share_a_budget_of_reports() -> None:

@@ -506,8 +506,13 @@ def test_an_agent_that_can_make_no_fence_tells_the_daemon(
     with caplog.at_level("WARNING", logger="pollux_local.launch.ssh"):
         for _ in range(3):
             note_from_node("n-test-fence", said)
+        for token in ("0123456789abcdef", "fedcba9876543210"):  # each agent's own group
+            note_from_node("n-test-fence", f"no fence: cannot create /x/agent-{token}: EROFS")
     warned = [r.getMessage() for r in caplog.records if "n-test-fence" in r.getMessage()]
-    assert warned == [f"node n-test-fence: {said}"]
+    assert warned == [
+        f"node n-test-fence: {said}",
+        "node n-test-fence: no fence: cannot create /x/agent-0123456789abcdef: EROFS",
+    ]
 
 
 def test_a_name_that_is_another_account_on_the_node_is_not_run_as(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import json
 import re
 import sys
 import tempfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,6 +19,7 @@ import pytest
 from pollux_local.launch.base import LaunchSpec, ReplicaSlot
 from pollux_local.launch.node_agent import ExitRecord
 from pollux_local.launch.ssh import SshLauncher, SshNodeConfig
+from pollux_local.launch.ssh.nodes import UNREACHABLE_EXIT_CODE
 from pollux_local.launch.ssh.recovery import RecordUnanswered
 
 
@@ -277,3 +279,16 @@ def test_a_node_that_does_not_answer_is_not_taken_for_one_without_the_record(
         assert code == 0  # its recorded end, once read
         asyncio.run(launcher.forget_records("7", ["a"]))
         assert asyncio.run(launcher.recover(spec, "7:0")) is None  # the node has none
+
+        async def unread_then_none() -> tuple[int, float, str | None]:
+            launcher.flooded = True
+            group = await launcher.recover(spec, "7:0")
+            assert group is not None and group.unread_nodes() == ["a"]
+            launcher.flooded = False  # it answers now: no record there
+            began = time.monotonic()
+            code = await asyncio.wait_for(group.wait(), 10)
+            return code, time.monotonic() - began, group.failure_reason
+
+        code, took, why = asyncio.run(unread_then_none())
+        # lost there at once, not after the wait for an unanswering node
+        assert code == UNREACHABLE_EXIT_CODE and took < 5 and "could not be read" in (why or "")

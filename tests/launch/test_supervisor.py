@@ -444,6 +444,41 @@ async def test_a_result_recorded_while_no_daemon_watched_is_taken_in(tmp_path: P
     assert later.records() == {}
 
 
+@pytest.mark.asyncio
+async def test_a_group_adopted_while_its_replicas_started_learns_them_from_its_run_file(
+    tmp_path: Path,
+) -> None:
+    """A daemon restarted while a supervisor was still starting the replicas adopts a run
+    file that says ``starting`` and names none; the group reads them from it once the
+    supervisor has written them (before, it kept none: its processes looked like someone
+    else's on its devices)."""
+    from pollux_local.launch.local import _Watched
+
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    path = run / "7.json"
+
+    def write(state: str, replicas: list[dict[str, object]]) -> None:
+        path.write_text(
+            json.dumps({"version": 1, "job_id": "7", "state": state,
+                        "supervisor": {"pid": os.getpid(), "start_time": None, "boot_id": ""},
+                        "pgid": 0, "replicas": replicas, "launch": {}})
+        )  # fmt: skip
+        path.chmod(0o600)
+
+    write("starting", [])
+    spec = make_spec(tmp_path / "job", ["true"], tmp_path)
+    watched = _Watched(os.getpid(), proc_start_time(os.getpid()))
+    group = LocalReplicaGroup(spec, path, run / "7.control", watched, 0, {})
+    try:
+        assert group.pids() == {}
+        me = os.getpid()
+        write("running", [{"rank": 0, "pid": me, "start_time": proc_start_time(me)}])
+        assert group.pids() == {0: me}
+    finally:
+        group._watcher.cancel()
+
+
 def test_a_dead_supervisor_without_a_result_is_not_adopted(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir(mode=0o700)

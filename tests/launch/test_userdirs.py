@@ -158,6 +158,12 @@ def test_the_user_cannot_stop_the_daemons_helper_that_makes_their_directory(
                 if pid is not None:
                     break
             assert pid is not None, "the helper never started"
+            for _ in range(200):  # until it works as the user (it then sleeps 3 s so)
+                uids = psutil.Process(pid).uids()
+                if uids.effective == second_user.pw_uid:
+                    break
+                await asyncio.sleep(0.01)
+            assert uids.effective == second_user.pw_uid and uids.real == 0, uids
             stop = subprocess.run(
                 ["runuser", "-u", second_user.pw_name, "--", "kill", "-STOP", str(pid)],
                 capture_output=True, text=True,

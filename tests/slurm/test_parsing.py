@@ -143,6 +143,7 @@ def test_a_task_that_cannot_enter_its_working_directory_runs_nothing(tmp_path: P
     import subprocess
 
     from pollux_local.api.states import ExitCode
+    from pollux_local.daemon.failures import permanent_cause
     from pollux_local.launch.slurm.launcher import RANK_WRAPPER
 
     env = {"PATH": "/usr/bin:/bin", "SLURM_PROCID": "1", "SLURM_LOCALID": "0",
@@ -161,6 +162,18 @@ def test_a_task_that_cannot_enter_its_working_directory_runs_nothing(tmp_path: P
         cwd="/tmp", env=env, capture_output=True, text=True,
     )  # fmt: skip
     assert ran.returncode == 0 and ran.stdout.split("\n")[:2] == [str(work), "1"], ran
+    # a command that cannot run says so as the other launchers do (a permanent failure)
+    (work / "script.sh").write_text("echo hi\n")  # not executable
+    for command, why in (("./missing", "No such file or directory"),
+                         ("./script.sh", "Permission denied"),
+                         ("no-such-program-x", "No such file or directory")):  # fmt: skip
+        ran = subprocess.run(
+            ["/bin/sh", "-c", RANK_WRAPPER, "pollux-rank", str(work), command],
+            cwd="/tmp", env=env, capture_output=True, text=True,
+        )  # fmt: skip
+        line = ran.stderr.strip().splitlines()[-1]
+        assert ran.returncode == 127 and line == f"cannot execute {command}: {why}", ran
+        assert permanent_cause(line, on_cpu=True) == "its command cannot be run"
 
 
 def test_the_step_starts_with_the_open_files_limit_a_job_started_by_hand_has(

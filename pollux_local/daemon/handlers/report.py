@@ -2,7 +2,8 @@
 
 The report was checked against ``api.JobReport`` (its bounds included) when the request was
 decoded.  Who may send it is ``reports.check_reporter``, the rule a ``report.json`` file is
-read under too: the job's own user, root or the daemon's user, for a job that has not ended.
+read under too: the job's own user, root or the daemon's user, for a job of which a process
+runs (placed, or still stopping).
 It is stored as the ``JobReport`` it is, exactly as a file read by the loop, at
 most every ``reports.MIN_REPORT_INTERVAL_S`` per job and ``reports.USER_REPORTS_PER_S`` per
 user (a burst of ``USER_REPORT_BURST`` above it; a report beyond is not taken)."""

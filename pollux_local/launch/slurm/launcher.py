@@ -41,6 +41,12 @@ RANK_WRAPPER = (
     # daemon's machine and SSH nodes): slurmstepd runs a task it cannot chdir in /tmp
     'cd -- "$1" || { printf "cannot enter working directory %s\\n" "$1" >&2;'
     f" exit {int(ExitCode.WORKDIR)}; }}; shift"
+    # a command that cannot run is said as the other launchers say it (127)
+    ' && { case "$1" in */*) [ -f "$1" ] && [ -x "$1" ];;'
+    ' *) command -v -- "$1" >/dev/null 2>&1;; esac'
+    ' || { why="No such file or directory";'
+    ' case "$1" in */*) [ -e "$1" ] && why="Permission denied";; esac;'
+    ' printf "cannot execute %s: %s\\n" "$1" "$why" >&2; exit 127; }; }'
     ' && RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" NODE_RANK="$SLURM_NODEID"'
     ' GROUP_RANK="$SLURM_NODEID" ROLE_RANK="$SLURM_PROCID"'
     ' && export RANK LOCAL_RANK NODE_RANK GROUP_RANK ROLE_RANK && exec "$@"'

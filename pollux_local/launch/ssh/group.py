@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import stat
 import time
@@ -100,12 +101,14 @@ def note_from_node(node: str, note: str) -> None:
     """A node's agent says what its admin should know (``NOTE``: that its jobs run without
     a fence, say): a warning in the daemon's log, once per node and note (the agent's
     stderr reaches no one)."""
-    key = (node, "".join(ch if ch.isprintable() else "?" for ch in note[:500]))
+    text = "".join(ch if ch.isprintable() else "?" for ch in note[:500])
+    # (the same note of each agent names its own group: agent-<token>)
+    key = (node, re.sub(r"agent-[0-9a-f]+", "agent-*", text))
     if key in _NOTED:
         return
     if len(_NOTED) < 10_000:
         _NOTED.add(key)
-    log.warning("node %s: %s", node, key[1])
+    log.warning("node %s: %s", node, text)
 
 
 class SshReplicaGroup:

@@ -134,7 +134,12 @@ class SshLauncher:
         s61: a restarted daemon took a node whose sshd was flooded for one without a
         record, and ran a job that had finished there a second time)."""
         for path in self._record_paths(name, job_id):
-            rc, out = await self._record_command(name, "cat", path)
+            try:
+                rc, out = await self._record_command(name, "cat", path)
+            except OSError as exc:  # ssh could not even be started (no file descriptors)
+                raise RecordUnanswered(
+                    f"node {name}: job {job_id}'s exit record not read: {exc.strerror or exc}"
+                ) from None
             if rc == 0:
                 break
             if rc not in (2, 3):

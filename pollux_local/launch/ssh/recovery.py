@@ -122,17 +122,20 @@ class SshRecordedGroup:
             known = self.records[name]
             if known.get("state") == "ended":
                 continue
+            answered = True
             try:
                 record = await self._launcher.read_record(name, self.spec.job_id)
             except RecordUnanswered:
-                record = None
+                answered, record = False, None
             if record is not None and record.get("token") == known.get("token"):
                 self.records[name] = record
                 self._lost.pop(name, None)
                 continue
             since = self._lost.setdefault(name, time.monotonic())
             limit = RECORD_UNREAD_S if known.get("unread") else RECORD_LOST_S
-            if time.monotonic() - since > limit:
+            if known.get("unread") and answered:
+                limit = 0.0  # it answers that it has none: nothing to wait for there
+            if time.monotonic() - since >= limit:
                 self.records[name] = {**known, "state": "ended"}
                 self.failure_reason = f"node {name}: the job's exit record could not be read"
         self._note_end()
