@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -123,10 +124,15 @@ def as_user_argv(uid: int, gid: int, groups: Sequence[int], argv: Sequence[str])
     holds nothing of the daemon's: started with ``subprocess``'s ``user=`` it kept the
     daemon's keyring, where any code of the user's it ran (or that the user put in it by
     ``ptrace``) read and planted other users' keys (review s62)."""
-    with open(__file__, encoding="utf-8") as fh:
-        source = fh.read()
     ids = [str(int(uid)), str(int(gid)), ",".join(str(int(g)) for g in groups)]
-    return [sys.executable, "-I", "-S", "-c", source, *ids, "--", *argv]
+    return [sys.executable, "-I", "-S", "-c", _own_source(), *ids, "--", *argv]
+
+
+@functools.lru_cache(maxsize=1)
+def _own_source() -> str:
+    """This module's source, read once (:func:`as_user_argv` runs it)."""
+    with open(__file__, encoding="utf-8") as fh:
+        return fh.read()
 
 
 def main(args: Sequence[str]) -> int:
