@@ -17,6 +17,7 @@ from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.scheduler import Action, ActionKind
 from pollux_local.daemon.state import StateStore
+from pollux_local.errors import PolluxError
 from pollux_local.launch.base import LaunchSpec, NodeHealth
 
 pytestmark = [pytest.mark.timeout(30)]
@@ -131,6 +132,39 @@ async def test_crash_then_give_up(setup) -> None:  # type: ignore[no-untyped-def
     await asyncio.sleep(0.05)
     job = store.get_job(job_id)
     assert job is not None and job.state == "failed" and "gave up after 1 restart" in job.reason
+
+
+@pytest.mark.asyncio
+async def test_a_start_whose_replicas_could_not_be_set_up_is_taken_as_their_failed_setup(
+    setup,  # type: ignore[no-untyped-def]
+) -> None:
+    """Review s62: this machine's supervisor failed every start whose replicas could not be
+    set up for good, where on SSH nodes and under Slurm it is the replica's exit.  Now both
+    alike: a cause no retry can help (a working directory it cannot enter) fails the job at
+    once; another (a replica that took over 30 s on a slow file system) is a crash, with its
+    back-off and retries (a rigid job without ``--retries``: none)."""
+    executor, store, launcher = setup
+
+    async def fails(spec: LaunchSpec) -> None:
+        raise PolluxError(launcher.why)
+
+    launcher.launch = fails  # type: ignore[method-assign]
+    launcher.why = "rank 0: did not reach its command within 30 s"  # type: ignore[attr-defined]
+    elastic = submit(store)  # (elastic by default)
+    await start(executor, store, elastic)
+    job = store.get_job(elastic)
+    assert job is not None and job.state == "queued" and job.failures == 1
+    assert job.retry_after == 101.0 and "could not start: rank 0: did not reach" in job.reason
+    rigid = submit(store, elastic=False, min_gpus=2, max_gpus=2)
+    await start(executor, store, rigid)
+    job = store.get_job(rigid)
+    assert job is not None and job.state == "failed" and "a rigid job runs once" in job.reason
+    launcher.why = "rank 1: cannot enter working directory /x: Permission denied"  # type: ignore[attr-defined]
+    other = submit(store)
+    await start(executor, store, other)
+    job = store.get_job(other)
+    assert job is not None and job.state == "failed" and "not retried" in job.reason
+    assert "its working directory cannot be entered" in job.reason
 
 
 @pytest.mark.asyncio

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import re
 import sqlite3
 from collections.abc import Awaitable
 from typing import Any
@@ -17,11 +18,13 @@ from pollux_local.daemon.config import busy_gpus
 from pollux_local.daemon.executor.base import Device, allocation_devices, log
 from pollux_local.daemon.executor.launchspec import owner_gone, prepare_dirs
 from pollux_local.daemon.executor.warm import InPlace, Warm
+from pollux_local.daemon.failures import permanent_cause
 from pollux_local.daemon.resizes import resizes_of
 from pollux_local.daemon.scheduler import Action, ActionKind, Allocation, Plan
 from pollux_local.daemon.state import DecisionEntry, JobRecord
 from pollux_local.errors import PolluxError
 from pollux_local.launch.base import (
+    LaunchSpec,
     NoFreePort,
     ReplicaGroup,
 )
@@ -262,6 +265,18 @@ class Applying(Warm):
 
     # --- starting ------------------------------------------------------------------------------
 
+    def _setup_failed(self, job: JobRecord, spec: LaunchSpec, why: str, now: float) -> None:
+        """The launcher could not set the replicas up (its one line; this machine's
+        supervisor says ``rank R: why``).  Taken as a replica's failed setup is on SSH
+        nodes and under Slurm, where it is that replica's exit: the job fails at once when
+        no retry can help (``failures.permanent_cause`` of the line: a working directory it
+        cannot enter, a command that cannot run), else it is a crash, with its back-off and
+        retries (a replica that took over 30 s to set up on a slow file system may not next
+        time).  Review s62: this machine failed every such start for good."""
+        line = re.sub(r"^rank \d+: ", "", why)
+        on_cpu = all(slot.device.startswith("cpu") for slot in spec.slots)
+        self._crashed(job, f"could not start: {why}", permanent_cause(line, on_cpu), now)
+
     async def start_job(self, job: JobRecord, action: Action) -> None:
         now = self.clock()
         gone = owner_gone(job)
@@ -270,6 +285,7 @@ class Applying(Warm):
             return
         nodes = [self.config.node(name) for name in action.allocation]
         launchers = {id(self.launcher_for(node)) for node in nodes}
+        launching = False
         try:
             if len(launchers) != 1:
                 raise PolluxError("a job cannot span this machine and remote nodes at once")
@@ -278,13 +294,17 @@ class Applying(Warm):
             await prepare_dirs(
                 job, spec, self.config, self.state_dir, local=launcher is self._local
             )
+            launching = True
             group = await launcher.launch(spec)
         except NoFreePort as exc:  # not the job's fault: it waits and is planned again
             log.warning("job %s: not started: %s", job.id, exc)
             self.store.update_job(job.id, reason=f"waiting: {one_line(exc)}; tried again")
             return
         except (PolluxError, OSError) as exc:
-            self._fail(job.id, f"could not start: {one_line(exc)}")
+            if launching:
+                self._setup_failed(job, spec, one_line(exc), now)
+            else:
+                self._fail(job.id, f"could not start: {one_line(exc)}")
             return
         self.groups[job.id] = group
         # watched at once: should recording the start fail, its exit is still handled
