@@ -30,9 +30,11 @@ __all__ = [
     "IdentityError",
     "as_user_argv",
     "become_user_for_setup",
+    "id_args",
     "keyctl_number",
     "leave_shared_keyring",
     "settle_ids",
+    "user_of_args",
 ]
 
 #: ``keyctl(2)``'s system call number, by ``uname -m``.
@@ -124,8 +126,29 @@ def as_user_argv(uid: int, gid: int, groups: Sequence[int], argv: Sequence[str])
     holds nothing of the daemon's: started with ``subprocess``'s ``user=`` it kept the
     daemon's keyring, where any code of the user's it ran (or that the user put in it by
     ``ptrace``) read and planted other users' keys (review s62)."""
-    ids = [str(int(uid)), str(int(gid)), ",".join(str(int(g)) for g in groups)]
-    return [sys.executable, "-I", "-S", "-c", _own_source(), *ids, "--", *argv]
+    return [
+        sys.executable,
+        "-I",
+        "-S",
+        "-c",
+        _own_source(),
+        *id_args(uid, gid, groups),
+        "--",
+        *argv,
+    ]
+
+
+def id_args(uid: int, gid: int, groups: Sequence[int]) -> list[str]:
+    """A user's ids as the helpers that take them read them (``UID GID G1,G2,...``:
+    :func:`user_of_args`)."""
+    return [str(int(uid)), str(int(gid)), ",".join(str(int(g)) for g in groups)]
+
+
+def user_of_args(uid: str, gid: str, groups: str) -> dict[str, Any]:
+    """:func:`id_args` read back, as :func:`become_user_for_setup` takes a user (no groups:
+    the gid alone); ``ValueError`` for what is not whole numbers."""
+    members = [int(g) for g in groups.split(",") if g] or [int(gid)]
+    return {"uid": int(uid), "gid": int(gid), "groups": members}
 
 
 @functools.lru_cache(maxsize=1)
@@ -142,8 +165,7 @@ def main(args: Sequence[str]) -> int:
         uid, gid, groups, dashes, *argv = args
         if dashes != "--" or not argv:
             raise ValueError
-        members = [int(g) for g in groups.split(",") if g] or [int(gid)]
-        become_user_for_setup({"uid": int(uid), "gid": int(gid), "groups": members})
+        become_user_for_setup(user_of_args(uid, gid, groups))
         settle_ids()
         os.execvp(argv[0], argv)
     except ValueError:

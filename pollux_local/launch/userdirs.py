@@ -20,7 +20,7 @@ import os
 import stat
 import sys
 
-from pollux_local.launch.identity import IdentityError, become_user_for_setup
+from pollux_local.launch.identity import IdentityError, become_user_for_setup, user_of_args
 
 __all__ = ["foreign_directory", "make_own_directory"]
 
@@ -76,9 +76,7 @@ def main(argv: list[str]) -> int:
         return 2
     if len(argv) == 4:
         try:
-            uid, gid = int(argv[1]), int(argv[2])
-            groups = [int(g) for g in argv[3].split(",") if g]
-            become_user_for_setup({"uid": uid, "gid": gid, "groups": groups or [gid]})
+            become_user_for_setup(user_of_args(argv[1], argv[2], argv[3]))
         except (ValueError, IdentityError) as exc:
             sys.stdout.write(f"{exc}\n")
             return 1

@@ -40,6 +40,7 @@ from pollux_local.launch.base import (
     ReplicaSlot,
     pick_master_port,
 )
+from pollux_local.launch.identity import id_args
 from pollux_local.launch.local import memory_text, package_root
 from pollux_local.launch.ssh.nodes import SshNodeConfig
 from pollux_local.launch.userdirs import make_own_directory
@@ -367,12 +368,12 @@ async def make_user_dir(job: JobRecord, path: Path) -> None:
 
 async def _make_as_owner(job: JobRecord, path: Path) -> str | None:
     entry = pwd.getpwuid(job.owner_uid)
-    groups = ",".join(str(g) for g in os.getgrouplist(entry.pw_name, entry.pw_gid))
+    groups = os.getgrouplist(entry.pw_name, entry.pw_gid)
     # started as root: it takes the user's effective ids itself, root staying its real uid,
     # so that the user cannot stop it while the pass waits for it
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-s", "-m", "pollux_local.launch.userdirs", str(path),
-        str(entry.pw_uid), str(entry.pw_gid), groups,
+        *id_args(entry.pw_uid, entry.pw_gid, groups),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, cwd="/",
         env={"PATH": "/usr/bin:/bin", "LANG": "C", "PYTHONPATH": package_root()},
