@@ -79,20 +79,17 @@ async def status(ctx: Context, request: Status) -> StatusReply:
         await give_way()
     summaries: list[JobSummary] = []  # newest first
     size = 0
-    full = len(jobs) == request.limit
-    for start in range(0, len(jobs), READ_CHUNK):
-        if start:
+    cut = False  # ended at MAX_PAGE_BYTES: the rest on the next page
+    for index, job in enumerate(jobs):
+        if index and index % READ_CHUNK == 0:
             await give_way()
-        for job in jobs[start : start + READ_CHUNK]:
-            row = job_summary(job, now, ctx.metrics, held_type(ctx, job), forecast_of(ctx, job))
-            size += encoded_size(row) + 1
-            if summaries and size > MAX_PAGE_BYTES:
-                full = True  # the rest on the next page
-                break
-            summaries.append(row)
-        else:
-            continue
-        break
+        row = job_summary(job, now, ctx.metrics, held_type(ctx, job), forecast_of(ctx, job))
+        size += encoded_size(row) + 1
+        if summaries and size > MAX_PAGE_BYTES:
+            cut = True
+            break
+        summaries.append(row)
+    full = cut or len(jobs) == request.limit
     last_id = jobs[len(summaries) - 1].id if full and summaries else None
     more, hidden = ctx.store.page_counts(
         **filters._asdict(), before_id=original_before, last_id=last_id
