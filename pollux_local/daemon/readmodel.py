@@ -105,9 +105,10 @@ def effective_bounds(job: JobRecord) -> BatchBoundsView:
 
 
 def model_summary(models: ModelCache, job: JobRecord) -> ModelSummary | None:
-    """The job's fitted throughput model with what it was fitted from, or ``None`` while
-    neither the job nor its kind has reported a profile and gradient statistics."""
-    model = models.model_for(job)
+    """The job's fitted throughput model with what it was fitted from, or ``None`` while no
+    pass has fitted one (neither the job nor its kind has reported a profile and gradient
+    statistics, or the job has not yet been fitted)."""
+    model = models.current(job)  # as the passes fitted it: a read fits nothing
     if model is None:
         return None
     return ModelSummary(

@@ -210,10 +210,34 @@ class ModelCache:
             del self._fits[key]
 
     def fitted_points(self, job: JobRecord) -> int:
-        """How many points the job's (untyped) model is fitted to: its own and its kind's."""
+        """How many points the job's (untyped) model is fitted to: its own and its kind's
+        (a read: nothing is made or changed)."""
         slot = self._fits.get(job.id)
         own = slot.own if slot is not None else {}
-        return len(self.pool(job.owner_uid).points_for(job_kind(job), own))
+        pool = self._pools.get(job.owner_uid)
+        return len(own) if pool is None else len(pool.points_for(job_kind(job), own))
+
+    def current(self, job: JobRecord) -> Any | None:
+        """The job's (untyped) model as the passes last fitted it, or ``None`` when they have
+        fitted none: a read for ``show``, which changes nothing.  A request of any user's
+        runs no fit (8-30 ms on the daemon's event loop), spends no owner's budget of fits and
+        touches no slot or pool while a pass uses them in its thread (:meth:`model_for`
+        does all three: review s63)."""
+        slot = self._fits.get(job.id)
+        if slot is None or slot.params is None:
+            return None
+        report = job.report or _NO_REPORT
+        stats = report.grad_stats
+        grad = None if stats is None else GradStats(sqr=stats.sqr, var=stats.var)
+        if grad is None:
+            pool = self._pools.get(job.owner_uid)
+            grad = None if pool is None else pool.start_stats(job_kind(job))
+        bounds = _bounds_from(job, report)
+        if bounds is None or grad is None:
+            return None
+        return GoodputModel(
+            params=slot.params, stats=grad, bounds=bounds, correction=slot.correction
+        )
 
     def models_by_type(
         self,

@@ -4,18 +4,26 @@ bounded whatever is reported, and one rule says who may report for a job."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
+from pathlib import Path
 
 import msgspec
 import pytest
 
 from pollux_local.api.errors import PermissionDenied
+from pollux_local.api.messages import Show
 from pollux_local.api.report import JobReport
 from pollux_local.core.pool import ProfilePool
+from pollux_local.daemon.auth import Peer
+from pollux_local.daemon.config import DaemonConfig, NodeConfig
+from pollux_local.daemon.context import Context
+from pollux_local.daemon.handlers import query
+from pollux_local.daemon.readmodel import MetricHistory
 from pollux_local.daemon.reports import ReportPace, check_reporter, pace_of
 from pollux_local.daemon.scheduler import POOL_KINDS, POOL_POINTS, ModelCache
-from pollux_local.daemon.state import JobRecord
+from pollux_local.daemon.state import JobRecord, StateStore
 
 
 def job(job_id: int, owner: int, state: str = "running", **spec: object) -> JobRecord:
@@ -162,3 +170,37 @@ def test_a_jobs_reports_are_taken_at_most_every_half_second_per_daemon() -> None
 
     one, other = Store(), Store()
     assert pace_of(one) is pace_of(one) and pace_of(one) is not pace_of(other)
+
+
+def test_a_show_of_another_users_jobs_fits_nothing_and_spends_no_budget(tmp_path: Path) -> None:
+    """``show`` is a read: bob's ``show`` of alice's jobs ran their fits on the daemon's event
+    loop, spent alice's budget of fits for the pass and changed the slots and pools a pass
+    uses from its thread (review s63).  It shows the model the passes fitted, no other."""
+    store = StateStore(tmp_path / "state.db")
+    cache = ModelCache()
+    ctx = Context(
+        peer=Peer(1, 1000, 1000), store=store,
+        executor=None,  # type: ignore[arg-type]  (show reads the store and the models only)
+        config=DaemonConfig(nodes=(NodeConfig("n0", ("cpu:0",)),)), state_dir=tmp_path,
+        clock=lambda: 0.0, models=cache, metrics=MetricHistory(), mutex=asyncio.Lock(),
+        wake=lambda: None, daemon_uid=0, policy_name="fifo",
+    )  # fmt: skip
+    alices = []
+    for i in range(10):
+        added = store.add_job(
+            name=f"a{i}", owner_uid=2001, owner_gid=2001, owner_name="alice",
+            spec={"argv": ["python", f"train{i}.py"], "workdir": "/lab", "batch_size": 64},
+            priority=0, submit_time=0.0,
+        )  # fmt: skip
+        store.update_job(added.id, report=report([(1, 1, 32, 0.05 + i / 1000), *HONEST[1:]]))
+        alices.append(added.id)
+    for job_id in alices:
+        assert query.show(ctx, Show(id=str(job_id))).job.model is None  # no pass fitted it
+    assert cache.fit_count == 0 and not cache._spent and not cache._fits
+    first = store.get_job(alices[0])
+    assert first is not None
+    fitted = cache.model_for(first)  # a pass fits it
+    assert fitted is not None and cache.fit_count == 1
+    shown = query.show(ctx, Show(id=str(first.id))).job.model
+    assert shown is not None and shown.params == fitted.params.to_dict()
+    assert shown.fitted_points == 3 and cache.fit_count == 1
