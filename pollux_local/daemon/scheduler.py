@@ -147,6 +147,14 @@ class _Fit:
     waiting_since: int = 0
 
 
+def _goodput_model(slot: _Fit, grad: GradStats | None, bounds: BatchBounds | None) -> Any | None:
+    """The ``GoodputModel`` of ``slot``'s fit with these statistics and bounds (``None`` when
+    any of the three is missing): what a pass and ``show`` both build."""
+    if slot.params is None or grad is None or bounds is None:
+        return None
+    return GoodputModel(params=slot.params, stats=grad, bounds=bounds, correction=slot.correction)
+
+
 @dataclass(frozen=True)
 class _Fitted:
     """A fit of one set of merged points (``params`` ``None``: they could not be fitted)."""
@@ -232,12 +240,7 @@ class ModelCache:
         if grad is None:
             pool = self._pools.get(job.owner_uid)
             grad = None if pool is None else pool.start_stats(job_kind(job))
-        bounds = _bounds_from(job, report)
-        if bounds is None or grad is None:
-            return None
-        return GoodputModel(
-            params=slot.params, stats=grad, bounds=bounds, correction=slot.correction
-        )
+        return _goodput_model(slot, grad, _bounds_from(job, report))
 
     def models_by_type(
         self,
@@ -338,13 +341,7 @@ class ModelCache:
         version = pool.version(kind)
         if slot.version != version and refit:  # first use, or its or its kind's points changed
             self._refit(slot, pool, kind, version, job.owner_uid)
-        if slot.params is None:
-            return None
-        from pollux_local.core.goodput import GoodputModel
-
-        return GoodputModel(
-            params=slot.params, stats=grad, bounds=bounds, correction=slot.correction
-        )
+        return _goodput_model(slot, grad, bounds)
 
     def _refit(
         self, slot: _Fit, pool: ProfilePool, kind: str, version: int, owner_uid: int

@@ -510,6 +510,31 @@ def warn_of_changeable_code() -> list[str]:
     return said
 
 
+#: Where FUSE reads whether users may mount for others (``user_allow_other``).
+FUSE_CONF = Path("/etc/fuse.conf")
+
+
+def warn_of_fuse_for_others(path: Path = FUSE_CONF) -> str | None:
+    """Log, once at the start of a root daemon, that ``path`` lets users mount FUSE file
+    systems that root may enter (``user_allow_other``): a user can then mount one over their
+    own job's directory and leave the daemon's reads of it unanswered, holding it for
+    everyone.  The line logged, or ``None`` (the option off, or no such file)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    enabled = any(line.split("#", 1)[0].strip() == "user_allow_other" for line in text.splitlines())
+    if not enabled:
+        return None
+    line = (
+        f"{path} enables user_allow_other: a user can mount a FUSE file system over their"
+        " job's directory that never answers this daemon's reads; turn it off on a machine a"
+        " root daemon serves (docs/security.md, Not protected)"
+    )
+    log.warning("%s", line)
+    return line
+
+
 def run_daemon(
     config: DaemonConfig,
     state_dir: Path,
@@ -532,6 +557,7 @@ def run_daemon(
     raise_open_files_limit()
     if os.geteuid() == 0:
         warn_of_changeable_code()
+        warn_of_fuse_for_others()
     for warning in config.warnings:  # in the log and on stderr
         log.warning("%s", warning)
     daemon = Daemon(

@@ -143,3 +143,20 @@ def test_the_config_is_read_from_the_file_checked(
     with pytest.raises(PolluxError) as caught:  # never waited on
         load_config(fifo)
     assert "not a regular file" in str(caught.value)
+
+
+def test_a_fuse_config_letting_users_mount_for_root_is_said_once_at_the_start(
+    tmp_path: Path,
+) -> None:
+    """``user_allow_other`` lets a user mount a FUSE file system over their job's directory
+    that root may enter and that never answers (review s63): the daemon says so; a commented
+    line, another option or no file says nothing."""
+    from pollux_local.daemon import server
+
+    conf = tmp_path / "fuse.conf"
+    assert server.warn_of_fuse_for_others(conf) is None  # no file
+    conf.write_text("# user_allow_other\nmount_max = 1000\n")
+    assert server.warn_of_fuse_for_others(conf) is None
+    conf.write_text("mount_max = 1000\n  user_allow_other   # for sshfs\n")
+    line = server.warn_of_fuse_for_others(conf) or ""
+    assert f"{conf} enables user_allow_other" in line and "job's directory" in line
