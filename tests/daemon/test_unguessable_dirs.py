@@ -132,3 +132,45 @@ def test_a_key_that_is_not_the_daemons_private_file_is_refused(tmp_path: Path) -
     (state_dir / CHECKPOINT_KEY).chmod(0o644)
     with pytest.raises(PolluxError):
         checkpoint_dir_under(tmp_path, _job(1, 1), state_dir)
+
+
+def test_job_ids_that_start_again_get_checkpoint_dirs_of_new_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--reset-state`` (or a state database removed by hand) starts job ids at 1 again:
+    the names a key made for the old jobs must not come back, or new job 1 is given old job
+    1's checkpoint directory under ``checkpoint_root`` (review s64: root's own, made by the
+    daemon, was chowned to the new job's user with its checkpoints in it; another user's
+    failed the job; the same user's was resumed from)."""
+    from pollux_local.daemon.state import open_state
+
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    open_state(state_dir).close()
+    old = checkpoint_dir_under(root, _job(1, 0), state_dir)
+
+    # a damaged database set aside by --reset-state: the key goes aside with it
+    (state_dir / "state.db").write_bytes(b"not a database" * 100)
+    monkeypatch.setattr(launchspec, "_checkpoint_keys", {})
+    store = open_state(state_dir, reset=True)
+    assert store.set_aside_to is not None
+    store.close()
+    assert (store.set_aside_to / CHECKPOINT_KEY).is_file()
+    after_reset = checkpoint_dir_under(root, _job(1, 4242), state_dir)
+    assert after_reset != old
+
+    # the database and jobs/ removed by hand: a new database, a new key
+    for entry in state_dir.iterdir():
+        if entry.name.startswith("state.db"):
+            entry.unlink()
+    monkeypatch.setattr(launchspec, "_checkpoint_keys", {})
+    open_state(state_dir).close()
+    fresh = checkpoint_dir_under(root, _job(1, 4242), state_dir)
+    assert fresh not in (old, after_reset)
+
+    # a database that is there keeps its key (every job's name stays the same)
+    monkeypatch.setattr(launchspec, "_checkpoint_keys", {})
+    open_state(state_dir).close()
+    assert checkpoint_dir_under(root, _job(1, 4242), state_dir) == fresh

@@ -32,6 +32,7 @@ from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.jobfiles import make_owned_dir
 from pollux_local.daemon.scheduler import Action
 from pollux_local.daemon.state import JobRecord
+from pollux_local.daemon.state.files import CHECKPOINT_KEY as STATE_CHECKPOINT_KEY
 from pollux_local.errors import PolluxError
 from pollux_local.launch import cgroups
 from pollux_local.launch.base import (
@@ -296,8 +297,9 @@ def checkpoint_name(job_id: str, key: bytes) -> str:
     return f"{job_id}-{tag}"
 
 
-#: the name of the daemon's key for checkpoint directory names, in its state dir
-CHECKPOINT_KEY = "checkpoint.key"
+#: the name of the daemon's key for checkpoint directory names, in its state dir (it goes
+#: with the database whose job ids it names: ``state.files.set_aside``)
+CHECKPOINT_KEY = STATE_CHECKPOINT_KEY
 _checkpoint_keys: dict[str, bytes] = {}
 
 

@@ -27,16 +27,19 @@ healthy database is left alone.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pollux_local.api.states import ACTIVE_STATES, TERMINAL_STATES, JobState
 from pollux_local.daemon.state.files import (
+    CHECKPOINT_KEY,
     SIDE_FILES,
     StateDiskFull,
     StateError,
     create_private_file,
     disk_full_error,
     missing_history,
+    new_database,
     set_aside,
 )
 from pollux_local.daemon.state.groups import GroupRecord, Groups
@@ -106,6 +109,10 @@ def open_state(state_dir: Path, reset: bool = False, name: str = "state.db") -> 
         problem = missing_history(state_dir, name)
         if problem is not None:
             raise StateError(problem)
+        if new_database(state_dir, name) and os.path.lexists(state_dir / CHECKPOINT_KEY):
+            # the key of a history that is gone (its database removed by hand): the new
+            # database's job 1 must not get old job 1's checkpoint directory
+            set_aside(state_dir, name, key_only=True)
         store = StateStore(path)
     except StateError:
         if not reset:

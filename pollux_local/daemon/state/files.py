@@ -16,6 +16,10 @@ from pollux_local.api.errors import PolluxError
 
 #: The files SQLite keeps beside the database.
 SIDE_FILES = ("-wal", "-shm", "-journal")
+#: The daemon's key of checkpoint directory names (``executor.launchspec.checkpoint_key``):
+#: it names each job's directory after the job's id, so it belongs to the database whose ids
+#: it names, and goes with it (job ids start at 1 again in a new database).
+CHECKPOINT_KEY = "checkpoint.key"
 
 
 class StateError(PolluxError):
@@ -119,6 +123,15 @@ def create_private_file(path: Path) -> None:
         _check_plain_file(path.with_name(path.name + suffix))
 
 
+def new_database(state_dir: Path, name: str = "state.db") -> bool:
+    """Whether ``state_dir`` has no database yet (none, or an empty file): one made there
+    numbers its jobs from 1."""
+    try:
+        return os.lstat(state_dir / name).st_size == 0
+    except FileNotFoundError:
+        return True
+
+
 def missing_history(state_dir: Path, name: str = "state.db") -> str | None:
     """Why the database in ``state_dir`` is missing where one is expected (``None``: it is
     not): ``state.db`` is absent or empty (0 bytes) while ``jobs/`` has entries or
@@ -150,9 +163,15 @@ def missing_history(state_dir: Path, name: str = "state.db") -> str | None:
     )
 
 
-def set_aside(state_dir: Path, name: str = "state.db", now: float | None = None) -> Path:
-    """Move the database, its ``-wal``/``-shm`` and ``jobs/`` into a new
-    ``state_dir/reset-<time>/`` (0700; nothing is deleted) and make an empty ``jobs/``."""
+def set_aside(
+    state_dir: Path, name: str = "state.db", now: float | None = None, key_only: bool = False
+) -> Path:
+    """Move the database, its ``-wal``/``-shm``, ``jobs/`` and the checkpoint key
+    (:data:`CHECKPOINT_KEY`) into a new ``state_dir/reset-<time>/`` (0700; nothing is
+    deleted) and make an empty ``jobs/``; with ``key_only``, the key alone (a new database
+    is begun where none was).  The new database numbers its jobs from 1 again: with the old
+    key, new job 1 was given old job 1's checkpoint directory under a ``checkpoint_root``
+    (review s64: root's, chowned to the new job's user with its checkpoints)."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     aside = state_dir / f"reset-{stamp}"
     suffix = 0
@@ -160,10 +179,13 @@ def set_aside(state_dir: Path, name: str = "state.db", now: float | None = None)
         suffix += 1
         aside = state_dir / f"reset-{stamp}-{suffix}"
     aside.mkdir(mode=0o700)
-    for entry in (name, *(name + side for side in SIDE_FILES), "jobs"):
+    entries = (name, *(name + side for side in SIDE_FILES), "jobs")
+    for entry in (CHECKPOINT_KEY,) if key_only else (*entries, CHECKPOINT_KEY):
         source = state_dir / entry
         if os.path.lexists(source):
             os.rename(source, aside / entry)
+    if key_only:
+        return aside
     (state_dir / "jobs").mkdir(mode=0o755)
     os.chmod(state_dir / "jobs", 0o755)
     return aside
