@@ -5,11 +5,13 @@ A job's directory (``STATE_DIR/jobs/<id>``) belongs to the job's user: anything 
 delivers, a hard link, a device or a 10 GB file by the time the daemon (possibly root) reads
 it.  So every read goes through :func:`open_job_file`:
 
-* the directory is opened with ``O_DIRECTORY | O_NOFOLLOW`` and must be a directory of the
-  user the job runs as (:func:`runs_as`; ``jobs/`` itself is the daemon's, so the user cannot
-  swap the directory);
-* the file is opened relative to it (``openat``) with ``O_NOFOLLOW | O_NONBLOCK | O_NOCTTY``
-  (a symlink fails, a FIFO does not block);
+* the directory is opened within ``jobs/`` with ``O_DIRECTORY | O_NOFOLLOW`` and must be a
+  directory of the user the job runs as (:func:`runs_as`; ``jobs/`` itself is the daemon's,
+  so the user cannot swap the directory);
+* the file is opened relative to it with ``O_NOFOLLOW | O_NONBLOCK | O_NOCTTY`` (a symlink
+  fails, a FIFO does not block);
+* neither is ever a file system mounted there (:func:`open_within`: ``openat2`` with
+  ``RESOLVE_NO_XDEV``): a user's FUSE mount could leave the daemon's request unanswered;
 * ``fstat`` of the open descriptor must show a regular file with one link, owned by the user
   the job runs as, and by no one else (under a root daemon not root: a root-only file moved
   into the directory is not the job's), else :class:`UnsafeJobFile`;
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import errno
 import os
 import stat
@@ -59,12 +62,80 @@ def runs_as(owner_uid: int) -> int:
     return owner_uid if os.geteuid() == 0 else os.geteuid()
 
 
+#: openat2(2) (Linux 5.6; the same number on x86-64 and arm64) and its RESOLVE_ flags
+_SYS_OPENAT2 = 437
+_RESOLVE_NO_XDEV = 0x01
+_RESOLVE_NO_SYMLINKS = 0x04
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_libc: ctypes.CDLL | None = None
+#: False once the kernel (or a seccomp filter) refused openat2 itself
+_have_openat2 = True
+
+
+def _openat2(dir_fd: int, name: str, flags: int, resolve: int) -> int:
+    """openat2(dir_fd, name, {flags | O_CLOEXEC, 0, resolve}); ``OSError`` on failure,
+    ``NotImplementedError`` where there is no openat2."""
+    global _libc, _have_openat2
+    if not _have_openat2:
+        raise NotImplementedError
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.syscall.restype = ctypes.c_long
+    how = _OpenHow(flags | os.O_CLOEXEC, 0, resolve)
+    fd = _libc.syscall(
+        ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dir_fd), os.fsencode(name),
+        ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)),
+    )  # fmt: skip
+    if fd >= 0:
+        return int(fd)
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EPERM):  # no openat2 here: a kernel before 5.6, a filter
+        _have_openat2 = False
+        raise NotImplementedError
+    raise OSError(err, os.strerror(err), name)
+
+
+def open_within(dir_fd: int, name: str, flags: int, shown: Path) -> int:
+    """``openat(dir_fd, name, flags)`` that stays on ``dir_fd``'s mount and follows no
+    symlink: openat2 with ``RESOLVE_NO_XDEV | RESOLVE_NO_SYMLINKS``.  A file system mounted on
+    ``name`` (a user's FUSE mount over their own job's directory or file, possible where
+    ``/etc/fuse.conf`` allows ``user_allow_other``) is :class:`UnsafeJobFile`, never entered:
+    its server could leave the daemon's request unanswered, and the daemon with it.  A symlink
+    is ``OSError(ELOOP)`` as with ``O_NOFOLLOW``; ``shown`` names the path in messages.
+    Without openat2, a plain ``openat`` with ``O_NOFOLLOW``, refused when it landed on
+    another device (a mount is then found, not avoided)."""
+    try:
+        return _openat2(dir_fd, name, flags, _RESOLVE_NO_XDEV | _RESOLVE_NO_SYMLINKS)
+    except NotImplementedError:
+        pass
+    except OSError as exc:
+        if exc.errno == errno.EXDEV:
+            raise UnsafeJobFile(f"{shown} is a mount point") from None
+        raise
+    fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    if os.fstat(fd).st_dev != os.fstat(dir_fd).st_dev:
+        os.close(fd)
+        raise UnsafeJobFile(f"{shown} is a mount point")
+    return fd
+
+
 def _open_directory(path: Path, name: str | None = None, dir_fd: int | None = None) -> int:
-    """A descriptor of the directory ``path`` (or ``name`` relative to ``dir_fd``), its last
-    component never followed: a symlink or a non-directory there is :class:`UnsafeJobFile`."""
+    """A descriptor of the directory ``path`` (or ``name`` relative to ``dir_fd``, then never
+    on another mount: :func:`open_within`), its last component never followed: a symlink or
+    a non-directory there is :class:`UnsafeJobFile`."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        return os.open(path if name is None else name, flags, dir_fd=dir_fd)
+        if name is None:
+            return os.open(path, flags)
+        assert dir_fd is not None
+        return open_within(dir_fd, name, flags, path / name)
+    except UnsafeJobFile:
+        raise
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             shown = path if name is None else path / name
@@ -74,8 +145,14 @@ def _open_directory(path: Path, name: str | None = None, dir_fd: int | None = No
 
 @contextlib.contextmanager
 def open_job_dir(path: Path, owner_uid: int) -> Iterator[int]:
-    """A descriptor of the job directory ``path`` (not followed if it is a symlink)."""
-    fd = _open_directory(path)
+    """A descriptor of the job directory ``path`` (not followed if it is a symlink, never
+    entered if a file system is mounted on it), opened within its parent, the daemon's
+    ``jobs/``."""
+    parent_fd = _open_directory(path.parent)
+    try:
+        fd = _open_directory(path.parent, path.name, dir_fd=parent_fd)
+    finally:
+        os.close(parent_fd)
     try:
         info = os.fstat(fd)
         if info.st_uid != runs_as(owner_uid):
@@ -95,7 +172,9 @@ def open_job_file(directory: Path, name: str, owner_uid: int) -> Iterator[tuple[
     with open_job_dir(directory, owner_uid) as dir_fd:
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
         try:
-            fd = os.open(name, flags, dir_fd=dir_fd)
+            fd = open_within(dir_fd, name, flags, directory / name)
+        except UnsafeJobFile:
+            raise
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise UnsafeJobFile(f"{directory / name} is a symlink") from None
@@ -136,16 +215,54 @@ def read_whole_job_file(
         return os.pread(fd, size, 0)
 
 
+def _job_file_stat(directory: Path, name: str, owner_uid: int) -> os.stat_result:
+    """``lstat`` of ``directory/name`` through :func:`open_job_dir` and :func:`open_within`
+    (``O_PATH``: nothing is opened for reading, a FIFO does not block, no mount is entered)."""
+    with open_job_dir(directory, owner_uid) as dir_fd:
+        fd = open_within(dir_fd, name, os.O_PATH | os.O_NOFOLLOW, directory / name)
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+
+
 def job_file_mtime(directory: Path, name: str, owner_uid: int) -> float | None:
-    """The modification time of a job file (``None`` when absent or unsafe): ``fstatat``
-    without following symlinks, so a cheap check before reading."""
+    """The modification time of a job file (``None`` when absent or unsafe): a cheap check
+    before reading, never entering a mount or following a symlink."""
     try:
-        info = os.stat(directory / name, follow_symlinks=False)
+        info = _job_file_stat(directory, name, owner_uid)
     except OSError:
         return None
     if not stat.S_ISREG(info.st_mode):
         return None
     return info.st_mtime
+
+
+def job_file_exists(directory: Path, name: str, owner_uid: int) -> bool:
+    """Whether anything is at ``directory/name`` (a file, a link, a mount point, a directory
+    of another user's), looked at as :func:`job_file_mtime` does."""
+    try:
+        _job_file_stat(directory, name, owner_uid)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def job_dir_stat(parent: Path, name: str) -> os.stat_result:
+    """``lstat`` of ``parent/name`` (a job's directory in ``jobs/``, a name under a checkpoint
+    root) without entering a file system mounted there: ``FileNotFoundError`` when absent,
+    :class:`UnsafeJobFile` for a mount point, ``OSError`` when it cannot be looked at."""
+    parent_fd = _open_directory(parent)
+    try:
+        fd = open_within(parent_fd, name, os.O_PATH | os.O_NOFOLLOW, parent / name)
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(parent_fd)
 
 
 def make_owned_dir(parent: Path, name: str, uid: int, gid: int) -> Path:
@@ -191,11 +308,11 @@ async def remove_job_dir(jobs_dir: Path, job_id: int) -> str | None:
     ``jobs/``.  ``None`` when it is gone, else why not (one line)."""
     path = jobs_dir / str(job_id)
     try:
-        info = os.lstat(path)
+        info = job_dir_stat(jobs_dir, str(job_id))
     except FileNotFoundError:
         return None
     except OSError as exc:
-        return f"cannot look at {path}: {exc.strerror}"
+        return f"cannot look at {path}: {exc.strerror or exc}; left as it is"
     if not stat.S_ISDIR(info.st_mode):
         return f"{path} is not a directory; left as it is"
     me = os.geteuid()

@@ -48,7 +48,12 @@ from pollux_local.daemon import gpus
 from pollux_local.daemon.config import DaemonConfig, busy_gpus
 from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.forecasting import Forecasts
-from pollux_local.daemon.jobfiles import job_file_mtime, remove_job_dir
+from pollux_local.daemon.jobfiles import (
+    job_dir_stat,
+    job_file_exists,
+    job_file_mtime,
+    remove_job_dir,
+)
 from pollux_local.daemon.jobrules import check_job, environment_size
 from pollux_local.daemon.readmodel import MetricHistory, job_noise_scale
 from pollux_local.daemon.reports import InvalidReport, read_job_report
@@ -294,7 +299,7 @@ class SchedulingLoop:
         jobs_dir = self.state_dir / "jobs"
         for job_id in removed:
             try:
-                owner = os.lstat(jobs_dir / str(job_id)).st_uid
+                owner = job_dir_stat(jobs_dir, str(job_id)).st_uid
             except OSError:
                 continue  # none (a job that never started), or it went
             self._dirs_to_remove.setdefault(owner, deque()).append(job_id)
@@ -572,7 +577,8 @@ class SchedulingLoop:
             path = directory / "report.json"
             mtime = job_file_mtime(directory, "report.json", job.owner_uid)
             if mtime is None:
-                if os.path.lexists(path) and self._report_mtimes.get(job.id) != -1.0:
+                there = job_file_exists(directory, "report.json", job.owner_uid)
+                if there and self._report_mtimes.get(job.id) != -1.0:
                     self._report_mtimes[job.id] = -1.0
                     self._warn_report(job.id, f"ignoring {path}: not a regular file")
                 continue

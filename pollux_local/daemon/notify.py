@@ -110,6 +110,28 @@ class Owner:
     home: str
 
 
+def _on_fuse(path: str, mountinfo: str = "/proc/self/mountinfo") -> bool:
+    """Whether a FUSE file system is mounted at ``path`` or on anything under it (read from
+    ``mountinfo``: the mount point is its 5th field, the type the first after ``-``).  A
+    user may mount one over their own ``/run/user/UID`` where ``/etc/fuse.conf`` allows
+    ``user_allow_other``; its server could then leave the daemon's ``stat`` unanswered."""
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        fields, _, rest = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not rest.split()[:1]:
+            continue
+        point = parts[4].replace("\\040", " ")
+        kind = rest.split()[0]
+        if kind.startswith("fuse") and (point == path or point.startswith(path + "/")):
+            return True
+    return False
+
+
 def _value(text: object) -> str:
     """An environment value: no NUL, at most :data:`VALUE_LIMIT` characters."""
     return str(text).replace("\x00", "")[:VALUE_LIMIT]
@@ -420,8 +442,11 @@ class Notifier:
     def _desktop_argv(self, job: JobRecord, end: JobEnd, owner: Owner) -> list[str] | None:
         """``notify-send`` for this end, or ``None`` when the owner has no session bus (or
         this machine has no ``notify-send``: logged once)."""
+        runtime = f"/run/user/{owner.uid}"
+        if _on_fuse(runtime):  # the user's own mount there could leave the stat unanswered
+            return None
         try:
-            bus = os.stat(f"/run/user/{owner.uid}/bus", follow_symlinks=False)
+            bus = os.stat(f"{runtime}/bus", follow_symlinks=False)
         except OSError:
             return None
         if not stat.S_ISSOCK(bus.st_mode) or bus.st_uid != owner.uid:

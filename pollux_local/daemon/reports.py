@@ -29,7 +29,12 @@ import msgspec
 from pollux_local.api.errors import PermissionDenied
 from pollux_local.api.report import JobReport
 from pollux_local.api.states import PLACED_STATES, TERMINAL_STATES
-from pollux_local.daemon.jobfiles import UnsafeJobFile, read_whole_job_file, runs_as
+from pollux_local.daemon.jobfiles import (
+    UnsafeJobFile,
+    job_dir_stat,
+    read_whole_job_file,
+    runs_as,
+)
 from pollux_local.daemon.state import JobRecord
 from pollux_local.untrusted import one_line
 
@@ -137,7 +142,7 @@ def read_report_file(path: Path, owner_uid: int | None = None) -> JobReport | No
     directory = path.parent
     if owner_uid is None:
         try:
-            owner_uid = os.lstat(directory).st_uid
+            owner_uid = job_dir_stat(directory.parent, directory.name).st_uid
         except OSError:
             return None
     try:

@@ -91,3 +91,58 @@ def test_a_file_of_the_root_daemon_in_a_users_job_directory_is_refused(job_dir: 
         read_job_file(job_dir, "rank0.log", 54321)
     with pytest.raises(UnsafeJobFile, match="uid 0"):
         read_job_file(job_dir.parent, "7", 54321)  # nor a directory the job's user does not own
+
+
+@pytest.fixture
+def mounted(job_dir: Path):  # type: ignore[no-untyped-def]
+    """Mount with ``mount(8)`` (root only), unmounted after the test."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting needs root")
+    made: list[Path] = []
+
+    def mount(*args: str) -> None:
+        import subprocess
+
+        done = subprocess.run(["mount", *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount here: {done.stderr.strip()}")
+        made.append(Path(args[-1]))
+
+    yield mount
+    import subprocess
+
+    for target in reversed(made):
+        subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+def test_a_file_system_mounted_on_a_job_directory_or_file_is_never_entered(
+    job_dir: Path, tmp_path: Path, mounted
+) -> None:  # type: ignore[no-untyped-def]
+    """A user's FUSE mount over their job's directory (where ``user_allow_other`` allows it)
+    could leave each read unanswered and the daemon with it: a mount point is refused, its
+    file system never asked anything (review s63).  Shown with a tmpfs and a bind mount, as
+    root; before the fix each read below went through to the mounted file."""
+    planted = tmp_path / "planted.json"
+    planted.write_text('{"epoch": 3}')
+    (job_dir / "report.json").write_text("{}")
+    mounted("--bind", str(planted), str(job_dir / "report.json"))
+    with pytest.raises(UnsafeJobFile, match="report.json is a mount point"):
+        read_whole_job_file(job_dir, "report.json", UID)
+    from pollux_local.daemon.jobfiles import job_dir_stat, job_file_exists, job_file_mtime
+
+    assert job_file_mtime(job_dir, "report.json", UID) is None
+    assert job_file_exists(job_dir, "report.json", UID)
+    assert read_job_file(job_dir, "rank0.log", UID)[0] == b"0123456789"  # the rest is read
+
+    over = job_dir.parent / "9"
+    over.mkdir()
+    mounted("-t", "tmpfs", "-o", "size=1m", "tmpfs", str(over))
+    (over / "rank0.log").write_text("inside the mount\n")
+    with pytest.raises(UnsafeJobFile, match="9 is a mount point"):
+        read_job_file(over, "rank0.log", UID)
+    assert job_file_mtime(over, "rank0.log", UID) is None
+    with pytest.raises(UnsafeJobFile, match="mount point"):
+        job_dir_stat(job_dir.parent, "9")
+    assert job_dir_stat(job_dir.parent, "7").st_ino == os.lstat(job_dir).st_ino
+    with pytest.raises(FileNotFoundError):
+        job_dir_stat(job_dir.parent, "10")

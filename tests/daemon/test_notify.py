@@ -666,3 +666,25 @@ async def test_as_root_a_desktop_notification_goes_to_the_owners_session_bus(
         f"pollux-local: job {with_bus} (bus) failed",
         'out of &lt;a href="http://x"&gt;memory&lt;/a&gt;\\x1b[2J',  # markup and escapes inert
     ]
+
+
+def test_a_fuse_mount_over_a_users_runtime_directory_is_not_looked_into(tmp_path: Path) -> None:
+    """The desktop notification's look at ``/run/user/UID/bus`` is skipped when a FUSE file
+    system is mounted there or below (the user's own, which could leave the daemon's ``stat``
+    unanswered); logind's tmpfs there is looked into as before."""
+    from pollux_local.daemon.notify import _on_fuse
+
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "22 1 0:21 / /run rw,nosuid - tmpfs tmpfs rw\n"
+        "40 22 0:35 / /run/user/1000 rw,nosuid - tmpfs tmpfs rw,uid=1000\n"
+        "41 40 0:36 / /run/user/1000/bus rw - fuse.evil evil rw,user_id=1000\n"
+        "42 22 0:37 / /run/user/1001 rw - fuse.sshfs host:/ rw,user_id=1001\n"
+        "43 22 0:38 / /run/user/1002\\040x rw - fuse x rw\n"
+    )
+    assert _on_fuse("/run/user/1000", str(mountinfo))  # on the bus below it
+    assert _on_fuse("/run/user/1001", str(mountinfo))  # over the directory itself
+    assert not _on_fuse("/run/user/100", str(mountinfo))  # a prefix of another's name
+    assert not _on_fuse("/run/user/1003", str(mountinfo))
+    assert _on_fuse("/run/user/1002 x", str(mountinfo))
+    assert not _on_fuse("/run/user/1000", str(tmp_path / "absent"))

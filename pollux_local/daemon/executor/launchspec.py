@@ -29,7 +29,7 @@ from pollux_local.api.spec import JobSpec
 from pollux_local.core.types import BatchChoice
 from pollux_local.daemon.auth import owner_gone as gone_why
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
-from pollux_local.daemon.jobfiles import make_owned_dir
+from pollux_local.daemon.jobfiles import job_dir_stat, make_owned_dir
 from pollux_local.daemon.scheduler import Action
 from pollux_local.daemon.state import JobRecord
 from pollux_local.daemon.state.files import CHECKPOINT_KEY as STATE_CHECKPOINT_KEY
@@ -283,7 +283,7 @@ def checkpoint_dir_under(root: Path, job: JobRecord, state_dir: Path) -> Path:
     kept, with the checkpoints in it."""
     legacy = root / job.job_id
     with contextlib.suppress(OSError):
-        info = os.lstat(legacy)
+        info = job_dir_stat(root, job.job_id)  # never entering a mount there
         if info.st_uid == job.owner_uid and (
             stat.S_ISDIR(info.st_mode) or stat.S_ISLNK(info.st_mode)
         ):
