@@ -668,8 +668,9 @@ def group_limits(
 ) -> dict[str, GroupLimit]:
     """Each group's caps and pause as the pass takes them (``Limits.groups``): the admin's
     groups with the config's caps, the users' groups with their own (a name the config gives
-    a group is the admin's), each paused as the store says."""
-    paused = {row.name: row.paused for row in stored}
+    a group is the admin's), each paused as the store says (an admin's group by the admin's
+    pause alone: a user's hidden group of its name keeps its own, ``GroupRecord``)."""
+    paused = {row.name: row.admins_paused for row in stored}
     limits = {
         row.name: GroupLimit(row.max_devices, row.max_running, row.paused, owner=row.owner_name)
         for row in stored

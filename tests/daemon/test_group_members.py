@@ -82,3 +82,63 @@ def test_a_group_that_resurfaces_as_another_users_lets_the_jobs_in_it_leave(tmp_
     assert names(Status(group="x", user="alice")) == []
     assert names(Status(group="x", user="bob")) == ["his"]
     assert names(Status(user="alice")) == ["hers"]  # her job is listed, in no group
+
+
+def test_a_users_pause_of_a_group_the_config_then_claims_does_not_pause_the_admins(
+    tmp_path: Path,
+) -> None:
+    """alice made group "short" and paused it (her own jobs wait); the admin's config then
+    gives the name a group that everyone's jobs may join. Her pause is her hidden group's, not
+    the admin's group's: it must not hold everyone's jobs there (before, it did, and only an
+    admin could resume it). The admin's own pause of it holds them, and it does not leak into
+    alice's group once the config drops the name again."""
+    import asyncio
+
+    from pollux_local.api.messages import PauseGroup, ResumeGroup, SetGroup
+    from pollux_local.daemon.auth import Peer
+    from pollux_local.daemon.config import DaemonConfig, GroupConfig, NodeConfig
+    from pollux_local.daemon.context import Context
+    from pollux_local.daemon.handlers.groups import group_rows, pause_group, resume_group, set_group
+    from pollux_local.daemon.readmodel import MetricHistory
+    from pollux_local.daemon.scheduler import ModelCache
+    from pollux_local.daemon.state import StateStore
+
+    store = StateStore(tmp_path / "state.db")
+    nodes = (NodeConfig("n0", ("cpu:0",)),)
+
+    class Idle:  # an executor with nothing stopping
+        def still_stopping(self) -> dict[int, object]:
+            return {}
+
+    def context(uid: int, config: DaemonConfig) -> Context:
+        return Context(
+            peer=Peer(1, uid, uid), store=store, executor=Idle(),  # type: ignore[arg-type]
+            config=config, state_dir=tmp_path, clock=lambda: 0.0, models=ModelCache(),
+            metrics=MetricHistory(), mutex=asyncio.Lock(), wake=lambda: None,
+            daemon_uid=0, policy_name="fifo",
+        )  # fmt: skip
+
+    def paused(config: DaemonConfig) -> tuple[bool, bool]:
+        """Whether the pass and ``group list`` have group "short" paused."""
+        limit = group_limits(config.groups, store.group_rows())["short"]
+        (row,) = [row for row in group_rows(context(0, config)) if row.name == "short"]
+        return limit.paused, row.paused
+
+    without = DaemonConfig(nodes=nodes)
+    alice = context(4242, without)
+    set_group(alice, SetGroup(name="short"))
+    pause_group(alice, PauseGroup(name="short"))
+    assert paused(without) == (True, True)  # her own group: her jobs wait
+
+    claimed = DaemonConfig(nodes=nodes, groups=(GroupConfig("short", max_running=2),))
+    assert paused(claimed) == (False, False)  # the admin's group is not paused by her
+    root = context(0, claimed)
+    pause_group(root, PauseGroup(name="short"))
+    assert paused(claimed) == (True, True)
+    resume_group(root, ResumeGroup(name="short"))
+    assert paused(claimed) == (False, False)
+    pause_group(root, PauseGroup(name="short"))
+    assert paused(without) == (True, True)  # her group again, with her own pause
+    resume_group(alice, ResumeGroup(name="short"))
+    assert paused(without) == (False, False)  # the admin's pause is not hers
+    assert paused(claimed) == (True, True)  # nor hers the admin's

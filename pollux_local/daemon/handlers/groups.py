@@ -131,7 +131,7 @@ def group_rows(ctx: Context, names: Iterable[str] | None = None) -> list[GroupRo
     users', each by name."""
     wanted = None if names is None else set(names)
     stored = ctx.store.group_rows()
-    paused = {row.name: row.paused for row in stored}
+    admins_paused = {row.name: row.admins_paused for row in stored}
     mine = users_groups(ctx.config, stored)
     limits = group_limits(ctx.config.groups, stored)
 
@@ -157,20 +157,27 @@ def group_rows(ctx: Context, names: Iterable[str] | None = None) -> list[GroupRo
             running[stop.group] = running.get(stop.group, 0) + 1
             devices[stop.group] = devices.get(stop.group, 0) + stop.count
     rows = [
-        (group.name, None, group.max_devices, group.max_running) for group in ctx.config.groups
-    ] + [(row.name, row.owner_name, row.max_devices, row.max_running) for row in mine]
+        (
+            group.name,
+            None,
+            group.max_devices,
+            group.max_running,
+            admins_paused.get(group.name, False),
+        )
+        for group in ctx.config.groups
+    ] + [(row.name, row.owner_name, row.max_devices, row.max_running, row.paused) for row in mine]
     return [
         GroupRow(
             name=name,
             owner=owner,
             max_devices=max_devices,
             max_running=max_running,
-            paused=paused.get(name, False),
+            paused=paused,
             running=running.get(name, 0),
             devices=devices.get(name, 0),
             queued=queued.get(name, 0),
         )
-        for name, owner, max_devices, max_running in rows
+        for name, owner, max_devices, max_running, paused in rows
         if wanted is None or name in wanted
     ]
 
@@ -273,7 +280,8 @@ def resume_group(ctx: Context, request: ResumeGroup) -> GroupReply:
 def _set_paused(ctx: Context, name: str, paused: bool) -> GroupReply:
     """Pause or resume a group: an admin's by an admin, a user's by its owner or an admin."""
     verb = "pause" if paused else "resume"
-    if configured(ctx.config, name) is not None:
+    admins = configured(ctx.config, name) is not None
+    if admins:
         if not ctx.is_admin():
             raise _admins_group(ctx, name, f"only an admin may {verb} it")
     else:
@@ -283,6 +291,6 @@ def _set_paused(ctx: Context, name: str, paused: bool) -> GroupReply:
                 f"permission denied: group {name} is {row.owner_name}'s; only its owner or an"
                 f" admin may {verb} it"
             )
-    ctx.store.set_group_paused(name, paused, ctx.clock())
+    ctx.store.set_group_paused(name, paused, ctx.clock(), admins=admins)
     ctx.wake()
     return _reply(ctx, name)

@@ -1,7 +1,13 @@
 """Groups in the store (the ``groups`` table, schema 5): the groups users made for their own
 jobs (their owner and caps) and the pause of every group, an admin's (``[groups.NAME]``: a
 row with no owner, holding only its pause) as well as a user's, so that a pause outlives a
-restart.  A group's name is unique among them all."""
+restart.  A group's name is unique among them all.
+
+A user's row whose name the config then gives an admin's group keeps two pauses apart in its
+``paused`` column: its owner's (bit 1, :data:`OWNERS_PAUSE`: their hidden group's, which
+comes back with it when the config drops the name) and the admin's group's (bit 2,
+:data:`ADMINS_PAUSE`).  A user's pause used to pause the admin's group for everyone's jobs,
+and an admin's pause stayed on the user's group."""
 
 from __future__ import annotations
 
@@ -13,12 +19,19 @@ from pollux_local.api.states import ACTIVE_STATES, JobState
 from pollux_local.daemon.state.base import StoreBase
 
 _COLUMNS = "name, owner_uid, owner_name, max_devices, max_running, paused, time"
+#: The bits of a user's row's ``paused``: its owner's pause, and the pause of the admin's
+#: group of the same name (a row with no owner: any bit is the admin's pause).
+OWNERS_PAUSE = 1
+ADMINS_PAUSE = 2
 
 
 @dataclass(frozen=True)
 class GroupRecord:
     """One row: a user's group (``owner_uid`` set) or an admin's group's pause (no owner);
-    ``time`` is its last change."""
+    ``time`` is its last change.  ``paused``: the pause of the group the row is (a user's:
+    its owner's or an admin's pause of it); ``admins_paused``: the pause of the admin's group
+    of this name, where the config has one (a user's group of the name is then hidden, and
+    its own pause holds nothing)."""
 
     name: str
     owner_uid: int | None
@@ -27,6 +40,7 @@ class GroupRecord:
     max_running: int | None
     paused: bool
     time: float
+    admins_paused: bool = False
 
 
 class Groups(StoreBase):
@@ -71,14 +85,26 @@ class Groups(StoreBase):
         assert found is not None
         return found
 
-    def set_group_paused(self, name: str, paused: bool, time: float) -> None:
-        """Pause or resume a group (a row with no owner is made for an admin's group)."""
+    def set_group_paused(self, name: str, paused: bool, time: float, *, admins: bool) -> None:
+        """Pause or resume a group: with ``admins``, the admin's group ``name`` (a row with no
+        owner is made for it; on a user's row hidden under that name, its
+        :data:`ADMINS_PAUSE` bit), else the user's group ``name`` (its
+        :data:`OWNERS_PAUSE` bit)."""
         with self.transaction():
-            self.db.execute(
-                f"INSERT INTO groups ({_COLUMNS}) VALUES (?, NULL, NULL, NULL, NULL, ?, ?)"
-                " ON CONFLICT(name) DO UPDATE SET paused = excluded.paused, time = excluded.time",
-                (name, int(paused), time),
-            )
+            if admins:
+                self.db.execute(
+                    f"INSERT INTO groups ({_COLUMNS}) VALUES (?, NULL, NULL, NULL, NULL, ?, ?)"
+                    " ON CONFLICT(name) DO UPDATE SET paused = CASE WHEN owner_uid IS NULL"
+                    f" THEN excluded.paused ELSE (paused & {OWNERS_PAUSE}) | ? END,"
+                    " time = excluded.time",
+                    (name, int(paused), time, ADMINS_PAUSE if paused else 0),
+                )
+            else:
+                self.db.execute(
+                    f"UPDATE groups SET paused = (paused & {ADMINS_PAUSE}) | ?, time = ?"
+                    " WHERE name = ?",
+                    (OWNERS_PAUSE if paused else 0, time, name),
+                )
 
     def delete_group(self, name: str) -> None:
         with self.transaction():
@@ -122,12 +148,14 @@ class Groups(StoreBase):
 
 def _record(row: Any) -> GroupRecord:
     name, owner_uid, owner_name, max_devices, max_running, paused, time = tuple(row)
+    flags = int(paused)
     return GroupRecord(
         name=str(name),
         owner_uid=None if owner_uid is None else int(owner_uid),
         owner_name=None if owner_name is None else str(owner_name),
         max_devices=None if max_devices is None else int(max_devices),
         max_running=None if max_running is None else int(max_running),
-        paused=bool(paused),
+        paused=bool(flags if owner_uid is None else flags & OWNERS_PAUSE),
         time=float(time),
+        admins_paused=bool(flags if owner_uid is None else flags & ADMINS_PAUSE),
     )
