@@ -228,8 +228,10 @@ class GoodputModelLike(Protocol):
 
 #: Why a job ahead of a waiting one holds devices (:class:`Holder`): a running rigid job that
 #: may not be preempted; a higher priority; a running job kept against a less served waiting
-#: one (preemption hysteresis); less attained service (least-attained-service admission).
-HOLD_RULES = ("rigid", "priority", "kept", "service")
+#: one (preemption hysteresis); less attained service (least-attained-service admission); the
+#: first job waiting for devices, which a rigid job not preempted waits behind
+#: (``Waiting("reserved")``).
+HOLD_RULES = ("rigid", "priority", "kept", "service", "ahead")
 
 
 @dataclass(frozen=True)
@@ -247,7 +249,10 @@ class Waiting:
     ``rule``: ``"size"`` (it needs more devices than the nodes offer now), ``"bounds"`` (no
     replica count within its bounds is feasible), ``"devices"`` (its minimum ``needs`` did not
     fit beside the jobs ahead of it, ``holders``), ``"placement"`` (the devices are there but
-    no placement of them fits without sharing nodes with a multi-node job).
+    no placement of them fits without sharing nodes with a multi-node job), ``"reserved"`` (a
+    rigid job that may not be preempted waits behind the first job left waiting for devices,
+    its one holder, with rule ``"ahead"``: started, it would keep its devices until it ends,
+    and a stream of such jobs could hold the one ahead back for ever).
     """
 
     rule: str

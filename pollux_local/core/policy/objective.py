@@ -184,6 +184,11 @@ def waiting_reason(waiting: Waiting, free: int) -> str:
         return f"waiting: needs {waiting.needs} device{plural}, {free} free{held}"
     if waiting.rule == "placement":
         return "waiting: no placement fits its minimum without sharing nodes"
+    if waiting.rule == "reserved" and waiting.holders:
+        return (
+            f"waiting: needs {waiting.needs} device{plural}, {free} free; rigid jobs start after"
+            f" {waiting.holders[0].id}, which waits for more"
+        )
     if waiting.rule == "size":
         return f"cannot run: needs {waiting.needs} device{plural}"
     return "cannot run: no feasible replica count within its bounds"

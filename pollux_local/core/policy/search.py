@@ -33,10 +33,12 @@ class Search(Objective):
         runnable = [pl for pl in plans if pl.min_k <= pl.cap and pl.utility[pl.min_k] > NEG]
         offered = total if offered is None else offered
         can_run = {id(pl) for pl in runnable}
+        behind_pinned: list[JobPlan] = []  # waiting for devices that pinned jobs hold
         for pl in plans:
             if id(pl) not in can_run:
                 if total < pl.min_k <= offered:
                     pl.waiting = Waiting("devices", pl.min_k, pinned)
+                    behind_pinned.append(pl)
                 elif pl.min_k > total:
                     pl.waiting = Waiting("size", pl.min_k)
                     pl.note = f"cannot run: needs {pl.min_k} devices, cluster offers {offered}"
@@ -55,7 +57,24 @@ class Search(Objective):
 
         used = 0
         ahead: list[JobPlan] = []
-        for pl in sorted(runnable, key=service_key):
+        blocked: JobPlan | None = None  # the first job left waiting for devices
+        waiting_anyway = {id(pl) for pl in behind_pinned}
+        for pl in sorted(runnable + behind_pinned, key=service_key):
+            if id(pl) in waiting_anyway:
+                blocked = blocked or pl
+                continue
+            if (
+                blocked is not None
+                and pl.current_k == 0
+                and pl.job.rigid
+                and not pl.job.preemptible
+            ):
+                # a job that would keep its devices until it ends (rigid, not preemptible)
+                # starts only behind the first one waiting for devices: else a stream of
+                # narrow ones, each started before the last ends, holds a wide one back for
+                # ever (review s65)
+                pl.waiting = Waiting("reserved", pl.min_k, (Holder(blocked.job.id, "ahead"),))
+                continue
             if used + pl.min_k <= total:
                 pl.admitted = True
                 pl.k = pl.min_k
@@ -64,6 +83,7 @@ class Search(Objective):
             else:
                 holders = pinned + tuple(Holder(a.job.id, hold_rule(a, pl)) for a in ahead)
                 pl.waiting = Waiting("devices", pl.min_k, holders)
+                blocked = blocked or pl
 
     # ------------------------------------------------------------------ greedy
     @staticmethod

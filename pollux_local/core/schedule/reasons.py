@@ -90,6 +90,15 @@ class WaitingWords:
         head = f"waiting: needs {devices}, {self.free} free"
         if facts is not None and facts.rule == "placement":
             return f"{head}, but no placement of them fits without sharing nodes"
+        if facts is not None and facts.rule == "reserved" and facts.holders:
+            first = self.records.get(facts.holders[0].id)
+            named = f"job {facts.holders[0].id}" + (f" ({first.owner})" if first else "")
+            wide = self.decision.waiting.get(facts.holders[0].id)
+            wants = f" for {wide.needs}" if wide is not None else ""
+            return (
+                f"{head}; a job that keeps its devices until it ends starts only after {named},"
+                f" which waits{wants} (first come: so that it is not held back for ever)"
+            )
         placed = sum(self.decision.placements.get(job.job_id, ())) > 0
         if facts is None and not placed and policy_reason not in ("", "waiting", "running"):
             said = policy_reason.removeprefix("waiting: ")
