@@ -4,6 +4,7 @@ real 22.05 gave them on the test bed, typed and untyped)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -150,7 +151,7 @@ def test_a_task_that_cannot_enter_its_working_directory_runs_nothing(tmp_path: P
            "SLURM_NODEID": "1"}  # fmt: skip
     missing = tmp_path / "not there"
     ran = subprocess.run(
-        ["/bin/sh", "-c", RANK_WRAPPER, "pollux-rank", str(missing), "sh", "-c", "pwd"],
+        ["/bin/sh", "-c", RANK_WRAPPER, "pollux-rank", str(missing), "", "sh", "-c", "pwd"],
         cwd="/tmp", env=env, capture_output=True, text=True,
     )  # fmt: skip
     assert ran.returncode == ExitCode.WORKDIR == 252
@@ -158,7 +159,8 @@ def test_a_task_that_cannot_enter_its_working_directory_runs_nothing(tmp_path: P
     work = tmp_path / "work dir"
     work.mkdir()
     ran = subprocess.run(
-        ["/bin/sh", "-c", RANK_WRAPPER, "pollux-rank", str(work), "sh", "-c", 'pwd; echo "$RANK"'],
+        ["/bin/sh", "-c", RANK_WRAPPER, "pollux-rank", str(work), "", "sh", "-c",
+         'pwd; echo "$RANK"'],
         cwd="/tmp", env=env, capture_output=True, text=True,
     )  # fmt: skip
     assert ran.returncode == 0 and ran.stdout.split("\n")[:2] == [str(work), "1"], ran
@@ -168,7 +170,7 @@ def test_a_task_that_cannot_enter_its_working_directory_runs_nothing(tmp_path: P
                          ("./script.sh", "Permission denied"),
                          ("no-such-program-x", "No such file or directory")):  # fmt: skip
         ran = subprocess.run(
-            ["/bin/sh", "-c", RANK_WRAPPER, "pollux-rank", str(work), command],
+            ["/bin/sh", "-c", RANK_WRAPPER, "pollux-rank", str(work), "", command],
             cwd="/tmp", env=env, capture_output=True, text=True,
         )  # fmt: skip
         line = ran.stderr.strip().splitlines()[-1]
@@ -208,3 +210,106 @@ def test_the_step_starts_with_the_open_files_limit_a_job_started_by_hand_has(
     assert done.returncode == 0, done
     assert seen.read_text().strip() == "256"
     assert JOB_OPEN_FILES > 0
+
+
+def test_each_task_writes_how_it_ended_and_ends_as_its_command_did(tmp_path: Path) -> None:
+    """The rank wrapper runs the command as its child and writes its code to
+    ``EXITS<rank>`` (for the keeper: srun may end 255 when every task exited 0); it ends
+    as the command did, of its signal too, and a TERM to the whole step (as Slurm sends
+    it) reaches the command, whose own end (a checkpoint's 75) is the task's."""
+    import signal
+    import subprocess
+    import time
+
+    from pollux_local.launch.slurm.launcher import RANK_WRAPPER
+
+    env = {"PATH": "/usr/bin:/bin", "SLURM_PROCID": "2", "SLURM_LOCALID": "0",
+           "SLURM_NODEID": "0"}  # fmt: skip
+    exits = str(tmp_path / "exit-rank")
+
+    def task(command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["/bin/sh", "-c", RANK_WRAPPER, "pollux-rank", str(tmp_path), exits,
+             "sh", "-c", command],
+            env=env, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+
+    assert task('echo "rank $RANK"').returncode == 0
+    assert (tmp_path / "exit-rank2").read_text() == "0\n"
+    assert task("exit 3").returncode == 3 and (tmp_path / "exit-rank2").read_text() == "3\n"
+    killed = task("kill -TERM $$")
+    assert killed.returncode == -signal.SIGTERM, killed
+    assert (tmp_path / "exit-rank2").read_text() == "143\n"
+    # a stop of the step: Slurm signals every process of it, the shell and the command
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", RANK_WRAPPER, "pollux-rank", str(tmp_path), exits, "sh", "-c",
+         f"trap 'exit 75' TERM; touch {ready}; while :; do sleep 0.1; done"],
+        env=env, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=20) == 75
+    assert (tmp_path / "exit-rank2").read_text() == "75\n"
+
+
+def _keep(tmp_path: Path, srun: str, tasks: int) -> dict[str, object]:
+    """The keeper's record after running ``srun`` (a shell command standing in for it)."""
+    import json
+    import subprocess
+    import sys
+
+    from pollux_local.launch.slurm.launcher import KEEPER
+
+    order = {
+        "srun": ["/bin/sh", "-c", srun], "env": {"PATH": "/usr/bin:/bin"},
+        "record": str(tmp_path / "rec.json"), "log": str(tmp_path / "srun.log"),
+        "token": "7:0", "slurm_job": "0", "step_name": "pollux-7.0",
+        "exits": str(tmp_path / ".exit-0-rank"), "tasks": tasks,
+    }  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(KEEPER)], input=json.dumps(order) + "\n", text=True,
+        capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done
+    record = json.loads((tmp_path / "rec.json").read_text())
+    assert isinstance(record, dict)
+    return record
+
+
+def test_a_step_srun_ends_255_whose_tasks_all_exited_0_is_a_success(tmp_path: Path) -> None:
+    """srun names only the tasks that ended abnormally; when it names none and still ends
+    255 (a node Slurm found not responding as the step ended), the step used to count as
+    crashed and the job ran again, its finished work too.  The tasks' own records decide:
+    all 0 is a success, a task's failure is the step's; without every task's record,
+    srun's code stands."""
+    import shlex
+
+    from pollux_local.launch.slurm.launcher import RANK_WRAPPER
+
+    def srun(*commands: str, code: int = 255) -> str:
+        runs = [
+            " ".join(shlex.quote(a) for a in (
+                "env", f"SLURM_PROCID={rank}", "/bin/sh", "-c", RANK_WRAPPER, "pollux-rank",
+                str(tmp_path), f"{tmp_path}/.exit-0-rank", "sh", "-c", command))
+            for rank, command in enumerate(commands)
+        ]  # fmt: skip
+        return "; ".join([*runs, f"exit {code}"])
+
+    record = _keep(tmp_path, srun("true", "true"), tasks=2)
+    assert (record["exit_code"], record["srun_code"], record.get("recorded")) == (0, 255, True)
+    assert not list(tmp_path.glob(".exit-*")), "the records are removed once read"
+    record = _keep(tmp_path, srun("true", "exit 3"), tasks=2)
+    assert (record["exit_code"], record["ranks"]) == (3, {"1": 3})
+    # one task left no record (killed before it could write): srun's 255 stands
+    lost = srun("true", "true").replace("exit 255", f"rm -f {tmp_path}/.exit-0-rank1; exit 255")
+    record = _keep(tmp_path, lost, tasks=2)
+    assert record["exit_code"] == 255 and "recorded" not in record
+    # srun named a task: its report is the step's, as before
+    named = srun("true", "true", code=0).replace(
+        "exit 0", "echo 'srun: error: h2: task 1: Exited with exit code 4' >&2; exit 4"
+    )
+    record = _keep(tmp_path, named, tasks=2)
+    assert record["exit_code"] == 4 and "recorded" not in record

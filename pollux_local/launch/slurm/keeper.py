@@ -5,13 +5,16 @@ the daemon in its own session (``python keeper.py``, a script: no import of the 
 instructions as one JSON line on stdin:
 
 ``{"srun": [argv], "env": {...}, "record": path, "log": path, "token": str, "slurm_job": id,
-"step_name": name}``
+"step_name": name, "open_files": n, "exits": prefix, "tasks": n}``
 
 The record: ``version``, ``token``, ``keeper_pid``, ``state`` (``running`` then ``ended``),
 ``step`` (the step's id once ``squeue`` shows it), and at the end ``exit_code`` (the group's:
 the first failing rank's in the order srun reported them, else 0 when all exited 0, else 75;
 ``-N`` for signal N), ``ranks`` (rank -> status for every rank srun reported; unreported
-ranks exited 0) and ``srun_code``.
+ranks exited 0) and ``srun_code``.  srun names only the tasks that ended abnormally; when it
+names none and still does not end 0 (255 when Slurm found a node not responding as the step
+ended), the tasks' own ends decide, as each task's rank wrapper wrote them
+(``exits`` + rank: :func:`recorded_exits`), when every task wrote one (``recorded`` true).
 """
 
 from __future__ import annotations
@@ -88,6 +91,31 @@ def group_code(codes: dict[int, int], order: list[int], srun_code: int) -> int:
     return 0 if set(codes.values()) <= {0} else RESCALE
 
 
+def recorded_exits(prefix: str, tasks: int) -> dict[int, int] | None:
+    """rank -> code as every task's wrapper wrote it (``PREFIX<rank>``: one line, a number),
+    or ``None`` unless all ``tasks`` did.  The files are the job's user's (the keeper runs as
+    that user: a daemon in an allocation runs its jobs as the allocation's owner): each read
+    without following a link or waiting on a FIFO, 32 bytes at most, then removed."""
+    codes: dict[int, int] = {}
+    for rank in range(tasks):
+        path = f"{prefix}{rank}"
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            text = os.read(fd, 32).decode("ascii", "replace").strip()
+        except OSError:
+            text = ""
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        if text.isdigit():
+            codes[rank] = int(text)
+    return codes if len(codes) == tasks and tasks > 0 else None
+
+
 def find_step(slurm_job: str, name: str) -> str | None:
     """The id (``JOB.STEP``) of the running step called ``name``, from ``squeue``."""
     try:
@@ -147,9 +175,18 @@ def main() -> int:
                 srun.wait(0.3 if record["step"] is None else 2.0)
     srun_code = srun.returncode
     codes, ranks_order = task_exits(Path(order["log"]).read_text(errors="replace"))
+    recorded = None
+    if order.get("exits"):
+        recorded = recorded_exits(str(order["exits"]), int(order.get("tasks") or 0))
+    if not codes and srun_code != 0 and recorded is not None:
+        # srun named no task, yet did not end 0: each task's own end decides
+        codes = {rank: code for rank, code in recorded.items() if code != 0}
+        ranks_order = sorted(codes)
+        record["recorded"] = True
+    known = 0 if record.get("recorded") else srun_code  # every task's end is known
     record.update(
         state="ended",
-        exit_code=group_code(codes, ranks_order, srun_code),
+        exit_code=group_code(codes, ranks_order, known),
         ranks={str(rank): code for rank, code in codes.items()},
         order=ranks_order,
         srun_code=srun_code,

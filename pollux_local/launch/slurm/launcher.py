@@ -37,10 +37,10 @@ SRUN_INPUT_PREFIXES = ("SLURM_", "SRUN_")
 
 #: Each task takes its ranks from Slurm's step environment, then runs the job's command.
 RANK_WRAPPER = (
-    # the working directory, entered as the user, or nothing runs (exit 252, as on the
+    # $1: the working directory, entered as the user, or nothing runs (exit 252, as on the
     # daemon's machine and SSH nodes): slurmstepd runs a task it cannot chdir in /tmp
     'cd -- "$1" || { printf "cannot enter working directory %s\\n" "$1" >&2;'
-    f" exit {int(ExitCode.WORKDIR)}; }}; shift"
+    f" exit {int(ExitCode.WORKDIR)}; }}; exits=$2; shift 2"
     # a command that cannot run is said as the other launchers say it (127)
     ' && { case "$1" in */*) [ -f "$1" ] && [ -x "$1" ];;'
     ' *) command -v -- "$1" >/dev/null 2>&1;; esac'
@@ -49,8 +49,23 @@ RANK_WRAPPER = (
     ' printf "cannot execute %s: %s\\n" "$1" "$why" >&2; exit 127; }; }'
     ' && RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" NODE_RANK="$SLURM_NODEID"'
     ' GROUP_RANK="$SLURM_NODEID" ROLE_RANK="$SLURM_PROCID"'
-    ' && export RANK LOCAL_RANK NODE_RANK GROUP_RANK ROLE_RANK && exec "$@"'
+    " && export RANK LOCAL_RANK NODE_RANK GROUP_RANK ROLE_RANK"
+    # $2: where the task's own end is written ($2<rank>), for the keeper: srun may end 255
+    # while every task exited 0.  So the command runs as the shell's child, not in its place;
+    # the shell ignores what Slurm sends the whole step (the command gets it itself) and
+    # ends as the command did, of its signal too
+    ' && { "$@" & child=$!; trap "" TERM INT HUP USR1 USR2; wait "$child"; code=$?;'
+    ' [ -z "$exits" ] || printf "%s\\n" "$code" 2>/dev/null >"$exits$SLURM_PROCID";'
+    ' if [ "$code" -gt 128 ] && [ "$code" -le 192 ]; then'
+    ' trap - TERM INT HUP USR1 USR2; kill -"$((code - 128))" $$; fi; exit "$code"; }'
 )
+
+
+def exits_prefix(spec: LaunchSpec) -> str:
+    """Where each task of the incarnation writes how it ended (``PREFIX<rank>``: its code,
+    one line), in the job's log directory, as the user: read by the keeper when srun names
+    no task but does not end 0 (``keeper.recorded_exits``)."""
+    return f"{spec.log_dir}/.exit-{incarnation(spec)}-rank"
 
 
 #: The keeper's source (standard library only), run as a script.
@@ -135,7 +150,10 @@ class SlurmLauncher:
         wrapper = RANK_WRAPPER
         if spec.umask is not None:  # the submitter's (an int: nothing of the user's in the text)
             wrapper = f"umask {int(spec.umask) & 0o777:04o} && {wrapper}"
-        return [*argv, "/bin/sh", "-c", wrapper, "pollux-rank", str(spec.workdir), *spec.argv]
+        return [
+            *argv, "/bin/sh", "-c", wrapper, "pollux-rank", str(spec.workdir), exits_prefix(spec),
+            *spec.argv,
+        ]  # fmt: skip
 
     def step_env(self, spec: LaunchSpec) -> dict[str, str]:
         """What every task gets (srun exports it): the launch environment common to all
@@ -187,6 +205,8 @@ class SlurmLauncher:
             "slurm_job": self.allocation.job_id,
             "step_name": step_name(spec),
             "open_files": JOB_OPEN_FILES,
+            "exits": exits_prefix(spec),
+            "tasks": len(spec.slots),
         }
         log.debug("job %s: %s", spec.job_id, shlex.join(srun))
         keeper = await asyncio.create_subprocess_exec(
