@@ -2,14 +2,15 @@
 jobs (review s65): the goodput policy admits whoever fits (``policy.search.Search._admit``),
 so while alice keeps one or two one-device rigid jobs running, overlapping, bob's four-device
 rigid job on a four-device machine never starts, though she holds half the machine at most.
-Now a rigid job that would keep its devices waits behind the first job left waiting for
-devices (``Waiting("reserved")``), saying so."""
+Now, once a job has waited ``RESERVE_AFTER_S`` for devices, a rigid job that would keep its
+devices waits behind it (``Waiting("reserved")``), saying so."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from pollux_local.core.names import make_policy
+from pollux_local.core.policy.objective import RESERVE_AFTER_S
 from pollux_local.core.schedule import (
     ActionKind,
     JobInput,
@@ -24,22 +25,25 @@ NODE = NodeInput(name="ws", devices=("cpu:0", "cpu:1", "cpu:2", "cpu:3"))
 
 
 def test_a_stream_of_narrow_rigid_jobs_does_not_starve_another_users_wide_one() -> None:
+    """Passes every 10 minutes; each of alice's jobs runs two.  Until bob's job has waited
+    ``RESERVE_AFTER_S`` her new jobs fill the devices he cannot use yet; after, they wait
+    behind his, saying so, and his starts as soon as hers have ended."""
     policy = make_policy("goodput")
     bobs = JobInput(id=2, owner="bob", submit_time=0.0, min_devices=4, elastic=False)
     running = {1: ({"ws": ["cpu:0"]}, 0)}  # alice's: job -> (devices, pass it started in)
     queued = [3]  # alice submits one more one-device job every pass
-    for now_pass in range(1, 50):
-        now = 1000.0 + 60.0 * now_pass
-        # each of her jobs runs two passes; one of hers is always about to start
+    started_before = 0
+    for now_pass in range(1, 60):
+        now = 600.0 * now_pass
         running = {j: r for j, r in running.items() if now_pass - r[1] < 2}
         alices = [
             JobInput(id=job_id, owner="alice", phase=JobPhase.RUNNING, allocation=where,
-                     submit_time=float(job_id), min_devices=1, elastic=False,
+                     submit_time=600.0 * (job_id - 2), min_devices=1, elastic=False,
                      last_start=now - 10.0)
             for job_id, (where, _) in running.items()
         ]  # fmt: skip
         waiting = [
-            JobInput(id=job_id, owner="alice", submit_time=1000.0 + job_id, min_devices=1,
+            JobInput(id=job_id, owner="alice", submit_time=600.0 * (job_id - 2), min_devices=1,
                      elastic=False)
             for job_id in queued
         ]  # fmt: skip
@@ -47,13 +51,15 @@ def test_a_stream_of_narrow_rigid_jobs_does_not_starve_another_users_wide_one() 
         plan = run_pass(snapshot, policy, np.random.default_rng(0))
         starts = {a.job_id: a.allocation for a in plan.actions if a.kind is ActionKind.START}
         if bobs.id in starts:
-            assert now_pass <= 3, f"bob started only at pass {now_pass}"
+            assert now >= RESERVE_AFTER_S and now <= RESERVE_AFTER_S + 3 * 600.0, now
+            assert started_before > 0  # before, the devices he could not use were used
             return
         for job_id in queued:
             if job_id in starts:
                 running[job_id] = (starts[job_id], now_pass)
-            else:  # it waits behind bob's job, and says so
+                started_before += now < RESERVE_AFTER_S
+            elif now >= RESERVE_AFTER_S:  # it waits behind his job, and says so
                 reason = plan.reasons.get(job_id, "")
                 assert "starts only after job 2 (bob), which waits for 4" in reason, reason
         queued = [j for j in queued if j not in starts] + [max(queued) + 1]
-    raise AssertionError("bob's four-device job never started in 50 passes")
+    raise AssertionError("bob's four-device job never started in 59 passes")

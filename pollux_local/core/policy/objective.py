@@ -246,6 +246,12 @@ def utility_of(speedup: np.ndarray, p: float) -> np.ndarray:
     return out
 
 
+#: Seconds a job waits for devices before a rigid job that may not be preempted (it would keep
+#: its devices until it ends) starts only after it: until then such jobs fill the devices it
+#: cannot use yet (backfill); after, they wait, so that it cannot be held back for ever.
+RESERVE_AFTER_S = 7200.0
+
+
 class Objective:
     """The policy's settings and the per-job tables its search optimises."""
 
@@ -262,6 +268,7 @@ class Objective:
         payback_margin: float = 6.0,
         type_aware: bool = True,
         type_payback_margin: float = 10.0,
+        reserve_after_s: float = RESERVE_AFTER_S,
     ) -> None:
         if not math.isfinite(p):
             raise ValueError(f"p must be finite, got {p}")
@@ -288,6 +295,11 @@ class Objective:
         self.type_aware = bool(type_aware)
         #: the payback margin of a move to another device type
         self.type_margin = float(type_payback_margin)
+        if not (math.isfinite(reserve_after_s) and reserve_after_s >= 0):
+            raise ValueError(f"reserve_after_s must be >= 0, got {reserve_after_s}")
+        #: how long a job waits for devices before rigid jobs not preempted start only after
+        #: it (``Search._admit``)
+        self.reserve_after_s = float(reserve_after_s)
         if not self.type_aware:
             self.name = "goodput-unaware"
 

@@ -57,11 +57,13 @@ class Search(Objective):
 
         used = 0
         ahead: list[JobPlan] = []
-        blocked: JobPlan | None = None  # the first job left waiting for devices
+        # the first job left waiting for devices that has waited ``reserve_after_s``
+        blocked: JobPlan | None = None
         waiting_anyway = {id(pl) for pl in behind_pinned}
         for pl in sorted(runnable + behind_pinned, key=service_key):
             if id(pl) in waiting_anyway:
-                blocked = blocked or pl
+                if blocked is None and pl.job.age_s >= self.reserve_after_s:
+                    blocked = pl
                 continue
             if (
                 blocked is not None
@@ -70,9 +72,9 @@ class Search(Objective):
                 and not pl.job.preemptible
             ):
                 # a job that would keep its devices until it ends (rigid, not preemptible)
-                # starts only behind the first one waiting for devices: else a stream of
-                # narrow ones, each started before the last ends, holds a wide one back for
-                # ever (review s65)
+                # starts only behind the first one waiting long for devices: else a stream
+                # of narrow ones, each started before the last ends, holds a wide one back
+                # for ever (review s65); before that, narrow ones fill the devices left
                 pl.waiting = Waiting("reserved", pl.min_k, (Holder(blocked.job.id, "ahead"),))
                 continue
             if used + pl.min_k <= total:
@@ -83,7 +85,8 @@ class Search(Objective):
             else:
                 holders = pinned + tuple(Holder(a.job.id, hold_rule(a, pl)) for a in ahead)
                 pl.waiting = Waiting("devices", pl.min_k, holders)
-                blocked = blocked or pl
+                if blocked is None and pl.job.age_s >= self.reserve_after_s:
+                    blocked = pl
 
     # ------------------------------------------------------------------ greedy
     @staticmethod
