@@ -632,3 +632,47 @@ def test_a_deleted_owner_fails_the_job_without_stopping_the_others(
     assert state(daemon, after) == "succeeded"
     job = show(daemon, orphan)["job"]
     assert job["state"] == "failed" and job["reason"] == f"owner uid {user.pw_uid} no longer exists"
+
+
+#: A job (``sh -c HOLDOUT holdout DIR``) that counts its runs in DIR/runs and writes its pid to
+#: DIR/pid; on its first run it notes a SIGTERM in DIR/termed and goes on until DIR/go, then
+#: exits 0 (it had finished its work as its stop came); a later run exits 0 at once.
+HOLDOUT = """
+echo run >> "$1/runs"
+[ "$(wc -l < "$1/runs")" -gt 1 ] && exit 0
+trap 'touch "$1/termed"' TERM
+echo $$ > "$1/pid.tmp"; mv "$1/pid.tmp" "$1/pid"
+while [ ! -e "$1/go" ]; do sleep 0.05; done
+exit 0
+"""
+
+
+def test_a_held_job_that_finished_while_the_daemon_was_down_is_not_run_again(
+    tmp_path: Path, daemons: DaemonFactory
+) -> None:
+    """An elastic job held (its stop asked for) that exits 0 while the daemon is down has
+    finished, as a running daemon takes it (``Exits._on_stopped``): the restarted daemon
+    found the stray run file, forgot it and left the job held, and a release ran its
+    finished work a second time (review s66)."""
+    conf = config(tmp_path, stop_grace_s=60)
+    daemon = start_daemon(daemons, tmp_path / "state", conf)
+    job_id = submit(daemon, ["sh", "-c", HOLDOUT, "holdout", str(tmp_path)], tmp_path,
+                    elastic=True, max_gpus=1)  # fmt: skip
+    wait_for(
+        lambda: (tmp_path / "pid").exists() and state(daemon, job_id) == "running",
+        20, "the job to run",
+    )  # fmt: skip
+    daemon.client.request("hold", id=job_id)
+    wait_for(lambda: (tmp_path / "termed").exists(), 10, "the stop to reach the job")
+    daemon.kill()
+    (tmp_path / "go").touch()  # its last step done: it exits 0 while no daemon runs
+    wait_for(lambda: (run_file(daemon, job_id) or {}).get("state") == "ended", 10, "its end")
+    assert run_file(daemon, job_id)["exit_code"] == 0  # type: ignore[index]
+
+    daemon = start_daemon(daemons, tmp_path / "state", conf)
+    assert state(daemon, job_id) == "succeeded", show(daemon, job_id)["decisions"]
+    with contextlib.suppress(PolluxError):
+        daemon.client.request("release", id=job_id)
+    time.sleep(1.5)  # a few passes: nothing runs it again
+    assert state(daemon, job_id) == "succeeded"
+    assert (tmp_path / "runs").read_text().count("run") == 1

@@ -90,6 +90,18 @@ def exit_columns(
     return {"exit_code": job_code, "exit_signal": job_signal, "replica_exits": replicas}
 
 
+def finished_by_ok(job: JobRecord) -> bool:
+    """Whether an exit 0 of ``job``'s incarnation, after a stop for a hold, a preemption, a
+    resize or a shutdown (:data:`FINISHED_IF_OK`), means it finished its work: queued or
+    placed, or held when it may be stopped at all (elastic: its stop is a checkpoint, exit 75;
+    or preemptible).  A held rigid script's 0 may be its graceful stop: it stays held.  The one
+    rule of a running daemon (:meth:`Exits._on_stopped`) and a restarted one
+    (``Recovery._recover_stray``)."""
+    return job.state in (JobState.QUEUED, *PLACED_STATES) or (
+        job.state == JobState.HELD and (job.spec.elastic or job.spec.preemptible)
+    )
+
+
 class Exits(Accounting):
     """Watching groups and moving their jobs on when they end."""
 
@@ -207,9 +219,7 @@ class Exits(Accounting):
         graceful stop, so it stays held); a resized job restarts at its new size."""
         action = self._resize.pop(job.id, None) if intent is StopIntent.RESIZE else None
         if intent in FINISHED_IF_OK and code == ExitCode.OK:
-            if job.state in (JobState.QUEUED, *PLACED_STATES) or (
-                job.state == JobState.HELD and (job.spec.elastic or job.spec.preemptible)
-            ):
+            if finished_by_ok(job):
                 self._finished(job.id, now)
             return
         if intent is StopIntent.SHUTDOWN and job.state in PLACED_STATES:

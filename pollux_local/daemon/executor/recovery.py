@@ -16,7 +16,7 @@ import psutil
 from pollux_local.api.states import DecisionKind, JobState, StopIntent
 from pollux_local.daemon.executor.applying import Applying
 from pollux_local.daemon.executor.base import log
-from pollux_local.daemon.executor.exits import exit_columns
+from pollux_local.daemon.executor.exits import exit_columns, finished_by_ok
 from pollux_local.daemon.scheduler import Action, ActionKind
 from pollux_local.daemon.state import DecisionEntry, JobRecord
 from pollux_local.launch.base import (
@@ -223,14 +223,18 @@ class Recovery(Applying):
     def _recover_stray(self, name: str, record: RunRecord, now: float) -> None:
         """A run file of a job not recorded as running: a stop that was under way when the
         daemon died (adopted as stopping, its exit handled by the job's recorded state), or a
-        result not yet taken in (a preempted job that exited 0 has finished)."""
+        result not yet taken in (a preempted job that exited 0 has finished, and a held one
+        by :func:`~pollux_local.daemon.executor.exits.finished_by_ok`, as for a running
+        daemon)."""
         if not name.isdigit():
             return
         job = self.store.get_job(int(name))
         if record.finished or not record.supervisor_alive():
             if not record.finished:
                 record.kill_replicas()
-            elif job is not None and job.state == JobState.QUEUED and record.exit_code == 0:
+            elif job is not None and record.exit_code == 0 and finished_by_ok(job):
+                # as a running daemon takes it: a preempted or held (elastic or preemptible)
+                # job that exited 0 has finished; left held, a release ran it again
                 slots = spec_from_launch(name, record.launch).slots
                 self._exits[job.id] = exit_columns(slots, record.exit_codes(), record.exit_code)
                 self._finished(job.id, now)
