@@ -853,8 +853,7 @@ class LocalLauncher:
             proc.stdin.close()
             line = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S)
         except (TimeoutError, OSError) as exc:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
+            await self._give_up(proc, spec.job_id)
             what = "did not start" if isinstance(exc, TimeoutError) else f"failed ({exc})"
             raise PolluxError(f"the job's supervisor {what} within {START_TIMEOUT_S:g} s") from None
         try:
@@ -886,6 +885,34 @@ class LocalLauncher:
             pids,
             replica_starts(replicas),
         )
+
+    async def _give_up(self, proc: asyncio.subprocess.Process, job_id: str) -> None:
+        """End a supervisor whose start is given up (no answer in time), with whatever it
+        started, before the start is reported failed: the job is then retried or failed,
+        and nothing of this start may run on.  A SIGTERM was not enough (review s66): one
+        still trying to write its run file (the state directory's disk full) has SIGTERM
+        blocked, and once there was room it started the replicas, unknown to the daemon,
+        beside the job's retry and on devices given to others, and its last write replaced
+        the retry's run file.  Stopped first (it forks nothing more), its processes below
+        killed, then itself (it is this process's child: its pid is not reused before it is
+        reaped), and what its run file lists (the fence's cgroups) ended."""
+        pid = proc.pid
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+        for _ in range(3):
+            left = [child for child in descendants(pid) if not _is_zombie(child)]
+            if not left:
+                break
+            for child in left:
+                with contextlib.suppress(OSError):
+                    os.kill(child, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        await proc.wait()
+        record = RunRecord.load(self.run_file(job_id))
+        if record is not None and not record.finished:
+            record.kill_replicas()
+        self.forget(job_id)
 
     def adopt(self, record: RunRecord) -> LocalReplicaGroup | None:
         """The group of an incarnation a previous daemon started: its supervisor still

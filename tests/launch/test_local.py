@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from pollux_local.api.states import ExitCode
@@ -156,3 +158,57 @@ def test_master_ports_are_free_and_below_the_ephemeral_range() -> None:
         held.bind(("127.0.0.1", first))
         held.listen()
         assert pick_master_port(rng=random.Random(0)) != first
+
+
+@pytest.mark.asyncio
+async def test_a_start_given_up_leaves_no_supervisor_to_start_the_replicas_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A supervisor that did not answer within ``START_TIMEOUT_S`` (its run file could not be
+    written: the state directory's disk full, where it tries again until there is room, with
+    SIGTERM blocked) is given up by the daemon (the start failed; the job is retried or
+    failed), so nothing of it may run on: it got SIGTERM only, which it takes once it
+    supervises, after it has started the replicas (review s66: once the disk had room the
+    given-up start ran the job, unknown to the daemon, beside its retry, on devices given
+    to others, and its last write replaced the retry's run file)."""
+    import shutil
+    import subprocess
+
+    from pollux_local.errors import PolluxError
+    from pollux_local.launch import local
+
+    if os.geteuid() != 0:
+        pytest.skip("mounts a tmpfs (root)")
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", str(small)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+    try:
+        run_dir = small / "run"
+        run_dir.mkdir(mode=0o700)
+        filler = small / "filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"\0" * 512)
+        os.close(fd)
+        monkeypatch.setattr(local, "START_TIMEOUT_S", 2.0)
+        launcher = LocalLauncher(run_dir=run_dir, stop_grace_s=30)
+        spec = make_spec(tmp_path, "stubborn", ["cpu:0"])
+        with pytest.raises(PolluxError, match="did not start"):
+            await launcher.launch(spec)
+        filler.unlink()  # room again
+        await asyncio.sleep(7.0)  # past the supervisor's longest pause between its tries
+        assert not (tmp_path / "env0.json").exists(), "a start given up ran the job"
+        assert not (run_dir / "7.json").exists(), (run_dir / "7.json").read_text()
+    finally:
+        for proc in psutil.process_iter(["cmdline"]):  # a replica the old code left running
+            if proc.pid != os.getpid() and str(tmp_path) in " ".join(proc.info["cmdline"] or ()):
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        subprocess.run(["umount", "-l", str(small)], capture_output=True)
