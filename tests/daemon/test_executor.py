@@ -490,3 +490,48 @@ async def test_a_held_job_stopped_with_its_checkpoint_stays_held(setup) -> None:
     await executor.hold(job_id)
     await asyncio.sleep(0.05)  # the group obeys: checkpointed, exit 75
     assert state(store, job_id) == "held"
+
+
+@pytest.mark.asyncio
+async def test_a_cold_resize_keeps_the_run_file_of_the_incarnation_it_starts(
+    tmp_path: Path,
+) -> None:
+    """A resize by checkpoint-restart starts the new incarnation from the old one's end
+    (``Exits._on_stopped``); the old one's run file is then forgotten.  It used to be
+    forgotten by the job's id after the new start, which removed the new incarnation's run
+    file: a daemon restarted while it ran found no record of it, stopped it and ran it again
+    instead of adopting it (review s66)."""
+    import os
+
+    config = DaemonConfig(nodes=(NodeConfig("vm", ("cpu:0", "cpu:1")),), stop_grace_s=10.0)
+    store = StateStore(tmp_path / "s.db")
+    executor = Executor(store, config, tmp_path, tmp_path / "daemon.sock")
+    script = 'trap "exit 75" TERM; while :; do sleep 0.05; done'
+    job_id = store.add_job(
+        name="j", owner_uid=os.getuid(), owner_gid=os.getgid(), owner_name="root",
+        spec={"argv": ["sh", "-c", script], "workdir": str(tmp_path), "min_gpus": 1,
+              "max_gpus": 2, "elastic": True},
+        priority=0, submit_time=0.0, env={"PATH": os.environ["PATH"]},
+    ).id  # fmt: skip
+    job = store.get_job(job_id)
+    assert job is not None
+    start = Action(ActionKind.START, job_id, {"vm": ["cpu:0", "cpu:1"]}, None, "test")
+    await executor.start_job(job, start)
+    try:
+        assert state(store, job_id) == "running"
+        shrink = Action(ActionKind.RESIZE, job_id, {"vm": ["cpu:0"]}, None, "shrink")
+        await executor.apply(plan(shrink))
+        for _ in range(200):
+            job = store.get_job(job_id)
+            if job is not None and job.state == "running" and job.restarts == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert job is not None and job.state == "running" and job.restarts == 2
+        await asyncio.sleep(0.3)  # the old incarnation's end fully handled
+        run_file = tmp_path / "run" / f"{job_id}.json"
+        assert run_file.exists(), "the running incarnation's run file was removed"
+        assert '"incarnation":1' in run_file.read_text()
+    finally:
+        for group in [*executor.groups.values(), *executor.stopping.values()]:
+            await group.stop(0.5)
+        await asyncio.sleep(0.2)

@@ -185,7 +185,13 @@ class Exits(Accounting):
             if left := self._exits.pop(job_id, None):
                 self.store.update_job(job_id, **left)
         self._exits.pop(job_id, None)
-        if isinstance(group, LocalReplicaGroup):
+        newer = self.groups.get(job_id) or self.stopping.get(job_id)
+        if isinstance(newer, LocalReplicaGroup) and newer is not group:
+            # a resize's restart, started from this end (``_on_stopped``): its launch
+            # replaced this group's files with its own, which must stay (review s66: they
+            # were removed, and a daemon restarted while it ran stopped it and ran it again)
+            pass
+        elif isinstance(group, LocalReplicaGroup):
             self._local.forget(group.spec.job_id)  # its result is in the store now
         elif callable(forget := getattr(group, "forget", None)):
             task = asyncio.ensure_future(forget())  # the nodes' exit records, likewise
