@@ -186,10 +186,13 @@ class Exits(Accounting):
                 self.store.update_job(job_id, **left)
         self._exits.pop(job_id, None)
         newer = self.groups.get(job_id) or self.stopping.get(job_id)
-        if isinstance(newer, LocalReplicaGroup) and newer is not group:
+        if newer is not None and newer is not group:
             # a resize's restart, started from this end (``_on_stopped``): its launch
-            # replaced this group's files with its own, which must stay (review s66: they
-            # were removed, and a daemon restarted while it ran stopped it and ran it again)
+            # replaced this group's files with its own, kept by the job's id as this one's
+            # were (a run file here, an exit record per node on SSH nodes, the keeper's
+            # record under Slurm), which must stay (review s66: they were removed, and a
+            # daemon restarted while it ran stopped it and ran it again).  On an SSH node
+            # the new incarnation does not use, this one's record is left (a stale token)
             pass
         elif isinstance(group, LocalReplicaGroup):
             self._local.forget(group.spec.job_id)  # its result is in the store now
