@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from pollux_local.api.launch import LaunchEnvironment
+from pollux_local.api.states import StopIntent
 from pollux_local.core.types import BatchChoice
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.executor import Executor
@@ -480,6 +481,27 @@ async def test_a_held_rigid_script_that_exits_0_on_sigterm_stays_held(setup) -> 
     launcher.groups[0].exit.set_result(0)
     await asyncio.sleep(0.05)
     assert state(store, job_id) == "held"
+
+
+@pytest.mark.asyncio
+async def test_replicas_the_store_did_not_record_that_end_their_work_have_finished(setup) -> None:  # type: ignore[no-untyped-def]
+    """A start whose record was not written leaves the job queued beside its replicas; the
+    pass stops them (a reconcile).  An elastic job's stop is a checkpoint (exit 75): its exit 0
+    then is its end, and queued it would have run its finished work again (review s66).  A
+    rigid script's 0 after SIGTERM may be its graceful stop: it stays queued."""
+    executor, store, launcher = setup
+    launcher.stubborn = True
+    for elastic, after in ((True, "succeeded"), (False, "queued")):
+        job_id = submit(store, elastic=elastic, max_gpus=1)
+        job = store.get_job(job_id)
+        assert job is not None
+        action = Action(ActionKind.START, job_id, {"far": ["cpu:0"]}, None, "")
+        await executor.start_job(job, action)
+        assert store.requeue_if_placed(job_id, "its start was not recorded", 100.0)
+        await executor.stop_job(job_id, StopIntent.RECONCILE)
+        launcher.groups[-1].exit.set_result(0)
+        await asyncio.sleep(0.05)
+        assert state(store, job_id) == after, elastic
 
 
 @pytest.mark.asyncio

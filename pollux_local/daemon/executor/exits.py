@@ -35,7 +35,9 @@ UNASKED_RESCALE = (
 
 
 #: The stops after which an exit 0 means the job finished its work (a cancel and a time
-#: limit have already given it its end; a reconcile stops what the store does not run).
+#: limit have already given it its end).  A reconcile (replicas of a start the store did not
+#: record) too, for a job whose stop is a checkpoint (elastic or preemptible: exit 75); a
+#: rigid script's 0 after SIGTERM may be its graceful stop (``Exits._on_stopped``).
 FINISHED_IF_OK = frozenset(
     {StopIntent.HOLD, StopIntent.PREEMPT, StopIntent.RESIZE, StopIntent.SHUTDOWN}
 )
@@ -222,12 +224,16 @@ class Exits(Accounting):
     async def _on_stopped(self, job: JobRecord, intent: StopIntent, code: int, now: float) -> None:
         """The end of a group that was asked to stop.  Cancel, hold and the others set the
         job's state when they asked; a job that exited 0 while being held, preempted, resized
-        or stopped for a shutdown has finished (a held one too, when it may be stopped at all:
+        or stopped for a shutdown has finished, and one whose unrecorded start was stopped
+        (a reconcile) when its stop is a checkpoint (a held one too, when it may be stopped at all:
         an elastic job's stop is a checkpoint, exit 75, so its 0 is its end, and released it
         would run its finished work again; a rigid script's 0 after SIGTERM may be its
         graceful stop, so it stays held); a resized job restarts at its new size."""
         action = self._resize.pop(job.id, None) if intent is StopIntent.RESIZE else None
-        if intent in FINISHED_IF_OK and code == ExitCode.OK:
+        checkpoints = job.spec.elastic or job.spec.preemptible  # its stop is an exit 75
+        if code == ExitCode.OK and (
+            intent in FINISHED_IF_OK or (intent is StopIntent.RECONCILE and checkpoints)
+        ):
             if finished_by_ok(job):
                 self._finished(job.id, now)
             return
