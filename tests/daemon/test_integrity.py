@@ -157,7 +157,7 @@ def test_a_damaged_page_is_found_by_quick_check(tmp_path: Path) -> None:
 def test_schema_version_and_migrations_in_order(tmp_path: Path) -> None:
     assert [number for number, _, _ in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
     store = StateStore(tmp_path / "new.db")
-    assert store.version == SCHEMA_VERSION == 8
+    assert store.version == SCHEMA_VERSION == 9
     assert store.schema_version() == SCHEMA_VERSION
     store.close()
 

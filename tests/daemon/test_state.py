@@ -237,7 +237,7 @@ def test_migration_4_keeps_the_jobs_of_an_older_database(tmp_path: Path) -> None
     path.chmod(0o600)
 
     store = StateStore(path)
-    assert store.version == SCHEMA_VERSION == 8
+    assert store.version == SCHEMA_VERSION == 9
     [kept] = store.jobs()
     assert kept.name == "kept" and kept.state.value == "succeeded"
     assert kept.spec.argv == ["python", "train.py", "--lr", "0.1"] and kept.spec.min_gpus == 2

@@ -64,6 +64,12 @@ _STOPS = {
 }
 
 
+def admin_hold(ctx: Context, job: JobRecord) -> bool:
+    """Whether a hold of ``job`` by the caller is an admin's: an admin's (or root's) hold of
+    another user's job, which only an admin may release (its owner could undo it before)."""
+    return ctx.is_admin() and not is_owner(ctx.peer, job.owner_uid, job.owner_name)
+
+
 async def stop_as(ctx: Context, job: JobRecord, state: JobState) -> None:
     """Record ``state`` for the job with its decision (first, one transaction; its caller
     makes it durable before it answers), then have its processes stopped (they checkpoint;
@@ -73,6 +79,11 @@ async def stop_as(ctx: Context, job: JobRecord, state: JobState) -> None:
     intent, kind = _STOPS[state]
     reason = kind.value
     changes: dict[str, Any] = {"reason": reason}
+    if state == JobState.HELD:  # recorded first: a hold is the admin's or its owner's
+        admins = admin_hold(ctx, job)
+        ctx.store.set_admin_hold(job.id, admins)
+        if admins:
+            changes["reason"] = "held by an admin"
     if state == JobState.CANCELLED:
         changes["end_time"] = now
     decision = DecisionEntry(kind, f"{reason} by {ctx.peer.name}")
@@ -187,11 +198,15 @@ async def hold(ctx: Context, request: Hold) -> StateChangeReply:
                         continue  # it started or ended since it was listed
                     if job.state in TERMINAL_STATES:
                         raise Conflict(f"job {job.id} has already {job.state}")
-                    if job.state != JobState.HELD:
-                        try:
+                    try:
+                        if job.state != JobState.HELD:
                             await stop_as(ctx, job, JobState.HELD)
-                        except sqlite3.Error as exc:
-                            raise _write_failed("hold", job, exc, held) from None
+                        elif admin_hold(ctx, job) and not ctx.store.admin_held(job.id):
+                            # held by its owner, and now by an admin too: the admin's holds
+                            ctx.store.set_admin_hold(job.id, True)
+                            ctx.store.update_job(job.id, reason="held by an admin")
+                    except sqlite3.Error as exc:
+                        raise _write_failed("hold", job, exc, held) from None
                     held.append(job.job_id)
     finally:
         ctx.store.make_durable()
@@ -220,7 +235,7 @@ async def release(ctx: Context, request: Release) -> StateChangeReply:
                         raise Conflict(f"job {job.id} is not held (it is {job.state})")
                     try:
                         _release_one(ctx, job, released)
-                    except (InvalidRequest, LimitExceeded) as exc:
+                    except (InvalidRequest, LimitExceeded, PermissionDenied) as exc:
                         if not request.all:
                             raise
                         refused[job.job_id] = str(exc)
@@ -234,7 +249,12 @@ async def release(ctx: Context, request: Release) -> StateChangeReply:
 
 def _release_one(ctx: Context, job: JobRecord, done: list[str]) -> None:
     """``job`` (held) queued again once it passes ``validate_jobs`` (``done``: the jobs this
-    request released before it, for the message of a failed write)."""
+    request released before it, for the message of a failed write); a job an admin held only
+    by an admin (:func:`admin_hold`)."""
+    if not ctx.is_admin() and ctx.store.admin_held(job.id):
+        raise PermissionDenied(
+            f"permission denied: job {job.id} was held by an admin; only an admin may release it"
+        )
     [spec] = validate_jobs(
         ctx, [job.spec], owner_uid=job.owner_uid, owner_name=job.owner_name,
         env=job.env or {}, adding=0, kept_group=job.spec.group,
@@ -249,6 +269,7 @@ def _release_one(ctx: Context, job: JobRecord, done: list[str]) -> None:
             job.id, JobState.QUEUED, ctx.clock(), decision,
             reason="released", retry_after=0.0, durable=False, **changes,
         )  # fmt: skip
+        ctx.store.set_admin_hold(job.id, False)
     except sqlite3.Error as exc:
         raise _write_failed("release", job, exc, done) from None
 

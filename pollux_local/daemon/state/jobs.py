@@ -349,6 +349,20 @@ class Jobs(Outbox):
         except KeyError:
             return False
 
+    def set_admin_hold(self, job_id: int, held: bool) -> None:
+        """Record whether the job's hold is an admin's (not its owner's): only an admin
+        releases it (``handlers.control``).  Each hold sets it, each release clears it."""
+        with self.transaction():
+            if held:
+                self.db.execute("INSERT OR IGNORE INTO admin_holds (id) VALUES (?)", (job_id,))
+            else:
+                self.db.execute("DELETE FROM admin_holds WHERE id = ?", (job_id,))
+
+    def admin_held(self, job_id: int) -> bool:
+        """Whether the job's hold is an admin's (:meth:`set_admin_hold`)."""
+        row = self.db.execute("SELECT 1 FROM admin_holds WHERE id = ?", (job_id,)).fetchone()
+        return row is not None
+
     def array_tasks(self, array_id: int) -> list[JobRecord]:
         """Every task of the array whose first task is job ``array_id`` (restarted tasks
         included), in id order, without environments."""

@@ -312,6 +312,7 @@ class Retention(Blobs):
                 ("decisions", "job_id"),
                 ("history", "job_id"),
                 ("job_ends", "job_id"),
+                ("admin_holds", "id"),
                 ("jobs", "id"),
             ):
                 self.db.execute(f"DELETE FROM {table} WHERE {column} IN ({marks})", ids)

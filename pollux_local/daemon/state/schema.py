@@ -117,6 +117,12 @@ CREATE TABLE IF NOT EXISTS dependency_outcomes (
 );
 """
 
+_SCHEMA_V9 = """
+CREATE TABLE IF NOT EXISTS admin_holds (
+    id INTEGER PRIMARY KEY
+);
+"""
+
 #: The schema's migrations, applied in order: (version, what it does, SQL).  A database
 #: records the version it reached in ``meta.schema_version`` (version 1 is the schema of the
 #: daemons that recorded none; its statements create only what is missing).
@@ -161,6 +167,11 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         " that retention removes its row: an --after list kept a thousand rows each, for"
         " as long as the job waiting stayed",
         _SCHEMA_V8,
+    ),
+    (
+        9,
+        "the held jobs an admin (not their owner) held: only an admin releases them",
+        _SCHEMA_V9,
     ),
 )
 #: The version this daemon writes.
