@@ -313,3 +313,35 @@ def test_a_step_srun_ends_255_whose_tasks_all_exited_0_is_a_success(tmp_path: Pa
     )
     record = _keep(tmp_path, named, tasks=2)
     assert record["exit_code"] == 4 and "recorded" not in record
+
+
+def test_the_rank_wrappers_command_gets_sigint_and_sigquit_as_on_other_launchers(
+    tmp_path: Path,
+) -> None:
+    """The command starts with no signal ignored (as the local supervisor's replicas: SIGINT
+    at its default), so a SIGINT of the step (srun's second Ctrl-C, a ``scancel -s INT``)
+    reaches it; run with ``&`` it had SIGINT and SIGQUIT ignored and lived on (review s67).
+    An exit of 147 (128 + SIGSTOP) is the task's exit, not a stop of the wrapper for good."""
+    import subprocess
+
+    from pollux_local.launch.slurm.launcher import RANK_WRAPPER
+
+    env = {"PATH": "/usr/bin:/bin", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+           "SLURM_NODEID": "0"}  # fmt: skip
+    exits = str(tmp_path / "exit-rank")
+    shown = subprocess.run(
+        ["/bin/sh", "-c", RANK_WRAPPER, "pollux-rank", str(tmp_path), exits,
+         "grep", "^SigIgn:", "/proc/self/status"],
+        env=env, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown
+    ignored = int(shown.stdout.split()[1], 16)
+    assert not ignored & (1 << (2 - 1)), "SIGINT ignored in the command"
+    assert not ignored & (1 << (3 - 1)), "SIGQUIT ignored in the command"
+    stopped = subprocess.run(
+        ["/bin/sh", "-c", RANK_WRAPPER, "pollux-rank", str(tmp_path), exits,
+         "sh", "-c", "exit 147"],
+        env=env, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert stopped.returncode == 147
+    assert (tmp_path / "exit-rank0").read_text() == "147\n"

@@ -52,12 +52,16 @@ RANK_WRAPPER = (
     " && export RANK LOCAL_RANK NODE_RANK GROUP_RANK ROLE_RANK"
     # $2: where the task's own end is written ($2<rank>), for the keeper: srun may end 255
     # while every task exited 0.  So the command runs as the shell's child, not in its place;
-    # the shell ignores what Slurm sends the whole step (the command gets it itself) and
-    # ends as the command did, of its signal too
-    ' && { "$@" & child=$!; trap "" TERM INT HUP USR1 USR2; wait "$child"; code=$?;'
+    # the shell catches what Slurm sends the whole step with a trap that does nothing (the
+    # command gets it itself; a caught signal is the default again in the command, where an
+    # ignored one stayed ignored, and a command run with "&" has SIGINT and SIGQUIT ignored
+    # and /dev/null for stdin) and ends as the command did, of its signal too: not of one
+    # that stops rather than ends (an exit 147 stopped the shell, SIGSTOP, for good)
+    ' && { trap : TERM INT HUP USR1 USR2; "$@"; code=$?;'
     ' [ -z "$exits" ] || printf "%s\\n" "$code" 2>/dev/null >"$exits$SLURM_PROCID";'
     ' if [ "$code" -gt 128 ] && [ "$code" -le 192 ]; then'
-    ' trap - TERM INT HUP USR1 USR2; kill -"$((code - 128))" $$; fi; exit "$code"; }'
+    " case $((code - 128)) in 17|18|19|20|21|22|23|28) ;; *)"
+    ' trap - TERM INT HUP USR1 USR2; kill -"$((code - 128))" $$;; esac; fi; exit "$code"; }'
 )
 
 
