@@ -253,8 +253,10 @@ def job_file_exists(directory: Path, name: str, owner_uid: int) -> bool:
 def job_dir_stat(parent: Path, name: str) -> os.stat_result:
     """``lstat`` of ``parent/name`` (a job's directory in ``jobs/``, a name under a checkpoint
     root) without entering a file system mounted there: ``FileNotFoundError`` when absent,
-    :class:`UnsafeJobFile` for a mount point, ``OSError`` when it cannot be looked at."""
-    parent_fd = _open_directory(parent)
+    :class:`UnsafeJobFile` for a mount point, ``OSError`` when it cannot be looked at.
+    ``parent`` is followed as ``lstat`` followed it (the daemon's ``jobs/``, or a
+    ``checkpoint_root`` an admin may give as a symlink: review s67)."""
+    parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         fd = open_within(parent_fd, name, os.O_PATH | os.O_NOFOLLOW, parent / name)
         try:

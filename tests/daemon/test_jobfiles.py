@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,18 @@ def test_a_file_system_mounted_on_a_job_directory_or_file_is_never_entered(
     assert job_dir_stat(job_dir.parent, "7").st_ino == os.lstat(job_dir).st_ino
     with pytest.raises(FileNotFoundError):
         job_dir_stat(job_dir.parent, "10")
+
+
+def test_a_legacy_checkpoint_dir_under_a_symlinked_checkpoint_root_is_still_found(
+    tmp_path: Path,
+) -> None:
+    """``checkpoint_dir_under`` keeps a ``ROOT/<id>`` of the job's user; a ``checkpoint_root``
+    given as a symlink (``/scratch -> /mnt/big/scratch``) was followed by ``lstat``, and
+    ``job_dir_stat`` refused it as "not a directory (a symlink?)", so the job was given a new
+    directory and lost its checkpoints (review s67)."""
+    from pollux_local.daemon.jobfiles import job_dir_stat
+
+    (tmp_path / "real" / "5").mkdir(parents=True)
+    (tmp_path / "root").symlink_to("real")
+    info = job_dir_stat(tmp_path / "root", "5")
+    assert stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid()
