@@ -166,6 +166,9 @@ class JobView:
     owner: str = "default"
     model: GoodputModelLike | None = None
     age_s: float = 0.0
+    #: seconds a queued job has waited to run (since it was last queued, its begin time or
+    #: the end of its back-off)
+    waited_s: float = 0.0
     restarts: int = 0
     min_replicas: int = 1
     max_replicas: int = 1 << 30

@@ -73,16 +73,13 @@ class _OpenHow(ctypes.Structure):
 
 
 _libc: ctypes.CDLL | None = None
-#: False once the kernel (or a seccomp filter) refused openat2 itself
-_have_openat2 = True
+#: whether openat2 works here (``None``: not tried yet; :func:`_openat2_works`)
+_have_openat2: bool | None = None
 
 
-def _openat2(dir_fd: int, name: str, flags: int, resolve: int) -> int:
-    """openat2(dir_fd, name, {flags | O_CLOEXEC, 0, resolve}); ``OSError`` on failure,
-    ``NotImplementedError`` where there is no openat2."""
-    global _libc, _have_openat2
-    if not _have_openat2:
-        raise NotImplementedError
+def _syscall_openat2(dir_fd: int, name: str, flags: int, resolve: int) -> tuple[int, int]:
+    """openat2(dir_fd, name, {flags | O_CLOEXEC, 0, resolve}): ``(fd, 0)`` or ``(-1, errno)``."""
+    global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
         _libc.syscall.restype = ctypes.c_long
@@ -91,12 +88,29 @@ def _openat2(dir_fd: int, name: str, flags: int, resolve: int) -> int:
         ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dir_fd), os.fsencode(name),
         ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)),
     )  # fmt: skip
-    if fd >= 0:
-        return int(fd)
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EPERM):  # no openat2 here: a kernel before 5.6, a filter
-        _have_openat2 = False
+    return (int(fd), 0) if fd >= 0 else (-1, ctypes.get_errno())
+
+
+def _openat2_works() -> bool:
+    """Whether openat2 runs here, tried once on ``/`` (a kernel before 5.6 or a seccomp
+    filter refuses it: ENOSYS, EPERM); an error of a later call is then that call's own."""
+    global _have_openat2
+    if _have_openat2 is None:
+        fd, _ = _syscall_openat2(-100, "/", os.O_PATH, 0)  # AT_FDCWD
+        _have_openat2 = fd >= 0
+        if fd >= 0:
+            os.close(fd)
+    return _have_openat2
+
+
+def _openat2(dir_fd: int, name: str, flags: int, resolve: int) -> int:
+    """openat2(dir_fd, name, {flags | O_CLOEXEC, 0, resolve}); ``OSError`` on failure,
+    ``NotImplementedError`` where there is no openat2."""
+    if not _openat2_works():
         raise NotImplementedError
+    fd, err = _syscall_openat2(dir_fd, name, flags, resolve)
+    if fd >= 0:
+        return fd
     raise OSError(err, os.strerror(err), name)
 
 

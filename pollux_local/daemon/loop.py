@@ -391,7 +391,7 @@ class SchedulingLoop:
                 reason = f"held by the daemon: {why} (the config changed since it was queued)"
                 self.store.transition(
                     job.id, JobState.HELD, now, DecisionEntry(DecisionKind.HELD, reason),
-                    reason=reason,
+                    reason=reason, admin_hold=False,
                 )  # fmt: skip
                 refused.add(job.id)
             else:

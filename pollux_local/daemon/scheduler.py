@@ -622,6 +622,7 @@ def job_input(
         owner=job.owner_name,
         phase=_PHASES.get(job.state, JobPhase.QUEUED),
         submit_time=job.submit_time,
+        queued_since=job.queued_since,
         priority=job.priority,
         restarts=job.restarts,
         allocation=job.placement,

@@ -63,3 +63,21 @@ def test_a_stream_of_narrow_rigid_jobs_does_not_starve_another_users_wide_one() 
                 assert "starts only after job 2 (bob), which waits for 4" in reason, reason
         queued = [j for j in queued if j not in starts] + [max(queued) + 1]
     raise AssertionError("bob's four-device job never started in 59 passes")
+
+
+def test_the_wait_is_counted_from_when_the_job_was_last_queued() -> None:
+    """Held for hours, then released a minute ago, a wide job has waited a minute: the narrow
+    rigid jobs behind it still fill the devices it cannot use (a hold does not skip the
+    two hours); queued two hours ago, they wait behind it."""
+    policy = make_policy("goodput")
+    now = 50_000.0
+    alices = JobInput(id=1, owner="alice", phase=JobPhase.RUNNING, allocation={"ws": ["cpu:0"]},
+                      submit_time=0.0, min_devices=1, elastic=False, last_start=now - 60)  # fmt: skip
+    narrow = JobInput(id=3, owner="alice", submit_time=now - 30, min_devices=1, elastic=False)
+    for queued_since, starts in ((now - 60.0, True), (now - RESERVE_AFTER_S, False)):
+        wide = JobInput(id=2, owner="bob", submit_time=0.0, queued_since=queued_since,
+                        min_devices=4, elastic=False)  # fmt: skip
+        snapshot = Snapshot(jobs=[wide, alices, narrow], nodes=[NODE], now=now, limits=Limits())
+        plan = run_pass(snapshot, policy, np.random.default_rng(0))
+        started = {a.job_id for a in plan.actions if a.kind is ActionKind.START}
+        assert (3 in started) == starts, (queued_since, plan.reasons)

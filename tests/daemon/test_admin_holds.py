@@ -31,7 +31,7 @@ def _context(store: StateStore, uid: int, tmp_path: Path) -> Context:
     return Context(
         peer=Peer(1, uid, uid), store=store, executor=_Executor(),  # type: ignore[arg-type]
         config=DaemonConfig(nodes=(NodeConfig("n0", ("cpu:0",)),)), state_dir=tmp_path,
-        clock=lambda: 0.0, models=ModelCache(), metrics=MetricHistory(), mutex=asyncio.Lock(),
+        clock=lambda: 100.0, models=ModelCache(), metrics=MetricHistory(), mutex=asyncio.Lock(),
         wake=lambda: None, daemon_uid=0, policy_name="fifo",
     )  # fmt: skip
 
@@ -73,6 +73,7 @@ def test_only_an_admin_releases_what_an_admin_held(tmp_path: Path) -> None:
     for job_id in (first, second):
         asyncio.run(release(admin, Release(id=str(job_id))))
         assert (record(job_id).state, store.admin_held(job_id)) == ("queued", False)
+        assert record(job_id).queued_since == 100.0  # it waits from its release
     # the admin's own job: an ordinary hold
     mine = store.add_job(
         name="j", owner_uid=0, owner_gid=0, owner_name="root", spec={"argv": ["x"], "workdir": "/"},

@@ -147,6 +147,17 @@ def test_a_file_system_mounted_on_a_job_directory_or_file_is_never_entered(
     assert job_dir_stat(job_dir.parent, "7").st_ino == os.lstat(job_dir).st_ino
     with pytest.raises(FileNotFoundError):
         job_dir_stat(job_dir.parent, "10")
+    # without openat2 (a kernel before 5.6): another file system is found once opened
+    import pollux_local.daemon.jobfiles as jobfiles
+
+    mounted_as = jobfiles._have_openat2
+    jobfiles._have_openat2 = False
+    try:
+        with pytest.raises(UnsafeJobFile, match="9 is a mount point"):
+            read_job_file(over, "rank0.log", UID)
+        assert read_job_file(job_dir, "rank0.log", UID)[0] == b"0123456789"
+    finally:
+        jobfiles._have_openat2 = mounted_as
 
 
 def test_a_legacy_checkpoint_dir_under_a_symlinked_checkpoint_root_is_still_found(

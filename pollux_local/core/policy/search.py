@@ -62,7 +62,7 @@ class Search(Objective):
         waiting_anyway = {id(pl) for pl in behind_pinned}
         for pl in sorted(runnable + behind_pinned, key=service_key):
             if id(pl) in waiting_anyway:
-                if blocked is None and pl.job.age_s >= self.reserve_after_s:
+                if blocked is None and pl.job.waited_s >= self.reserve_after_s:
                     blocked = pl
                 continue
             if (
@@ -85,7 +85,7 @@ class Search(Objective):
             else:
                 holders = pinned + tuple(Holder(a.job.id, hold_rule(a, pl)) for a in ahead)
                 pl.waiting = Waiting("devices", pl.min_k, holders)
-                if blocked is None and pl.job.age_s >= self.reserve_after_s:
+                if blocked is None and pl.job.waited_s >= self.reserve_after_s:
                     blocked = pl
 
     # ------------------------------------------------------------------ greedy

@@ -83,6 +83,8 @@ class JobInput:
     owner: str = "default"
     phase: JobPhase = JobPhase.QUEUED
     submit_time: float = 0.0
+    #: when it last became queued (``None``: at ``submit_time``)
+    queued_since: float | None = None
     priority: int = 0
     restarts: int = 0
     allocation: Mapping[str, Sequence[str]] = field(default_factory=dict)

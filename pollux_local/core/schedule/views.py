@@ -71,6 +71,14 @@ def job_view(job: JobInput, nodes: Sequence[NodeInput], now: float) -> JobView:
     return view_with(job, job.model, nodes, now)
 
 
+def waited_s(job: JobInput, now: float) -> float:
+    """How long a queued job has waited to run: since it was last queued (its submit, a
+    release, a requeue), its begin time or the end of its back-off, whichever is latest."""
+    since = job.submit_time if job.queued_since is None else job.queued_since
+    since = max(since, job.begin_at or since, job.retry_after)
+    return max(0.0, now - since)
+
+
 def view_with(
     job: JobInput, model: GoodputModel | None, nodes: Sequence[NodeInput], now: float
 ) -> JobView:
@@ -82,6 +90,7 @@ def view_with(
         owner=job.owner,
         model=model,
         age_s=max(0.0, now - job.submit_time),
+        waited_s=waited_s(job, now),
         # the count is of starts; a view counts the changes after the first
         restarts=max(job.restarts - 1, 0),
         min_replicas=low,

@@ -79,10 +79,9 @@ async def stop_as(ctx: Context, job: JobRecord, state: JobState) -> None:
     intent, kind = _STOPS[state]
     reason = kind.value
     changes: dict[str, Any] = {"reason": reason}
-    if state == JobState.HELD:  # recorded first: a hold is the admin's or its owner's
-        admins = admin_hold(ctx, job)
-        ctx.store.set_admin_hold(job.id, admins)
-        if admins:
+    if state == JobState.HELD:  # a hold is the admin's or its owner's, recorded with it
+        changes["admin_hold"] = admin_hold(ctx, job)
+        if changes["admin_hold"]:
             changes["reason"] = "held by an admin"
     if state == JobState.CANCELLED:
         changes["end_time"] = now
@@ -267,9 +266,8 @@ def _release_one(ctx: Context, job: JobRecord, done: list[str]) -> None:
     try:
         ctx.store.transition(
             job.id, JobState.QUEUED, ctx.clock(), decision,
-            reason="released", retry_after=0.0, durable=False, **changes,
+            reason="released", retry_after=0.0, admin_hold=False, durable=False, **changes,
         )  # fmt: skip
-        ctx.store.set_admin_hold(job.id, False)
     except sqlite3.Error as exc:
         raise _write_failed("release", job, exc, done) from None
 

@@ -112,10 +112,19 @@ class StoreBase:
                     "state database %s: schema %d -> %d (%s)", self.path, version, number, what
                 )
             try:
-                self.db.executescript(
-                    f"BEGIN IMMEDIATE;\n{sql}\nINSERT OR REPLACE INTO meta (key, value)"
-                    f" VALUES ('schema_version', '{number}');\nCOMMIT;"
-                )
+                if callable(sql):
+                    self.db.execute("BEGIN IMMEDIATE")
+                    sql(self.db)
+                    self.db.execute(
+                        "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
+                        (str(number),),
+                    )
+                    self.db.execute("COMMIT")
+                else:
+                    self.db.executescript(
+                        f"BEGIN IMMEDIATE;\n{sql}\nINSERT OR REPLACE INTO meta (key, value)"
+                        f" VALUES ('schema_version', '{number}');\nCOMMIT;"
+                    )
             except sqlite3.Error:
                 if self.db.in_transaction:
                     self.db.execute("ROLLBACK")

@@ -258,6 +258,7 @@ class Jobs(Outbox):
         *,
         only_from: Iterable[JobState] | None = None,
         durable: bool = True,
+        admin_hold: bool | None = None,
         **changes: Any,
     ) -> bool:
         """Move job ``job_id`` to ``state``, with ``changes`` to its other columns, its
@@ -271,7 +272,9 @@ class Jobs(Outbox):
         incarnation passes its exit here (``exit_code``, ``exit_signal``, ``replica_exits``)
         with the state it leads to, so that an end is never stored without its exit.  Committed with
         ``synchronous=FULL`` (:meth:`durably`) unless ``durable`` is false: a caller changing
-        many jobs at once then calls :meth:`make_durable` once, before it answers."""
+        many jobs at once then calls :meth:`make_durable` once, before it answers.
+        ``admin_hold`` (not ``None``) records in the same transaction whether the job is held
+        by an admin (:meth:`set_admin_hold`)."""
         state = JobState(state)
         allowed = None if only_from is None else frozenset(JobState(s) for s in only_from)
         with self.durably() if durable else contextlib.nullcontext(), self.transaction():
@@ -284,7 +287,11 @@ class Jobs(Outbox):
                 return False
             if not before.can_become(state):
                 raise IllegalTransition(job_id, before, state)
+            if state == JobState.QUEUED and before != JobState.QUEUED:
+                changes.setdefault("queued_since", now)  # waiting from now (a release, ...)
             self._write_job(job_id, {"state": state, **changes})
+            if admin_hold is not None:
+                self._write_admin_hold(job_id, admin_hold)
             if state in TERMINAL_STATES:
                 # a job's end and its entry in the outbox of ends (notifications) are one
                 # transaction: an end is never recorded without being announced, nor twice
@@ -353,10 +360,13 @@ class Jobs(Outbox):
         """Record whether the job's hold is an admin's (not its owner's): only an admin
         releases it (``handlers.control``).  Each hold sets it, each release clears it."""
         with self.transaction():
-            if held:
-                self.db.execute("INSERT OR IGNORE INTO admin_holds (id) VALUES (?)", (job_id,))
-            else:
-                self.db.execute("DELETE FROM admin_holds WHERE id = ?", (job_id,))
+            self._write_admin_hold(job_id, held)
+
+    def _write_admin_hold(self, job_id: int, held: bool) -> None:
+        if held:
+            self.db.execute("INSERT OR IGNORE INTO admin_holds (id) VALUES (?)", (job_id,))
+        else:
+            self.db.execute("DELETE FROM admin_holds WHERE id = ?", (job_id,))
 
     def admin_held(self, job_id: int) -> bool:
         """Whether the job's hold is an admin's (:meth:`set_admin_hold`)."""

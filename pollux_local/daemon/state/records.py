@@ -100,6 +100,8 @@ class JobRecord:
     exit_code: int | None = None
     exit_signal: int | None = None
     replica_exits: list[ReplicaExit] = field(default_factory=list)
+    #: when it last became queued (``None``: not since it was submitted)
+    queued_since: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.spec, dict):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Callable
+
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -117,16 +120,22 @@ CREATE TABLE IF NOT EXISTS dependency_outcomes (
 );
 """
 
-_SCHEMA_V9 = """
-CREATE TABLE IF NOT EXISTS admin_holds (
-    id INTEGER PRIMARY KEY
-);
-"""
 
-#: The schema's migrations, applied in order: (version, what it does, SQL).  A database
+def _schema_v9(db: sqlite3.Connection) -> None:
+    """The holds admins put on other users' jobs; when each job was last queued.  Written to
+    run again on a database that has them (as the SQL ones do: a column is added only where
+    it is missing)."""
+    db.execute("CREATE TABLE IF NOT EXISTS admin_holds (id INTEGER PRIMARY KEY)")
+    columns = {str(row[1]) for row in db.execute("PRAGMA table_info(jobs)")}
+    if "queued_since" not in columns:
+        db.execute("ALTER TABLE jobs ADD COLUMN queued_since REAL")
+
+
+#: The schema's migrations, applied in order: (version, what it does, SQL, or a function
+#: of the connection run in the migration's transaction).  A database
 #: records the version it reached in ``meta.schema_version`` (version 1 is the schema of the
 #: daemons that recorded none; its statements create only what is missing).
-MIGRATIONS: tuple[tuple[int, str, str], ...] = (
+MIGRATIONS: tuple[tuple[int, str, str | Callable[[sqlite3.Connection], None]], ...] = (
     (1, "jobs, decisions, history and meta tables", _SCHEMA_V1),
     (2, "indexes on jobs' end time and owner (status filters)", _SCHEMA_V2),
     (
@@ -170,8 +179,9 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     ),
     (
         9,
-        "the held jobs an admin (not their owner) held: only an admin releases them",
-        _SCHEMA_V9,
+        "the held jobs an admin (not their owner) held, which only an admin releases; when"
+        " each job was last queued (how long it has waited for devices)",
+        _schema_v9,
     ),
 )
 #: The version this daemon writes.
