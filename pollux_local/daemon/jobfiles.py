@@ -229,15 +229,20 @@ def read_whole_job_file(
         return os.pread(fd, size, 0)
 
 
+def _stat_within(dir_fd: int, name: str, shown: Path) -> os.stat_result:
+    """``lstat`` of ``name`` in ``dir_fd`` through :func:`open_within` (``O_PATH``: nothing
+    is opened for reading, a FIFO does not block, no mount is entered)."""
+    fd = open_within(dir_fd, name, os.O_PATH | os.O_NOFOLLOW, shown)
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
 def _job_file_stat(directory: Path, name: str, owner_uid: int) -> os.stat_result:
-    """``lstat`` of ``directory/name`` through :func:`open_job_dir` and :func:`open_within`
-    (``O_PATH``: nothing is opened for reading, a FIFO does not block, no mount is entered)."""
+    """``lstat`` of ``directory/name`` through :func:`open_job_dir` and :func:`_stat_within`."""
     with open_job_dir(directory, owner_uid) as dir_fd:
-        fd = open_within(dir_fd, name, os.O_PATH | os.O_NOFOLLOW, directory / name)
-        try:
-            return os.fstat(fd)
-        finally:
-            os.close(fd)
+        return _stat_within(dir_fd, name, directory / name)
 
 
 def job_file_mtime(directory: Path, name: str, owner_uid: int) -> float | None:
@@ -272,11 +277,7 @@ def job_dir_stat(parent: Path, name: str) -> os.stat_result:
     ``checkpoint_root`` an admin may give as a symlink: review s67)."""
     parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fd = open_within(parent_fd, name, os.O_PATH | os.O_NOFOLLOW, parent / name)
-        try:
-            return os.fstat(fd)
-        finally:
-            os.close(fd)
+        return _stat_within(parent_fd, name, parent / name)
     finally:
         os.close(parent_fd)
 
