@@ -33,7 +33,12 @@ try:
 except PolluxError as exc:
     print("REFUSED", exc)
     sys.exit(3)
-print("JOINED")
+print("JOINED", flush=True)
+import torch.distributed as dist
+# both leave together and close the group: a rank that exited with gloo's threads still
+# running aborted now and then ("terminate called without an active exception", -6)
+dist.barrier()
+dist.destroy_process_group()
 """
 
 
