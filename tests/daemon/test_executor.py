@@ -505,6 +505,42 @@ async def test_replicas_the_store_did_not_record_that_end_their_work_have_finish
 
 
 @pytest.mark.asyncio
+async def test_a_job_cancelled_or_held_while_it_starts_is_stopped_at_once(setup) -> None:  # type: ignore[no-untyped-def]
+    """A start made outside the daemon's lock (after a resize's checkpoint, or once its
+    devices were released) can take a while; a cancel or hold recorded meanwhile found no
+    group to stop, and the start then ran the job until the next pass (review s66)."""
+    executor, store, launcher = setup
+    for after, intent in (("cancelled", StopIntent.CANCEL), ("held", StopIntent.HOLD)):
+        job_id = submit(store)
+        job = store.get_job(job_id)
+        assert job is not None
+        gate = asyncio.Event()
+        plain = FakeLauncher.launch
+
+        async def slow(
+            self: FakeLauncher, spec: LaunchSpec, gate: asyncio.Event = gate, plain: Any = plain
+        ) -> FakeGroup:
+            await gate.wait()
+            return await plain(self, spec)  # type: ignore[no-any-return]
+
+        launcher.launch = slow.__get__(launcher)  # type: ignore[method-assign]
+        action = Action(ActionKind.START, job_id, {"far": ["cpu:0"]}, None, "")
+        starting = asyncio.ensure_future(executor.start_job(job, action))
+        await asyncio.sleep(0.01)
+        store.transition(
+            job_id, after, 100.0, None, end_time=100.0 if after == "cancelled" else None
+        )
+        await executor.stop_job(job_id, intent)  # what cancel and hold do: nothing runs yet
+        gate.set()
+        await starting
+        await asyncio.sleep(0.05)
+        assert launcher.groups[-1].stops == 1, after  # stopped at once
+        assert state(store, job_id) == after
+        assert job_id not in executor.groups
+        del launcher.launch
+
+
+@pytest.mark.asyncio
 async def test_a_held_job_stopped_with_its_checkpoint_stays_held(setup) -> None:  # type: ignore[no-untyped-def]
     executor, store, launcher = setup
     job_id = submit(store)

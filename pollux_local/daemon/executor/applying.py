@@ -310,6 +310,15 @@ class Applying(Warm):
         # watched at once: should recording the start fail, its exit is still handled
         self.watchers[job.id] = asyncio.ensure_future(self._watch(job.id, group))
         self._noted_down = {key for key in self._noted_down if key[0] != job.id}
+        current = self.store.get_job(job.id)
+        if current is None or current.state not in (JobState.QUEUED, JobState.RESCALING):
+            # cancelled or held while it started (a start made outside the daemon's lock,
+            # after a resize's checkpoint or once its devices were released): stopped now,
+            # not left running until the next pass (review s66)
+            held = current is not None and current.state == JobState.HELD
+            log.info("job %s: %s while it started; stopped", job.id, "held" if held else "ended")
+            await self.stop_job(job.id, StopIntent.HOLD if held else StopIntent.CANCEL)
+            return
         pids = self.pid_records(spec.slots, group.pids())
         batch = action.batch
         self.store.transition(
