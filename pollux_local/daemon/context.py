@@ -47,6 +47,9 @@ class Context:
     #: the requests' turns per user (``dispatch.in_turns``; ``None``: unpaced, in tests of one
     #: handler)
     read_share: LoopShare | None = None
+    #: raises ``LimitExceeded`` while the replies the peer has not read fill their byte
+    #: budget (``transport.ConnectionBook.room_for_reply``; ``None``: not checked)
+    room_for_reply: Callable[[], None] | None = None
 
     def job(self, job_id: str) -> JobRecord:
         """The job with this id (:class:`NotFound` when there is none)."""

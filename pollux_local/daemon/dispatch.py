@@ -80,6 +80,8 @@ async def dispatch(ctx: Context, request: Request[Any]) -> Reply:
     """The handler of ``request``'s type, and its reply (in its user's turn, :func:`in_turns`)."""
     if ctx.read_share is not None and in_turns(request):
         async with ctx.read_share.turn(ctx.peer.uid):
+            if ctx.room_for_reply is not None:  # in the turn: the earlier replies counted
+                ctx.room_for_reply()
             return await _handle(ctx, request)
     return await _handle(ctx, request)
 

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import faulthandler
+import functools
 import grp
 import logging
 import os
@@ -465,6 +466,7 @@ class Daemon:
             forecasts=self.scheduler.forecasts if self.scheduler is not None else None,
             estimate_pacer=self.estimate_pacer,
             read_share=self.read_share,
+            room_for_reply=functools.partial(self.book.room_for_reply, peer.uid, peer.name),
         )
 
 

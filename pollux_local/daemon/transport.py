@@ -93,6 +93,8 @@ class ConnectionBook:
         self.connections: dict[int, int] = {}
         self.bytes: dict[int, int] = {}
         self.bytes_total = 0
+        #: bytes of replies over :data:`FREE_FRAME_BYTES` each user has not taken yet
+        self.replies: dict[int, int] = {}
 
     def open(self, uid: int) -> bool:
         """Count a new connection of ``uid``; False (not counted) when over its cap."""
@@ -132,6 +134,34 @@ class ConnectionBook:
             else:
                 self.bytes.pop(uid, None)
             self.bytes_total -= nbytes
+
+    @contextlib.contextmanager
+    def hold_reply(self, uid: int, nbytes: int) -> Iterator[None]:
+        """Count ``nbytes`` of a reply to ``uid`` as theirs while it is being sent (never
+        refused: it is computed already; :meth:`room_for_reply` refuses their next request
+        instead)."""
+        self.replies[uid] = self.replies.get(uid, 0) + nbytes
+        try:
+            yield
+        finally:
+            left = self.replies.get(uid, 0) - nbytes
+            if left > 0:
+                self.replies[uid] = left
+            else:
+                self.replies.pop(uid, None)
+
+    def room_for_reply(self, uid: int, name: str) -> None:
+        """:class:`LimitExceeded` while the replies ``uid`` has not taken fill their byte
+        budget (review s68: a reply the client does not read is kept for
+        :data:`REPLY_TIMEOUT_S`, and a log of NULs is a 6 MiB one that anyone may ask for:
+        16 connections held 208 MiB).  Checked in the user's turn, before anything of the
+        request is done, so one user keeps at most their budget and one reply."""
+        held = self.replies.get(uid, 0)
+        if held and held >= self.per_user_bytes:
+            raise LimitExceeded(
+                f"{name} has {held} bytes of replies not yet read, the {self.per_user_bytes}"
+                "-byte cap per user: read them (or close those connections) and try again"
+            )
 
 
 async def read_header(
@@ -232,9 +262,13 @@ class Connections:
         """Write one frame; False (the connection aborted) when the client does not take it
         within :data:`REPLY_TIMEOUT_S`."""
         try:
-            writer.write(data)
             async with asyncio.timeout(REPLY_TIMEOUT_S):
-                await writer.drain()
+                # a part at a time: a client that does not read holds one part in the
+                # transport's buffer, not a second copy of the whole reply
+                view = memoryview(data)
+                for start in range(0, len(view), _CHUNK):
+                    writer.write(view[start : start + _CHUNK])
+                    await writer.drain()
             return True
         except (TimeoutError, ConnectionError, OSError):
             writer.transport.abort()
@@ -345,7 +379,12 @@ class Connections:
                     return
                 except (TimeoutError, ConnectionError):
                     return
-                if not await self.send(writer, reply):
+                # counted as the user's until taken; not kept while the connection idles
+                counted = len(reply) if len(reply) > FREE_FRAME_BYTES else 0
+                with self.book.hold_reply(peer.uid, counted):
+                    sent = await self.send(writer, reply)
+                del reply
+                if not sent:
                     return
         except (ConnectionError, OSError):
             pass

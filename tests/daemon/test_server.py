@@ -196,6 +196,59 @@ async def test_bytes_in_flight_are_capped_per_user_and_given_back(daemon: Daemon
     assert daemon.book.connections == {}
 
 
+def _unread_logs(path: Path, job_id: str) -> socket.socket:
+    """A ``logs`` request for 1 MiB whose reply is never read."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(20)
+    sock.connect(str(path))
+    body = json.dumps({"v": 1, "type": "logs", "id": job_id, "max_bytes": 1 << 20}).encode()
+    sock.sendall(struct.pack(">I", len(body)) + body)
+    return sock
+
+
+@pytest.mark.asyncio
+async def test_replies_not_read_are_held_within_the_users_budget(daemon: Daemon) -> None:
+    """Review s68: a reply was outside the byte budget.  A log of 1 MiB of NULs is a 6 MiB
+    reply (each byte ``\\u0000``), anyone may ask for any job's log, and a reply the client
+    does not read is kept for 30 s: 16 connections asking for it and reading nothing held
+    208 MiB of the daemon (the reply and the transport's copy of it), again and again.  Now
+    the replies a user has not taken count against their budget: past it, their next request
+    is refused (nothing of it done), and a reply is handed to the socket a part at a time."""
+    client = Client(daemon.socket_path)
+    job = await asyncio.to_thread(
+        client.request, "submit", argv=["/bin/true"], workdir="/", hold=True
+    )
+    folder = daemon.state_dir / "jobs" / job["id"]
+    folder.mkdir(mode=0o700, parents=True)
+    (folder / "rank0.log").write_bytes(b"\x00" * (1 << 20))
+    me = psutil.Process()
+    await asyncio.sleep(0.2)
+    before = me.memory_info().rss
+    socks = [
+        await asyncio.to_thread(_unread_logs, daemon.socket_path, job["id"]) for _ in range(16)
+    ]
+    await asyncio.sleep(1.0)
+    held = me.memory_info().rss - before
+    replies = [await asyncio.to_thread(_reply, sock) for sock in socks]
+    for sock in socks:
+        sock.close()
+    served = [r for r in replies if r.get("ok")]
+    refused = [r for r in replies if r.get("code") == "limit_exceeded"]
+    assert len(served) + len(refused) == 16
+    assert all(r["size"] == 1 << 20 for r in served)
+    assert refused and "not yet read" in refused[0]["error"]
+    assert held < 80 * 2**20, f"{held / 2**20:.0f} MiB held for replies nobody reads"
+    # taken, they are given back: the same user is served again
+    again = await asyncio.to_thread(client.request, "logs", id=job["id"], max_bytes=1 << 20)
+    assert again["size"] == 1 << 20
+    for _ in range(50):
+        if not daemon.book.replies:
+            break
+        await asyncio.sleep(0.02)
+    assert daemon.book.replies == {}
+
+
 @pytest.mark.asyncio
 async def test_a_frame_must_arrive_within_its_deadline(daemon: Daemon) -> None:
     slow = await asyncio.to_thread(_partial, daemon.socket_path, 5000, 100)
