@@ -128,11 +128,7 @@ class ConnectionBook:
         try:
             yield
         finally:
-            left = self.bytes.get(uid, 0) - nbytes
-            if left > 0:
-                self.bytes[uid] = left
-            else:
-                self.bytes.pop(uid, None)
+            _give_back(self.bytes, uid, nbytes)
             self.bytes_total -= nbytes
 
     @contextlib.contextmanager
@@ -144,11 +140,7 @@ class ConnectionBook:
         try:
             yield
         finally:
-            left = self.replies.get(uid, 0) - nbytes
-            if left > 0:
-                self.replies[uid] = left
-            else:
-                self.replies.pop(uid, None)
+            _give_back(self.replies, uid, nbytes)
 
     def room_for_reply(self, uid: int, name: str) -> None:
         """:class:`LimitExceeded` while the replies ``uid`` has not taken fill their byte
@@ -162,6 +154,15 @@ class ConnectionBook:
                 f"{name} has {held} bytes of replies not yet read, the {self.per_user_bytes}"
                 "-byte cap per user: read them (or close those connections) and try again"
             )
+
+
+def _give_back(counts: dict[int, int], uid: int, nbytes: int) -> None:
+    """Take ``nbytes`` off ``uid``'s count in ``counts``; a count that reaches 0 goes."""
+    left = counts.get(uid, 0) - nbytes
+    if left > 0:
+        counts[uid] = left
+    else:
+        counts.pop(uid, None)
 
 
 async def read_header(
