@@ -509,3 +509,34 @@ def test_a_job_whose_command_was_removed_is_not_restarted(tmp_path: Path) -> Non
 
     with pytest.raises(Conflict, match="command and environment were removed"):
         restart(Ctx(), Restart(id=str(fat[0])))  # type: ignore[arg-type]
+
+
+def test_restarts_of_an_arrays_task_do_not_stay_past_the_cap(tmp_path: Path) -> None:
+    """An array with an active task keeps its ended tasks, but a task restarted since (a newer
+    task of the same index) is not one of them (review s70: ``restart --hold`` then
+    ``cancel`` of one task, in a loop, while another task stayed held, grew a 2-task array to
+    thousands of rows kept past ``max_ended_per_user``, for as long as that task was held)."""
+    store = StateStore(tmp_path / "state.db")
+    # the array's first task (its handle, job 1), queued for ever
+    first = add(store, 1001, 1.0, array_id="1", array_index=0)
+    assert first == 1
+    spec = {"array_id": "1", "array_index": 1}
+    copies = []
+    for step in range(20):  # task 1, restarted and cancelled again and again
+        copies.append(add(store, 1001, 2.0 + step, **spec))
+        end(store, copies[-1], 2.5 + step)
+    announce_all(store)
+    removed = store.prune_ended(keep_per_user=1, budget_s=1.0)
+    assert sorted(removed) == copies[:-1]  # the newest of task 1 stays with its array
+    assert store.get_job(copies[-1]) is not None and store.get_job(first) is not None
+    # by bytes too: what is superseded goes, not only its command
+    again = StateStore(tmp_path / "again.db")
+    first = add(again, 1001, 1.0, array_id="1", array_index=0)
+    copies = []
+    for step in range(20):
+        copies.append(add(again, 1001, 2.0 + step, **spec))
+        end(again, copies[-1], 2.5 + step)
+    announce_all(again)
+    removed = again.prune_ended(0, budget_s=1.0, keep_bytes_per_user=1)
+    assert sorted(removed) == copies[:-1]
+    assert again.get_job(copies[-1]) is not None and again.get_job(first) is not None

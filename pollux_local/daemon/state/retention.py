@@ -5,9 +5,9 @@ Ended jobs were kept for ever, and one user could make about 1,300 a second (hel
 cancelled): the database grew by a megabyte a second on root's disk.  Beyond the cap, a
 user's oldest ended jobs are removed with their decisions, history samples and announced
 ends, and the stored commands and environments no job names any more.  Kept whatever their
-age: every task of an array that still has an active task, a job whose end is not yet
-announced (notifications), and one whose processes are still stopping (the daemon says
-which).  A job an active job waits for (``--after``) goes like any other, but how it ended
+age: every task of an array that still has an active task (not one restarted since: a
+newer task of its index), a job whose end is not yet announced (notifications), and one
+whose processes are still stopping (the daemon says which).  A job an active job waits for (``--after``) goes like any other, but how it ended
 stays (``dependency_outcomes``: an id and a state, read by ``states_of``) while an active job
 names it: an ``--after`` list of a thousand ids kept a thousand rows.  The daemon then
 removes a removed job's directory (``jobfiles.remove_job_dir``, as its owner)."""
@@ -117,7 +117,8 @@ class Retention(Blobs):
                     " ORDER BY COALESCE(end_time, submit_time) DESC, id DESC LIMIT -1 OFFSET ?)"
                     " WHERE id NOT IN (SELECT id FROM temp.prune_kept)"
                     " AND (array_id IS NULL OR CAST(array_id AS TEXT)"
-                    " NOT IN (SELECT id FROM temp.prune_kept_arrays))"
+                    " NOT IN (SELECT id FROM temp.prune_kept_arrays)"
+                    " OR id IN (SELECT id FROM temp.prune_superseded))"
                     " ORDER BY COALESCE(end_time, submit_time), id LIMIT ?",
                     (owner_uid, *ended, keep_per_user, room),
                 ).fetchall()
@@ -211,7 +212,8 @@ class Retention(Blobs):
             )
             if array_id in arrays
         }
-        staying = must_stay | in_arrays | doomed
+        superseded = {int(i) for (i,) in self.db.execute("SELECT id FROM temp.prune_superseded")}
+        staying = must_stay | (in_arrays - superseded) | doomed
         total = 0
         beyond: list[int] = []
         pinned: list[int] = []
@@ -268,6 +270,7 @@ class Retention(Blobs):
         db.execute("CREATE TEMP TABLE IF NOT EXISTS prune_kept (id INTEGER PRIMARY KEY)")
         db.execute("CREATE TEMP TABLE IF NOT EXISTS prune_kept_arrays (id TEXT PRIMARY KEY)")
         db.execute("CREATE TEMP TABLE IF NOT EXISTS prune_waited (id INTEGER PRIMARY KEY)")
+        db.execute("CREATE TEMP TABLE IF NOT EXISTS prune_superseded (id INTEGER PRIMARY KEY)")
         db.execute("DELETE FROM temp.prune_kept")
         db.execute("DELETE FROM temp.prune_kept_arrays")
         db.execute("DELETE FROM temp.prune_waited")
@@ -288,6 +291,26 @@ class Retention(Blobs):
             " SELECT CAST(json_extract(spec, '$.array_id') AS TEXT) FROM jobs"
             f" WHERE state IN ({marks}) AND json_extract(spec, '$.array_id') IS NOT NULL",
             active,
+        )
+        # of those arrays' ended tasks, one restarted since (a newer task of its index) is
+        # not kept for its array: restarts add tasks, and a restart and a cancel of one task
+        # in a loop, another task held, kept every copy for as long as it was held (review
+        # s70); the first task stays (it names the array: ``cancel --array``)
+        db.execute("DELETE FROM temp.prune_superseded")
+        newest: dict[tuple[str, object], int] = {}
+        ended: list[tuple[int, str, object]] = []
+        for job_id, array_id, index, state in db.execute(
+            "SELECT id, CAST(json_extract(spec, '$.array_id') AS TEXT),"
+            " json_extract(spec, '$.array_index'), state FROM jobs"
+            " WHERE CAST(json_extract(spec, '$.array_id') AS TEXT)"
+            " IN (SELECT id FROM temp.prune_kept_arrays) ORDER BY id"
+        ):
+            newest[(array_id, index)] = int(job_id)
+            if state not in active and str(job_id) != array_id:
+                ended.append((int(job_id), array_id, index))
+        db.executemany(
+            "INSERT OR IGNORE INTO temp.prune_superseded VALUES (?)",
+            [(job_id,) for job_id, array_id, index in ended if newest[(array_id, index)] != job_id],
         )
 
     def _forget_outcomes(self) -> None:
