@@ -633,8 +633,17 @@ def load_config(
     if policy not in POLICIES:
         raise PolluxError(f"{where}: policy must be one of {', '.join(POLICIES)}, got {policy!r}")
     admin_group = daemon.get("admin_group")
-    if admin_group is not None and not isinstance(admin_group, str):
+    if admin_group is not None and (not isinstance(admin_group, str) or not admin_group):
         raise PolluxError(f"{where}: admin_group must be a group name")
+    warnings: list[str] = []
+    if admin_group is not None:
+        try:
+            grp.getgrnam(admin_group)
+        except KeyError:  # it may be made later (looked up at each request): said, not refused
+            warnings.append(
+                f"{where}: admin_group {admin_group!r} is not a group on this machine: until it"
+                " is, only root and the daemon's user are admins"
+            )
     allow_group = daemon.get("allow_group")
     if allow_group is not None:
         if not isinstance(allow_group, str) or not allow_group:
@@ -812,8 +821,11 @@ def load_config(
         notify_desktop=desktop,
         prometheus=prometheus,
         source=where,
-        warnings=check_local_gpus(
-            nodes, "--devices" if devices is not None else f"{where}: nodes", force
+        warnings=(
+            *warnings,
+            *check_local_gpus(
+                nodes, "--devices" if devices is not None else f"{where}: nodes", force
+            ),
         ),
     )
 

@@ -134,6 +134,21 @@ def test_limits_and_allow_group_in_the_config(tmp_path: Path) -> None:
         assert fragment in str(caught.value) and "\n" not in str(caught.value)
 
 
+def test_an_admin_group_that_is_not_a_group_is_said_in_one_line(tmp_path: Path) -> None:
+    """A mistyped ``admin_group`` left the admins without their rights, and nothing said so
+    (review s70; ``allow_group`` is refused for the same mistake): the config is used, with a
+    warning in one line naming the key (the group may be made later: it is looked up each
+    time)."""
+    path = tmp_path / "config.toml"
+    path.write_text('[daemon]\nadmin_group = "no-such-group-here"\n')
+    config = load_config(path, "cpu:1")
+    assert config.admin_group == "no-such-group-here"
+    [line] = [w for w in config.warnings if "admin_group" in w]
+    assert "is not a group on this machine" in line and "\n" not in line
+    path.write_text(f'[daemon]\nadmin_group = "{grp.getgrgid(0).gr_name}"\n')
+    assert not [w for w in load_config(path, "cpu:1").warnings if "admin_group" in w]
+
+
 # --- through the socket, as another Unix user -----------------------------------------------------
 
 PRIORITY = r"""
