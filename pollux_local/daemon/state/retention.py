@@ -98,6 +98,7 @@ class Retention(Blobs):
             return []
         began = time.monotonic()
         self._set_aside_kept()
+        self._set_aside_superseded()
         self.db.executemany(
             "INSERT OR IGNORE INTO temp.prune_kept VALUES (?)", [(int(i),) for i in live]
         )
@@ -292,10 +293,16 @@ class Retention(Blobs):
             f" WHERE state IN ({marks}) AND json_extract(spec, '$.array_id') IS NOT NULL",
             active,
         )
-        # of those arrays' ended tasks, one restarted since (a newer task of its index) is
-        # not kept for its array: restarts add tasks, and a restart and a cancel of one task
-        # in a loop, another task held, kept every copy for as long as it was held (review
-        # s70); the first task stays (it names the array: ``cancel --array``)
+
+    def _set_aside_superseded(self) -> None:
+        """Fill ``temp.prune_superseded``: the ended tasks of the arrays kept
+        (``temp.prune_kept_arrays``) that were restarted since (a newer task of their index),
+        which are not kept for their array; the array's first task is (it names the array:
+        ``cancel --array``).  Restarts add tasks to an array: a restart and a cancel of one
+        task in a loop, another task held, kept every copy for as long as it was held (review
+        s70).  Read only by a removal, not by :meth:`_forget_outcomes`."""
+        active = {state.value for state in ACTIVE_STATES}
+        db = self.db
         db.execute("DELETE FROM temp.prune_superseded")
         newest: dict[tuple[str, object], int] = {}
         ended: list[tuple[int, str, object]] = []
