@@ -189,7 +189,7 @@ def _one_float(value: float) -> bytes:
 
 def _read_only(*arrays: NDArray[np.generic]) -> None:
     for array in arrays:
-        array.flags.writeable = False
+        array.setflags(write=False)
 
 
 @functools.lru_cache(maxsize=GRID_CACHE_SIZE)

@@ -40,6 +40,11 @@ INITIAL_DAMPING = 1e-3
 #: Damping beyond which no step is worth trying: the point is a minimum in the box.
 MAX_DAMPING = 1e16
 
+# ``ndarray.any`` and ``.all`` pass through a Python wrapper that costs more than these
+# 7-entry reductions themselves
+_count = np.count_nonzero
+_any_row = np.logical_or.reduce
+
 
 @dataclass(frozen=True)
 class LsqResult:
@@ -71,11 +76,11 @@ def solve_bounded(
     if not np.isfinite(cost):
         return LsqResult(x, cost, 0, False)
     jac = jacobian(x)
-    moves = (jac != 0.0).any(axis=0)  # the variables r depends on here
+    moves = _any_row(jac != 0.0)  # the variables r depends on here
 
     def finish(iteration: int, converged: bool) -> LsqResult:
-        on_bound = bool(((x <= lower) | (x >= upper)).any())
-        flat = not bool(moves.all())
+        on_bound = _count((x <= lower) | (x >= upper)) > 0
+        flat = _count(moves) < moves.size
         return LsqResult(x, cost, iteration, converged and not (on_bound and flat))
 
     lam = INITIAL_DAMPING
@@ -84,7 +89,7 @@ def solve_bounded(
         grad = jac.T @ r
         held = ((x <= lower) & (grad > 0)) | ((x >= upper) & (grad < 0))
         free = ~held & moves  # a variable r ignores here takes no step
-        if not free.any():
+        if not _count(free):
             return finish(iteration, True)
         jf = jac[:, free]
         normal = jf.T @ jf
@@ -118,7 +123,7 @@ def solve_bounded(
                     previous = cost
                     x, r, cost = candidate, r_new, cost_new
                     jac = jacobian(x)
-                    moves = (jac != 0.0).any(axis=0)
+                    moves = _any_row(jac != 0.0)
                     if (actual <= ftol * previous and rho > 0.25) or tiny:
                         return finish(iteration, True)
                     break

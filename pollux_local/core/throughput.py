@@ -92,8 +92,7 @@ def predict_step_time(
     """T_sync = (T_c^gamma + T_net^gamma)^(1/gamma): one synchronising micro-batch."""
     t_c = predict_compute_time(params, local_batch)
     t_n = predict_network_time(params, nodes, replicas)
-    t_c, t_n = np.broadcast_arrays(t_c, t_n)
-    return _overlap(t_c, t_n, params.gamma)
+    return _overlap(t_c, t_n, params.gamma)  # (its operations broadcast the two)
 
 
 def predict_iter_time(

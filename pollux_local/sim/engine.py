@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -307,7 +307,7 @@ class Simulator:
         if self.config.measured_restart_cost and self.policy.name != "sia" and job.restarts > 0:
             # as the daemon measures it: the job's own restart cost once it has restarted
             cost = self.rules.restore_delay(job.app.name, self.config.restart_cost_s)
-        facts = replace(
+        facts = _with_changes(
             view,
             static_replicas=job.spec.num_replicas,
             remaining_iters=remaining,
@@ -317,7 +317,7 @@ class Simulator:
             restoring=told is not None and job.restart_left_s > 0,
         )
         if self.cluster.typed and not self.models.type_aware:
-            facts = replace(facts, model=self.models.model(job), models_by_type=None)
+            facts = _with_changes(facts, model=self.models.model(job), models_by_type=None)
         return facts
 
     def _model(self, job: SimJob) -> GoodputModel | None:
@@ -545,6 +545,22 @@ class _SimulatedPolicy:
         placements = {k: tuple(v) for k, v in decision.placements.items()}
         self.sim.cluster.check(self.name, placements, {view.id for view in views})
         return decision
+
+
+_VIEW_FIELDS = frozenset(f.name for f in fields(JobView))
+
+
+def _with_changes(view: JobView, **changes: object) -> JobView:
+    """``dataclasses.replace(view, **changes)`` for the many views a simulation makes: the
+    same fields, without building the view again through its ``__init__`` (``JobView`` has
+    no ``__post_init__`` to skip)."""
+    unknown = changes.keys() - _VIEW_FIELDS
+    if unknown:
+        raise TypeError(f"JobView has no field {sorted(unknown)[0]!r}")
+    new = object.__new__(JobView)
+    new.__dict__.update(view.__dict__)
+    new.__dict__.update(changes)
+    return new
 
 
 def _relabelled(

@@ -220,13 +220,16 @@ class AppProfile:
 
     @cached_property
     def _nd_interpolators(self) -> tuple[LinearNDInterpolator, NearestNDInterpolator]:
+        add = np.add.reduce
         keys, rows = self._placement_rows
         groups: dict[tuple[int, int, float], list[int]] = {}
-        for i, key in enumerate(keys):
-            groups.setdefault((len(key), sum(key), float(rows["local_bsz"][i])), []).append(i)
+        for i, (key, local) in enumerate(zip(keys, rows["local_bsz"].tolist(), strict=True)):
+            groups.setdefault((len(key), sum(key), float(local)), []).append(i)
         points = [list(g) for g in groups]
+        step, sync = rows["step_time"], rows["sync_time"]
+        # each group's mean as ``np.mean`` computes it (the sum, then / its size)
         values = [
-            [float(np.mean(rows["step_time"][idx])), float(np.mean(rows["sync_time"][idx]))]
+            [float(add(step[idx]) / len(idx)), float(add(sync[idx]) / len(idx))]
             for idx in groups.values()
         ]
         scal = self._scalability

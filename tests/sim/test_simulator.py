@@ -13,7 +13,7 @@ from pollux_local.core.baselines import FifoPolicy, OptimusPolicy, TiresiasPolic
 from pollux_local.core.goodput import GoodputModel
 from pollux_local.core.types import Decision, JobView, NodeView
 from pollux_local.errors import PolluxError
-from pollux_local.sim.engine import SimConfig, Simulator
+from pollux_local.sim.engine import SimConfig, Simulator, _with_changes
 from pollux_local.sim.profiles import AppProfile, load_profiles
 from pollux_local.sim.workload import WorkloadJob
 
@@ -235,3 +235,13 @@ def test_models_carry_the_measured_correction_unless_turned_off(
         )
 
     assert median_error(model) < 0.75 * median_error(plain)
+
+
+def test_a_views_changes_are_made_as_dataclasses_replace_makes_them() -> None:
+    view = JobView(id="7", owner="ana", placement=(2, 0), restarts=3, allowed_nodes=frozenset({0}))
+    changes = {"static_replicas": 4, "restart_cost_s": 12.5, "restoring": True, "model": None}
+    made = _with_changes(view, **changes)
+    assert made == replace(view, **changes)
+    assert made is not view and view.static_replicas == 1  # the view itself unchanged
+    with pytest.raises(TypeError, match="no field 'restart_cost'"):
+        _with_changes(view, restart_cost=1.0)
