@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol
 
 from pollux_local.core.pool import Point, ProfilePool, Times
@@ -168,9 +169,10 @@ class SimJob:
     def name(self) -> str:
         return self.spec.name
 
-    @property
+    @cached_property
     def app(self) -> AppProfile:
-        """The profile supplying type-independent facts (epochs, gradient statistics)."""
+        """The profile supplying type-independent facts (epochs, gradient statistics; the
+        job's ``apps`` are set once, when it is made)."""
         return next(iter(self.apps.values()))
 
     @property

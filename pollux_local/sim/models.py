@@ -57,6 +57,8 @@ class JobModels:
         self._bounds: dict[
             tuple[tuple[int, ...], str | None], tuple[BatchBounds, tuple[object, ...]]
         ] = {}
+        #: the same bounds by job (its profiles are set once, when it is made)
+        self._job_bounds: dict[tuple[int, str | None], tuple[SimJob, BatchBounds]] = {}
         self._fit_keys: dict[tuple[str, str], tuple[tuple[int, int], tuple[object, ...]]] = {}
         self._models: dict[tuple[str, str], tuple[tuple[object, ...], GoodputModel]] = {}
 
@@ -72,11 +74,15 @@ class JobModels:
     def bounds(self, job: SimJob, device_type: str | None) -> BatchBounds:
         """Batch bounds a scheduler plans with on a type (``None``: the smallest memory of
         all the types)."""
+        mine = self._job_bounds.get((job.id, device_type))
+        if mine is not None and mine[0] is job:
+            return mine[1]
         apps = job.apps
         profiles = (job.app, *(apps.get(t) for t in self.types))
         memo_key = (tuple(map(id, profiles)), device_type)
         known = self._bounds.get(memo_key)
         if known is not None:
+            self._job_bounds[(job.id, device_type)] = (job, known[0])
             return known[0]
         types = [device_type] if device_type is not None else self.types
         limits = self.rules.scheduler_max_local
@@ -90,6 +96,7 @@ class JobModels:
             accumulation=True,
         )
         self._bounds[memo_key] = (bounds, profiles)  # (kept: their ids stay theirs)
+        self._job_bounds[(job.id, device_type)] = (job, bounds)
         return bounds
 
     def _grad(self, job: SimJob) -> tuple[float, float] | None:

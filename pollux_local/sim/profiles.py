@@ -173,6 +173,8 @@ class AppProfile:
             max(self._scalability["num_nodes"].max(), max(len(k) for k in keys))
         )
         self._time_cache: dict[tuple[tuple[int, ...], int], tuple[float, float]] = {}
+        #: the same answers by the placement and batch as asked (before ``ring_key``)
+        self._times_asked: dict[tuple[tuple[int, ...], int], tuple[float, float]] = {}
         self._grad_cache: dict[tuple[int, int], tuple[float, float]] = {}
 
     def max_local_for(self, counts: tuple[int, ...]) -> int:
@@ -247,12 +249,17 @@ class AppProfile:
         ``counts`` are devices per node (zeros ignored); the compute time of a micro-batch that
         does not synchronise is step - sync.
         """
+        asked = (counts, local_batch)
+        hit = self._times_asked.get(asked)
+        if hit is not None:
+            return hit
         key = ring_key(counts)
         if not key:
             raise ValueError("a job with no devices has no step time")
         cache_key = (key, int(local_batch))
         hit = self._time_cache.get(cache_key)
         if hit is not None:
+            self._times_asked[asked] = hit
             return hit
         measured = self._by_ring.get(key)
         if measured is not None:
@@ -269,6 +276,7 @@ class AppProfile:
                 value = nearest(query)[0]
             result = (float(value[0]), float(value[1]))
         self._time_cache[cache_key] = result
+        self._times_asked[asked] = result
         return result
 
     def iteration_time(self, counts: tuple[int, ...], local_batch: int, accum_steps: int) -> float:
