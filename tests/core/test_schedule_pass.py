@@ -214,3 +214,29 @@ def test_a_pass_without_explanations_decides_the_same() -> None:
     assert quiet.unchanged == told.unchanged
     assert all(a.prediction == {} and a.reason == "" for a in quiet.actions)
     assert quiet.reasons == {} and quiet.predictions == {}
+
+
+def test_a_job_larger_than_the_devices_open_to_jobs_says_which_are_withheld() -> None:
+    """Reserved or drained devices may be given back (a reload, ``resume``): the job waits,
+    saying how many devices are open to jobs and how many are withheld."""
+    from pollux_local.core.policy import GoodputPolicy
+
+    nodes = (
+        NodeInput("a", ("cpu:0", "cpu:1"), withheld=frozenset({"cpu:1"})),
+        NodeInput("b", ("cpu:0", "cpu:1")),
+    )
+    wide = JobInput(id=1, min_devices=4)
+    for policy in (FifoPolicy(), GoodputPolicy(), Answers({})):
+        plan = run([wide], policy, nodes=nodes)
+        assert plan.actions == ()
+        assert plan.reasons[1] == (
+            "waiting: needs 4 devices; 3 are open to jobs (1 reserved or drained)"
+        )
+    # counted on the nodes its constraint allows: node a alone, one device withheld
+    only_a = JobInput(id=2, min_devices=2, constraint=Constraint(nodes=frozenset({"a"})))
+    assert run([only_a], nodes=nodes).reasons[2] == (
+        "waiting: needs 2 devices; 1 is open to jobs (1 reserved or drained)"
+    )
+    # a job that fits the open devices waits as before
+    fits = run([running(3, {"b": ["cpu:0", "cpu:1"]}), JobInput(id=4, min_devices=3)], nodes=nodes)
+    assert "open to jobs" not in fits.reasons[4]

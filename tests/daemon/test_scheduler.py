@@ -272,6 +272,33 @@ def test_rigid_jobs_are_never_resized_moved_or_started_on_another_size() -> None
 # --- what a waiting job says ------------------------------------------------------------
 
 
+def test_a_job_larger_than_the_devices_open_to_jobs_is_taken_and_says_why_it_waits() -> None:
+    """Four devices, one reserved by the config and one drained: a job needing four is taken
+    (a reload or ``resume`` may give them back) and its reason says what is withheld."""
+    import types
+
+    from pollux_local.core.baselines import FifoPolicy
+    from pollux_local.daemon.config import DaemonConfig, NodeConfig
+    from pollux_local.daemon.jobrules import check_shape
+    from pollux_local.daemon.loop import node_snapshot
+
+    node = NodeConfig("n", ("cpu:0", "cpu:1", "cpu:2", "cpu:3"))
+    config = DaemonConfig(nodes=(node,), reserved=("n:cpu:3",))
+    check_shape(argv=["x"], workdir="/", min_gpus=4, max_gpus=4, elastic=False, config=config)
+    executor = types.SimpleNamespace(groups={}, nodes=types.SimpleNamespace(is_up=lambda _: True))
+    nodes = node_snapshot(config, executor, ["n:cpu:2"])  # type: ignore[arg-type]
+    wide = job(1, min_gpus=4, max_gpus=4)
+    plan = plan_round(FifoPolicy(), [wide], nodes, ModelCache(), 1.0, RNG)
+    assert plan.actions == ()
+    assert plan.reasons[1] == (
+        "waiting: needs 4 devices; 2 are open to jobs (2 reserved or drained)"
+    )
+    # given back: it starts
+    nodes = node_snapshot(DaemonConfig(nodes=(node,)), executor)  # type: ignore[arg-type]
+    plan = plan_round(FifoPolicy(), [wide], nodes, ModelCache(), 1.0, RNG)
+    assert [a.kind for a in plan.actions] == [ActionKind.START]
+
+
 def test_a_waiting_jobs_reason_names_the_jobs_holding_its_devices() -> None:
     """Two devices, two jobs that need both: the less served runs; the other says so with
     the facts (its owner's and the holder's device-hours)."""

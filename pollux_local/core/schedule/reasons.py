@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from pollux_local.core.schedule.snapshot import Allocation, JobInput, NodeInput
+from pollux_local.core.schedule.snapshot import Allocation, Constraint, JobInput, NodeInput
 from pollux_local.core.schedule.views import progress_eta
 from pollux_local.core.types import BatchChoice, Decision, JobView, Waiting
 from pollux_local.durations import format_duration
@@ -62,7 +62,10 @@ class WaitingWords:
         allocations: Mapping[int, Allocation],
         nodes: Sequence[NodeInput],
         now: float,
+        configured: Sequence[NodeInput],
     ) -> None:
+        """``nodes``: as the policy saw them; ``configured``: as the snapshot gave them (their
+        ``withheld`` devices are the reserved or drained ones)."""
         self.decision = decision
         self.records = {job.job_id: job for job in candidates}
         self.views = {view.id: view for view in views}
@@ -76,6 +79,9 @@ class WaitingWords:
         )
         self.offered = sum(len(node.free_devices) for node in nodes)
         self.free = self.offered - sum(self.held.values())
+        self.configured = configured
+        #: constraint -> (devices open to jobs, devices withheld) on the nodes it allows
+        self._closed: dict[Constraint | None, tuple[int, int]] = {}
         self.now = now
 
     def reason(self, job: JobInput) -> str:
@@ -83,6 +89,9 @@ class WaitingWords:
         policy_reason = self.decision.reasons.get(job.job_id, "")
         needs = job.needs
         devices = f"{needs} device{'s' if needs > 1 else ''}"
+        closed = self._withheld(job)
+        if closed is not None:
+            return f"waiting: needs {devices}; {closed}"
         if facts is not None and facts.rule == "size":
             return f"waiting: needs {devices}, the nodes offer {self.offered} now"
         if facts is not None and facts.rule == "bounds":
@@ -104,6 +113,26 @@ class WaitingWords:
             said = policy_reason.removeprefix("waiting: ")
             head = f"waiting: {said}; needs {devices}, {self.free} free"
         return head + self._holders(job, facts)
+
+    def _withheld(self, job: JobInput) -> str | None:
+        """``3 are open to jobs (1 reserved or drained)`` when the job needs more devices than
+        the nodes it may use have outside the withheld ones (which a reload or ``resume`` may
+        give back), else ``None``."""
+        counts = self._closed.get(job.constraint)
+        if counts is None:  # counted once per constraint: a pass may word thousands of jobs
+            nodes = [
+                node
+                for node in self.configured
+                if job.constraint is None or job.constraint.allows_node(node.name, node.device_type)
+            ]
+            withheld = sum(len(node.withheld) for node in nodes)
+            counts = (sum(len(node.devices) for node in nodes) - withheld, withheld)
+            self._closed[job.constraint] = counts
+        open_, withheld = counts
+        if withheld == 0 or job.needs <= open_:
+            return None
+        verb = "is" if open_ == 1 else "are"
+        return f"{open_} {verb} open to jobs ({withheld} reserved or drained)"
 
     def _holders(self, job: JobInput, facts: Waiting | None) -> str:
         """``; job 6 (alice) holds 2 (rigid, not preemptible; expected to finish in 20m)``"""

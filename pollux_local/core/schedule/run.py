@@ -76,7 +76,11 @@ def run_pass(snapshot: Snapshot, policy: Policy, rng: np.random.Generator) -> Pl
         candidates, allocations, nodes, limits.share_slowdown, limits.max_jobs_per_device
     )
     explain = snapshot.explain
-    waits = WaitingWords(decision, candidates, views, allocations, nodes, now) if explain else None
+    waits = (
+        WaitingWords(decision, candidates, views, allocations, nodes, now, snapshot.nodes)
+        if explain
+        else None
+    )
     actions: list[Action] = []
     unchanged: list[int] = []
     reasons: dict[int, str] = {}
