@@ -265,6 +265,30 @@ async def test_every_request_type_has_a_handler(daemon: Daemon) -> None:
 
 
 @pytest.mark.asyncio
+async def test_an_array_task_is_restarted_only_while_no_task_of_its_index_is_active(
+    daemon: Daemon,
+) -> None:
+    """A restart of an ended array task is refused while another task of the same array and
+    index is queued, held or running (two tasks of one index, as submit refuses), naming it."""
+    client = Client(daemon.socket_path)
+    array = [api.ArrayTask(index=i) for i in (0, 1)]
+    submit = api.Submit(argv=["true"], workdir="/", array=array, hold=True)
+    ids = (await asyncio.to_thread(client.call, submit)).ids
+    await asyncio.to_thread(client.call, api.Cancel(arrays=[ids[0]]))
+    again = (await asyncio.to_thread(client.call, api.Restart(id=ids[1], hold=True))).id
+    with pytest.raises(Conflict) as refused:  # the same ended task again
+        await asyncio.to_thread(client.call, api.Restart(id=ids[1]))
+    assert str(refused.value) == (
+        f"job {ids[1]}: task 1 of array {ids[0]} is already held as job {again};"
+        " restart it once that job ended"
+    )
+    assert (await asyncio.to_thread(client.call, api.Restart(id=ids[0], hold=True))).id
+    # once the active one ended, the task may be restarted again (from any of its ends)
+    await asyncio.to_thread(client.call, api.Cancel(ids=[again]))
+    assert (await asyncio.to_thread(client.call, api.Restart(id=ids[1], hold=True))).id
+
+
+@pytest.mark.asyncio
 async def test_handlers_refuse_with_typed_errors(daemon: Daemon) -> None:
     client = Client(daemon.socket_path)
     job = await asyncio.to_thread(client.request, "submit", argv=["true"], workdir="/")

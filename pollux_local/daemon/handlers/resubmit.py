@@ -4,8 +4,8 @@
 command, folder, environment, bounds and options under a new id, owned by the original job's
 owner (it runs as them, whoever asks: its owner or an admin).  Dependencies are dropped: they
 were met, or failed, for the original; an array task stays a task of its array (its index,
-and the array's ``max_running``).  The copy shares the original's stored environment and
-command (nothing is copied).  ``edit ID`` changes a queued or held job's command, device
+and the array's ``max_running``), so it is refused while a task of that index is active.  The
+copy shares the original's stored environment and command (nothing is copied).  ``edit ID`` changes a queued or held job's command, device
 bounds, time limit, priority, retries (``--retries``) or earliest start (``--begin``); its
 command only by its owner (or root: ``auth.may_act_for``), since it runs as them.  Both
 check the job that results as a submit does, with the daemon's config as it is now
@@ -22,19 +22,13 @@ from pollux_local.api.messages import Edit, JobStateReply, Restart, SubmitReply
 from pollux_local.api.states import TERMINAL_STATES, DecisionKind, JobState
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers.submit import validate_jobs
-from pollux_local.daemon.state import REMOVED_ARGV
+from pollux_local.daemon.state import REMOVED_ARGV, JobRecord
 
 
 def restart(ctx: Context, request: Restart) -> SubmitReply:
     old = ctx.job(request.id)  # with its environment
     ctx.require_owner(old, "restart")
-    if old.state not in TERMINAL_STATES:
-        raise Conflict(f"job {old.id} is {old.state.value}; only a job that ended can be restarted")
-    if old.spec.argv == REMOVED_ARGV:
-        raise Conflict(
-            f"job {old.id}'s command and environment were removed (beyond its owner's [limits]"
-            " max_ended_stored_per_user); submit it again"
-        )
+    check_restartable(ctx, old)
     spec = msgspec.structs.replace(old.spec, after=[], after_any=False)
     [spec] = validate_jobs(
         ctx, [spec], owner_uid=old.owner_uid, owner_name=old.owner_name, env=old.env or {},
@@ -62,6 +56,26 @@ def restart(ctx: Context, request: Restart) -> SubmitReply:
         ctx.store.update_job(job.id, reason="waiting: held")
     ctx.wake()
     return SubmitReply(id=job.job_id, state=job.state)
+
+
+def check_restartable(ctx: Context, old: JobRecord) -> None:
+    """Refuse, in one line, a restart of a job that has not ended, whose command is gone, or
+    that is a task of an array whose task of the same index is active (one task per index)."""
+    if old.state not in TERMINAL_STATES:
+        raise Conflict(f"job {old.id} is {old.state.value}; only a job that ended can be restarted")
+    if old.spec.argv == REMOVED_ARGV:
+        raise Conflict(
+            f"job {old.id}'s command and environment were removed (beyond its owner's [limits]"
+            " max_ended_stored_per_user); submit it again"
+        )
+    array_id, index = old.spec.array_id, old.spec.array_index
+    if array_id is not None and index is not None:
+        active = ctx.store.active_array_task(array_id, index)
+        if active is not None:
+            raise Conflict(
+                f"job {old.id}: task {index} of array {array_id} is already"
+                f" {active.state.value} as job {active.id}; restart it once that job ended"
+            )
 
 
 async def edit(ctx: Context, request: Edit) -> JobStateReply:

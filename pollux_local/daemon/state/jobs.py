@@ -383,6 +383,19 @@ class Jobs(Outbox):
         ).fetchall()
         return [self._job(row) for row in rows]
 
+    def active_array_task(self, array_id: str, index: int) -> JobRecord | None:
+        """The queued, held or running task of array ``array_id`` with index ``index`` (its
+        oldest, should there be several), without its environment."""
+        wanted = sorted(state.value for state in ACTIVE_STATES)
+        row = self.db.execute(
+            f"SELECT {COLUMNS_WITHOUT_ENV} FROM jobs WHERE id >= ?"
+            f" AND state IN ({','.join('?' * len(wanted))})"
+            " AND json_extract(spec, '$.array_id') = ?"
+            " AND json_extract(spec, '$.array_index') = ? ORDER BY id LIMIT 1",
+            (int(array_id), *wanted, array_id, index),
+        ).fetchone()
+        return self._job(row) if row is not None else None
+
     def states_of(self, ids: Iterable[int]) -> dict[int, JobState]:
         """The current state of each job that exists among ``ids``, and the end of each that
         retention removed while active jobs waited for it (``dependency_outcomes``: what
