@@ -185,6 +185,27 @@ def test_schema_version_and_migrations_in_order(tmp_path: Path) -> None:
     store.close()
 
 
+def test_a_database_older_than_schema_versions_logs_its_migrations(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A database with tables but no recorded version (written before versions were) is
+    upgraded with a line per step, as any older one; a new empty database stays quiet."""
+    with caplog.at_level(logging.INFO, logger="pollux_local.daemon"):
+        StateStore(tmp_path / "new.db").close()
+    assert [r.getMessage() for r in caplog.records if "schema" in r.getMessage()] == []
+    old = tmp_path / "old.db"
+    db = sqlite3.connect(old)
+    db.executescript(MIGRATIONS[0][2])
+    db.close()
+    old.chmod(0o600)
+    with caplog.at_level(logging.INFO, logger="pollux_local.daemon"):
+        StateStore(old).close()
+    said = [r.getMessage() for r in caplog.records if "schema" in r.getMessage()]
+    assert len(said) == SCHEMA_VERSION, said  # every step, the first one too
+    assert said[0].startswith(f"state database {old}: schema 0 -> 1 (")
+    assert said[-1].startswith(f"state database {old}: schema {SCHEMA_VERSION - 1} -> ")
+
+
 def test_migration_6_removes_the_blobs_no_job_references(tmp_path: Path) -> None:
     """Before version 6 an edit left its job's old command behind for ever (a user filled
     the disk at 22 MB/s editing one held job); the upgrade removes what no job references."""

@@ -78,11 +78,7 @@ class StoreBase:
         """The version the database reached: ``meta.schema_version``, else 0 (an empty
         database, or one written before versions were recorded: migration 1 creates only what
         is missing)."""
-        tables = {
-            str(row[0])
-            for row in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-        }
-        if "meta" in tables:
+        if "meta" in self._tables():
             row = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             if row is not None:
                 try:
@@ -94,6 +90,11 @@ class StoreBase:
                     ) from None
         return 0
 
+    def _tables(self) -> set[str]:
+        """The names of the database's tables."""
+        rows = self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        return {str(row[0]) for row in rows}
+
     def _migrate(self) -> int:
         """Apply the migrations the database lacks, in order, each in one transaction."""
         version = self.schema_version()
@@ -103,7 +104,9 @@ class StoreBase:
                 f" pollux-local knows ({SCHEMA_VERSION}): run the version that wrote it (or a"
                 f" newer one); starting with --reset-state would set its history aside"
             )
-        upgrading = version > 0  # a new database says nothing of its tables
+        # an upgrade is logged, of a database written before versions were recorded too
+        # (version 0, with its jobs); a new database says nothing of its tables
+        upgrading = version > 0 or "jobs" in self._tables()
         for number, what, sql in MIGRATIONS:
             if number <= version:
                 continue
