@@ -77,13 +77,21 @@ def nan_to(values: np.ndarray, nan: float) -> np.ndarray:
 
 
 def min_nodes_table(node_sizes: Sequence[int], max_k: int) -> np.ndarray:
-    """``table[k]`` = fewest nodes whose devices add up to at least k (0 for k = 0)."""
+    """``table[k]`` = fewest nodes whose devices add up to at least k (0 for k = 0); read-only
+    (remembered: a cluster's sizes change seldom between passes)."""
+    return _min_nodes_table(tuple(int(s) for s in node_sizes), int(max_k))
+
+
+@functools.lru_cache(maxsize=256)
+def _min_nodes_table(node_sizes: tuple[int, ...], max_k: int) -> np.ndarray:
     sizes = np.sort(np.asarray([s for s in node_sizes if s > 0], dtype=np.int64))[::-1]
     cumulative = np.cumsum(sizes)
     ks = np.arange(max_k + 1)
     table = np.searchsorted(cumulative, ks, side="left") + 1
     table[0] = 0
-    return np.minimum(table, len(sizes)).astype(np.int64)
+    table = np.minimum(table, len(sizes)).astype(np.int64)
+    table.setflags(write=False)
+    return table
 
 
 def nodes_spanned(placement: Placement) -> int:
@@ -101,13 +109,19 @@ def whole_node_mask(node_sizes: Sequence[int], max_k: int) -> np.ndarray:
 
     A job that spans nodes pays inter-node synchronisation on every step, so it takes whole
     nodes: a partly used extra node slows it and blocks the rest of that node for every other
-    multi-node job.
+    multi-node job.  Read-only (remembered, as :func:`min_nodes_table`).
     """
+    return _whole_node_mask(tuple(int(s) for s in node_sizes), int(max_k))
+
+
+@functools.lru_cache(maxsize=256)
+def _whole_node_mask(node_sizes: tuple[int, ...], max_k: int) -> np.ndarray:
     sizes = sorted((s for s in node_sizes if s > 0), reverse=True)
     mask = np.zeros(max_k + 1, dtype=bool)
     mask[: min(sizes[0] if sizes else 0, max_k) + 1] = True
     spans = np.cumsum(sizes)[1:]
     mask[spans[spans <= max_k]] = True
+    mask.setflags(write=False)
     return mask
 
 

@@ -20,6 +20,8 @@ from pollux_local.core.types import BatchChoice, JobView, Placement
 
 def placement_of(allocation: Mapping[str, Sequence[str]], nodes: Sequence[NodeInput]) -> Placement:
     """Devices per node, in the nodes' order."""
+    if not allocation:  # (a queued job's)
+        return (0,) * len(nodes)
     return tuple(len(allocation.get(node.name, ())) for node in nodes)
 
 
