@@ -3,7 +3,8 @@ waiting job."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
 
 import numpy as np
 
@@ -26,6 +27,29 @@ from pollux_local.core.types import (
 )
 
 
+class WordedWhenRead(Mapping[str, str]):
+    """Reasons each worded the first time it is read: a pass that explains nothing (every
+    simulated one) reads none of them.  An entry is its text or what makes it."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, str | Callable[[], str]] = {}
+
+    def later(self, job_id: str, make: Callable[[], str]) -> None:
+        self._entries[job_id] = make
+
+    def __getitem__(self, job_id: str) -> str:
+        entry = self._entries[job_id]
+        if not isinstance(entry, str):
+            entry = self._entries[job_id] = entry()
+        return entry
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 class Reasons(Placing):
     """Decisions and the reasons given with them."""
 
@@ -34,7 +58,7 @@ class Reasons(Placing):
         self, plans: list[JobPlan], nodes: Sequence[NodeView], min_nodes: np.ndarray, total: int
     ) -> Decision:
         placements: dict[str, Placement] = {}
-        reasons: dict[str, str] = {}
+        reasons = WordedWhenRead()
         waiting: dict[str, Waiting] = {}
         empty: Placement = tuple(0 for _ in nodes)
         for pl in plans:
@@ -44,9 +68,9 @@ class Reasons(Placing):
             placement = placements[pl.job.id]
             if sum(placement) == 0 and pl.waiting is not None:
                 waiting[pl.job.id] = pl.waiting
-                reasons[pl.job.id] = pl.note or waiting_reason(pl.waiting, free)
+                reasons.later(pl.job.id, partial(waiting_words, pl.note, pl.waiting, free))
             else:
-                reasons[pl.job.id] = self._reason(pl, placement, min_nodes)
+                reasons.later(pl.job.id, partial(self._reason, pl, placement, min_nodes))
         return Decision(placements=placements, reasons=reasons, waiting=waiting)
 
     @staticmethod
@@ -118,8 +142,15 @@ class Reasons(Placing):
     ) -> Decision:
         """The shared devices' decision with the pinned jobs added (in the jobs' order)."""
         placements = {j.id: pinned.get(j.id) or decision.placements[j.id] for j in jobs}
-        reasons = {
-            j.id: pinned_reason(pinned[j.id]) if j.id in pinned else decision.reasons[j.id]
-            for j in jobs
-        }
+        reasons = WordedWhenRead()
+        for j in jobs:
+            if j.id in pinned:
+                reasons.later(j.id, partial(pinned_reason, pinned[j.id]))
+            else:
+                reasons.later(j.id, partial(decision.reasons.__getitem__, j.id))
         return Decision(placements=placements, reasons=reasons, waiting=decision.waiting)
+
+
+def waiting_words(note: str, waiting: Waiting, free: int) -> str:
+    """A waiting job's reason: its plan's note, else the words of why it waits."""
+    return note or waiting_reason(waiting, free)

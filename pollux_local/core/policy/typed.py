@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 
@@ -13,10 +14,9 @@ from pollux_local.core.policy.objective import (
     JobPlan,
     min_nodes_table,
     set_pinned_aside,
-    waiting_reason,
 )
 from pollux_local.core.policy.prices import assign_types, complete_models
-from pollux_local.core.policy.reasons import Reasons
+from pollux_local.core.policy.reasons import Reasons, WordedWhenRead, waiting_words
 from pollux_local.core.types import (
     Decision,
     GoodputModelLike,
@@ -305,7 +305,7 @@ class TypedChoice(Reasons):
         current: list[int],
     ) -> Decision:
         placements: dict[str, Placement] = {}
-        reasons: dict[str, str] = {}
+        reasons = WordedWhenRead()
         waiting: dict[str, Waiting] = {}
         empty: Placement = tuple(0 for _ in nodes)
         for j, job in enumerate(jobs):
@@ -317,10 +317,10 @@ class TypedChoice(Reasons):
             for position, i in enumerate(groups[ti][1]):
                 placement[i] = int(pl.placement[position])
             placements[job.id] = tuple(placement)
-            reason = self._reason(pl, pl.placement, tables[ti][2])
-            if 0 <= current[j] != ti:
-                reason = reason.replace("; started", f"; moved from {groups[current[j]][0]}")
-            reasons[job.id] = f"{groups[ti][0]}: {reason}"
+            moved_from = groups[current[j]][0] if 0 <= current[j] != ti else None
+            reasons.later(
+                job.id, partial(self._typed_reason, pl, tables[ti][2], groups[ti][0], moved_from)
+            )
         free = sum(n.devices if n.up and n.devices > 0 else 0 for n in nodes) - sum(
             sum(p) for p in placements.values()
         )
@@ -332,7 +332,21 @@ class TypedChoice(Reasons):
             pl = entry[1] if entry is not None and entry[1].waiting else summary[j]
             if pl.waiting is not None:
                 waiting[job.id] = pl.waiting
-                reasons[job.id] = pl.note or waiting_reason(pl.waiting, max(free, 0))
+                reasons.later(job.id, partial(waiting_words, pl.note, pl.waiting, max(free, 0)))
             else:
-                reasons[job.id] = pl.note or f"waiting (fair share {pl.fair_share:.1f})"
+                reasons.later(job.id, partial(_unplaced_words, pl.note, pl.fair_share))
         return Decision(placements=placements, reasons=reasons, waiting=waiting)
+
+    def _typed_reason(
+        self, pl: JobPlan, min_nodes: np.ndarray, type_name: str, moved_from: str | None
+    ) -> str:
+        """A placed job's reason, on its device type (and the type it moved from)."""
+        reason = self._reason(pl, pl.placement, min_nodes)
+        if moved_from is not None:
+            reason = reason.replace("; started", f"; moved from {moved_from}")
+        return f"{type_name}: {reason}"
+
+
+def _unplaced_words(note: str, fair_share: float) -> str:
+    """An unplaced job's reason when no rule says why it waits."""
+    return note or f"waiting (fair share {fair_share:.1f})"
