@@ -304,6 +304,18 @@ def member_tag(secret: str, port: int, world_size: int, rank: int) -> bytes:
     return hmac.new(secret.encode(), message, hashlib.sha256).digest()
 
 
+def payload_tag(secret: str, port: int, world_size: int, data: bytes) -> bytes:
+    """What rank 0 of the process group meeting at ``port`` with ``world_size`` replicas
+    sends with ``data`` it broadcasts (a pickled order or training state), so that every
+    replica checks that the bytes are rank 0's before it unpickles them:
+    HMAC-SHA256(secret, "payload|port|world|" + data).  The member tags
+    (:func:`member_tag`) prove who formed the group, not who carries its bytes: a process
+    that relayed the group's connections passed them and rewrote what rank 0 sent (review
+    s69)."""
+    message = f"payload|{int(port)}|{int(world_size)}|".encode() + data
+    return hmac.new(secret.encode(), message, hashlib.sha256).digest()
+
+
 def replica_environ(
     common: Mapping[str, str],
     *,

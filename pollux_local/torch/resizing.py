@@ -20,13 +20,17 @@ back to a checkpoint-restart.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import os
+import pickle
 import re
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from pollux_local.api.errors import PolluxError
+from pollux_local.api.launch import LaunchEnvironment, payload_tag
 from pollux_local.api.resize import MAX_ORDER_BYTES, ResizeOrder, decode_order, ready_name
 
 
@@ -93,13 +97,52 @@ def announce_ready(job_dir: str | None, generation: int, rank: int) -> None:
         os.close(fd)
 
 
-def broadcast_object(value: Any, replicas: int) -> Any:
-    """Rank 0's ``value`` on every replica of the current group (as is with one)."""
-    if replicas <= 1:
+#: Bytes of the tag that follows a broadcast payload (``api.launch.payload_tag``).
+TAG_BYTES = 32
+
+
+def broadcast_object(value: Any, env: LaunchEnvironment) -> Any:
+    """Rank 0's ``value`` on every replica of the current group (``env``'s; as is with one
+    replica): pickled by rank 0 and sent with its tag under the incarnation's secret
+    (``api.launch.payload_tag``), which every other replica checks before it unpickles
+    anything (:class:`PolluxError` when it does not match).  The group's members proved
+    they hold the secret (``env.verify_members``), but its bytes go over connections that
+    whoever reached its unauthenticated store may have put themselves in the middle of
+    (review s69: another user relayed them, the member tags passed, and rank 1 unpickled
+    the code that user wrote into rank 0's broadcast).  A replica without a secret (started
+    by hand) checks nothing, as there."""
+    if env.world_size <= 1:
         return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+    port, world, secret = int(env.master_port or 0), env.world_size, env.job_secret
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
+    sending = dist.get_rank() == 0
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL) if sending else b""
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=0)
+    length = int(size.item())
+    if length < 0:
+        raise PolluxError("rank 0 broadcast a payload of a negative length")
+    if sending:
+        tag = payload_tag(secret, port, world, data) if secret else bytes(TAG_BYTES)
+        wire = torch.frombuffer(bytearray(data + tag), dtype=torch.uint8).to(device)
+    else:
+        wire = torch.empty(length + TAG_BYTES, dtype=torch.uint8, device=device)
+    dist.broadcast(wire, src=0)
+    if sending:
+        return value
+    raw = wire.cpu().numpy().tobytes()
+    data, tag = raw[:length], raw[length:]
+    if secret and not hmac.compare_digest(tag, payload_tag(secret, port, world, data)):
+        raise PolluxError(
+            f"what rank 0 of the process group at {env.master_addr}:{port} broadcast does not"
+            " carry the job's secret: something between the replicas changed it; not"
+            " unpickled"
+        )
+    return pickle.loads(data)
 
 
 __all__ = ["ResizeWatch", "announce_ready", "broadcast_object"]

@@ -240,7 +240,7 @@ class ElasticTrainer:
         self._env_choice = self.env.local_batch is not None
         if joining is not None:  # a warm resize's joiner: rank 0's state by broadcast
             try:
-                payload = broadcast_object(None, self.replicas)
+                payload = broadcast_object(None, self.env)
             except Exception as exc:  # noqa: BLE001 - as above
                 _never_joined(joining, exc)
             self._load(payload)
@@ -699,7 +699,7 @@ class ElasticTrainer:
         replica), and load the new rank 0's state as a restarted replica would load its
         checkpoint (every replica holds the same state; the new rank 0 may be another than
         the old one, whose node the job left)."""
-        data = broadcast_object(encode_order(order) if order is not None else None, self.replicas)
+        data = broadcast_object(encode_order(order) if order is not None else None, self.env)
         order = decode_order(data)
         self._resize.done(order.generation)
         rank = order.new_rank(self.rank)
@@ -728,7 +728,7 @@ class ElasticTrainer:
         self.replicas = order.world_size
         try:
             init_distributed(self.env)
-            payload = broadcast_object(payload, self.replicas)
+            payload = broadcast_object(payload, self.env)
         except Exception as exc:  # noqa: BLE001 - any failure here falls back to a restart
             self._fall_back(payload, exc)
         self.bounds = validated_bounds(*self._bound_args, self.replicas)
