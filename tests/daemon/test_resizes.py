@@ -125,3 +125,46 @@ def test_a_real_resize_is_measured_shown_and_given_to_the_policy(
     text = daemon.cli("show", first).stdout
     assert re.search(r"resize cost +\d+\.\d s \(median of \d+\) cold, not measured warm", text)
     daemon.cli("cancel", first, second)
+
+
+def test_waiting_for_a_warm_resizes_first_step_reads_no_environment(tmp_path: Path) -> None:
+    """The executor looks at a warm-resized job's report every 0.1 s until it steps at its new
+    size, for up to ``warm_timeout_s`` (120 s), on the daemon's event loop.  It loaded the
+    whole job each time, environment included: a job whose 4 MB environment holds 200,000
+    variables cost 13 ms a look, some 13% of the event loop for each such resize for two
+    minutes (its user's job need only never step at the new size; review s69).  The report
+    is all it needs."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from pollux_local.api.states import JobState
+    from pollux_local.daemon.executor.warm import Warm
+    from pollux_local.daemon.state import StateStore
+
+    store = StateStore(tmp_path / "s.db")
+    env = {f"V{i}": "x" for i in range(20_000)}
+    job = store.add_job(
+        name="big", owner_uid=1001, owner_gid=1001, owner_name="a", priority=0,
+        spec={"argv": ["python", "t.py"], "workdir": "/tmp"}, submit_time=0.0, env=env,
+    )  # fmt: skip
+    store.transition(job.id, JobState.RUNNING, 1.0, None, placement={"n": ["cpu:0"]})
+    group = object()
+    loads: list[int] = []
+    real_get = store.get_job
+
+    def get_job(job_id: int) -> object:
+        loads.append(job_id)
+        return real_get(job_id)
+
+    store.get_job = get_job  # type: ignore[method-assign]
+    executor = SimpleNamespace(
+        store=store, groups={job.id: group}, config=SimpleNamespace(warm_timeout_s=0.5)
+    )
+
+    async def wait(progress: float | None) -> bool:
+        return await Warm._stepped_at(executor, job.id, group, 2, progress)  # type: ignore[arg-type]
+
+    assert asyncio.run(wait(None)) is False  # no report: not confirmed, after the timeout
+    store.update_job(job.id, report={"progress": 5.0, "batch": {"local_batch": 8, "replicas": 2}})
+    assert asyncio.run(wait(1.0)) is True  # a step at the new size beyond the old progress
+    assert loads == []  # the environment was never read for it

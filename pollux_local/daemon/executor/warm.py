@@ -217,11 +217,12 @@ class Warm(Exits):
         self, job_id: int, group: WarmResizable, replicas: int, progress: float | None
     ) -> bool:
         """Whether the job reports a step at ``replicas`` (beyond ``progress``) within
-        ``warm_timeout_s``."""
+        ``warm_timeout_s``.  Its report is read every :data:`CONFIRM_POLL_S`, never its
+        environment (up to 4 MB, 13 ms a look for 200,000 variables: review s69)."""
         deadline = time.monotonic() + self.config.warm_timeout_s
         while time.monotonic() < deadline and self.groups.get(job_id) is group:
-            job = self.store.get_job(job_id)
-            report = job.report if job is not None else None
+            found = self.store.jobs_by_id([job_id])
+            report = found[0].report if found else None
             if (
                 report is not None
                 and report.batch is not None
