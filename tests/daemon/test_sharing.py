@@ -247,3 +247,39 @@ def test_a_real_daemon_runs_as_many_shared_jobs_on_one_device_as_the_admin_allow
         return all(show(j).state.value == "succeeded" for j in ids)
 
     wait_for(all_succeeded, 30, "the four jobs to succeed")
+
+
+def test_telling_whether_holders_are_shared_reads_no_environment(tmp_path: Path) -> None:
+    """Before a shared job starts, the executor asks of every job holding a device whether it
+    is shared (``Applying._shared_only``), and of every job of a plan's actions.  It loaded
+    each whole, environment included: 4 MB of 200,000 variables is 13 ms a job on the event
+    loop, so one user's shared jobs (up to ``max_jobs_per_device`` a device) made every
+    shared start, anyone's, wait a fraction of a second (review s69).  The spec is all it
+    needs."""
+    from types import SimpleNamespace
+
+    from pollux_local.daemon.executor.applying import Applying
+    from pollux_local.daemon.state import StateStore
+
+    store = StateStore(tmp_path / "s.db")
+    ids = []
+    for shared in (True, False):
+        job = store.add_job(
+            name="j", owner_uid=1001, owner_gid=1001, owner_name="a", priority=0,
+            spec={"argv": ["t.py"], "workdir": "/tmp", "shared": shared, "gpu_memory": 1 << 30},
+            submit_time=0.0, env={f"V{i}": "x" for i in range(20_000)},
+        )  # fmt: skip
+        ids.append(job.id)
+    loads: list[int] = []
+    real_get = store.get_job
+
+    def get_job(job_id: int) -> object:
+        loads.append(job_id)
+        return real_get(job_id)
+
+    store.get_job = get_job  # type: ignore[method-assign]
+    executor = SimpleNamespace(store=store)
+    assert Applying._is_shared(executor, ids[0]) is True  # type: ignore[arg-type]
+    assert Applying._is_shared(executor, ids[1]) is False  # type: ignore[arg-type]
+    assert Applying._is_shared(executor, 999) is False  # type: ignore[arg-type]
+    assert loads == []  # no environment read

@@ -127,8 +127,10 @@ class Applying(Warm):
         return held
 
     def _is_shared(self, job_id: int) -> bool:
-        job = self.store.get_job(job_id)
-        return job is not None and job.spec.shared
+        """Whether ``job_id`` is a shared job (its spec; never its environment, up to 4 MB,
+        read for every holder of every device a shared start looks at: review s69)."""
+        found = self.store.jobs_by_id([job_id])
+        return bool(found) and found[0].spec.shared
 
     def _shared_only(self, held: dict[Device, int]) -> set[Device]:
         """The held devices whose every holder is a shared job (another shared job may
