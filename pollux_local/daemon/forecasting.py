@@ -25,6 +25,7 @@ from pollux_local.core.schedule import Holding, Limits, NodeInput
 from pollux_local.core.schedule.forecast import Prediction, forecast
 from pollux_local.core.types import Policy
 from pollux_local.daemon.readmodel import MetricHistory, job_eta
+from pollux_local.daemon.resizes import ResizeCosts
 from pollux_local.daemon.scheduler import (
     AfterSummary,
     ModelCache,
@@ -137,11 +138,14 @@ class Forecasts:
         states: Mapping[int, JobState] | None = None,
         dependencies: Mapping[int, AfterSummary] | None = None,
         stopping: Sequence[Holding] = (),
+        resize_costs: Mapping[int, ResizeCosts] | None = None,
     ) -> None:
-        """Forecast every job of a pass (its inputs, as ``scheduler.plan_round`` takes them)."""
+        """Forecast every job of a pass (its inputs, as ``scheduler.plan_round`` takes them,
+        the measured ``resize_costs`` included: without them the replayed pass decided with
+        the configured restart cost and forecast other allocations than the pass made)."""
         self.inputs = _Inputs(
             policy, list(nodes), models, limits, dict(states or {}), stopping,
-            dict(dependencies or {}),
+            dict(dependencies or {}), dict(resize_costs or {}),
         )  # fmt: skip
         self.latest, _ = self._run(jobs, now)
 
@@ -168,6 +172,7 @@ class Forecasts:
         snapshot = snapshot_of(
             active, got.nodes, got.models, now, got.limits, states=got.states,
             dependencies=got.dependencies, stopping=got.stopping,
+            resize_costs=got.resize_costs,
         )  # fmt: skip
         remaining = {job.id: remaining_s(job, now, self.durations, self.metrics) for job in active}
         # the jobs not yet submitted get, in order, ids above every stored one, as a submit
@@ -212,3 +217,4 @@ class _Inputs:
     states: Mapping[int, JobState]
     stopping: Sequence[Holding]
     dependencies: Mapping[int, AfterSummary] = field(default_factory=dict)
+    resize_costs: Mapping[int, ResizeCosts] = field(default_factory=dict)

@@ -28,7 +28,7 @@ import os
 import sqlite3
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -57,7 +57,7 @@ from pollux_local.daemon.jobfiles import (
 from pollux_local.daemon.jobrules import check_job, environment_size
 from pollux_local.daemon.readmodel import MetricHistory, job_noise_scale
 from pollux_local.daemon.reports import InvalidReport, read_job_report
-from pollux_local.daemon.resizes import resizes_of
+from pollux_local.daemon.resizes import ResizeCosts, resizes_of
 from pollux_local.daemon.scheduler import (
     AfterSummary,
     ModelCache,
@@ -444,10 +444,11 @@ class SchedulingLoop:
                 )  # fmt: skip
                 await self.announce()
                 return
+            costs = resizes_of(self.store).all_costs()
             plan = await asyncio.to_thread(
                 plan_round, self.policy, jobs, nodes, self.models, now, self.rng, limits,
                 states=states, dependencies=dependencies, stopping=stopping,
-                resize_costs=resizes_of(self.store).all_costs(),
+                resize_costs=costs,
             )  # fmt: skip
             self.ticks += 1
             await self.executor.apply(plan)
@@ -457,7 +458,7 @@ class SchedulingLoop:
             for job_id, prediction in plan.predictions.items():
                 self.store.update_job(job_id, prediction=prediction)
             self.sample_history(self.clock())
-            await self.forecast(jobs, nodes, limits, now, states, stopping, dependencies)
+            await self.forecast(jobs, nodes, limits, now, states, stopping, dependencies, costs)
             await self.announce()
 
     async def forecast(
@@ -469,6 +470,7 @@ class SchedulingLoop:
         states: dict[int, JobState],
         stopping: Sequence[Holding],
         dependencies: dict[int, AfterSummary] | None = None,
+        resize_costs: Mapping[int, ResizeCosts] | None = None,
     ) -> None:
         """Every queued and running job's expected start and finish (``forecasting``); a
         failing forecast is logged and leaves the jobs without one."""
@@ -477,6 +479,7 @@ class SchedulingLoop:
             await asyncio.to_thread(
                 self.forecasts.update, self.policy, jobs, nodes, self.models, limits, now,
                 states=states, dependencies=dependencies, stopping=stopping,
+                resize_costs=resize_costs,
             )  # fmt: skip
         except sqlite3.Error:
             raise

@@ -246,3 +246,42 @@ def _cli(daemon: DaemonProcess, *args: str) -> str:
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     return done.stdout
+
+
+def test_the_forecast_decides_with_the_resize_costs_the_pass_measured() -> None:
+    """A pass weighs each running job's measured resize costs (``daemon/resizes.py``); the
+    forecast replayed the pass without them, with the configured restart cost, and so
+    forecast other allocations than the pass made: alice's job, whose resizes cost it
+    hours, keeps three of four devices and bob's new job starts on one, but bob's ``status``
+    and ``estimate`` said two and two (review s69)."""
+    import numpy as np
+
+    from pollux_local.core.schedule import Limits
+    from pollux_local.daemon.resizes import ResizeCosts
+    from pollux_local.daemon.scheduler import plan_round
+    from tests.daemon.test_report_models import job, report
+
+    four = [NodeInput("n", tuple(f"cpu:{i}" for i in range(4)), device_type="cpu")]
+    rows = [(1, k, m, 0.001 * m + 0.002 * k) for k in (1, 2, 4) for m in (16, 32, 64, 128)]
+
+    def jobs() -> list[JobRecord]:
+        alice = job(1, owner=2001, state="running")
+        alice.placement = {"n": ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]}
+        alice.last_start, alice.restarts, alice.report = 3000.0, 1, report(rows)
+        bob = job(2, owner=2002, state="queued", argv=["bob.py"])
+        bob.submit_time = 3500.0
+        return [alice, bob]
+
+    costs = {1: ResizeCosts(cold_s=20000.0, warm_s=20000.0, cold_count=3, warm_count=3)}
+    models = ModelCache()
+    plan = plan_round(
+        GoodputPolicy(), jobs(), four, models, 3600.0, np.random.default_rng(0), Limits(),
+        resize_costs=costs,
+    )  # fmt: skip
+    placed = {a.job_id: sum(len(d) for d in a.allocation.values()) for a in plan.actions}
+    assert placed == {1: 3, 2: 1}
+    forecasts = Forecasts()
+    forecasts.update(GoodputPolicy(), jobs(), four, models, Limits(), 3600.0, resize_costs=costs)
+    assert forecasts.latest[2].devices == 1 and forecasts.latest[2].start == 3600.0
+    found, _ = forecasts.estimate(jobs(), [], 3600.0)
+    assert found[2].devices == 1
