@@ -304,7 +304,7 @@ def member_tag(secret: str, port: int, world_size: int, rank: int) -> bytes:
     return hmac.new(secret.encode(), message, hashlib.sha256).digest()
 
 
-def payload_tag(secret: str, port: int, world_size: int, data: bytes) -> bytes:
+def payload_tag(secret: str, port: int, world_size: int, data: bytes | memoryview) -> bytes:
     """What rank 0 of the process group meeting at ``port`` with ``world_size`` replicas
     sends with ``data`` it broadcasts (a pickled order or training state), so that every
     replica checks that the bytes are rank 0's before it unpickles them:
@@ -312,8 +312,9 @@ def payload_tag(secret: str, port: int, world_size: int, data: bytes) -> bytes:
     (:func:`member_tag`) prove who formed the group, not who carries its bytes: a process
     that relayed the group's connections passed them and rewrote what rank 0 sent (review
     s69)."""
-    message = f"payload|{int(port)}|{int(world_size)}|".encode() + data
-    return hmac.new(secret.encode(), message, hashlib.sha256).digest()
+    tag = hmac.new(secret.encode(), f"payload|{int(port)}|{int(world_size)}|".encode(), "sha256")
+    tag.update(data)
+    return tag.digest()
 
 
 def replica_environ(

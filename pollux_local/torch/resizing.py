@@ -127,22 +127,24 @@ def broadcast_object(value: Any, env: LaunchEnvironment) -> Any:
     if length < 0:
         raise PolluxError("rank 0 broadcast a payload of a negative length")
     if sending:
-        tag = payload_tag(secret, port, world, data) if secret else bytes(TAG_BYTES)
-        wire = torch.frombuffer(bytearray(data + tag), dtype=torch.uint8).to(device)
+        framed = bytearray(length + TAG_BYTES)  # one copy of the payload, however large
+        framed[:length] = data
+        framed[length:] = payload_tag(secret, port, world, data) if secret else bytes(TAG_BYTES)
+        wire = torch.frombuffer(framed, dtype=torch.uint8).to(device)
     else:
         wire = torch.empty(length + TAG_BYTES, dtype=torch.uint8, device=device)
     dist.broadcast(wire, src=0)
     if sending:
         return value
-    raw = wire.cpu().numpy().tobytes()
-    data, tag = raw[:length], raw[length:]
-    if secret and not hmac.compare_digest(tag, payload_tag(secret, port, world, data)):
+    raw = memoryview(wire.cpu().numpy().data).cast("B")  # no copy of a large payload
+    body, tag = raw[:length], bytes(raw[length:])
+    if secret and not hmac.compare_digest(tag, payload_tag(secret, port, world, body)):
         raise PolluxError(
             f"what rank 0 of the process group at {env.master_addr}:{port} broadcast does not"
             " carry the job's secret: something between the replicas changed it; not"
             " unpickled"
         )
-    return pickle.loads(data)
+    return pickle.loads(body)
 
 
 __all__ = ["ResizeWatch", "announce_ready", "broadcast_object"]
