@@ -444,7 +444,7 @@ class SchedulingLoop:
                 )  # fmt: skip
                 await self.announce()
                 return
-            costs = resizes_of(self.store).all_costs()
+            costs = resizes_of(self.store).costs_of(job.id for job in jobs)
             plan = await asyncio.to_thread(
                 plan_round, self.policy, jobs, nodes, self.models, now, self.rng, limits,
                 states=states, dependencies=dependencies, stopping=stopping,

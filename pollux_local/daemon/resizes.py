@@ -21,6 +21,7 @@ from __future__ import annotations
 import statistics
 import weakref
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pollux_local.api.report import JobReport
@@ -140,9 +141,10 @@ class ResizeBook:
             warm_count=len(measured.warm),
         )
 
-    def all_costs(self) -> dict[int, ResizeCosts]:
-        """:meth:`costs` of every job measured."""
-        return {job_id: self.costs(job_id) for job_id in self._measured}
+    def costs_of(self, job_ids: Iterable[int]) -> dict[int, ResizeCosts]:
+        """:meth:`costs` of those of ``job_ids`` measured (a pass's jobs: not every job kept,
+        ended ones included, on every pass)."""
+        return {job_id: self.costs(job_id) for job_id in job_ids if job_id in self._measured}
 
 
 _books: weakref.WeakKeyDictionary[object, ResizeBook] = weakref.WeakKeyDictionary()

@@ -57,6 +57,17 @@ def test_warm_and_cold_have_their_own_medians_of_the_newest() -> None:
     assert costs.warm_count == 1 and costs.warm_s == pytest.approx(0.4)
 
 
+def test_a_pass_is_given_the_costs_of_its_own_jobs_only() -> None:
+    book = ResizeBook()
+    for job_id in range(1, 6):  # five jobs measured, of which the pass holds two
+        book.begin(job_id, 0.0, report(0.0))
+        book.launched(job_id, 1.0, resizing=True)
+        book.reported(job_id, report(1.0), float(job_id))
+    costs = book.costs_of([2, 4, 9])
+    assert sorted(costs) == [2, 4]  # (9: never measured)
+    assert costs[4].cold_s == pytest.approx(4.0)
+
+
 def test_a_warm_resize_ends_at_the_first_step_at_its_new_size() -> None:
     """The replicas that stay report steps of the old size until they act on the order:
     only a step at the new size ends a warm resize."""
