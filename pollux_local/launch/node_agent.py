@@ -1961,8 +1961,9 @@ def tool(args: Sequence[str]) -> int:
     ``workdir WORKDIR``: ``ok``, or why the agent would refuse it (one line, exit 2), the
     missing components made as a launch makes them; ``record cat WORKDIR RELPATH``: print
     the record (a plain file of this user's, at most
-    :data:`MAX_RECORD_BYTES`; exit 3 when there is none); ``record rm WORKDIR RELPATH``:
-    remove it; ``signal SIG WORKDIR USER PID:START...``: send SIG to the process group of
+    :data:`MAX_RECORD_BYTES`; exit 3 when there is none); ``record rm WORKDIR RELPATH
+    [TOKEN]``: remove it (with a ``TOKEN``: only while it is that incarnation's,
+    :func:`remove_record_of`); ``signal SIG WORKDIR USER PID:START...``: send SIG to the process group of
     each pid that is still the process started then and, with a ``USER`` (not ``-``), runs
     as that user."""
     if len(args) == 2 and args[0] == "workdir":  # the node check: usable, made if missing
@@ -1972,7 +1973,7 @@ def tool(args: Sequence[str]) -> int:
         sys.stdout.write("ok\n" if problem is None else workdir_refusal(path, problem) + "\n")
         return 0 if problem is None else 2
     try:
-        if args[0] == "record" and args[1] in ("cat", "rm") and len(args) == 4:
+        if args[0] == "record" and (args[1], len(args)) in (("cat", 4), ("rm", 4), ("rm", 5)):
             workdir, relpath = args[2], args[3]
         elif args[0] == "signal" and len(args) >= 4:
             workdir, relpath = args[2], ""
@@ -1980,7 +1981,8 @@ def tool(args: Sequence[str]) -> int:
             raise IndexError
     except IndexError:
         sys.stderr.write(
-            "usage: workdir WORKDIR | record cat|rm WORKDIR RELPATH"
+            "usage: workdir WORKDIR | record cat|rm WORKDIR RELPATH | record rm WORKDIR"
+            " RELPATH TOKEN"
             " | signal SIG WORKDIR USER PID:START...\n"
         )
         return 2
@@ -2000,6 +2002,9 @@ def tool(args: Sequence[str]) -> int:
     except OSError:
         return 3
     try:
+        if args[1] == "rm" and len(args) == 5:
+            remove_record_of(names[-1], dir_fd, args[4])
+            return 0
         if args[1] == "rm":
             with contextlib.suppress(OSError):
                 os.unlink(names[-1], dir_fd=dir_fd)
@@ -2022,6 +2027,29 @@ def tool(args: Sequence[str]) -> int:
         return 3
     finally:
         os.close(dir_fd)
+
+
+def remove_record_of(name: str, dir_fd: int, token: str) -> None:
+    """Remove exit record ``name`` only while it is incarnation ``token``'s: the job may have
+    started here again, with a new record, before the daemon forgot its last (review s67).
+    Taken aside (a rename, as the agent writes), read, and linked back when another's."""
+    aside = f".{name}.{os.getpid()}.forget"
+    try:
+        os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except OSError:
+        return
+    try:
+        fd = os.open(aside, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+        with os.fdopen(fd, "rb") as fh:
+            record = json.loads(fh.read(MAX_RECORD_BYTES).decode())
+        seen = record.get("token") if isinstance(record, dict) else None
+        if seen and seen != token:  # (a record written meanwhile is newer: it stays)
+            os.link(aside, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    except (OSError, ValueError):
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(aside, dir_fd=dir_fd)
 
 
 def signal_replicas(name: str, user: str, pairs: Sequence[str]) -> int:

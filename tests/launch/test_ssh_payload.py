@@ -117,12 +117,12 @@ class LocalNodes(SshLauncher):
         return proc.returncode, out.decode(), err.decode()
 
 
-def write_record(path: str, node: str, state: str, workdir: str) -> None:
+def write_record(path: str, node: str, state: str, workdir: str, token: str = "7:0") -> None:
     """What the node agent of ``node`` writes (``node_agent.ExitRecord``)."""
     spec = {
         "node": node,
         "node_workdir": workdir,
-        "record": {"path": path, "token": "7:0"},
+        "record": {"path": path, "token": token},
         "replicas": [],
     }
     record = ExitRecord(spec)
@@ -167,8 +167,28 @@ def test_nodes_sharing_a_work_directory_keep_an_exit_record_each(tmp_path: Path)
         legacy.write_text(json.dumps({"version": 1, "token": "7:0", "state": "running"}))
         old = asyncio.run(launcher.read_record("b/x", "7"))
         assert old is not None and old["state"] == "running"
-        asyncio.run(launcher.forget_records("7", ["a", "b/x"]))
+        asyncio.run(launcher.forget_records("7", ["a", "b/x"], "7:0"))
         assert not legacy.exists() and not Path(paths[0]).exists()
+
+
+def test_forgetting_an_incarnation_leaves_the_record_of_the_next_one(tmp_path: Path) -> None:
+    """The daemon forgets an incarnation's exit records after its end, in the background; by
+    then the job may have started again on the node and written its new record at the same
+    path (review s67): only a record of the incarnation forgotten is removed."""
+    shared = str(tmp_path / "work")
+    Path(shared).mkdir(mode=0o755)
+    node = SshNodeConfig(name="a", host="a", workdir=shared, python=sys.executable)
+    with tempfile.TemporaryDirectory(prefix="pl", dir="/tmp") as short:
+        launcher = LocalNodes([node], control_dir=Path(short))
+        path = launcher.record_path(node, "7")
+        write_record(path, "a", "running", shared, token="7:1")  # the next start's
+        asyncio.run(launcher.forget_records("7", ["a"], "7:0"))
+        kept = asyncio.run(launcher.read_record("a", "7"))
+        assert kept is not None and kept["token"] == "7:1" and kept["state"] == "running"
+        assert sorted(p.name for p in Path(path).parent.iterdir()) == [Path(path).name]
+        asyncio.run(launcher.forget_records("7", ["a"], "7:1"))  # its own end: removed
+        assert not Path(path).exists()
+        assert asyncio.run(launcher.read_record("a", "7")) is None
 
 
 def test_a_restarted_daemon_signals_only_the_processes_its_records_name(tmp_path: Path) -> None:
@@ -277,7 +297,7 @@ def test_a_node_that_does_not_answer_is_not_taken_for_one_without_the_record(
         unread, before, code = asyncio.run(recovered())
         assert unread == ["a"] and before is None  # waited for, not queued again
         assert code == 0  # its recorded end, once read
-        asyncio.run(launcher.forget_records("7", ["a"]))
+        asyncio.run(launcher.forget_records("7", ["a"], "7:0"))
         assert asyncio.run(launcher.recover(spec, "7:0")) is None  # the node has none
 
         async def unread_then_none() -> tuple[int, float, str | None]:

@@ -694,4 +694,5 @@ class SshReplicaGroup:
         """Remove the exit records of this incarnation from its nodes (its end is in the
         daemon's store now)."""
         if self._launcher is not None:
-            await self._launcher.forget_records(self.spec.job_id, self.nodes())
+            token = record_token(self.spec.job_id, self.spec.env.get("POLLUX_RESTARTS", "0"))
+            await self._launcher.forget_records(self.spec.job_id, self.nodes(), token)

@@ -106,12 +106,14 @@ class SshLauncher:
     def _record_subdir(self) -> str:
         return f"run/{self.record_key}"
 
-    async def _record_command(self, name: str, action: str, relpath: str) -> tuple[int, str]:
-        """``record ACTION WORKDIR RELPATH`` of the agent's tool on node ``name``
+    async def _record_command(
+        self, name: str, action: str, relpath: str, *more: str
+    ) -> tuple[int, str]:
+        """``record ACTION WORKDIR RELPATH [MORE]`` of the agent's tool on node ``name``
         (``node_agent.tool``: it refuses a work directory others could write to, and reads
         no more than ``MAX_RECORD_BYTES``)."""
         node = self._node(name)
-        command = agent_tool(node.python, "record", action, node.workdir, relpath)
+        command = agent_tool(node.python, "record", action, node.workdir, relpath, *more)
         rc, out, err = await self.run(name, command, timeout_s=self.connect_timeout_s + 10)
         if rc == 2:
             log.warning("node %s: exit record not read: %s", name, err.strip()[-300:])
@@ -156,12 +158,14 @@ class SshLauncher:
             return None
         return record if record.get("node", name) == name else None
 
-    async def forget_records(self, job_id: str, names: Sequence[str]) -> None:
-        """Remove the exit records of ``job_id`` from ``names`` (best effort)."""
+    async def forget_records(self, job_id: str, names: Sequence[str], token: str) -> None:
+        """Remove the exit records of incarnation ``token`` of ``job_id`` from ``names``
+        (best effort): a record of a later incarnation, started there since, stays
+        (``node_agent.remove_record_of``)."""
         for name in names:
             for path in self._record_paths(name, job_id):
                 with contextlib.suppress(PolluxError, OSError):
-                    await self._record_command(name, "rm", path)
+                    await self._record_command(name, "rm", path, token)
 
     async def signal_recorded(
         self, name: str, record: Mapping[str, Any], run_as: str | None, sig: str

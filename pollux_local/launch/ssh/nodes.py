@@ -5,6 +5,7 @@ replicas."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import importlib.resources
@@ -24,11 +25,24 @@ SETUP_FAILED_EXIT_CODE: int = ExitCode.NODE_SETUP
 
 
 @functools.cache
+@functools.lru_cache(maxsize=1)
 def node_agent_source() -> str:
     """The node-side supervisor's program (``launch/node_agent.py``) as the text sent to each
-    node and run there with ``python -u -c``: no installation on the node is needed."""
+    node and run there with ``python -u -c``: no installation on the node is needed.  Its
+    module docstring, for readers of the file, is sent as empty lines (the lines of a
+    traceback there stay the file's), which keeps the command well within one argument."""
     package = importlib.resources.files("pollux_local.launch")
-    return package.joinpath("node_agent.py").read_text(encoding="utf-8")
+    text = package.joinpath("node_agent.py").read_text(encoding="utf-8")
+    first = ast.parse(text).body[0]
+    if (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+        and first.end_lineno is not None
+    ):
+        lines = text.splitlines(keepends=True)
+        text = "\n" * first.end_lineno + "".join(lines[first.end_lineno :])
+    return text
 
 
 #: The longest single argument Linux passes to a program (``MAX_ARG_STRLEN``): the command

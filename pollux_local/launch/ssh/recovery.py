@@ -174,7 +174,8 @@ class SshRecordedGroup:
         }
 
     async def forget(self) -> None:
-        await self._launcher.forget_records(self.spec.job_id, list(self.records))
+        token = record_token(self.spec.job_id, self.spec.env.get("POLLUX_RESTARTS", "0"))
+        await self._launcher.forget_records(self.spec.job_id, list(self.records), token)
 
 
 def record_token(job_id: str, restarts: object) -> str:
