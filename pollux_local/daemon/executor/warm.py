@@ -181,11 +181,16 @@ class Warm(Exits):
             only_from=[JobState.RESCALING],
             placement=action.allocation,
             batch=_batch_columns(action, len(spec.slots), total=True),
-            pids=[
-                {"rank": rank, "pid": pid, "node": spec.slots[rank].node}
-                for rank, pid in sorted(group.pids().items())
-                if 0 <= rank < len(spec.slots)
-            ],
+            # as a start records them: with each local process's start time, which tells it
+            # from a later process given its pid (``recovery._stop_orphans``; review s72)
+            pids=self.pid_records(
+                spec.slots,
+                {
+                    rank: pid
+                    for rank, pid in sorted(group.pids().items())
+                    if 0 <= rank < len(spec.slots)
+                },
+            ),
             reason=action.reason,
             prediction=action.prediction,
         )  # fmt: skip
