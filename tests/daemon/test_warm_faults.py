@@ -1,7 +1,14 @@
 """Faults injected at each step of a real warm resize (review s72): the daemon, a staying
 replica or a joiner killed, a replica stopped past ``warm_timeout_s``, the new group's port
 taken.  After each the job must end once, with its full step count and the weights of an
-uninterrupted run; no two incarnations may run at once and no device hold two jobs."""
+uninterrupted run; no two incarnations may run at once and no device hold two jobs (here:
+never more replicas alive than devices), and no replica of it may outlive it.
+
+The steps are told apart by what a test can see: ``rescaling`` (the daemon recorded the
+resize), ``joining`` (a joiner runs, no order yet: the run file says nothing of a resize
+before its order or its failure), ``ordered`` (the run file's ``warm``), ``stepped_at_two``
+(the job reports at its new size).  A warm resize that fell back before the point of injection
+(a busy machine's joiner not ready in ``warm_timeout_s``) never reaches it: raise the timeout."""
 
 from __future__ import annotations
 
@@ -217,10 +224,12 @@ def scenario(
         print("\n".join(decisions))
         assert done.state.value == "succeeded", (done.reason, decisions, daemon.output())
         time.sleep(1.0)
-        left = watcher.live()
+        left = {pid: env for pid, env in watcher.live().items() if env.get("POLLUX_JOB_ID") == job}
         assert not left, f"processes left: {left.keys()}"
     finally:
         watcher.close()
+        while SQUATTERS:
+            SQUATTERS.pop().close()
     assert not watcher.problems, sorted(set(watcher.problems))[:10]
     resized = torch.load(out, weights_only=False)
     ref = reference(tmp_path)
@@ -283,6 +292,20 @@ def rank_pid(rank: int) -> Callable[[DaemonProcess, str], int | None]:
     return which
 
 
+def stop_stayer_then_kill_daemon_at_fallback(daemon: DaemonProcess, job: str) -> None:
+    """Stop the staying replica once the order is written; kill the daemon once it has
+    decided to fall back (its stop of the group under way)."""
+    pid = stayer_pid(daemon, job)
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(
+        lambda: any("(in place:" in d.reason for d in show(daemon, job).decisions),
+        60,
+        "the fallback",
+    )
+    daemon.kill()
+
+
 SQUATTERS: list[socket.socket] = []
 
 
@@ -328,6 +351,14 @@ SCENARIOS: dict[str, tuple[str, Any, Any, Any]] = {
         None,
     ),
     "daemon-killed-shrink-rescaling": ("shrink", kill_daemon, rescaling, restart),
+    "stayer-killed-stepped": ("grow", kill(stayer_pid, signal.SIGKILL), stepped_at_two, None),
+    "joiner-killed-stepped": ("grow", kill(joiner_pid, signal.SIGKILL), stepped_at_two, None),
+    "daemon-killed-at-fallback": (
+        "grow",
+        stop_stayer_then_kill_daemon_at_fallback,
+        ordered,
+        restart,
+    ),
     "port-taken-joining": ("grow", take_port, joining, None),
     "joiner-stopped-joining": ("grow", kill(joiner_pid, signal.SIGSTOP), joining, None),
 }
