@@ -5,6 +5,7 @@ never stopping the others."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -593,3 +594,45 @@ async def test_a_cold_resize_keeps_the_run_file_of_the_incarnation_it_starts(
         for group in [*executor.groups.values(), *executor.stopping.values()]:
             await group.stop(0.5)
         await asyncio.sleep(0.2)
+
+
+class FakeWarmGroup(FakeGroup):
+    """A group that takes warm resize orders (``launch.base.WarmResizable``)."""
+
+    warm_capable = True
+
+    def resizes_onto(self, nodes: object) -> bool:
+        return True
+
+    async def resize_warm(self, spec: LaunchSpec, order: object, ready_timeout_s: float) -> None:
+        return None
+
+
+@pytest.mark.asyncio
+async def test_an_incarnation_past_its_order_numbers_is_resized_by_a_restart(
+    setup: tuple[Executor, StateStore, FakeLauncher],
+) -> None:
+    """Review s72: an incarnation numbers its warm orders below the next incarnation's
+    (``warm.GENERATIONS`` of them); the next one's number wrapped below the last, the
+    replicas ignored it and the resize fell back only after ``warm_timeout_s``.  Past the
+    numbers, the resize is a checkpoint-restart (a new incarnation numbers from 1 again)."""
+    from pollux_local.api.report import JobReport
+    from pollux_local.daemon.executor.warm import GENERATIONS
+
+    executor, store, launcher = setup
+    executor.config = dataclasses.replace(executor.config, warm_resize=True)
+
+    async def launch(spec: LaunchSpec) -> FakeGroup:
+        launcher.groups.append(FakeWarmGroup(spec))
+        return launcher.groups[-1]
+
+    launcher.launch = launch  # type: ignore[method-assign]
+    job_id = submit(store, elastic=True, max_gpus=2)
+    await start(executor, store, job_id)
+    store.update_job(job_id, report=JobReport(resizes_in_place=True))
+    shrink = Action(ActionKind.RESIZE, job_id, {"far": ["cpu:0"]}, BatchChoice(8, 1, 1), "test")
+    assert executor._warm_action(shrink, set()) is not None  # in place
+    executor._warm_count[job_id] = GENERATIONS - 2  # the last number it may give
+    assert executor._warm_action(shrink, set()) is not None
+    executor._warm_count[job_id] = GENERATIONS - 1
+    assert executor._warm_action(shrink, set()) is None  # a checkpoint-restart

@@ -87,6 +87,9 @@ class Warm(Exits):
             or job.state is not JobState.RUNNING
             or job.report is None
             or not job.report.resizes_in_place
+            # an incarnation numbers its orders below the next one's: past that, a
+            # checkpoint-restart starts the numbering again (review s72)
+            or self._warm_count.get(job_id, 0) + 1 >= GENERATIONS
         ):
             return None
         old = [(slot.node, slot.device) for slot in sorted(group.spec.slots, key=lambda s: s.rank)]
@@ -114,7 +117,7 @@ class Warm(Exits):
         now = self.clock()
         count = self._warm_count.get(job_id, 0) + 1
         self._warm_count[job_id] = count
-        generation = min(2**31, max(1, job.restarts) * GENERATIONS + count % GENERATIONS)
+        generation = min(2**31, max(1, job.restarts) * GENERATIONS + count)
         spec = self._warm_spec(group.spec, in_place)
         stayers = in_place.stayers
         kept = len(stayers)
