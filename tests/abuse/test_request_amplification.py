@@ -38,6 +38,7 @@ from pollux_local.daemon.handlers import control, submit
 from pollux_local.daemon.state import StateStore
 from tests.daemon.test_limits import ALICE, BOB
 from tests.daemon.test_limits import context as limits_context
+from tests.store_spy import count_job_loads
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -105,14 +106,7 @@ def test_cancel_loads_a_job_named_many_times_once(tmp_path: Path) -> None:
     own = submit.submit(alice, held(["/bin/true"])).id
     array = submit.submit(alice, held(["/bin/true"], array=[ArrayTask(index=i) for i in range(3)]))
     bobs = submit.submit(context(store, BOB), held(["/bin/true"])).id
-    loads: list[int] = []
-    get_job = store.get_job
-
-    def counted(job_id: int) -> Any:
-        loads.append(job_id)
-        return get_job(job_id)
-
-    store.get_job = counted  # type: ignore[method-assign]
+    loads = count_job_loads(store)
     many = Cancel(ids=[own] * 10_000, arrays=[array.id] * 100)
     reply = asyncio.run(control.cancel(alice, many))
     assert sorted(reply.cancelled, key=int) == sorted({own, *array.ids}, key=int)

@@ -13,6 +13,7 @@ from pollux_local.api.report import JobReport
 from pollux_local.daemon.resizes import KEPT, ResizeBook
 from tests.daemon.test_e2e import CONFIG, TRAIN, Daemon, daemon_show
 from tests.daemon_process import DaemonFactory
+from tests.store_spy import count_job_loads
 
 
 def report(progress: float, at: float | None = None) -> JobReport:
@@ -160,14 +161,7 @@ def test_waiting_for_a_warm_resizes_first_step_reads_no_environment(tmp_path: Pa
     )  # fmt: skip
     store.transition(job.id, JobState.RUNNING, 1.0, None, placement={"n": ["cpu:0"]})
     group = object()
-    loads: list[int] = []
-    real_get = store.get_job
-
-    def get_job(job_id: int) -> object:
-        loads.append(job_id)
-        return real_get(job_id)
-
-    store.get_job = get_job  # type: ignore[method-assign]
+    loads = count_job_loads(store)
     executor = SimpleNamespace(
         store=store, groups={job.id: group}, config=SimpleNamespace(warm_timeout_s=0.5)
     )

@@ -22,6 +22,7 @@ from pollux_local.daemon.scheduler import ModelCache, plan_round
 from pollux_local.daemon.state import JobRecord
 from pollux_local.sizes import SizeError, format_size, parse_size
 from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
+from tests.store_spy import count_job_loads
 
 GIB = 1 << 30
 RNG = np.random.default_rng(0)
@@ -270,14 +271,7 @@ def test_telling_whether_holders_are_shared_reads_no_environment(tmp_path: Path)
             submit_time=0.0, env={f"V{i}": "x" for i in range(20_000)},
         )  # fmt: skip
         ids.append(job.id)
-    loads: list[int] = []
-    real_get = store.get_job
-
-    def get_job(job_id: int) -> object:
-        loads.append(job_id)
-        return real_get(job_id)
-
-    store.get_job = get_job  # type: ignore[method-assign]
+    loads = count_job_loads(store)
     executor = SimpleNamespace(store=store)
     assert Applying._is_shared(executor, ids[0]) is True  # type: ignore[arg-type]
     assert Applying._is_shared(executor, ids[1]) is False  # type: ignore[arg-type]
