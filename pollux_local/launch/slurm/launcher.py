@@ -28,7 +28,7 @@ from pollux_local.launch.slurm.allocation import (
     node_state,
     run_slurm,
 )
-from pollux_local.launch.slurm.step import SlurmStepGroup, read_record
+from pollux_local.launch.slurm.step import SlurmStepGroup, end_orphaned_step, read_record
 
 log = logging.getLogger("pollux_local.launch.slurm")
 
@@ -198,6 +198,14 @@ class SlurmLauncher:
                 f"it will not run {spec.run_as}'s job as root"
             )
         record = self.record_path(spec.job_id)
+        earlier = read_record(record)
+        if earlier is not None and earlier.get("state") != "ended":
+            # a start of a daemon killed before it recorded it (the job is queued again with
+            # the same incarnation), or a step whose keeper died: ended before this one, never
+            # left running beside it, nor its keeper's end taken for this one's (review s73)
+            token = str(earlier.get("token") or "")
+            name = f"pollux-{spec.job_id}.{token.rpartition(':')[2]}"
+            await end_orphaned_step(self._run, earlier, name)
         record.unlink(missing_ok=True)
         srun = self.srun_argv(spec)
         order: dict[str, object] = {

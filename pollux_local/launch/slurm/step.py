@@ -19,7 +19,7 @@ import psutil
 
 from pollux_local.api.states import ExitCode
 from pollux_local.errors import PolluxError
-from pollux_local.launch.base import LaunchSpec
+from pollux_local.launch.base import LaunchSpec, incarnation
 from pollux_local.launch.slurm.allocation import Runner, node_lost, node_state
 
 log = logging.getLogger("pollux_local.launch.slurm")
@@ -48,6 +48,49 @@ def _alive(pid: int, since: float | None) -> bool:
         return since is None or abs(proc.create_time() - since) < 2.0
     except psutil.Error:
         return False
+
+
+async def end_orphaned_step(run: Runner, record: Mapping[str, Any] | None, name: str) -> None:
+    """End what a keeper that is gone (SIGKILLed, the OOM killer) or no longer watched (a
+    start a killed daemon never recorded) left running: its ``srun`` (in the keeper's session,
+    not ended with it) and the step called ``name``; the step waited for (``KILL_WAIT_S``).
+    Else the job's next start ran beside it, on the same checkpoint, its keeper's end was
+    taken for the next incarnation's, or a job recorded as failed kept its devices (review
+    s73)."""
+    record = record or {}
+    keeper = int(record.get("keeper_pid") or 0)
+    started = float(record.get("started") or 0.0)
+    if keeper > 0 and _alive(keeper, started or None):
+        with contextlib.suppress(OSError):
+            if os.getpgid(keeper) == keeper:  # it leads its session: srun is in its group
+                os.killpg(keeper, signal.SIGKILL)
+    srun_pid = int(record.get("srun_pid") or 0)
+    if srun_pid > 0:  # before the look-up, so that it cannot make the step after it
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(srun_pid)
+            if proc.name() == "srun" and proc.create_time() >= started - 2.0:
+                proc.kill()
+    slurm_job = str(record.get("slurm_job") or "")
+    deadline = time.monotonic() + KILL_WAIT_S
+    while slurm_job.isdigit() and time.monotonic() < deadline:
+        try:
+            out = await asyncio.to_thread(
+                run, ["squeue", "-h", "-s", "-j", slurm_job, "-o", "%i %j"]
+            )
+        except PolluxError:
+            return
+        steps = [
+            parts[0]
+            for line in out.splitlines()
+            if len(parts := line.split(None, 1)) == 2 and parts[1].strip() == name
+        ]
+        if not steps:
+            return
+        for step in steps:
+            with contextlib.suppress(PolluxError):
+                await asyncio.to_thread(run, ["scancel", step])
+        await asyncio.sleep(1.0)
+    log.warning("step %s of Slurm job %s did not end", name, slurm_job)
 
 
 class SlurmStepGroup:
@@ -97,6 +140,8 @@ class SlurmStepGroup:
                     break
                 missing_since = missing_since or time.monotonic()
                 if time.monotonic() - missing_since > 2.0:
+                    name = f"pollux-{self.spec.job_id}.{incarnation(self.spec)}"
+                    await end_orphaned_step(self._run, record, name)
                     self.failure_reason = "the step's keeper ended without recording its end"
                     self._finish(int(ExitCode.NODE_LOST), {})
                     break
