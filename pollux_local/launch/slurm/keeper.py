@@ -150,6 +150,11 @@ def main() -> int:
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         with contextlib.suppress(OSError, ValueError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (min(int(open_files), hard), hard))
+    if order.get("exits"):  # only this step's tasks' records are read at its end: none left
+        # by an earlier step of the same incarnation (a start a killed daemon never recorded)
+        for rank in range(int(order.get("tasks") or 0)):
+            with contextlib.suppress(OSError):
+                os.unlink(f"{order['exits']}{rank}")
     with open(order["log"], "wb") as log:  # this incarnation's srun only
         try:
             srun = subprocess.Popen(
