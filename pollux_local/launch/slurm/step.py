@@ -68,7 +68,11 @@ async def end_orphaned_step(run: Runner, record: Mapping[str, Any] | None, name:
     if srun_pid > 0:  # before the look-up, so that it cannot make the step after it
         with contextlib.suppress(psutil.Error):
             proc = psutil.Process(srun_pid)
-            if proc.name() == "srun" and proc.create_time() >= started - 2.0:
+            if (  # that srun, not another step's given its pid since
+                proc.name() == "srun"
+                and proc.create_time() >= started - 2.0
+                and f"--job-name={name}" in proc.cmdline()
+            ):
                 proc.kill()
     slurm_job = str(record.get("slurm_job") or "")
     deadline = time.monotonic() + KILL_WAIT_S
