@@ -74,8 +74,9 @@ With ``"record": {"path", "token"}`` in the spec the agent keeps an exit record 
 each exit and once all have ended, so that a daemon that restarts reads what became of them
 (``ssh.SshRecordedGroup``) instead of running a finished job again::
 
-    {"version": 1, "token", "state": "running" | "ended", "agent_pid", "orphaned",
-     "replicas": [{"rank", "pid", "exit_code"}, ...], "exits": [rank, ...], "ended"}
+    {"version": 1, "token", "state": "running" | "ended", "agent_pid", "agent_start",
+     "orphaned", "replicas": [{"rank", "pid", "exit_code"}, ...], "exits": [rank, ...],
+     "ended"}
 
 ``orphaned`` says that the agent stopped replicas itself because its stdin closed (the
 daemon was gone); ``exits`` lists the ranks in the order they ended.  Once stdout is gone the
@@ -87,7 +88,8 @@ shorter than :data:`MAX_LINE_BYTES` (a ``LOG`` line carries :data:`LOG_CHUNK` by
 Run with arguments, the same source is the daemon's tool for the exit records
 (:func:`tool`): ``record cat|rm WORKDIR RELPATH`` prints or removes one (at most
 :data:`MAX_RECORD_BYTES`), ``signal SIG WORKDIR USER PID:START...`` signals the process
-groups a recovered record names; both refuse a work directory as the agent does.
+groups a recovered record names (``0``: prints those still running); both refuse a work
+directory as the agent does.
 """
 
 from __future__ import annotations
@@ -573,6 +575,7 @@ class ExitRecord:
         )
         self.token = str(record.get("token", ""))
         self.node = str(spec.get("node", ""))
+        self.agent_start = start_time(os.getpid())  # (the agent told from a later pid's owner)
         self._lock = threading.Lock()
 
     def write(self, supervisor: Supervisor, state: str) -> str | None:
@@ -597,6 +600,7 @@ class ExitRecord:
             "node": self.node,
             "state": state,
             "agent_pid": os.getpid(),
+            "agent_start": self.agent_start,
             "orphaned": supervisor.orphaned,
             "replicas": replicas,
             "exits": list(supervisor.exits),
@@ -2055,8 +2059,9 @@ def remove_record_of(name: str, dir_fd: int, token: str) -> None:
 def signal_replicas(name: str, user: str, pairs: Sequence[str]) -> int:
     """Send signal ``name`` to the process group of each ``PID:START`` in ``pairs`` that is
     still the process started then (its start time in clock ticks since boot) and, unless
-    ``user`` is ``-``, one of that user's (its real uid): never a process of anyone else."""
-    sig = getattr(signal, "SIG" + name, None)
+    ``user`` is ``-``, one of that user's (its real uid): never a process of anyone else.
+    Each pid signalled is printed; ``0`` signals nothing (which of them still run)."""
+    sig = 0 if name == "0" else getattr(signal, "SIG" + name, None)
     if not isinstance(sig, int):
         return 2
     uid = None
@@ -2072,7 +2077,9 @@ def signal_replicas(name: str, user: str, pairs: Sequence[str]) -> int:
                 continue
             if uid is not None and real_uid(pid) != uid:
                 continue
-            os.killpg(pid, sig)
+            if sig:
+                os.killpg(pid, sig)
+            print(pid)
         except (OSError, ValueError):
             continue
     return 0

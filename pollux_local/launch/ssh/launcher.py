@@ -51,6 +51,9 @@ def _path_word(name: str) -> str:
 
 #: The line between a node check's facts and its agent's word on its work directory.
 _WORKDIR_MARK = "--- workdir"
+#: How long an earlier start's agent and replicas, SIGKILLed, are waited for before a launch
+#: goes on (:meth:`SshLauncher.end_earlier_start`).
+EARLIER_KILL_WAIT_S = 10.0
 
 
 class SshLauncher:
@@ -187,6 +190,65 @@ class SshLauncher:
             node = self._node(name)
             command = agent_tool(node.python, "signal", sig, node.workdir, run_as or "-", *pairs)
             await self.run(name, f"{command} 2>/dev/null; true")
+
+    async def _still_running(self, name: str, record: Mapping[str, Any]) -> bool:
+        """Whether a process ``record`` names on node ``name`` still runs: its agent (which
+        writes the record once more as it ends) or a replica not ended, each told apart from
+        a later process by its start time.  A record without the agent's start time (an
+        agent of an earlier version) counts its agent as running."""
+        if record.get("agent_pid") and record.get("agent_start") is None:
+            return True
+        pairs = [
+            f"{int(r['pid'])}:{int(r['start_time'])}"
+            for r in record.get("replicas", ())
+            if r.get("exit_code") is None and r.get("start_time") is not None
+        ]
+        if record.get("agent_pid"):
+            pairs.append(f"{int(record['agent_pid'])}:{int(record['agent_start'])}")
+        if not pairs:
+            return False
+        node = self._node(name)
+        command = agent_tool(node.python, "signal", "0", node.workdir, "-", *pairs)
+        rc, out, _ = await self.run(name, command, timeout_s=self.connect_timeout_s + 10)
+        return rc != 0 or bool(out.split())  # (no answer: not known to be gone)
+
+    async def end_earlier_start(self, name: str, spec: LaunchSpec) -> None:
+        """End what an earlier start of ``spec``'s job left running on node ``name`` (its
+        exit record there is not ``ended``), and wait for its agent's last write: a start a
+        killed daemon never recorded (the job queued again with the same incarnation, the
+        same record path and token), or an incarnation given up while its node's agent ran
+        on.  Else it ran beside this one, on the same devices, for up to
+        ``orphan_grace_s``, and its agent's last write ("ended") replaced this one's record,
+        so that a restarted daemon read the running job as ended (review s74).  Its
+        replicas get SIGTERM, SIGKILL after ``orphan_grace_s``
+        (:meth:`signal_recorded`: only the processes the record names); waited for
+        :data:`EARLIER_KILL_WAIT_S` more at most."""
+        try:
+            record = await self.read_record(name, spec.job_id)
+        except RecordUnanswered as exc:  # (the start there fails alike)
+            log.warning("%s", exc)
+            return
+        if record is None or record.get("state") == "ended":
+            return
+        log.warning(
+            "node %s: job %s's earlier start (%s) still runs there: ending it first",
+            name, spec.job_id, record.get("token"),
+        )  # fmt: skip
+        await self.signal_recorded(name, record, spec.run_as, "TERM")
+        now = time.monotonic()
+        kill_at, deadline = now + self.orphan_grace_s, now + self.orphan_grace_s
+        deadline += EARLIER_KILL_WAIT_S
+        killed = False
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            with contextlib.suppress(RecordUnanswered):
+                record = await self.read_record(name, spec.job_id) or {"state": "ended"}
+            if record.get("state") == "ended" or not await self._still_running(name, record):
+                return
+            if not killed and time.monotonic() >= kill_at:
+                await self.signal_recorded(name, record, spec.run_as, "KILL")
+                killed = True
+        log.warning("node %s: job %s's earlier start did not end", name, spec.job_id)
 
     async def recover(self, spec: LaunchSpec, token: str) -> SshRecordedGroup | None:
         """The incarnation ``token`` of a job recorded as running when the daemon stopped,
@@ -477,6 +539,8 @@ class SshLauncher:
         log_files = {slot.rank: spec.log_dir / f"rank{slot.rank}.log" for slot in spec.slots}
         probe = self.checkpoint_probe(spec)
 
+        # never beside an earlier start still running there, nor its record replacing ours
+        await asyncio.gather(*(self.end_earlier_start(name, spec) for name in by_node))
         what = f"start #{spec.env.get('POLLUX_RESTARTS', '0')}"
         sessions = list(
             await asyncio.gather(
