@@ -1,9 +1,26 @@
-"""Giving a chosen pid to a new process (root: ``/proc/sys/kernel/ns_last_pid``), to test that
-a process group id given out again is never signalled as the old group's."""
+"""Processes as tests see them through ``/proc`` (the test bed's namespaces share this
+machine's), and giving a chosen pid to a new process (root: ``/proc/sys/kernel/ns_last_pid``),
+to test that a process group id given out again is never signalled as the old group's."""
 
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (not a zombie)."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return data[data.rindex(b")") + 2 :].split()[0] != b"Z"
+
+
+def parent_of(pid: int) -> int:
+    """The parent of ``pid`` (on an SSH test node, a replica's parent is its node's agent)."""
+    data = Path(f"/proc/{pid}/stat").read_bytes()
+    return int(data[data.rindex(b")") + 2 :].split()[1])
 
 
 def take_pid(pid: int, tries: int = 20) -> subprocess.Popen[bytes] | None:

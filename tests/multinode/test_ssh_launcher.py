@@ -15,6 +15,7 @@ import pytest
 from pollux_local.api.states import ExitCode
 from pollux_local.launch.base import LaunchSpec, ReplicaSlot
 from pollux_local.launch.ssh import SETUP_FAILED_EXIT_CODE, UNREACHABLE_EXIT_CODE, SshLauncher
+from tests.pids import alive, parent_of
 
 from .conftest import GLOO_JOB, PYTHON, job_env
 from .testbed import Testbed
@@ -76,22 +77,6 @@ def one_sleeper(node: str, tmp_path: Path, job_id: str) -> LaunchSpec:
         slots=[ReplicaSlot(0, node, "cpu:0", 0, 0)],
         log_dir=tmp_path / "logs",
     )
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (not a zombie): the namespaces share this machine's processes."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return data[data.rindex(b")") + 2 :].split()[0] != b"Z"
-
-
-def parent_of(pid: int) -> int:
-    """The parent of ``pid`` (the namespaces share this machine's processes: a replica's
-    parent is its node's agent)."""
-    data = Path(f"/proc/{pid}/stat").read_bytes()
-    return int(data[data.rindex(b")") + 2 :].split()[1])
 
 
 def test_a_node_whose_agent_does_not_answer_a_stop_is_checked_not_taken_as_lost(

@@ -20,6 +20,7 @@ import pytest
 
 from pollux_local.launch.base import LaunchSpec, ReplicaSlot
 from pollux_local.launch.ssh import SshLauncher
+from tests.pids import alive, parent_of
 
 from .conftest import ssh_nodes
 from .testbed import Testbed
@@ -28,20 +29,6 @@ pytestmark = pytest.mark.timeout(150)
 
 #: A replica that takes its time to stop (SIGTERM ignored, as a job checkpointing would).
 STUBBORN = "trap '' TERM; echo started; exec sleep 120"
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (not a zombie): the namespaces share this machine's processes."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return data[data.rindex(b")") + 2 :].split()[0] != b"Z"
-
-
-def parent_of(pid: int) -> int:
-    data = Path(f"/proc/{pid}/stat").read_bytes()
-    return int(data[data.rindex(b")") + 2 :].split()[1])
 
 
 @pytest.mark.parametrize("agent_killed", [False, True], ids=["agent-ending", "agent-killed"])
