@@ -1967,8 +1967,8 @@ def tool(args: Sequence[str]) -> int:
     the record (a plain file of this user's, at most
     :data:`MAX_RECORD_BYTES`; exit 3 when there is none); ``record rm WORKDIR RELPATH
     [TOKEN]``: remove it (with a ``TOKEN``: only while it is that incarnation's,
-    :func:`remove_record_of`); ``signal SIG WORKDIR USER PID:START...``: send SIG to the process group of
-    each pid that is still the process started then and, with a ``USER`` (not ``-``), runs
+    :func:`remove_record_of`); ``signal SIG WORKDIR USER PID:START...``: send SIG to the
+    process group of each pid that is still the process started then and, with a ``USER`` (not ``-``), runs
     as that user."""
     if len(args) == 2 and args[0] == "workdir":  # the node check: usable, made if missing
         end_stale_fences_here()  # (what an agent killed outright left running)

@@ -2,14 +2,14 @@
 
 ``restart ID`` queues a copy of a job that ended (succeeded, failed or cancelled): the same
 command, folder, environment, bounds and options under a new id, owned by the original job's
-owner (it runs as them, whoever asks: its owner or an admin).  Dependencies are dropped: they
-were met, or failed, for the original; an array task stays a task of its array (its index,
-and the array's ``max_running``), so it is refused while a task of that index is active.  The
-copy shares the original's stored environment and command (nothing is copied).  ``edit ID`` changes a queued or held job's command, device
-bounds, time limit, priority, retries (``--retries``) or earliest start (``--begin``); its
-command only by its owner (or root: ``auth.may_act_for``), since it runs as them.  Both
-check the job that results as a submit does, with the daemon's config as it is now
-(``submit.validate_jobs``): a restart counts against its owner's ``[limits]
+owner (it runs as them, whoever asks: its owner or an admin). Dependencies are dropped: they
+were met, or failed, for the original; an array task stays a task of its array (its index, and
+the array's ``max_running``), so it is refused while a task of that index is active. The copy
+shares the original's stored environment and command (nothing is copied). ``edit ID`` changes a
+queued or held job's command, device bounds, time limit, priority, retries (``--retries``) or
+earliest start (``--begin``); its command only by its owner (or root: ``auth.may_act_for``),
+since it runs as them. Both check the job that results as a submit does, with the daemon's
+config as it is now (``submit.validate_jobs``): a restart counts against its owner's ``[limits]
 max_queued_per_user``."""
 
 from __future__ import annotations

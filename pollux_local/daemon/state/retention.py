@@ -2,15 +2,15 @@
 and of those the newest that keep ``[limits] max_ended_stored_per_user`` bytes.
 
 Ended jobs were kept for ever, and one user could make about 1,300 a second (held arrays,
-cancelled): the database grew by a megabyte a second on root's disk.  Beyond the cap, a
-user's oldest ended jobs are removed with their decisions, history samples and announced
-ends, and the stored commands and environments no job names any more.  Kept whatever their
-age: every task of an array that still has an active task (not one restarted since: a
-newer task of its index), a job whose end is not yet announced (notifications), and one
-whose processes are still stopping (the daemon says which).  A job an active job waits for (``--after``) goes like any other, but how it ended
-stays (``dependency_outcomes``: an id and a state, read by ``states_of``) while an active job
-names it: an ``--after`` list of a thousand ids kept a thousand rows.  The daemon then
-removes a removed job's directory (``jobfiles.remove_job_dir``, as its owner)."""
+cancelled): the database grew by a megabyte a second on root's disk. Beyond the cap, a user's
+oldest ended jobs are removed with their decisions, history samples and announced ends, and the
+stored commands and environments no job names any more. Kept whatever their age: every task of
+an array that still has an active task (not one restarted since: a newer task of its index), a
+job whose end is not yet announced (notifications), and one whose processes are still stopping
+(the daemon says which). A job an active job waits for (``--after``) goes like any other, but
+how it ended stays (``dependency_outcomes``: an id and a state, read by ``states_of``) while an
+active job names it: an ``--after`` list of a thousand ids kept a thousand rows. The daemon
+then removes a removed job's directory (``jobfiles.remove_job_dir``, as its owner)."""
 
 from __future__ import annotations
 
