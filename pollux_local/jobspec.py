@@ -17,8 +17,9 @@ Shape::
     priority = 0
     env = { OMP_NUM_THREADS = "1" }
     time = "2h"                  # time limit (30s, 10m, 2h, 1-00:00)
-    after = [12, 13]             # start once these jobs succeeded (after_any: once they ended)
-    after_any = false
+    after = [12, 13]             # start once these jobs succeeded (after_any: once they
+    after_any = false            # ended; after_one: once one of them succeeded)
+    after_one = false
     notify = ["ntfy://my-topic"] # told when the job ends
     notify_on = "end"            # or "failure"
     constraint = { nodes = ["box1"], type = "a100" }   # or "nodes=box1;type=a100"
@@ -99,6 +100,7 @@ class JobTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     time: str | None = None
     after: list[int | str] = msgspec.field(default_factory=list)
     after_any: bool = False
+    after_one: bool = False
     notify: list[str] = msgspec.field(default_factory=list)
     notify_on: str | None = None
     constraint: str | dict[str, Any] | None = None
@@ -116,6 +118,7 @@ _EXPECTED = {
     "env": "a table",
     "after": "a list",
     "after_any": "true or false",
+    "after_one": "true or false",
     "shared": "true or false",
     "notify": "a list",
     "priority": "an integer",
@@ -173,6 +176,7 @@ class JobSpec:
     time_limit_s: float | None = None
     after: tuple[str, ...] = ()
     after_any: bool = False
+    after_one: bool = False
     notify: tuple[str, ...] = ()
     notify_on: str | None = None
     constraint: Constraint | None = None
@@ -207,7 +211,7 @@ class JobSpec:
         for spec_field in fields(self):
             key = spec_field.name
             value = getattr(self, key)
-            if key in ("path", "args", "env", "after", "after_any", "notify", "sweep"):
+            if key in ("path", "args", "env", "after", "after_any", "after_one", "notify", "sweep"):
                 continue
             if key == "target":
                 out[key] = msgspec.to_builtins(value) if value is not None else None
@@ -219,6 +223,7 @@ class JobSpec:
         if self.after:
             out["after"] = list(self.after)
             out["after_any"] = self.after_any
+            out["after_one"] = self.after_one
         if self.notify:
             out["notify"] = list(self.notify)
         if self.sweep:
@@ -315,8 +320,11 @@ def _read_after(job: JobTable, where: Path) -> tuple[str, ...]:
         if not text.isdigit() or len(text) > 15:
             raise PolluxError(f"{where}: job.after must list job ids, got {item!r}")
         ids.append(str(int(text)))
-    if job.after_any and not ids:
-        raise PolluxError(f"{where}: job.after_any needs job.after")
+    for key in ("after_any", "after_one"):
+        if getattr(job, key) and not ids:
+            raise PolluxError(f"{where}: job.{key} needs job.after")
+    if job.after_any and job.after_one:
+        raise PolluxError(f"{where}: job.after_any and job.after_one cannot both be true")
     return tuple(dict.fromkeys(ids))
 
 
@@ -482,6 +490,7 @@ def load_job_spec(path: str | Path) -> JobSpec:
         time_limit_s=_read_time(job, where),
         after=_read_after(job, where),
         after_any=job.after_any,
+        after_one=job.after_one,
         notify=notify,
         notify_on=notify_on,
         constraint=_read_constraint(job, where),

@@ -41,8 +41,8 @@ _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
 class SubmitOptions:
     """What the submitter chose, already parsed; ``None`` (or empty) where they chose nothing,
     so the job file's value (if any) applies.  ``command`` is COMMAND and its arguments;
-    ``array`` is an array spec as text (``0-9%2``); ``after`` with ``after_any``: the jobs to
-    wait for and whether any end will do."""
+    ``array`` is an array spec as text (``0-9%2``); ``after`` with ``after_any`` and
+    ``after_one``: the jobs to wait for and whether any end, or one success, will do."""
 
     command: Sequence[str] = ()
     spec: JobSpec | None = None
@@ -63,6 +63,7 @@ class SubmitOptions:
     hold: bool = False
     after: Sequence[str] = ()
     after_any: bool = False
+    after_one: bool = False
     array: str | None = None
     max_running: int | None = None
     time_limit_s: float | None = None
@@ -293,9 +294,11 @@ def _scheduling_fields(options: SubmitOptions) -> dict[str, Any]:
     spec = options.spec
     fields: dict[str, Any] = {}
     if options.after:
-        fields["after"], fields["after_any"] = list(options.after), options.after_any
+        fields["after"] = list(options.after)
+        fields["after_any"], fields["after_one"] = options.after_any, options.after_one
     elif spec is not None and spec.after:
-        fields["after"], fields["after_any"] = list(spec.after), spec.after_any
+        fields["after"] = list(spec.after)
+        fields["after_any"], fields["after_one"] = spec.after_any, spec.after_one
     time_limit = _pick(options, "time_limit_s")
     if time_limit is not None:
         fields["time_limit_s"] = float(time_limit)

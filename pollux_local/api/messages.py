@@ -186,6 +186,7 @@ class JobSummary(Message, kw_only=True):
     after: list[str] = msgspec.field(default_factory=list)
     after_count: int = 0
     after_any: bool = False
+    after_one: bool = False
     array_id: str | None = None
     array_index: int | None = None
     time_limit_s: float | None = None
@@ -415,11 +416,13 @@ class Submit(Request[SubmitReply], tag="submit", kw_only=True):
     elastic: bool = False
     #: a rigid job that may be stopped and queued again (it resumes from its own snapshot)
     preemptible: bool = False
-    #: start only after these jobs ended: all succeeded, or (``after_any``) however they ended
+    #: start only after these jobs ended: all succeeded, or (``after_any``) however they
+    #: ended, or (``after_one``) once one of them succeeded
     after: Annotated[list[JobId], msgspec.Meta(max_length=1000)] = msgspec.field(
         default_factory=list
     )
     after_any: bool = False
+    after_one: bool = False
     #: an array: one job per task (``None``: a single job); ``max_running`` caps how many of
     #: them run at once
     array: Annotated[list[ArrayTask], msgspec.Meta(min_length=1, max_length=10_000)] | None = None

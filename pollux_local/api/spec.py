@@ -87,9 +87,10 @@ class Constraint(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """A stored job's specification.
 
-    ``after``: job ids that must end first; with ``after_any`` false they must all succeed
-    (one that fails or is cancelled fails this job), with ``after_any`` true it is enough that
-    they ended.  ``array_id``/``array_index``: the array this job is a task of (the array's id
+    ``after``: job ids that must end first; with ``after_any`` and ``after_one`` false they
+    must all succeed (one that fails or is cancelled fails this job), with ``after_any`` true
+    it is enough that they ended, with ``after_one`` true that one of them succeeded (the job
+    fails once every one ended and none succeeded).  ``array_id``/``array_index``: the array this job is a task of (the array's id
     is its first task's id) and its index in it; ``array_max_running`` caps the array's tasks
     running at once.  ``time_limit_s``: the most seconds the job may run (its time running,
     across restarts), then it is stopped and fails.  ``notify``: destinations told when it ends
@@ -112,6 +113,7 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     preemptible: bool = False
     after: list[str] = msgspec.field(default_factory=list)
     after_any: bool = False
+    after_one: bool = False
     array_id: str | None = None
     array_index: int | None = None
     array_max_running: int | None = None

@@ -251,10 +251,13 @@ def status_table(jobs: list[JobSummary], expand: bool = False, width: int | None
 
 
 def dependency(job: JobSummary) -> str:
-    """``after 12, 13 (all succeeded)`` or ``after any end of 12``; ``-`` without any."""
+    """``after 12, 13 (all succeeded)``, ``after any end of 12`` or ``after one of 12, 13
+    succeeded``; ``-`` without any."""
     if not job.after:
         return "-"
     ids = ", ".join(job.after)
+    if job.after_one:
+        return f"after one of {ids} succeeded"
     return f"after any end of {ids}" if job.after_any else f"after {ids} (all succeeded)"
 
 

@@ -12,7 +12,7 @@ by checkpoint-restart.  Any other command is *rigid*: it runs on exactly ``--gpu
 ``--elastic`` / ``--rigid`` override the detection.
 
 ``--after ID[,ID...]`` starts the job once those jobs succeeded (``--after-any``: once they
-ended, however); ``--array 0-9`` (or ``0-9:2``, ``1,4,7``, ``0-3,8``) makes one task per index
+ended, however; ``--after-one-of``: once one of them succeeded); ``--array 0-9`` (or ``0-9:2``, ``1,4,7``, ``0-3,8``) makes one task per index
 (``$POLLUX_ARRAY_INDEX``, ``$SLURM_ARRAY_TASK_ID``), at most ``--max-running N`` at once; a
 job.toml's ``[sweep]`` makes one task per combination of its values; ``--time 2h`` stops the job
 at that limit; ``--notify URL`` tells a destination when it ends (``--notify-on failure``: only
@@ -69,11 +69,13 @@ def size_option(value: str | None, option: str) -> int | None:
 def submit_options(args: argparse.Namespace) -> SubmitOptions:
     """The command line's options, parsed (each problem one line naming the option)."""
     after: list[str] = []
-    after_any = False
+    after_any = after_one = False
     if args.after:
         after = parse_job_ids(args.after, "--after")
     elif args.after_any:
         after, after_any = parse_job_ids(args.after_any, "--after-any"), True
+    elif args.after_one:
+        after, after_one = parse_job_ids(args.after_one, "--after-one-of"), True
     gpu_memory = size_option(args.gpu_memory, "--gpu-memory")
     host_memory = size_option(args.mem, "--mem")
     begin_at = earliest_start(args.begin, args.delay, time.time())
@@ -97,6 +99,7 @@ def submit_options(args: argparse.Namespace) -> SubmitOptions:
         hold=bool(args.hold),
         after=after,
         after_any=after_any,
+        after_one=after_one,
         array=args.array,
         max_running=args.max_running,
         time_limit_s=parse_time_limit(args.time) if args.time is not None else None,
@@ -244,6 +247,13 @@ def add_scheduling_options(p: argparse.ArgumentParser) -> None:
         action="append",
         metavar="ID[,ID...]",
         help="start only after these jobs ended, however they ended",
+    )
+    after.add_argument(
+        "--after-one-of",
+        dest="after_one",
+        action="append",
+        metavar="ID[,ID...]",
+        help="start once one of these jobs succeeded (fails when none did)",
     )
     p.add_argument(
         "--array",

@@ -52,6 +52,11 @@ def check_job(spec: JobSpec, config: DaemonConfig, *, env_bytes: int = 0) -> Job
         raise InvalidRequest(f"max_local_batch {max_local} is below min_local_batch {min_local}")
     check_sharing(spec, config)
     check_host_limits(spec, config)
+    if spec.after_any and spec.after_one:
+        raise InvalidRequest(
+            "after_any (--after-any) and after_one (--after-one-of) cannot be combined:"
+            " a job starts after all of its dependencies ended, or after one succeeded"
+        )
     if spec.retries is not None and spec.retries > most_retries(config):
         raise LimitExceeded(
             f"limit exceeded: --retries {spec.retries} is more than {most_retries(config)}, the"

@@ -252,6 +252,7 @@ def job_summary(
         after=list(spec.after[:after_ids]),
         after_count=len(spec.after),
         after_any=spec.after_any,
+        after_one=spec.after_one,
         array_id=spec.array_id,
         array_index=spec.array_index,
         time_limit_s=spec.time_limit_s,

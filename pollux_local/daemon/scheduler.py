@@ -20,6 +20,7 @@ import msgspec
 import numpy as np
 
 from pollux_local.api.report import JobReport, ProfileRow, ReportBounds
+from pollux_local.api.spec import JobSpec
 from pollux_local.api.states import TERMINAL_STATES, JobState
 from pollux_local.core.fitting import fit_points, points_from_rows
 from pollux_local.core.goodput import GoodputModel
@@ -28,6 +29,7 @@ from pollux_local.core.pool import Point, ProfilePool, Times
 from pollux_local.core.schedule import (
     Action,
     ActionKind,
+    AfterMode,
     Allocation,
     Constraint,
     Dependency,
@@ -454,36 +456,49 @@ class AfterSummary:
     """A job's dependencies as a pass needs them (``JobInput.after`` and ``after_pending``):
     ``after`` holds the first one not met (it decides the verdict and names the reason) and,
     when one further on fails the job whatever else ends, that one; ``pending`` the ids of
-    those not ended between them.  A job naming a thousand jobs costs a pass one or two
-    objects, not a thousand."""
+    those not ended between them.  After one of its dependencies (``ONE_SUCCEEDED``): none
+    when one succeeded, else the first not ended (or, when all ended, the first named) and
+    the ids of the others not ended.  A job naming a
+    thousand jobs costs a pass one or two objects, not a thousand."""
 
     after: tuple[Dependency, ...] = ()
     pending: tuple[int, ...] = ()
 
-    def verdict(self, after_any: bool) -> tuple[Verdict, str]:
+    def verdict(self, mode: AfterMode) -> tuple[Verdict, str]:
         """The same as ``dependency_verdict`` over every dependency."""
-        return dependency_verdict(self.after, after_any, self.pending)
+        return dependency_verdict(self.after, mode, self.pending)
 
 
 _NO_DEPENDENCIES = AfterSummary()
-#: The states in which a dependency is met: succeeded (``--after``), or ended (``after_any``).
+_ENDED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+#: The states in which a dependency is met: succeeded (``--after``, ``--after-one-of``), or
+#: ended (``--after-any``).
 _MET = {
-    False: frozenset({JobState.SUCCEEDED}),
-    True: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}),
+    AfterMode.ALL_SUCCEEDED: frozenset({JobState.SUCCEEDED}),
+    AfterMode.ALL_ENDED: _ENDED,
+    AfterMode.ONE_SUCCEEDED: frozenset({JobState.SUCCEEDED}),
 }
+
+
+def after_mode(spec: JobSpec) -> AfterMode:
+    """What ``spec``'s dependencies must do before it starts (``after_any``, ``after_one``;
+    a spec giving both is refused, ``jobrules.check_job``)."""
+    if spec.after_one:
+        return AfterMode.ONE_SUCCEEDED
+    return AfterMode.ALL_ENDED if spec.after_any else AfterMode.ALL_SUCCEEDED
 
 
 class DependencyStates:
     """The states of the jobs others depend on (job id -> state; a job absent does not exist),
-    as one pass reads them: the ids met either way (``after``, ``after_any``) kept as sets of
-    integers, so that a job's list is mostly skipped at C speed (hashing a ``JobState`` is a
-    Python call), and each job's ids parsed once."""
+    as one pass reads them: the ids met each way (:data:`_MET`) kept as sets of integers, so
+    that a job's list is mostly skipped at C speed (hashing a ``JobState`` is a Python call),
+    and each job's ids parsed once."""
 
     def __init__(self, states: Mapping[int, JobState]) -> None:
         self.states = states
         self._met = {
-            flag: {job_id for job_id, state in states.items() if state in met}
-            for flag, met in _MET.items()
+            mode: {job_id for job_id, state in states.items() if state in met}
+            for mode, met in _MET.items()
         }
         self._ids: dict[int, list[int]] = {}
 
@@ -497,18 +512,32 @@ class DependencyStates:
     def failed(self, states: dict[int, JobState], job_id: int) -> None:
         """Job ``job_id``, depended on, failed (``states``: the same mapping, writable)."""
         states[job_id] = JobState.FAILED
-        self._met[True].add(job_id)
-        self._met[False].discard(job_id)
+        for mode, met in self._met.items():
+            if JobState.FAILED in _MET[mode]:
+                met.add(job_id)
+            else:
+                met.discard(job_id)
 
     def summary(self, job: JobRecord) -> AfterSummary:
         """``job``'s dependencies summarised in one scan of its list, stopping at the first
-        that fails it."""
+        that fails it (or, after one of them, that lets it start)."""
         spec = job.spec
         if not spec.after:
             return _NO_DEPENDENCIES
         ids = self.ids(job)
-        met = self._met[spec.after_any]
+        mode = after_mode(spec)
+        met = self._met[mode]
         get = self.states.get
+        if mode is AfterMode.ONE_SUCCEEDED:
+            if not met.isdisjoint(ids):
+                return _NO_DEPENDENCIES
+            ended, states = self._met[AfterMode.ALL_ENDED], self.states
+            waiting = [
+                dep for dep in itertools.filterfalse(ended.__contains__, ids) if dep in states
+            ]
+            # the reason names what it waits for, or (none left) the first it fails on
+            named = waiting[0] if waiting else ids[0]
+            return AfterSummary((_dependency(named, get(named)),), tuple(waiting[1:]))
         first: Dependency | None = None
         pending: list[int] = []
         # only those not met are looked at one by one
@@ -565,7 +594,7 @@ def resolve_dependencies(
             if job.id in failed or job.state in TERMINAL_STATES:
                 continue
             summary = view.summary(job)
-            verdict, why = summary.verdict(job.spec.after_any)
+            verdict, why = summary.verdict(after_mode(job.spec))
             if verdict is not Verdict.FAIL:
                 summaries[job.id] = summary
                 continue
@@ -644,7 +673,7 @@ def job_input(
             else Constraint(frozenset(constraint.nodes), constraint.device_type)
         ),
         after=after.after,
-        after_any=spec.after_any,
+        after_mode=after_mode(spec),
         after_pending=after.pending,
         array_id=spec.array_id,
         array_max_running=spec.array_max_running,
@@ -777,7 +806,7 @@ def _may_start(job: JobInput, now: float) -> bool:
         return True
     if job.begin_at is not None and job.begin_at > now:
         return False
-    verdict, _ = dependency_verdict(job.after, job.after_any, job.after_pending)
+    verdict, _ = dependency_verdict(job.after, job.after_mode, job.after_pending)
     return verdict is Verdict.READY
 
 

@@ -39,7 +39,11 @@ def test_commands_and_options_complete(tmp_path: Path) -> None:
     assert set(complete("pollux-local submit --max-", tmp_path)) == {
         "--max-gpus", "--max-batch-size", "--max-local-batch", "--max-running",
     }  # fmt: skip
-    assert set(complete("pollux-local submit --after", tmp_path)) == {"--after", "--after-any"}
+    assert set(complete("pollux-local submit --after", tmp_path)) == {
+        "--after",
+        "--after-any",
+        "--after-one-of",
+    }
     assert set(complete("pollux-local submit --notify", tmp_path)) == {"--notify", "--notify-on"}
     assert complete("pollux-local submit --notify-on ", tmp_path) == ["end", "failure"]
     assert {"usage", "drain", "restart"} <= set(complete("pollux-local ", tmp_path))

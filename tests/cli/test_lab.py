@@ -228,6 +228,8 @@ def test_scheduling_options_become_request_fields() -> None:
     assert submit.notify_on == "failure"
     assert submit.constraint == Constraint(nodes=["box1", "box2"], device_type="a100")
     assert request("--after-any", "7", SLEEP, "1").after_any
+    one_of = request("--after-one-of", "7,8", SLEEP, "1")
+    assert (one_of.after, one_of.after_any, one_of.after_one) == (["7", "8"], False, True)
     plain = request(SLEEP, "1")
     assert (plain.after, plain.time_limit_s, plain.notify, plain.constraint) == ([], None, [], None)
 

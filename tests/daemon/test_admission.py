@@ -12,6 +12,7 @@ from pollux_local.core.schedule import ActionKind, Limits, NodeInput, Verdict, d
 from pollux_local.core.schedule.views import job_view
 from pollux_local.daemon.scheduler import (
     ModelCache,
+    after_mode,
     dependencies_of,
     job_input,
     plan_round,
@@ -52,7 +53,7 @@ def test_dependency_verdicts() -> None:
     )
 
     def verdict(job: JobRecord, states: dict[int, JobState]) -> tuple[Verdict, str]:
-        return dependency_verdict(dependencies_of(job, states), job.spec.after_any)
+        return dependency_verdict(dependencies_of(job, states), after_mode(job.spec))
 
     assert verdict(job, {1: done, 2: done}) == (Verdict.READY, "")
     assert verdict(job, {1: done, 2: running}) == (
@@ -68,6 +69,20 @@ def test_dependency_verdicts() -> None:
     anyway = record(6, after=["1", "2"], after_any=True)
     assert verdict(anyway, {1: failed, 2: cancelled}) == (Verdict.READY, "")
     assert verdict(anyway, {1: failed, 2: running})[0] is Verdict.WAIT
+    one = record(7, after=["1", "2", "3"], after_one=True)
+    assert verdict(one, {1: failed, 2: done, 3: running}) == (Verdict.READY, "")
+    assert verdict(one, {1: failed, 2: running, 3: cancelled}) == (
+        Verdict.WAIT,
+        "waiting: until one of its dependencies succeeds (job 2: running)",
+    )
+    assert verdict(one, {2: failed, 3: cancelled}) == (
+        Verdict.FAIL,
+        "no dependency succeeded (dependency 1 does not exist)",
+    )
+    assert verdict(one, {1: cancelled, 2: failed, 3: failed}) == (
+        Verdict.FAIL,
+        "no dependency succeeded (dependency 1 was cancelled)",
+    )
 
 
 def test_a_job_waiting_on_a_dependency_is_not_shown_to_the_policy() -> None:

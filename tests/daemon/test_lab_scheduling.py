@@ -80,6 +80,10 @@ def test_a_chain_where_the_middle_fails_fails_the_rest_with_the_reason(
     c = submit(daemon, [ok], root, after=[b])
     d = submit(daemon, [ok], root, after=[c])  # a dependent's dependent fails too
     any_end = submit(daemon, [ok], root, after=[b], after_any=True)  # runs however b ends
+    one_of = submit(daemon, [ok], root, after=[b, a], after_one=True)  # a succeeds: it runs
+    none_of = submit(daemon, [ok], root, after=[b, c], after_one=True)  # neither will
+    with pytest.raises(api.InvalidRequest, match="cannot be combined"):
+        submit(daemon, [ok], root, after=[a], after_any=True, after_one=True)
     waiting = show(daemon, b)
     assert waiting.state.value == "queued" or waiting.state.value in ("running", "failed")
     if waiting.state.value == "queued":
@@ -91,6 +95,10 @@ def test_a_chain_where_the_middle_fails_fails_the_rest_with_the_reason(
     d_job = wait_state(daemon, d, "failed")
     assert d_job.reason == f"dependency {c} failed" and d_job.start_time is None
     assert wait_state(daemon, any_end, "succeeded").start_time is not None
+    assert wait_state(daemon, one_of, "succeeded").start_time is not None
+    none_job = wait_state(daemon, none_of, "failed")
+    assert none_job.reason == f"no dependency succeeded (dependency {b} failed)"
+    assert none_job.start_time is None
 
 
 def test_a_job_waits_with_the_reason_while_its_dependency_runs(

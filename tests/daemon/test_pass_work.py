@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 from pollux_local.api.states import JobState
 from pollux_local.core.baselines import FifoPolicy
 from pollux_local.core.schedule import (
+    AfterMode,
     Dependency,
     JobInput,
     Limits,
@@ -33,6 +35,7 @@ from pollux_local.daemon.forecasting import KINDS_PER_OWNER, Durations, Forecast
 from pollux_local.daemon.scheduler import (
     FITS_PER_OWNER,
     ModelCache,
+    after_mode,
     dependencies_of,
     job_kind,
     plan_round,
@@ -103,7 +106,7 @@ def test_the_forecast_touches_only_the_dependents_of_the_jobs_that_end() -> None
     enders = tuple(Dependency(i, Outcome.PENDING, "running") for i in (1, 2, 3, 4))
     waiting = [
         JobInput(id=i, submit_time=float(i), elastic=False,
-                 after=counting(tally, never + enders), after_any=True)
+                 after=counting(tally, never + enders), after_mode=AfterMode.ALL_ENDED)
         for i in range(100, 200)
     ]  # fmt: skip
     nodes = [NodeInput("a", ("cpu:0", "cpu:1", "cpu:2", "cpu:3"))]
@@ -135,12 +138,52 @@ def test_a_dependency_ending_in_the_replay_lets_a_compact_dependent_start() -> N
     assert found[10].start == 8.0
     assert reasons[10] == "waiting: after job 1 (running)"
     first, failed = Dependency(1, Outcome.PENDING, "running"), Dependency(9, Outcome.FAILED, "x")
-    assert dependency_verdict((first, failed), False, (2,)) == (
+    assert dependency_verdict((first, failed), AfterMode.ALL_SUCCEEDED, (2,)) == (
         Verdict.WAIT, "waiting: after job 1 (running)",
     )  # fmt: skip
     done = Dependency(1, Outcome.SUCCEEDED, "succeeded")
-    assert dependency_verdict((done, failed), False, ())[0] is Verdict.FAIL
-    assert dependency_verdict((done,), False, (2,)) == (Verdict.WAIT, "waiting: after job 2")
+    assert dependency_verdict((done, failed), AfterMode.ALL_SUCCEEDED, ())[0] is Verdict.FAIL
+    assert dependency_verdict((done,), AfterMode.ALL_SUCCEEDED, (2,)) == (
+        Verdict.WAIT,
+        "waiting: after job 2",
+    )
+
+
+def test_a_job_after_one_of_its_dependencies_is_forecast_to_start_at_the_first_end() -> None:
+    """After one of jobs 1 and 2 (ending at 8 s and 5 s): the replay starts it at 5 s, when
+    the first of them ends; one that already succeeded lets it start now; and the daemon's
+    summary of its list forecasts the same start as the whole list."""
+    running = [
+        JobInput(id=i, allocation={"a": [f"cpu:{i - 1}"]}, last_start=0.0, elastic=False)
+        for i in (1, 2)
+    ]
+    whole = JobInput(
+        id=10, elastic=False, after_mode=AfterMode.ONE_SUCCEEDED,
+        after=(Dependency(1, Outcome.PENDING, "running"), Dependency(2, Outcome.PENDING, "running")),
+    )  # fmt: skip
+    record = queued(10, after=["1", "2"], after_one=True)
+    states = {1: JobState.RUNNING, 2: JobState.RUNNING}
+    summary = scheduler.DependencyStates(states).summary(record)
+    summarised = replace(whole, after=summary.after, after_pending=summary.pending)
+    for dependent in (whole, summarised):
+        found, reasons = forecast(
+            Snapshot(jobs=[*running, dependent], nodes=NODES, now=0.0),
+            FifoPolicy(), {1: 8.0, 2: 5.0, 10: 1.0},
+        )  # fmt: skip
+        assert found[10].start == 5.0
+        assert reasons[10] == ("waiting: until one of its dependencies succeeds (job 1: running)")
+    failed_one = replace(whole, after=(Dependency(1, Outcome.FAILED, "failed"), whole.after[1]))
+    found, _ = forecast(
+        Snapshot(jobs=[running[1], failed_one], nodes=NODES, now=0.0),
+        FifoPolicy(), {2: 5.0, 10: 1.0},
+    )  # fmt: skip
+    assert found[10].start == 5.0  # one failing does not fail it: the other may succeed
+    done = replace(whole, after=(Dependency(1, Outcome.SUCCEEDED, "succeeded"), whole.after[1]))
+    found, _ = forecast(
+        Snapshot(jobs=[running[1], done], nodes=NODES, now=0.0),
+        FifoPolicy(), {2: 5.0, 10: 1.0},
+    )  # fmt: skip
+    assert found[10].start == 0.0
 
 
 def old_resolve(jobs: list[JobRecord], states: dict[int, JobState]) -> list[tuple[int, str]]:
@@ -153,7 +196,7 @@ def old_resolve(jobs: list[JobRecord], states: dict[int, JobState]) -> list[tupl
             if record.state is JobState.FAILED:
                 continue
             verdict, why = dependency_verdict(
-                dependencies_of(record, states), record.spec.after_any
+                dependencies_of(record, states), after_mode(record.spec)
             )
             if verdict is not Verdict.FAIL:
                 continue
@@ -173,7 +216,9 @@ def test_resolving_dependencies_fails_the_same_jobs_with_the_same_reasons(seed: 
     for i in range(30, 90):
         named = rnd.sample(range(1, i), rnd.randint(1, 6)) + [999] * (rnd.random() < 0.05)
         state = JobState.HELD if rnd.random() < 0.2 else JobState.QUEUED
-        record = queued(i, after=[str(d) for d in named], after_any=rnd.random() < 0.3)
+        mode = rnd.choice(["after", "after_any", "after_one"])
+        flags = {"after_any": mode == "after_any", "after_one": mode == "after_one"}
+        record = queued(i, after=[str(d) for d in named], **flags)
         record.state = state
         jobs.append(record)
     wanted = {int(d) for job in jobs for d in job.spec.after}
@@ -185,13 +230,17 @@ def test_resolving_dependencies_fails_the_same_jobs_with_the_same_reasons(seed: 
     assert states == expected_states
     for record in jobs:
         if record.id in summaries:
-            assert summaries[record.id].verdict(record.spec.after_any) == dependency_verdict(
-                dependencies_of(record, states), record.spec.after_any
+            mode = after_mode(record.spec)
+            assert summaries[record.id].verdict(mode) == dependency_verdict(
+                dependencies_of(record, states), mode
             )
 
 
 def _copy(record: JobRecord) -> JobRecord:
-    copy = queued(record.id, after=list(record.spec.after), after_any=record.spec.after_any)
+    spec = record.spec
+    copy = queued(
+        record.id, after=list(spec.after), after_any=spec.after_any, after_one=spec.after_one
+    )
     copy.state = record.state
     return copy
 

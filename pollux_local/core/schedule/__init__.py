@@ -34,6 +34,7 @@ from pollux_local.core.schedule.admission import Verdict, dependency_verdict
 from pollux_local.core.schedule.plan import Action, ActionKind, Plan
 from pollux_local.core.schedule.run import run_pass, schedulable
 from pollux_local.core.schedule.snapshot import (
+    AfterMode,
     Allocation,
     Constraint,
     Dependency,
@@ -50,6 +51,7 @@ from pollux_local.core.schedule.snapshot import (
 __all__ = [
     "Action",
     "ActionKind",
+    "AfterMode",
     "Allocation",
     "Constraint",
     "Dependency",

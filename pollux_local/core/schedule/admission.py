@@ -16,6 +16,7 @@ from enum import Enum
 
 from pollux_local.core.schedule.reasons import in_time
 from pollux_local.core.schedule.snapshot import (
+    AfterMode,
     Dependency,
     GroupLimit,
     Holding,
@@ -34,19 +35,24 @@ class Verdict(Enum):
 
 
 def dependency_verdict(
-    after: Sequence[Dependency], after_any: bool, pending: Sequence[int] = ()
+    after: Sequence[Dependency], mode: AfterMode, pending: Sequence[int] = ()
 ) -> tuple[Verdict, str]:
-    """Whether dependencies let a job start, with the reason when not.  With ``after_any``
-    every job named must have ended, however; else every one must have succeeded, and one
-    that failed or was cancelled (or does not exist) fails this job.  ``pending``: the ids of
-    further dependencies, not ended (``JobInput.after_pending``), that the job waits for too.
-    The first dependency of ``after`` that decides gives the verdict and its reason, so a
-    caller may pass only that one (and the pending ids behind it): the verdict is the same."""
+    """Whether dependencies let a job start, with the reason when not (``mode``: what they
+    must do, :class:`AfterMode`).  ``ALL_ENDED``: every job named must have ended, however;
+    ``ALL_SUCCEEDED``: every one must have succeeded, and one that failed or was cancelled (or
+    does not exist) fails this job; ``ONE_SUCCEEDED``: one that succeeded is enough, and the
+    job fails once none is left that may.  ``pending``: the ids of further dependencies, not
+    ended (``JobInput.after_pending``), that the job waits for too.  A caller may pass only
+    the dependencies of ``after`` that decide (the first one not met; with ``ONE_SUCCEEDED``
+    one that succeeded, else the first) and the pending ids behind them: the verdict is the
+    same."""
+    if mode is AfterMode.ONE_SUCCEEDED:
+        return _one_succeeded(after, pending)
     for dep in after:
         outcome = dep.outcome
         if outcome is None:
             return Verdict.FAIL, f"dependency {dep.job_id} does not exist"
-        if after_any:
+        if mode is AfterMode.ALL_ENDED:
             if outcome is Outcome.PENDING:
                 return Verdict.WAIT, f"waiting: after job {dep.job_id} ({dep.state})"
             continue
@@ -59,6 +65,31 @@ def dependency_verdict(
     if pending:
         return Verdict.WAIT, f"waiting: after job {pending[0]}"
     return Verdict.READY, ""
+
+
+_ONE_OF = "waiting: until one of its dependencies succeeds"
+
+
+def _one_succeeded(after: Sequence[Dependency], pending: Sequence[int]) -> tuple[Verdict, str]:
+    """:func:`dependency_verdict` with ``ONE_SUCCEEDED``: ready once one succeeded, waiting
+    while one has not ended (the first named), failed when every one ended otherwise."""
+    if not after and not pending:
+        return Verdict.READY, ""
+    if any(dep.outcome is Outcome.SUCCEEDED for dep in after):
+        return Verdict.READY, ""
+    waiting = [dep for dep in after if dep.outcome is Outcome.PENDING]
+    if waiting:
+        first = waiting[0]
+        return Verdict.WAIT, f"{_ONE_OF} (job {first.job_id}: {first.state})"
+    if pending:
+        return Verdict.WAIT, f"{_ONE_OF} (job {pending[0]})"
+    first = after[0]
+    how = {
+        None: "does not exist",
+        Outcome.FAILED: "failed",
+        Outcome.CANCELLED: "was cancelled",
+    }.get(first.outcome, "ended")
+    return Verdict.FAIL, f"no dependency succeeded (dependency {first.job_id} {how})"
 
 
 def admit(
@@ -95,7 +126,7 @@ def admit(
         if job.begin_at is not None and job.begin_at > now:
             waiting[job.id] = f"waiting: --begin, in {in_time(job.begin_at - now)}"
             continue
-        verdict, why = dependency_verdict(job.after, job.after_any, job.after_pending)
+        verdict, why = dependency_verdict(job.after, job.after_mode, job.after_pending)
         if verdict is not Verdict.READY:
             waiting[job.id] = why if verdict is Verdict.WAIT else f"waiting: {why}"
             continue

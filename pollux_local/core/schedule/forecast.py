@@ -29,7 +29,14 @@ import numpy as np
 
 from pollux_local.core.schedule.plan import ActionKind
 from pollux_local.core.schedule.run import run_pass
-from pollux_local.core.schedule.snapshot import JobInput, JobPhase, NodeInput, Outcome, Snapshot
+from pollux_local.core.schedule.snapshot import (
+    AfterMode,
+    JobInput,
+    JobPhase,
+    NodeInput,
+    Outcome,
+    Snapshot,
+)
 from pollux_local.core.types import Policy
 
 #: Events (job ends) replayed through the pass; the queue past them is list-scheduled.
@@ -250,25 +257,37 @@ def forecast(
     reasons: dict[int, str] = {}
 
     # the dependents of each job, indexed by the one dependency each waits for now: a step
-    # touches only the jobs whose watched dependency ended (not every job's whole list)
+    # touches only the jobs whose watched dependency ended (not every job's whole list); a
+    # job after one of its dependencies (``ONE_SUCCEEDED``) is watched under each of them
     waits: dict[int, tuple[int, ...]] = {}
     at: dict[int, int] = {}
     watch: dict[int, list[int]] = {}
+    one_of: set[int] = set()
     for job in queue:
         ids = _waits_for(job)
-        if ids:
-            waits[job.id], at[job.id] = ids, 0
+        if not ids:
+            continue
+        waits[job.id], at[job.id] = ids, 0
+        if job.after_mode is AfterMode.ONE_SUCCEEDED:
+            one_of.add(job.id)
+            for dep in ids:
+                watch.setdefault(dep, []).append(job.id)
+        else:
             watch.setdefault(ids[0], []).append(job.id)
     seen: set[int] = set()
     ready: dict[int, JobInput] = {}
 
     def release(ended: frozenset[int]) -> None:
         """Let the dependents of the jobs that ended since the last step go on to their next
-        dependency not ended, and mark those left with none ready."""
+        dependency not ended, and mark those left with none ready (a job after one of its
+        dependencies: ready at the first that ends; a replay's jobs succeed)."""
         fresh = ended - seen
         seen.update(fresh)
         for gone in fresh:
             for job_id in watch.pop(gone, ()):
+                if job_id in one_of:
+                    ready.setdefault(job_id, replace(by_id[job_id], after=(), after_pending=()))
+                    continue
                 ids, i = waits[job_id], at[job_id]
                 while i < len(ids) and ids[i] in seen:
                     i += 1
@@ -371,14 +390,19 @@ def forecast(
 def _waits_for(job: JobInput) -> tuple[int, ...]:
     """The ids of the jobs ``job``'s dependencies still wait for, each of which a replay may
     end (then it succeeded); none when it waits for none, or when one of its dependencies
-    keeps it waiting whatever ends (one failed, or does not exist): only its first pass's
-    reason, which the replay keeps, tells these apart."""
+    keeps it waiting whatever ends (one failed, or does not exist; after one of them: every
+    one ended and none succeeded): only its first pass's reason, which the replay keeps, tells
+    these apart."""
+    mode = job.after_mode
     ids: list[int] = []
     for dep in job.after:
         outcome = dep.outcome
         if outcome is Outcome.PENDING:
             ids.append(dep.job_id)
-        elif outcome is None or not (job.after_any or outcome is Outcome.SUCCEEDED):
+        elif mode is AfterMode.ONE_SUCCEEDED:
+            if outcome is Outcome.SUCCEEDED:
+                return ()
+        elif outcome is None or not (mode is AfterMode.ALL_ENDED or outcome is Outcome.SUCCEEDED):
             return ()
     return (*ids, *job.after_pending)
 

@@ -42,6 +42,17 @@ class Outcome(Enum):
     CANCELLED = "cancelled"
 
 
+class AfterMode(Enum):
+    """What a job's dependencies must do before it starts: all of them succeed (``--after``;
+    one that fails or is cancelled fails the job), all of them end however they end
+    (``--after-any``), or one of them succeed (``--after-one-of``; the job fails once every
+    one has ended without succeeding)."""
+
+    ALL_SUCCEEDED = "all succeeded"
+    ALL_ENDED = "all ended"
+    ONE_SUCCEEDED = "one succeeded"
+
+
 @dataclass(frozen=True)
 class Dependency:
     """A job this one runs after: its id, its outcome (``None``: no such job) and its state's
@@ -108,7 +119,7 @@ class JobInput:
     #: as ``after_pending`` (the daemon does: a thousand ids cost a pass one object, and the
     #: forecast lets them end one by one)
     after: tuple[Dependency, ...] = ()
-    after_any: bool = False
+    after_mode: AfterMode = AfterMode.ALL_SUCCEEDED
     after_pending: tuple[int, ...] = ()
     array_id: str | None = None
     array_max_running: int | None = None

@@ -29,7 +29,7 @@ def restart(ctx: Context, request: Restart) -> SubmitReply:
     old = ctx.job(request.id)  # with its environment
     ctx.require_owner(old, "restart")
     check_restartable(ctx, old)
-    spec = msgspec.structs.replace(old.spec, after=[], after_any=False)
+    spec = msgspec.structs.replace(old.spec, after=[], after_any=False, after_one=False)
     [spec] = validate_jobs(
         ctx, [spec], owner_uid=old.owner_uid, owner_name=old.owner_name, env=old.env or {},
         adding=1, kept_group=old.spec.group,

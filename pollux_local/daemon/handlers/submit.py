@@ -141,6 +141,7 @@ def spec_of(request: Submit) -> JobSpec:
         preemptible=request.preemptible,
         after=list(dict.fromkeys(request.after)),
         after_any=request.after_any,
+        after_one=request.after_one,
         time_limit_s=request.time_limit_s,
         notify=list(request.notify),
         notify_on=request.notify_on,
