@@ -69,6 +69,7 @@ from pollux_local.daemon.scheduler import (
 )
 from pollux_local.daemon.state import DecisionEntry, JobRecord, StateStore
 from pollux_local.daemon.state.retention import PRUNE_BATCH
+from pollux_local.daemon.statedir import note_alive
 from pollux_local.durations import format_duration
 from pollux_local.sizes import format_size
 from pollux_local.untrusted import one_line
@@ -424,6 +425,7 @@ class SchedulingLoop:
             await self.reconcile()
             self.prune_ended()
             now = self.clock()
+            note_alive(self.state_dir, now)  # read by the next start's recovery
             await self.enforce_time_limits(now)
             states, dependencies = await self.resolve_dependencies(now)
             jobs = self.hold_refused(self.store.jobs(SCHEDULED_STATES), now)

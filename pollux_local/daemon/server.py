@@ -56,7 +56,12 @@ from pollux_local.daemon.reload import (
 )
 from pollux_local.daemon.scheduler import ModelCache
 from pollux_local.daemon.state import StateStore, open_state
-from pollux_local.daemon.statedir import acquire_lock, prepare_state_dir, setup_logging
+from pollux_local.daemon.statedir import (
+    acquire_lock,
+    last_alive,
+    prepare_state_dir,
+    setup_logging,
+)
 from pollux_local.daemon.transport import ConnectionBook, Connections
 
 log = logging.getLogger("pollux_local.daemon")
@@ -240,7 +245,7 @@ class Daemon:
             self.notifier = Notifier(self.store, lambda: self.config, os.geteuid())
             self.scheduler.notifier = self.notifier
             try:
-                recovered = await self.executor.recover()
+                recovered = await self.executor.recover(last_alive(self.state_dir))
                 if recovered:
                     log.info("re-queued %d job(s) that were running: %s", len(recovered), recovered)
                 self._keep_held_devices()

@@ -11,6 +11,8 @@ refused)::
                    one older file kept) and begun again
     state.db       SQLite (WAL), 0600 from the first byte, like its -wal and -shm (state/)
     jobs/<id>/     per-job logs (rank<r>.log), report.json and, by default, checkpoint/
+    alive          empty, 0600; its times set to the daemon's clock at each scheduling pass:
+                   when the daemon was last known alive (note_alive, last_alive)
 
 Every state file is created under ``umask 077`` and opened without following symlinks; once
 they exist the daemon gives its jobs back the umask it was started with.
@@ -84,6 +86,35 @@ def open_private(path: Path, flags: int) -> int:
     if stat.S_IMODE(info.st_mode) & 0o077:
         os.fchmod(fd, 0o600)
     return fd
+
+
+#: The file whose times say when the daemon was last known alive (:func:`note_alive`).
+ALIVE_FILE = "alive"
+
+
+def note_alive(state_dir: Path, now: float) -> None:
+    """Set ``STATE_DIR/alive``'s times to ``now`` (made 0600 when absent): read at the next
+    start (:func:`last_alive`).  A failure is ignored (the next pass tries again)."""
+    path = state_dir / ALIVE_FILE
+    with contextlib.suppress(OSError, PolluxError):
+        try:
+            os.utime(path, (now, now), follow_symlinks=False)
+        except FileNotFoundError:
+            os.close(open_private(path, os.O_WRONLY))
+            os.utime(path, (now, now), follow_symlinks=False)
+
+
+def last_alive(state_dir: Path) -> float | None:
+    """When the daemon that ran here before was last known alive: the time its last
+    scheduling pass gave ``STATE_DIR/alive`` (:func:`note_alive`); ``None`` when there is
+    no such file of the daemon's user (a first start, a daemon from before it was kept)."""
+    try:
+        info = os.lstat(state_dir / ALIVE_FILE)
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        return None
+    return info.st_mtime
 
 
 def acquire_lock(state_dir: Path) -> IO[str]:

@@ -3,7 +3,10 @@ work continues from its checkpoint after a restart."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import sys
 import threading
 import time
@@ -251,5 +254,40 @@ def test_sigkill_during_a_rescale_decided_by_the_policy(
         kinds = [d["kind"] for d in daemon.client.request("show", id=first)["decisions"]]
         assert "recovered" in kinds, kinds
         assert decided and decided[-1]["kind"] == "start", decided  # the kill came mid-resize
+    finally:
+        daemon.stop()
+
+
+def test_a_power_cut_charges_a_job_no_run_time_for_the_time_the_daemon_was_down(
+    start_daemon: Callable[[], DaemonProcess], tmp_path: Path
+) -> None:
+    """A power cut (the daemon, the job's supervisor and its replicas SIGKILLed at once) and
+    a daemon back 12 s later: the job, queued again, is charged the seconds it ran, not the
+    time the daemon was down.  It was charged up to the restart, and a job with a 10 s limit
+    that had run for a second failed at its next start with ``time limit 10s reached``."""
+    daemon = start_daemon()
+    try:
+        job_id = str(
+            daemon.client.request(
+                "submit", argv=["/bin/sleep", "300"], workdir=str(tmp_path), time_limit_s=10
+            )["id"]
+        )
+        show = lambda: daemon.client.request("show", id=job_id)["job"]  # noqa: E731
+        wait_for(lambda: show()["state"] == "running", 30, "the job to start")
+        time.sleep(1.0)
+        run = json.loads((daemon.state_dir / "run" / f"{job_id}.json").read_text())
+        daemon.kill()
+        for pid in [run["supervisor"]["pid"], *(replica["pid"] for replica in run["replicas"])]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(12.0)
+        daemon = start_daemon()
+        wait_for(lambda: show()["restarts"] >= 1, 30, "the job to start again")
+        job = show()
+        assert job["state"] == "running", job
+        assert job["run_time_s"] < 8.0, job  # about 2 s before the cut, and since the restart
+        decisions = daemon.client.request("show", id=job_id).get("decisions", [])
+        assert not any("time limit" in str(line.get("reason")) for line in decisions), decisions
+        daemon.client.request("cancel", ids=[job_id])
     finally:
         daemon.stop()

@@ -45,13 +45,18 @@ class Recovery(Applying):
 
     # --- daemon start and stop ----------------------------------------------------------------
 
-    async def recover(self) -> list[int]:
+    async def recover(self, last_alive: float | None = None) -> list[int]:
         """After a daemon restart, for every job recorded as running: adopt its supervisor if
         it still runs (the job keeps running); apply its recorded exit code if it ended
         meanwhile; queue it again (to resume from its checkpoint) only when nothing is
         recorded.  Supervisors of jobs recorded as not running (a stop in flight when the
-        daemon died) are adopted as stopping.  Returns the jobs queued again."""
+        daemon died) are adopted as stopping.  Returns the jobs queued again.
+
+        ``last_alive``: when the daemon before was last known alive (``statedir.last_alive``;
+        ``None``: not known).  A job queued again is charged its run time up to then, not up
+        to now (:meth:`_requeue_recovered`)."""
         now = self.clock()
+        seen = now if last_alive is None else min(now, last_alive)
         records = self._local.records()
         self._take_unrecorded_starts(records, now)
         requeued: list[int] = []
@@ -68,7 +73,7 @@ class Recovery(Applying):
                     # its supervisor runs: stopped as a stray (its next start waits for
                     # that), never left running beside it
                     records[job.job_id] = record
-            self._requeue_recovered(job, now)
+            self._requeue_recovered(job, now, seen)
             requeued.append(job.id)
         for job_id, record in records.items():
             try:
@@ -254,9 +259,15 @@ class Recovery(Applying):
         self._adopt_stopping(int(name), group, intent)
         self.watchers[int(name)] = asyncio.ensure_future(self._watch(int(name), group))
 
-    def _requeue_recovered(self, job: JobRecord, now: float) -> None:
+    def _requeue_recovered(self, job: JobRecord, now: float, seen: float) -> None:
+        """Queue again a job recorded as running of which nothing is left to adopt (its
+        supervisor gone without a result: a power cut, a kill of all), charged the run time
+        from its start to ``seen``, when the daemon before was last known alive: no one saw
+        it run longer.  Charged up to now, a daemon down for an hour charged the hour, and a
+        job with a time limit that had run for seconds failed at its next start with ``time
+        limit reached``."""
         if job.last_start is not None:
-            elapsed = max(0.0, now - job.last_start)
+            elapsed = max(0.0, seen - job.last_start)
             self.store.update_job(
                 job.id,
                 attained_gpu_s=job.attained_gpu_s + elapsed * job.replicas,
