@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from pollux_local.launch.base import (
 )
 from pollux_local.launch.supervisor import (
     EXEC_EXIT_CODE,
+    EXITED,
     RUN_FILE_VERSION,
     SETUP_EXIT_CODE,
     WORKDIR_EXIT_CODE,
@@ -171,6 +172,24 @@ class RunRecord:
 
     @classmethod
     def load(cls, path: Path) -> RunRecord | None:
+        """The run file at ``path`` (``None``: none, or not one of this daemon's), settled
+        (:meth:`settled`)."""
+        record = cls._read(path)
+        return record.settled() if record is not None else None
+
+    def settled(self) -> RunRecord:
+        """This record; but one written once every replica had ended (``"exited"``, with
+        their exits) by a supervisor that is gone (it died during its clean-up: a power cut,
+        a kill) is the incarnation's result: what is left of it is killed
+        (:meth:`kill_replicas`) and it is taken as ``"ended"``.  Without a result, a job that
+        had finished was queued again and ran a second time."""
+        if self.state != EXITED or self.exit_code is None or self.supervisor_alive():
+            return self
+        self.kill_replicas()
+        return replace(self, state="ended")
+
+    @classmethod
+    def _read(cls, path: Path) -> RunRecord | None:
         data = read_run_file(path)
         if data is None:
             return None

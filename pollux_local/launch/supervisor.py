@@ -41,15 +41,16 @@ What it does:
   group once; ``grace_s`` later (or the ``grace_s`` of the daemon's control file, read at the
   SIGTERM) the group and every remaining descendant get SIGKILL.  A replica that fails (an
   exit code other than 0 and 75) stops the others the same way after ``failure_grace_s``;
-* once every replica has ended it kills any descendant left (found through ``/proc``), reads
-  whether the OOM killer fired in the job's memory cgroup, removes the cgroups, then writes
-  the incarnation's result to ``run_file``.
+* once every replica has ended it writes their exits to ``run_file`` (``"exited"``), kills
+  any descendant left (found through ``/proc``), reads whether the OOM killer fired in the
+  job's memory cgroup, removes the cgroups, then writes the incarnation's result to
+  ``run_file`` (``"ended"``).
 
 The run file (JSON, 0600, replaced atomically; in a directory of the daemon's) is written
-before the replicas start (listing the cgroups, the fence among them), once they run and
-again when they have all ended::
+before the replicas start (listing the cgroups, the fence among them), once they run, once
+they have all ended and again when what they left is cleaned up::
 
-    {"version": 1, "job_id", "state": "starting" | "running" | "ended",
+    {"version": 1, "job_id", "state": "starting" | "running" | "exited" | "ended",
      "supervisor": {"pid", "start_time", "boot_id"}, "pgid",
      "replicas": [{"rank", "pid", "start_time", "exit_code", "error"}, ...],
      "exit_code": null | CODE, "error": null | "one line", "started", "ended",
@@ -58,8 +59,10 @@ again when they have all ended::
 
 ``start_time`` is the process's start time in clock ticks since boot (``/proc/PID/stat``):
 with ``boot_id`` it tells a live supervisor from another process that got its pid.
-``exit_code`` is the group's code (:func:`combine_exit_codes`); a replica killed by signal N
-has code -N.  ``error`` says why nothing ran (a failed setup).  ``cgroups``: the incarnation's
+``exit_code`` is the group's code (:func:`combine_exit_codes`), from ``"exited"`` on; a
+replica killed by signal N has code -N.  An ``"exited"`` file whose supervisor is gone (it
+died during its clean-up: a power cut, a kill) is the incarnation's result all the same,
+once the daemon has killed what is left (``launch/local.py``, ``RunRecord.load``).  ``error`` says why nothing ran (a failed setup).  ``cgroups``: the incarnation's
 cgroups while they exist (a daemon finding the supervisor gone kills what is left in them).
 ``oom_killed``: the kernel's OOM killer ended a process of the job for being over
 ``memory_limit`` (its ``--mem``).
@@ -121,6 +124,8 @@ from pollux_local.launch.userdirs import make_own_directory
 from pollux_local.untrusted import one_line
 
 RUN_FILE_VERSION = 1
+#: The run file's state once every replica has ended, before the supervisor's clean-up.
+EXITED = "exited"
 #: Exit code of a replica that checkpointed on SIGTERM (``api.states.ExitCode.RESCALE``).
 RESCALE_EXIT_CODE = 75
 #: A replica's user could not enter the working directory.
@@ -826,7 +831,7 @@ class Supervisor:
     # --- the run file -----------------------------------------------------------------------
 
     def record(self, state: str) -> dict[str, Any]:
-        ended = state == "ended"
+        ended = state in ("ended", EXITED)
         replicas = sorted(
             (r for r in self.replicas.values() if not r.get("left") and not r.get("joining")),
             key=lambda r: int(r["rank"]),
@@ -951,6 +956,11 @@ def supervised(supervisor: Supervisor) -> int:
         }
     )
     supervisor.supervise()
+    # every replica's exit is known: kept before the clean-up (up to seconds: a log drained,
+    # what the job left killed), so that a supervisor dying there leaves the result, not a
+    # finished job to be run again; one try (a full disk: the "ended" write waits for room)
+    with contextlib.suppress(OSError):
+        write_private_json(str(supervisor.spec["run_file"]), supervisor.record(EXITED))
     supervisor.clean_up()
     supervisor.release_cgroups()
     supervisor.write("ended")

@@ -291,3 +291,34 @@ def test_a_power_cut_charges_a_job_no_run_time_for_the_time_the_daemon_was_down(
         daemon.client.request("cancel", ids=[job_id])
     finally:
         daemon.stop()
+
+
+def test_a_power_cut_while_a_finished_job_is_cleaned_up_does_not_run_it_again(
+    start_daemon: Callable[[], DaemonProcess], tmp_path: Path
+) -> None:
+    """A job's only rank exits 0 leaving a child that holds its output, so its supervisor
+    drains the log for a second before its clean-up; a power cut there (the daemon and the
+    supervisor SIGKILLed): the job has finished and is not run again.  The supervisor wrote
+    the result only after its clean-up, so nothing was recorded and the job ran twice."""
+    marker = tmp_path / "runs"
+    daemon = start_daemon()
+    try:
+        command = f"echo run >> {marker}; sleep 30 & exit 0"
+        job_id = str(
+            daemon.client.request("submit", argv=["/bin/sh", "-c", command], workdir="/tmp")["id"]
+        )
+        wait_for(marker.exists, 30, "the job to run")
+        time.sleep(0.3)  # the rank has exited; the supervisor waits for its log
+        run = json.loads((daemon.state_dir / "run" / f"{job_id}.json").read_text())
+        daemon.kill()
+        for pid in [run["supervisor"]["pid"], *(replica["pid"] for replica in run["replicas"])]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        daemon = start_daemon()
+        show = lambda: daemon.client.request("show", id=job_id)["job"]  # noqa: E731
+        wait_for(lambda: show()["state"] in ("succeeded", "failed"), 30, "the job's end")
+        time.sleep(1.0)  # a second run would have begun by now
+        assert show()["state"] == "succeeded", show()
+        assert marker.read_text().count("run") == 1
+    finally:
+        daemon.stop()
