@@ -53,8 +53,8 @@ def traced(daemon_factory: DaemonFactory, tmp_path: Path) -> Iterator[tuple[Daem
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:
-            # attached once the daemon's threads are listed in the trace (its first lines)
-            wait_for(lambda: log.exists(), 10, "strace to start")
+            # strace makes its output file, then attaches to each of the daemon's threads
+            wait_for(log.exists, 10, "strace to start")
             time.sleep(1.0)
             request()
             time.sleep(0.3)
