@@ -73,11 +73,12 @@ class SubmitOptions:
     shared: bool = False
     constraint: Constraint | None = None
     #: crash restarts (``--retries``), the earliest start (seconds since the epoch: ``--begin``,
-    #: ``--delay``), the group (``--group``), host memory in bytes and CPUs (``--mem``,
-    #: ``--cpus``)
+    #: ``--delay``), the group (``--group``), the account (``--account``), host memory in bytes
+    #: and CPUs (``--mem``, ``--cpus``)
     retries: int | None = None
     begin_at: float | None = None
     group: str | None = None
+    account: str | None = None
     host_memory: int | None = None
     cpus: float | None = None
 
@@ -317,7 +318,7 @@ def _scheduling_fields(options: SubmitOptions) -> dict[str, Any]:
         fields["gpu_memory"] = int(memory)
     if options.shared or (spec is not None and spec.shared):
         fields["shared"] = True
-    for key in ("retries", "begin_at", "group", "host_memory", "cpus"):
+    for key in ("retries", "begin_at", "group", "account", "host_memory", "cpus"):
         value = getattr(options, key)
         if value is not None:
             fields[key] = value

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from typing import Annotated, Any, ClassVar, Generic, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -197,6 +197,8 @@ class JobSummary(Message, kw_only=True):
     shared: bool = False
     #: the group it joined (``--group``; ``None``: none)
     group: str | None = None
+    #: the account it is charged to (``--account``; ``None``: none)
+    account: str | None = None
     #: not started before this time (Unix time; ``--begin``, ``--delay``; ``None``: at once)
     begin_at: float | None = None
     #: the forecast (queued and running jobs, from the last scheduling pass replayed forward):
@@ -445,6 +447,8 @@ class Submit(Request[SubmitReply], tag="submit", kw_only=True):
     begin_at: EpochSeconds | None = None
     #: the group the job joins (``--group``): its caps and its pause apply
     group: GroupName | None = None
+    #: the account it is charged to (one of the config's ``[accounts.NAME]`` its owner may use)
+    account: GroupName | None = None
     #: the host memory (bytes) and CPUs the job may use, enforced with cgroups
     host_memory: HostMemory | None = None
     cpus: Cpus | None = None
@@ -594,11 +598,13 @@ class DeviceUsage(Message):
     median_wait_s: float | None = None
     used_device_hours: float | None = None
     measured_device_hours: float = 0.0
+    #: in a row of ``usage`` by account: the account (``""``: jobs charged to none)
+    account: str | None = None
 
 
 class UsageReply(Reply):
-    """``usage``: one row per user (most device-hours first) and the total; ``since`` is the
-    start of the period (``None``: all the history)."""
+    """``usage``: one row per user, or per account (``Usage.by``; most device-hours first),
+    and the total; ``since`` is the start of the period (``None``: all the history)."""
 
     users: list[DeviceUsage]
     total: DeviceUsage
@@ -612,6 +618,8 @@ class Usage(Request[UsageReply], tag="usage", kw_only=True):
     Reply = UsageReply
     user: UserName | None = None
     since: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    #: one row per user, or (``account``) per account jobs were charged to
+    by: Literal["user", "account"] = "user"
 
 
 class JobForecast(Message):

@@ -132,6 +132,8 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     begin_at: float | None = None
     #: the group it belongs to (``--group``): the group's caps and pause apply to it
     group: str | None = None
+    #: the account it is charged to (``--account``: an ``[accounts.NAME]`` of the config)
+    account: str | None = None
     #: host memory (bytes) and CPUs it may use, enforced with cgroups (``--mem``, ``--cpus``)
     host_memory: int | None = None
     cpus: float | None = None

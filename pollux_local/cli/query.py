@@ -116,6 +116,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         f"  depends     {dependency(job)}",
         f"  constraint  {job.constraint.describe() if job.constraint else 'none'}",
         f"  group       {job.group or 'none'}",
+        f"  account     {job.account or 'none'}",
         f"  submitted   {timestamp(job.submit_time)}  started {timestamp(job.start_time)}  "
         f"ended {timestamp(job.end_time)}",
         f"  job dir     {job.job_dir}",

@@ -111,6 +111,7 @@ def submit_options(args: argparse.Namespace) -> SubmitOptions:
         retries=args.retries,
         begin_at=begin_at,
         group=args.group,
+        account=args.account,
         host_memory=host_memory,
         cpus=args.cpus,
     )
@@ -319,6 +320,11 @@ def add_scheduling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--delay", metavar="DURATION", help="start no earlier than DURATION from now")
     p.add_argument(
         "--group", metavar="NAME", help="queue it in group NAME (the group's caps and pause apply)"
+    )
+    p.add_argument(
+        "--account",
+        metavar="NAME",
+        help="charge it to account NAME (one the daemon's [accounts.NAME] lets you use)",
     )
     p.add_argument(
         "--mem",

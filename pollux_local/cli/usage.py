@@ -1,10 +1,11 @@
-"""``pollux-local usage [--user U] [--since DATE] [--json]``: accounting from the job history.
+"""``pollux-local usage [--user U] [--by account] [--since DATE] [--json]``: accounting from
+the job history.
 
 Device-hours held (devices allocated x time, in all and by device type), device-hours used
 (held hours weighed by the statistical efficiency of the batch each job ran at, from its
 latest report; "-" when no job reported one), the median wait from submit to first start, and
-the jobs run, succeeded, failed and cancelled, per user (most device-hours first) and in
-total.  A job counts when it ran and is still active or ended in the period; ``--since``
+the jobs run, succeeded, failed and cancelled, per user or (``--by account``) per account the
+jobs were charged to (``submit --account``), most device-hours first, and in total.  A job counts when it ran and is still active or ended in the period; ``--since``
 takes a date (``2026-11-01``), an ISO date and time, or a time ago (``7d``, ``30d``,
 ``12h``)."""
 
@@ -36,10 +37,11 @@ def used(row: DeviceUsage) -> str:
 
 
 def usage_table(reply: UsageReply) -> str:
-    """One row per user and the total: device-hours held, then by type, used, the median
-    wait, then the job counts."""
+    """One row per user (or account) and the total: device-hours held, then by type, used,
+    the median wait, then the job counts."""
     types = sorted({kind for row in [*reply.users, reply.total] for kind in row.by_type})
-    header = ("USER", "DEVICE-HOURS", *(f"{t} h" for t in types), "USED h", "MEDIAN WAIT",
+    by_account = any(row.account is not None for row in reply.users)
+    header = ("ACCOUNT" if by_account else "USER", "DEVICE-HOURS", *(f"{t} h" for t in types), "USED h", "MEDIAN WAIT",
               "JOBS", "SUCCEEDED", "FAILED", "CANCELLED", "RUNNING")  # fmt: skip
 
     def line(row: DeviceUsage, name: str) -> tuple[str, ...]:
@@ -56,13 +58,18 @@ def usage_table(reply: UsageReply) -> str:
             str(row.running),
         )
 
-    rows = [header, *(line(row, row.user) for row in reply.users), line(reply.total, "total")]
+    def name(row: DeviceUsage) -> str:
+        if row.account is None:
+            return row.user
+        return row.account or "(none)"
+
+    rows = [header, *(line(row, name(row)) for row in reply.users), line(reply.total, "total")]
     return table(rows, numeric_from=1)
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
     since = parse_since(args.since, time.time()) if args.since else None
-    reply = client_for(args).call(Usage(user=args.user, since=since))
+    reply = client_for(args).call(Usage(user=args.user, since=since, by=args.by))
     if args.json:
         print_json(reply)
         return 0
@@ -84,6 +91,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
     )
     p.add_argument("--user", metavar="NAME", help="only this user")
+    p.add_argument(
+        "--by",
+        choices=("user", "account"),
+        default="user",
+        help="one row per user (the default) or per account the jobs were charged to",
+    )
     p.add_argument(
         "--since",
         metavar="DATE",

@@ -50,10 +50,6 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     max_ended_per_user = 10000  # ended jobs kept per user, the oldest removed (0: all kept)
     max_ended_stored_per_user = "256M"  # what one user's ended jobs keep; oldest removed (0: no cap)
     user_groups = 4           # groups each user may make for their own jobs (0: none)
-
-    [groups.gpu]              # a group any job may join (submit --group gpu)
-    max_devices = 2           # devices its jobs hold at once (default: no cap)
-    max_running = 4           # its jobs running at once (default: no cap)
     default_mem = "16G"       # host memory of a job started here without --mem (default: none)
     max_mem = "64G"           # the most --mem a job may ask for (default: no cap)
     default_cpus = 4          # CPUs of a job started here without --cpus (default: none)
@@ -61,6 +57,14 @@ machine without any (or with ``--devices cpu:N``), N CPU-backed devices.  A file
     cgroup_root = "/sys/fs/cgroup"  # where cgroupfs is mounted (v2, or v1's memory and cpu)
     cgroup_parent = "/lab"    # jobs' cgroups go under CGROUP/pollux-local here (default:
                               # the daemon's own cgroup, in each hierarchy)
+
+    [groups.gpu]              # a group any job may join (submit --group gpu)
+    max_devices = 2           # devices its jobs hold at once (default: no cap)
+    max_running = 4           # its jobs running at once (default: no cap)
+
+    [accounts.nlp-grant]      # an account jobs are charged to (submit --account nlp-grant)
+    users = ["ada", "bob"]    # who may charge it: these users,
+    unix_group = "nlp"        # and the members of this group (either may be left out)
 
     [devices]
     reserved = ["cuda:3", "box2:cuda:0"]  # never given to a job (this machine's, or NODE:DEV)
@@ -158,6 +162,8 @@ class NodeConfig:
 GROUP_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 #: The keys of a ``[groups.NAME]`` table.
 GROUP_KEYS = frozenset({"max_devices", "max_running"})
+#: The keys of an ``[accounts.NAME]`` table.
+ACCOUNT_KEYS = frozenset({"users", "unix_group"})
 
 
 @dataclass(frozen=True)
@@ -172,6 +178,21 @@ class GroupConfig:
     def __str__(self) -> str:
         caps = f"max_devices {_cap(self.max_devices)}, max_running {_cap(self.max_running)}"
         return f"{self.name} ({caps})"
+
+
+@dataclass(frozen=True)
+class AccountConfig:
+    """An account jobs are charged to (``[accounts.NAME]``): ``submit --account NAME`` is for
+    the ``users`` named and the members of ``unix_group``; ``usage --by account`` sums each
+    account's device-hours."""
+
+    name: str
+    users: frozenset[str] = frozenset()
+    unix_group: str | None = None
+
+    def __str__(self) -> str:
+        who = sorted(self.users) + ([f"group {self.unix_group}"] if self.unix_group else [])
+        return f"{self.name} ({', '.join(who)})"
 
 
 def _cap(value: int | None) -> str:
@@ -230,6 +251,8 @@ class DaemonConfig:
     max_ended_stored_per_user: int = 256 * 1024 * 1024
     #: the admin's groups (``[groups.NAME]``), and how many groups each user may make
     groups: tuple[GroupConfig, ...] = ()
+    #: the accounts jobs may be charged to (``[accounts.NAME]``; ``submit --account``)
+    accounts: tuple[AccountConfig, ...] = ()
     user_groups: int = 4
     #: host memory (bytes) and CPUs of a job started here without ``--mem``/``--cpus``, and
     #: the most a job may ask for (``None``: none, no cap); where the cgroups that enforce
@@ -462,7 +485,17 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
     "notify": frozenset({"command", "on", "desktop"}),
     "metrics": frozenset({"prometheus"}),
 }
-SECTIONS = ("scheduler", "daemon", "nodes", "limits", "devices", "notify", "metrics", "groups")
+SECTIONS = (
+    "scheduler",
+    "daemon",
+    "nodes",
+    "limits",
+    "devices",
+    "notify",
+    "metrics",
+    "groups",
+    "accounts",
+)
 
 
 def _number(table: dict[str, Any], key: str, default: float, where: str, minimum: float) -> float:
@@ -809,6 +842,7 @@ def load_config(
             else _size(limits, "limits", "max_ended_stored_per_user", "256M", where, least=4096)
         ),
         groups=admin_groups(data.get("groups", {}), where),
+        accounts=accounts(data.get("accounts", {}), where),
         user_groups=_whole(limits, "user_groups", 4, where, 0, 1000),
         **host_limits(limits, where),
         reserved=reserved_devices(devices_table.get("reserved", []), nodes, where),
@@ -893,6 +927,33 @@ def admin_groups(raw: Any, where: str) -> tuple[GroupConfig, ...]:
             )
         )
     return tuple(groups)
+
+
+def accounts(raw: Any, where: str) -> tuple[AccountConfig, ...]:
+    """``[accounts.NAME]`` tables, each naming who may charge it: ``users`` (user names) and
+    ``unix_group`` (a group's members)."""
+    if not isinstance(raw, dict):
+        raise PolluxError(f"{where}: accounts must be [accounts.NAME] tables")
+    found = []
+    for name, table in raw.items():
+        at = f"{where}: [accounts.{name}]"
+        if not GROUP_NAME.match(name):
+            raise PolluxError(f"{at}: an account's name is letters, digits and _.- (at most 64)")
+        if not isinstance(table, dict):
+            raise PolluxError(f"{at} must be a table")
+        check_keys(table, ACCOUNT_KEYS, f"accounts.{name}", where)
+        users = table.get("users", [])
+        if not isinstance(users, list) or not all(
+            isinstance(user, str) and user and user.isprintable() for user in users
+        ):
+            raise PolluxError(f"{at}: users must be a list of user names")
+        group = table.get("unix_group")
+        if group is not None and (not isinstance(group, str) or not group.isprintable()):
+            raise PolluxError(f"{at}: unix_group must be a group's name")
+        if not users and group is None:
+            raise PolluxError(f"{at}: names no one who may charge it (give users or unix_group)")
+        found.append(AccountConfig(name=name, users=frozenset(users), unix_group=group or None))
+    return tuple(found)
 
 
 def _optional_whole(table: dict[str, Any], key: str, where: str) -> int | None:

@@ -10,9 +10,10 @@ from collections.abc import Mapping
 
 import msgspec
 
-from pollux_local.api.errors import InvalidRequest, LimitExceeded
+from pollux_local.api.errors import InvalidRequest, LimitExceeded, PermissionDenied
 from pollux_local.api.spec import Constraint, JobSpec
-from pollux_local.daemon.config import DaemonConfig
+from pollux_local.daemon.auth import in_group
+from pollux_local.daemon.config import AccountConfig, DaemonConfig
 from pollux_local.daemon.executor.exits import most_retries
 from pollux_local.daemon.executor.launchspec import check_host_limits
 from pollux_local.durations import format_duration
@@ -57,6 +58,8 @@ def check_job(spec: JobSpec, config: DaemonConfig, *, env_bytes: int = 0) -> Job
             "after_any (--after-any) and after_one (--after-one-of) cannot be combined:"
             " a job starts after all of its dependencies ended, or after one succeeded"
         )
+    if spec.account is not None and configured_account(config, spec.account) is None:
+        raise InvalidRequest(f"no account {spec.account!r}; {accounts_text(config)}")
     if spec.retries is not None and spec.retries > most_retries(config):
         raise LimitExceeded(
             f"limit exceeded: --retries {spec.retries} is more than {most_retries(config)}, the"
@@ -66,6 +69,45 @@ def check_job(spec: JobSpec, config: DaemonConfig, *, env_bytes: int = 0) -> Job
         check_constraint(spec.constraint, spec.min_gpus, config)
     limit = settle_time_limit(spec.time_limit_s, config)
     return spec if limit == spec.time_limit_s else msgspec.structs.replace(spec, time_limit_s=limit)
+
+
+def configured_account(config: DaemonConfig, name: str) -> AccountConfig | None:
+    """The config's ``[accounts.NAME]`` of that name, or ``None``."""
+    return next((account for account in config.accounts if account.name == name), None)
+
+
+def accounts_text(config: DaemonConfig) -> str:
+    """What the config's accounts are, for a refusal's line."""
+    names = ", ".join(account.name for account in config.accounts)
+    return f"accounts: {names}" if names else "this daemon has no accounts ([accounts.NAME])"
+
+
+def check_account(spec: JobSpec, config: DaemonConfig, owner_uid: int, owner_name: str) -> None:
+    """A job charged to an account (``--account``) is one its owner may charge: a user it
+    names, or a member of its ``unix_group`` (in the user and group databases, as
+    ``auth.in_group`` reads them); :class:`PermissionDenied` in one line when not.  Checked
+    for new work charged to it (a submit, a restart); :func:`check_job` checks that it
+    exists on every path."""
+    if spec.account is None:
+        return
+    account = configured_account(config, spec.account)
+    if account is None:
+        raise InvalidRequest(f"no account {spec.account!r}; {accounts_text(config)}")
+    if owner_name in account.users:
+        return
+    if account.unix_group is not None and in_group(owner_uid, account.unix_group):
+        return
+    raise PermissionDenied(
+        f"permission denied: {owner_name} may not charge account {account.name} (it is for"
+        f" {_members(account)}; ask an admin to add you to [accounts.{account.name}])"
+    )
+
+
+def _members(account: AccountConfig) -> str:
+    names = sorted(account.users)
+    if account.unix_group is not None:
+        names.append(f"the members of group {account.unix_group}")
+    return ", ".join(names)
 
 
 def check_shape(

@@ -261,6 +261,7 @@ def job_summary(
         gpu_memory=spec.gpu_memory,
         shared=spec.shared,
         group=spec.group,
+        account=spec.account,
         begin_at=spec.begin_at,
         expected_start=forecast.start if forecast is not None else None,
         expected_finish=forecast.finish if forecast is not None else None,

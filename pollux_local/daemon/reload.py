@@ -56,6 +56,7 @@ SETTINGS = {
     "max_ended_stored_per_user": "max_ended_stored_per_user (bytes)",
     "busy_memory": "[devices] busy_memory (bytes)",
     "groups": "[groups]",
+    "accounts": "[accounts]",
     "user_groups": "user_groups",
     "default_host_memory": "default_mem (bytes)",
     "max_host_memory": "max_mem (bytes)",

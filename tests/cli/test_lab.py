@@ -601,7 +601,7 @@ def test_usage_counts_the_jobs_that_ran(
     me = usage["users"][0]
     assert len(usage["users"]) == 1 and set(me) == {
         "user", "device_hours", "by_type", "jobs", "succeeded", "failed", "cancelled",
-        "running", "median_wait_s", "used_device_hours", "measured_device_hours",
+        "running", "median_wait_s", "used_device_hours", "measured_device_hours", "account",
     }  # fmt: skip
     assert (me["jobs"], me["succeeded"], me["failed"], me["running"]) == (2, 1, 1, 0)
     assert set(me["by_type"]) == {"cpu"} and me["device_hours"] == pytest.approx(

@@ -33,7 +33,7 @@ from pollux_local.api.states import DecisionKind
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers.groups import check_job_groups
-from pollux_local.daemon.jobrules import check_job, environment_size
+from pollux_local.daemon.jobrules import check_account, check_job, environment_size
 from pollux_local.daemon.state import stored_row
 from pollux_local.sizes import format_size
 
@@ -78,6 +78,9 @@ def validate_jobs(
             )
     env_bytes = environment_size(env)
     checked = [check_job(spec, config, env_bytes=env_bytes) for spec in specs]
+    if adding:  # new work charged to an account: its owner must be one who may charge it
+        for spec in {spec.account: spec for spec in checked}.values():
+            check_account(spec, config, owner_uid, owner_name)
     commands = list({id(spec.argv): spec.argv for spec in specs}.values())
     new = ctx.store.unkept_bytes(owner_uid, [dict(env), *commands])
     if adding:  # each new job's own row: its settings (an array's tasks each) and its name
@@ -152,6 +155,7 @@ def spec_of(request: Submit) -> JobSpec:
         retries=request.retries,
         begin_at=request.begin_at,
         group=request.group,
+        account=request.account,
         host_memory=request.host_memory,
         cpus=request.cpus,
         umask=request.umask,

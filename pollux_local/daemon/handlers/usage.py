@@ -1,4 +1,4 @@
-"""``usage``: accounting from the job history, per user and in total.
+"""``usage``: accounting from the job history, per user (or per account, ``by``) and in total.
 
 A job counts when it ran (it has a start) and is still active or ended since ``since``; its
 device-hours are the device-seconds of its runs that ended, by the type of the devices they ran
@@ -96,9 +96,10 @@ class _Tally:
             self.waits.append(wait)
         self.states[job.state] += 1
 
-    def row(self, user: str) -> DeviceUsage:
+    def row(self, user: str, account: str | None = None) -> DeviceUsage:
         return DeviceUsage(
             user=user,
+            account=account,
             device_hours=sum(self.by_type.values()),
             by_type=dict(sorted(self.by_type.items())),
             jobs=self.states.total(),
@@ -125,12 +126,16 @@ async def usage(ctx: Context, request: Usage) -> UsageReply:
         for job in jobs:
             held = {k: v / 3600.0 for k, v in device_seconds(job, now, type_of).items()}
             facts = (held, report_efficiency(job), wait_s(job), job)
-            tallies[job.owner_name].add(*facts)
+            key = job.owner_name if request.by == "user" else job.spec.account or ""
+            tallies[key].add(*facts)
             total.add(*facts)
         if len(jobs) < READ_CHUNK:
             break
         after = jobs[-1].id
         await give_way()
-    rows = [tally.row(user) for user, tally in tallies.items()]
-    rows.sort(key=lambda row: (-row.device_hours, row.user))
+    if request.by == "user":
+        rows = [tally.row(user) for user, tally in tallies.items()]
+    else:  # every user's jobs, by the account they were charged to ("": none)
+        rows = [tally.row("*", account) for account, tally in tallies.items()]
+    rows.sort(key=lambda row: (-row.device_hours, row.account or "", row.user))
     return UsageReply(users=rows, total=total.row("*"), since=request.since)
