@@ -128,3 +128,42 @@ def test_a_dropped_admins_group_cannot_be_taken_over_with_the_jobs_still_in_it(
     assert job(daemon, held)["group"] is None
     decisions = daemon.client.request("show", id=held)["decisions"]
     assert decisions[-1]["reason"].endswith("group lab is gone: it is in none"), decisions[-1]
+
+
+def test_a_user_charges_only_the_accounts_the_config_lets_them(
+    lab: Lab, alice: LabUser, bob: LabUser
+) -> None:
+    """``[accounts.NAME]`` by Unix group (alice's own group: useradd makes one per user) and by
+    user name: each user charges only their own; bob's refusals (CLI, raw request, an admin
+    restarting alice's job does not lend her account to bob) change nothing."""
+    accounts = (
+        f'[accounts.alexp]\nunix_group = "{alice.name}"\n\n'
+        f'[accounts.bobgrant]\nusers = ["{bob.name}"]\n'
+    )
+    daemon = lab.daemon(devices="cpu:2", extra_toml=accounts)
+    mine = submit(alice, daemon, lab, "--account", "alexp", "--", "/bin/true")
+    wait_state(daemon, mine, ("succeeded",), 60)
+    assert job(daemon, mine)["account"] == "alexp"
+    done = cli(bob, daemon, "submit", "--workdir", str(lab.work), "--account", "alexp", "--",
+               "/bin/true")  # fmt: skip
+    line = one_line(done.stderr)
+    assert done.returncode != 0 and line.endswith(
+        f"permission denied: {bob.name} may not charge account alexp (it is for the members"
+        f" of group {alice.name}; ask an admin to add you to [accounts.alexp])"
+    ), line
+    reply = raw_request(
+        bob, daemon, {"type": "submit", "argv": ["/bin/true"], "workdir": str(lab.work),
+                      "account": "alexp"},
+    )  # fmt: skip
+    assert reply["ok"] is False and reply["code"] == "permission_denied", reply
+    done = cli(alice, daemon, "submit", "--workdir", str(lab.work), "--account", "bobgrant",
+               "--", "/bin/true")  # fmt: skip
+    assert done.returncode != 0 and f"{alice.name} may not charge account bobgrant" in done.stderr
+    theirs = submit(bob, daemon, lab, "--account", "bobgrant", "--", "/bin/true")
+    wait_state(daemon, theirs, ("succeeded",), 60)
+    again = daemon.client.request("restart", id=mine)  # root restarts alice's job: still hers
+    assert job(daemon, str(again["id"]))["owner"] == alice.name
+    rows = {
+        row["account"]: row["jobs"] for row in daemon.client.request("usage", by="account")["users"]
+    }
+    assert rows.get("alexp", 0) >= 1 and rows["bobgrant"] == 1 and "" not in rows
