@@ -94,6 +94,23 @@ class LaunchSpec:
     umask: int | None = None
 
 
+#: The state of an incarnation's record (this machine's run file, an SSH node's exit record)
+#: once every replica has ended, written before its helper (supervisor, node agent) cleans
+#: up what they left; ``"ended"`` follows the clean-up.
+EXITED = "exited"
+
+
+def settles(state: object, exits_known: bool, helper_alive: bool) -> bool:
+    """The one rule by which every launcher's recovery takes a record that is not
+    ``"ended"`` for its incarnation's result: every replica's exit is in it (``"exited"``;
+    for a Slurm step, each task's own record of its end: ``exits_known``) and the helper
+    that wrote it (a local supervisor, an SSH node's agent, a Slurm step's keeper) is gone:
+    it died during its clean-up (a power cut, a kill).  The caller kills what the
+    incarnation left before it takes the result.  Without it, the finished job was queued
+    again and ran a second time, or was waited for for ever."""
+    return (state == EXITED or exits_known) and not helper_alive
+
+
 def incarnation(spec: LaunchSpec) -> int:
     """The incarnation ``spec`` starts (``POLLUX_RESTARTS``, which only the daemon sets), as
     a number: it names files on nodes and Slurm steps, so nothing else of the variable gets

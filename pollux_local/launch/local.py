@@ -44,13 +44,14 @@ from pollux_local.api.resize import ResizeOrder, encode_order
 from pollux_local.errors import PolluxError
 from pollux_local.launch import cgroups
 from pollux_local.launch.base import (
+    EXITED,
     LaunchSpec,
     NodeHealth,
     ReplicaSlot,
+    settles,
 )
 from pollux_local.launch.supervisor import (
     EXEC_EXIT_CODE,
-    EXITED,
     RUN_FILE_VERSION,
     SETUP_EXIT_CODE,
     WORKDIR_EXIT_CODE,
@@ -180,10 +181,13 @@ class RunRecord:
     def settled(self) -> RunRecord:
         """This record; but one written once every replica had ended (``"exited"``, with
         their exits) by a supervisor that is gone (it died during its clean-up: a power cut,
-        a kill) is the incarnation's result: what is left of it is killed
+        a kill) is the incarnation's result (:func:`~pollux_local.launch.base.settles`, the
+        rule every launcher's recovery shares): what is left of it is killed
         (:meth:`kill_replicas`) and it is taken as ``"ended"``.  Without a result, a job that
         had finished was queued again and ran a second time."""
-        if self.state != EXITED or self.exit_code is None or self.supervisor_alive():
+        if self.state != EXITED or self.exit_code is None:
+            return self
+        if not settles(self.state, False, self.supervisor_alive()):
             return self
         self.kill_replicas()
         return replace(self, state="ended")

@@ -71,10 +71,13 @@ replicas as joiners of a held resize (a group that grows onto this node).  More 
 
 With ``"record": {"path", "token"}`` in the spec the agent keeps an exit record on the node
 (JSON, 0600, in a 0700 directory, replaced atomically), written once the replicas run, after
-each exit and once all have ended, so that a daemon that restarts reads what became of them
-(``ssh.SshRecordedGroup``) instead of running a finished job again::
+each exit (``"exited"`` from the last one on: every replica has ended, before the clean-up
+of what they left) and once that is cleaned up (``"ended"``), so that a daemon that restarts
+reads what became of them (``ssh.SshRecordedGroup``) instead of running a finished job
+again; an ``"exited"`` record whose agent is gone (it died during its clean-up) is the
+result all the same, once the daemon has ended what is left (``launch.base.settles``)::
 
-    {"version": 1, "token", "state": "running" | "ended", "agent_pid", "agent_start",
+    {"version": 1, "token", "state": "running" | "exited" | "ended", "agent_pid", "agent_start",
      "orphaned", "replicas": [{"rank", "pid", "exit_code"}, ...], "exits": [rank, ...],
      "ended"}
 
@@ -119,6 +122,8 @@ from typing import IO, Any, NoReturn
 SETUP_FAILED_EXIT_CODE = 254
 #: Exit code reported for a replica whose program could not be executed (``ExitCode.EXEC_FAILED``).
 NOT_STARTED_EXIT_CODE = 127
+#: The exit record's state once every replica has ended, before the clean-up (``base.EXITED``).
+EXITED = "exited"
 #: Largest piece of a log sent in one ``LOG`` line (bytes, before base64: the line stays
 #: below 48 KiB, far below what the daemon reads, ``ssh.group.MAX_LINE_BYTES``).
 LOG_CHUNK = 1 << 15
@@ -1222,12 +1227,12 @@ class Supervisor:
         #: the replicas are being stopped because the daemon is gone (:meth:`abandon`)
         self.abandoned = False
 
-    def ended(self, rank: int, code: int, say: bool = True) -> None:
+    def ended(self, rank: int, code: int, say: bool = True, state: str = "running") -> None:
         """``rank`` ended with ``code``: recorded, then ``EXIT`` said (unless ``say`` is
         false: the caller says it later)."""
         self.codes[rank] = code
         self.exits.append(rank)
-        self.record.write(self, "running")
+        self.record.write(self, state)
         if say:
             self.lines.say("EXIT", rank, code)
 
@@ -1896,12 +1901,13 @@ class Supervisor:
                     self.gone(rank, code, say=False)
                 else:
                     kind = "EXIT"
-                    self.ended(rank, code, say=False)
+                    self.ended(rank, code, False, "running" if self.live() else EXITED)
             if stream:  # its last bytes, before its end is said (holding no lock meanwhile)
                 self.pump(pid, final=True)
             self.close_log(pid)
             with self.lock:  # under its rank of now: a resize may have renamed it
                 self.lines.say(kind, self.procs[pid][0], code)
+        self.record.write(self, EXITED)  # before the clean-up: the result if it dies there
         self.end_leftovers()
         if self.agent_fence is not None:
             self.agent_fence.release()

@@ -62,7 +62,8 @@ with ``boot_id`` it tells a live supervisor from another process that got its pi
 ``exit_code`` is the group's code (:func:`combine_exit_codes`), from ``"exited"`` on; a
 replica killed by signal N has code -N.  An ``"exited"`` file whose supervisor is gone (it
 died during its clean-up: a power cut, a kill) is the incarnation's result all the same,
-once the daemon has killed what is left (``launch/local.py``, ``RunRecord.load``).  ``error`` says why nothing ran (a failed setup).  ``cgroups``: the incarnation's
+once the daemon has killed what is left (``launch/local.py``, ``RunRecord.load``; the rule
+every launcher's recovery shares: ``launch/base.py``, :func:`~pollux_local.launch.base.settles`).  ``error`` says why nothing ran (a failed setup).  ``cgroups``: the incarnation's
 cgroups while they exist (a daemon finding the supervisor gone kills what is left in them).
 ``oom_killed``: the kernel's OOM killer ended a process of the job for being over
 ``memory_limit`` (its ``--mem``).
@@ -124,7 +125,8 @@ from pollux_local.launch.userdirs import make_own_directory
 from pollux_local.untrusted import one_line
 
 RUN_FILE_VERSION = 1
-#: The run file's state once every replica has ended, before the supervisor's clean-up.
+#: The run file's state once every replica has ended, before the supervisor's clean-up
+#: (``launch.base.EXITED``, kept equal by tests/api/test_exit_codes.py).
 EXITED = "exited"
 #: Exit code of a replica that checkpointed on SIGTERM (``api.states.ExitCode.RESCALE``).
 RESCALE_EXIT_CODE = 75

@@ -26,6 +26,14 @@ def test_the_stdlib_only_launch_modules_agree_with_the_table() -> None:
     assert keeper.RESCALE == ExitCode.RESCALE
 
 
+def test_the_launch_modules_agree_on_the_state_of_a_record_whose_replicas_all_ended() -> None:
+    """``"exited"``: every replica's exit is in the record, its helper's clean-up not done
+    (``launch.base.settles`` takes it for the result once the helper is gone)."""
+    from pollux_local.launch import base
+
+    assert supervisor.EXITED == node_agent.EXITED == base.EXITED
+
+
 def test_no_other_module_spells_an_exit_code_of_the_table() -> None:
     """A literal of the table assigned to a name happens only in the stdlib-only modules."""
     allowed = {

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -139,3 +140,78 @@ def test_a_job_still_running_at_the_restart_is_not_run_twice_at_once(
         daemon.client.request("cancel", ids=[job_id])
     finally:
         daemon.stop()
+
+
+def test_a_power_cut_while_a_finished_job_is_cleaned_up_on_its_node_does_not_run_it_again(
+    tmp_path: Path, start: Callable[[], DaemonProcess]
+) -> None:
+    """A job's only rank exits 0 leaving a child behind; its node's agent writes the rank's
+    exit, then cleans up (kills the child, ends its fence) before it writes its end.  A
+    power cut there (the daemon and the agent SIGKILLed; the agent is stopped the moment
+    the record holds the exit, so that the cut falls in that window): the job has finished,
+    is recorded so and is not run again, and what it left on the node is killed.  The
+    agent's end was the only result a restarted daemon took: it waited for ever on a record
+    whose agent was gone (the job held its devices), or queued the job again."""
+    marker = tmp_path / "runs"
+    daemon = start()
+    try:
+        job_id = submit(daemon, tmp_path, f"echo run >> {marker}; sleep 30 & exit 0")
+
+        def exited() -> dict[str, Any] | None:
+            """The record once it holds every rank's exit, its agent stopped there."""
+            for path in tmp_path.glob(f"work-*/run/*/{job_id}@*.json"):
+                try:
+                    record = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    continue
+                replicas = record.get("replicas") or []
+                if replicas and all(r.get("exit_code") is not None for r in replicas):
+                    os.kill(int(record["agent_pid"]), signal.SIGSTOP)
+                    return dict(json.loads(path.read_text()))
+            return None
+
+        deadline = time.monotonic() + 60
+        record = exited()
+        while record is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+            record = exited()
+        assert record is not None, "the rank's exit was never recorded"
+        assert record["state"] != "ended", "the agent ended before it could be stopped"
+        daemon.kill()
+        os.kill(int(record["agent_pid"]), signal.SIGKILL)
+        left = [
+            int(p.name)
+            for p in Path("/proc").iterdir()
+            if p.name.isdigit() and _cmdline(p) == ["sleep", "30"] and _in(p, tmp_path)
+        ]
+        daemon = start()
+        shown = wait_for(
+            lambda: (j := job(daemon, job_id))["state"] in ("succeeded", "failed") and j,
+            60,
+            "the job's end",
+        )
+        assert shown["state"] == "succeeded", shown["reason"]
+        time.sleep(3.0)  # a second run would have begun by now
+        assert lines(marker) == ["run"]
+        assert job(daemon, job_id)["state"] == "succeeded"
+        # what it left is ended with its agent's fence (a node where none can be made says
+        # so: nothing there tells what a replica started once its agent is gone)
+        if "no fence for the job's processes" not in daemon.output():
+            still = [pid for pid in left if _in(Path(f"/proc/{pid}"), tmp_path)]
+            assert not still, f"what the job left runs on: {still}"
+    finally:
+        daemon.stop()
+
+
+def _cmdline(proc: Path) -> list[str]:
+    try:
+        return (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def _in(proc: Path, directory: Path) -> bool:
+    try:
+        return os.readlink(proc / "cwd") == str(directory)
+    except OSError:
+        return False

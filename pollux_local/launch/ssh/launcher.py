@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from pollux_local.errors import PolluxError
-from pollux_local.launch.base import LaunchSpec, NodeHealth, ReplicaSlot, incarnation
+from pollux_local.launch.base import (
+    EXITED,
+    LaunchSpec,
+    NodeHealth,
+    ReplicaSlot,
+    incarnation,
+    settles,
+)
 from pollux_local.launch.identity import KEYCTL_NUMBERS
 from pollux_local.launch.local import replica_env
 from pollux_local.launch.ssh.group import MAX_LINE_BYTES, SshReplicaGroup, _NodeSession
@@ -212,6 +219,31 @@ class SshLauncher:
         rc, out, _ = await self.run(name, command, timeout_s=self.connect_timeout_s + 10)
         return rc != 0 or bool(out.split())  # (no answer: not known to be gone)
 
+    async def settle(self, name: str, record: dict[str, Any]) -> dict[str, Any]:
+        """``record`` (node ``name``'s exit record of an incarnation); but one written once
+        every replica had ended (``"exited"``) by an agent that is gone (it died during its
+        clean-up: a power cut, a kill) is the incarnation's result (:func:`settles`, the rule
+        every launcher's recovery shares): what is left of it is ended (the node's stale
+        agent fences, as a node check ends them) and it is taken as ``"ended"``.  Without
+        it, a restarted daemon waited for ever on a job that had finished there."""
+        if record.get("state") != EXITED:
+            return record
+        try:
+            alive = await self._still_running(name, record)
+        except (PolluxError, OSError) as exc:  # (read again at the next refresh)
+            log.warning("node %s: %s", name, exc)
+            return record
+        if not settles(record.get("state"), False, alive):
+            return record
+        token, node = record.get("token"), self._node(name)
+        command = agent_tool(node.python, "workdir", node.workdir)
+        rc, _, err = await self.run(name, command, timeout_s=self.connect_timeout_s + 10)
+        if rc != 0:  # what the job left is not known to be ended: not yet its result
+            log.warning("node %s: what a gone agent left not ended: %s", name, err.strip()[-300:])
+            return record
+        log.info("node %s: %s's agent died in its clean-up: its record settled", name, token)
+        return {**record, "state": "ended", "ended": record.get("ended") or time.time()}
+
     async def end_earlier_start(self, name: str, spec: LaunchSpec) -> None:
         """End what an earlier start of ``spec``'s job left running on node ``name`` (its
         exit record there is not ``ended``), and wait for its agent's last write: a start a
@@ -266,7 +298,7 @@ class SshLauncher:
                 record = unread_record(token)
             if record is None or record.get("token") != token:
                 return None
-            records[name] = record
+            records[name] = await self.settle(name, record)
         return SshRecordedGroup(self, spec, records)
 
     @property

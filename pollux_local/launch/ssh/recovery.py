@@ -128,7 +128,7 @@ class SshRecordedGroup:
             except RecordUnanswered:
                 answered, record = False, None
             if record is not None and record.get("token") == known.get("token"):
-                self.records[name] = record
+                self.records[name] = await self._launcher.settle(name, record)
                 self._lost.pop(name, None)
                 continue
             since = self._lost.setdefault(name, time.monotonic())
