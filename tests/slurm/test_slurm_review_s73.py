@@ -101,3 +101,46 @@ def test_a_start_of_an_incarnation_already_started_ends_the_earlier_step_first(
     # ... and the new start's end is its own
     assert code == 12, (code, lines)
     assert "pollux-73.0" not in running, running
+
+
+def test_a_power_cut_after_a_finished_step_before_its_keeper_wrote_its_end_does_not_run_it_again(
+    allocation: SlurmAllocation, daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    """A job's only task exits 0 (leaving a child behind) and its rank wrapper writes that
+    end; a power cut before the keeper wrote the step's (the daemon, the keeper and its srun
+    SIGKILLed; both helpers stopped before the task ends, so that the cut falls there): the
+    job has finished, is recorded so and is not run again.  A keeper gone without an end
+    was taken for a lost step (255): the job failed, or ran a second time (a retry)."""
+    marker = tmp_path / "runs"
+    daemon = daemon_factory(
+        config=daemon_config(tmp_path), env=allocation.environ(), timeout_s=60, cwd=tmp_path
+    )
+    argv = ["/bin/sh", "-c", f"echo run >> {marker}; sleep 30 & sleep 2; exit 0"]
+    reply = daemon.client.request(
+        "submit", argv=argv, workdir=str(tmp_path), env={"PATH": "/usr/bin:/bin"},
+        min_gpus=1, max_gpus=1, name="cut", retries=1,
+    )  # fmt: skip
+    job_id = str(reply["id"])
+    wait_for(marker.exists, 60, "the job to run")
+    path = daemon.state_dir / "run" / "slurm" / f"slurm-{job_id}.json"
+    record = json.loads(path.read_text())
+    helpers = [int(record["keeper_pid"]), int(record["srun_pid"])]
+    for pid in helpers:
+        os.kill(pid, signal.SIGSTOP)
+    exit_file = daemon.state_dir / "jobs" / job_id / ".exit-0-rank0"
+    wait_for(exit_file.exists, 30, "the task's own end")
+    daemon.kill()
+    for pid in helpers:
+        os.kill(pid, signal.SIGKILL)
+    assert json.loads(path.read_text())["state"] != "ended"
+    daemon.start(timeout_s=60)
+    shown = wait_for(
+        lambda: (j := job(daemon, job_id))["state"] in ("succeeded", "failed") and j,
+        90,
+        "the job's end",
+    )
+    assert shown["state"] == "succeeded", (shown["reason"], daemon.output())
+    time.sleep(3.0)  # a second run would have begun by now
+    assert marker.read_text().split() == ["run"]
+    assert job(daemon, job_id)["state"] == "succeeded"
+    assert f"pollux-{job_id}.0" not in steps_of(allocation)

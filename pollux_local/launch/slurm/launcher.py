@@ -28,7 +28,12 @@ from pollux_local.launch.slurm.allocation import (
     node_state,
     run_slurm,
 )
-from pollux_local.launch.slurm.step import SlurmStepGroup, end_orphaned_step, read_record
+from pollux_local.launch.slurm.step import (
+    SlurmStepGroup,
+    end_orphaned_step,
+    exits_prefix,
+    read_record,
+)
 
 log = logging.getLogger("pollux_local.launch.slurm")
 
@@ -63,13 +68,6 @@ RANK_WRAPPER = (
     " case $((code - 128)) in 17|18|19|20|21|22|23|28) ;; *)"
     ' trap - TERM INT HUP USR1 USR2; kill -"$((code - 128))" $$;; esac; fi; exit "$code"; }'
 )
-
-
-def exits_prefix(spec: LaunchSpec) -> str:
-    """Where each task of the incarnation writes how it ended (``PREFIX<rank>``: its code,
-    one line), in the job's log directory, as the user: read by the keeper when srun names
-    no task but does not end 0 (``keeper.recorded_exits``)."""
-    return f"{spec.log_dir}/.exit-{incarnation(spec)}-rank"
 
 
 #: The keeper's source (standard library only), run as a script.

@@ -19,8 +19,9 @@ import psutil
 
 from pollux_local.api.states import ExitCode
 from pollux_local.errors import PolluxError
-from pollux_local.launch.base import LaunchSpec, incarnation
+from pollux_local.launch.base import LaunchSpec, incarnation, settles
 from pollux_local.launch.slurm.allocation import Runner, node_lost, node_state
+from pollux_local.launch.slurm.keeper import group_code, recorded_exits
 
 log = logging.getLogger("pollux_local.launch.slurm")
 
@@ -28,6 +29,16 @@ log = logging.getLogger("pollux_local.launch.slurm")
 POLL_S = 0.25
 #: How long a stop waits after ``scancel`` of the step for its end (beyond Slurm's KillWait).
 KILL_WAIT_S = 40.0
+
+
+def exits_prefix(spec: LaunchSpec, number: int | None = None) -> str:
+    """Where each task of the incarnation writes how it ended (``PREFIX<rank>``: its code,
+    one line), in the job's log directory, as the user: read by the keeper when srun names
+    no task but does not end 0 (``keeper.recorded_exits``), and by the daemon when the
+    keeper is gone without the step's end (:meth:`SlurmStepGroup._keeper_gone`).
+    ``number``: the incarnation's (``spec``'s by default)."""
+    number = incarnation(spec) if number is None else number
+    return f"{spec.log_dir}/.exit-{number}-rank"
 
 
 def read_record(path: Path) -> dict[str, Any] | None:
@@ -144,12 +155,36 @@ class SlurmStepGroup:
                     break
                 missing_since = missing_since or time.monotonic()
                 if time.monotonic() - missing_since > 2.0:
-                    name = f"pollux-{self.spec.job_id}.{incarnation(self.spec)}"
-                    await end_orphaned_step(self._run, record, name)
-                    self.failure_reason = "the step's keeper ended without recording its end"
-                    self._finish(int(ExitCode.NODE_LOST), {})
+                    await self._keeper_gone(record)
                     break
             await asyncio.sleep(POLL_S)
+
+    async def _keeper_gone(self, record: Mapping[str, Any] | None) -> None:
+        """The keeper is gone without the step's end (SIGKILLed, a power cut): what it left
+        is ended (:func:`end_orphaned_step`).  Where every task had written its own end
+        before (read first: not one that the ending caused), those ends are the result
+        (:func:`~pollux_local.launch.base.settles`, the rule every launcher's recovery
+        shares): a keeper killed between the step's end and its record lost the result of
+        a job that had finished, taken for a lost step (255) and run again.  Otherwise the
+        step counts as lost."""
+        # the keeper's incarnation (a restarted daemon's spec names the job's next one)
+        tail = str((record or {}).get("token") or "").rpartition(":")[2]
+        number = int(tail) if tail.isdigit() else incarnation(self.spec)
+        prefix = exits_prefix(self.spec, number)
+        recorded = await asyncio.to_thread(recorded_exits, prefix, len(self.spec.slots))
+        name = f"pollux-{self.spec.job_id}.{number}"
+        await end_orphaned_step(self._run, record, name)
+        if recorded is not None and settles((record or {}).get("state"), True, False):
+            codes = {rank: code for rank, code in recorded.items() if code != 0}
+            order = sorted(codes)
+            log.info("job %s: its keeper died after its step's end: its tasks' ends taken",
+                     self.spec.job_id)  # fmt: skip
+            await self._ended(
+                {"exit_code": group_code(codes, order, 0), "ranks": codes, "order": order}
+            )
+            return
+        self.failure_reason = "the step's keeper ended without recording its end"
+        self._finish(int(ExitCode.NODE_LOST), {})
 
     async def _ended(self, record: Mapping[str, Any]) -> None:
         codes = {int(rank): int(code) for rank, code in dict(record.get("ranks") or {}).items()}
