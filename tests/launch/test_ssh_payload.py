@@ -312,3 +312,30 @@ def test_a_node_that_does_not_answer_is_not_taken_for_one_without_the_record(
         code, took, why = asyncio.run(unread_then_none())
         # lost there at once, not after the wait for an unanswering node
         assert code == UNREACHABLE_EXIT_CODE and took < 5 and "could not be read" in (why or "")
+
+
+def test_a_recovered_incarnation_forgets_its_own_records_not_the_next_starts(
+    tmp_path: Path,
+) -> None:
+    """A recovered group's spec is built for the job's next start (``POLLUX_RESTARTS`` 3), its
+    records are of the incarnation before (``7:2``): forgetting them names ``7:2``, else the
+    node keeps them (a record is removed only while it names the incarnation given)."""
+    from pollux_local.launch.ssh.recovery import SshRecordedGroup
+
+    asked: list[tuple[str, list[str], str]] = []
+
+    class Forgetting:
+        async def forget_records(self, job_id: str, names: list[str], token: str) -> None:
+            asked.append((job_id, list(names), token))
+
+    slots = [ReplicaSlot(rank=0, node="a", device="cpu:0", local_rank=0, node_rank=0)]
+    spec = LaunchSpec(
+        job_id="7", argv=["x"], workdir=tmp_path, env={"POLLUX_RESTARTS": "3"}, slots=slots,
+        log_dir=tmp_path,
+    )  # fmt: skip
+    records = {"a": {"token": "7:2", "state": "ended", "replicas": [{"rank": 0, "exit": 0}]}}
+    group = SshRecordedGroup(Forgetting(), spec, records, "7:2")  # type: ignore[arg-type]
+    asyncio.run(group.forget())
+    unnamed = SshRecordedGroup(Forgetting(), spec, records)  # type: ignore[arg-type]
+    asyncio.run(unnamed.forget())
+    assert asked == [("7", ["a"], "7:2"), ("7", ["a"], "7:2")]

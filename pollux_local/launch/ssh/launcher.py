@@ -299,7 +299,7 @@ class SshLauncher:
             if record is None or record.get("token") != token:
                 return None
             records[name] = await self.settle(name, record)
-        return SshRecordedGroup(self, spec, records)
+        return SshRecordedGroup(self, spec, records, token)
 
     @property
     def detect_dead_link_s(self) -> int:

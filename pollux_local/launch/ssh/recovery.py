@@ -58,11 +58,21 @@ class SshRecordedGroup:
     its own)."""
 
     def __init__(
-        self, launcher: SshLauncher, spec: LaunchSpec, records: Mapping[str, Mapping[str, Any]]
+        self,
+        launcher: SshLauncher,
+        spec: LaunchSpec,
+        records: Mapping[str, Mapping[str, Any]],
+        token: str | None = None,
     ) -> None:
         self.spec = spec
         self._launcher = launcher
         self.records = dict(records)
+        #: the incarnation the records are of (``spec`` is built for the job's next start, so
+        #: its ``POLLUX_RESTARTS`` names the next one); by default the records' own
+        self.token = token or next(
+            (str(r["token"]) for r in self.records.values() if r.get("token")),
+            record_token(spec.job_id, spec.env.get("POLLUX_RESTARTS", "0")),
+        )
         self.ended: float | None = None
         self.failure_reason: str | None = None
         self._lost: dict[str, float] = {}
@@ -174,8 +184,9 @@ class SshRecordedGroup:
         }
 
     async def forget(self) -> None:
-        token = record_token(self.spec.job_id, self.spec.env.get("POLLUX_RESTARTS", "0"))
-        await self._launcher.forget_records(self.spec.job_id, list(self.records), token)
+        """Remove the recovered incarnation's exit records from its nodes (only while they
+        name it: :attr:`token`, not the next start's)."""
+        await self._launcher.forget_records(self.spec.job_id, list(self.records), self.token)
 
 
 def record_token(job_id: str, restarts: object) -> str:
