@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -98,15 +99,64 @@ _KIND_FIELDS = (
 )
 
 
+#: Characters of commands whose digests :func:`command_digest` remembers (at least the last
+#: one's): the commands of the jobs a pass reads, which the store's blob cache shares.
+COMMAND_DIGEST_CHARS = 64 * 1024 * 1024
+
+
+class _CommandDigests:
+    """The SHA-256 of commands as :func:`command_digest` made them, keyed by the command
+    itself (its strings hash once each and are shared by the jobs of one stored command),
+    the least recently used forgotten past :data:`COMMAND_DIGEST_CHARS`.  Passes ask from
+    their thread and requests from the event loop: one lock."""
+
+    def __init__(self, limit_chars: int = COMMAND_DIGEST_CHARS) -> None:
+        self.limit_chars = limit_chars
+        self.made = 0  # digests made (not remembered): what a pass paid for
+        self._digests: OrderedDict[tuple[str, ...], tuple[str, int]] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, argv: Sequence[str]) -> str:
+        key = tuple(argv)
+        with self._lock:
+            found = self._digests.get(key)
+            if found is not None:
+                self._digests.move_to_end(key)
+                return found[0]
+        digest = hashlib.sha256(msgspec.json.encode(key)).hexdigest()
+        chars = sum(map(len, key))
+        with self._lock:
+            self.made += 1
+            if key not in self._digests:
+                self._digests[key] = (digest, chars)
+                self._chars += chars
+            while self._chars > self.limit_chars and len(self._digests) > 1:
+                _, (_, gone) = self._digests.popitem(last=False)
+                self._chars -= gone
+        return digest
+
+
+#: The one memory of command digests (:func:`job_kind`'s).
+command_digest = _CommandDigests()
+
+
 def job_kind(job: JobRecord) -> str:
     """Jobs of one kind run the same command in the same folder with the same batch bounds;
     the jobs of one kind *and one owner* share their throughput measurements
     (:class:`ModelCache`, one :class:`~pollux_local.core.pool.ProfilePool` per owner).  The
-    kind is the SHA-256 (hex) of those fields as JSON: 64 characters however long the
-    command, since it is a key in every pool and in ``forecasting.Durations`` (a
-    megabytes-long command as the key itself made each of them hold megabytes)."""
-    fields = json.dumps([getattr(job.spec, name) for name in _KIND_FIELDS], sort_keys=True)
-    return hashlib.sha256(fields.encode()).hexdigest()
+    kind is the SHA-256 (hex) of those fields as JSON, the command by its own digest
+    (:func:`command_digest`, made once per command, not per job and pass): 64 characters
+    however long the command, since it is a key in every pool and in
+    ``forecasting.Durations`` (a megabytes-long command as the key itself made each of them
+    hold megabytes).  Every pass asks the kind of every queued and running job: digesting a
+    command of 4 MB of two-byte characters as escaped JSON took 36 ms a job, and one user's
+    200 such array tasks (one stored command) made each pass 15 s under the daemon's mutex."""
+    fields = [
+        command_digest(job.spec.argv) if name == "argv" else getattr(job.spec, name)
+        for name in _KIND_FIELDS
+    ]
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
 def _profile_points(profile: Sequence[ProfileRow]) -> dict[Point, Times] | None:

@@ -335,6 +335,31 @@ def test_a_kind_is_a_fixed_size_key_however_long_the_command() -> None:
     assert all(len(kind) <= 64 for kind in cache.pool(2001).kinds())
 
 
+def test_a_commands_digest_is_made_once_not_once_a_job_and_pass() -> None:
+    """alice's 300 queued tasks share one command of 3.7 MB of two-byte characters (stored
+    once).  Each pass digested it, as escaped JSON, for every job in the plan and again in
+    the forecast: 36 ms a job, 200 such tasks held every pass (and the mutex, and so another
+    user's start, release and hold) for 15 s or more.  Now once; and a command the memory let
+    go, or another one, is made again, with the same kind as before."""
+    argv = ["/bin/true", *["\u00e9" * 62_000] * 30]
+    jobs = [queued(i, argv=list(argv)) for i in range(1, 301)]
+    digests = scheduler._CommandDigests()
+    kind = job_kind(jobs[0])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(scheduler, "command_digest", digests)
+        for _ in range(3):
+            plan_round(FifoPolicy(), jobs, NODES, ModelCache(), 1.0, RNG)
+            Forecasts().update(FifoPolicy(), jobs, NODES, ModelCache(), Limits(), 1.0)
+        assert digests.made == 1
+        assert {job_kind(job) for job in jobs} == {kind}
+        small = scheduler._CommandDigests(limit_chars=10)
+        patch.setattr(scheduler, "command_digest", small)
+        for other in (["python", "a.py"], argv, ["python", "a.py"]):
+            job_kind(queued(1, argv=other))
+        assert small.made == 3  # over its room, the least recently used went
+        assert job_kind(jobs[0]) == kind and job_kind(queued(1, argv=["x", "y"])) != kind
+
+
 def test_durations_keep_a_bounded_number_of_kinds_per_owner() -> None:
     durations = Durations()
     for i in range(KINDS_PER_OWNER + 50):

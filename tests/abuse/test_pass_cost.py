@@ -1,0 +1,89 @@
+"""What one user's queue costs every scheduling pass, against another user's requests.
+
+A root daemon from the lab install, two ordinary Unix users: ``alice`` keeps the one device
+busy and queues an array whose tasks share one long command (about 3.7 MB of two-byte
+characters, under ``[limits] max_command_size`` and stored once); ``bob`` submits and asks
+for ``status`` meanwhile.  Every pass reads each queued job's kind (``scheduler.job_kind``)
+for its model and its forecast: it was the digest of the command as escaped JSON, made
+again for every job at every pass (36 ms a job here), so 200 such tasks made each pass
+about 15 s under the daemon's mutex and bob's submit waited as long.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.abuse.lab import Lab, cli, submit, wait_state
+from tests.labinstall import LabDaemon, LabInstall, LabUser, two_users
+
+pytestmark = [pytest.mark.timeout(600)]
+
+TASKS = 200
+
+#: alice's array: ``/bin/true`` and 30 arguments of 62,000 ``é`` (124 kB each, 3.7 MB in all),
+#: each task after her job ``sys.argv[4]`` (so they wait, and every pass reads them).
+CLIENT = r"""
+import json, sys
+from pollux_local.client import Client
+client = Client(sys.argv[1], timeout_s=300)
+tasks, workdir, after = int(sys.argv[2]), sys.argv[3], sys.argv[4]
+argv = ["/bin/true", *["\u00e9" * 62_000] * 30]
+reply = client.request(
+    "submit", argv=argv, workdir=workdir, after=[after],
+    array=[{"index": i} for i in range(tasks)],
+)
+print(json.dumps({"ids": len(reply["ids"])}))
+"""
+
+
+@pytest.fixture(scope="module")
+def users(lab_install: LabInstall) -> Iterator[tuple[LabUser, LabUser]]:
+    with two_users(lab_install, "s76a", "s76b") as made:
+        yield made
+
+
+def bobs_turn(bob: LabUser, daemon: LabDaemon, lab: Lab) -> tuple[float, float]:
+    """Seconds bob waits for a job of his to start on the free device, and for a ``hold`` and
+    a ``release`` of a held job of his (both wait for a pass under way)."""
+    began = time.monotonic()
+    started = submit(bob, daemon, lab, "--", "/bin/sleep", "60")
+    wait_state(daemon, started, ("running",), 300)
+    start_s = time.monotonic() - began
+    assert cli(bob, daemon, "cancel", started).returncode == 0
+    held = submit(bob, daemon, lab, "--hold", "--delay", "1h", "--", "/bin/true")
+    began = time.monotonic()
+    assert cli(bob, daemon, "release", held, timeout_s=300).returncode == 0
+    assert cli(bob, daemon, "hold", held, timeout_s=300).returncode == 0
+    return start_s, time.monotonic() - began
+
+
+def test_a_queue_of_long_commands_does_not_slow_the_passes_or_other_users(
+    lab: Lab, alice: LabUser, bob: LabUser
+) -> None:
+    daemon = lab.daemon(devices="cpu:2")
+    blocker = submit(alice, daemon, lab, "--", "/bin/sleep", "600")
+    wait_state(daemon, blocker, ("running",), 60)
+    quiet = bobs_turn(bob, daemon, lab)
+
+    done = alice.python(
+        CLIENT, str(daemon.state_dir / "daemon.sock"), str(TASKS), str(lab.work), blocker,
+        timeout_s=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"ids": TASKS}
+    time.sleep(2)  # passes over the whole queue are under way
+    loaded = bobs_turn(bob, daemon, lab)
+    began = time.monotonic()
+    status = cli(bob, daemon, "status", timeout_s=300)
+    status_s = time.monotonic() - began
+    assert status.returncode == 0, status.stderr
+    print(
+        f"bob's start / release and hold: quiet {quiet[0]:.2f} / {quiet[1]:.2f} s,"
+        f" under alice's queue {loaded[0]:.2f} / {loaded[1]:.2f} s; status {status_s:.2f} s"
+    )
+    assert loaded[0] < max(5.0, 3 * quiet[0]), (quiet, loaded)
+    assert loaded[1] < max(3.0, 3 * quiet[1]), (quiet, loaded)
