@@ -1,12 +1,16 @@
-"""What one user's queue costs every scheduling pass, against another user's requests.
+"""What one user's queue costs everyone else: the scheduling passes' time and the order in
+which jobs start.
 
-A root daemon from the lab install, two ordinary Unix users: ``alice`` keeps the one device
-busy and queues an array whose tasks share one long command (about 3.7 MB of two-byte
-characters, under ``[limits] max_command_size`` and stored once); ``bob`` submits and asks
-for ``status`` meanwhile.  Every pass reads each queued job's kind (``scheduler.job_kind``)
-for its model and its forecast: it was the digest of the command as escaped JSON, made
-again for every job at every pass (36 ms a job here), so 200 such tasks made each pass
-about 15 s under the daemon's mutex and bob's submit waited as long.
+A root daemon from the lab install, two ordinary Unix users.
+
+* ``alice`` keeps the one device busy and queues an array whose tasks share one long command
+  (about 3.7 MB of two-byte characters, under ``[limits] max_command_size`` and stored once);
+  ``bob`` starts, releases and holds jobs meanwhile.  Every pass reads each queued job's kind
+  (``scheduler.job_kind``) for its model and its forecast: it was the digest of the command
+  as escaped JSON, made again for every job at every pass (36 ms a job here), so 200 such
+  tasks made each pass about 15 s under the daemon's mutex, and bob waited as long.
+* ``alice`` queues hundreds of jobs and ``bob`` one: the default policy admitted jobs alike
+  in priority and service by queue order alone, so his waited until all of hers had started.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.abuse.lab import Lab, cli, submit, wait_state
-from tests.labinstall import LabDaemon, LabInstall, LabUser, two_users
+from tests.labinstall import LabDaemon, LabInstall, LabUser, two_users, wait_until
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -87,3 +91,38 @@ def test_a_queue_of_long_commands_does_not_slow_the_passes_or_other_users(
     )
     assert loaded[0] < max(5.0, 3 * quiet[0]), (quiet, loaded)
     assert loaded[1] < max(3.0, 3 * quiet[1]), (quiet, loaded)
+
+
+def test_one_users_long_queue_takes_turns_with_another_users_job(
+    lab: Lab, alice: LabUser, bob: LabUser
+) -> None:
+    """The default (goodput) policy on two devices: alice queues 300 tasks that fail at once,
+    and the daemon starts one after the other.  Admission went by queue order between jobs
+    that had not run, so bob's one job, submitted after, waited for every one of hers to
+    start (246 s for 1,000 on four devices); now the owners take turns."""
+    config = lab.base / "goodput.toml"
+    config.write_text("[scheduler]\ninterval_s = 0.5\n\n[daemon]\nstop_grace_s = 2\n")
+    config.chmod(0o644)
+    daemon = LabDaemon(
+        lab.install, lab.base / "state", "--config", str(config), "--devices", "cpu:2"
+    )
+    lab.daemons.append(daemon)
+    daemon.start()
+    done = cli(
+        alice, daemon, "submit", "--workdir", str(lab.work), "--array", "0-299", "--", "/bin/false"
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+    def hers(state: str) -> list[dict[str, object]]:
+        rows = daemon.client.request("status", limit=10_000)["jobs"]
+        return [r for r in rows if r["owner"] == alice.name and r["state"] == state]
+
+    wait_until(lambda: hers("failed"), 60, "alice's tasks to run")
+    began = time.monotonic()
+    bobs = submit(bob, daemon, lab, "--", "/bin/sleep", "30")
+    wait_state(daemon, bobs, ("running",), 300)
+    waited = time.monotonic() - began
+    left = hers("queued")
+    print(f"bob's job started after {waited:.1f} s, {len(left)} of alice's tasks still queued")
+    assert left, "alice's tasks all ran first"
+    assert waited < 30, waited

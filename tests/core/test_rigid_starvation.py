@@ -81,3 +81,32 @@ def test_the_wait_is_counted_from_when_the_job_was_last_queued() -> None:
         plan = run_pass(snapshot, policy, np.random.default_rng(0))
         started = {a.job_id for a in plan.actions if a.kind is ActionKind.START}
         assert (3 in started) == starts, (queued_since, plan.reasons)
+
+
+def test_one_users_long_queue_takes_turns_with_another_users_job() -> None:
+    """alice queued 40 one-device rigid jobs, bob one after them, on four devices, all of them
+    alike in priority and service (none has run).  Admission went by queue order alone, so
+    bob's job started only once every one of hers had (6,600 s with ten-minute jobs; a
+    thousand of them would be days); now the owners take turns: his starts in the first pass
+    beside her first three, and her jobs keep their order among themselves."""
+    policy = make_policy("goodput")
+    alices = [
+        JobInput(id=job_id, owner="alice", submit_time=float(job_id), min_devices=1, elastic=False)
+        for job_id in range(1, 41)
+    ]
+    bobs = JobInput(id=41, owner="bob", submit_time=41.0, min_devices=1, elastic=False)
+    snapshot = Snapshot(jobs=[*alices, bobs], nodes=[NODE], now=100.0, limits=Limits())
+    plan = run_pass(snapshot, policy, np.random.default_rng(0))
+    starts = {a.job_id for a in plan.actions if a.kind is ActionKind.START}
+    assert starts == {1, 2, 3, 41}, starts
+    # once hers run, his next one waits for a device like anyone's, no one preempted
+    running = [
+        JobInput(id=job_id, owner="alice", phase=JobPhase.RUNNING, submit_time=float(job_id),
+                 allocation={"ws": [f"cpu:{job_id - 1}"]}, min_devices=1, elastic=False,
+                 last_start=90.0)
+        for job_id in range(1, 5)
+    ]  # fmt: skip
+    snapshot = Snapshot(jobs=[*running, *alices[4:], bobs], nodes=[NODE], now=100.0,
+                        limits=Limits())  # fmt: skip
+    plan = run_pass(snapshot, policy, np.random.default_rng(0))
+    assert not [a for a in plan.actions if a.kind is not ActionKind.KEEP], plan.actions

@@ -34,7 +34,10 @@ The search, in four steps, all on tables computed once per decision:
    attained service run (least-attained-service favours short jobs and cuts the average
    completion time); a running job keeps its place against a waiting job unless it has
    received more than twice the waiting job's service, not counting its first round of
-   service, and it wins ties (hysteresis bounds preemptions);
+   service, and it wins ties (hysteresis bounds preemptions); between waiting jobs alike in
+   priority and service, the owners take turns (each owner's first job in the queue, then each
+   one's second, ...), so that one user's long queue does not hold another user's job back
+   until all of it has started;
 2. *greedy marginal gain* — devices go one increment at a time to the job whose utility rises
    most per device (looking ahead over several devices, so steps in the goodput curve such as
    crossing onto a second node are seen);
