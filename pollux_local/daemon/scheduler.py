@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -99,22 +100,23 @@ _KIND_FIELDS = (
 )
 
 
-#: Characters of commands whose digests :func:`command_digest` remembers (at least the last
-#: one's): the commands of the jobs a pass reads, which the store's blob cache shares.
-COMMAND_DIGEST_CHARS = 64 * 1024 * 1024
+#: Bytes (of memory) of the commands whose digests :func:`command_digest` remembers (at least
+#: the last one's): the commands of the jobs a pass reads, which the store's blob cache
+#: shares while it holds them too.
+COMMAND_DIGEST_BYTES = 64 * 1024 * 1024
 
 
 class _CommandDigests:
     """The SHA-256 of commands as :func:`command_digest` made them, keyed by the command
     itself (its strings hash once each and are shared by the jobs of one stored command),
-    the least recently used forgotten past :data:`COMMAND_DIGEST_CHARS`.  Passes ask from
+    the least recently used forgotten past :data:`COMMAND_DIGEST_BYTES`.  Passes ask from
     their thread and requests from the event loop: one lock."""
 
-    def __init__(self, limit_chars: int = COMMAND_DIGEST_CHARS) -> None:
-        self.limit_chars = limit_chars
+    def __init__(self, limit_bytes: int = COMMAND_DIGEST_BYTES) -> None:
+        self.limit_bytes = limit_bytes
         self.made = 0  # digests made (not remembered): what a pass paid for
         self._digests: OrderedDict[tuple[str, ...], tuple[str, int]] = OrderedDict()
-        self._chars = 0
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def __call__(self, argv: Sequence[str]) -> str:
@@ -125,15 +127,15 @@ class _CommandDigests:
                 self._digests.move_to_end(key)
                 return found[0]
         digest = hashlib.sha256(msgspec.json.encode(key)).hexdigest()
-        chars = sum(map(len, key))
+        size = sum(map(sys.getsizeof, key))
         with self._lock:
             self.made += 1
             if key not in self._digests:
-                self._digests[key] = (digest, chars)
-                self._chars += chars
-            while self._chars > self.limit_chars and len(self._digests) > 1:
+                self._digests[key] = (digest, size)
+                self._bytes += size
+            while self._bytes > self.limit_bytes and len(self._digests) > 1:
                 _, (_, gone) = self._digests.popitem(last=False)
-                self._chars -= gone
+                self._bytes -= gone
         return digest
 
 

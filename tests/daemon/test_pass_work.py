@@ -352,7 +352,7 @@ def test_a_commands_digest_is_made_once_not_once_a_job_and_pass() -> None:
             Forecasts().update(FifoPolicy(), jobs, NODES, ModelCache(), Limits(), 1.0)
         assert digests.made == 1
         assert {job_kind(job) for job in jobs} == {kind}
-        small = scheduler._CommandDigests(limit_chars=10)
+        small = scheduler._CommandDigests(limit_bytes=10)
         patch.setattr(scheduler, "command_digest", small)
         for other in (["python", "a.py"], argv, ["python", "a.py"]):
             job_kind(queued(1, argv=other))
