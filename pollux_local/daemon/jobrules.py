@@ -13,6 +13,7 @@ import msgspec
 from pollux_local.api.errors import InvalidRequest, LimitExceeded, PermissionDenied
 from pollux_local.api.spec import Constraint, JobSpec
 from pollux_local.daemon.auth import in_group
+from pollux_local.daemon.commands import command_bytes
 from pollux_local.daemon.config import AccountConfig, DaemonConfig
 from pollux_local.daemon.executor.exits import most_retries
 from pollux_local.daemon.executor.launchspec import check_host_limits
@@ -36,7 +37,7 @@ def check_job(spec: JobSpec, config: DaemonConfig, *, env_bytes: int = 0) -> Job
         elastic=spec.elastic,
         config=config,
     )
-    size = env_bytes + sum(len(arg.encode()) + 1 for arg in spec.argv)
+    size = env_bytes + command_bytes(spec.argv)  # once per command, not per task and pass
     if size > config.max_command_bytes:
         raise LimitExceeded(
             f"limit exceeded: the job's command line and environment take {format_size(size)},"

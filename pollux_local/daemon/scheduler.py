@@ -11,8 +11,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import sys
-import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -51,6 +49,7 @@ from pollux_local.core.schedule import (
     views,
 )
 from pollux_local.core.types import BatchBounds, GradStats, Policy
+from pollux_local.daemon.commands import command_digest
 from pollux_local.daemon.config import GroupConfig
 from pollux_local.daemon.resizes import ResizeCosts
 from pollux_local.daemon.state import GroupRecord, JobRecord
@@ -100,55 +99,13 @@ _KIND_FIELDS = (
 )
 
 
-#: Bytes (of memory) of the commands whose digests :func:`command_digest` remembers (at least
-#: the last one's): the commands of the jobs a pass reads, which the store's blob cache
-#: shares while it holds them too.
-COMMAND_DIGEST_BYTES = 64 * 1024 * 1024
-
-
-class _CommandDigests:
-    """The SHA-256 of commands as :func:`command_digest` made them, keyed by the command
-    itself (its strings hash once each and are shared by the jobs of one stored command),
-    the least recently used forgotten past :data:`COMMAND_DIGEST_BYTES`.  Passes ask from
-    their thread and requests from the event loop: one lock."""
-
-    def __init__(self, limit_bytes: int = COMMAND_DIGEST_BYTES) -> None:
-        self.limit_bytes = limit_bytes
-        self.made = 0  # digests made (not remembered): what a pass paid for
-        self._digests: OrderedDict[tuple[str, ...], tuple[str, int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, argv: Sequence[str]) -> str:
-        key = tuple(argv)
-        with self._lock:
-            found = self._digests.get(key)
-            if found is not None:
-                self._digests.move_to_end(key)
-                return found[0]
-        digest = hashlib.sha256(msgspec.json.encode(key)).hexdigest()
-        size = sum(map(sys.getsizeof, key))
-        with self._lock:
-            self.made += 1
-            if key not in self._digests:
-                self._digests[key] = (digest, size)
-                self._bytes += size
-            while self._bytes > self.limit_bytes and len(self._digests) > 1:
-                _, (_, gone) = self._digests.popitem(last=False)
-                self._bytes -= gone
-        return digest
-
-
-#: The one memory of command digests (:func:`job_kind`'s).
-command_digest = _CommandDigests()
-
-
 def job_kind(job: JobRecord) -> str:
     """Jobs of one kind run the same command in the same folder with the same batch bounds;
     the jobs of one kind *and one owner* share their throughput measurements
     (:class:`ModelCache`, one :class:`~pollux_local.core.pool.ProfilePool` per owner).  The
     kind is the SHA-256 (hex) of those fields as JSON, the command by its own digest
-    (:func:`command_digest`, made once per command, not per job and pass): 64 characters
+    (:func:`~pollux_local.daemon.commands.command_digest`, made once per command, not per
+    job and pass): 64 characters
     however long the command, since it is a key in every pool and in
     ``forecasting.Durations`` (a megabytes-long command as the key itself made each of them
     hold megabytes).  Every pass asks the kind of every queued and running job: digesting a

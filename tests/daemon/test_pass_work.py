@@ -30,8 +30,10 @@ from pollux_local.core.schedule import (
     dependency_verdict,
 )
 from pollux_local.core.schedule.forecast import forecast
-from pollux_local.daemon import scheduler
+from pollux_local.daemon import commands, scheduler
+from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.forecasting import KINDS_PER_OWNER, Durations, Forecasts
+from pollux_local.daemon.jobrules import check_job
 from pollux_local.daemon.scheduler import (
     FITS_PER_OWNER,
     ModelCache,
@@ -339,21 +341,26 @@ def test_a_commands_digest_is_made_once_not_once_a_job_and_pass() -> None:
     """alice's 300 queued tasks share one command of 3.7 MB of two-byte characters (stored
     once).  Each pass digested it, as escaped JSON, for every job in the plan and again in
     the forecast: 36 ms a job, 200 such tasks held every pass (and the mutex, and so another
-    user's start, release and hold) for 15 s or more.  Now once; and a command the memory let
-    go, or another one, is made again, with the same kind as before."""
+    user's start, release and hold) for 15 s or more.  Now once, and its size (checked for
+    each task of a submit, and for each new job at its first pass) with it; a command the
+    memory let go, or another one, is worked out again, with the same kind as before."""
     argv = ["/bin/true", *["\u00e9" * 62_000] * 30]
     jobs = [queued(i, argv=list(argv)) for i in range(1, 301)]
-    digests = scheduler._CommandDigests()
+    facts = commands.CommandFacts()
     kind = job_kind(jobs[0])
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(scheduler, "command_digest", digests)
+        patch.setattr(commands, "FACTS", facts)
         for _ in range(3):
             plan_round(FifoPolicy(), jobs, NODES, ModelCache(), 1.0, RNG)
             Forecasts().update(FifoPolicy(), jobs, NODES, ModelCache(), Limits(), 1.0)
-        assert digests.made == 1
+        config = DaemonConfig(nodes=(NodeConfig("a", ("cpu:0", "cpu:1")),))
+        for job in jobs:
+            check_job(job.spec, config)
+        assert facts.made == 1
+        assert commands.command_bytes(argv) == 9 + 1 + 30 * (124_000 + 1)
         assert {job_kind(job) for job in jobs} == {kind}
-        small = scheduler._CommandDigests(limit_bytes=10)
-        patch.setattr(scheduler, "command_digest", small)
+        small = commands.CommandFacts(limit_bytes=10)
+        patch.setattr(commands, "FACTS", small)
         for other in (["python", "a.py"], argv, ["python", "a.py"]):
             job_kind(queued(1, argv=other))
         assert small.made == 3  # over its room, the least recently used went
