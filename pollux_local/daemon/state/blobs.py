@@ -117,6 +117,21 @@ class Blobs(StoreBase):
             if cached is not None:
                 self._blob_bytes -= cached[1]
 
+    def env_refs(self, ids: Sequence[int]) -> dict[int, str | None]:
+        """The digest of each job's stored environment (``None``: one its row keeps, as rows
+        written before blobs do), 500 ids a query: the jobs that share an environment (an
+        array's tasks, a job's restarts) share its digest, and whatever is worked out from it
+        may be worked out once."""
+        found: dict[int, str | None] = {}
+        for start in range(0, len(ids), 500):
+            chunk = list(ids[start : start + 500])
+            marks = ",".join("?" * len(chunk))
+            for job_id, ref in self.db.execute(
+                f"SELECT id, env_ref FROM jobs WHERE id IN ({marks})", chunk
+            ):
+                found[int(job_id)] = None if ref is None else str(ref)
+        return found
+
     def _env_ref(self, job_id: int) -> str:
         """The blob of job ``job_id``'s environment; a row written before blobs has its inline
         environment moved into one (and then references it)."""
