@@ -18,11 +18,19 @@ import hashlib
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import msgspec
 
-__all__ = ["COMMAND_MEMORY_BYTES", "CommandFacts", "command_bytes", "command_digest"]
+__all__ = [
+    "COMMAND_MEMORY_BYTES",
+    "CommandFacts",
+    "StoredEnvironment",
+    "command_bytes",
+    "command_digest",
+    "environment_bytes",
+]
 
 #: Bytes (of memory) of the commands :data:`FACTS` remembers (at least the last one): the
 #: commands of the jobs a pass reads, which the store's blob cache shares while it holds them.
@@ -77,3 +85,21 @@ def command_bytes(argv: Sequence[str]) -> int:
     """``argv``'s bytes as exec counts them (each argument's UTF-8 and its NUL), remembered
     (:data:`FACTS`)."""
     return FACTS(argv)[1]
+
+
+def environment_bytes(env: Mapping[str, str]) -> int:
+    """Bytes of an environment as exec counts them: ``NAME=value`` and its NUL, each."""
+    return sum(len(name.encode()) + len(value.encode()) + 2 for name, value in env.items())
+
+
+@dataclass(frozen=True)
+class StoredEnvironment:
+    """An environment the store keeps, as a job's checks need it (``submit.validate_jobs``):
+    its blob's ``digest`` and its bytes as exec counts them (:func:`environment_bytes`),
+    worked out once per environment (``StateStore.stored_environment``).  A stored job
+    released, edited or restarted is checked with it rather than with the environment
+    itself: loading and measuring 200,000 variables took about 70 ms a job, and a ``release
+    --all`` of 999 held tasks sharing one held the event loop for tens of seconds."""
+
+    digest: str
+    exec_bytes: int

@@ -58,6 +58,15 @@ class Context:
             raise NotFound(f"no job with id {job_id!r}")
         return job
 
+    def job_without_env(self, job_id: str) -> JobRecord:
+        """The job with this id without its environment (:class:`NotFound` when there is
+        none): what changing its state needs (an environment of 200,000 variables took 13 ms
+        a job to load)."""
+        found = self.store.jobs_by_id([int(job_id)]) if job_id.strip().isdigit() else []
+        if not found:
+            raise NotFound(f"no job with id {job_id!r}")
+        return found[0]
+
     def jobs(self, job_ids: Sequence[str]) -> list[JobRecord]:
         """The jobs with these ids, each once, in the order first named, without their
         environments (:class:`NotFound` for the first id no job has).  One query for them all:

@@ -6,24 +6,21 @@ that tightened them is held, not started with what it asked then)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 import msgspec
 
 from pollux_local.api.errors import InvalidRequest, LimitExceeded, PermissionDenied
 from pollux_local.api.spec import Constraint, JobSpec
 from pollux_local.daemon.auth import in_group
-from pollux_local.daemon.commands import command_bytes
+from pollux_local.daemon.commands import command_bytes, environment_bytes
 from pollux_local.daemon.config import AccountConfig, DaemonConfig
 from pollux_local.daemon.executor.exits import most_retries
 from pollux_local.daemon.executor.launchspec import check_host_limits
 from pollux_local.durations import format_duration
 from pollux_local.sizes import format_size
 
-
-def environment_size(env: Mapping[str, str]) -> int:
-    """Bytes of an environment as exec counts them: ``NAME=value`` and its NUL, each."""
-    return sum(len(name.encode()) + len(value.encode()) + 2 for name, value in env.items())
+#: Bytes of an environment as exec counts them (``commands.environment_bytes``).
+environment_size = environment_bytes
 
 
 def check_job(spec: JobSpec, config: DaemonConfig, *, env_bytes: int = 0) -> JobSpec:

@@ -54,7 +54,7 @@ from pollux_local.daemon.jobfiles import (
     job_file_mtime,
     remove_job_dir,
 )
-from pollux_local.daemon.jobrules import check_job, environment_size
+from pollux_local.daemon.jobrules import check_job
 from pollux_local.daemon.readmodel import MetricHistory, job_noise_scale
 from pollux_local.daemon.reports import InvalidReport, read_job_report
 from pollux_local.daemon.resizes import ResizeCosts, resizes_of
@@ -380,19 +380,12 @@ class SchedulingLoop:
         kept = self._kept_by
         kept.intersection_update(job.id for job in jobs if job.state is JobState.QUEUED)
         refused: set[int] = set()
-        unchecked = [job for job in jobs if job.state is JobState.QUEUED and job.id not in kept]
-        refs = self.store.env_refs([job.id for job in unchecked]) if unchecked else {}
-        # an environment's bytes (it counts too) once per environment, not once per job: a
-        # 999-task array sharing one of 200,000 variables took 66 ms a task on the event loop
-        sizes: dict[str, int] = {}
-        for job in unchecked:
-            ref = refs.get(job.id)
-            env_bytes = sizes.get(ref) if ref is not None else None
-            if env_bytes is None:
-                stored = self.store.get_job(job.id)  # with its environment
-                env_bytes = environment_size(stored.env or {}) if stored is not None else 0
-                if ref is not None:
-                    sizes[ref] = env_bytes
+        for job in jobs:
+            if job.state is not JobState.QUEUED or job.id in kept:
+                continue
+            # its environment counts too, measured once per environment, not per job: a
+            # 999-task array sharing one of 200,000 variables took 66 ms a task here
+            env_bytes = self.store.stored_environment(job.id).exec_bytes
             try:
                 check_job(job.spec, self.config, env_bytes=env_bytes)
             except (InvalidRequest, LimitExceeded) as exc:

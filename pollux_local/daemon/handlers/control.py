@@ -192,7 +192,7 @@ async def hold(ctx: Context, request: Hold) -> StateChangeReply:
             await give_way()
             async with ctx.mutex:
                 for target in part:
-                    job = ctx.job(target.job_id)
+                    job = ctx.job_without_env(target.job_id)
                     if request.all and job.state != JobState.QUEUED:
                         continue  # it started or ended since it was listed
                     if job.state in TERMINAL_STATES:
@@ -227,7 +227,7 @@ async def release(ctx: Context, request: Release) -> StateChangeReply:
             await give_way()
             async with ctx.mutex:
                 for target in part:
-                    job = ctx.job(target.job_id)
+                    job = ctx.job_without_env(target.job_id)
                     if job.state != JobState.HELD:
                         if request.all:
                             continue  # released or cancelled since it was listed
@@ -256,7 +256,7 @@ def _release_one(ctx: Context, job: JobRecord, done: list[str]) -> None:
         )
     [spec] = validate_jobs(
         ctx, [job.spec], owner_uid=job.owner_uid, owner_name=job.owner_name,
-        env=job.env or {}, adding=0, kept_group=job.spec.group,
+        env=ctx.store.stored_environment(job.id), adding=0, kept_group=job.spec.group,
     )  # fmt: skip
     changes: dict[str, Any] = {} if spec == job.spec else {"spec": spec}
     left = (

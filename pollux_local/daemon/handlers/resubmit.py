@@ -31,8 +31,8 @@ def restart(ctx: Context, request: Restart) -> SubmitReply:
     check_restartable(ctx, old)
     spec = msgspec.structs.replace(old.spec, after=[], after_any=False, after_one=False)
     [spec] = validate_jobs(
-        ctx, [spec], owner_uid=old.owner_uid, owner_name=old.owner_name, env=old.env or {},
-        adding=1, kept_group=old.spec.group,
+        ctx, [spec], owner_uid=old.owner_uid, owner_name=old.owner_name,
+        env=ctx.store.stored_environment(old.id), adding=1, kept_group=old.spec.group,
     )  # fmt: skip
     ctx.require_priority(old.priority)
     job = ctx.store.add_job(
@@ -114,8 +114,8 @@ def _edit(ctx: Context, request: Edit) -> JobStateReply:
     if not spec.elastic and request.min_gpus is not UNSET and request.max_gpus is UNSET:
         spec = msgspec.structs.replace(spec, max_gpus=None)
     [spec] = validate_jobs(
-        ctx, [spec], owner_uid=job.owner_uid, owner_name=job.owner_name, env=job.env or {},
-        adding=0, kept_group=job.spec.group,
+        ctx, [spec], owner_uid=job.owner_uid, owner_name=job.owner_name,
+        env=ctx.store.stored_environment(job.id), adding=0, kept_group=job.spec.group,
     )  # fmt: skip
     update: dict[str, object] = {"spec": spec}
     if request.priority is not UNSET:

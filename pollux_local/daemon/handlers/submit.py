@@ -30,6 +30,7 @@ from pollux_local.api.messages import (
 )
 from pollux_local.api.spec import JobSpec
 from pollux_local.api.states import DecisionKind
+from pollux_local.daemon.commands import StoredEnvironment
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers.groups import check_job_groups
@@ -44,12 +45,13 @@ def validate_jobs(
     *,
     owner_uid: int,
     owner_name: str,
-    env: Mapping[str, str],
+    env: Mapping[str, str] | StoredEnvironment,
     adding: int,
     kept_group: str | None = None,
 ) -> list[JobSpec]:
     """The one validation of the jobs a request results in (``specs``: what the store would
-    hold, all with environment ``env``), owned by ``owner_uid``: ``adding`` of them are new to
+    hold, all with environment ``env``: a stored job's as the store measured it,
+    ``StateStore.stored_environment``, not loaded), owned by ``owner_uid``: ``adding`` of them are new to
     the queue (a submit's jobs, a restart's copy; 0 for an edit or a release);
     ``kept_group``: the group the stored job names (a release, edit or restart: a group gone
     since is left, :func:`~.groups.check_job_groups`).  Returns the specs to store (time
@@ -76,13 +78,14 @@ def validate_jobs(
             raise LimitExceeded(
                 f"limit exceeded: {owner_name} has {what} ([limits] max_queued_per_user)"
             )
-    env_bytes = environment_size(env)
+    env_bytes = env.exec_bytes if isinstance(env, StoredEnvironment) else environment_size(env)
     checked = [check_job(spec, config, env_bytes=env_bytes) for spec in specs]
     if adding:  # new work charged to an account: its owner must be one who may charge it
         for spec in {spec.account: spec for spec in checked}.values():
             check_account(spec, config, owner_uid, owner_name)
     commands = list({id(spec.argv): spec.argv for spec in specs}.values())
-    new = ctx.store.unkept_bytes(owner_uid, [dict(env), *commands])
+    kept_env = env.digest if isinstance(env, StoredEnvironment) else dict(env)
+    new = ctx.store.unkept_bytes(owner_uid, [kept_env, *commands])
     if adding:  # each new job's own row: its settings (an array's tasks each) and its name
         new += sum(len(stored_row(spec)) + JOB_NAME_MAX for spec in checked)
     kept = ctx.store.stored_bytes(owner_uid) if new else 0  # nothing new: nothing to count

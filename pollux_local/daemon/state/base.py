@@ -34,6 +34,7 @@ class StoreBase:
         #: decoded blobs by digest (value, bytes of text), least recently used first
         self._blobs: OrderedDict[str, tuple[Any, int]] = OrderedDict()
         self._blob_bytes = 0
+        self._env_sizes: dict[str, int] = {}  # environment digest -> exec bytes
         #: (owner, bytes cap) -> (ended jobs, newest ended id) when their ended jobs were last
         #: found within the cap (``Retention.prune_ended`` counts again only what changed)
         self._ended_seen: dict[tuple[int, int], tuple[int, int]] = {}

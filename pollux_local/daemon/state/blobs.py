@@ -13,8 +13,12 @@ from pollux_local.api.states import (
     ACTIVE_STATES,
     JobState,
 )
+from pollux_local.daemon.commands import StoredEnvironment, environment_bytes
 from pollux_local.daemon.state.base import StoreBase
 from pollux_local.daemon.state.records import BLOB_CACHE_BYTES, JobRecord, blob_text, row_to_job
+
+#: Environments whose sizes ``stored_environment`` remembers (all forgotten past it).
+ENV_SIZES_KEPT = 4096
 
 
 def owner_blobs_sql(states: Sequence[str]) -> str:
@@ -57,8 +61,10 @@ class Blobs(StoreBase):
         ).fetchone()
         return int(blobs) + int(inline) + int(rows_bytes)
 
-    def unkept_bytes(self, owner_uid: int, adding: Sequence[list[str] | dict[str, str]]) -> int:
-        """Bytes of the blobs among ``adding`` that none of ``owner_uid``'s queued, held or
+    def unkept_bytes(
+        self, owner_uid: int, adding: Sequence[list[str] | dict[str, str] | str]
+    ) -> int:
+        """Bytes of the blobs among ``adding`` (values, or the digests of stored ones) that none of ``owner_uid``'s queued, held or
         running jobs keeps yet (each once): what storing them would add.  One indexed lookup
         a blob (migration 6), so a request that adds nothing new (a release, an edit of the
         priority) costs no read of the owner's jobs: a release of 1,000 held jobs each
@@ -67,7 +73,14 @@ class Blobs(StoreBase):
         marks = ",".join("?" * len(wanted))
         new: dict[str, int] = {}
         for value in adding:
-            digest, text = blob_text(value)
+            if isinstance(value, str):  # a stored blob, by its digest
+                digest = value
+                found = self.db.execute("SELECT size FROM blobs WHERE digest = ?", (digest,))
+                size_row = found.fetchone()
+                size = int(size_row[0]) if size_row is not None and size_row[0] is not None else 0
+            else:
+                digest, text = blob_text(value)
+                size = len(text)
             if digest in new:
                 continue
             row = self.db.execute(
@@ -77,7 +90,7 @@ class Blobs(StoreBase):
                 (digest, owner_uid, *wanted, digest, owner_uid, *wanted),
             ).fetchone()
             if row is None:
-                new[digest] = len(text)
+                new[digest] = size
         return sum(new.values())
 
     def _put_blob(self, value: list[str] | dict[str, str]) -> str:
@@ -117,20 +130,19 @@ class Blobs(StoreBase):
             if cached is not None:
                 self._blob_bytes -= cached[1]
 
-    def env_refs(self, ids: Sequence[int]) -> dict[int, str | None]:
-        """The digest of each job's stored environment (``None``: one its row keeps, as rows
-        written before blobs do), 500 ids a query: the jobs that share an environment (an
-        array's tasks, a job's restarts) share its digest, and whatever is worked out from it
-        may be worked out once."""
-        found: dict[int, str | None] = {}
-        for start in range(0, len(ids), 500):
-            chunk = list(ids[start : start + 500])
-            marks = ",".join("?" * len(chunk))
-            for job_id, ref in self.db.execute(
-                f"SELECT id, env_ref FROM jobs WHERE id IN ({marks})", chunk
-            ):
-                found[int(job_id)] = None if ref is None else str(ref)
-        return found
+    def stored_environment(self, job_id: int) -> StoredEnvironment:
+        """Job ``job_id``'s environment as its checks need it: its blob's digest and its bytes
+        as exec counts them, measured once per environment (the jobs that share one, an
+        array's tasks or a job's restarts, share its digest), not once per job."""
+        digest = self._env_ref(job_id)
+        size = self._env_sizes.get(digest)
+        if size is None:
+            env = self._blob(digest)
+            size = environment_bytes(env) if isinstance(env, dict) else 0
+            if len(self._env_sizes) >= ENV_SIZES_KEPT:
+                self._env_sizes.clear()
+            self._env_sizes[digest] = size
+        return StoredEnvironment(digest, size)
 
     def _env_ref(self, job_id: int) -> str:
         """The blob of job ``job_id``'s environment; a row written before blobs has its inline
