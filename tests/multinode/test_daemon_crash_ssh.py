@@ -91,6 +91,20 @@ def lines(path: Path) -> list[str]:
     return path.read_text().split("\n")[:-1] if path.exists() else []
 
 
+def succeeded_once(daemon: DaemonProcess, job_id: str, marker: Path) -> None:
+    """The recovered daemon takes ``job_id`` as succeeded and does not run it again (its
+    ``marker`` holds one run, a few seconds on)."""
+    shown = wait_for(
+        lambda: (j := job(daemon, job_id))["state"] in ("succeeded", "failed") and j,
+        60,
+        "the job's end",
+    )
+    assert shown["state"] == "succeeded", shown["reason"]
+    time.sleep(3.0)  # a second run would have begun by now
+    assert lines(marker) == ["run"]
+    assert job(daemon, job_id)["state"] == "succeeded"
+
+
 def test_a_job_that_finished_while_the_daemon_was_down_is_not_run_again(
     tmp_path: Path, start: Callable[[], DaemonProcess]
 ) -> None:
@@ -105,15 +119,7 @@ def test_a_job_that_finished_while_the_daemon_was_down_is_not_run_again(
         wait_for(lambda: lines(done), 30, "the job to finish on its node")
         time.sleep(1.0)
         daemon = start()
-        shown = wait_for(
-            lambda: (j := job(daemon, job_id))["state"] in ("succeeded", "failed") and j,
-            60,
-            "the job's end",
-        )
-        assert shown["state"] == "succeeded", shown["reason"]
-        time.sleep(3.0)  # a second run would have begun by now
-        assert lines(marker) == ["run"]
-        assert job(daemon, job_id)["state"] == "succeeded"
+        succeeded_once(daemon, job_id, marker)
         kinds = [d["kind"] for d in daemon.client.request("show", id=job_id)["decisions"]]
         assert "recovered" in kinds
     finally:
@@ -185,15 +191,7 @@ def test_a_power_cut_while_a_finished_job_is_cleaned_up_on_its_node_does_not_run
             if p.name.isdigit() and _cmdline(p) == ["sleep", "30"] and _in(p, tmp_path)
         ]
         daemon = start()
-        shown = wait_for(
-            lambda: (j := job(daemon, job_id))["state"] in ("succeeded", "failed") and j,
-            60,
-            "the job's end",
-        )
-        assert shown["state"] == "succeeded", shown["reason"]
-        time.sleep(3.0)  # a second run would have begun by now
-        assert lines(marker) == ["run"]
-        assert job(daemon, job_id)["state"] == "succeeded"
+        succeeded_once(daemon, job_id, marker)
         # what it left is ended with its agent's fence (a node where none can be made says
         # so: nothing there tells what a replica started once its agent is gone)
         if "no fence for the job's processes" not in daemon.output():
