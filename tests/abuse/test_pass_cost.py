@@ -158,7 +158,8 @@ def test_a_large_arrays_submit_does_not_stall_the_daemon(
     daemon = lab.daemon(devices="cpu:1")
     sock = str(daemon.state_dir / "daemon.sock")
     first = submit(alice, daemon, lab, "--hold", "--", "/bin/true")
-    pings = bob.popen(bob.lab.python, "-c", PINGS, sock, "20", stdout=subprocess.PIPE)
+    # bob pings for 10 s: the submit and the pass after it (4.7 s before) begin within
+    pings = bob.popen(bob.lab.python, "-c", PINGS, sock, "10", stdout=subprocess.PIPE)
     time.sleep(1)
     began = time.monotonic()
     done = alice.python(CLIENT, sock, "999", str(lab.work), first, timeout_s=300)
@@ -197,7 +198,8 @@ def test_the_first_pass_over_an_arrays_large_environment_does_not_stall_the_daem
     daemon = lab.daemon(devices="cpu:1")
     sock = str(daemon.state_dir / "daemon.sock")
     first = submit(alice, daemon, lab, "--hold", "--", "/bin/true")
-    pings = bob.popen(bob.lab.python, "-c", PINGS, sock, "25", stdout=subprocess.PIPE)
+    # bob pings for 12 s: the submit and the pass after it (34.6 s alone before) begin within
+    pings = bob.popen(bob.lab.python, "-c", PINGS, sock, "12", stdout=subprocess.PIPE)
     time.sleep(1)
     done = alice.python(ENV_CLIENT, sock, "999", str(lab.work), first, timeout_s=300)
     assert done.returncode == 0, done.stderr
@@ -221,7 +223,8 @@ def test_a_release_of_every_held_task_with_a_large_environment_does_not_stall_th
     held = ENV_CLIENT.replace("after=[after],", "after=[after], hold=True,")
     done = alice.python(held, sock, "999", str(lab.work), first, timeout_s=300)
     assert done.returncode == 0, done.stderr
-    pings = bob.popen(bob.lab.python, "-c", PINGS, sock, "20", stdout=subprocess.PIPE)
+    # bob pings for 10 s: the release (1.8 s; more than 30 s before) begins within
+    pings = bob.popen(bob.lab.python, "-c", PINGS, sock, "10", stdout=subprocess.PIPE)
     time.sleep(1)
     began = time.monotonic()
     released = cli(alice, daemon, "release", "--all", timeout_s=300)

@@ -109,8 +109,23 @@ def run_warm(
     return codes(procs, tmp), out
 
 
+#: cold runs by (before, after, at_step): a move and a handover at the same step compare
+#: against the same checkpoint-restart, run once
+_COLD: dict[tuple[int, int, int], tuple[list[int], list[int], Path]] = {}
+
+
 def run_cold(tmp: Path, before: int, after: int, at_step: int) -> tuple[list[int], list[int], Path]:
-    """The same resize as a checkpoint-restart: SIGTERM after ``at_step``, then ``after``."""
+    """The same resize as a checkpoint-restart: SIGTERM after ``at_step``, then ``after``
+    (run once per resize and step: its results and sample log are read, never changed)."""
+    key = (before, after, at_step)
+    if key not in _COLD:
+        _COLD[key] = _run_cold(tmp, before, after, at_step)
+    return _COLD[key]
+
+
+def _run_cold(
+    tmp: Path, before: int, after: int, at_step: int
+) -> tuple[list[int], list[int], Path]:
     tmp.mkdir(parents=True)
     out = tmp / "final.pt"
     log = ["--out", str(out), "--log-samples", str(tmp / "samples")]
@@ -163,7 +178,7 @@ def test_warm_resize_is_bit_identical_to_a_checkpoint_restart(
     assert warm["progress"] == cold["progress"]
     # the loader's position: the same samples at every step, on the same number of replicas
     assert step_sequence(tmp_path / "warm" / "samples") == step_sequence(
-        tmp_path / "cold" / "samples"
+        cold_out.parent / "samples"
     )
     warm_model, cold_model = load_model(warm_out), load_model(cold_out)
     for name, tensor in cold_model.items():
@@ -212,7 +227,7 @@ def test_a_joiner_that_never_comes_falls_back_to_a_checkpoint(tmp_path: Path) ->
     fallback, cold = load_model(out), load_model(cold_out)
     for name, tensor in cold.items():
         assert torch.equal(fallback[name], tensor), name
-    assert step_sequence(tmp / "samples") == step_sequence(tmp_path / "cold" / "samples")
+    assert step_sequence(tmp / "samples") == step_sequence(cold_out.parent / "samples")
 
 
 def test_a_grow_ordered_after_the_last_step_leaves_the_job_finished(tmp_path: Path) -> None:
