@@ -842,7 +842,7 @@ def load_config(
             else _size(limits, "limits", "max_ended_stored_per_user", "256M", where, least=4096)
         ),
         groups=admin_groups(data.get("groups", {}), where),
-        accounts=accounts(data.get("accounts", {}), where),
+        accounts=account_tables(data.get("accounts", {}), where),
         user_groups=_whole(limits, "user_groups", 4, where, 0, 1000),
         **host_limits(limits, where),
         reserved=reserved_devices(devices_table.get("reserved", []), nodes, where),
@@ -929,7 +929,7 @@ def admin_groups(raw: Any, where: str) -> tuple[GroupConfig, ...]:
     return tuple(groups)
 
 
-def accounts(raw: Any, where: str) -> tuple[AccountConfig, ...]:
+def account_tables(raw: Any, where: str) -> tuple[AccountConfig, ...]:
     """``[accounts.NAME]`` tables, each naming who may charge it: ``users`` (user names) and
     ``unix_group`` (a group's members)."""
     if not isinstance(raw, dict):

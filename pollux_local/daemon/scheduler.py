@@ -505,10 +505,12 @@ class DependencyStates:
 
     def __init__(self, states: Mapping[int, JobState]) -> None:
         self.states = states
-        self._met = {
-            mode: {job_id for job_id, state in states.items() if state in met}
-            for mode, met in _MET.items()
+        # one set per distinct meaning (``--after`` and ``--after-one-of`` share theirs)
+        built = {
+            met: {job_id for job_id, state in states.items() if state in met}
+            for met in set(_MET.values())
         }
+        self._met = {mode: built[met] for mode, met in _MET.items()}
         self._ids: dict[int, list[int]] = {}
 
     def ids(self, job: JobRecord) -> list[int]:
