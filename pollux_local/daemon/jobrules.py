@@ -84,8 +84,10 @@ def check_account(spec: JobSpec, config: DaemonConfig, owner_uid: int, owner_nam
     """A job charged to an account (``--account``) is one its owner may charge: a user it
     names, or a member of its ``unix_group`` (in the user and group databases, as
     ``auth.in_group`` reads them); :class:`PermissionDenied` in one line when not.  Checked
-    for new work charged to it (a submit, a restart); :func:`check_job` checks that it
-    exists on every path."""
+    whenever its owner's work is queued or changed (``handlers.submit.validate_jobs``: a
+    submit, a restart, an edit, a release), so that a job held or queued while they could
+    charge it does not go on charging it once they may not; :func:`check_job` checks that it
+    exists on every path, a start too."""
     if spec.account is None:
         return
     account = configured_account(config, spec.account)

@@ -135,7 +135,8 @@ def test_a_user_charges_only_the_accounts_the_config_lets_them(
 ) -> None:
     """``[accounts.NAME]`` by Unix group (alice's own group: useradd makes one per user) and by
     user name: each user charges only their own; bob's refusals (CLI, raw request, an admin
-    restarting alice's job does not lend her account to bob) change nothing."""
+    restarting alice's job does not lend her account to bob) change nothing; taken off his
+    account, bob may not release or edit a job he held while on it."""
     accounts = (
         f'[accounts.alexp]\nunix_group = "{alice.name}"\n\n'
         f'[accounts.bobgrant]\nusers = ["{bob.name}"]\n'
@@ -167,3 +168,29 @@ def test_a_user_charges_only_the_accounts_the_config_lets_them(
         row["account"]: row["jobs"] for row in daemon.client.request("usage", by="account")["users"]
     }
     assert rows.get("alexp", 0) >= 1 and rows["bobgrant"] == 1 and "" not in rows
+
+    # bob, taken off bobgrant (a reload), keeps no way to charge it through a job held or
+    # waiting since: its release and an edit into new work are refused, and it stays held
+    held = submit(bob, daemon, lab, "--account", "bobgrant", "--hold", "--", "/bin/true")
+    config = lab.base / "state.toml"
+    config.write_text(
+        config.read_text().replace(f'users = ["{bob.name}"]', f'users = ["{alice.name}"]')
+    )
+    assert daemon.proc is not None
+    daemon.proc.send_signal(signal.SIGHUP)
+    said = f"permission denied: {bob.name} may not charge account bobgrant"
+
+    def refused_to_bob() -> bool:
+        done = cli(bob, daemon, "submit", "--workdir", str(lab.work), "--account", "bobgrant",
+                   "--", "/bin/true")  # fmt: skip
+        return done.returncode != 0 and said in done.stderr
+
+    wait_until(refused_to_bob, 30, "the reload to take bob off bobgrant")
+    for args in (("release", held), ("edit", held, "--", "/bin/sleep", "600")):
+        done = cli(bob, daemon, *args)
+        assert done.returncode != 0 and said in one_line(done.stderr), done.stderr
+    reply = raw_request(bob, daemon, {"type": "release", "id": held})
+    assert reply["ok"] is False and reply["code"] == "permission_denied", reply
+    reply = raw_request(bob, daemon, {"type": "release", "all": True})
+    assert reply["ok"] is True and reply["ids"] == [] and said in reply["refused"][held], reply
+    assert job(daemon, held)["state"] == "held" and job(daemon, held)["argv"] == ["/bin/true"]

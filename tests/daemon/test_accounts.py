@@ -1,7 +1,7 @@
 """Accounts on a real daemon: a job is charged to an account (``submit --account``) its owner
 may use, by name or by a Unix group (``[accounts.NAME]``); any other is refused in one line
-on every path that adds work (submit, restart), and an account the config dropped on every
-path (release too); ``show`` reads the account and ``usage --by account`` sums each; the
+on every path that queues or changes work (submit, restart, edit, release), and an account
+the config dropped on every path; ``show`` reads the account and ``usage --by account`` sums each; the
 config's ``[accounts]`` keys are checked.
 
 The tests run the CLI as the user running them, who owns the daemon."""
@@ -106,3 +106,29 @@ def test_the_configs_accounts_are_checked(tmp_path: Path) -> None:
         ("lab", ["ada", "bob"], None),
         ("nlp", [], "nlp"),
     ]
+
+
+def test_one_no_longer_allowed_an_account_may_not_edit_or_release_work_charged_to_it(
+    daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    """Held (or queued) while its owner could charge the account, a job is not a way to go on
+    charging it once they may not: an edit (a new command, more devices, a longer time) and a
+    release are refused as a submit is; a cancel is not."""
+    daemon = daemon_factory(devices="cpu:2", config=CONFIG)
+    held = submit(daemon, tmp_path, "--hold", "--account", "lab", "--", "true")
+    queued = submit(daemon, tmp_path, "--delay", "1d", "--account", "lab", "--", "true")
+    config = daemon.state_dir.parent / f"{daemon.state_dir.name}.toml"
+    config.write_text(CONFIG.replace(f'users = ["{ME}"]', 'users = ["someone-else"]'))
+    reload(daemon, "[accounts]")
+    said = f"permission denied: {ME} may not charge account lab (it is for someone-else;"
+    for args in (
+        ("release", held),
+        ("edit", held, "--", "sleep", "100"),
+        ("edit", queued, "--time", "1h"),
+    ):
+        line = refused(daemon, *args)
+        assert said in line, line
+    assert job(daemon, held)["state"] == "held"
+    assert job(daemon, queued)["time_limit_s"] is None
+    run(daemon, "cancel", held)
+    assert job(daemon, held)["state"] == "cancelled"

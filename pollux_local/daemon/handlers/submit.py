@@ -7,7 +7,8 @@ jobs it makes are checked by :func:`validate_jobs`, the one validation of a resu
 this daemon's config and ``[limits]`` (shape, batch bounds, time limit, sharing, constraint,
 host memory and CPUs (``launchspec.check_host_limits``), the size of its command and
 environment), the group it names (an admin's or its owner's own,
-``groups.check_job_groups``) and what its owner already holds in the queue.  A
+``groups.check_job_groups``), the account it is charged to (one its owner may charge,
+``jobrules.check_account``) and what its owner already holds in the queue.  A
 job without a time limit gets ``[limits] default_time``, else ``max_time`` (none when neither
 is set).  A priority above ``[limits] max_priority`` (default 0) needs an admin
 (``Context.require_priority``).  The limits hold for everyone, admins too: they protect the
@@ -80,9 +81,10 @@ def validate_jobs(
             )
     env_bytes = env.exec_bytes if isinstance(env, StoredEnvironment) else environment_size(env)
     checked = [check_job(spec, config, env_bytes=env_bytes) for spec in specs]
-    if adding:  # new work charged to an account: its owner must be one who may charge it
-        for spec in {spec.account: spec for spec in checked}.values():
-            check_account(spec, config, owner_uid, owner_name)
+    # work charged to an account, new, changed or queued again: its owner must be one who
+    # may charge it now (a job held, or edited, while they could is no way round it)
+    for spec in {spec.account: spec for spec in checked}.values():
+        check_account(spec, config, owner_uid, owner_name)
     commands = list({id(spec.argv): spec.argv for spec in specs}.values())
     kept_env = env.digest if isinstance(env, StoredEnvironment) else dict(env)
     new = ctx.store.unkept_bytes(owner_uid, [kept_env, *commands])
