@@ -188,6 +188,40 @@ def test_a_job_after_one_of_its_dependencies_is_forecast_to_start_at_the_first_e
     assert found[10].start == 0.0
 
 
+def test_a_job_after_one_of_many_is_made_ready_once_in_a_forecast(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job after one of a thousand jobs is watched under each: each of them that ended in
+    the replay made its ready copy again (one ``replace`` a dependency ended and a
+    dependent), half of a forecast of a thousand such jobs; now once a job."""
+    from pollux_local.core.schedule import forecast as module
+
+    made = [0]
+
+    def counted(obj: Any, /, **changes: Any) -> Any:
+        if changes.keys() == {"after", "after_pending"}:
+            made[0] += 1
+        return replace(obj, **changes)
+
+    monkeypatch.setattr(module, "replace", counted)
+    nodes = [NodeInput("a", tuple(f"cpu:{i}" for i in range(8)))]
+    running = [
+        JobInput(id=i, allocation={"a": [f"cpu:{i - 1}"]}, last_start=0.0, elastic=False)
+        for i in range(1, 9)
+    ]
+    waiting = [
+        JobInput(id=i, submit_time=float(i), elastic=False, after_mode=AfterMode.ONE_SUCCEEDED,
+                 after=(Dependency(1, Outcome.PENDING, "running"),), after_pending=tuple(range(2, 9)))
+        for i in range(100, 150)
+    ]  # fmt: skip
+    lengths = {i: float(i) for i in range(1, 9)}
+    found, _ = forecast(
+        Snapshot(jobs=[*running, *waiting], nodes=nodes, now=0.0), FifoPolicy(), lengths
+    )
+    assert found[100].start == 1.0
+    assert made[0] == len(waiting)  # was 400: 8 dependencies ended x 50
+
+
 def old_resolve(jobs: list[JobRecord], states: dict[int, JobState]) -> list[tuple[int, str]]:
     """The loop's resolution before: every job scanned again until none fails."""
     failed = []

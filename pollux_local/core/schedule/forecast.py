@@ -286,7 +286,8 @@ def forecast(
         for gone in fresh:
             for job_id in watch.pop(gone, ()):
                 if job_id in one_of:
-                    ready.setdefault(job_id, replace(by_id[job_id], after=(), after_pending=()))
+                    if job_id not in ready:  # the first of its dependencies to end
+                        ready[job_id] = replace(by_id[job_id], after=(), after_pending=())
                     continue
                 ids, i = waits[job_id], at[job_id]
                 while i < len(ids) and ids[i] in seen:
