@@ -150,27 +150,38 @@ class Forecasts:
         self.latest, _ = self._run(jobs, now)
 
     def estimate(
-        self, jobs: Sequence[JobRecord], extra: Sequence[JobRecord], now: float
+        self,
+        jobs: Sequence[JobRecord],
+        extra: Sequence[JobRecord],
+        now: float,
+        states: Mapping[int, JobState] | None = None,
     ) -> tuple[dict[int, Prediction], dict[int, str]]:
         """The forecast of ``jobs`` (the store's now) with ``extra`` jobs added, on the nodes
         and under the limits of the last pass, and the reason of each job the first pass
-        leaves waiting."""
+        leaves waiting; ``states``: of the jobs ``extra`` depend on (the store's now: the
+        last pass read only those its jobs depend on, and to a job it did not read, as to one
+        that does not exist, a dependency fails)."""
         try:
-            return self._run([*jobs, *extra], now, new=[job.id for job in extra])
+            return self._run([*jobs, *extra], now, new=[job.id for job in extra], states=states)
         finally:
             if self.inputs is not None:
                 for job in extra:
                     self.inputs.models.forget(job.id)
 
     def _run(
-        self, jobs: Sequence[JobRecord], now: float, new: Sequence[int] = ()
+        self,
+        jobs: Sequence[JobRecord],
+        now: float,
+        new: Sequence[int] = (),
+        states: Mapping[int, JobState] | None = None,
     ) -> tuple[dict[int, Prediction], dict[int, str]]:
         got = self.inputs
         if got is None:
             return {}, {}
         active = [job for job in jobs if job.state in (JobState.QUEUED, *PLACED_STATES)]
         snapshot = snapshot_of(
-            active, got.nodes, got.models, now, got.limits, states=got.states,
+            active, got.nodes, got.models, now, got.limits,
+            states={**got.states, **states} if states else got.states,
             dependencies=got.dependencies, stopping=got.stopping,
             resize_costs=got.resize_costs,
         )  # fmt: skip

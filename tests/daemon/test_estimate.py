@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from pollux_local.api.messages import Estimate, Status, Submit
@@ -173,6 +174,29 @@ def test_an_estimated_job_comes_after_the_queued_jobs_the_pass_holds_equal() -> 
     assert found[3].start == pytest.approx(110.0)
     assert found[-1].start == pytest.approx(120.0) and found[-1].job_id == -1
     assert found[-1].finish == pytest.approx(130.0)
+
+
+@pytest.mark.parametrize("mode", ["after", "after_any", "after_one"])
+def test_an_estimated_job_waits_for_the_jobs_it_names(mode: str) -> None:
+    """A job estimated after a running one that no stored job depends on: the last pass had
+    not read that job's state, and the estimate took the dependency for one that does not
+    exist, and the job for one that starts now (``estimate --after-one-of 2``: "starts
+    now"); the handler reads those states from the store."""
+    durations = Durations()
+    durations.note(record(1, ["train.py"], state=JobState.SUCCEEDED, run_time_s=10.0))
+    forecasts = Forecasts(durations=durations)
+    jobs = [
+        record(2, ["train.py"], state=JobState.RUNNING, last_start=100.0,
+               placement={"n": ["cpu:0"]}, submit_time=100.0),
+    ]  # fmt: skip
+    forecasts.update(GoodputPolicy(), jobs, TWO, ModelCache(), Limits(), 102.0)
+    extra = record(-1, ["train.py"], submit_time=102.0)
+    extra.spec = msgspec.structs.replace(
+        extra.spec, after=["2"], after_any=mode == "after_any", after_one=mode == "after_one"
+    )
+    found, reasons = forecasts.estimate(jobs, [extra], 102.0, {2: JobState.RUNNING})
+    assert found[-1].start == pytest.approx(110.0), (found[-1], reasons)
+    assert "job 2" in reasons[-1] and "does not exist" not in reasons[-1]
 
 
 # --- a real daemon -------------------------------------------------------------------------

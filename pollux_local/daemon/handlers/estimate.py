@@ -56,7 +56,8 @@ async def _estimate(ctx: Context, sub: Submit) -> EstimateReply:
         )
     async with ctx.mutex:  # the passes' models and store, one at a time
         jobs = ctx.store.jobs(SCHEDULED_STATES)
-        predictions, reasons = await asyncio.to_thread(forecasts.estimate, jobs, extra, now)
+        states = ctx.store.states_of({int(job_id) for job_id in sub.after})
+        predictions, reasons = await asyncio.to_thread(forecasts.estimate, jobs, extra, now, states)
         lengths = {job.id: remaining_s(job, now, forecasts.durations) for job in extra}
     out = []
     for job in extra:
