@@ -181,7 +181,8 @@ def test_an_estimated_job_waits_for_the_jobs_it_names(mode: str) -> None:
     """A job estimated after a running one that no stored job depends on: the last pass had
     not read that job's state, and the estimate took the dependency for one that does not
     exist, and the job for one that starts now (``estimate --after-one-of 2``: "starts
-    now"); the handler reads those states from the store."""
+    now"); the handler reads those states from the store.  Behind a dependency of unknown
+    length its start is unknown too."""
     durations = Durations()
     durations.note(record(1, ["train.py"], state=JobState.SUCCEEDED, run_time_s=10.0))
     forecasts = Forecasts(durations=durations)
@@ -197,6 +198,13 @@ def test_an_estimated_job_waits_for_the_jobs_it_names(mode: str) -> None:
     found, reasons = forecasts.estimate(jobs, [extra], 102.0, {2: JobState.RUNNING})
     assert found[-1].start == pytest.approx(110.0), (found[-1], reasons)
     assert "job 2" in reasons[-1] and "does not exist" not in reasons[-1]
+    # job 2's length unknown: so is the start of the job after it (the replay's list-scheduled
+    # tail, which knows no dependencies, started it at once on the free device)
+    unknown = Forecasts()
+    unknown.update(GoodputPolicy(), jobs, TWO, ModelCache(), Limits(), 102.0)
+    found, reasons = unknown.estimate(jobs, [extra], 102.0, {2: JobState.RUNNING})
+    assert found[-1].start is None and found[-1].finish is None, found[-1]
+    assert "job 2" in reasons[-1]
 
 
 # --- a real daemon -------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from pollux_local.core.schedule.admission import Verdict, dependency_verdict
 from pollux_local.core.schedule.plan import ActionKind
 from pollux_local.core.schedule.run import run_pass
 from pollux_local.core.schedule.snapshot import (
@@ -113,10 +114,12 @@ def replay(
     capacity: int,
     exact_steps: int = EXACT_STEPS,
     started: Mapping[int, float] | None = None,
+    blocked: Callable[[int], bool] | None = None,
 ) -> dict[int, Prediction]:
     """Every job's :class:`Prediction`, stepping ``step`` from end to end.  ``capacity``: the
     devices there are (for the list-scheduled tail); ``started``: when each running job's run
-    began (default ``now``)."""
+    began (default ``now``); ``blocked``: whether a job the replayed steps left waiting still
+    waits for something the tail does not know (its dependencies): it has no start."""
     work = {job.id: job for job in jobs}
     left: dict[int, float | None] = {job.id: job.remaining_s for job in jobs}
     book = _Book()
@@ -166,7 +169,11 @@ def replay(
         if run.left is not None:
             book.finishes[job_id] = run.since + run.left
     queue = sorted(
-        (work[i] for i in work if i not in ended and i not in runs),
+        (
+            work[i]
+            for i in work
+            if i not in ended and i not in runs and not (blocked is not None and blocked(i))
+        ),
         key=lambda job: (job.order, job.id),
     )
     _list_schedule(queue, runs, left, t, capacity, book)
@@ -376,8 +383,18 @@ def forecast(
         for job in active
         if job.phase.placed
     }
+    # a job still waiting for its dependencies when the replayed steps end: the tail, which
+    # knows no dependencies, would start it as soon as devices are free (at once, behind a
+    # dependency of unknown length)
+    dependent = {
+        job.id
+        for job in queue
+        if (job.after or job.after_pending)
+        and dependency_verdict(job.after, job.after_mode, job.after_pending)[0] is not Verdict.READY
+    }
     predictions = replay(work, step, now, capacity=capacity, exact_steps=exact_steps,
-                         started=started)  # fmt: skip
+                         started=started,
+                         blocked=lambda i: i in dependent and i not in ready)  # fmt: skip
     for job in paused:
         predictions[job.id] = Prediction(job_id=job.id, start=None, finish=None, devices=job.needs)
     types = {node.device_type for node in nodes}
