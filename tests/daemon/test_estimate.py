@@ -157,15 +157,25 @@ def test_a_queued_job_is_expected_to_run_as_long_as_its_kind_did() -> None:
     assert remaining_s(started, 105.0, durations) == 15.0  # ran 5 s of the typical 20
 
 
+def forecasts_after_one_run() -> Forecasts:
+    """Forecasts that know one run of ``train.py``: 10 s."""
+    durations = Durations()
+    durations.note(record(1, ["train.py"], state=JobState.SUCCEEDED, run_time_s=10.0))
+    return Forecasts(durations=durations)
+
+
+def running_train() -> JobRecord:
+    """Job 2, ``train.py``, running since 100 s on ``n``'s ``cpu:0``."""
+    return record(2, ["train.py"], state=JobState.RUNNING, last_start=100.0,
+                  placement={"n": ["cpu:0"]}, submit_time=100.0)  # fmt: skip
+
+
 def test_an_estimated_job_comes_after_the_queued_jobs_the_pass_holds_equal() -> None:
     # the goodput policy admits waiting jobs of equal service in id order: the job being
     # estimated is forecast with the id it would get, after every stored one
-    durations = Durations()
-    durations.note(record(1, ["train.py"], state=JobState.SUCCEEDED, run_time_s=10.0))
-    forecasts = Forecasts(durations=durations)
+    forecasts = forecasts_after_one_run()
     jobs = [
-        record(2, ["train.py"], state=JobState.RUNNING, last_start=100.0,
-               placement={"n": ["cpu:0"]}, submit_time=100.0),
+        running_train(),
         record(3, ["train.py"], submit_time=101.0),
     ]  # fmt: skip
     forecasts.update(GoodputPolicy(), jobs, ONE, ModelCache(), Limits(), 102.0)
@@ -183,12 +193,9 @@ def test_an_estimated_job_waits_for_the_jobs_it_names(mode: str) -> None:
     exist, and the job for one that starts now (``estimate --after-one-of 2``: "starts
     now"); the handler reads those states from the store.  Behind a dependency of unknown
     length its start is unknown too."""
-    durations = Durations()
-    durations.note(record(1, ["train.py"], state=JobState.SUCCEEDED, run_time_s=10.0))
-    forecasts = Forecasts(durations=durations)
+    forecasts = forecasts_after_one_run()
     jobs = [
-        record(2, ["train.py"], state=JobState.RUNNING, last_start=100.0,
-               placement={"n": ["cpu:0"]}, submit_time=100.0),
+        running_train(),
     ]  # fmt: skip
     forecasts.update(GoodputPolicy(), jobs, TWO, ModelCache(), Limits(), 102.0)
     extra = record(-1, ["train.py"], submit_time=102.0)
