@@ -87,16 +87,16 @@ class Constraint(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """A stored job's specification.
 
-    ``after``: job ids that must end first; with ``after_any`` and ``after_one`` false they
-    must all succeed (one that fails or is cancelled fails this job), with ``after_any`` true
-    it is enough that they ended, with ``after_one`` true that one of them succeeded (the job
-    fails once every one ended and none succeeded).  ``array_id``/``array_index``: the array this job is a task of (the array's id
-    is its first task's id) and its index in it; ``array_max_running`` caps the array's tasks
-    running at once.  ``time_limit_s``: the most seconds the job may run (its time running,
-    across restarts), then it is stopped and fails.  ``notify``: destinations told when it ends
-    (``notify_on`` ``failure``: only when it fails).  ``shared``: a small rigid job on one
-    device that may be packed onto a device with other shared jobs while their declared
-    ``gpu_memory`` fits the device's.
+    ``after``: job ids that must end first; with ``after_any`` and ``after_one`` false they must
+    all succeed (one that fails or is cancelled fails this job), with ``after_any`` true it is
+    enough that they ended, with ``after_one`` true that one of them succeeded (the job fails
+    once every one ended and none succeeded).  ``array_id``/``array_index``: the array this job
+    is a task of (the array's id is its first task's id) and its index in it;
+    ``array_max_running`` caps the array's tasks running at once.  ``time_limit_s``: the most
+    seconds the job may run (its time running, across restarts), then it is stopped and fails.
+    ``notify``: destinations told when it ends (``notify_on`` ``failure``: only when it fails).
+    ``shared``: a small rigid job on one device that may be packed onto a device with other
+    shared jobs while their declared ``gpu_memory`` fits the device's.
     """
 
     argv: list[str]

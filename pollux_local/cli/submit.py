@@ -11,13 +11,13 @@ by checkpoint-restart.  Any other command is *rigid*: it runs on exactly ``--gpu
 (default 1) with torchrun's environment, and is never stopped unless ``--preemptible``.
 ``--elastic`` / ``--rigid`` override the detection.
 
-``--after ID[,ID...]`` starts the job once those jobs succeeded (``--after-any``: once they
-ended, however; ``--after-one-of``: once one of them succeeded); ``--array 0-9`` (or ``0-9:2``, ``1,4,7``, ``0-3,8``) makes one task per index
-(``$POLLUX_ARRAY_INDEX``, ``$SLURM_ARRAY_TASK_ID``), at most ``--max-running N`` at once; a
-job.toml's ``[sweep]`` makes one task per combination of its values; ``--time 2h`` stops the job
-at that limit; ``--notify URL`` tells a destination when it ends (``--notify-on failure``: only
-when it fails); ``--constraint nodes=box1,box2;type=a100`` keeps it to those nodes and that
-device type.
+``--after ID[,ID...]`` starts the job once those jobs succeeded (``--after-any``: once they ended,
+however; ``--after-one-of``: once one of them succeeded); ``--array 0-9`` (or ``0-9:2``, ``1,4,7``,
+``0-3,8``) makes one task per index (``$POLLUX_ARRAY_INDEX``, ``$SLURM_ARRAY_TASK_ID``), at most
+``--max-running N`` at once; a job.toml's ``[sweep]`` makes one task per combination of its values;
+``--time 2h`` stops the job at that limit; ``--notify URL`` tells a destination when it ends
+(``--notify-on failure``: only when it fails); ``--constraint nodes=box1,box2;type=a100`` keeps it
+to those nodes and that device type.
 
 The request is an ``api.Submit`` (``pollux_local.submission`` builds it); the daemon checks
 it again.

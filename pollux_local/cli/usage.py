@@ -5,7 +5,8 @@ Device-hours held (devices allocated x time, in all and by device type), device-
 (held hours weighed by the statistical efficiency of the batch each job ran at, from its
 latest report; "-" when no job reported one), the median wait from submit to first start, and
 the jobs run, succeeded, failed and cancelled, per user or (``--by account``) per account the
-jobs were charged to (``submit --account``), most device-hours first, and in total.  A job counts when it ran and is still active or ended in the period; ``--since``
+jobs were charged to (``submit --account``), most device-hours first, and in total.  A job
+counts when it ran and is still active or ended in the period; ``--since``
 takes a date (``2026-11-01``), an ISO date and time, or a time ago (``7d``, ``30d``,
 ``12h``)."""
 
@@ -41,8 +42,9 @@ def usage_table(reply: UsageReply) -> str:
     the median wait, then the job counts."""
     types = sorted({kind for row in [*reply.users, reply.total] for kind in row.by_type})
     by_account = any(row.account is not None for row in reply.users)
-    header = ("ACCOUNT" if by_account else "USER", "DEVICE-HOURS", *(f"{t} h" for t in types), "USED h", "MEDIAN WAIT",
-              "JOBS", "SUCCEEDED", "FAILED", "CANCELLED", "RUNNING")  # fmt: skip
+    header = ("ACCOUNT" if by_account else "USER", "DEVICE-HOURS", *(f"{t} h" for t in types),
+              "USED h", "MEDIAN WAIT", "JOBS", "SUCCEEDED", "FAILED", "CANCELLED",
+              "RUNNING")  # fmt: skip
 
     def line(row: DeviceUsage, name: str) -> tuple[str, ...]:
         return (

@@ -12,15 +12,12 @@ import msgspec
 from pollux_local.api.errors import InvalidRequest, LimitExceeded, PermissionDenied
 from pollux_local.api.spec import Constraint, JobSpec
 from pollux_local.daemon.auth import in_group
-from pollux_local.daemon.commands import command_bytes, environment_bytes
+from pollux_local.daemon.commands import command_bytes
 from pollux_local.daemon.config import AccountConfig, DaemonConfig
 from pollux_local.daemon.executor.exits import most_retries
 from pollux_local.daemon.executor.launchspec import check_host_limits
 from pollux_local.durations import format_duration
 from pollux_local.sizes import format_size
-
-#: Bytes of an environment as exec counts them (``commands.environment_bytes``).
-environment_size = environment_bytes
 
 
 def check_job(spec: JobSpec, config: DaemonConfig, *, env_bytes: int = 0) -> JobSpec:

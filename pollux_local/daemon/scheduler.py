@@ -105,12 +105,12 @@ def job_kind(job: JobRecord) -> str:
     (:class:`ModelCache`, one :class:`~pollux_local.core.pool.ProfilePool` per owner).  The
     kind is the SHA-256 (hex) of those fields as JSON, the command by its own digest
     (:func:`~pollux_local.daemon.commands.command_digest`, made once per command, not per
-    job and pass): 64 characters
-    however long the command, since it is a key in every pool and in
-    ``forecasting.Durations`` (a megabytes-long command as the key itself made each of them
-    hold megabytes).  Every pass asks the kind of every queued and running job: digesting a
-    command of 4 MB of two-byte characters as escaped JSON took 36 ms a job, and one user's
-    200 such array tasks (one stored command) made each pass 15 s under the daemon's mutex."""
+    job and pass): 64 characters however long the command, since it is a key in every pool
+    and in ``forecasting.Durations`` (a megabytes-long command as the key itself made each
+    of them hold megabytes).  Every pass asks the kind of every queued and running job:
+    digesting a command of 4 MB of two-byte characters as escaped JSON took 36 ms a job, and
+    one user's 200 such array tasks (one stored command) made each pass 15 s under the
+    daemon's mutex."""
     fields = [
         command_digest(job.spec.argv) if name == "argv" else getattr(job.spec, name)
         for name in _KIND_FIELDS
@@ -467,8 +467,8 @@ class AfterSummary:
     when one further on fails the job whatever else ends, that one; ``pending`` the ids of
     those not ended between them.  After one of its dependencies (``ONE_SUCCEEDED``): none
     when one succeeded, else the first not ended (or, when all ended, the first named) and
-    the ids of the others not ended.  A job naming a
-    thousand jobs costs a pass one or two objects, not a thousand."""
+    the ids of the others not ended.  A job naming a thousand jobs costs a pass one or two
+    objects, not a thousand."""
 
     after: tuple[Dependency, ...] = ()
     pending: tuple[int, ...] = ()
@@ -479,13 +479,13 @@ class AfterSummary:
 
 
 _NO_DEPENDENCIES = AfterSummary()
-_ENDED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+_SUCCEEDED = frozenset({JobState.SUCCEEDED})
 #: The states in which a dependency is met: succeeded (``--after``, ``--after-one-of``), or
 #: ended (``--after-any``).
 _MET = {
-    AfterMode.ALL_SUCCEEDED: frozenset({JobState.SUCCEEDED}),
-    AfterMode.ALL_ENDED: _ENDED,
-    AfterMode.ONE_SUCCEEDED: frozenset({JobState.SUCCEEDED}),
+    AfterMode.ALL_SUCCEEDED: _SUCCEEDED,
+    AfterMode.ALL_ENDED: TERMINAL_STATES,
+    AfterMode.ONE_SUCCEEDED: _SUCCEEDED,
 }
 
 

@@ -63,8 +63,10 @@ with ``boot_id`` it tells a live supervisor from another process that got its pi
 replica killed by signal N has code -N.  An ``"exited"`` file whose supervisor is gone (it
 died during its clean-up: a power cut, a kill) is the incarnation's result all the same,
 once the daemon has killed what is left (``launch/local.py``, ``RunRecord.load``; the rule
-every launcher's recovery shares: ``launch/base.py``, :func:`~pollux_local.launch.base.settles`).  ``error`` says why nothing ran (a failed setup).  ``cgroups``: the incarnation's
-cgroups while they exist (a daemon finding the supervisor gone kills what is left in them).
+every launcher's recovery shares: ``launch/base.py``,
+:func:`~pollux_local.launch.base.settles`).  ``error`` says why nothing ran (a failed setup).
+``cgroups``: the incarnation's cgroups while they exist (a daemon finding the supervisor gone
+kills what is left in them).
 ``oom_killed``: the kernel's OOM killer ended a process of the job for being over
 ``memory_limit`` (its ``--mem``).
 

@@ -31,11 +31,11 @@ from pollux_local.api.messages import (
 )
 from pollux_local.api.spec import JobSpec
 from pollux_local.api.states import DecisionKind
-from pollux_local.daemon.commands import StoredEnvironment
+from pollux_local.daemon.commands import StoredEnvironment, environment_bytes
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers.groups import check_job_groups
-from pollux_local.daemon.jobrules import check_account, check_job, environment_size
+from pollux_local.daemon.jobrules import check_account, check_job
 from pollux_local.daemon.state import stored_row
 from pollux_local.sizes import format_size
 
@@ -52,8 +52,8 @@ def validate_jobs(
 ) -> list[JobSpec]:
     """The one validation of the jobs a request results in (``specs``: what the store would
     hold, all with environment ``env``: a stored job's as the store measured it,
-    ``StateStore.stored_environment``, not loaded), owned by ``owner_uid``: ``adding`` of them are new to
-    the queue (a submit's jobs, a restart's copy; 0 for an edit or a release);
+    ``StateStore.stored_environment``, not loaded), owned by ``owner_uid``: ``adding`` of
+    them are new to the queue (a submit's jobs, a restart's copy; 0 for an edit or a release);
     ``kept_group``: the group the stored job names (a release, edit or restart: a group gone
     since is left, :func:`~.groups.check_job_groups`).  Returns the specs to store (time
     limits settled, :func:`check_job`); :class:`LimitExceeded` or :class:`InvalidRequest`,
@@ -79,7 +79,7 @@ def validate_jobs(
             raise LimitExceeded(
                 f"limit exceeded: {owner_name} has {what} ([limits] max_queued_per_user)"
             )
-    env_bytes = env.exec_bytes if isinstance(env, StoredEnvironment) else environment_size(env)
+    env_bytes = env.exec_bytes if isinstance(env, StoredEnvironment) else environment_bytes(env)
     checked = [check_job(spec, config, env_bytes=env_bytes) for spec in specs]
     # work charged to an account, new, changed or queued again: its owner must be one who
     # may charge it now (a job held, or edited, while they could is no way round it)
@@ -118,7 +118,7 @@ def check_submit(request: Submit, config: DaemonConfig) -> JobSpec:
     """A request's checks that need no store: :func:`check_request`, then :func:`check_job`
     of the job it describes (its spec, time limit settled)."""
     check_request(request, config)
-    return check_job(spec_of(request), config, env_bytes=environment_size(request.env))
+    return check_job(spec_of(request), config, env_bytes=environment_bytes(request.env))
 
 
 def check_dependencies(ctx: Context, after: list[str]) -> None:

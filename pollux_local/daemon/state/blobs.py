@@ -64,11 +64,11 @@ class Blobs(StoreBase):
     def unkept_bytes(
         self, owner_uid: int, adding: Sequence[list[str] | dict[str, str] | str]
     ) -> int:
-        """Bytes of the blobs among ``adding`` (values, or the digests of stored ones) that none of ``owner_uid``'s queued, held or
-        running jobs keeps yet (each once): what storing them would add.  One indexed lookup
-        a blob (migration 6), so a request that adds nothing new (a release, an edit of the
-        priority) costs no read of the owner's jobs: a release of 1,000 held jobs each
-        counting all of them held the daemon 75-104 s."""
+        """Bytes of the blobs among ``adding`` (values, or the digests of stored ones) that
+        none of ``owner_uid``'s queued, held or running jobs keeps yet (each once): what storing
+        them would add.  One indexed lookup a blob (migration 6), so a request that adds nothing new
+        (a release, an edit of the priority) costs no read of the owner's jobs: a release of 1,000
+        held jobs each counting all of them held the daemon 75-104 s."""
         wanted = sorted(state.value for state in ACTIVE_STATES)
         marks = ",".join("?" * len(wanted))
         new: dict[str, int] = {}
