@@ -11,6 +11,7 @@ import os
 import shlex
 import shutil
 import sys
+import weakref
 from pathlib import Path
 
 import psutil
@@ -99,6 +100,11 @@ class SlurmLauncher:
         #: nodes where a step that lost another node may still hold its share: Slurm keeps
         #: such a step completing (and its CPUs and GPUs taken) until the allocation ends
         self.stale: set[str] = set()
+        #: job id -> the group of its latest start, while anything holds it (its watcher
+        #: does until it ends): a later start of the job supersedes it
+        self._groups: weakref.WeakValueDictionary[str, SlurmStepGroup] = (
+            weakref.WeakValueDictionary()
+        )
 
     def record_path(self, job_id: str) -> Path:
         return self.run_dir / f"slurm-{job_id}.json"
@@ -196,6 +202,9 @@ class SlurmLauncher:
                 f"it will not run {spec.run_as}'s job as root"
             )
         record = self.record_path(spec.job_id)
+        watching = self._groups.pop(spec.job_id, None)
+        if watching is not None:  # an earlier start still watched: it stops watching first
+            watching.supersede()
         earlier = read_record(record)
         if earlier is not None and earlier.get("state") != "ended":
             # a start of a daemon killed before it recorded it (the job is queued again with
@@ -233,7 +242,9 @@ class SlurmLauncher:
             started: float | None = psutil.Process(keeper.pid).create_time()
         except psutil.Error:
             started = None
-        return SlurmStepGroup(spec, record, keeper.pid, started, self._run, self.stale)
+        group = SlurmStepGroup(spec, record, keeper.pid, started, self._run, self.stale)
+        self._groups[spec.job_id] = group
+        return group
 
     async def recover(self, spec: LaunchSpec, token: str) -> SlurmStepGroup | None:
         """The incarnation ``token`` of a job recorded as running when the daemon stopped,
@@ -257,7 +268,9 @@ class SlurmLauncher:
         pid = int(record.get("keeper_pid") or 0)
         started = float(record["started"]) if record.get("started") else None
         path = self.record_path(spec.job_id)
-        return SlurmStepGroup(spec, path, pid, started, self._run, self.stale)
+        group = SlurmStepGroup(spec, path, pid, started, self._run, self.stale)
+        self._groups[spec.job_id] = group
+        return group
 
     async def check_node(self, node: str) -> NodeHealth:
         """Up unless Slurm reports the node down, failed or not responding."""

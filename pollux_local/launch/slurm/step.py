@@ -140,16 +140,39 @@ class SlurmStepGroup:
         self._watcher = asyncio.ensure_future(self._watch())
 
     # -- watching --------------------------------------------------------------------------
+    def supersede(self) -> None:
+        """The job is being started again while this group still watches (a later start of
+        the same incarnation writes the same record): this group ends as lost, its watcher
+        stopped, touching nothing.  The later start ends what this one left
+        (:func:`end_orphaned_step`); watched on, its keeper's end taken for lost would have
+        ended the later start's step and keeper, both found by the record and step name
+        they share."""
+        if self._done.is_set():
+            return
+        self._watcher.cancel()
+        self.failure_reason = "the job was started again while this start was watched"
+        self._finish(int(ExitCode.NODE_LOST), {})
+
+    def _own(self, record: Mapping[str, Any] | None) -> bool:
+        """Whether ``record`` is this group's keeper's (not a later start's)."""
+        return record is None or int(record.get("keeper_pid") or 0) in (0, self.keeper_pid)
+
     async def _watch(self) -> None:
         missing_since: float | None = None
         while True:
             record = read_record(self.record_path)
+            if not self._own(record):
+                self.supersede()
+                return
             if record is not None and record.get("state") == "ended":
                 await self._ended(record)
                 break
             if not _alive(self.keeper_pid, self.keeper_started):
                 # the keeper may have written its end just now
                 record = read_record(self.record_path)
+                if not self._own(record):
+                    self.supersede()
+                    return
                 if record is not None and record.get("state") == "ended":
                     await self._ended(record)
                     break
