@@ -113,16 +113,37 @@ class DaemonProcess:
                 self.kill()
 
 
-def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout_s: float,
+    what: str,
+    explain: Callable[[], str] | None = None,
+) -> Any:
     """Poll ``predicate`` every 0.1 s until it returns something truthy (returned), or fail
-    the test after ``timeout_s`` naming ``what`` was awaited."""
+    the test after ``timeout_s`` naming ``what`` was awaited, with what ``explain`` then
+    says (the states seen, a log's end: a failure in a full run is read from its output)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+    detail = ""
+    if explain is not None:
+        try:
+            detail = "\n" + explain()
+        except Exception as exc:  # the explanation must not hide the timeout
+            detail = f"\n(explaining failed: {exc!r})"
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}{detail}")
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of the text file at ``path`` (a daemon's log)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"({path}: {exc.strerror})"
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def activated_environ(**extra: str) -> dict[str, str]:

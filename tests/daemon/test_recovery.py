@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from pollux_local.errors import PolluxError
-from tests.daemon_process import DaemonFactory, DaemonProcess, wait_for
+from tests.daemon_process import DaemonFactory, DaemonProcess, log_tail, wait_for
 from tests.labinstall import world_readable_tempdir
 
 pytestmark = pytest.mark.timeout(120)
@@ -404,10 +404,19 @@ def test_a_stopping_daemon_leaves_a_job_that_may_not_be_stopped_running(
     after = show(daemon, rigid)
     assert after["job"]["state"] == "running" and "kept running" in after["decisions"][-1]["reason"]
     (rigid_dir / "go").touch()
+
+    def seen() -> str:
+        shown = {job: show(daemon, job) for job in (rigid, loose)}
+        return "\n".join(
+            [f"job {job}: {s['job']['state']}; {[d['reason'] for d in s['decisions'][-3:]]}"
+             for job, s in shown.items()]
+            + [log_tail(daemon.state_dir / "daemon.log")]
+        )  # fmt: skip
+
     # 60 s: the preemptible job starts again only once its slow stop has ended (timed out
-    # at 30 s once, in a full run beside other work)
+    # at 30 s once and at 60 s once, in full runs beside other work: cause not found yet)
     wait_for(lambda: state(daemon, rigid) in TERMINAL and state(daemon, loose) in TERMINAL, 60,
-             "both to end")  # fmt: skip
+             "both to end", seen)  # fmt: skip
     assert state(daemon, rigid) == "succeeded" and state(daemon, loose) == "succeeded"
     assert (rigid_dir / "runs").read_text().count("run") == 1
     assert (loose_dir / "runs").read_text().count("run") == 2  # stopped once, resumed once
