@@ -350,3 +350,40 @@ def test_the_rank_wrappers_command_gets_sigint_and_sigquit_as_on_other_launchers
     )  # fmt: skip
     assert stopped.returncode == 147
     assert (tmp_path / "exit-rank0").read_text() == "147\n"
+
+
+def test_a_group_whose_record_another_keeper_wrote_ends_as_superseded_touching_nothing(
+    tmp_path: Path,
+) -> None:
+    """A later start of the job wrote the keeper's record (the same path, another keeper's
+    pid): the group still watching the earlier start ends as lost, and runs no Slurm command
+    (a scancel by the step name the two starts share ended the later start's step)."""
+    import asyncio
+    import json
+    import time
+
+    from pollux_local.api.states import ExitCode
+    from pollux_local.launch.base import LaunchSpec, ReplicaSlot
+    from pollux_local.launch.slurm.step import SlurmStepGroup
+
+    record = tmp_path / "slurm-7.json"
+    later = {"version": 1, "token": "7:0", "keeper_pid": os.getppid(), "state": "running",
+             "started": time.time(), "slurm_job": "5", "step": "5.1"}  # fmt: skip
+    record.write_text(json.dumps(later))
+    slot = ReplicaSlot(rank=0, node="cpu07", device="cpu:0", local_rank=0, node_rank=0)
+    spec = LaunchSpec(job_id="7", argv=["t"], workdir=tmp_path, env={"POLLUX_RESTARTS": "0"},
+                      slots=[slot], log_dir=tmp_path)  # fmt: skip
+    ran: list[Sequence[str]] = []
+
+    def run(argv: Sequence[str]) -> str:
+        ran.append(argv)
+        return ""
+
+    async def scenario() -> tuple[int, str | None]:
+        # its own keeper (this process) still runs: only the record says it is not watched
+        group = SlurmStepGroup(spec, record, os.getpid(), None, run)
+        return await asyncio.wait_for(group.wait(), 10), group.failure_reason
+
+    code, reason = asyncio.run(scenario())
+    assert code == ExitCode.NODE_LOST and reason is not None and "started again" in reason
+    assert ran == [] and json.loads(record.read_text()) == later

@@ -149,7 +149,8 @@ class SlurmStepGroup:
         they share."""
         if self._done.is_set():
             return
-        self._watcher.cancel()
+        if self._watcher is not asyncio.current_task():  # not when it found that itself
+            self._watcher.cancel()
         self.failure_reason = "the job was started again while this start was watched"
         self._finish(int(ExitCode.NODE_LOST), {})
 
