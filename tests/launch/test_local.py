@@ -82,7 +82,7 @@ def test_combine_exit_codes() -> None:
 @pytest.mark.asyncio
 async def test_replicas_get_rank_env_and_one_process_group(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, "ok", ["cpu:0", "cpu:1"])
-    group = await LocalLauncher().launch(spec)
+    group = await LocalLauncher(run_dir=tmp_path / "run").launch(spec)
     assert await asyncio.wait_for(group.wait(), 20) == 0
     envs = [read_env(tmp_path, r) for r in (0, 1)]
     assert [e["RANK"] for e in envs] == ["0", "1"]
@@ -96,7 +96,7 @@ async def test_replicas_get_rank_env_and_one_process_group(tmp_path: Path) -> No
 @pytest.mark.asyncio
 async def test_gpu_slots_get_cuda_visible_devices(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, "ok", ["cuda:3", "cuda:1"])
-    group = await LocalLauncher().launch(spec)
+    group = await LocalLauncher(run_dir=tmp_path / "run").launch(spec)
     assert await asyncio.wait_for(group.wait(), 20) == 0
     assert read_env(tmp_path, 0)["CUDA_VISIBLE_DEVICES"] == "3"
     assert read_env(tmp_path, 1)["CUDA_VISIBLE_DEVICES"] == "1"
@@ -106,7 +106,7 @@ async def test_gpu_slots_get_cuda_visible_devices(tmp_path: Path) -> None:
 @pytest.mark.asyncio
 async def test_stop_waits_for_checkpoint_exit(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, "checkpoint", ["cpu:0", "cpu:1"])
-    group = await LocalLauncher().launch(spec)
+    group = await LocalLauncher(run_dir=tmp_path / "run").launch(spec)
     read_env(tmp_path, 0), read_env(tmp_path, 1)
     assert group.poll() is None
     started = time.monotonic()
@@ -118,7 +118,7 @@ async def test_stop_waits_for_checkpoint_exit(tmp_path: Path) -> None:
 @pytest.mark.asyncio
 async def test_stop_kills_replicas_that_ignore_sigterm(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, "stubborn", ["cpu:0"])
-    group = await LocalLauncher().launch(spec)
+    group = await LocalLauncher(run_dir=tmp_path / "run").launch(spec)
     pid = read_env(tmp_path, 0)["pid"]
     started = time.monotonic()
     code = await group.stop(grace_s=0.5)
@@ -131,7 +131,7 @@ async def test_stop_kills_replicas_that_ignore_sigterm(tmp_path: Path) -> None:
 @pytest.mark.asyncio
 async def test_one_crashed_replica_stops_the_others(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, "crash", ["cpu:0", "cpu:1"])
-    group = await LocalLauncher().launch(spec)
+    group = await LocalLauncher(run_dir=tmp_path / "run").launch(spec)
     code = await asyncio.wait_for(group.wait(), 20)
     assert code == 3
 

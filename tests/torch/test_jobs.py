@@ -102,7 +102,7 @@ def test_job_under_the_launcher_rescales_and_finishes(tmp_path: Path) -> None:
     """
 
     async def scenario() -> tuple[int, int, float]:
-        launcher = LocalLauncher()
+        launcher = LocalLauncher(run_dir=tmp_path / "run")
         group = await launcher.launch(_spec(tmp_path, 2, 0, 400))
         log = tmp_path / "logs0" / "rank0.log"
         deadline = time.monotonic() + 150
