@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_process import DaemonFactory
+from tests.daemon_process import DaemonFactory, log_tail
 from tests.labinstall import LabInstall, missing_tools, run_lab_install, world_readable_tempdir
 from tests.paths import REPO_ROOT
 
@@ -68,6 +68,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 # --- real daemons ---------------------------------------------------------------------------
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test that started real daemons shows the end of each one's log beside its
+    failure: a failure in a full run (CI) is read from its output alone."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when != "call" or not report.failed:
+        return
+    values = getattr(item, "funcargs", {}).values()
+    for factory in {id(v): v for v in values if isinstance(v, DaemonFactory)}.values():
+        for daemon in factory.started:
+            tail = log_tail(daemon.state_dir / "daemon.log", 40)
+            report.sections.append((f"daemon log {daemon.state_dir} (its end)", tail))
 
 
 @pytest.fixture
