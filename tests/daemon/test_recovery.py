@@ -12,6 +12,7 @@ import pwd
 import secrets
 import shutil
 import signal
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -237,6 +238,50 @@ def test_a_job_still_running_at_the_restart_is_adopted_not_restarted(
     assert state(daemon, job_id) == "succeeded"
     assert (tmp_path / "runs").read_text().count("run") == 1 and starts(daemon, job_id) == 1
     assert not alive(supervisor)
+
+
+def test_a_job_running_across_an_upgrade_is_adopted_not_restarted(
+    tmp_path: Path, daemons: DaemonFactory
+) -> None:
+    """An upgrade (review s79): the old daemon killed while a job runs, its database at
+    schema 5 (the daemons of 2026-11-26) and the run file of a supervisor of 2026-11-23 (no
+    cgroups, OOM, memory limit, warm-resize, start-time or incarnation keys).  The new daemon
+    migrates the database and adopts the running job: it runs once and ends as it ends."""
+    conf = config(tmp_path)
+    daemon = start_daemon(daemons, tmp_path / "state", conf)
+    job_id = submit(daemon, ["sh", "-c", WAITER, "waiter", str(tmp_path), "0"], tmp_path,
+                    env={"SEED": "42"})  # fmt: skip
+    wait_for(lambda: (tmp_path / "pid").exists(), 20, "the job to run")
+    wait_for(lambda: show(daemon, job_id)["job"]["pids"], 20, "its start recorded")
+    daemon.kill()
+
+    db = sqlite3.connect(daemon.state_dir / "state.db")
+    db.executescript(
+        "DROP INDEX jobs_argv_ref; DROP INDEX jobs_env_ref; DROP INDEX jobs_owner_kept;"
+        " DROP INDEX blobs_size; DROP TABLE dependency_outcomes; DROP TABLE admin_holds;"
+        " ALTER TABLE jobs DROP COLUMN queued_since;"
+        " UPDATE meta SET value = '5' WHERE key = 'schema_version';"
+    )
+    db.close()
+    path = daemon.state_dir / "run" / f"{job_id}.json"
+    record = json.loads(path.read_text())
+    for key in ("cgroups", "oom_killed", "memory_limit", "warm", "started"):
+        record.pop(key, None)
+    record["launch"].pop("incarnation", None)
+    path.write_text(json.dumps(record))  # in place: the daemon's own file, as it was
+
+    daemon = start_daemon(daemons, tmp_path / "state", conf)
+    db = sqlite3.connect(daemon.state_dir / "state.db")
+    assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("9",)
+    db.close()
+    after = show(daemon, job_id)
+    assert after["job"]["state"] == "running" and after["job"]["env"]["SEED"] == "42"
+    assert after["decisions"][-1]["kind"] == "recovered"
+    time.sleep(1.0)  # passes go by: it is left running as it is
+    assert state(daemon, job_id) == "running"
+    (tmp_path / "go").touch()
+    ends_once_as(daemon, job_id, "succeeded", tmp_path)
+    assert starts(daemon, job_id) == 1
 
 
 def with_node(tmp_path: Path, name: str, devices: str) -> Path:
