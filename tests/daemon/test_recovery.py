@@ -272,7 +272,10 @@ def test_a_job_running_across_an_upgrade_is_adopted_not_restarted(
 
     daemon = start_daemon(daemons, tmp_path / "state", conf)
     db = sqlite3.connect(daemon.state_dir / "state.db")
-    assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("9",)
+    from pollux_local.daemon.state.schema import SCHEMA_VERSION
+
+    version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    assert version == (str(SCHEMA_VERSION),)  # migrated from 5
     db.close()
     after = show(daemon, job_id)
     assert after["job"]["state"] == "running" and after["job"]["env"]["SEED"] == "42"
