@@ -8,15 +8,19 @@ each start (``--- 2026-11-25 14:00:00 start #0: rank 0/2 on box cuda:0``).
 
 Exit status: the job's exit code (0 when it succeeded); 128+N when signal N killed it; 1 when
 it failed without an exit code of its own (a failed dependency, a launch that failed); 130
-when it was cancelled.  Ctrl-C cancels the job (as ``srun`` does), then exits 130.  An array
+when it was cancelled.  Ctrl-C cancels the job (as ``srun`` does), then exits 130, also when it comes while the
+submit is on its way (the daemon may have stored the job before it hears of the interrupt).  An array
 or a sweep makes several jobs: ``submit`` them, then ``wait``."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
+import signal
 import sys
 import time
+from collections.abc import Iterator
 
 from pollux_local.api.errors import PolluxError
 from pollux_local.api.exits import shell_status
@@ -133,16 +137,42 @@ def exit_status(client: Client, ident: str, state: JobState) -> int:
         time.sleep(0.5)
 
 
+class Interrupts:
+    """Whether Ctrl-C was pressed while :meth:`held`: a first SIGINT is noted, not raised (a
+    submit the daemon may already have stored is not abandoned without its id); a second one
+    raises ``KeyboardInterrupt`` as usual."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+
+    def _note(self, signum: int, frame: object) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        previous = signal.signal(signal.SIGINT, self._note)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     request = build_submit_request(args)
     if request.array is not None:
         raise PolluxError("run starts one job; an array or sweep makes several: submit, then wait")
     client = client_for(args)
-    reply = client.call(request)
-    ident = reply.id
-    say(f"submitted job {ident}")
+    interrupts = Interrupts()
+    with interrupts.held():  # Ctrl-C from here on cancels the job the submit made
+        reply = client.call(request)
+        ident = reply.id
+        say(f"submitted job {ident}")
     watcher, output = Watcher(client, ident), Output()
     try:
+        if interrupts.pressed:
+            raise KeyboardInterrupt
         state = print_log(
             client, ident, 0, safe=sys.stdout.isatty(), follow=True, on_poll=watcher, write=output
         )

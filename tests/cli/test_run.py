@@ -8,9 +8,13 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from pollux_local.api.messages import Cancel, Submit
+from pollux_local.cli import main
+from pollux_local.cli import run as run_module
 from pollux_local.cli.run import Output
 from tests.daemon_process import DaemonFactory, DaemonProcess, daemon_environ, wait_for
 
@@ -127,3 +131,30 @@ def test_the_banner_goes_to_stderr_however_the_log_arrives_in_pieces(
     out, err = capsys.readouterr()
     assert out == "--- 20"
     assert err == ""
+
+
+def test_ctrl_c_while_the_submit_is_on_its_way_cancels_the_job_it_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The daemon stores the job, then Ctrl-C arrives before its reply is read: ``run`` says
+    the job's id, cancels it and exits 130 (it used to exit 130 at once, the job left to run,
+    its id never shown)."""
+    calls: list[object] = []
+
+    class Daemon:
+        def call(self, request: object) -> object:
+            calls.append(request)
+            if isinstance(request, Submit):
+                signal.raise_signal(signal.SIGINT)  # pressed while the submit was answered
+                return SimpleNamespace(id="7", state="queued")
+            return SimpleNamespace(ids=["7"])
+
+    monkeypatch.setattr(run_module, "client_for", lambda args: Daemon())
+    assert main(["run", "--state-dir", str(tmp_path), "--workdir", str(tmp_path), "true"]) == 130
+    assert [type(call) for call in calls] == [Submit, Cancel]
+    assert isinstance(calls[1], Cancel) and calls[1].ids == ["7"]
+    assert capsys.readouterr().err.splitlines() == [
+        "submitted job 7",
+        "job 7 cancelled (interrupted)",
+    ]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
