@@ -34,6 +34,15 @@ from pollux_local.untrusted import printable
 
 #: Exit status of ``wait`` when a job ended other than succeeded, or the wait timed out.
 NOT_ALL_SUCCEEDED = 1
+
+
+class TimedOut(PolluxError):
+    """The wait gave up (``--timeout``): one line, and the exit status of a wait whose jobs
+    did not all succeed."""
+
+    exit_code = NOT_ALL_SUCCEEDED
+
+
 #: The jobs one ``status`` request of the wait asks for.
 PAGE = 10_000
 #: The states of a job that has not ended.
@@ -126,7 +135,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
         if deadline is not None and time.monotonic() >= deadline:
             if args.json:
                 print_json({"jobs": _rows(ended), "pending": pending})
-            raise PolluxError(
+            raise TimedOut(
                 f"timed out after {args.timeout:g} s waiting for job(s) {', '.join(pending)}"
             )
         time.sleep(args.interval)
@@ -170,7 +179,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="NAME",
         help="every job of this group that has not ended (when it starts)",
     )
-    p.add_argument("--timeout", type=float, metavar="SECONDS", help="give up after this long")
+    p.add_argument(
+        "--timeout", type=float, metavar="SECONDS", help="give up after this long (exit 1)"
+    )
     p.add_argument("--interval", type=float, default=1.0, help="seconds between looks (1)")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing, only the exit code")
     p.set_defaults(func=cmd_wait)

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from pollux_local.cli import main
+from pollux_local.cli import wait as wait_module
 from tests.daemon.test_e2e import CONFIG, Daemon
 from tests.daemon_process import DaemonFactory
 
@@ -110,3 +112,17 @@ def test_wait_array_waits_for_every_task(daemon: Daemon) -> None:
     refused = wait(daemon)
     assert refused.returncode == 2 and "--all" in refused.stderr
     daemon.cli("cancel", other)
+
+
+def test_a_wait_that_times_out_exits_1_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--timeout`` gives up with exit 1, as the guide says and as a wait whose jobs did not
+    all succeed (it was 2, a usage error's code, so a script could not tell it from a typo)."""
+    monkeypatch.setattr(wait_module, "client_for", lambda args: None)
+    monkeypatch.setattr(wait_module, "_targets", lambda client, args: (["5"], {}))
+    monkeypatch.setattr(wait_module, "_ended", lambda client, pending, owners: [])
+    assert main(["wait", "--state-dir", str(tmp_path), "--timeout", "0", "5"]) == 1
+    assert capsys.readouterr().err == (
+        "pollux-local: error: timed out after 0 s waiting for job(s) 5\n"
+    )
