@@ -218,6 +218,12 @@ def _size(options: SubmitOptions, elastic: bool) -> tuple[int, int | None]:
                 "give a rigid job its size with --gpus N (or pass --elastic)"
             )
         size = (spec.min_gpus if spec is not None else None) or 1
+        if spec is not None and spec.max_gpus is not None and spec.max_gpus != size:
+            raise PolluxError(
+                f"{spec.path}: job.max_gpus is for elastic jobs (scripts using ElasticTrainer); "
+                f"a rigid job runs on exactly job.min_gpus devices ({size}): set min_gpus = N "
+                "without max_gpus (or pass --gpus N, or --elastic)"
+            )
         min_gpus, max_gpus = size, size
     if min_gpus < 1:
         raise PolluxError(f"the job needs at least 1 device, got {min_gpus}")

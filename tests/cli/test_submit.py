@@ -100,6 +100,20 @@ def test_plain_scripts_are_rigid_at_one_device_unless_told(venv: Path, plain: Pa
     assert request("--elastic", "--max-gpus", "4", str(plain)).elastic
 
 
+def test_a_job_files_max_gpus_is_not_dropped_from_a_plain_script(venv: Path, plain: Path) -> None:
+    """A job.toml's ``max_gpus`` on a rigid script is refused as ``--max-gpus`` is (it was
+    dropped: ``max_gpus = 2`` ran a DDP script on one device); its ``min_gpus`` is the size."""
+    spec = plain.with_name("job.toml")
+    spec.write_text('[job]\nscript = "plain.py"\nmax_gpus = 2\n')
+    with pytest.raises(PolluxError, match=r"job.toml: job.max_gpus is for elastic jobs"):
+        request("--spec", str(spec))
+    assert request("--spec", str(spec), "--gpus", "2").min_gpus == 2  # the command line wins
+    assert request("--spec", str(spec), "--elastic").max_gpus == 2
+    spec.write_text('[job]\nscript = "plain.py"\nmin_gpus = 2\nmax_gpus = 2\n')
+    submit = request("--spec", str(spec))
+    assert (submit.elastic, submit.min_gpus, submit.max_gpus) == (False, 2, 2)
+
+
 def test_job_library_scripts_are_elastic(venv: Path, elastic: Path) -> None:
     submit = request("--max-gpus", "4", str(elastic))
     assert (submit.elastic, submit.min_gpus, submit.max_gpus) == (True, 1, 4)
