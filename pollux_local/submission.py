@@ -114,6 +114,9 @@ def _program(name: str, env: Mapping[str, str]) -> str:
             raise PolluxError(f"{name} is neither a .py file nor executable")
         return os.path.abspath(path)
     found = shutil.which(name, path=env.get("PATH", os.defpath))
+    if found is None and os.path.lexists(name):
+        # as a shell, a bare name is looked up on PATH only; the file here is not run
+        raise PolluxError(f"{name}: no program of that name on PATH (the file here: ./{name})")
     if found is None:
         raise PolluxError(f"{name}: no such file, and no program of that name on PATH")
     return os.path.abspath(found)

@@ -80,6 +80,20 @@ def test_command_forms(venv: Path, plain: Path) -> None:
         request("surely-not-a-program-here")
 
 
+def test_a_bare_name_of_a_file_here_but_not_on_path_says_so(
+    venv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``submit run.sh`` with ``run.sh`` in the folder (not on PATH) is refused, as a shell
+    refuses it, without saying there is no such file (it said so)."""
+    (tmp_path / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PolluxError) as refused:
+        request("run.sh")
+    assert str(refused.value) == (
+        "run.sh: no program of that name on PATH (the file here: ./run.sh)"
+    )
+
+
 def test_options_before_the_script_and_everything_after_goes_to_it(
     venv: Path, elastic: Path
 ) -> None:
