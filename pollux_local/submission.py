@@ -35,6 +35,9 @@ _USES_JOB_LIBRARY = re.compile(rb"pollux_local\.torch|\bElasticTrainer\b")
 _SCAN_BYTES = 1 << 20
 #: Program names that are a Python interpreter (``submit python train.py``).
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
+#: torch's launcher, run as a program or as a module (``python -m torch.distributed.run``).
+_TORCHRUN = "torchrun"
+_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,23 @@ def uses_job_library(script: Path) -> bool:
         return False
 
 
+def _refuse_torchrun(first: str, rest: Sequence[str]) -> None:
+    """A command that is torch's launcher is refused: the daemon starts the ranks itself,
+    each with torchrun's environment, and a torchrun inside the job would start ranks of its
+    own on the devices of one (``--nproc-per-node 4`` on a job's one GPU)."""
+    name = os.path.basename(first)
+    module = rest[1] if _PYTHON_NAME.match(name) and rest[:1] == ["-m"] and len(rest) > 1 else None
+    if name != _TORCHRUN and module not in _TORCHRUN_MODULES:
+        return
+    launcher = _TORCHRUN if module is None else f"python -m {module}"
+    script = next((arg for arg in rest if arg.endswith(".py")), "train.py")
+    raise PolluxError(
+        f"{launcher} would start ranks of its own inside the job; submit the script itself "
+        f"with the number of ranks as --gpus (pollux-local submit --gpus N {script} ...): "
+        "the daemon starts each rank with torchrun's environment"
+    )
+
+
 def command_argv(
     command: Sequence[str], env: Mapping[str, str], python: str | None
 ) -> tuple[list[str], Path | None]:
@@ -150,6 +170,7 @@ def command_argv(
     program (path or PATH lookup) with its arguments as given.
     """
     first, rest = command[0], list(command[1:])
+    _refuse_torchrun(first, rest)
     if first.endswith(".py"):
         script = _script_path(first)
         interpreter = python or submitter_python(env)

@@ -80,6 +80,21 @@ def test_command_forms(venv: Path, plain: Path) -> None:
         request("surely-not-a-program-here")
 
 
+def test_torchrun_as_the_command_is_refused_naming_the_form_that_runs(
+    venv: Path, plain: Path
+) -> None:
+    """``submit torchrun --nproc-per-node 2 train.py`` (as a torchrun user types it) ran
+    torchrun inside a one-device job: its two ranks shared that device."""
+    for launcher in (["torchrun"], ["python", "-m", "torch.distributed.run"],
+                     ["python3", "-m", "torch.distributed.launch"]):  # fmt: skip
+        with pytest.raises(PolluxError) as refused:
+            request(*launcher, "--nproc-per-node", "2", str(plain), "--lr", "0.1")
+        said = str(refused.value)
+        assert said.startswith(f"{launcher[0] if len(launcher) == 1 else 'python -m '}"), said
+        assert f"pollux-local submit --gpus N {plain} ..." in said, said
+    assert request("python", "-m", "http.server").argv[1:] == ["-m", "http.server"]
+
+
 def test_a_bare_name_of_a_file_here_but_not_on_path_says_so(
     venv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
