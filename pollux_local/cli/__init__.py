@@ -54,6 +54,15 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Name
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; Ctrl-C at any point of it, the start (the imports of the commands'
+    modules) included, exits 130 without a traceback."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        return int(ExitCode.INTERRUPTED)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     if argv is None:
         from pollux_local.cli.completion import autocomplete

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from pollux_local import cli as cli_module
 from pollux_local.api.messages import Cancel, Submit
 from pollux_local.cli import main
 from pollux_local.cli import run as run_module
@@ -158,3 +159,16 @@ def test_ctrl_c_while_the_submit_is_on_its_way_cancels_the_job_it_made(
         "job 7 cancelled (interrupted)",
     ]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_while_the_command_starts_exits_130_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C in the first fraction of a second (the commands' modules being imported) printed
+    a KeyboardInterrupt traceback of some thirty lines."""
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_module, "build_parser", interrupted)
+    assert main(["run", "true"]) == 130
