@@ -192,13 +192,37 @@ def cmd_logs(args: argparse.Namespace) -> int:
     it is written as the job wrote it, like ``cat``."""
     safe = sys.stdout.isatty() if args.safe is None else args.safe
     offset = -abs(args.tail) if args.tail else 0
+    client, ident = client_for(args), job_id(args.id)
     state = print_log(
-        client_for(args), job_id(args.id), args.rank, offset=offset, safe=safe, follow=args.follow
-    )
+        client, ident, args.rank, offset=offset, safe=safe, follow=args.follow,
+        on_poll=NotStarted(client, ident),
+    )  # fmt: skip
     if not args.follow:
         return 0
     # `logs -f` ends with the job: its exit status says how the job ended
     return 0 if state is JobState.SUCCEEDED else 1
+
+
+class NotStarted:
+    """Says once on stderr, at the first look, that a job whose log is empty has not started
+    yet, and why (``job 7 has not started: queued: waiting: ...``): ``logs`` of such a job
+    printed nothing at all, and ``logs -f`` waited without a word."""
+
+    def __init__(self, client: Client, ident: str) -> None:
+        self.client, self.ident, self.looked = client, ident, False
+
+    def __call__(self, reply: LogsReply) -> None:
+        if self.looked:
+            return
+        self.looked = True
+        if reply.size > 0 or reply.state not in (JobState.QUEUED, JobState.HELD):
+            return
+        job = self.client.call(Show(id=self.ident)).job
+        if job.start_time is None:
+            said = f": {job.reason}" if job.reason else ""
+            line = f"job {self.ident} has not started: {job.state.value}{said}"
+            sys.stderr.write(printable(line, newline=False) + "\n")
+            sys.stderr.flush()
 
 
 def print_log(

@@ -9,10 +9,13 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from pollux_local import api
+from pollux_local.api.states import JobState
+from pollux_local.cli import main, query
 from pollux_local.errors import PolluxError
 from tests.daemon_process import REPO_ROOT, DaemonFactory, DaemonProcess, wait_for
 from tests.fake_nvml import A100_40GB, BOX_VARIABLE, SHIM_DIR, FakeBox
@@ -171,3 +174,31 @@ def test_the_config_check_in_one_line(tmp_path: Path, monkeypatch: pytest.Monkey
     assert forced.nodes[0].devices == ("cuda:0", "cuda:1")
     assert forced.warnings and "scheduling them anyway (--force)" in forced.warnings[0]
     assert config.load_config(None, "cpu:2").warnings == ()
+
+
+def test_logs_of_a_job_that_has_not_started_says_why_on_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``logs 7`` of a queued job printed nothing at all (and ``logs -f`` waited without a
+    word); it now says, once and on stderr, that the job has not started and why."""
+    state = JobState.QUEUED
+
+    class Daemon:
+        def call(self, request: object) -> object:
+            if isinstance(request, api.Show):
+                reason = "waiting: needs 2 devices, 0 free; job 6 (ann) holds 2"
+                return SimpleNamespace(job=SimpleNamespace(
+                    state=state, reason=reason, start_time=None))  # fmt: skip
+            return SimpleNamespace(data="", offset=0, size=0, state=state)
+
+    monkeypatch.setattr(query, "client_for", lambda args: Daemon())
+    assert main(["logs", "--state-dir", str(tmp_path), "7"]) == 0
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert (
+        err
+        == "job 7 has not started: queued: waiting: needs 2 devices, 0 free; job 6 (ann) holds 2\n"
+    )
+    state = JobState.SUCCEEDED  # an ended job's empty log: nothing to add
+    assert main(["logs", "--state-dir", str(tmp_path), "7"]) == 0
+    assert capsys.readouterr() == ("", "")
