@@ -139,7 +139,9 @@ def test_cancel_leaves_no_process_of_the_job(tmp_path: Path, daemons: DaemonFact
     daemon.client.request("cancel", ids=[job_id])
     assert state(daemon, job_id) == "cancelled"
     wait_for(lambda: not any(map(alive, (grandchild, replica, supervisor))), 10, "the job's end")
-    assert run_file(daemon, job_id) is None  # its result was taken in
+    # its result taken in: the daemon hears of the supervisor's end a moment after it (a full
+    # run once read the run file still there)
+    wait_for(lambda: run_file(daemon, job_id) is None, 10, "the run file taken in")
 
 
 STUBBORN = 'trap "" TERM; echo $$ > "$0"; while :; do sleep 0.1; done'
