@@ -387,3 +387,43 @@ def test_a_group_whose_record_another_keeper_wrote_ends_as_superseded_touching_n
     code, reason = asyncio.run(scenario())
     assert code == ExitCode.NODE_LOST and reason is not None and "started again" in reason
     assert ran == [] and json.loads(record.read_text()) == later
+
+
+def test_an_earlier_step_is_ended_even_when_squeue_does_not_answer_at_first() -> None:
+    """A loaded slurmctld that times out on ``squeue``: the earlier start's step is looked up
+    again, found and cancelled, not taken for gone (the next start then ran beside it); an
+    allocation Slurm no longer knows ends the look-up at once."""
+    import asyncio
+
+    from pollux_local.launch.slurm.step import end_orphaned_step
+
+    answers: list[str | PolluxError] = [
+        PolluxError(
+            "`squeue` failed: slurm_load_jobs error: Socket timed out on send/recv operation"
+        ),
+        PolluxError(
+            "`squeue` failed: slurm_load_jobs error: Socket timed out on send/recv operation"
+        ),
+        "5.0 pollux-7.0\n5.1 pollux-8.0\n",
+        "",
+    ]
+    ran: list[list[str]] = []
+
+    def run(argv: Sequence[str]) -> str:
+        ran.append(list(argv))
+        if argv[0] == "scancel":
+            return ""
+        answer = answers.pop(0)
+        if isinstance(answer, PolluxError):
+            raise answer
+        return answer
+
+    asyncio.run(end_orphaned_step(run, {"slurm_job": "5"}, "pollux-7.0"))
+    assert [argv for argv in ran if argv[0] == "scancel"] == [["scancel", "5.0"]]
+    assert answers == []
+
+    gone = PolluxError("`squeue` failed: slurm_load_jobs error: Invalid job id specified")
+    ran.clear()
+    answers[:] = [gone]
+    asyncio.run(end_orphaned_step(run, {"slurm_job": "5"}, "pollux-7.0"))
+    assert ran == [["squeue", "-h", "-s", "-j", "5", "-o", "%i %j"]]

@@ -92,8 +92,14 @@ async def end_orphaned_step(run: Runner, record: Mapping[str, Any] | None, name:
             out = await asyncio.to_thread(
                 run, ["squeue", "-h", "-s", "-j", slurm_job, "-o", "%i %j"]
             )
-        except PolluxError:
-            return
+        except PolluxError as exc:
+            if "invalid job id" in str(exc).lower() or "not found" in str(exc):
+                return  # the allocation is gone, and its steps with it (or no Slurm here)
+            # a loaded slurmctld that did not answer (a socket timeout): asked again, never
+            # taken for "no such step" (the next start then ran beside it)
+            log.info("step %s of Slurm job %s: asked again: %s", name, slurm_job, exc)
+            await asyncio.sleep(1.0)
+            continue
         steps = [
             parts[0]
             for line in out.splitlines()
