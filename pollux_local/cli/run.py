@@ -8,9 +8,9 @@ each start (``--- 2026-11-25 14:00:00 start #0: rank 0/2 on box cuda:0``).
 
 Exit status: the job's exit code (0 when it succeeded); 128+N when signal N killed it; 1 when
 it failed without an exit code of its own (a failed dependency, a launch that failed); 130
-when it was cancelled.  Ctrl-C cancels the job (as ``srun`` does), then exits 130, also when it comes while the
-submit is on its way (the daemon may have stored the job before it hears of the interrupt).  An array
-or a sweep makes several jobs: ``submit`` them, then ``wait``."""
+when it was cancelled.  Ctrl-C cancels the job (as ``srun`` does), then exits 130, also when
+it comes while the submit is on its way (the daemon may have stored the job before it hears
+of the interrupt).  An array or a sweep makes several jobs: ``submit`` them, then ``wait``."""
 
 from __future__ import annotations
 
