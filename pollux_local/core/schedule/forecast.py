@@ -14,8 +14,29 @@ running jobs and the front of the queue only (:data:`WINDOW` jobs, or twice the 
 only the first :data:`EXACT_STEPS` events run the pass; the rest of the queue is then laid out
 by list scheduling in the queue's order (priority, then submission): each job takes the
 devices it needs that free up first, and starts no earlier than its ``--begin`` time.  A job
-behind one whose end is unknown waits an unknown time (``start`` ``None``), and so do a job
-needing more devices than there are and a queued job of a paused group (it waits for a resume).
+behind one whose end is unknown (no expected length, no time limit) waits an unknown time
+(``start`` ``None``), and so do a job needing more devices than there are and a queued job of a
+paused group (it waits for a resume).
+
+Worst cases.  A job whose expected remaining time is unknown but whose time limit bounds it
+(``JobInput.time_limit_s``) is replayed running until its limit, its time left under the limit
+(``views.time_left_s``): the worst case, not an expectation.  A figure that rests on a worst case
+is an upper bound ("at the latest", ``Prediction.start_at_latest``, ``finish_at_latest``), by
+this rule, where W is the earliest worst-case end of the replay (the replayed end of a job run
+until its limit; none: nothing is marked):
+
+* the finish of a job run until its limit is marked;
+* a start later than the snapshot's ``now`` and no earlier than W is marked (the job waited
+  through W: had the worst-case job ended sooner, it might have started sooner);
+* the finish of a job whose last run in the replay (a restart after a preemption included)
+  began later than ``now`` and no earlier than W is marked;
+* nothing else is: a start at ``now`` or before W, and the finish of a run that began then,
+  do not rest on any worst case (a job's remaining time does not depend on when others end).
+
+The rule goes by time alone, so it marks, conservatively, a job that starts after W on devices
+the worst-case job never held too.  What it leaves unmarked lies before W, where the replay is
+the same whatever the worst-case job's length past that time (the pass never reads remaining
+times); such a figure is an expectation as any other is.
 """
 
 from __future__ import annotations
@@ -38,6 +59,7 @@ from pollux_local.core.schedule.snapshot import (
     Outcome,
     Snapshot,
 )
+from pollux_local.core.schedule.views import time_left_s
 from pollux_local.core.types import Policy
 
 #: Events (job ends) replayed through the pass; the queue past them is list-scheduled.
@@ -63,13 +85,16 @@ class Placed:
 class Prediction:
     """A job's forecast: when it starts (a running job: when its run began; ``None``:
     unknown) and finishes (``None``: unknown), on how many devices of which type (``""``: not
-    known)."""
+    known); ``start_at_latest`` and ``finish_at_latest``: that figure rests on a job run until
+    its time limit, and is an upper bound rather than an expectation (the module's rule)."""
 
     job_id: int
     start: float | None
     finish: float | None
     devices: int = 0
     device_type: str = ""
+    start_at_latest: bool = False
+    finish_at_latest: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,7 +102,8 @@ class Work:
     """One job of a replay: ``remaining_s`` expected seconds of running still to go
     (``None``: unknown), ``running`` where it runs now (``None``: waiting), ``needs`` the
     devices it starts on, ``order`` its place in the queue (smaller first), ``not_before``
-    its earliest start (``--begin``; ``None``: any time)."""
+    its earliest start (``--begin``; ``None``: any time); ``worst_case``: ``remaining_s`` is
+    not an expectation but the most it may run (its time left under its time limit)."""
 
     id: int
     remaining_s: float | None
@@ -85,6 +111,7 @@ class Work:
     needs: int = 1
     order: tuple[float, ...] = ()
     not_before: float | None = None
+    worst_case: bool = False
 
 
 #: ``step(t, running, ended)``: the pass at time ``t`` where ``running`` (job -> where) run and
@@ -104,6 +131,8 @@ class _Book:
     starts: dict[int, float] = field(default_factory=dict)
     where: dict[int, Placed] = field(default_factory=dict)
     finishes: dict[int, float] = field(default_factory=dict)
+    #: when the run each finish ends began (the job's last start in the replay)
+    began: dict[int, float] = field(default_factory=dict)
 
 
 def replay(
@@ -119,7 +148,9 @@ def replay(
     """Every job's :class:`Prediction`, stepping ``step`` from end to end.  ``capacity``: the
     devices there are (for the list-scheduled tail); ``started``: when each running job's run
     began (default ``now``); ``blocked``: whether a job the replayed steps left waiting still
-    waits for something the tail does not know (its dependencies): it has no start."""
+    waits for something the tail does not know (its dependencies): it has no start.  A
+    start or finish that rests on a ``worst_case`` job's end is marked "at the latest" (the
+    module's rule)."""
     work = {job.id: job for job in jobs}
     left: dict[int, float | None] = {job.id: job.remaining_s for job in jobs}
     book = _Book()
@@ -164,10 +195,11 @@ def replay(
             if end <= t:
                 ended.add(job_id)
                 book.finishes[job_id] = end
-                del runs[job_id]
+                book.began[job_id] = runs.pop(job_id).since
     for job_id, run in runs.items():
         if run.left is not None:
             book.finishes[job_id] = run.since + run.left
+            book.began[job_id] = run.since
     queue = sorted(
         (
             work[i]
@@ -177,6 +209,15 @@ def replay(
         key=lambda job: (job.order, job.id),
     )
     _list_schedule(queue, runs, left, t, capacity, book)
+    # the earliest worst-case end, and what comes no earlier (the module's rule)
+    worst = min(
+        (end for job_id, end in book.finishes.items() if work[job_id].worst_case),
+        default=math.inf,
+    )
+
+    def after_worst(when: float | None) -> bool:
+        return when is not None and when > now and when >= worst
+
     return {
         job_id: Prediction(
             job_id=job_id,
@@ -184,6 +225,9 @@ def replay(
             finish=book.finishes.get(job_id),
             devices=book.where[job_id].devices if job_id in book.where else work[job_id].needs,
             device_type=book.where[job_id].device_type if job_id in book.where else "",
+            start_at_latest=after_worst(book.starts.get(job_id)),
+            finish_at_latest=job_id in book.finishes
+            and (work[job_id].worst_case or after_worst(book.began.get(job_id))),
         )
         for job_id in work
     }
@@ -219,6 +263,7 @@ def _list_schedule(
             book.starts[job.id] = start
         if math.isfinite(end):
             book.finishes[job.id] = end
+            book.began[job.id] = start
 
 
 # --- the pass replayed -------------------------------------------------------------------
@@ -244,8 +289,9 @@ def forecast(
     seed: int = 0,
 ) -> tuple[dict[int, Prediction], dict[int, str]]:
     """Each queued and running job's :class:`Prediction` from ``snapshot`` (``remaining``: job
-    id -> expected seconds of running left, ``None`` or absent: unknown), and the reason of
-    each job the first pass leaves waiting (where the pass gives one)."""
+    id -> expected seconds of running left, ``None`` or absent: unknown, and then, for a job
+    with a time limit, its time left under the limit, a worst case), and the reason of each
+    job the first pass leaves waiting (where the pass gives one)."""
     now = snapshot.now
     active = [job for job in snapshot.jobs if job.phase is JobPhase.QUEUED or job.replicas > 0]
     if not active:
@@ -359,10 +405,18 @@ def forecast(
 
     paused = [job for job in active if not job.phase.placed and _paused(snapshot, job)]
     waits_for_resume = {job.id for job in paused}
+    expected = {job.id: remaining.get(job.id) for job in active}
+    # unknown but bounded by a time limit: run until the limit, the worst case
+    limited = {
+        job.id: limit
+        for job in active
+        if expected[job.id] is None and (limit := time_left_s(job, now)) is not None
+    }
     work = [
         Work(
             id=job.id,
-            remaining_s=remaining.get(job.id),
+            remaining_s=limited.get(job.id, expected[job.id]),
+            worst_case=job.id in limited,
             running=(
                 Placed(
                     {k: tuple(v) for k, v in job.allocation.items() if v},
