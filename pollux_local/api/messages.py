@@ -203,10 +203,14 @@ class JobSummary(Message, kw_only=True):
     begin_at: float | None = None
     #: the forecast (queued and running jobs, from the last scheduling pass replayed forward):
     #: when it is expected to start and to finish (Unix times; ``None``: unknown) and on how
-    #: many devices
+    #: many devices; ``expected_start_at_latest`` / ``expected_finish_at_latest``: that time
+    #: is an upper bound, not an expectation (it rests on a job of unknown length run until
+    #: its time limit: ``core.schedule.forecast``)
     expected_start: float | None = None
     expected_finish: float | None = None
     expected_devices: int | None = None
+    expected_start_at_latest: bool = False
+    expected_finish_at_latest: bool = False
     #: how its latest incarnation that ended did (``api.exits``: a process killed by signal N
     #: has ``exit_code`` ``None`` and ``exit_signal`` N): the job's code (its first failing
     #: rank's, else 0, or 75 when all checkpointed) and each rank's; ``None`` and empty until
@@ -624,10 +628,12 @@ class Usage(Request[UsageReply], tag="usage", kw_only=True):
 
 class JobForecast(Message):
     """When one job as submitted now is expected to run: ``start`` and ``finish`` (Unix times;
-    ``None``: unknown, when a job it waits behind, or itself, has no known length), on
-    ``devices`` devices of ``device_type`` (``""``: not known yet), ``waiting`` what it waits
-    for (empty when it would start now) and ``length_s`` the running time it is expected to
-    need (``None``: none of its kind has finished)."""
+    ``None``: unknown, when a job it waits behind, or itself, has no known length and no time
+    limit), on ``devices`` devices of ``device_type`` (``""``: not known yet), ``waiting``
+    what it waits for (empty when it would start now) and ``length_s`` the running time it is
+    expected to need (``None``: none of its kind has finished); ``start_at_latest`` /
+    ``finish_at_latest``: that time is an upper bound, not an expectation (it rests on a job
+    of unknown length run until its time limit, this one or one it waits behind)."""
 
     name: str
     start: float | None
@@ -636,6 +642,8 @@ class JobForecast(Message):
     device_type: str
     waiting: str
     length_s: float | None
+    start_at_latest: bool = False
+    finish_at_latest: bool = False
 
 
 class EstimateReply(Reply):

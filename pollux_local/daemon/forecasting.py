@@ -7,7 +7,9 @@ without storing them.  A job's expected remaining time is, running, its own
 ETA (``readmodel.job_eta``) or else its kind's typical length less the time it has run;
 queued, its kind's typical length (:class:`Durations`: the median run time of its owner's
 finished jobs of the same kind), less what it ran before; never past its time limit; and
-unknown when its kind never finished.
+unknown when its kind never finished.  An unknown length under a time limit is replayed until
+the limit, a worst case, and what rests on it is marked an upper bound ("at the latest":
+``Prediction.start_at_latest``, ``finish_at_latest``; the rule is ``core.schedule.forecast``'s).
 
 The jobs ``estimate`` adds are forecast with the ids a submit would give them, above every
 stored one: the pass orders jobs that are equal to it by id.

@@ -207,7 +207,8 @@ def job_summary(
 ) -> JobSummary:
     """The row of ``status`` for one job (``eta_s``: :func:`job_eta`; goodput, efficiency and
     speed-up: the prediction the scheduler stored for its allocation; expected start and
-    finish: ``forecast``, the loop's for a queued or running job; the exit of its latest
+    finish: ``forecast``, the loop's for a queued or running job, each marked when it is an
+    upper bound; the exit of its latest
     incarnation that ended, for the job and per rank, as stored; the first ``after_ids`` of
     the jobs it waits for, ``None``: all)."""
     report = job.report
@@ -266,6 +267,8 @@ def job_summary(
         expected_start=forecast.start if forecast is not None else None,
         expected_finish=forecast.finish if forecast is not None else None,
         expected_devices=forecast.devices if forecast is not None else None,
+        expected_start_at_latest=forecast is not None and forecast.start_at_latest,
+        expected_finish_at_latest=forecast is not None and forecast.finish_at_latest,
         exit_code=job.exit_code,
         exit_signal=job.exit_signal,
         replica_exits=list(job.replica_exits),

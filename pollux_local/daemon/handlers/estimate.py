@@ -78,6 +78,8 @@ async def _estimate(ctx: Context, sub: Submit) -> EstimateReply:
                 device_type=found.device_type,
                 waiting=waiting,
                 length_s=lengths[job.id],
+                start_at_latest=found.start_at_latest,
+                finish_at_latest=found.finish_at_latest,
             )
         )
     return EstimateReply(now=now, jobs=out)
