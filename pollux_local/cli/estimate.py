@@ -5,7 +5,9 @@ The daemon checks the request as it checks a submit, adds the job to its live st
 the scheduling pass forward (``daemon/forecasting.py``); nothing is queued.  The answer: the
 expected start and finish, on how many devices of which type, what the job waits for, and the
 running time expected of it (its kind's typical length: the median of its owner's finished
-jobs running the same command; unknown when none finished).
+jobs running the same command; unknown when none finished).  A job of unknown length with a
+time limit (``--time``) is counted running until its limit, the worst case: a start or finish
+resting on that says "by 19:04:05 at the latest", an upper bound, not an expectation.
 """
 
 from __future__ import annotations
@@ -20,13 +22,16 @@ from pollux_local.cli.submit import build_submit_request
 from pollux_local.untrusted import printable
 
 
-def _when(stamp: float | None, now: float) -> str:
-    """``now``, ``in 4m07s (19:04:05)`` or ``unknown``."""
+def _when(stamp: float | None, now: float, at_latest: bool = False) -> str:
+    """``now``, ``in 4m07s (19:04:05)``, ``by 19:04:05 at the latest (in 4m07s)`` (an upper
+    bound) or ``unknown``."""
     if stamp is None:
         return "unknown"
     if stamp - now < 1:
         return "now"
     clock = datetime.datetime.fromtimestamp(stamp).strftime("%H:%M:%S")
+    if at_latest:
+        return f"by {clock} at the latest (in {duration(stamp - now)})"
     return f"in {duration(stamp - now)} ({clock})"
 
 
@@ -37,8 +42,8 @@ def forecast_line(job: JobForecast, now: float) -> str:
         devices += f" ({job.device_type})"
     length = duration(job.length_s) if job.length_s is not None else "unknown"
     parts = [
-        f"{job.name}: starts {_when(job.start, now)}",
-        f"finishes {_when(job.finish, now)}",
+        f"{job.name}: starts {_when(job.start, now, job.start_at_latest)}",
+        f"finishes {_when(job.finish, now, job.finish_at_latest)}",
         f"on {devices}",
         f"expected to run {length}",
     ]

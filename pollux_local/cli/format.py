@@ -127,14 +127,17 @@ def note(job: JobSummary) -> str:
 
 
 def expected_start(job: JobSummary, now: float) -> str:
-    """A queued job's expected start from the daemon's forecast: ``now``, ``in 12m05s``, or
-    ``?`` when unknown; ``-`` for a job that is not queued."""
+    """A queued job's expected start from the daemon's forecast: ``now``, ``in 12m05s``,
+    ``within 12m05s`` (an upper bound: it waits behind a job of unknown length run until its
+    time limit), or ``?`` when unknown; ``-`` for a job that is not queued."""
     if job.state is not JobState.QUEUED:
         return "-"
     if job.expected_start is None:
         return "?"
     wait = job.expected_start - now
-    return "now" if wait < 1 else f"in {duration(wait)}"
+    if wait < 1:
+        return "now"
+    return f"{'within' if job.expected_start_at_latest else 'in'} {duration(wait)}"
 
 
 def _merged_devices(tasks: Sequence[JobSummary]) -> dict[str, list[str]]:

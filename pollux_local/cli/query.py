@@ -172,15 +172,22 @@ def exit_lines(job: JobSummary) -> list[str]:
 
 def forecast_lines(job: JobSummary) -> list[str]:
     """``show``'s forecast of a queued or running job: expected start and finish (the
-    daemon's forecast, ``unknown`` without one)."""
+    daemon's forecast, ``unknown`` without one; ``by ... at the latest`` where it is an upper
+    bound: it rests on a job of unknown length run until its time limit)."""
     if job.state not in (JobState.QUEUED, JobState.RUNNING, JobState.RESCALING):
         return []
+
+    def when(stamp: float | None, at_latest: bool) -> str:
+        if not stamp:
+            return "unknown"
+        return f"by {timestamp(stamp)} at the latest" if at_latest else timestamp(stamp)
+
     start = (
         ""
         if job.state is not JobState.QUEUED
-        else (f"start {timestamp(job.expected_start) if job.expected_start else 'unknown'}  ")
+        else f"start {when(job.expected_start, job.expected_start_at_latest)}  "
     )
-    finish = timestamp(job.expected_finish) if job.expected_finish else "unknown"
+    finish = when(job.expected_finish, job.expected_finish_at_latest)
     devices = f"  on {job.expected_devices} device(s)" if job.expected_devices else ""
     return [f"  expected    {start}finish {finish}{devices}"]
 
