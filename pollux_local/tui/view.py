@@ -109,9 +109,12 @@ class JobRow:
     restarts: int
     priority: int
     #: a queued job: seconds to its expected start from the daemon's forecast (``None``:
-    #: unknown), and its expected finish in seconds from now
+    #: unknown), and its expected finish in seconds from now; ``*_at_latest``: that figure is
+    #: an upper bound (it rests on a job of unknown length run until its time limit)
     start_in_s: float | None = None
     finish_in_s: float | None = None
+    start_at_latest: bool = False
+    finish_at_latest: bool = False
     #: why it waits (or how it ended)
     reason: str = ""
 
@@ -149,13 +152,23 @@ class JobRow:
 
     @property
     def start_text(self) -> str:
-        """A queued job's expected start: ``now``, ``4m07s`` or ``?`` (unknown); ``-`` for
-        other jobs."""
+        """A queued job's expected start: ``now``, ``4m07s``, ``≤4m07s`` (at the latest: an
+        upper bound) or ``?`` (unknown); ``-`` for other jobs."""
         if self.state != JobState.QUEUED.value:
             return DASH
         if self.start_in_s is None:
             return "?"
-        return "now" if self.start_in_s < 1 else fmt_duration(self.start_in_s)
+        if self.start_in_s < 1:
+            return "now"
+        return ("≤" if self.start_at_latest else "") + fmt_duration(self.start_in_s)
+
+    @property
+    def finish_text(self) -> str:
+        """Its expected finish: ``in 4m07s``, ``within 4m07s`` (at the latest: an upper
+        bound) or ``?`` (unknown)."""
+        if self.finish_in_s is None:
+            return "?"
+        return f"{'within' if self.finish_at_latest else 'in'} {fmt_duration(self.finish_in_s)}"
 
 
 #: (key, header) of each column of the jobs table; the key is also the sort key's name.
@@ -207,6 +220,8 @@ def job_row(job: JobSummary, now: float | None = None) -> JobRow:
         priority=job.priority,
         start_in_s=None if start is None or now is None else max(0.0, start - now),
         finish_in_s=None if finish is None or now is None else max(0.0, finish - now),
+        start_at_latest=start is not None and job.expected_start_at_latest,
+        finish_at_latest=finish is not None and job.expected_finish_at_latest,
         reason=job.reason,
     )
 

@@ -113,3 +113,23 @@ def test_demo_data_validates_as_the_daemons_replies() -> None:
     statuses = {c.status for n in cells for c in n.devices}
     assert statuses == {"job", "free", "external", "down"}
     assert job_row(demo.shows["1"].job).id == "1"
+
+
+def test_a_forecast_at_the_latest_reads_as_a_bound(recording: Recording) -> None:
+    """A queued job whose forecast rests on a job of unknown length run until its time limit:
+    its start in the table is ``≤4m05s``, its screen says ``within``; an expectation reads
+    as before."""
+    from pollux_local.tui.screens.job_detail import summary_text
+
+    now = 1_000_000.0
+    queued = next(j for j in recording.status.jobs if j.state is api.JobState.QUEUED)
+    plain = msgspec.structs.replace(queued, expected_start=now + 245, expected_finish=now + 845)
+    bound = msgspec.structs.replace(
+        plain, expected_start_at_latest=True, expected_finish_at_latest=True
+    )
+    row, expected = job_row(bound, now), job_row(plain, now)
+    assert row.start_text == "≤4m05s" and row.cells()[11] == "≤4m05s"
+    assert expected.start_text == "4m05s"
+    text = str(summary_text(row, None))
+    assert "expected start within 4m05s   finish within 14m\n" in text
+    assert "expected start in 4m05s   finish in 14m\n" in str(summary_text(expected, None))
