@@ -40,12 +40,18 @@ def forecast_line(job: JobForecast, now: float) -> str:
     devices = f"{job.devices} device{'s' if job.devices != 1 else ''}"
     if job.device_type:
         devices += f" ({job.device_type})"
-    length = duration(job.length_s) if job.length_s is not None else "unknown"
+    if job.length_s is not None:
+        length = f"expected to run {duration(job.length_s)}"
+    elif job.start is not None and job.finish is not None and job.finish_at_latest:
+        # no length known, a finish all the same: the job is replayed until its time limit
+        length = f"runs at most {duration(job.finish - job.start)} (its time limit)"
+    else:
+        length = "expected to run unknown"
     parts = [
         f"{job.name}: starts {_when(job.start, now, job.start_at_latest)}",
         f"finishes {_when(job.finish, now, job.finish_at_latest)}",
         f"on {devices}",
-        f"expected to run {length}",
+        length,
     ]
     line = ", ".join(parts)
     return line + (f"; {job.waiting}" if job.waiting else "")

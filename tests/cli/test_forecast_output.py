@@ -67,8 +67,11 @@ def test_estimate_says_by_when_at_the_latest(capsys: pytest.CaptureFixture[str])
     assert forecast_line(job, now) == (
         f"train.py: starts by {clock(now + 725.0)} at the latest (in 12m05s), "
         f"finishes by {clock(now + 7925.0)} at the latest (in 2h12m), on 1 device (cpu), "
-        "expected to run unknown"
+        "runs at most 2h00m (its time limit)"
     )
+    # no finish, no length: nothing to bound it
+    unbounded = forecast(start=now + 725.0)
+    assert forecast_line(unbounded, now).endswith("expected to run unknown")
     # the job's own limit bounds its finish; its start is expected
     mixed = forecast(start=now + 725.0, finish=now + 7925.0, finish_at_latest=True)
     assert forecast_line(mixed, now).startswith(
