@@ -34,6 +34,7 @@ import pwd
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 #: How long a group-membership answer is reused (NSS lookups may be slow; membership changes
@@ -74,16 +75,26 @@ def account(uid: int) -> pwd.struct_passwd | None:
         return None
 
 
-def owner_gone(owner_uid: int, owner_name: str) -> str | None:
+def account_name(uid: int) -> str | None:
+    """The name of ``uid``'s account in the user database, or ``None`` when there is none
+    (:func:`account`: ``OSError`` when the database cannot be read).  The lookup
+    :func:`owner_gone` makes unless given another (``Context.accounts``: tests fake users)."""
+    entry = account(uid)
+    return None if entry is None else entry.pw_name
+
+
+def owner_gone(
+    owner_uid: int, owner_name: str, accounts: Callable[[int], str | None] = account_name
+) -> str | None:
     """Why the account that submitted a job as ``owner_name`` (uid ``owner_uid``) is no
     longer here, or ``None``: the uid has no account, or another account holds it now
     (``userdel`` freed it and ``useradd`` gave it out again: :func:`is_owner`'s rule).  Raises
     the ``OSError`` of :func:`account` when the user database cannot be read."""
-    entry = account(owner_uid)
-    if entry is None:
+    name = accounts(owner_uid)
+    if name is None:
         return f"owner uid {owner_uid} no longer exists"
-    if entry.pw_name != owner_name:
-        return f"owner {owner_name} is gone: uid {owner_uid} now belongs to {entry.pw_name}"
+    if name != owner_name:
+        return f"owner {owner_name} is gone: uid {owner_uid} now belongs to {name}"
     return None
 
 

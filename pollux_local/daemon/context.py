@@ -8,7 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pollux_local.api.errors import NotFound, PermissionDenied
-from pollux_local.daemon.auth import Peer, is_admin, may_act_for, may_modify, user_name
+from pollux_local.daemon.auth import (
+    Peer,
+    account_name,
+    is_admin,
+    may_act_for,
+    may_modify,
+    user_name,
+)
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.forecasting import Forecasts
@@ -50,6 +57,9 @@ class Context:
     #: raises ``LimitExceeded`` while the replies the peer has not read fill their byte
     #: budget (``transport.ConnectionBook.room_for_reply``; ``None``: not checked)
     room_for_reply: Callable[[], None] | None = None
+    #: the user database: a uid's account name now, ``None`` when it has none
+    #: (``auth.account_name``; a test's fake users)
+    accounts: Callable[[int], str | None] = account_name
 
     def job(self, job_id: str) -> JobRecord:
         """The job with this id (:class:`NotFound` when there is none)."""

@@ -1,21 +1,23 @@
 """The rules one job must keep under the daemon's config, whatever path it takes: a submit, an
 edit, a release, a restart (through ``handlers.submit.validate_jobs``) and a start
 (``loop.SchedulingLoop.hold_refused``: a job queued before a reload, or a restart of the daemon,
-that tightened them is held, not started with what it asked then)."""
+that tightened them is held, not started with what it asked then).  A job queued again (an
+edit, a release, a restart) must also still have its owner (:func:`check_owner`)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import msgspec
 
-from pollux_local.api.errors import InvalidRequest, LimitExceeded, PermissionDenied
+from pollux_local.api.errors import Conflict, InvalidRequest, LimitExceeded, PermissionDenied
 from pollux_local.api.spec import Constraint, JobSpec
-from pollux_local.daemon.auth import in_group
+from pollux_local.daemon.auth import account_name, in_group
 from pollux_local.daemon.commands import command_bytes
 from pollux_local.daemon.config import AccountConfig, DaemonConfig
 from pollux_local.daemon.executor.exits import most_retries
-from pollux_local.daemon.executor.launchspec import check_host_limits
+from pollux_local.daemon.executor.launchspec import check_host_limits, owner_missing
 from pollux_local.durations import format_duration
 from pollux_local.sizes import format_size
 
@@ -98,6 +100,25 @@ def check_account(spec: JobSpec, config: DaemonConfig, owner_uid: int, owner_nam
         f"permission denied: {owner_name} may not charge account {account.name} (it is for"
         f" {_members(account)}; ask an admin to add you to [accounts.{account.name}])"
     )
+
+
+def check_owner(
+    job_id: int,
+    owner_uid: int,
+    owner_name: str,
+    accounts: Callable[[int], str | None] = account_name,
+) -> None:
+    """A job put back in the queue (a restart, an edit, a release) can run as its owner:
+    :class:`Conflict` in one line when its owner's Unix account is gone
+    (``launchspec.owner_missing``, the rule a start fails a job by), so that it is refused
+    now rather than failed when it would start.  Nothing is changed by a refusal: the job
+    stays as it was (an admin or root may still cancel it).  ``accounts``: the user
+    database's lookup (``Context.accounts``)."""
+    why = owner_missing(owner_uid, owner_name, accounts)
+    if why is not None:
+        raise Conflict(
+            f"job {job_id} cannot run again: {why} on this machine; cancel it or ask an admin"
+        )
 
 
 def _members(account: AccountConfig) -> str:

@@ -11,7 +11,7 @@ import pytest
 
 from pollux_local.api.errors import PermissionDenied
 from pollux_local.api.messages import Hold, Release
-from pollux_local.daemon.auth import Peer, user_name
+from pollux_local.daemon.auth import Peer, account_name, user_name
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers.control import hold, release
@@ -20,6 +20,11 @@ from pollux_local.daemon.scheduler import ModelCache
 from pollux_local.daemon.state import StateStore
 
 USER = 54321  # not an admin: not root, not the daemon's user, in no admin group
+
+
+def _accounts(uid: int) -> str | None:
+    """The user database with USER in it (no passwd entry has its uid)."""
+    return user_name(USER) if uid == USER else account_name(uid)
 
 
 class _Executor:
@@ -32,7 +37,7 @@ def _context(store: StateStore, uid: int, tmp_path: Path) -> Context:
         peer=Peer(1, uid, uid), store=store, executor=_Executor(),  # type: ignore[arg-type]
         config=DaemonConfig(nodes=(NodeConfig("n0", ("cpu:0",)),)), state_dir=tmp_path,
         clock=lambda: 100.0, models=ModelCache(), metrics=MetricHistory(), mutex=asyncio.Lock(),
-        wake=lambda: None, daemon_uid=0, policy_name="fifo",
+        wake=lambda: None, daemon_uid=0, policy_name="fifo", accounts=_accounts,
     )  # fmt: skip
 
 

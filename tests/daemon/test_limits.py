@@ -23,7 +23,7 @@ from pollux_local.api.errors import PermissionDenied
 from pollux_local.api.messages import SetPriority, Submit
 from pollux_local.client import Client
 from pollux_local.core.baselines import FifoPolicy
-from pollux_local.daemon.auth import Peer
+from pollux_local.daemon.auth import Peer, account_name, user_name
 from pollux_local.daemon.config import DaemonConfig, NodeConfig, load_config
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers import control, submit
@@ -36,11 +36,20 @@ from tests.labinstall import LabInstall
 
 pytestmark = pytest.mark.timeout(120)
 ALICE, BOB, DAEMON_UID = 41000, 41001, 40000
+#: The users these tests make up: no passwd entry has their uids, so each has the name a peer
+#: of its uid is given (``auth.user_name``), and is an account of that name to the daemon
+#: (``Context.accounts``): their jobs may be queued again (``jobrules.check_owner``).
+USERS = {ALICE: user_name(ALICE), BOB: user_name(BOB)}
+
+
+def accounts(uid: int) -> str | None:
+    """The user database with :data:`USERS` in it."""
+    return USERS[uid] if uid in USERS else account_name(uid)
 
 
 def context(store: StateStore, uid: int, executor: Any = None, **config: Any) -> Context:
     """A handler's context for ``uid`` on a two-device node (``executor``: what stops jobs;
-    none is needed by submit and set_priority)."""
+    none is needed by submit and set_priority), its user database holding :data:`USERS`."""
     settings = DaemonConfig(nodes=(NodeConfig("n0", ("cpu:0", "cpu:1")),))
     return Context(
         peer=Peer(pid=1, uid=uid, gid=uid),
@@ -55,6 +64,7 @@ def context(store: StateStore, uid: int, executor: Any = None, **config: Any) ->
         wake=lambda: None,
         daemon_uid=DAEMON_UID,
         policy_name="fifo",
+        accounts=accounts,
     )
 
 

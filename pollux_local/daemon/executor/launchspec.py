@@ -21,12 +21,14 @@ import secrets
 import stat
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from pollux_local.api.errors import InvalidRequest, LimitExceeded
 from pollux_local.api.launch import LaunchEnvironment, without_launch_variables
 from pollux_local.api.spec import JobSpec
 from pollux_local.core.types import BatchChoice
+from pollux_local.daemon.auth import account_name
 from pollux_local.daemon.auth import owner_gone as gone_why
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
 from pollux_local.daemon.jobfiles import job_dir_stat, make_owned_dir
@@ -344,15 +346,27 @@ def checkpoint_key(state_dir: Path) -> bytes:
 
 
 def owner_gone(job: JobRecord) -> str | None:
-    """Why the job cannot run as its owner (a deleted Unix user, or a uid ``userdel`` freed
-    that a new account now holds: ``auth.is_owner``), or ``None`` (also when the user
-    database could not be read: the start then fails, or not, on its own)."""
-    if job.owner_uid == os.geteuid():
+    """Why the job cannot run as its owner (:func:`owner_missing`), or ``None``: what a start
+    checks first."""
+    return owner_missing(job.owner_uid, job.owner_name)
+
+
+def owner_missing(
+    owner_uid: int, owner_name: str, accounts: Callable[[int], str | None] = account_name
+) -> str | None:
+    """The one rule of a job's owner being gone: why a job of ``owner_name`` (uid
+    ``owner_uid``) cannot run as them (a deleted Unix user, or a uid ``userdel`` freed that a
+    new account now holds: ``auth.is_owner``), or ``None``: also for the daemon's own user
+    (whose jobs run as it), and when the user database could not be read (the start then
+    fails, or not, on its own).  A start fails the job by it (:func:`owner_gone`); a request
+    that would queue a job again is refused by it (``jobrules.check_owner``).  ``accounts``:
+    uid -> its account's name now (``auth.account_name``; tests fake users)."""
+    if owner_uid == os.geteuid():
         return None
     try:
-        return gone_why(job.owner_uid, job.owner_name)
+        return gone_why(owner_uid, owner_name, accounts)
     except OSError as exc:
-        log.warning("job %s: cannot look up its owner uid %s: %s", job.id, job.owner_uid, exc)
+        log.warning("cannot look up the owner uid %s of a job: %s", owner_uid, exc)
     return None
 
 

@@ -234,7 +234,7 @@ async def release(ctx: Context, request: Release) -> StateChangeReply:
                         raise Conflict(f"job {job.id} is not held (it is {job.state})")
                     try:
                         _release_one(ctx, job, released)
-                    except (InvalidRequest, LimitExceeded, PermissionDenied) as exc:
+                    except (Conflict, InvalidRequest, LimitExceeded, PermissionDenied) as exc:
                         if not request.all:
                             raise
                         refused[job.job_id] = str(exc)
@@ -257,6 +257,7 @@ def _release_one(ctx: Context, job: JobRecord, done: list[str]) -> None:
     [spec] = validate_jobs(
         ctx, [job.spec], owner_uid=job.owner_uid, owner_name=job.owner_name,
         env=ctx.store.stored_environment(job.id), adding=0, kept_group=job.spec.group,
+        queued_again=job.id,
     )  # fmt: skip
     changes: dict[str, Any] = {} if spec == job.spec else {"spec": spec}
     left = (

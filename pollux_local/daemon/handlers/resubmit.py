@@ -33,6 +33,7 @@ def restart(ctx: Context, request: Restart) -> SubmitReply:
     [spec] = validate_jobs(
         ctx, [spec], owner_uid=old.owner_uid, owner_name=old.owner_name,
         env=ctx.store.stored_environment(old.id), adding=1, kept_group=old.spec.group,
+        queued_again=old.id,
     )  # fmt: skip
     ctx.require_priority(old.priority)
     job = ctx.store.add_job(
@@ -116,6 +117,7 @@ def _edit(ctx: Context, request: Edit) -> JobStateReply:
     [spec] = validate_jobs(
         ctx, [spec], owner_uid=job.owner_uid, owner_name=job.owner_name,
         env=ctx.store.stored_environment(job.id), adding=0, kept_group=job.spec.group,
+        queued_again=job.id,
     )  # fmt: skip
     update: dict[str, object] = {"spec": spec}
     if request.priority is not UNSET:

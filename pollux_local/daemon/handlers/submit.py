@@ -7,7 +7,8 @@ jobs it makes are checked by :func:`validate_jobs`, the one validation of a resu
 this daemon's config and ``[limits]`` (shape, batch bounds, time limit, sharing, constraint,
 host memory and CPUs (``launchspec.check_host_limits``), the size of its command and
 environment), the group it names (an admin's or its owner's own,
-``groups.check_job_groups``), the account it is charged to (one its owner may charge,
+``groups.check_job_groups``), for a job queued again (a restart, an edit, a release) its owner
+still on this machine (``jobrules.check_owner``), the account it is charged to (one its owner may charge,
 ``jobrules.check_account``) and what its owner already holds in the queue.  A
 job without a time limit gets ``[limits] default_time``, else ``max_time`` (none when neither
 is set).  A priority above ``[limits] max_priority`` (default 0) needs an admin
@@ -35,7 +36,7 @@ from pollux_local.daemon.commands import StoredEnvironment, environment_bytes
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers.groups import check_job_groups
-from pollux_local.daemon.jobrules import check_account, check_job
+from pollux_local.daemon.jobrules import check_account, check_job, check_owner
 from pollux_local.daemon.state import stored_row
 from pollux_local.sizes import format_size
 
@@ -49,16 +50,21 @@ def validate_jobs(
     env: Mapping[str, str] | StoredEnvironment,
     adding: int,
     kept_group: str | None = None,
+    queued_again: int | None = None,
 ) -> list[JobSpec]:
     """The one validation of the jobs a request results in (``specs``: what the store would
     hold, all with environment ``env``: a stored job's as the store measured it,
     ``StateStore.stored_environment``, not loaded), owned by ``owner_uid``: ``adding`` of
     them are new to the queue (a submit's jobs, a restart's copy; 0 for an edit or a release);
     ``kept_group``: the group the stored job names (a release, edit or restart: a group gone
-    since is left, :func:`~.groups.check_job_groups`).  Returns the specs to store (time
-    limits settled, :func:`check_job`); :class:`LimitExceeded` or :class:`InvalidRequest`,
-    one line, when one may not be."""
+    since is left, :func:`~.groups.check_job_groups`); ``queued_again``: the id of the stored
+    job a restart, an edit or a release puts back in the queue, whose owner must still have
+    their account (:func:`~pollux_local.daemon.jobrules.check_owner`: :class:`Conflict`).
+    Returns the specs to store (time limits settled, :func:`check_job`);
+    :class:`LimitExceeded` or :class:`InvalidRequest`, one line, when one may not be."""
     config = ctx.config
+    if queued_again is not None:
+        check_owner(queued_again, owner_uid, owner_name, ctx.accounts)
     if len(specs) > config.max_array_size:
         raise LimitExceeded(
             f"limit exceeded: an array of {len(specs)} tasks is more than {config.max_array_size},"
