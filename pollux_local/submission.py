@@ -26,6 +26,7 @@ from pollux_local.api.errors import PolluxError
 from pollux_local.api.launch import without_launch_variables
 from pollux_local.api.messages import ArrayTask, Submit, default_job_name, job_name
 from pollux_local.api.spec import Constraint
+from pollux_local.api.torchrun import PYTHON_NAME, torchrun_refusal
 from pollux_local.client import build_request
 from pollux_local.jobspec import JobSpec, check_sweep_args, substitute, sweep_grid
 from pollux_local.parsing import parse_array
@@ -33,11 +34,6 @@ from pollux_local.parsing import parse_array
 #: How a script shows that it uses the job library (read from its first bytes).
 _USES_JOB_LIBRARY = re.compile(rb"pollux_local\.torch|\bElasticTrainer\b")
 _SCAN_BYTES = 1 << 20
-#: Program names that are a Python interpreter (``submit python train.py``).
-_PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
-#: torch's launcher, run as a program or as a module (``python -m torch.distributed.run``).
-_TORCHRUN = "torchrun"
-_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 
 
 @dataclass(frozen=True)
@@ -143,23 +139,6 @@ def uses_job_library(script: Path) -> bool:
         return False
 
 
-def _refuse_torchrun(first: str, rest: Sequence[str]) -> None:
-    """A command that is torch's launcher is refused: the daemon starts the ranks itself,
-    each with torchrun's environment, and a torchrun inside the job would start ranks of its
-    own on the devices of one (``--nproc-per-node 4`` on a job's one GPU)."""
-    name = os.path.basename(first)
-    module = rest[1] if _PYTHON_NAME.match(name) and rest[:1] == ["-m"] and len(rest) > 1 else None
-    if name != _TORCHRUN and module not in _TORCHRUN_MODULES:
-        return
-    launcher = _TORCHRUN if module is None else f"python -m {module}"
-    script = next((arg for arg in rest if arg.endswith(".py")), "train.py")
-    raise PolluxError(
-        f"{launcher} would start ranks of its own inside the job; submit the script itself "
-        f"with the number of ranks as --gpus (pollux-local submit --gpus N {script} ...): "
-        "the daemon starts each rank with torchrun's environment"
-    )
-
-
 def command_argv(
     command: Sequence[str], env: Mapping[str, str], python: str | None
 ) -> tuple[list[str], Path | None]:
@@ -169,13 +148,15 @@ def command_argv(
     named interpreter (found on PATH) with the script made absolute; anything else -> the
     program (path or PATH lookup) with its arguments as given.
     """
+    refused = torchrun_refusal(command)  # the daemon's rule (``api.torchrun``)
+    if refused is not None:
+        raise PolluxError(refused)
     first, rest = command[0], list(command[1:])
-    _refuse_torchrun(first, rest)
     if first.endswith(".py"):
         script = _script_path(first)
         interpreter = python or submitter_python(env)
         return [interpreter, "-u", str(script), *rest], script
-    if _PYTHON_NAME.match(os.path.basename(first)):
+    if PYTHON_NAME.match(os.path.basename(first)):  # ``submit python train.py``
         interpreter = python or _program(first, env)
         named: Path | None = None
         if rest and not rest[0].startswith("-") and rest[0].endswith(".py"):

@@ -13,6 +13,7 @@ from pollux_local.api.errors import PolluxError
 from pollux_local.cli import build_parser
 from pollux_local.cli.submit import build_submit_request
 from pollux_local.submission import submitter_python
+from tests.api.test_torchrun import LAUNCHERS
 
 
 def request(*argv: str):  # type: ignore[no-untyped-def]
@@ -93,6 +94,28 @@ def test_torchrun_as_the_command_is_refused_naming_the_form_that_runs(
         assert said.startswith(f"{launcher[0] if len(launcher) == 1 else 'python -m '}"), said
         assert f"pollux-local submit --gpus N {plain} ..." in said, said
     assert request("python", "-m", "http.server").argv[1:] == ["-m", "http.server"]
+
+
+@pytest.mark.parametrize(("launcher", "named"), LAUNCHERS)
+def test_every_spelling_of_torchrun_is_refused_before_anything_is_sent(
+    venv: Path, plain: Path, launcher: list[str], named: str
+) -> None:
+    """The interpreter's own options before ``-m`` (``python -u -m torch.distributed.run``,
+    ``python3 -X utf8 -m ...``, ``-mtorch.distributed.run``, a full path) hid the launcher."""
+    with pytest.raises(PolluxError) as refused:
+        request(*launcher, "--nproc-per-node", "2", str(plain), "--lr", "0.1")
+    said = str(refused.value)
+    assert said.startswith(f"{named} would start ranks of its own inside the job"), said
+    assert f"pollux-local submit --gpus N {plain} ..." in said, said
+
+
+def test_python_running_code_or_a_script_that_names_the_launcher_is_sent(
+    venv: Path, plain: Path
+) -> None:
+    code = request("python", "-c", "import sys", "-m", "torch.distributed.run")
+    assert code.argv[1:] == ["-c", "import sys", "-m", "torch.distributed.run"]
+    script = request("python", str(plain), "-m", "torch.distributed.run")
+    assert script.argv[1:] == [str(plain), "-m", "torch.distributed.run"]
 
 
 def test_a_bare_name_of_a_file_here_but_not_on_path_says_so(

@@ -6,14 +6,15 @@ jobs it makes are checked by :func:`validate_jobs`, the one validation of a resu
 ``submit``, ``restart``, ``edit`` and ``release`` all call: the stored :class:`JobSpec` against
 this daemon's config and ``[limits]`` (shape, batch bounds, time limit, sharing, constraint,
 host memory and CPUs (``launchspec.check_host_limits``), the size of its command and
-environment), the group it names (an admin's or its owner's own,
-``groups.check_job_groups``), for a job queued again (a restart, an edit, a release) its owner
-still on this machine (``jobrules.check_owner``), the account it is charged to (one its owner may charge,
-``jobrules.check_account``) and what its owner already holds in the queue.  A
-job without a time limit gets ``[limits] default_time``, else ``max_time`` (none when neither
-is set).  A priority above ``[limits] max_priority`` (default 0) needs an admin
-(``Context.require_priority``).  The limits hold for everyone, admins too: they protect the
-daemon, and an admin who needs more raises them in the config.
+environment), the group it names (an admin's or its owner's own, ``groups.check_job_groups``),
+its command not torch's launcher (``api.torchrun``: the client's rule, applied to whatever a
+request sends), for a job queued again (a restart, an edit, a release) its owner still on this
+machine (``jobrules.check_owner``), the account it is charged to (one its owner may charge,
+``jobrules.check_account``) and what its owner already holds in the queue.  A job without a time
+limit gets ``[limits] default_time``, else ``max_time`` (none when neither is set).  A priority
+above ``[limits] max_priority`` (default 0) needs an admin (``Context.require_priority``).  The
+limits hold for everyone, admins too: they protect the daemon, and an admin who needs more
+raises them in the config.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pollux_local.api.messages import (
 )
 from pollux_local.api.spec import JobSpec
 from pollux_local.api.states import DecisionKind
+from pollux_local.api.torchrun import torchrun_refusal
 from pollux_local.daemon.commands import StoredEnvironment, environment_bytes
 from pollux_local.daemon.config import DaemonConfig
 from pollux_local.daemon.context import Context
@@ -92,6 +94,10 @@ def validate_jobs(
     for spec in {spec.account: spec for spec in checked}.values():
         check_account(spec, config, owner_uid, owner_name)
     commands = list({id(spec.argv): spec.argv for spec in specs}.values())
+    for argv in commands:  # a launcher of ranks inside a job: the client's rule, whoever sent it
+        refused = torchrun_refusal(argv)
+        if refused is not None:
+            raise InvalidRequest(refused)
     kept_env = env.digest if isinstance(env, StoredEnvironment) else dict(env)
     new = ctx.store.unkept_bytes(owner_uid, [kept_env, *commands])
     if adding:  # each new job's own row: its settings (an array's tasks each) and its name
