@@ -106,6 +106,7 @@ class JobTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     constraint: str | dict[str, Any] | None = None
     gpu_memory: str | int | None = None
     shared: bool = False
+    stdin: bool = False
     array: str | None = None
     max_running: _POSITIVE | None = None
 
@@ -120,6 +121,7 @@ _EXPECTED = {
     "after_any": "true or false",
     "after_one": "true or false",
     "shared": "true or false",
+    "stdin": "true or false",
     "notify": "a list",
     "priority": "an integer",
     "constraint": "a table or a string",
@@ -186,6 +188,8 @@ class JobSpec:
     #: the device memory the job uses (bytes) and whether it may share its device
     gpu_memory: int | None = None
     shared: bool = False
+    #: rank 0 reads what ``pollux-local send`` sends (``--stdin``)
+    stdin: bool = False
     #: ``[sweep]``: each key with its values (as text), in the order the file gives them
     sweep: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
@@ -215,7 +219,7 @@ class JobSpec:
                 continue
             if key == "target":
                 out[key] = msgspec.to_builtins(value) if value is not None else None
-            elif key == "shared":
+            elif key in ("shared", "stdin"):
                 if value:
                     out[key] = True
             elif value is not None:
@@ -498,6 +502,7 @@ def load_job_spec(path: str | Path) -> JobSpec:
         max_running=job.max_running,
         gpu_memory=_read_memory(job, where),
         shared=job.shared,
+        stdin=job.stdin,
         sweep=sweep,
     )
 

@@ -70,6 +70,8 @@ class SubmitOptions:
     notify_on: str | None = None
     gpu_memory: int | None = None
     shared: bool = False
+    #: rank 0 reads what ``pollux-local send`` sends (``--stdin``)
+    stdin: bool = False
     constraint: Constraint | None = None
     #: crash restarts (``--retries``), the earliest start (seconds since the epoch: ``--begin``,
     #: ``--delay``), the group (``--group``), the account (``--account``), host memory in bytes
@@ -329,6 +331,8 @@ def _scheduling_fields(options: SubmitOptions) -> dict[str, Any]:
         fields["gpu_memory"] = int(memory)
     if options.shared or (spec is not None and spec.shared):
         fields["shared"] = True
+    if options.stdin or (spec is not None and spec.stdin):
+        fields["stdin"] = True
     for key in ("retries", "begin_at", "group", "account", "host_memory", "cpus"):
         value = getattr(options, key)
         if value is not None:

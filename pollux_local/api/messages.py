@@ -195,6 +195,8 @@ class JobSummary(Message, kw_only=True):
     device_type: str | None = None
     gpu_memory: int | None = None
     shared: bool = False
+    #: rank 0 reads what ``pollux-local send`` sends it (``--stdin``)
+    stdin: bool = False
     #: the group it joined (``--group``; ``None``: none)
     group: str | None = None
     #: the account it is charged to (``--account``; ``None``: none)
@@ -456,6 +458,8 @@ class Submit(Request[SubmitReply], tag="submit", kw_only=True):
     #: the host memory (bytes) and CPUs the job may use, enforced with cgroups
     host_memory: HostMemory | None = None
     cpus: Cpus | None = None
+    #: rank 0 reads its input from a FIFO in the job's directory (``pollux-local send``)
+    stdin: bool = False
 
 
 #: A user name as ``status`` filters by it.

@@ -139,6 +139,9 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     cpus: float | None = None
     #: the file-mode creation mask its processes get (the submitter's; ``None``: the daemon's)
     umask: int | None = None
+    #: rank 0 reads its input from the FIFO ``JOB_DIR/stdin`` (``--stdin``), which
+    #: ``pollux-local send`` writes to; otherwise every rank reads ``/dev/null``
+    stdin: bool = False
 
     def to_json(self) -> str:
         return msgspec.json.encode(self).decode()

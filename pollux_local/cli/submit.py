@@ -107,6 +107,7 @@ def submit_options(args: argparse.Namespace) -> SubmitOptions:
         notify_on=args.notify_on,
         gpu_memory=gpu_memory,
         shared=bool(args.shared),
+        stdin=bool(args.stdin),
         constraint=parse_constraint(args.constraint or []),
         retries=args.retries,
         begin_at=begin_at,
@@ -297,6 +298,12 @@ def add_scheduling_options(p: argparse.ArgumentParser) -> None:
         "--shared",
         action="store_true",
         help="a small rigid one-device job that may share its device with other shared jobs",
+    )
+    p.add_argument(
+        "--stdin",
+        action="store_true",
+        help="rank 0 reads its input from a FIFO in the job's directory, which"
+        " `pollux-local send ID TEXT` writes to (default: /dev/null)",
     )
     p.add_argument(
         "--constraint",

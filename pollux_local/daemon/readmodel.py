@@ -261,6 +261,7 @@ def job_summary(
         device_type=device_type,
         gpu_memory=spec.gpu_memory,
         shared=spec.shared,
+        stdin=spec.stdin,
         group=spec.group,
         account=spec.account,
         begin_at=spec.begin_at,

@@ -92,6 +92,9 @@ class LaunchSpec:
     takes_orders: bool = False
     #: the file-mode creation mask of the replicas (the submitter's); ``None``: the launcher's
     umask: int | None = None
+    #: rank 0 reads the job's input FIFO ``JOB_DIR/stdin`` (``--stdin``; this machine's
+    #: launcher only); the other ranks, and every rank without it, read ``/dev/null``
+    stdin: bool = False
 
 
 #: The state of an incarnation's record (this machine's run file, an SSH node's exit record)

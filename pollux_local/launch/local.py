@@ -832,6 +832,7 @@ class LocalLauncher:
             "workdir": str(spec.workdir),
             "checkpoint_dir": checkpoint or None,
             "umask": spec.umask,
+            "stdin": spec.stdin,
             "limits": spec.limits.to_json() if spec.limits is not None else None,
             "incarnation": int(restarts) if restarts.isdigit() else 0,
             "max_log_bytes": self.max_log_bytes,

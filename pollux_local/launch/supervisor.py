@@ -8,7 +8,7 @@ line on stdin (so that environments never appear in ``ps``)::
 
     {"version": 1, "job_id", "run_file", "control_file", "grace_s", "failure_grace_s",
      "user": {"uid", "gid", "groups", "name"} | null,
-     "job_dir", "workdir", "checkpoint_dir" | null, "umask" | null,
+     "job_dir", "workdir", "checkpoint_dir" | null, "umask" | null, "stdin": bool,
      "replicas": [{"rank", "argv", "env", "log", "banner"}, ...],
      "limits": null | {"version", "memory_base", "cpu_base", "memory", "cpus"},
      "incarnation": N,
@@ -33,7 +33,12 @@ What it does:
   real and saved uid until right before ``exec``, ``launch/identity.py``), takes the
   submitter's ``umask`` (when given), then, as that user, opens (or creates) its log ``JOB_DIR/<log>`` for appending (never through a symlink, never
   a FIFO), writes the banner, creates the checkpoint directory, enters the working directory
-  and execs the command with exactly the replica's environment.  A child that cannot do one
+  and execs the command with exactly the replica's environment.  Its stdin is ``/dev/null``;
+  with ``stdin`` (``--stdin``) rank 0's is the job's input FIFO ``JOB_DIR/stdin``, made 0600
+  as the user when absent (an earlier incarnation's is reused), opened read-write (never
+  blocking; no end of file between two senders) without following a symlink,
+  and used only when it is a FIFO of the job's user (:func:`open_stdin_fifo`): the supervisor
+  itself never opens it.  A child that cannot do one
   of these writes one line saying why to its log (when it has one) and to the supervisor, and
   exits with :data:`WORKDIR_EXIT_CODE`, :data:`SETUP_EXIT_CODE` or :data:`EXEC_EXIT_CODE`;
   then no replica of the incarnation runs (the others are killed);
@@ -362,6 +367,50 @@ def open_log(path: str) -> int:
     return fd
 
 
+#: The name of the FIFO in the job's directory that rank 0 reads as its stdin (``--stdin``;
+#: ``pollux-local send`` writes to it).
+STDIN_NAME = "stdin"
+
+
+def open_stdin_fifo(path: str, uid: int) -> int:
+    """The job's input FIFO ``path`` (``JOB_DIR/stdin``), made 0600 when absent, opened for
+    reading and writing (so the open never blocks, and the reader never sees an end of file
+    between two senders) as the job's user ``uid``: a symlink, anything but a FIFO, or a FIFO
+    another user owns is refused (:class:`SetupFailed`), never used."""
+    mask = os.umask(0o077)
+    try:
+        os.mkfifo(path, 0o600)
+    except FileExistsError:
+        pass  # an earlier incarnation's: reused, once checked below
+    except OSError as exc:
+        raise SetupFailed(
+            SETUP_EXIT_CODE, f"cannot make the input FIFO {path}: {exc.strerror}"
+        ) from None
+    finally:
+        os.umask(mask)
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SetupFailed(SETUP_EXIT_CODE, f"input FIFO {path} is a symlink") from None
+        raise SetupFailed(
+            SETUP_EXIT_CODE, f"cannot open input FIFO {path}: {exc.strerror}"
+        ) from None
+    info = os.fstat(fd)
+    problem = None
+    if not stat.S_ISFIFO(info.st_mode):
+        problem = f"input FIFO {path} is not a FIFO"
+    elif info.st_uid != uid:
+        problem = f"input FIFO {path} belongs to uid {info.st_uid}, not the job's user"
+    if problem is not None:
+        os.close(fd)
+        raise SetupFailed(SETUP_EXIT_CODE, problem)
+    os.fchmod(fd, 0o600)
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return fd
+
+
 def drop_privileges(user: dict[str, Any] | None) -> None:
     """Become the job's user for the replica's setup (``identity.become_user_for_setup``:
     groups, gid and effective uid; root stays the real and saved uid, so that the user cannot
@@ -429,8 +478,11 @@ def replica_child(
             raise SetupFailed(
                 WORKDIR_EXIT_CODE, f"cannot enter working directory {workdir}: {exc.strerror}"
             ) from None
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
+        if spec.get("stdin") and int(replica["rank"]) == 0:  # ``--stdin``: rank 0 reads it
+            stdin_fd = open_stdin_fifo(os.path.join(job_dir, STDIN_NAME), os.geteuid())
+        else:
+            stdin_fd = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(stdin_fd, 0)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         argv = [str(arg) for arg in replica["argv"]]

@@ -128,6 +128,7 @@ def build_launch_spec(
         run_as_uid=run_as_uid,
         limits=limits,
         umask=spec.umask,
+        stdin=spec.stdin,
     )
 
 

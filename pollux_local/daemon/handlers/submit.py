@@ -176,6 +176,7 @@ def spec_of(request: Submit) -> JobSpec:
         host_memory=request.host_memory,
         cpus=request.cpus,
         umask=request.umask,
+        stdin=request.stdin,
     )
 
 
