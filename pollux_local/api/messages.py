@@ -290,6 +290,10 @@ class JobDetail(JobSummary, kw_only=True):
     resize_warm_s: float | None = None
     resizes_cold: int = 0
     resizes_warm: int = 0
+    #: where rank 0 of a running job runs: on the daemon's machine (``True``: a ``--stdin``
+    #: job's input FIFO is there, for ``pollux-local send``) or on another node; ``None``: not
+    #: running
+    rank0_local: bool | None = None
 
 
 class DecisionRecord(Message):

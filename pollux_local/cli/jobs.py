@@ -1,6 +1,6 @@
 """The daemon and job commands: ``daemon | submit | run | estimate | status (ls) | show | logs | nodes | cancel |
-hold | release | priority | restart | edit | wait | usage | drain | resume | group``, each group in
-its own module."""
+hold | release | priority | restart | edit | send | wait | usage | drain | resume | group``, each group
+in its own module."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pollux_local.cli import (
     groups,
     query,
     run,
+    send,
     submit,
     usage,
     wait,
@@ -21,5 +22,5 @@ from pollux_local.cli import (
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    for module in (daemon, submit, run, estimate, query, wait, control, usage, admin, groups):
+    for module in (daemon, submit, run, estimate, query, wait, control, send, usage, admin, groups):
         module.register(subparsers)

@@ -313,7 +313,18 @@ def job_detail(
         resize_warm_s=costs.warm_s,
         resizes_cold=costs.cold_count,
         resizes_warm=costs.warm_count,
+        rank0_local=rank0_local(job, config),
     )
+
+
+def rank0_local(job: JobRecord, config: DaemonConfig) -> bool | None:
+    """Whether a running job's rank 0 runs on this machine: ranks go in the config's node
+    order (``executor.launchspec.build_launch_spec``), so it is on the first of the config's
+    nodes the job holds devices on; ``None`` when it runs nowhere (or on no node known)."""
+    if job.state not in PLACED_STATES:
+        return None
+    first = next((node for node in config.nodes if job.placement.get(node.name)), None)
+    return first.is_local if first is not None else None
 
 
 def decision_records(rows: list[dict[str, Any]]) -> list[DecisionRecord]:
