@@ -320,11 +320,12 @@ def job_detail(
 def rank0_local(job: JobRecord, config: DaemonConfig) -> bool | None:
     """Whether a running job's rank 0 runs on this machine: ranks go in the config's node
     order (``executor.launchspec.build_launch_spec``), so it is on the first of the config's
-    nodes the job holds devices on; ``None`` when it runs nowhere (or on no node known)."""
+    nodes the job holds devices on (a Slurm node is not this machine's even when it is this
+    host: its ranks are Slurm's steps); ``None`` when it runs nowhere (or on no node known)."""
     if job.state not in PLACED_STATES:
         return None
     first = next((node for node in config.nodes if job.placement.get(node.name)), None)
-    return first.is_local if first is not None else None
+    return first.is_local and first.slurm is None if first is not None else None
 
 
 def decision_records(rows: list[dict[str, Any]]) -> list[DecisionRecord]:
