@@ -121,6 +121,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         f"ended {timestamp(job.end_time)}",
         f"  job dir     {job.job_dir}",
     ]
+    if job.stdin:
+        lines.append(f"  input       --stdin: pollux-local send {job.id} TEXT")
     if job.array_id is not None:
         lines.insert(2, f"  array       {job.array_id}, task {fmt(job.array_index)}")
     lines.append("decisions:")

@@ -53,6 +53,8 @@ def test_send_delivers_lines_to_a_stdin_job_and_refuses_the_others(
         cli(daemon, "submit", "--workdir", str(tmp_path), "--stdin", "sh", "-c", READS_TWO)
     )
     assert daemon.client.request("show", id=job)["job"]["stdin"] is True
+    shown = cli(daemon, "show", job).stdout
+    assert f"  input       --stdin: pollux-local send {job} TEXT\n" in shown, shown
     wait_for(lambda: state_of(daemon, job) == "running", 60, f"job {job} to run")
     fifo = Path(daemon.client.request("show", id=job)["job"]["job_dir"]) / "stdin"
 
