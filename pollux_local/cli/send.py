@@ -96,7 +96,19 @@ def owner_uid(job: JobDetail, caller_uid: int) -> int | None:
 
 def open_fifo(path: Path, ident: str, expected_uid: int | None) -> int:
     """``path`` opened for writing without blocking or following a symlink; refused (one
-    line) unless it is a FIFO of ``expected_uid`` that a process reads."""
+    line) unless it is a FIFO of ``expected_uid`` that a process reads.  What is there is
+    looked at first, so that nothing but a FIFO is opened at all (a device, say, by root);
+    the descriptor's ``fstat`` is what decides."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        raise Conflict(not_reading(ident)) from None  # none made yet: the job is starting
+    except OSError as exc:
+        raise PolluxError(f"cannot look at {path}: {exc.strerror}") from None
+    if stat.S_ISLNK(found.st_mode):
+        raise PermissionDenied(f"refusing {path}: it is a symlink")
+    if not stat.S_ISFIFO(found.st_mode):
+        raise PermissionDenied(f"refusing {path}: it is not a FIFO")
     flags = os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
     try:
         fd = os.open(path, flags)

@@ -218,3 +218,32 @@ def test_root_writes_only_to_the_owners_fifo(tmp_path: Path) -> None:
         assert reader.read() == b"x\n"
     finally:
         reader.close()
+
+
+@pytest.mark.parametrize("kind", ["symlink", "regular"])
+def test_a_swap_after_the_first_look_is_caught_by_the_open(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What was looked at first may be swapped before the open: the open (no symlink
+    followed) and the descriptor's ``fstat`` still refuse it."""
+    path = tmp_path / STDIN_NAME
+    target = tmp_path / "target"
+    os.mkfifo(target, 0o600)
+    reader = Reader(target)
+    fifo_stat = os.lstat(target)
+    try:
+        if kind == "symlink":
+            path.symlink_to(target)
+            match = "it is a symlink"
+        else:
+            path.write_text("keep me\n")
+            match = "it is not a FIFO"
+        monkeypatch.setattr(os, "lstat", lambda _path: fifo_stat)  # a FIFO when looked at
+        with pytest.raises(PolluxError, match=f"refusing {path}: {match}"):
+            send_to(path, b"secret\n", "7", ME)
+        monkeypatch.undo()
+        assert reader.read() == b""
+        if kind == "regular":
+            assert path.read_text() == "keep me\n"
+    finally:
+        reader.close()
