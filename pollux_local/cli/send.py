@@ -32,9 +32,8 @@ from pollux_local.api.errors import Conflict, PermissionDenied, PolluxError
 from pollux_local.api.messages import JobDetail, Show
 from pollux_local.api.states import PLACED_STATES
 from pollux_local.cli.common import client_for, job_id, state_dir_parser
+from pollux_local.launch.supervisor import STDIN_NAME
 
-#: The input FIFO's name in the job's directory (``launch.supervisor.STDIN_NAME``).
-STDIN_NAME = "stdin"
 #: Bytes one write delivers whole (POSIX's least ``PIPE_BUF``, Linux's).
 PIPE_BUF = getattr(select, "PIPE_BUF", 4096)
 #: Seconds a job gets to read more of a long input before ``send`` gives up on the rest.
