@@ -77,8 +77,10 @@ def _main(argv: Sequence[str] | None) -> int:
             return 0
     try:
         return int(args.func(args) or 0)
-    except PolluxError as exc:
-        print(f"pollux-local: error: {exc}", file=sys.stderr)
+    except PolluxError as exc:  # one line; it may quote what another user's job controls
+        from pollux_local.untrusted import printable
+
+        print(printable(f"pollux-local: error: {exc}", newline=False), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return int(ExitCode.INTERRUPTED)
