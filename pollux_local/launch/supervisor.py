@@ -282,6 +282,16 @@ def signal_group_of(pgid: int, signum: int, members: Iterable[tuple[int, int | N
     return False
 
 
+def parent_of(pid: int) -> int | None:
+    """``pid``'s parent (``/proc/PID/stat``), ``None`` when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            rest = fh.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    return int(rest[1]) if len(rest) > 1 else None
+
+
 def descendants(root: int) -> list[int]:
     """Every process below ``root`` in the process tree (children first; the node agent's
     listing, :func:`~pollux_local.launch.node_agent.descendants`, without start times)."""
@@ -861,6 +871,25 @@ class Supervisor:
         warm["error"] = one_line(why)
         self.write("running")
 
+    def drain_failed_logs(self) -> None:
+        """A replica that failed its setup wrote why to its log; through a copier
+        (``logcap``, ``max_log_bytes``) that line is still in the copier's pipe when the
+        child ends.  Such a copier, its replica gone, is this process's child (a subreaper's
+        orphan): it is given :data:`LOG_DRAIN_S` to write the line out and end before
+        :meth:`kill_all` kills everything.  A copier whose replica still runs has that
+        replica as its parent and is not waited for."""
+        until = time.monotonic() + LOG_DRAIN_S
+        while time.monotonic() < until:
+            self.reap()
+            orphans = [
+                pid
+                for pid in logcap.live_copiers(descendants(self.pid))
+                if parent_of(pid) == self.pid
+            ]
+            if not orphans:
+                return
+            time.sleep(0.02)
+
     def clean_up(self) -> None:
         """Kill whatever is left below this process (the group, adopted orphans and their
         descendants) and reap it, until nothing is left.  The log copiers are given
@@ -995,6 +1024,7 @@ def supervised(supervisor: Supervisor) -> int:
         supervisor.write("starting")
         supervisor.start()
     if supervisor.error is not None:
+        supervisor.drain_failed_logs()
         supervisor.kill_all()
         supervisor.clean_up()
         supervisor.release_cgroups()

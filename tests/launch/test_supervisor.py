@@ -510,6 +510,19 @@ async def test_a_missing_workdir_fails_the_launch_naming_it(
 
 
 @pytest.mark.asyncio
+async def test_a_setup_failure_reaches_a_capped_log_too(tmp_path: Path) -> None:
+    """With ``max_log_bytes`` the log goes through a copier (``logcap``): the failed replica's
+    line is written out before the incarnation is killed, not lost with the copier."""
+    missing = tmp_path / "no-such-dir"
+    launcher = LocalLauncher(run_dir=tmp_path / "run", max_log_bytes=1 << 20)
+    spec = make_spec(tmp_path / "job", ["sh", "-c", "touch ran"], missing)
+    with pytest.raises(PolluxError, match=f"cannot enter working directory {missing}"):
+        await launcher.launch(spec)
+    log = (tmp_path / "job" / "rank0.log").read_text()
+    assert f"cannot enter working directory {missing}" in log
+
+
+@pytest.mark.asyncio
 async def test_a_command_that_cannot_run_fails_the_launch(
     launcher: LocalLauncher, tmp_path: Path
 ) -> None:
