@@ -318,13 +318,22 @@ def job_detail(
 
 
 def rank0_local(job: JobRecord, config: DaemonConfig) -> bool | None:
-    """Whether a running job's rank 0 runs on this machine: ranks go in the config's node
-    order (``executor.launchspec.build_launch_spec``), so it is on the first of the config's
-    nodes the job holds devices on (a Slurm node is not this machine's even when it is this
-    host: its ranks are Slurm's steps); ``None`` when it runs nowhere (or on no node known)."""
+    """Whether a running job's rank 0 runs on this machine (a Slurm node is not this
+    machine's even when it is this host: its ranks are Slurm's steps): the node of rank 0's
+    process as stored (``pids``; a warm resize that gave up rank 0's node renumbers them),
+    else, before its processes are known, the first of the config's nodes the job holds
+    devices on (ranks start in the config's node order,
+    ``executor.launchspec.build_launch_spec``); ``None`` when it runs nowhere (or on no node
+    known)."""
     if job.state not in PLACED_STATES:
         return None
-    first = next((node for node in config.nodes if job.placement.get(node.name)), None)
+    nodes = {node.name: node for node in config.nodes}
+    named = next((str(p.get("node")) for p in job.pids if p.get("rank") == 0), None)
+    first = (
+        nodes.get(named)
+        if named is not None
+        else next((node for node in config.nodes if job.placement.get(node.name)), None)
+    )
     return first.is_local and first.slurm is None if first is not None else None
 
 

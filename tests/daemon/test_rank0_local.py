@@ -1,6 +1,7 @@
 """``show``'s ``rank0_local``: whether a running job's rank 0 runs on the daemon's machine (where
 ``pollux-local send`` can reach a ``--stdin`` job's input): ranks go in the config's node
-order, so it is the first of the config's nodes the job holds devices on."""
+order, so it is the first of the config's nodes the job holds devices on, until the stored
+processes say where rank 0 runs."""
 
 from __future__ import annotations
 
@@ -49,3 +50,16 @@ def test_rank_0_is_on_the_first_of_the_configs_nodes_the_job_holds(
 @pytest.mark.parametrize("state", [JobState.QUEUED, JobState.HELD, JobState.SUCCEEDED])
 def test_a_job_not_running_has_no_rank_0(state: JobState) -> None:
     assert rank0_local(job(state, {"here": ["cpu:0"]}), CONFIG) is None
+
+
+def test_rank_0_is_where_its_process_runs_once_known() -> None:
+    """After a warm resize that gave up rank 0's node the ranks are renumbered: the stored
+    processes say where rank 0 runs, not the config's order."""
+    placed = job(JobState.RUNNING, {"here": ["cpu:1"], "box2": ["cpu:0"]})
+    placed.pids = [
+        {"rank": 0, "pid": 400, "node": "box2"},
+        {"rank": 1, "pid": 401, "node": "here"},
+    ]
+    assert rank0_local(placed, CONFIG) is False
+    placed.pids = [{"rank": 0, "pid": 402, "node": "here"}]
+    assert rank0_local(placed, CONFIG) is True
