@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 
 from pollux_local.core.types import Policy
+from pollux_local.daemon.auth import Peer
 from pollux_local.daemon.config import DaemonConfig, NodeConfig
+from pollux_local.daemon.context import Context
 from pollux_local.daemon.executor import Executor
 from pollux_local.daemon.loop import SchedulingLoop
 from pollux_local.daemon.readmodel import MetricHistory
@@ -114,6 +116,25 @@ class Harness:
 
     def clock(self) -> float:
         return self.now
+
+    def context(self, uid: int | None = None, **fields: Any) -> Context:
+        """The handlers' :class:`Context` over this daemon, for a request from ``uid`` (default:
+        the daemon's own user), with ``fields`` set besides (``forecasts=...``)."""
+        return Context(
+            peer=Peer(pid=1, uid=os.geteuid() if uid is None else uid, gid=os.getegid()),
+            store=self.store,
+            executor=self.executor,
+            config=self.config,
+            state_dir=self.loop.state_dir,
+            clock=self.clock,
+            models=ModelCache(),
+            metrics=MetricHistory(),
+            mutex=self.loop.mutex,
+            wake=lambda: None,
+            daemon_uid=0,
+            policy_name="fifo",
+            **fields,
+        )
 
     def submit(self, *, owner: str = "ann", priority: int = 0, **spec: Any) -> int:
         """A job as the submit handler stores it (``spec``: its fields, ``elastic`` included)."""

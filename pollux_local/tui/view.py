@@ -163,6 +163,15 @@ class JobRow:
         return ("≤" if self.start_at_latest else "") + fmt_duration(self.start_in_s)
 
     @property
+    def start_phrase(self) -> str:
+        """The same in words: ``now``, ``in 4m07s``, ``within 4m07s`` (at the latest) or
+        ``?``; ``-`` for a job that is not queued."""
+        text = self.start_text
+        if self.start_in_s is None or text in ("now", DASH):
+            return text
+        return f"{'within' if self.start_at_latest else 'in'} {fmt_duration(self.start_in_s)}"
+
+    @property
     def finish_text(self) -> str:
         """Its expected finish: ``in 4m07s``, ``within 4m07s`` (at the latest: an upper
         bound) or ``?`` (unknown)."""

@@ -6,7 +6,6 @@ cross the wire strictly typed and default to unmarked in a reply that lacks them
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import msgspec
@@ -24,31 +23,9 @@ from pollux_local.api.messages import (
     Submit,
 )
 from pollux_local.core.baselines import FifoPolicy
-from pollux_local.daemon.auth import Peer
-from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers import query
 from pollux_local.daemon.handlers.estimate import estimate
-from pollux_local.daemon.readmodel import MetricHistory
-from pollux_local.daemon.scheduler import ModelCache
 from tests.scheduler_harness import Harness
-
-
-def context(harness: Harness) -> Context:
-    return Context(
-        peer=Peer(pid=1, uid=os.geteuid(), gid=os.getegid()),
-        store=harness.store,
-        executor=harness.executor,
-        config=harness.config,
-        state_dir=harness.loop.state_dir,
-        clock=harness.clock,
-        models=ModelCache(),
-        metrics=MetricHistory(),
-        mutex=harness.loop.mutex,
-        wake=lambda: None,
-        daemon_uid=0,
-        policy_name="fifo",
-        forecasts=harness.loop.forecasts,
-    )
 
 
 def test_status_show_and_estimate_mark_what_rests_on_a_time_limit(tmp_path: Path) -> None:
@@ -60,7 +37,7 @@ def test_status_show_and_estimate_mark_what_rests_on_a_time_limit(tmp_path: Path
         assert harness.job(first).state == "running"
         harness.submit(argv=["other.py"], time_limit_s=1800.0)  # queued behind it, 30 min
         await harness.tick(600.0)
-        ctx = context(harness)
+        ctx = harness.context(forecasts=harness.loop.forecasts)
         status = await query.status(ctx, Status())
         shown = query.show(ctx, Show(id=str(first)))
         guess = await estimate(ctx, Estimate(submit=Submit(argv=["third.py"], workdir="/")))

@@ -22,11 +22,7 @@ from pollux_local.api.errors import InternalError
 from pollux_local.api.messages import Cancel, Hold
 from pollux_local.api.spec import JobSpec
 from pollux_local.core.baselines import FifoPolicy
-from pollux_local.daemon.auth import Peer
-from pollux_local.daemon.context import Context
 from pollux_local.daemon.handlers import control
-from pollux_local.daemon.readmodel import MetricHistory
-from pollux_local.daemon.scheduler import ModelCache
 from pollux_local.daemon.state import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -333,23 +329,6 @@ class FailingWrites:
         self.store._write_job = self.original  # type: ignore[method-assign]
 
 
-def context(harness: Harness, uid: int | None = None) -> Context:
-    return Context(
-        peer=Peer(pid=1, uid=os.geteuid() if uid is None else uid, gid=os.getegid()),
-        store=harness.store,
-        executor=harness.executor,
-        config=harness.config,
-        state_dir=harness.loop.state_dir,
-        clock=harness.clock,
-        models=ModelCache(),
-        metrics=MetricHistory(),
-        mutex=harness.loop.mutex,
-        wake=lambda: None,
-        daemon_uid=0,
-        policy_name="fifo",
-    )
-
-
 async def settle(harness: Harness) -> None:
     """Let the executor's background stops and exit handlers run."""
     for _ in range(20):
@@ -372,7 +351,7 @@ async def test_a_failed_state_write_refuses_the_request_and_changes_nothing(
     await harness.tick()
     assert harness.job(job_id).state == "running"
     group = harness.launcher.launches[str(job_id)][-1]
-    ctx = context(harness)
+    ctx = harness.context()
     request = Cancel(ids=[str(job_id)]) if verb == "cancel" else Hold(id=str(job_id))
     handler = control.cancel if verb == "cancel" else control.hold
     with (
@@ -405,7 +384,7 @@ async def test_a_write_failing_after_the_stop_still_leaves_no_process_and_no_gho
     second = harness.submit()
     await harness.tick()
     group = harness.launcher.launches[str(first)][-1]
-    ctx = context(harness)
+    ctx = harness.context()
     # the accounting written once the replicas are stopped fails (twice: and its retry)
     failing = FailingWrites(harness.store, lambda changes: "attained_gpu_s" in changes, times=2)
     with failing:

@@ -68,8 +68,8 @@ def decisions_text(decisions: Sequence[DecisionRecord]) -> Text:
 
 def summary_text(row: JobRow, noise: float | None) -> Text:
     """The job's name, id, owner and state, then its figures; a queued job's expected start
-    and finish (``within``: at the latest, an upper bound) and, for a waiting one, what it waits for (the name and the reason shown
-    literally)."""
+    and finish (``within``: at the latest, an upper bound) and, for a waiting one, what it
+    waits for (the name and the reason shown literally)."""
     parts: list[Part] = [
         (f"{row.name} ", f"bold {job_colour(row.id)}"),
         f"({row.id}, {row.owner}) {row.state}   ",
@@ -81,10 +81,7 @@ def summary_text(row: JobRow, noise: float | None) -> Text:
         f"{fmt_duration(row.eta_s)}   restarts {row.restarts}",
     ]
     if row.state == "queued":
-        start = row.start_text  # now, ?
-        if row.start_in_s is not None and start != "now":
-            start = f"{'within' if row.start_at_latest else 'in'} {fmt_duration(row.start_in_s)}"
-        parts.append(f"\nexpected start {start}   finish {row.finish_text}")
+        parts.append(f"\nexpected start {row.start_phrase}   finish {row.finish_text}")
     if row.state in WAITING_STATES and row.reason:
         parts += [
             "\n",
